@@ -1,0 +1,417 @@
+//! The circuit breaker of SPEC section 1: four phases, two trip modes,
+//! backoff, the probe slot and epochs.
+//!
+//! The breaker knows nothing of permits or tickets' identities: the combined
+//! decision ([`super::Fuse`]) asks [`Breaker::admission`] first, which
+//! changes nothing, and only commits a probe with [`Breaker::begin_probe`]
+//! once the limiter has granted it (C2).
+
+use super::health::HealthWindow;
+use super::policy::{BreakerPolicy, Trip};
+use super::{Millis, Outcome, Phase, Reason};
+
+/// What the breaker would do with a request at `now`; computing it changes nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Closed: admitted as an ordinary request.
+    Normal,
+    /// Open past its deadline, or half-open with a free slot: admitted as the probe.
+    Probe,
+    /// Not now: open before its deadline, or the probe slot is held.
+    Blocked {
+        /// `Open` or `ProbeInFlight`.
+        reason: Reason,
+        /// Time until the deadline or the slot's end, in ms.
+        retry_after: Millis,
+    },
+    /// Isolated by an operator.
+    Refused,
+}
+
+/// What recording an outcome did (SPEC B3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    /// The ticket was not of the current epoch: nothing moved.
+    pub stale: bool,
+    /// The phase change the outcome caused, if any: `(from, to)`.
+    pub change: Option<(Phase, Phase)>,
+}
+
+/// One key's breaker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Breaker {
+    phase: Phase,
+    epoch: u64,
+    /// Failures in a row, in every trip mode.
+    run: u32,
+    /// Probes admitted since the breaker last closed.
+    attempts: u32,
+    /// Openings since the last recovery: the k of the backoff rule.
+    openings: u32,
+    /// The end of the current break, when open.
+    open_until: Millis,
+    /// When half-open with the probe slot held: the slot's end.
+    slot_until: Option<Millis>,
+    window: HealthWindow,
+    changed_at: Millis,
+}
+
+impl Breaker {
+    /// A closed breaker, made at `now`.
+    pub fn new(now: Millis) -> Self {
+        Breaker {
+            phase: Phase::Closed,
+            epoch: 0,
+            run: 0,
+            attempts: 0,
+            openings: 0,
+            open_until: 0,
+            slot_until: None,
+            window: HealthWindow::default(),
+            changed_at: now,
+        }
+    }
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The current epoch: it changes at every phase change and probe admission.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Failures in a row.
+    pub fn consecutive_failures(&self) -> u32 {
+        self.run
+    }
+
+    /// Probes admitted since the breaker last closed.
+    pub fn half_open_attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The end of the break, when open.
+    pub fn open_until(&self) -> Option<Millis> {
+        (self.phase == Phase::Open).then_some(self.open_until)
+    }
+
+    /// When the phase last changed.
+    pub fn changed_at(&self) -> Millis {
+        self.changed_at
+    }
+
+    /// The share of failures in the sampling window at `now` (ratio mode), or
+    /// `None` when the policy has no ratio or the window is empty.
+    pub fn failure_ratio(&self, policy: Option<&BreakerPolicy>, now: Millis) -> Option<f64> {
+        match policy?.trip {
+            Trip::Ratio {
+                sampling_window, ..
+            } => {
+                let (n, f) = self.window.totals(now, sampling_window);
+                (n > 0).then(|| f as f64 / n as f64)
+            }
+            Trip::Consecutive { .. } => None,
+        }
+    }
+
+    /// True when nothing is recorded that a fresh breaker would not have (K2).
+    pub fn is_at_rest(&self, policy: Option<&BreakerPolicy>, now: Millis) -> bool {
+        let window_empty = match policy.map(|p| p.trip) {
+            Some(Trip::Ratio {
+                sampling_window, ..
+            }) => self.window.is_empty_at(now, sampling_window),
+            _ => true,
+        };
+        self.phase == Phase::Closed && self.run == 0 && self.attempts == 0 && window_empty
+    }
+
+    /// What the breaker would do with a request at `now` (B1). Changes nothing.
+    pub fn admission(&self, now: Millis) -> Admission {
+        match self.phase {
+            Phase::Closed => Admission::Normal,
+            Phase::Isolated => Admission::Refused,
+            Phase::Open if now >= self.open_until => Admission::Probe,
+            Phase::Open => Admission::Blocked {
+                reason: Reason::Open,
+                retry_after: self.open_until - now,
+            },
+            Phase::HalfOpen => match self.slot_until {
+                Some(until) if now < until => Admission::Blocked {
+                    reason: Reason::ProbeInFlight,
+                    retry_after: until - now,
+                },
+                _ => Admission::Probe,
+            },
+        }
+    }
+
+    /// Commits a probe admitted at `now` whose slot is held until `slot_until`
+    /// at the latest; returns the probe's epoch. Returns the phase change when
+    /// the breaker moves from `OPEN` to `HALF_OPEN`.
+    pub fn begin_probe(&mut self, now: Millis, slot_until: Millis) -> Option<(Phase, Phase)> {
+        debug_assert_eq!(self.admission(now), Admission::Probe);
+        let change = (self.phase != Phase::HalfOpen).then(|| self.enter(Phase::HalfOpen, now));
+        self.epoch += 1;
+        self.attempts = self.attempts.saturating_add(1);
+        self.slot_until = Some(slot_until);
+        change
+    }
+
+    /// Records a ticket's outcome at `now` (B3, B4).
+    pub fn record(
+        &mut self,
+        policy: Option<&BreakerPolicy>,
+        ticket_epoch: u64,
+        probe: bool,
+        outcome: Outcome,
+        now: Millis,
+    ) -> Recorded {
+        let current = ticket_epoch == self.epoch;
+        let stale = Recorded {
+            stale: true,
+            change: None,
+        };
+        let fresh = |change| Recorded {
+            stale: false,
+            change,
+        };
+        match (self.phase, probe) {
+            (Phase::Closed, false) if current => {
+                let Some(policy) = policy else {
+                    return fresh(None);
+                };
+                fresh(self.record_closed(policy, outcome, now))
+            }
+            (Phase::HalfOpen, true) if current => match outcome {
+                Outcome::Success => fresh(Some(self.close(now))),
+                Outcome::Failure => {
+                    self.run = self.run.saturating_add(1);
+                    let Some(policy) = policy else {
+                        return fresh(Some(self.close(now)));
+                    };
+                    fresh(Some(self.open(policy, now)))
+                }
+                Outcome::Ignored => {
+                    self.slot_until = None;
+                    fresh(None)
+                }
+            },
+            _ => stale,
+        }
+    }
+
+    fn record_closed(
+        &mut self,
+        policy: &BreakerPolicy,
+        outcome: Outcome,
+        now: Millis,
+    ) -> Option<(Phase, Phase)> {
+        let failed = match outcome {
+            Outcome::Ignored => return None,
+            Outcome::Failure => true,
+            Outcome::Success => false,
+        };
+        self.run = if failed {
+            self.run.saturating_add(1)
+        } else {
+            0
+        };
+        let trips = match policy.trip {
+            Trip::Consecutive { failures } => self.run >= failures.get(),
+            Trip::Ratio {
+                failure_ratio,
+                minimum_throughput,
+                sampling_window,
+            } => {
+                self.window.record(now, sampling_window, failed);
+                let (n, f) = self.window.totals(now, sampling_window);
+                n >= u64::from(minimum_throughput.get()) && f as f64 >= failure_ratio * n as f64
+            }
+        };
+        trips.then(|| self.open(policy, now))
+    }
+
+    /// Opens the breaker at `now` for the next break of the backoff rule.
+    fn open(&mut self, policy: &BreakerPolicy, now: Millis) -> (Phase, Phase) {
+        self.openings = self.openings.saturating_add(1);
+        self.open_until = now.saturating_add(policy.break_length(self.openings));
+        self.window.clear();
+        self.enter(Phase::Open, now)
+    }
+
+    /// Closes the breaker, clearing counts, attempts, deadline and backoff.
+    fn close(&mut self, now: Millis) -> (Phase, Phase) {
+        self.run = 0;
+        self.attempts = 0;
+        self.openings = 0;
+        self.open_until = 0;
+        self.window.clear();
+        self.enter(Phase::Closed, now)
+    }
+
+    fn enter(&mut self, phase: Phase, now: Millis) -> (Phase, Phase) {
+        let from = self.phase;
+        self.phase = phase;
+        self.epoch += 1;
+        self.slot_until = None;
+        if from != phase {
+            self.changed_at = now;
+        }
+        (from, phase)
+    }
+
+    /// Puts the breaker in `ISOLATED` (B5); always starts a new epoch.
+    pub fn isolate(&mut self, now: Millis) -> (Phase, Phase) {
+        self.enter(Phase::Isolated, now)
+    }
+
+    /// Puts the breaker in `CLOSED` with everything cleared (B5); always
+    /// starts a new epoch, so `Close` on a closed key is a reset.
+    pub fn reset(&mut self, now: Millis) -> (Phase, Phase) {
+        self.close(now)
+    }
+
+    /// Applies a changed policy (Y4): a key whose policy lost its breaker
+    /// while open or half-open is closed, since nothing could end the break.
+    pub fn adopt(&mut self, policy: Option<&BreakerPolicy>, now: Millis) -> Option<(Phase, Phase)> {
+        match (policy, self.phase) {
+            (None, Phase::Open | Phase::HalfOpen) => Some(self.close(now)),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::policy::BreakerSpec;
+    use crate::domain::DurationSpec;
+
+    fn consecutive(failures: u32, break_ms: u64) -> BreakerPolicy {
+        BreakerSpec {
+            mode: "consecutive".into(),
+            failures: Some(failures),
+            break_: Some(DurationSpec(break_ms)),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap()
+    }
+
+    #[test]
+    fn a_blocked_request_changes_nothing() {
+        let p = consecutive(1, 1000);
+        let mut b = Breaker::new(0);
+        let e = b.epoch();
+        b.record(Some(&p), e, false, Outcome::Failure, 10);
+        let before = b.clone();
+        assert_eq!(
+            b.admission(500),
+            Admission::Blocked {
+                reason: Reason::Open,
+                retry_after: 510
+            }
+        );
+        assert_eq!(b, before);
+    }
+
+    #[test]
+    fn the_deadline_admits_at_equality() {
+        let p = consecutive(1, 1000);
+        let mut b = Breaker::new(0);
+        b.record(Some(&p), 0, false, Outcome::Failure, 10);
+        assert!(matches!(b.admission(1009), Admission::Blocked { retry_after: 1, .. }));
+        assert_eq!(b.admission(1010), Admission::Probe);
+    }
+
+    #[test]
+    fn a_probe_admission_starts_a_new_epoch_so_the_old_probe_is_stale() {
+        let p = consecutive(1, 1000);
+        let mut b = Breaker::new(0);
+        b.record(Some(&p), 0, false, Outcome::Failure, 0);
+        b.begin_probe(1000, 2000);
+        let first = b.epoch();
+        assert_eq!(b.admission(2000), Admission::Probe);
+        b.begin_probe(2000, 3000);
+        let r = b.record(Some(&p), first, true, Outcome::Success, 2001);
+        assert!(r.stale);
+        assert_eq!(b.phase(), Phase::HalfOpen);
+        assert_eq!(b.half_open_attempts(), 2);
+    }
+
+    #[test]
+    fn ignored_frees_the_slot_and_counts_nothing() {
+        let p = consecutive(2, 1000);
+        let mut b = Breaker::new(0);
+        let r = b.record(Some(&p), 0, false, Outcome::Ignored, 0);
+        assert_eq!(r, Recorded { stale: false, change: None });
+        assert_eq!(b.consecutive_failures(), 0);
+        b.record(Some(&p), 0, false, Outcome::Failure, 0);
+        b.record(Some(&p), 0, false, Outcome::Failure, 0);
+        b.begin_probe(1000, 2000);
+        let e = b.epoch();
+        b.record(Some(&p), e, true, Outcome::Ignored, 1001);
+        assert_eq!(b.phase(), Phase::HalfOpen);
+        assert_eq!(b.admission(1001), Admission::Probe);
+        assert_eq!(b.consecutive_failures(), 2);
+    }
+
+    #[test]
+    fn isolate_and_close_always_start_a_new_epoch() {
+        let mut b = Breaker::new(0);
+        let e0 = b.epoch();
+        b.reset(1);
+        assert_ne!(b.epoch(), e0);
+        b.isolate(2);
+        let e1 = b.epoch();
+        b.isolate(3);
+        assert_ne!(b.epoch(), e1);
+        assert_eq!(b.phase(), Phase::Isolated);
+        assert_eq!(b.admission(4), Admission::Refused);
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped_and_a_recovery_resets_it() {
+        let p = BreakerSpec {
+            mode: "consecutive".into(),
+            failures: Some(1),
+            break_: Some(DurationSpec(1000)),
+            multiplier: Some(2.0),
+            max_break: Some(DurationSpec(3000)),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap();
+        assert_eq!(
+            (1..=4).map(|k| p.break_length(k)).collect::<Vec<_>>(),
+            vec![1000, 2000, 3000, 3000]
+        );
+        let odd = BreakerSpec {
+            multiplier: Some(1.5),
+            max_break: None,
+            ..BreakerSpec {
+                mode: "consecutive".into(),
+                failures: Some(1),
+                break_: Some(DurationSpec(3)),
+                ..Default::default()
+            }
+        }
+        .validate()
+        .unwrap();
+        // 3, 4.5 -> 4, 6.75 -> 6: computed lengths are rounded down (T1).
+        assert_eq!(odd.break_length(2), 4);
+        assert_eq!(odd.break_length(3), 6);
+        assert_eq!(odd.break_length(10_000), crate::domain::policy::MAX_DURATION);
+    }
+
+    #[test]
+    fn losing_the_breaker_in_a_policy_change_closes_an_open_key() {
+        let p = consecutive(1, 1000);
+        let mut b = Breaker::new(0);
+        b.record(Some(&p), 0, false, Outcome::Failure, 0);
+        assert_eq!(b.adopt(None, 5), Some((Phase::Open, Phase::Closed)));
+        assert_eq!(b.admission(5), Admission::Normal);
+    }
+}

@@ -1,0 +1,851 @@
+//! A fuse is everything fusebox keeps for one key: its breaker, its permit
+//! book and its live tickets, with the one decision over both (SPEC C1–C6)
+//! and the settlement of leases and waits in time order (T2, L3, P6).
+//!
+//! Every operation takes `now` and first settles whatever fell due up to
+//! `now`, each event at its own time, so a fuse reads the same whether the
+//! engine's timer woke on time or a request arrived first.
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::book::{Book, Waiter};
+use super::breaker::{Admission, Breaker};
+use super::policy::{Order, Policy};
+use super::{Millis, Outcome, Phase, Reason};
+
+/// A ticket's identity: 128 bits chosen by the engine (from the operating
+/// system's random source), never reused. The fuse only compares them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TicketId(pub u128);
+
+/// What a live ticket remembers (SPEC B3, L2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    /// The breaker epoch it was issued in.
+    pub epoch: u64,
+    /// Permits it asked for.
+    pub permits: u32,
+    /// True when it is a probe.
+    pub probe: bool,
+    /// When its lease ends.
+    pub lease_end: Millis,
+    /// True when its permits are concurrency permits that must come back.
+    pub holds: bool,
+}
+
+/// A request for permits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ask {
+    /// Permits asked for; 0 is a status check (P2a).
+    pub permits: u32,
+    /// How long the request may wait in the queue; 0 = not at all.
+    pub max_wait: Millis,
+    /// The lease asked for; `None` = the policy's default.
+    pub lease: Option<Millis>,
+    /// False when the engine has no room for another ticket (K3).
+    pub room_for_ticket: bool,
+    /// False when the engine has no room for another waiter (K3).
+    pub room_for_waiter: bool,
+}
+
+impl Default for Ask {
+    fn default() -> Self {
+        Ask {
+            permits: 1,
+            max_wait: 0,
+            lease: None,
+            room_for_ticket: true,
+            room_for_waiter: true,
+        }
+    }
+}
+
+/// A ticket handed out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The ticket.
+    pub ticket: TicketId,
+    /// When its lease ends.
+    pub lease_end: Millis,
+}
+
+/// The answer to a request (SPEC B1, P2–P6, E1). Decisions are values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Admitted; `None` for a status check, which gets no ticket.
+    Granted(Option<Grant>),
+    /// Admitted as the key's one probe.
+    Probe(Grant),
+    /// Not now, by the breaker.
+    Blocked {
+        /// `Open` or `ProbeInFlight`.
+        reason: Reason,
+        /// When to ask again, in ms from now.
+        retry_after: Millis,
+    },
+    /// Isolated by an operator.
+    Refused,
+    /// Not granted by the permit book.
+    Denied {
+        /// Why.
+        reason: Reason,
+        /// When `n` permits may be there, in ms from now, where the algorithm can tell.
+        retry_after: Option<Millis>,
+    },
+    /// Waiting; the final answer comes as a [`Notice::Answered`].
+    Queued,
+}
+
+impl Decision {
+    /// The ticket this decision hands out, if any.
+    pub fn grant(&self) -> Option<Grant> {
+        match *self {
+            Decision::Granted(grant) => grant,
+            Decision::Probe(grant) => Some(grant),
+            _ => None,
+        }
+    }
+}
+
+/// The reply to a completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completed {
+    /// The outcome came from an earlier epoch and moved nothing (B3).
+    pub stale: bool,
+    /// The phase after the completion.
+    pub phase: Phase,
+}
+
+/// Why a phase changed, in words for operators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// The trip condition was reached while closed.
+    Tripped,
+    /// The break ended and a request was admitted as the probe.
+    ProbeAdmitted,
+    /// The probe succeeded.
+    ProbeSucceeded,
+    /// The probe failed.
+    ProbeFailed,
+    /// An operator isolated the key.
+    Isolated,
+    /// An operator closed the key.
+    Closed,
+    /// A changed policy has no breaker.
+    PolicyChanged,
+}
+
+impl Cause {
+    /// The cause in plain words.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::Tripped => "failures reached the trip condition",
+            Cause::ProbeAdmitted => "the break ended and a probe was admitted",
+            Cause::ProbeSucceeded => "the probe succeeded",
+            Cause::ProbeFailed => "the probe failed",
+            Cause::Isolated => "isolated by an operator",
+            Cause::Closed => "closed by an operator",
+            Cause::PolicyChanged => "the policy no longer has a breaker",
+        }
+    }
+}
+
+/// Something that happened inside an operation that the engine must pass on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// A waiter got its final answer: granted, blocked, refused or denied.
+    Answered {
+        /// The waiter (and, when granted, its ticket).
+        waiter: TicketId,
+        /// The answer.
+        decision: Decision,
+    },
+    /// A ticket's lease ended and it was settled with the expired outcome.
+    Expired {
+        /// The ticket.
+        ticket: TicketId,
+    },
+    /// The breaker changed phase.
+    Phase {
+        /// The phase before.
+        from: Phase,
+        /// The phase after.
+        to: Phase,
+        /// Why.
+        cause: Cause,
+        /// When.
+        at: Millis,
+    },
+}
+
+/// Per-key statistics; they restart from zero when a key is forgotten (K2).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Tickets granted as ordinary requests, at once or after waiting.
+    pub granted: u64,
+    /// Probes admitted.
+    pub probes: u64,
+    /// Requests blocked by the breaker.
+    pub blocked: u64,
+    /// Requests refused while isolated.
+    pub refused: u64,
+    /// Requests denied by the permit book (any reason).
+    pub denied: u64,
+    /// Blocked and denied requests by reason, indexed by [`Reason::ALL`].
+    pub by_reason: [u64; 7],
+    /// Requests that waited in the queue.
+    pub queued: u64,
+    /// Waiters evicted from a full `newest_first` queue.
+    pub evicted: u64,
+    /// Waiters whose `max_wait` ended.
+    pub timed_out: u64,
+    /// Waiters withdrawn because their caller went away.
+    pub withdrawn: u64,
+    /// Outcomes recorded as successes.
+    pub successes: u64,
+    /// Outcomes recorded as failures.
+    pub failures: u64,
+    /// Outcomes reported as ignored.
+    pub ignored: u64,
+    /// Outcomes that arrived stale.
+    pub stale: u64,
+    /// Tickets whose lease ended.
+    pub expired: u64,
+}
+
+impl Stats {
+    fn count(&mut self, decision: &Decision) {
+        match *decision {
+            Decision::Granted(Some(_)) => self.granted += 1,
+            Decision::Probe(_) => self.probes += 1,
+            Decision::Blocked { reason, .. } => {
+                self.blocked += 1;
+                self.by_reason[reason as usize] += 1;
+            }
+            Decision::Refused => self.refused += 1,
+            Decision::Denied { reason, .. } => {
+                self.denied += 1;
+                self.by_reason[reason as usize] += 1;
+                match reason {
+                    Reason::Evicted => self.evicted += 1,
+                    Reason::Timeout => self.timed_out += 1,
+                    _ => {}
+                }
+            }
+            Decision::Queued => self.queued += 1,
+            Decision::Granted(None) => {}
+        }
+    }
+}
+
+/// What a read of a key shows (SPEC section 8, `KeyState`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct View {
+    /// The breaker's phase.
+    pub phase: Phase,
+    /// Failures in a row.
+    pub consecutive_failures: u32,
+    /// Probes admitted since the breaker last closed.
+    pub half_open_attempts: u32,
+    /// The end of the break, when open.
+    pub open_until: Option<Millis>,
+    /// Permits free now (0 without a limiter).
+    pub free: u32,
+    /// The limiter's limit (0 without a limiter).
+    pub limit: u32,
+    /// Permits asked for by waiters.
+    pub queued: u64,
+    /// Live tickets.
+    pub live_tickets: usize,
+    /// Waiting requests.
+    pub waiters: usize,
+    /// The breaker's epoch.
+    pub epoch: u64,
+    /// The share of failures in the sampling window, in ratio mode.
+    pub failure_ratio: Option<f64>,
+    /// When the phase last changed.
+    pub changed_at: Millis,
+    /// Statistics.
+    pub stats: Stats,
+}
+
+/// Why an operation was refused. A refused operation changes nothing (E3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FuseError {
+    /// Time went backwards: the engine's clock is monotonic.
+    #[error("now ({now} ms) is earlier than the last time seen ({last} ms)")]
+    ClockWentBack {
+        /// The time given.
+        now: Millis,
+        /// The last time seen.
+        last: Millis,
+    },
+    /// The ticket is unknown, completed or expired (L4).
+    #[error("ticket: not found; it is unknown, already completed, or its lease ended")]
+    UnknownTicket,
+    /// A lease of zero was asked for (L2).
+    #[error("lease: must be longer than 0 ms; leave it out for the policy's default")]
+    ZeroLease,
+    /// The engine gave a ticket id that is already in use.
+    #[error("ticket id is already in use")]
+    TicketInUse,
+    /// The engine's cap on live tickets is reached (K3).
+    #[error("too many live tickets: the server's max_tickets cap is reached")]
+    NoRoomForTicket,
+    /// The engine's cap on waiters is reached (K3).
+    #[error("too many waiters: the server's max_waiters cap is reached")]
+    NoRoomForWaiter,
+}
+
+/// One key's breaker, permit book and live tickets.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fuse {
+    policy: Policy,
+    breaker: Breaker,
+    book: Book,
+    tickets: HashMap<TicketId, Ticket>,
+    /// `(lease end, ticket)` for every live ticket, for settlement in time order.
+    leases: BTreeSet<(Millis, TicketId)>,
+    last_now: Millis,
+    stats: Stats,
+    notices: Vec<Notice>,
+}
+
+impl Fuse {
+    /// A fresh key under `policy`, made at `now` (K2).
+    pub fn new(policy: Policy, now: Millis) -> Self {
+        let mut book = Book::default();
+        book.adopt(policy.limiter.as_ref(), now);
+        Fuse {
+            policy,
+            breaker: Breaker::new(now),
+            book,
+            tickets: HashMap::new(),
+            leases: BTreeSet::new(),
+            last_now: now,
+            stats: Stats::default(),
+            notices: Vec::new(),
+        }
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The breaker.
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+
+    /// A live ticket.
+    pub fn ticket(&self, id: TicketId) -> Option<&Ticket> {
+        self.tickets.get(&id)
+    }
+
+    /// Live tickets.
+    pub fn live_tickets(&self) -> usize {
+        self.tickets.len()
+    }
+
+    /// Waiting requests.
+    pub fn waiters(&self) -> usize {
+        self.book.waiters()
+    }
+
+    /// The last time this fuse saw.
+    pub fn last_now(&self) -> Millis {
+        self.last_now
+    }
+
+    /// Statistics.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Moves out the notices gathered since the last call.
+    pub fn drain_notices(&mut self) -> std::vec::Drain<'_, Notice> {
+        self.notices.drain(..)
+    }
+
+    fn check_time(&self, now: Millis) -> Result<(), FuseError> {
+        if now < self.last_now {
+            return Err(FuseError::ClockWentBack {
+                now,
+                last: self.last_now,
+            });
+        }
+        Ok(())
+    }
+
+    /// A live ticket at `now`: one whose lease has not ended (T1).
+    fn live(&self, id: TicketId, now: Millis) -> Result<Ticket, FuseError> {
+        self.tickets
+            .get(&id)
+            .filter(|t| t.lease_end > now)
+            .copied()
+            .ok_or(FuseError::UnknownTicket)
+    }
+
+    /// Applies a changed policy from `now` on (Y4): the breaker keeps its
+    /// phase, deadline, run and epoch; held permits stay held.
+    pub fn set_policy(&mut self, policy: Policy, now: Millis) -> Result<(), FuseError> {
+        self.check_time(now)?;
+        self.settle(now);
+        self.policy = policy;
+        if let Some((from, to)) = self.breaker.adopt(policy.breaker.as_ref(), now) {
+            self.phase_changed(from, to, Cause::PolicyChanged, now);
+        }
+        if self.book.adopt(policy.limiter.as_ref(), now) {
+            for ticket in self.tickets.values_mut() {
+                ticket.holds = false;
+            }
+        }
+        self.serve(now);
+        Ok(())
+    }
+
+    /// Settles everything due by `now`: lease ends, waiters served by
+    /// refills and window rolls, waiters whose wait ended (T2).
+    pub fn advance(&mut self, now: Millis) -> Result<(), FuseError> {
+        self.check_time(now)?;
+        self.settle(now);
+        Ok(())
+    }
+
+    /// The next time at which something must happen on this key even if no
+    /// request arrives: a lease end, a waiter's `max_wait`, or a refill or
+    /// window roll that can serve the head waiter.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        let lease = self.leases.first().map(|&(end, _)| end);
+        let timeout = self.book.first_timeout();
+        let refill = self.policy.limiter.as_ref().and_then(|lp| {
+            let head = self.book.head(lp.order)?;
+            let limiter = self.book.limiter()?;
+            if limiter.returns_permits() {
+                return None;
+            }
+            limiter.ready_at(&lp.kind, head.permits, self.last_now)
+        });
+        [lease, timeout, refill].into_iter().flatten().min()
+    }
+
+    fn settle(&mut self, now: Millis) {
+        let mut settled_at = None;
+        while let Some(at) = self.next_deadline().filter(|&t| t <= now) {
+            if settled_at.is_some_and(|done| at <= done) {
+                break;
+            }
+            self.last_now = self.last_now.max(at);
+            while let Some(&(end, id)) = self.leases.first() {
+                if end > at {
+                    break;
+                }
+                let outcome = self.policy.lease.expired_outcome;
+                self.stats.expired += 1;
+                self.finish(id, outcome, end);
+                self.notices.push(Notice::Expired { ticket: id });
+            }
+            self.serve(at);
+            while let Some(waiter) = self.book.pop_timed_out(at) {
+                self.answer(
+                    waiter.id,
+                    Decision::Denied {
+                        reason: Reason::Timeout,
+                        retry_after: None,
+                    },
+                );
+                self.serve(at);
+            }
+            settled_at = Some(at);
+        }
+        self.last_now = now;
+    }
+
+    /// Answers a request for permits at `now` (C1–C3, P1–P4). `id` names the
+    /// ticket, or the waiter, that the request may become.
+    pub fn acquire(&mut self, ask: &Ask, id: TicketId, now: Millis) -> Result<Decision, FuseError> {
+        self.check_time(now)?;
+        if ask.lease == Some(0) {
+            return Err(FuseError::ZeroLease);
+        }
+        if ask.permits > 0 && (self.tickets.contains_key(&id) || self.book.contains(id)) {
+            return Err(FuseError::TicketInUse);
+        }
+        self.settle(now);
+        let admission = self.breaker.admission(now);
+        if ask.permits == 0 {
+            return Ok(self.status(admission, now));
+        }
+        let decision = self.decide(ask, admission, id, now)?;
+        self.stats.count(&decision);
+        Ok(decision)
+    }
+
+    /// The status check of P2a: what the breaker answers when it blocks or
+    /// refuses, else whether any permit is free. Changes nothing.
+    fn status(&self, admission: Admission, now: Millis) -> Decision {
+        match admission {
+            Admission::Blocked {
+                reason,
+                retry_after,
+            } => Decision::Blocked {
+                reason,
+                retry_after,
+            },
+            Admission::Refused => Decision::Refused,
+            Admission::Normal | Admission::Probe => {
+                let (Some(lp), Some(limiter)) = (&self.policy.limiter, self.book.limiter()) else {
+                    return Decision::Granted(None);
+                };
+                if limiter.available(&lp.kind, now) > 0 {
+                    return Decision::Granted(None);
+                }
+                Decision::Denied {
+                    reason: Reason::NoPermits,
+                    retry_after: limiter.ready_at(&lp.kind, 1, now).map(|t| t - now),
+                }
+            }
+        }
+    }
+
+    fn decide(
+        &mut self,
+        ask: &Ask,
+        admission: Admission,
+        id: TicketId,
+        now: Millis,
+    ) -> Result<Decision, FuseError> {
+        let probe = match admission {
+            Admission::Blocked {
+                reason,
+                retry_after,
+            } => {
+                return Ok(Decision::Blocked {
+                    reason,
+                    retry_after,
+                })
+            }
+            Admission::Refused => return Ok(Decision::Refused),
+            Admission::Normal => false,
+            Admission::Probe => true,
+        };
+        let n = ask.permits;
+        let (Some(lp), Some(limiter)) = (self.policy.limiter, self.book.limiter()) else {
+            return self.grant_at_once(ask, id, probe, 0, now);
+        };
+        if n > lp.kind.limit() {
+            return Ok(Decision::Denied {
+                reason: Reason::ExceedsLimit,
+                retry_after: None,
+            });
+        }
+        let free = limiter.available(&lp.kind, now);
+        let waiters_first = lp.order == Order::OldestFirst && self.book.waiters() > 0;
+        if free >= n && (probe || !waiters_first) {
+            return self.grant_at_once(ask, id, probe, n, now);
+        }
+        let retry_after = if free >= n {
+            None
+        } else {
+            limiter.ready_at(&lp.kind, n, now).map(|t| t - now)
+        };
+        let may_wait = !probe && ask.max_wait > 0 && lp.queue_limit > 0;
+        let queue_limit = u64::from(lp.queue_limit);
+        let fits = self.book.queued() + u64::from(n) <= queue_limit
+            || (lp.order == Order::NewestFirst && u64::from(n) <= queue_limit);
+        if may_wait && fits {
+            if !ask.room_for_waiter {
+                return Err(FuseError::NoRoomForWaiter);
+            }
+            while self.book.queued() + u64::from(n) > queue_limit {
+                let oldest = self.book.oldest().map(|w| w.id).expect("a full queue has a waiter");
+                self.book.remove(oldest);
+                self.answer(
+                    oldest,
+                    Decision::Denied {
+                        reason: Reason::Evicted,
+                        retry_after: None,
+                    },
+                );
+            }
+            self.book.enqueue(Waiter {
+                id,
+                permits: n,
+                until: now.saturating_add(ask.max_wait),
+                lease: ask.lease,
+            });
+            return Ok(Decision::Queued);
+        }
+        let reason = if ask.max_wait > 0 && lp.queue_limit > 0 && !probe {
+            Reason::QueueFull
+        } else {
+            Reason::NoPermits
+        };
+        Ok(Decision::Denied {
+            reason,
+            retry_after,
+        })
+    }
+
+    fn grant_at_once(
+        &mut self,
+        ask: &Ask,
+        id: TicketId,
+        probe: bool,
+        n: u32,
+        now: Millis,
+    ) -> Result<Decision, FuseError> {
+        if !ask.room_for_ticket {
+            return Err(FuseError::NoRoomForTicket);
+        }
+        let grant = self.issue(id, probe, n, ask.lease, now);
+        Ok(if probe {
+            Decision::Probe(grant)
+        } else {
+            Decision::Granted(Some(grant))
+        })
+    }
+
+    /// Takes `n` permits and records a live ticket (and, for a probe, the slot).
+    fn issue(
+        &mut self,
+        id: TicketId,
+        probe: bool,
+        n: u32,
+        lease: Option<Millis>,
+        now: Millis,
+    ) -> Grant {
+        let lease_end = now.saturating_add(self.policy.lease.grant(lease));
+        let mut holds = false;
+        if let (Some(lp), Some(limiter)) = (&self.policy.limiter, self.book.limiter_mut()) {
+            limiter.take(&lp.kind, n, now);
+            holds = limiter.returns_permits();
+        }
+        if probe {
+            let probe_lease = self
+                .policy
+                .breaker
+                .map_or(lease_end, |b| now.saturating_add(b.probe_lease.get()));
+            if let Some((from, to)) = self.breaker.begin_probe(now, probe_lease.min(lease_end)) {
+                self.phase_changed(from, to, Cause::ProbeAdmitted, now);
+            }
+        }
+        self.tickets.insert(
+            id,
+            Ticket {
+                epoch: self.breaker.epoch(),
+                permits: n,
+                probe,
+                lease_end,
+                holds,
+            },
+        );
+        self.leases.insert((lease_end, id));
+        Grant {
+            ticket: id,
+            lease_end,
+        }
+    }
+
+    /// Serves waiters in order while the head's permits are free (P5).
+    fn serve(&mut self, now: Millis) {
+        if self.breaker.admission(now) != Admission::Normal {
+            return;
+        }
+        loop {
+            let order = self.policy.limiter.map_or(Order::OldestFirst, |lp| lp.order);
+            let Some(&head) = self.book.head(order) else {
+                return;
+            };
+            if let (Some(lp), Some(limiter)) = (&self.policy.limiter, self.book.limiter()) {
+                if limiter.available(&lp.kind, now) < head.permits {
+                    return;
+                }
+            }
+            self.book.remove(head.id);
+            let grant = self.issue(head.id, false, head.permits, head.lease, now);
+            self.answer(head.id, Decision::Granted(Some(grant)));
+        }
+    }
+
+    fn answer(&mut self, waiter: TicketId, decision: Decision) {
+        self.stats.count(&decision);
+        self.notices.push(Notice::Answered { waiter, decision });
+    }
+
+    fn phase_changed(&mut self, from: Phase, to: Phase, cause: Cause, at: Millis) {
+        self.notices.push(Notice::Phase {
+            from,
+            to,
+            cause,
+            at,
+        });
+        // C4: waiters exist only while the breaker admits normally.
+        let answer = match self.breaker.admission(at) {
+            Admission::Blocked {
+                reason,
+                retry_after,
+            } => Decision::Blocked {
+                reason,
+                retry_after,
+            },
+            Admission::Refused => Decision::Refused,
+            Admission::Normal | Admission::Probe => return,
+        };
+        for waiter in self.book.drain() {
+            self.answer(waiter.id, answer);
+        }
+    }
+
+    /// Records a ticket's outcome at `now` (B3, C5, P7, L4).
+    pub fn complete(
+        &mut self,
+        id: TicketId,
+        outcome: Outcome,
+        now: Millis,
+    ) -> Result<Completed, FuseError> {
+        self.check_time(now)?;
+        self.live(id, now)?;
+        self.settle(now);
+        let stale = self.finish(id, outcome, now);
+        Ok(Completed {
+            stale,
+            phase: self.breaker.phase(),
+        })
+    }
+
+    /// Ends a live ticket with `outcome` at `at`: the outcome reaches the
+    /// breaker first, then the permits come back (C5). Returns staleness.
+    fn finish(&mut self, id: TicketId, outcome: Outcome, at: Millis) -> bool {
+        let Some(ticket) = self.tickets.remove(&id) else {
+            return false;
+        };
+        self.leases.remove(&(ticket.lease_end, id));
+        let recorded = self.breaker.record(
+            self.policy.breaker.as_ref(),
+            ticket.epoch,
+            ticket.probe,
+            outcome,
+            at,
+        );
+        if recorded.stale {
+            self.stats.stale += 1;
+        } else {
+            match outcome {
+                Outcome::Success => self.stats.successes += 1,
+                Outcome::Failure => self.stats.failures += 1,
+                Outcome::Ignored => self.stats.ignored += 1,
+            }
+        }
+        if let Some((from, to)) = recorded.change {
+            let cause = match (ticket.probe, to) {
+                (false, _) => Cause::Tripped,
+                (true, Phase::Closed) => Cause::ProbeSucceeded,
+                (true, _) => Cause::ProbeFailed,
+            };
+            self.phase_changed(from, to, cause, at);
+        }
+        if ticket.holds {
+            if let Some(limiter) = self.book.limiter_mut() {
+                limiter.release(ticket.permits);
+            }
+        }
+        self.serve(at);
+        recorded.stale
+    }
+
+    /// Sets a live ticket's lease to end at `now + lease` (capped by the
+    /// policy's maximum; `None` = the default) and returns the time left (L2).
+    /// The probe slot is not extended (B1).
+    pub fn renew(
+        &mut self,
+        id: TicketId,
+        lease: Option<Millis>,
+        now: Millis,
+    ) -> Result<Millis, FuseError> {
+        self.check_time(now)?;
+        if lease == Some(0) {
+            return Err(FuseError::ZeroLease);
+        }
+        let ticket = self.live(id, now)?;
+        self.settle(now);
+        let granted = self.policy.lease.grant(lease);
+        let lease_end = now.saturating_add(granted);
+        self.leases.remove(&(ticket.lease_end, id));
+        self.leases.insert((lease_end, id));
+        if let Some(t) = self.tickets.get_mut(&id) {
+            t.lease_end = lease_end;
+        }
+        Ok(granted)
+    }
+
+    /// Withdraws a waiter whose caller went away, silently (P6). Returns
+    /// false when it no longer waits (it was answered already).
+    pub fn withdraw(&mut self, id: TicketId, now: Millis) -> Result<bool, FuseError> {
+        self.check_time(now)?;
+        self.settle(now);
+        let Some(_) = self.book.remove(id) else {
+            return Ok(false);
+        };
+        self.stats.withdrawn += 1;
+        self.serve(now);
+        Ok(true)
+    }
+
+    /// Isolates the breaker (B5); waiters are refused at once (C4).
+    pub fn isolate(&mut self, now: Millis) -> Result<(), FuseError> {
+        self.check_time(now)?;
+        self.settle(now);
+        let (from, to) = self.breaker.isolate(now);
+        self.phase_changed(from, to, Cause::Isolated, now);
+        Ok(())
+    }
+
+    /// Closes the breaker with everything cleared (B5).
+    pub fn close(&mut self, now: Millis) -> Result<(), FuseError> {
+        self.check_time(now)?;
+        self.settle(now);
+        let (from, to) = self.breaker.reset(now);
+        self.phase_changed(from, to, Cause::Closed, now);
+        self.serve(now);
+        Ok(())
+    }
+
+    /// True when the key is as a fresh one would be (K2): breaker closed
+    /// with nothing recorded, no live ticket, no waiter, limiter full.
+    pub fn is_at_rest(&self, now: Millis) -> bool {
+        self.tickets.is_empty()
+            && self.book.waiters() == 0
+            && self.breaker.is_at_rest(self.policy.breaker.as_ref(), now)
+            && match (&self.policy.limiter, self.book.limiter()) {
+                (Some(lp), Some(limiter)) => limiter.is_full(&lp.kind, now),
+                _ => true,
+            }
+    }
+
+    /// What a read shows at `now`. Changes nothing: an `OPEN` breaker past
+    /// its deadline reads `OPEN` (B6). Call [`Fuse::advance`] first so that
+    /// lease ends are settled.
+    pub fn view(&self, now: Millis) -> View {
+        let (free, limit) = match (&self.policy.limiter, self.book.limiter()) {
+            (Some(lp), Some(limiter)) => (limiter.available(&lp.kind, now), lp.kind.limit()),
+            _ => (0, 0),
+        };
+        View {
+            phase: self.breaker.phase(),
+            consecutive_failures: self.breaker.consecutive_failures(),
+            half_open_attempts: self.breaker.half_open_attempts(),
+            open_until: self.breaker.open_until(),
+            free,
+            limit,
+            queued: self.book.queued(),
+            live_tickets: self.tickets.len(),
+            waiters: self.book.waiters(),
+            epoch: self.breaker.epoch(),
+            failure_ratio: self.breaker.failure_ratio(self.policy.breaker.as_ref(), now),
+            changed_at: self.breaker.changed_at(),
+            stats: self.stats.clone(),
+        }
+    }
+}

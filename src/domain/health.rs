@@ -1,0 +1,112 @@
+//! The sampling window of ratio mode: outcomes in buckets, each counted for
+//! at least 9/10 and at most 10/10 of the window after it was recorded.
+//!
+//! Buckets are `window / 10` ms wide (rounded down, at least 1 ms) and
+//! aligned to the clock's origin. An outcome recorded in the bucket that
+//! starts at `s` counts while `now < s + window`, so it counts for between
+//! `window - width + 1` and `window` ms: within the contract's bounds.
+
+use std::collections::VecDeque;
+
+use super::Millis;
+
+/// Success and failure counts over a sliding sampling window.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HealthWindow {
+    /// `(bucket index, successes, failures)`, oldest first; at most 21 entries.
+    buckets: VecDeque<(u64, u32, u32)>,
+}
+
+fn width(window: Millis) -> Millis {
+    (window / 10).max(1)
+}
+
+impl HealthWindow {
+    /// Records one outcome at `now`.
+    pub fn record(&mut self, now: Millis, window: Millis, failed: bool) {
+        self.prune(now, window);
+        let index = now / width(window);
+        match self.buckets.back_mut() {
+            Some((i, s, f)) if *i == index => {
+                if failed {
+                    *f = f.saturating_add(1);
+                } else {
+                    *s = s.saturating_add(1);
+                }
+            }
+            _ => self
+                .buckets
+                .push_back((index, u32::from(!failed), u32::from(failed))),
+        }
+    }
+
+    /// Drops buckets that no longer count at `now`.
+    pub fn prune(&mut self, now: Millis, window: Millis) {
+        let w = width(window);
+        while let Some(&(index, _, _)) = self.buckets.front() {
+            if index * w + window <= now {
+                self.buckets.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// `(outcomes, failures)` that count at `now`.
+    pub fn totals(&self, now: Millis, window: Millis) -> (u64, u64) {
+        let w = width(window);
+        self.buckets
+            .iter()
+            .filter(|(index, _, _)| index * w + window > now)
+            .fold((0, 0), |(n, f), &(_, s, fl)| {
+                (n + u64::from(s) + u64::from(fl), f + u64::from(fl))
+            })
+    }
+
+    /// Forgets every outcome.
+    pub fn clear(&mut self) {
+        self.buckets.clear();
+    }
+
+    /// True when no outcome counts at `now`.
+    pub fn is_empty_at(&self, now: Millis, window: Millis) -> bool {
+        self.totals(now, window).0 == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outcome_counts_for_nine_to_ten_tenths_of_the_window() {
+        for window in [10, 15, 19, 100, 1000, 1234] {
+            for at in 0..(3 * window) {
+                let mut h = HealthWindow::default();
+                h.record(at, window, true);
+                let mut last_counted = at;
+                while h.totals(last_counted + 1, window).0 == 1 {
+                    last_counted += 1;
+                }
+                let counted_for = last_counted + 1 - at;
+                assert!(
+                    counted_for * 10 >= window * 9 && counted_for <= window,
+                    "window {window} at {at}: counted for {counted_for}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn totals_add_successes_and_failures_and_prune_forgets_old_buckets() {
+        let mut h = HealthWindow::default();
+        h.record(0, 1000, false);
+        h.record(0, 1000, true);
+        h.record(150, 1000, true);
+        assert_eq!(h.totals(150, 1000), (3, 2));
+        assert_eq!(h.totals(1000, 1000), (1, 1));
+        h.prune(1100, 1000);
+        assert!(h.is_empty_at(1100, 1000));
+        assert_eq!(h.buckets.len(), 0);
+    }
+}

@@ -1,0 +1,48 @@
+//! The key syntax of SPEC K1.
+
+/// Why a key is not acceptable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// The key is empty.
+    #[error("key: must not be empty")]
+    Empty,
+    /// The key is longer than 256 bytes.
+    #[error("key: must be at most 256 bytes of UTF-8, not {0}")]
+    TooLong(usize),
+    /// The key holds a control character.
+    #[error("key: must not contain control characters (found U+{0:04X})")]
+    Control(u32),
+}
+
+/// The longest key, in bytes of UTF-8.
+pub const MAX_KEY_BYTES: usize = 256;
+
+/// Checks K1: UTF-8 (guaranteed by `&str`), 1 to 256 bytes, no control characters.
+pub fn validate_key(key: &str) -> Result<(), KeyError> {
+    if key.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(KeyError::TooLong(key.len()));
+    }
+    if let Some(c) = key.chars().find(|c| c.is_control()) {
+        return Err(KeyError::Control(u32::from(c)));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_of_one_to_256_bytes_without_control_characters_pass() {
+        assert_eq!(validate_key(""), Err(KeyError::Empty));
+        assert_eq!(validate_key("a"), Ok(()));
+        assert_eq!(validate_key(&"é".repeat(128)), Ok(()));
+        assert_eq!(validate_key(&"x".repeat(257)), Err(KeyError::TooLong(257)));
+        assert_eq!(validate_key("a\nb"), Err(KeyError::Control(10)));
+        assert_eq!(validate_key("a\u{7f}"), Err(KeyError::Control(0x7f)));
+        assert!(validate_key("payments/eu-west/ünïcode").is_ok());
+    }
+}

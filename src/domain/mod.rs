@@ -1,0 +1,138 @@
+//! The rules of fusebox as pure, deterministic state machines.
+//!
+//! Nothing in this module performs I/O, reads a clock or spawns a task: every
+//! operation takes `now`, a count of milliseconds on the engine's monotonic
+//! clock (SPEC T0), and returns a value. The engine wraps these machines in a
+//! sharded map, reads the clock and sleeps until [`Fuse::next_deadline`].
+//!
+//! Layout:
+//! - [`policy`]: validated policies (Y1–Y3) and the plain specs they come from;
+//! - [`breaker`] and [`health`]: the circuit breaker of SPEC section 1;
+//! - [`limiter`]: the four limiter kinds of SPEC section 2, one file each;
+//! - [`book`]: the permit book, a limiter with its wait queue (P1–P8);
+//! - [`fuse`]: everything kept for one key, and the one decision over breaker
+//!   and book (C1–C6), tickets and leases (L1–L4);
+//! - [`key`]: the key syntax of K1.
+
+pub mod book;
+pub mod breaker;
+pub mod fuse;
+pub mod health;
+pub mod key;
+pub mod limiter;
+pub mod policy;
+
+pub use book::{Book, Waiter};
+pub use breaker::{Admission, Breaker};
+pub use fuse::{
+    Ask, Cause, Completed, Decision, Fuse, FuseError, Grant, Notice, Stats, Ticket, TicketId,
+    View,
+};
+pub use key::{validate_key, KeyError};
+pub use policy::{
+    BreakerPolicy, DurationSpec, LeasePolicy, LimiterKind, LimiterPolicy, Order, Policy,
+    PolicyError, PolicySpec, Trip,
+};
+
+/// A count of milliseconds on the engine's monotonic clock, or a duration in
+/// milliseconds (SPEC T0, T1).
+pub type Millis = u64;
+
+/// The breaker's phase (SPEC section 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Requests are admitted and outcomes are recorded for the trip mode.
+    Closed,
+    /// Requests are blocked until the break's deadline.
+    Open,
+    /// One probe at a time decides whether the dependency recovered.
+    HalfOpen,
+    /// Set by an operator: every request is refused until `Close`.
+    Isolated,
+}
+
+impl Phase {
+    /// The name used in logs, vectors and the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Closed => "CLOSED",
+            Phase::Open => "OPEN",
+            Phase::HalfOpen => "HALF_OPEN",
+            Phase::Isolated => "ISOLATED",
+        }
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the caller reports about the call a ticket covered (SPEC B3, B4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Outcome {
+    /// The dependency answered well.
+    Success,
+    /// The dependency failed.
+    Failure,
+    /// The call says nothing about the dependency (cancelled, bad request...).
+    Ignored,
+}
+
+impl Outcome {
+    /// The name used in the config, the vectors and the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Success => "SUCCESS",
+            Outcome::Failure => "FAILURE",
+            Outcome::Ignored => "IGNORED",
+        }
+    }
+}
+
+/// Why a request was blocked or denied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The breaker is open and its break has not ended.
+    Open,
+    /// The breaker is half-open and another request holds the probe slot.
+    ProbeInFlight,
+    /// Not enough permits now, and the request may not wait.
+    NoPermits,
+    /// The wait queue has no room for the request.
+    QueueFull,
+    /// The request asks for more permits than the limit: it can never succeed.
+    ExceedsLimit,
+    /// A newer request pushed this waiter out of a full `newest_first` queue.
+    Evicted,
+    /// The waiter's `max_wait` ended before permits came free.
+    Timeout,
+}
+
+impl Reason {
+    /// The lower-case name used in the vectors and the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Open => "open",
+            Reason::ProbeInFlight => "probe_in_flight",
+            Reason::NoPermits => "no_permits",
+            Reason::QueueFull => "queue_full",
+            Reason::ExceedsLimit => "exceeds_limit",
+            Reason::Evicted => "evicted",
+            Reason::Timeout => "timeout",
+        }
+    }
+
+    /// Every reason, in wire order.
+    pub const ALL: [Reason; 7] = [
+        Reason::Open,
+        Reason::ProbeInFlight,
+        Reason::NoPermits,
+        Reason::QueueFull,
+        Reason::ExceedsLimit,
+        Reason::Evicted,
+        Reason::Timeout,
+    ];
+}

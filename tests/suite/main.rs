@@ -1,0 +1,3 @@
+//! fusebox's test suite: one binary, one module per layer.
+
+mod vectors;
