@@ -1,0 +1,371 @@
+//! The gRPC face of fusebox (SPEC section 8): services that convert wire
+//! messages to engine calls and back, and nothing more. Errors become
+//! `tonic::Status` in exactly one place ([`status_of`]).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+use crate::domain::policy::MAX_DURATION;
+use crate::domain::{Decision, Millis, Outcome, Phase, Reason};
+use crate::engine::{AcquireArgs, Engine, EngineError, KeyReading};
+use crate::proto::v1 as pb;
+use pb::admin_server::{Admin, AdminServer};
+use pb::clock_server::{Clock, ClockServer};
+use pb::fusebox_server::{Fusebox, FuseboxServer};
+
+/// Largest gRPC message fusebox accepts, in bytes.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// How long shutdown waits for in-flight calls before it exits anyway.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Turns an engine error into the gRPC status of SPEC section 5.
+pub fn status_of(e: EngineError) -> Status {
+    let message = e.to_string();
+    match e {
+        EngineError::Invalid { .. } => Status::invalid_argument(message),
+        EngineError::TicketNotFound => Status::not_found(message),
+        EngineError::Exhausted { .. } => Status::resource_exhausted(message),
+        EngineError::ShuttingDown => Status::unavailable(message),
+        EngineError::Internal(_) => Status::internal(message),
+    }
+}
+
+fn invalid(field: &'static str, problem: impl Into<String>) -> Status {
+    status_of(EngineError::Invalid {
+        field,
+        problem: problem.into(),
+    })
+}
+
+/// Reads an optional wire duration as whole milliseconds, rounding a finer
+/// duration up (T1); negative or out-of-range values name the field (E2).
+pub fn millis_of(
+    field: &'static str,
+    d: Option<prost_types::Duration>,
+) -> Result<Option<Millis>, Status> {
+    let Some(d) = d else {
+        return Ok(None);
+    };
+    if !(-999_999_999..=999_999_999).contains(&d.nanos)
+        || (d.seconds > 0 && d.nanos < 0)
+        || (d.seconds < 0 && d.nanos > 0)
+    {
+        return Err(invalid(field, "is not a valid duration: nanos out of range"));
+    }
+    if d.seconds < 0 || d.nanos < 0 {
+        return Err(invalid(field, "must not be negative"));
+    }
+    let max_seconds = (MAX_DURATION / 1000) as i64;
+    if d.seconds > max_seconds {
+        return Err(invalid(field, "must be at most 365 days"));
+    }
+    let ms = d.seconds as u64 * 1000 + (d.nanos as u64).div_ceil(1_000_000);
+    Ok(Some(ms))
+}
+
+/// A whole number of milliseconds as a wire duration.
+pub fn duration_of(ms: Millis) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: (ms / 1000) as i64,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    }
+}
+
+fn phase_of(p: Phase) -> pb::Phase {
+    match p {
+        Phase::Closed => pb::Phase::Closed,
+        Phase::Open => pb::Phase::Open,
+        Phase::HalfOpen => pb::Phase::HalfOpen,
+        Phase::Isolated => pb::Phase::Isolated,
+    }
+}
+
+fn reason_of(r: Reason) -> pb::Reason {
+    match r {
+        Reason::Open => pb::Reason::Open,
+        Reason::ProbeInFlight => pb::Reason::ProbeInFlight,
+        Reason::NoPermits => pb::Reason::NoPermits,
+        Reason::QueueFull => pb::Reason::QueueFull,
+        Reason::ExceedsLimit => pb::Reason::ExceedsLimit,
+        Reason::Evicted => pb::Reason::Evicted,
+        Reason::Timeout => pb::Reason::Timeout,
+    }
+}
+
+fn outcome_of(value: i32) -> Result<Outcome, Status> {
+    match pb::Outcome::try_from(value) {
+        Ok(pb::Outcome::Success) => Ok(Outcome::Success),
+        Ok(pb::Outcome::Failure) => Ok(Outcome::Failure),
+        Ok(pb::Outcome::Ignored) => Ok(Outcome::Ignored),
+        Ok(pb::Outcome::Unspecified) => Err(invalid(
+            "outcome",
+            "is OUTCOME_UNSPECIFIED; send OUTCOME_SUCCESS, OUTCOME_FAILURE or OUTCOME_IGNORED",
+        )),
+        Err(_) => Err(invalid(
+            "outcome",
+            format!("{value} is not an Outcome; send OUTCOME_SUCCESS, OUTCOME_FAILURE or OUTCOME_IGNORED"),
+        )),
+    }
+}
+
+/// The wire form of a key's state.
+pub fn key_state_of(r: &KeyReading) -> pb::KeyState {
+    let v = &r.view;
+    pb::KeyState {
+        key: r.key.clone(),
+        phase: phase_of(v.phase) as i32,
+        consecutive_failures: v.consecutive_failures,
+        half_open_attempts: v.half_open_attempts,
+        open_remaining: v
+            .open_until
+            .map(|until| duration_of(until.saturating_sub(r.now))),
+        free: v.free,
+        queued: u32::try_from(v.queued).unwrap_or(u32::MAX),
+        live_tickets: u32::try_from(v.live_tickets).unwrap_or(u32::MAX),
+        waiters: u32::try_from(v.waiters).unwrap_or(u32::MAX),
+    }
+}
+
+/// Who asked, for the record of an isolate or close: the
+/// `x-fusebox-operator` header if set, else the peer's address.
+fn who<T>(request: &Request<T>) -> String {
+    request
+        .metadata()
+        .get("x-fusebox-operator")
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.chars().take(128).collect())
+        .or_else(|| request.remote_addr().map(|a| a.to_string()))
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// The three fusebox services over one engine.
+#[derive(Clone, Debug)]
+pub struct Api {
+    engine: Arc<Engine>,
+}
+
+impl Api {
+    /// Services over `engine`.
+    pub fn new(engine: Arc<Engine>) -> Self {
+        Api { engine }
+    }
+}
+
+#[tonic::async_trait]
+impl Fusebox for Api {
+    async fn acquire(
+        &self,
+        request: Request<pb::AcquireRequest>,
+    ) -> Result<Response<pb::AcquireResponse>, Status> {
+        let req = request.into_inner();
+        let args = AcquireArgs {
+            key: req.key,
+            permits: req.permits.unwrap_or(1),
+            max_wait: millis_of("max_wait", req.max_wait)?.unwrap_or(0),
+            lease: millis_of("lease", req.lease)?,
+        };
+        let reply = self.engine.acquire(args).await.map_err(status_of)?;
+        let (decision, reason, retry_after) = match reply.decision {
+            Decision::Granted(_) => (pb::Decision::Granted, None, None),
+            Decision::Probe(_) => (pb::Decision::Probe, None, None),
+            Decision::Blocked {
+                reason,
+                retry_after,
+            } => (pb::Decision::Blocked, Some(reason), Some(retry_after)),
+            Decision::Refused => (pb::Decision::Refused, None, None),
+            Decision::Denied {
+                reason,
+                retry_after,
+            } => (pb::Decision::Denied, Some(reason), retry_after),
+            Decision::Queued => return Err(Status::internal("a queued request was not answered")),
+        };
+        Ok(Response::new(pb::AcquireResponse {
+            decision: decision as i32,
+            ticket: reply.ticket.unwrap_or_default(),
+            reason: reason.map_or(pb::Reason::Unspecified, reason_of) as i32,
+            retry_after: retry_after.map(duration_of),
+            lease: reply.lease_left.map(duration_of),
+            phase: phase_of(reply.phase) as i32,
+        }))
+    }
+
+    async fn complete(
+        &self,
+        request: Request<pb::CompleteRequest>,
+    ) -> Result<Response<pb::CompleteResponse>, Status> {
+        let req = request.into_inner();
+        let outcome = outcome_of(req.outcome)?;
+        let done = self
+            .engine
+            .complete(&req.ticket, outcome)
+            .map_err(status_of)?;
+        Ok(Response::new(pb::CompleteResponse {
+            stale: done.stale,
+            phase: phase_of(done.phase) as i32,
+        }))
+    }
+
+    async fn renew(
+        &self,
+        request: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::RenewResponse>, Status> {
+        let req = request.into_inner();
+        let lease = millis_of("lease", req.lease)?;
+        let left = self.engine.renew(&req.ticket, lease).map_err(status_of)?;
+        Ok(Response::new(pb::RenewResponse {
+            lease: Some(duration_of(left)),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for Api {
+    async fn get_key(
+        &self,
+        request: Request<pb::GetKeyRequest>,
+    ) -> Result<Response<pb::KeyState>, Status> {
+        let reading = self
+            .engine
+            .get(&request.into_inner().key)
+            .map_err(status_of)?;
+        Ok(Response::new(key_state_of(&reading)))
+    }
+
+    async fn isolate(
+        &self,
+        request: Request<pb::IsolateRequest>,
+    ) -> Result<Response<pb::KeyState>, Status> {
+        let who = who(&request);
+        let req = request.into_inner();
+        let reading = self
+            .engine
+            .isolate(&req.key, &req.reason, &who)
+            .map_err(status_of)?;
+        Ok(Response::new(key_state_of(&reading)))
+    }
+
+    async fn close(
+        &self,
+        request: Request<pb::CloseRequest>,
+    ) -> Result<Response<pb::KeyState>, Status> {
+        let who = who(&request);
+        let req = request.into_inner();
+        let reading = self
+            .engine
+            .close(&req.key, &req.reason, &who)
+            .map_err(status_of)?;
+        Ok(Response::new(key_state_of(&reading)))
+    }
+}
+
+#[tonic::async_trait]
+impl Clock for Api {
+    async fn advance(
+        &self,
+        request: Request<pb::AdvanceRequest>,
+    ) -> Result<Response<pb::ClockReading>, Status> {
+        let by = millis_of("by", request.into_inner().by)?.unwrap_or(0);
+        let now = self
+            .engine
+            .advance_clock(by)
+            .await
+            .ok_or_else(|| Status::unimplemented("the clock is not manual: start the server with --manual-clock"))?;
+        Ok(Response::new(pb::ClockReading {
+            now: Some(duration_of(now)),
+        }))
+    }
+}
+
+const SERVICES: [&str; 3] = ["fusebox.v1.Fusebox", "fusebox.v1.Admin", "fusebox.v1.Clock"];
+
+/// Serves fusebox on `listener` until `shutdown` resolves, then reports
+/// NOT_SERVING, answers waiters, stops accepting, lets in-flight calls
+/// finish (up to [`SHUTDOWN_GRACE`]) and returns.
+pub async fn run(
+    listener: tokio::net::TcpListener,
+    engine: Arc<Engine>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let manual = engine.has_manual_clock();
+    let served: Vec<&str> = SERVICES
+        .iter()
+        .copied()
+        .filter(|s| manual || *s != "fusebox.v1.Clock")
+        .collect();
+    let (health, health_service) = tonic_health::server::health_reporter();
+    for name in &served {
+        health
+            .set_service_status(*name, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+    let mut reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .with_service_name("grpc.health.v1.Health")
+        .with_service_name("grpc.reflection.v1.ServerReflection");
+    for name in &served {
+        reflection = reflection.with_service_name(*name);
+    }
+    let reflection = reflection.build_v1()?;
+
+    let api = Api::new(engine.clone());
+    let timer = tokio::spawn(engine.clone().run_timer());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .add_service(
+            FuseboxServer::new(api.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            AdminServer::new(api.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_optional_service(manual.then(|| {
+            ClockServer::new(api.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
+        }))
+        .add_service(health_service)
+        .add_service(reflection)
+        .serve_with_incoming_shutdown(incoming, async {
+            let _ = stop_rx.await;
+        });
+    tokio::pin!(server);
+    tokio::pin!(shutdown);
+    tokio::select! {
+        result = &mut server => {
+            timer.abort();
+            return Ok(result?);
+        }
+        () = &mut shutdown => {}
+    }
+    tracing::info!("shutting down: reporting NOT_SERVING, answering waiters, finishing in-flight calls");
+    health
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    for name in &served {
+        health
+            .set_service_status(*name, tonic_health::ServingStatus::NotServing)
+            .await;
+    }
+    engine.shutdown();
+    let _ = stop_tx.send(());
+    let finished = tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await;
+    timer.abort();
+    match finished {
+        Ok(result) => result?,
+        Err(_) => tracing::warn!(
+            "some calls were still open {} s after shutdown began; exiting anyway",
+            SHUTDOWN_GRACE.as_secs()
+        ),
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
