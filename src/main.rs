@@ -222,7 +222,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     by: Some(duration_of(by)),
                 })
                 .await
-                .map_err(call_error)?
+                .map_err(|status| match status.code() {
+                    // A server without --manual-clock does not serve the
+                    // Clock service at all (X1), so the answer has no message.
+                    tonic::Code::Unimplemented => anyhow::anyhow!(
+                        "UNIMPLEMENTED: the clock of the server at {} is not manual; \
+                         start it with `fusebox serve --manual-clock` to move time by hand",
+                        client.server
+                    ),
+                    _ => call_error(status),
+                })?
                 .into_inner();
             let now = millis_of("now", r.now).ok().flatten().unwrap_or(0);
             if client.json {
@@ -279,9 +288,8 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .expect("can listen for SIGTERM");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("can listen for SIGTERM");
         tokio::select! {
             _ = ctrl_c => tracing::info!("SIGINT received"),
             _ = term.recv() => tracing::info!("SIGTERM received"),
@@ -306,7 +314,8 @@ async fn connect(client: &ClientOptions) -> anyhow::Result<tonic::transport::Cha
         .await
         .with_context(|| {
             format!(
-                "cannot reach fusebox at {}; is `fusebox serve` running there?",
+                "cannot reach fusebox at {}: start `fusebox serve` there, or pass \
+                 --server with the address a running server printed (`listening on ADDR`)",
                 client.server
             )
         })
@@ -321,8 +330,26 @@ fn operator<T>(message: T) -> tonic::Request<T> {
     request
 }
 
+/// A failed call, named by its gRPC code as the SPEC and every gRPC client
+/// write it (`NOT_FOUND`, `INVALID_ARGUMENT`), then the server's message.
 fn call_error(status: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("{:?}: {}", status.code(), status.message())
+    let code = code_name(status.code());
+    match status.message() {
+        "" => anyhow::anyhow!("{code}"),
+        message => anyhow::anyhow!("{code}: {message}"),
+    }
+}
+
+/// The canonical name of a gRPC code: `NotFound` becomes `NOT_FOUND`.
+fn code_name(code: tonic::Code) -> String {
+    let mut name = String::new();
+    for (i, c) in format!("{code:?}").chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            name.push('_');
+        }
+        name.push(c.to_ascii_uppercase());
+    }
+    name
 }
 
 fn phase_name(value: i32) -> &'static str {
@@ -403,7 +430,10 @@ fn print_key(s: &pb::KeyState, json: bool) -> anyhow::Result<()> {
     }
     println!("key                   {}", s.key);
     match open_remaining {
-        Some(left) => println!("phase                 {} ({left}ms left in the break)", phase_name(s.phase)),
+        Some(left) => println!(
+            "phase                 {} ({left}ms left in the break)",
+            phase_name(s.phase)
+        ),
         None => println!("phase                 {}", phase_name(s.phase)),
     }
     println!("consecutive failures  {}", s.consecutive_failures);

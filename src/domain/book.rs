@@ -38,13 +38,26 @@ pub struct Book {
 }
 
 impl Book {
-    /// The limiter's state, made or remade for `policy` at `now` (Y4). Returns
-    /// true when the state was remade, so permits held under an older kind
-    /// must not come back to it.
-    pub fn adopt(&mut self, policy: Option<&LimiterPolicy>, now: Millis) -> bool {
-        match (policy, &self.limiter) {
+    /// The limiter's state, made or remade for `policy` at `now` (Y4): kept
+    /// when only the limit changes, carried over to new time lengths (see
+    /// [`Limiter::rebase`]), remade (full) when the kind changes.
+    /// Returns true when the state was remade, so permits held under an
+    /// older state must not come back to it.
+    pub fn adopt(
+        &mut self,
+        old: Option<&LimiterPolicy>,
+        policy: Option<&LimiterPolicy>,
+        now: Millis,
+    ) -> bool {
+        match (policy, &mut self.limiter) {
             (None, None) => false,
-            (Some(p), Some(l)) if l.is_of(&p.kind) => false,
+            (Some(p), Some(l)) if l.is_of(&p.kind) && old.is_some() => {
+                let old = old.expect("checked").kind;
+                if !old.same_clock(&p.kind) {
+                    l.rebase(&old, &p.kind, now);
+                }
+                false
+            }
             (None, Some(_)) => {
                 self.limiter = None;
                 true
@@ -130,6 +143,17 @@ impl Book {
         self.timeouts.remove(&(waiter.until, n));
         self.queued -= u64::from(waiter.permits);
         Some(waiter)
+    }
+
+    /// Removes the waiters that ask for more than `limit` permits, oldest first.
+    pub fn remove_above(&mut self, limit: u32) -> Vec<Waiter> {
+        let above: Vec<TicketId> = self
+            .queue
+            .values()
+            .filter(|w| w.permits > limit)
+            .map(|w| w.id)
+            .collect();
+        above.into_iter().filter_map(|id| self.remove(id)).collect()
     }
 
     /// Removes every waiter, oldest first.

@@ -273,8 +273,10 @@ impl Breaker {
         self.close(now)
     }
 
-    /// Applies a changed policy (Y4): a key whose policy lost its breaker
-    /// while open or half-open is closed, since nothing could end the break.
+    /// Applies a changed policy (Y4): phase, deadline, run, epoch and the
+    /// sampling window stay (old outcomes age by their own time); a key whose
+    /// policy lost its breaker while open or half-open is closed, since
+    /// nothing could end the break.
     pub fn adopt(&mut self, policy: Option<&BreakerPolicy>, now: Millis) -> Option<(Phase, Phase)> {
         match (policy, self.phase) {
             (None, Phase::Open | Phase::HalfOpen) => Some(self.close(now)),
@@ -322,7 +324,10 @@ mod tests {
         let p = consecutive(1, 1000);
         let mut b = Breaker::new(0);
         b.record(Some(&p), 0, false, Outcome::Failure, 10);
-        assert!(matches!(b.admission(1009), Admission::Blocked { retry_after: 1, .. }));
+        assert!(matches!(
+            b.admission(1009),
+            Admission::Blocked { retry_after: 1, .. }
+        ));
         assert_eq!(b.admission(1010), Admission::Probe);
     }
 
@@ -346,7 +351,13 @@ mod tests {
         let p = consecutive(2, 1000);
         let mut b = Breaker::new(0);
         let r = b.record(Some(&p), 0, false, Outcome::Ignored, 0);
-        assert_eq!(r, Recorded { stale: false, change: None });
+        assert_eq!(
+            r,
+            Recorded {
+                stale: false,
+                change: None
+            }
+        );
         assert_eq!(b.consecutive_failures(), 0);
         b.record(Some(&p), 0, false, Outcome::Failure, 0);
         b.record(Some(&p), 0, false, Outcome::Failure, 0);
@@ -403,7 +414,10 @@ mod tests {
         // 3, 4.5 -> 4, 6.75 -> 6: computed lengths are rounded down (T1).
         assert_eq!(odd.break_length(2), 4);
         assert_eq!(odd.break_length(3), 6);
-        assert_eq!(odd.break_length(10_000), crate::domain::policy::MAX_DURATION);
+        assert_eq!(
+            odd.break_length(10_000),
+            crate::domain::policy::MAX_DURATION
+        );
     }
 
     #[test]

@@ -201,6 +201,9 @@ pub struct Stats {
     pub timed_out: u64,
     /// Waiters withdrawn because their caller went away.
     pub withdrawn: u64,
+    /// Requests that waited and got no permits: evicted, timed out or
+    /// withdrawn (P8).
+    pub failed: u64,
     /// Outcomes recorded as successes.
     pub successes: u64,
     /// Outcomes recorded as failures.
@@ -227,8 +230,14 @@ impl Stats {
                 self.denied += 1;
                 self.by_reason[reason as usize] += 1;
                 match reason {
-                    Reason::Evicted => self.evicted += 1,
-                    Reason::Timeout => self.timed_out += 1,
+                    Reason::Evicted => {
+                        self.evicted += 1;
+                        self.failed += 1;
+                    }
+                    Reason::Timeout => {
+                        self.timed_out += 1;
+                        self.failed += 1;
+                    }
                     _ => {}
                 }
             }
@@ -306,6 +315,8 @@ pub struct Fuse {
     tickets: HashMap<TicketId, Ticket>,
     /// `(lease end, ticket)` for every live ticket, for settlement in time order.
     leases: BTreeSet<(Millis, TicketId)>,
+    /// The live ticket that is the probe, if any (B2).
+    probe: Option<TicketId>,
     last_now: Millis,
     stats: Stats,
     notices: Vec<Notice>,
@@ -315,13 +326,14 @@ impl Fuse {
     /// A fresh key under `policy`, made at `now` (K2).
     pub fn new(policy: Policy, now: Millis) -> Self {
         let mut book = Book::default();
-        book.adopt(policy.limiter.as_ref(), now);
+        book.adopt(None, policy.limiter.as_ref(), now);
         Fuse {
             policy,
             breaker: Breaker::new(now),
             book,
             tickets: HashMap::new(),
             leases: BTreeSet::new(),
+            probe: None,
             last_now: now,
             stats: Stats::default(),
             notices: Vec::new(),
@@ -392,13 +404,28 @@ impl Fuse {
     pub fn set_policy(&mut self, policy: Policy, now: Millis) -> Result<(), FuseError> {
         self.check_time(now)?;
         self.settle(now);
-        self.policy = policy;
+        let old = std::mem::replace(&mut self.policy, policy);
         if let Some((from, to)) = self.breaker.adopt(policy.breaker.as_ref(), now) {
             self.phase_changed(from, to, Cause::PolicyChanged, now);
         }
-        if self.book.adopt(policy.limiter.as_ref(), now) {
+        if self
+            .book
+            .adopt(old.limiter.as_ref(), policy.limiter.as_ref(), now)
+        {
             for ticket in self.tickets.values_mut() {
                 ticket.holds = false;
+            }
+        }
+        if let Some(lp) = policy.limiter {
+            // A waiter that asks for more than the new limit could never be served.
+            for waiter in self.book.remove_above(lp.kind.limit()) {
+                self.answer(
+                    waiter.id,
+                    Decision::Denied {
+                        reason: Reason::ExceedsLimit,
+                        retry_after: None,
+                    },
+                );
             }
         }
         self.serve(now);
@@ -559,7 +586,11 @@ impl Fuse {
                 return Err(FuseError::NoRoomForWaiter);
             }
             while self.book.queued() + u64::from(n) > queue_limit {
-                let oldest = self.book.oldest().map(|w| w.id).expect("a full queue has a waiter");
+                let oldest = self
+                    .book
+                    .oldest()
+                    .map(|w| w.id)
+                    .expect("a full queue has a waiter");
                 self.book.remove(oldest);
                 self.answer(
                     oldest,
@@ -630,6 +661,13 @@ impl Fuse {
             if let Some((from, to)) = self.breaker.begin_probe(now, probe_lease.min(lease_end)) {
                 self.phase_changed(from, to, Cause::ProbeAdmitted, now);
             }
+            // B2: a superseded probe stays live (its outcome will be stale)
+            // but is no longer the probe.
+            if let Some(old) = self.probe.replace(id) {
+                if let Some(t) = self.tickets.get_mut(&old) {
+                    t.probe = false;
+                }
+            }
         }
         self.tickets.insert(
             id,
@@ -654,7 +692,10 @@ impl Fuse {
             return;
         }
         loop {
-            let order = self.policy.limiter.map_or(Order::OldestFirst, |lp| lp.order);
+            let order = self
+                .policy
+                .limiter
+                .map_or(Order::OldestFirst, |lp| lp.order);
             let Some(&head) = self.book.head(order) else {
                 return;
             };
@@ -722,6 +763,9 @@ impl Fuse {
             return false;
         };
         self.leases.remove(&(ticket.lease_end, id));
+        if self.probe == Some(id) {
+            self.probe = None;
+        }
         let recorded = self.breaker.record(
             self.policy.breaker.as_ref(),
             ticket.epoch,
@@ -789,6 +833,7 @@ impl Fuse {
             return Ok(false);
         };
         self.stats.withdrawn += 1;
+        self.stats.failed += 1;
         self.serve(now);
         Ok(true)
     }
@@ -843,9 +888,14 @@ impl Fuse {
             live_tickets: self.tickets.len(),
             waiters: self.book.waiters(),
             epoch: self.breaker.epoch(),
-            failure_ratio: self.breaker.failure_ratio(self.policy.breaker.as_ref(), now),
+            failure_ratio: self
+                .breaker
+                .failure_ratio(self.policy.breaker.as_ref(), now),
             changed_at: self.breaker.changed_at(),
             stats: self.stats.clone(),
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,6 +5,8 @@
 //! aligned to the clock's origin. An outcome recorded in the bucket that
 //! starts at `s` counts while `now < s + window`, so it counts for between
 //! `window - width + 1` and `window` ms: within the contract's bounds.
+//! Buckets are kept by their start time, not their index, so that a changed
+//! window (Y4) ages old outcomes by their own time.
 
 use std::collections::VecDeque;
 
@@ -13,8 +15,9 @@ use super::Millis;
 /// Success and failure counts over a sliding sampling window.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HealthWindow {
-    /// `(bucket index, successes, failures)`, oldest first; at most 21 entries.
-    buckets: VecDeque<(u64, u32, u32)>,
+    /// `(bucket start, successes, failures)`, oldest first; at most 21
+    /// entries for one window length.
+    buckets: VecDeque<(Millis, u32, u32)>,
 }
 
 fn width(window: Millis) -> Millis {
@@ -25,9 +28,10 @@ impl HealthWindow {
     /// Records one outcome at `now`.
     pub fn record(&mut self, now: Millis, window: Millis, failed: bool) {
         self.prune(now, window);
-        let index = now / width(window);
+        let w = width(window);
+        let start = now / w * w;
         match self.buckets.back_mut() {
-            Some((i, s, f)) if *i == index => {
+            Some((i, s, f)) if *i == start => {
                 if failed {
                     *f = f.saturating_add(1);
                 } else {
@@ -36,15 +40,14 @@ impl HealthWindow {
             }
             _ => self
                 .buckets
-                .push_back((index, u32::from(!failed), u32::from(failed))),
+                .push_back((start, u32::from(!failed), u32::from(failed))),
         }
     }
 
     /// Drops buckets that no longer count at `now`.
     pub fn prune(&mut self, now: Millis, window: Millis) {
-        let w = width(window);
-        while let Some(&(index, _, _)) = self.buckets.front() {
-            if index * w + window <= now {
+        while let Some(&(start, _, _)) = self.buckets.front() {
+            if start + window <= now {
                 self.buckets.pop_front();
             } else {
                 break;
@@ -54,10 +57,9 @@ impl HealthWindow {
 
     /// `(outcomes, failures)` that count at `now`.
     pub fn totals(&self, now: Millis, window: Millis) -> (u64, u64) {
-        let w = width(window);
         self.buckets
             .iter()
-            .filter(|(index, _, _)| index * w + window > now)
+            .filter(|(start, _, _)| start + window > now)
             .fold((0, 0), |(n, f), &(_, s, fl)| {
                 (n + u64::from(s) + u64::from(fl), f + u64::from(fl))
             })

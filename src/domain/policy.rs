@@ -165,6 +165,35 @@ impl LimiterKind {
         }
     }
 
+    /// True when `other` is the same algorithm with the same time lengths
+    /// (period, window, segments), so counts kept under one hold under the other.
+    pub fn same_clock(&self, other: &LimiterKind) -> bool {
+        match (*self, *other) {
+            (LimiterKind::Concurrency { .. }, LimiterKind::Concurrency { .. }) => true,
+            (
+                LimiterKind::TokenBucket { period: a, .. },
+                LimiterKind::TokenBucket { period: b, .. },
+            ) => a == b,
+            (
+                LimiterKind::FixedWindow { window: a, .. },
+                LimiterKind::FixedWindow { window: b, .. },
+            ) => a == b,
+            (
+                LimiterKind::SlidingWindow {
+                    window: a,
+                    segments: s,
+                    ..
+                },
+                LimiterKind::SlidingWindow {
+                    window: b,
+                    segments: t,
+                    ..
+                },
+            ) => a == b && s == t,
+            _ => false,
+        }
+    }
+
     /// The kind's name, as written in the config.
     pub fn name(&self) -> &'static str {
         match self {
@@ -245,19 +274,19 @@ impl From<DurationSpec> for DurationText {
 }
 
 /// Parses `"250ms"`, `"30s"`, `"1.5s"`, `"5m"`, `"1h"`, `"2d"` into whole
-/// milliseconds, rounding a fraction of a millisecond up (SPEC T1).
+/// milliseconds, exactly, rounding a fraction of a millisecond up (SPEC T1).
 pub fn parse_duration(text: &str) -> Result<Millis, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let scale: f64 = match unit.trim() {
-        "ms" => 1.0,
-        "s" => 1_000.0,
-        "m" => 60_000.0,
-        "h" => 3_600_000.0,
-        "d" => 86_400_000.0,
+    let unit_ms: u128 = match unit.trim() {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
         "" => {
             return Err(format!(
                 "duration {text:?} has no unit: write it like \"250ms\", \"30s\" or \"5m\""
@@ -269,13 +298,27 @@ pub fn parse_duration(text: &str) -> Result<Millis, String> {
             ))
         }
     };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("duration {text:?} is not a number followed by a unit"))?;
-    let ms = (value * scale).ceil();
-    if !ms.is_finite() || ms > MAX_DURATION as f64 {
-        return Err(format!("duration {text:?} is longer than 365 days"));
+    let not_a_number = || format!("duration {text:?} is not a number followed by a unit");
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() || fraction.contains('.') || fraction.len() > 18 {
+        return Err(not_a_number());
     }
+    let whole: u128 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().map_err(|_| not_a_number())?
+    };
+    let (numerator, denominator) = if fraction.is_empty() {
+        (0u128, 1u128)
+    } else {
+        let digits: u128 = fraction.parse().map_err(|_| not_a_number())?;
+        (digits, 10u128.pow(fraction.len() as u32))
+    };
+    let ms = whole
+        .checked_mul(unit_ms)
+        .and_then(|w| w.checked_add((numerator * unit_ms).div_ceil(denominator)))
+        .filter(|&ms| ms <= u128::from(MAX_DURATION))
+        .ok_or_else(|| format!("duration {text:?} is longer than 365 days"))?;
     Ok(ms as Millis)
 }
 
@@ -441,8 +484,16 @@ impl PolicySpec {
     /// Checks every field and builds the policy, or names the first bad field.
     pub fn validate(&self) -> Result<Policy, PolicyError> {
         Ok(Policy {
-            breaker: self.breaker.as_ref().map(BreakerSpec::validate).transpose()?,
-            limiter: self.limiter.as_ref().map(LimiterSpec::validate).transpose()?,
+            breaker: self
+                .breaker
+                .as_ref()
+                .map(BreakerSpec::validate)
+                .transpose()?,
+            limiter: self
+                .limiter
+                .as_ref()
+                .map(LimiterSpec::validate)
+                .transpose()?,
             lease: self
                 .lease
                 .as_ref()
@@ -590,7 +641,7 @@ impl LimiterSpec {
                 let permits = count(self.permits, "limiter.permits", ctx)?;
                 let window = duration(self.window, "limiter.window", ctx)?;
                 let segments = count(self.segments, "limiter.segments", ctx)?;
-                if window.get() % u64::from(segments.get()) != 0 {
+                if !window.get().is_multiple_of(u64::from(segments.get())) {
                     return Err(invalid(
                         "limiter.segments",
                         format!(
@@ -673,3 +724,6 @@ impl LeaseSpec {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

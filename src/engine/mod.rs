@@ -424,7 +424,8 @@ impl Engine {
                     receiver = Some(rx);
                 }
                 if let Some(grant) = decision.grant() {
-                    self.tickets.insert(grant.ticket, Arc::from(args.key.as_str()));
+                    self.tickets
+                        .insert(grant.ticket, Arc::from(args.key.as_str()));
                 }
                 Ok::<_, FuseError>((decision, fuse.breaker().phase(), now))
             })?
@@ -574,13 +575,20 @@ impl Engine {
         if reason.len() > MAX_REASON_BYTES {
             return Err(invalid(
                 "reason",
-                format!("must be at most {MAX_REASON_BYTES} bytes, not {}", reason.len()),
+                format!(
+                    "must be at most {MAX_REASON_BYTES} bytes, not {}",
+                    reason.len()
+                ),
             ));
         }
         if reason.chars().any(char::is_control) {
             return Err(invalid("reason", "must not contain control characters"));
         }
-        let why = if reason.is_empty() { "no reason given" } else { reason };
+        let why = if reason.is_empty() {
+            "no reason given"
+        } else {
+            reason
+        };
         let action = if isolate { "isolated" } else { "closed" };
         tracing::info!(key, who, why, "{action} by an operator");
         // Closing a key that does not exist would make a fresh key: nothing to do.
@@ -724,9 +732,7 @@ fn fuse_error(e: FuseError) -> EngineError {
         FuseError::ClockWentBack { .. }
         | FuseError::TicketInUse
         | FuseError::NoRoomForTicket
-        | FuseError::NoRoomForWaiter => {
-            EngineError::Internal(e.to_string())
-        }
+        | FuseError::NoRoomForWaiter => EngineError::Internal(e.to_string()),
     }
 }
 
@@ -768,7 +774,9 @@ impl Drop for WaiterGuard<'_> {
         self.engine.withdraw(self.key, self.id);
         if let Ok(Ok((decision, _, _))) = rx.try_recv() {
             if let Some(grant) = decision.grant() {
-                let _ = self.engine.complete(&token_of(grant.ticket), Outcome::Ignored);
+                let _ = self
+                    .engine
+                    .complete(&token_of(grant.ticket), Outcome::Ignored);
             }
         }
     }

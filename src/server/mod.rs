@@ -55,7 +55,10 @@ pub fn millis_of(
         || (d.seconds > 0 && d.nanos < 0)
         || (d.seconds < 0 && d.nanos > 0)
     {
-        return Err(invalid(field, "is not a valid duration: nanos out of range"));
+        return Err(invalid(
+            field,
+            "is not a valid duration: nanos out of range",
+        ));
     }
     if d.seconds < 0 || d.nanos < 0 {
         return Err(invalid(field, "must not be negative"));
@@ -65,6 +68,10 @@ pub fn millis_of(
         return Err(invalid(field, "must be at most 365 days"));
     }
     let ms = d.seconds as u64 * 1000 + (d.nanos as u64).div_ceil(1_000_000);
+    if ms > MAX_DURATION {
+        // 365 days and a fraction of a second rounds up past the limit (T1).
+        return Err(invalid(field, "must be at most 365 days"));
+    }
     Ok(Some(ms))
 }
 
@@ -270,11 +277,9 @@ impl Clock for Api {
         request: Request<pb::AdvanceRequest>,
     ) -> Result<Response<pb::ClockReading>, Status> {
         let by = millis_of("by", request.into_inner().by)?.unwrap_or(0);
-        let now = self
-            .engine
-            .advance_clock(by)
-            .await
-            .ok_or_else(|| Status::unimplemented("the clock is not manual: start the server with --manual-clock"))?;
+        let now = self.engine.advance_clock(by).await.ok_or_else(|| {
+            Status::unimplemented("the clock is not manual: start the server with --manual-clock")
+        })?;
         Ok(Response::new(pb::ClockReading {
             now: Some(duration_of(now)),
         }))
@@ -329,9 +334,9 @@ pub async fn run(
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
-        .add_optional_service(manual.then(|| {
-            ClockServer::new(api.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
-        }))
+        // Always routed, so that callers without --manual-clock get
+        // UNIMPLEMENTED with a message that says what to do (X1).
+        .add_service(ClockServer::new(api.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .add_service(health_service)
         .add_service(reflection)
         .serve_with_incoming_shutdown(incoming, async {
@@ -346,7 +351,9 @@ pub async fn run(
         }
         () = &mut shutdown => {}
     }
-    tracing::info!("shutting down: reporting NOT_SERVING, answering waiters, finishing in-flight calls");
+    tracing::info!(
+        "shutting down: reporting NOT_SERVING, answering waiters, finishing in-flight calls"
+    );
     health
         .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;

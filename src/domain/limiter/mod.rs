@@ -40,9 +40,7 @@ impl Limiter {
                 capacity, period, ..
             } => Limiter::TokenBucket(TokenBucket::new(capacity.get(), period.get(), now)),
             LimiterKind::FixedWindow { .. } => Limiter::FixedWindow(FixedWindow::default()),
-            LimiterKind::SlidingWindow { .. } => {
-                Limiter::SlidingWindow(SlidingWindow::default())
-            }
+            LimiterKind::SlidingWindow { .. } => Limiter::SlidingWindow(SlidingWindow::default()),
         }
     }
 
@@ -55,6 +53,25 @@ impl Limiter {
                 | (Limiter::FixedWindow(_), LimiterKind::FixedWindow { .. })
                 | (Limiter::SlidingWindow(_), LimiterKind::SlidingWindow { .. })
         )
+    }
+
+    /// Carries the state over from `old` to `new` time lengths at `now`
+    /// (Y4): a token bucket keeps its tokens and counts ticks of the new
+    /// period from `now`; a window's counts were kept in units of the old
+    /// length and cannot be mapped, so the window starts afresh, full.
+    pub fn rebase(&mut self, old: &LimiterKind, new: &LimiterKind, now: Millis) {
+        match (self, *old, *new) {
+            (
+                Limiter::TokenBucket(t),
+                LimiterKind::TokenBucket {
+                    capacity,
+                    refill,
+                    period,
+                },
+                LimiterKind::TokenBucket { period: next, .. },
+            ) => t.rebase(capacity.get(), refill.get(), period.get(), next.get(), now),
+            (this, _, _) => *this = Limiter::new(new, now),
+        }
     }
 
     /// Permits free at `now`, between 0 and the limit. Changes nothing.

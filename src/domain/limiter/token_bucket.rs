@@ -35,12 +35,34 @@ impl TokenBucket {
 
     /// Spends `n` tokens at `now`.
     pub fn take(&mut self, capacity: u32, refill: u32, period: Millis, n: u32, now: Millis) {
-        self.tokens = self.tokens_at(capacity, refill, period, now).saturating_sub(n);
+        self.tokens = self
+            .tokens_at(capacity, refill, period, now)
+            .saturating_sub(n);
         self.tick = self.tick.max(now / period);
     }
 
+    /// Moves to a new period at `now`, keeping the tokens there are.
+    pub fn rebase(
+        &mut self,
+        capacity: u32,
+        refill: u32,
+        period: Millis,
+        next: Millis,
+        now: Millis,
+    ) {
+        self.tokens = self.tokens_at(capacity, refill, period, now);
+        self.tick = now / next;
+    }
+
     /// The tick at which `n` tokens (at most `capacity`) will be there.
-    pub fn ready_at(&self, capacity: u32, refill: u32, period: Millis, n: u32, now: Millis) -> Millis {
+    pub fn ready_at(
+        &self,
+        capacity: u32,
+        refill: u32,
+        period: Millis,
+        n: u32,
+        now: Millis,
+    ) -> Millis {
         let have = self.tokens_at(capacity, refill, period, now);
         let need = u64::from(n.saturating_sub(have));
         let ticks = need.div_ceil(u64::from(refill));

@@ -1,0 +1,34 @@
+# syntax=docker/dockerfile:1
+#
+# fusebox in a container: build with the Rust toolchain, run on a slim
+# Debian with only the binary, as an unprivileged user.
+#
+#   docker build -t fusebox .
+#   docker run --rm -p 50051:50051 fusebox
+#
+# docker-compose.yml runs it with examples/fusebox.toml mounted as its config.
+
+FROM rust:1-bookworm AS builder
+WORKDIR /src
+# The proto is compiled by build.rs with protox: no system protoc is needed.
+COPY Cargo.toml Cargo.lock build.rs ./
+COPY proto ./proto
+COPY src ./src
+# Cargo.toml names the benchmark target, so its source must be present too.
+COPY benches ./benches
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked \
+    && install -m 0755 target/release/fusebox /usr/local/bin/fusebox
+
+FROM debian:bookworm-slim
+RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin fusebox
+COPY --from=builder /usr/local/bin/fusebox /usr/local/bin/fusebox
+USER fusebox:fusebox
+EXPOSE 50051
+# Logs go to standard error; FUSEBOX_LOG sets the filter (e.g. "debug").
+ENV FUSEBOX_LOG=info
+# fusebox stops gracefully on SIGTERM (docker stop): it reports NOT_SERVING,
+# answers waiters and finishes in-flight calls.
+ENTRYPOINT ["fusebox"]
+CMD ["serve", "--listen", "0.0.0.0:50051"]

@@ -1,0 +1,1533 @@
+//! Unit tests of the fuse: one key's breaker, permit book and tickets, with
+//! the settlement of time (T2, L3, P6), statistics, renewals, withdrawals,
+//! status checks, caps (K3), policy changes (Y4) and rest (K2).
+
+use std::num::{NonZeroU32, NonZeroU64};
+
+use super::*;
+use crate::domain::policy::{BreakerPolicy, LeasePolicy, LimiterKind, LimiterPolicy, Trip};
+
+fn nz32(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).expect("non-zero")
+}
+
+fn nz64(n: u64) -> NonZeroU64 {
+    NonZeroU64::new(n).expect("non-zero")
+}
+
+fn consecutive(failures: u32, break_ms: u64) -> BreakerPolicy {
+    BreakerPolicy {
+        trip: Trip::Consecutive {
+            failures: nz32(failures),
+        },
+        break_ms: nz64(break_ms),
+        multiplier: 1.0,
+        max_break: None,
+        probe_lease: nz64(break_ms),
+    }
+}
+
+fn ratio(failure_ratio: f64, minimum_throughput: u32, sampling_window: Millis) -> BreakerPolicy {
+    BreakerPolicy {
+        trip: Trip::Ratio {
+            failure_ratio,
+            minimum_throughput: nz32(minimum_throughput),
+            sampling_window,
+        },
+        break_ms: nz64(1_000),
+        multiplier: 1.0,
+        max_break: None,
+        probe_lease: nz64(1_000),
+    }
+}
+
+fn limiter(kind: LimiterKind, queue_limit: u32, order: Order) -> LimiterPolicy {
+    LimiterPolicy {
+        kind,
+        queue_limit,
+        order,
+    }
+}
+
+fn concurrency(permits: u32, queue_limit: u32, order: Order) -> LimiterPolicy {
+    limiter(
+        LimiterKind::Concurrency {
+            permits: nz32(permits),
+        },
+        queue_limit,
+        order,
+    )
+}
+
+fn bucket(capacity: u32, refill: u32, period: Millis, queue_limit: u32) -> LimiterPolicy {
+    limiter(
+        LimiterKind::TokenBucket {
+            capacity: nz32(capacity),
+            refill: nz32(refill),
+            period: nz64(period),
+        },
+        queue_limit,
+        Order::OldestFirst,
+    )
+}
+
+fn fixed(permits: u32, window: Millis, queue_limit: u32) -> LimiterPolicy {
+    limiter(
+        LimiterKind::FixedWindow {
+            permits: nz32(permits),
+            window: nz64(window),
+        },
+        queue_limit,
+        Order::OldestFirst,
+    )
+}
+
+fn policy(breaker: Option<BreakerPolicy>, limiter: Option<LimiterPolicy>) -> Policy {
+    Policy {
+        breaker,
+        limiter,
+        lease: LeasePolicy::default(),
+    }
+}
+
+fn lease(default: Millis, max: Millis, expired_outcome: Outcome) -> LeasePolicy {
+    LeasePolicy {
+        default: nz64(default),
+        max: nz64(max),
+        expired_outcome,
+    }
+}
+
+fn id(n: u128) -> TicketId {
+    TicketId(n)
+}
+
+/// A request for `n` permits that may not wait.
+fn take(n: u32) -> Ask {
+    Ask {
+        permits: n,
+        ..Ask::default()
+    }
+}
+
+/// A request for `n` permits that may wait `max_wait` ms.
+fn wait(n: u32, max_wait: Millis) -> Ask {
+    Ask {
+        permits: n,
+        max_wait,
+        ..Ask::default()
+    }
+}
+
+/// A request for one permit with its own lease.
+fn leased(lease: Millis) -> Ask {
+    Ask {
+        lease: Some(lease),
+        ..Ask::default()
+    }
+}
+
+fn status() -> Ask {
+    take(0)
+}
+
+fn granted(ticket: u128, lease_end: Millis) -> Decision {
+    Decision::Granted(Some(Grant {
+        ticket: id(ticket),
+        lease_end,
+    }))
+}
+
+fn probe(ticket: u128, lease_end: Millis) -> Decision {
+    Decision::Probe(Grant {
+        ticket: id(ticket),
+        lease_end,
+    })
+}
+
+fn blocked(reason: Reason, retry_after: Millis) -> Decision {
+    Decision::Blocked {
+        reason,
+        retry_after,
+    }
+}
+
+fn denied(reason: Reason, retry_after: Option<Millis>) -> Decision {
+    Decision::Denied {
+        reason,
+        retry_after,
+    }
+}
+
+fn answered(waiter: u128, decision: Decision) -> Notice {
+    Notice::Answered {
+        waiter: id(waiter),
+        decision,
+    }
+}
+
+/// The notices gathered since the last call.
+fn notices(fuse: &mut Fuse) -> Vec<Notice> {
+    fuse.drain_notices().collect()
+}
+
+/// Only the answers to waiters among the notices gathered since the last call.
+fn answers(fuse: &mut Fuse) -> Vec<Notice> {
+    fuse.drain_notices()
+        .filter(|n| matches!(n, Notice::Answered { .. }))
+        .collect()
+}
+
+fn reason_count(stats: &Stats, reason: Reason) -> u64 {
+    stats.by_reason[Reason::ALL.iter().position(|&r| r == reason).unwrap()]
+}
+
+/// Opens a consecutive breaker of `failures` at `at` by completing failures.
+fn trip(fuse: &mut Fuse, failures: u32, first_id: u128, at: Millis) {
+    for k in 0..u128::from(failures) {
+        let d = fuse.acquire(&take(1), id(first_id + k), at).unwrap();
+        assert!(d.grant().is_some(), "{d:?}");
+        fuse.complete(id(first_id + k), Outcome::Failure, at)
+            .unwrap();
+    }
+    assert_eq!(fuse.breaker().phase(), Phase::Open);
+}
+
+// ---------------------------------------------------------------------------
+// Statistics
+
+/// A scripted scenario touching every counter, with the exact totals.
+#[test]
+fn statistics_count_every_kind_of_answer_and_outcome() {
+    let mut f = Fuse::new(
+        policy(
+            Some(consecutive(2, 1_000)),
+            Some(concurrency(2, 1, Order::NewestFirst)),
+        ),
+        0,
+    );
+    // t=0: A takes both permits; B waits; C evicts B from the one-permit queue.
+    assert_eq!(f.acquire(&take(2), id(1), 0), Ok(granted(1, 30_000)));
+    assert_eq!(f.acquire(&wait(1, 100), id(2), 0), Ok(Decision::Queued));
+    assert_eq!(f.acquire(&wait(1, 100), id(3), 0), Ok(Decision::Queued));
+    assert_eq!(
+        answers(&mut f),
+        vec![answered(2, denied(Reason::Evicted, None))]
+    );
+    // Two permits can never fit a one-permit queue: queue_full, evicting nobody.
+    assert_eq!(
+        f.acquire(&wait(2, 100), id(4), 0),
+        Ok(denied(Reason::QueueFull, None))
+    );
+    assert_eq!(f.waiters(), 1);
+    assert_eq!(
+        f.acquire(&take(1), id(5), 0),
+        Ok(denied(Reason::NoPermits, None))
+    );
+    assert_eq!(
+        f.acquire(&take(3), id(6), 0),
+        Ok(denied(Reason::ExceedsLimit, None))
+    );
+    // A status check counts nothing.
+    let before = f.stats().clone();
+    assert_eq!(
+        f.acquire(&status(), id(99), 0),
+        Ok(denied(Reason::NoPermits, None))
+    );
+    assert_eq!(f.stats(), &before);
+    // t=1: C is withdrawn; G waits and times out at t=6.
+    assert_eq!(f.withdraw(id(3), 1), Ok(true));
+    assert_eq!(f.acquire(&wait(1, 5), id(7), 1), Ok(Decision::Queued));
+    f.advance(6).unwrap();
+    assert_eq!(
+        answers(&mut f),
+        vec![answered(7, denied(Reason::Timeout, None))]
+    );
+    // t=10: A succeeds; H takes both permits, I waits, H fails and I is served.
+    assert_eq!(
+        f.complete(id(1), Outcome::Success, 10),
+        Ok(Completed {
+            stale: false,
+            phase: Phase::Closed
+        })
+    );
+    assert_eq!(f.acquire(&take(2), id(8), 10), Ok(granted(8, 30_010)));
+    assert_eq!(f.acquire(&wait(1, 1_000), id(9), 10), Ok(Decision::Queued));
+    f.complete(id(8), Outcome::Failure, 10).unwrap();
+    assert_eq!(answers(&mut f), vec![answered(9, granted(9, 30_010))]);
+    // J takes the last permit, K waits; J's failure trips the breaker and K
+    // gets the breaker's answer at once (C4).
+    assert_eq!(f.acquire(&take(1), id(10), 10), Ok(granted(10, 30_010)));
+    assert_eq!(f.acquire(&wait(1, 1_000), id(11), 10), Ok(Decision::Queued));
+    assert_eq!(
+        f.complete(id(10), Outcome::Failure, 10),
+        Ok(Completed {
+            stale: false,
+            phase: Phase::Open
+        })
+    );
+    assert_eq!(
+        answers(&mut f),
+        vec![answered(11, blocked(Reason::Open, 1_000))]
+    );
+    assert_eq!(
+        f.acquire(&take(1), id(12), 20),
+        Ok(blocked(Reason::Open, 990))
+    );
+    // I, issued while closed, completes while open: stale.
+    assert_eq!(
+        f.complete(id(9), Outcome::Success, 30),
+        Ok(Completed {
+            stale: true,
+            phase: Phase::Open
+        })
+    );
+    // t=1010: a probe, a request blocked by it, the probe ignored, a second
+    // probe that succeeds.
+    assert_eq!(f.acquire(&take(1), id(13), 1_010), Ok(probe(13, 31_010)));
+    assert_eq!(
+        f.acquire(&take(1), id(14), 1_010),
+        Ok(blocked(Reason::ProbeInFlight, 1_000))
+    );
+    f.complete(id(13), Outcome::Ignored, 1_010).unwrap();
+    assert_eq!(f.acquire(&take(1), id(15), 1_011), Ok(probe(15, 31_011)));
+    assert_eq!(
+        f.complete(id(15), Outcome::Success, 1_011),
+        Ok(Completed {
+            stale: false,
+            phase: Phase::Closed
+        })
+    );
+    // Isolated: refused. Closed again, a ticket whose lease ends.
+    f.isolate(1_012).unwrap();
+    assert_eq!(f.acquire(&take(1), id(16), 1_012), Ok(Decision::Refused));
+    f.close(1_013).unwrap();
+    assert_eq!(
+        f.acquire(&leased(100), id(17), 1_013),
+        Ok(granted(17, 1_113))
+    );
+    f.advance(1_113).unwrap();
+    assert_eq!(f.live_tickets(), 0);
+
+    let mut by_reason = [0; 7];
+    for (reason, n) in [
+        (Reason::Open, 2),
+        (Reason::ProbeInFlight, 1),
+        (Reason::NoPermits, 1),
+        (Reason::QueueFull, 1),
+        (Reason::ExceedsLimit, 1),
+        (Reason::Evicted, 1),
+        (Reason::Timeout, 1),
+    ] {
+        by_reason[reason as usize] = n;
+    }
+    let expected = Stats {
+        granted: 5,
+        probes: 2,
+        blocked: 3,
+        refused: 1,
+        denied: 5,
+        by_reason,
+        queued: 5,
+        evicted: 1,
+        timed_out: 1,
+        withdrawn: 1,
+        failed: 3,
+        successes: 2,
+        failures: 2,
+        ignored: 2,
+        stale: 1,
+        expired: 1,
+    };
+    assert_eq!(f.stats(), &expected);
+    assert_eq!(f.view(1_113).stats, expected);
+    assert_eq!(reason_count(f.stats(), Reason::Timeout), 1);
+}
+
+#[test]
+fn a_stale_outcome_is_counted_as_stale_only() {
+    let mut f = Fuse::new(policy(Some(consecutive(1, 1_000)), None), 0);
+    f.acquire(&take(1), id(1), 0).unwrap();
+    f.isolate(1).unwrap();
+    assert_eq!(
+        f.complete(id(1), Outcome::Failure, 2),
+        Ok(Completed {
+            stale: true,
+            phase: Phase::Isolated
+        })
+    );
+    let s = f.stats();
+    assert_eq!((s.stale, s.failures, s.successes, s.ignored), (1, 0, 0, 0));
+    assert_eq!(f.breaker().consecutive_failures(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// next_deadline
+
+#[test]
+fn a_fresh_key_has_no_deadline() {
+    for limiter in [
+        None,
+        Some(concurrency(2, 2, Order::OldestFirst)),
+        Some(bucket(2, 1, 100, 2)),
+        Some(fixed(2, 1_000, 2)),
+    ] {
+        let mut f = Fuse::new(policy(Some(consecutive(1, 1_000)), limiter), 7);
+        assert_eq!(f.next_deadline(), None);
+        f.acquire(&status(), id(1), 8).unwrap();
+        assert_eq!(f.next_deadline(), None);
+    }
+}
+
+#[test]
+fn the_next_deadline_is_the_earliest_lease_end() {
+    let mut f = Fuse::new(policy(None, None), 0);
+    assert_eq!(f.acquire(&leased(500), id(1), 100), Ok(granted(1, 600)));
+    assert_eq!(f.next_deadline(), Some(600));
+    assert_eq!(f.acquire(&leased(300), id(2), 200), Ok(granted(2, 500)));
+    assert_eq!(f.next_deadline(), Some(500));
+    f.complete(id(2), Outcome::Success, 250).unwrap();
+    assert_eq!(f.next_deadline(), Some(600));
+    f.advance(600).unwrap();
+    assert_eq!(notices(&mut f), vec![Notice::Expired { ticket: id(1) }]);
+    assert_eq!(f.next_deadline(), None);
+}
+
+#[test]
+fn the_next_deadline_is_a_waiters_max_wait_under_concurrency() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(1, 2, Order::OldestFirst))), 0);
+    assert_eq!(f.acquire(&take(1), id(1), 0), Ok(granted(1, 30_000)));
+    assert_eq!(f.next_deadline(), Some(30_000));
+    assert_eq!(f.acquire(&wait(1, 200), id(2), 0), Ok(Decision::Queued));
+    assert_eq!(f.next_deadline(), Some(200));
+    // Concurrency permits come back only with tickets: no refill deadline,
+    // however long the waiter may wait.
+    assert_eq!(f.acquire(&wait(1, 90_000), id(3), 0), Ok(Decision::Queued));
+    assert_eq!(f.next_deadline(), Some(200));
+    f.advance(200).unwrap();
+    assert_eq!(
+        answers(&mut f),
+        vec![answered(2, denied(Reason::Timeout, None))]
+    );
+    assert_eq!(f.next_deadline(), Some(30_000));
+}
+
+#[test]
+fn the_next_deadline_is_a_refill_that_can_serve_the_head_waiter() {
+    let mut f = Fuse::new(policy(None, Some(bucket(2, 1, 100, 4))), 50);
+    assert_eq!(f.acquire(&take(2), id(1), 50), Ok(granted(1, 30_050)));
+    assert_eq!(f.acquire(&wait(1, 1_000), id(2), 50), Ok(Decision::Queued));
+    // One token comes at t=100: it serves the head.
+    assert_eq!(f.next_deadline(), Some(100));
+    f.advance(100).unwrap();
+    assert_eq!(answers(&mut f), vec![answered(2, granted(2, 30_100))]);
+    // A head that needs two tokens waits for two ticks.
+    assert_eq!(f.acquire(&wait(2, 1_000), id(3), 100), Ok(Decision::Queued));
+    assert_eq!(f.next_deadline(), Some(300));
+    f.advance(299).unwrap();
+    assert!(answers(&mut f).is_empty());
+    f.advance(300).unwrap();
+    assert_eq!(answers(&mut f), vec![answered(3, granted(3, 30_300))]);
+    assert_eq!(f.next_deadline(), Some(30_050));
+}
+
+#[test]
+fn the_next_deadline_is_a_window_roll_that_can_serve_the_head_waiter() {
+    let mut f = Fuse::new(policy(None, Some(fixed(1, 1_000, 1))), 0);
+    assert_eq!(f.acquire(&take(1), id(1), 10), Ok(granted(1, 30_010)));
+    assert_eq!(f.acquire(&wait(1, 5_000), id(2), 10), Ok(Decision::Queued));
+    assert_eq!(f.next_deadline(), Some(1_000));
+    f.advance(1_000).unwrap();
+    assert_eq!(answers(&mut f), vec![answered(2, granted(2, 31_000))]);
+
+    let sliding = limiter(
+        LimiterKind::SlidingWindow {
+            permits: nz32(2),
+            window: nz64(1_000),
+            segments: nz32(4),
+        },
+        1,
+        Order::OldestFirst,
+    );
+    let mut f = Fuse::new(policy(None, Some(sliding)), 0);
+    f.acquire(&take(1), id(1), 0).unwrap();
+    f.acquire(&take(1), id(2), 300).unwrap();
+    assert_eq!(f.acquire(&wait(1, 5_000), id(3), 400), Ok(Decision::Queued));
+    // The segment [0, 250) leaves the window when segment 4 begins.
+    assert_eq!(f.next_deadline(), Some(1_000));
+}
+
+#[test]
+fn the_next_deadline_is_the_earliest_of_leases_waits_and_refills() {
+    let mut f = Fuse::new(policy(None, Some(bucket(1, 1, 1_000, 2))), 0);
+    assert_eq!(f.acquire(&leased(500), id(1), 0), Ok(granted(1, 500)));
+    assert_eq!(f.acquire(&wait(1, 300), id(2), 0), Ok(Decision::Queued));
+    // Lease 500, wait 300, refill 1000: the wait comes first.
+    assert_eq!(f.next_deadline(), Some(300));
+    f.advance(300).unwrap();
+    assert_eq!(
+        answers(&mut f),
+        vec![answered(2, denied(Reason::Timeout, None))]
+    );
+    assert_eq!(f.acquire(&wait(1, 5_000), id(3), 300), Ok(Decision::Queued));
+    // Lease 500, wait 5300, refill 1000: the lease comes first.
+    assert_eq!(f.next_deadline(), Some(500));
+    f.advance(500).unwrap();
+    assert_eq!(notices(&mut f), vec![Notice::Expired { ticket: id(1) }]);
+    // A spent token does not come back with its ticket: the refill is next.
+    assert_eq!(f.next_deadline(), Some(1_000));
+    f.advance(1_000).unwrap();
+    assert_eq!(answers(&mut f), vec![answered(3, granted(3, 31_000))]);
+    assert_eq!(f.next_deadline(), Some(31_000));
+}
+
+// ---------------------------------------------------------------------------
+// T2: events at one instant
+
+#[test]
+fn a_lease_end_serves_a_waiter_whose_wait_ends_at_the_same_instant() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(1, 1, Order::OldestFirst))), 0);
+    assert_eq!(f.acquire(&leased(100), id(1), 0), Ok(granted(1, 100)));
+    assert_eq!(f.acquire(&wait(1, 100), id(2), 0), Ok(Decision::Queued));
+    assert_eq!(f.next_deadline(), Some(100));
+    f.advance(100).unwrap();
+    let seen = notices(&mut f);
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(
+        seen.contains(&Notice::Expired { ticket: id(1) }),
+        "{seen:?}"
+    );
+    assert!(seen.contains(&answered(2, granted(2, 30_100))), "{seen:?}");
+    assert_eq!(f.stats().timed_out, 0);
+    assert_eq!(f.stats().expired, 1);
+    assert_eq!(f.live_tickets(), 1);
+}
+
+#[test]
+fn a_lease_end_at_the_instant_is_settled_before_a_request_at_that_instant() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(1, 1, Order::OldestFirst))), 0);
+    f.acquire(&leased(100), id(1), 0).unwrap();
+    f.acquire(&wait(1, 100), id(2), 0).unwrap();
+    // No timer fired: the next request settles t=100 in T2 order first.
+    assert_eq!(
+        f.acquire(&take(1), id(3), 150),
+        Ok(denied(Reason::NoPermits, None))
+    );
+    assert_eq!(answers(&mut f), vec![answered(2, granted(2, 30_100))]);
+}
+
+#[test]
+fn a_refill_serves_a_waiter_whose_wait_ends_at_the_same_instant() {
+    let mut f = Fuse::new(policy(None, Some(bucket(1, 1, 100, 1))), 0);
+    f.acquire(&take(1), id(1), 0).unwrap();
+    assert_eq!(f.acquire(&wait(1, 100), id(2), 0), Ok(Decision::Queued));
+    f.advance(100).unwrap();
+    assert_eq!(answers(&mut f), vec![answered(2, granted(2, 30_100))]);
+    assert_eq!(f.stats().timed_out, 0);
+}
+
+#[test]
+fn a_lease_that_expires_as_failure_trips_before_waits_end_at_that_instant() {
+    let mut p = policy(
+        Some(consecutive(1, 1_000)),
+        Some(concurrency(2, 1, Order::OldestFirst)),
+    );
+    p.lease = lease(100, 1_000, Outcome::Failure);
+    let mut f = Fuse::new(p, 0);
+    assert_eq!(f.acquire(&take(2), id(1), 0), Ok(granted(1, 100)));
+    assert_eq!(f.acquire(&wait(1, 100), id(2), 0), Ok(Decision::Queued));
+    f.advance(100).unwrap();
+    // The lease end comes first (as FAILURE: the breaker opens), so the
+    // waiter gets the breaker's answer (C4), not a timeout.
+    assert_eq!(
+        answers(&mut f),
+        vec![answered(2, blocked(Reason::Open, 1_000))]
+    );
+    assert_eq!(f.breaker().phase(), Phase::Open);
+    assert_eq!(f.view(100).open_until, Some(1_100));
+    let s = f.stats();
+    assert_eq!(
+        (s.expired, s.failures, s.timed_out, s.blocked),
+        (1, 1, 0, 1)
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Leases and renewals (L2, L4)
+
+fn leasing() -> Fuse {
+    let mut p = policy(None, None);
+    p.lease = lease(1_000, 5_000, Outcome::Ignored);
+    Fuse::new(p, 0)
+}
+
+#[test]
+fn an_acquired_lease_is_capped_by_the_maximum_and_defaults_when_absent() {
+    let mut f = leasing();
+    assert_eq!(f.acquire(&take(1), id(1), 10), Ok(granted(1, 1_010)));
+    assert_eq!(f.acquire(&leased(60_000), id(2), 10), Ok(granted(2, 5_010)));
+    assert_eq!(f.acquire(&leased(1), id(3), 10), Ok(granted(3, 11)));
+    let before = f.clone();
+    assert_eq!(f.acquire(&leased(0), id(4), 10), Err(FuseError::ZeroLease));
+    assert_eq!(f, before);
+}
+
+#[test]
+fn renew_sets_the_lease_from_now_capped_by_the_maximum() {
+    let mut f = leasing();
+    f.acquire(&take(1), id(1), 0).unwrap();
+    assert_eq!(f.renew(id(1), Some(60_000), 500), Ok(5_000));
+    assert_eq!(f.ticket(id(1)).unwrap().lease_end, 5_500);
+    assert_eq!(f.next_deadline(), Some(5_500));
+    // A shorter lease shortens it: the lease is set, not extended.
+    assert_eq!(f.renew(id(1), Some(100), 600), Ok(100));
+    assert_eq!(f.ticket(id(1)).unwrap().lease_end, 700);
+    f.advance(699).unwrap();
+    assert_eq!(f.live_tickets(), 1);
+    f.advance(700).unwrap();
+    assert_eq!(f.live_tickets(), 0);
+    assert_eq!(f.stats().expired, 1);
+}
+
+#[test]
+fn renew_without_a_lease_gives_the_default() {
+    let mut f = leasing();
+    f.acquire(&leased(50), id(1), 0).unwrap();
+    assert_eq!(f.renew(id(1), None, 40), Ok(1_000));
+    assert_eq!(f.ticket(id(1)).unwrap().lease_end, 1_040);
+    f.advance(1_039).unwrap();
+    assert_eq!(f.live_tickets(), 1);
+}
+
+#[test]
+fn renew_with_a_zero_lease_is_refused_and_changes_nothing() {
+    let mut f = leasing();
+    f.acquire(&take(1), id(1), 0).unwrap();
+    f.advance(10).unwrap();
+    let before = f.clone();
+    assert_eq!(f.renew(id(1), Some(0), 10), Err(FuseError::ZeroLease));
+    assert_eq!(f, before);
+}
+
+#[test]
+fn renewing_or_completing_a_ticket_that_is_not_live_fails_and_changes_nothing() {
+    let mut f = leasing();
+    f.acquire(&leased(100), id(1), 0).unwrap();
+    f.acquire(&take(1), id(2), 0).unwrap();
+    f.complete(id(2), Outcome::Success, 10).unwrap();
+    let before = f.clone();
+    assert_eq!(f.renew(id(9), None, 10), Err(FuseError::UnknownTicket));
+    assert_eq!(f.renew(id(2), None, 10), Err(FuseError::UnknownTicket));
+    assert_eq!(
+        f.complete(id(2), Outcome::Success, 10),
+        Err(FuseError::UnknownTicket)
+    );
+    assert_eq!(f, before);
+    // At its lease end (T1: equality reaches it) the ticket is not live.
+    assert_eq!(f.renew(id(1), None, 100), Err(FuseError::UnknownTicket));
+    assert_eq!(
+        f.complete(id(1), Outcome::Failure, 100),
+        Err(FuseError::UnknownTicket)
+    );
+    f.advance(100).unwrap();
+    assert_eq!(f.stats().expired, 1);
+    assert_eq!(f.stats().failures, 0);
+}
+
+#[test]
+fn renew_extends_a_probe_ticket_but_not_the_probe_slot() {
+    let mut breaker = consecutive(1, 1_000);
+    breaker.probe_lease = nz64(200);
+    let mut f = Fuse::new(policy(Some(breaker), None), 0);
+    trip(&mut f, 1, 1, 0);
+    assert_eq!(f.acquire(&take(1), id(10), 1_000), Ok(probe(10, 31_000)));
+    assert_eq!(f.renew(id(10), Some(60_000), 1_100), Ok(60_000));
+    assert_eq!(
+        f.acquire(&take(1), id(11), 1_150),
+        Ok(blocked(Reason::ProbeInFlight, 50))
+    );
+    // The slot ends at 1000 + probe_lease whatever the renewal said.
+    assert_eq!(f.acquire(&take(1), id(12), 1_200), Ok(probe(12, 31_200)));
+    assert_eq!(f.breaker().half_open_attempts(), 2);
+    // The renewed first probe is superseded: stale.
+    assert_eq!(
+        f.complete(id(10), Outcome::Success, 1_300),
+        Ok(Completed {
+            stale: true,
+            phase: Phase::HalfOpen
+        })
+    );
+}
+
+#[test]
+fn a_probe_slot_ends_with_its_tickets_lease_even_if_renewed() {
+    let mut f = Fuse::new(policy(Some(consecutive(1, 1_000)), None), 0);
+    trip(&mut f, 1, 1, 0);
+    // The ticket's lease (100) is shorter than probe_lease (1000).
+    assert_eq!(f.acquire(&leased(100), id(10), 1_000), Ok(probe(10, 1_100)));
+    assert_eq!(f.renew(id(10), Some(10_000), 1_050), Ok(10_000));
+    assert_eq!(
+        f.acquire(&take(1), id(11), 1_099),
+        Ok(blocked(Reason::ProbeInFlight, 1))
+    );
+    assert_eq!(f.acquire(&take(1), id(12), 1_100), Ok(probe(12, 31_100)));
+}
+
+// ---------------------------------------------------------------------------
+// Withdrawal (P6)
+
+#[test]
+fn a_withdrawn_waiter_frees_its_room_at_once_and_lets_the_next_be_served() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(2, 3, Order::OldestFirst))), 0);
+    assert_eq!(f.acquire(&take(1), id(1), 0), Ok(granted(1, 30_000)));
+    // B needs two permits with one free: it holds back C (P5).
+    assert_eq!(f.acquire(&wait(2, 1_000), id(2), 0), Ok(Decision::Queued));
+    assert_eq!(f.acquire(&wait(1, 1_000), id(3), 0), Ok(Decision::Queued));
+    assert_eq!(
+        f.acquire(&wait(1, 1_000), id(4), 0),
+        Ok(denied(Reason::QueueFull, None))
+    );
+    assert!(answers(&mut f).is_empty());
+    assert_eq!(f.withdraw(id(2), 5), Ok(true));
+    // Withdrawn silently; C is served at once with the free permit.
+    assert_eq!(answers(&mut f), vec![answered(3, granted(3, 30_005))]);
+    let v = f.view(5);
+    assert_eq!((v.waiters, v.queued, v.live_tickets, v.free), (0, 0, 2, 0));
+    // The room is free: a new waiter fits.
+    assert_eq!(f.acquire(&wait(1, 1_000), id(5), 5), Ok(Decision::Queued));
+    assert_eq!(f.acquire(&wait(2, 1_000), id(6), 5), Ok(Decision::Queued));
+    assert_eq!(f.view(5).queued, 3);
+    assert_eq!(f.withdraw(id(6), 6), Ok(true));
+    assert_eq!(f.view(6).queued, 1);
+    // Withdrawing what no longer waits says so and counts nothing.
+    assert_eq!(f.withdraw(id(2), 7), Ok(false));
+    assert_eq!(f.withdraw(id(3), 7), Ok(false));
+    assert_eq!(f.withdraw(id(42), 7), Ok(false));
+    let s = f.stats();
+    assert_eq!((s.withdrawn, s.denied, s.granted, s.queued), (2, 1, 2, 4));
+}
+
+#[test]
+fn a_withdrawn_head_lets_a_token_bucket_serve_the_next_waiter() {
+    let mut f = Fuse::new(policy(None, Some(bucket(3, 1, 100, 5))), 0);
+    f.acquire(&take(2), id(1), 0).unwrap();
+    assert_eq!(f.acquire(&wait(3, 1_000), id(2), 0), Ok(Decision::Queued));
+    assert_eq!(f.acquire(&wait(1, 1_000), id(3), 0), Ok(Decision::Queued));
+    assert_eq!(f.withdraw(id(2), 10), Ok(true));
+    assert_eq!(answers(&mut f), vec![answered(3, granted(3, 30_010))]);
+}
+
+// ---------------------------------------------------------------------------
+// Status checks (P2a) and P2b
+
+#[test]
+fn a_status_check_gives_no_ticket_and_changes_nothing() {
+    for limiter in [None, Some(concurrency(2, 2, Order::OldestFirst))] {
+        let mut f = Fuse::new(policy(Some(consecutive(1, 1_000)), limiter), 0);
+        f.advance(5).unwrap();
+        let before = f.clone();
+        let ask = Ask {
+            permits: 0,
+            max_wait: 1_000,
+            lease: Some(100),
+            room_for_ticket: false,
+            room_for_waiter: false,
+        };
+        assert_eq!(f.acquire(&ask, id(1), 5), Ok(Decision::Granted(None)));
+        assert_eq!(f, before);
+        assert_eq!(f.next_deadline(), None);
+        assert!(f.is_at_rest(5));
+    }
+}
+
+#[test]
+fn a_status_check_with_no_permit_free_is_denied_with_the_hint_for_one() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(1, 1, Order::OldestFirst))), 0);
+    f.acquire(&take(1), id(1), 0).unwrap();
+    f.acquire(&wait(1, 500), id(2), 0).unwrap();
+    let before = f.clone();
+    assert_eq!(
+        f.acquire(&status(), id(3), 0),
+        Ok(denied(Reason::NoPermits, None))
+    );
+    assert_eq!(f, before);
+
+    let mut f = Fuse::new(policy(None, Some(bucket(4, 2, 100, 0))), 0);
+    f.acquire(&take(4), id(1), 30).unwrap();
+    assert_eq!(
+        f.acquire(&status(), id(2), 30),
+        Ok(denied(Reason::NoPermits, Some(70)))
+    );
+    assert_eq!(
+        f.acquire(&status(), id(2), 100),
+        Ok(Decision::Granted(None))
+    );
+
+    let mut f = Fuse::new(policy(None, Some(fixed(1, 1_000, 0))), 0);
+    f.acquire(&take(1), id(1), 250).unwrap();
+    assert_eq!(
+        f.acquire(&status(), id(2), 250),
+        Ok(denied(Reason::NoPermits, Some(750)))
+    );
+}
+
+#[test]
+fn a_status_check_answers_what_the_breaker_answers_and_never_admits() {
+    let mut f = Fuse::new(
+        policy(
+            Some(consecutive(1, 1_000)),
+            Some(concurrency(1, 0, Order::OldestFirst)),
+        ),
+        0,
+    );
+    trip(&mut f, 1, 1, 0);
+    let stats = f.stats().clone();
+    assert_eq!(
+        f.acquire(&status(), id(2), 400),
+        Ok(blocked(Reason::Open, 600))
+    );
+    // Past the deadline the breaker would admit a probe: the status check
+    // answers that a permit is free, and the breaker stays OPEN (B6).
+    f.advance(1_500).unwrap();
+    let before = f.clone();
+    assert_eq!(
+        f.acquire(&status(), id(3), 1_500),
+        Ok(Decision::Granted(None))
+    );
+    assert_eq!(f, before);
+    let v = f.view(1_500);
+    assert_eq!(
+        (v.phase, v.half_open_attempts, v.open_until),
+        (Phase::Open, 0, Some(1_000))
+    );
+    assert_eq!(f.stats(), &stats);
+    // The probe is still there for the next request.
+    assert_eq!(f.acquire(&take(1), id(4), 1_500), Ok(probe(4, 31_500)));
+    assert_eq!(
+        f.acquire(&status(), id(5), 1_600),
+        Ok(blocked(Reason::ProbeInFlight, 900))
+    );
+    f.isolate(1_700).unwrap();
+    assert_eq!(f.acquire(&status(), id(6), 1_700), Ok(Decision::Refused));
+    assert_eq!(f.stats().probes, 1);
+    assert_eq!(f.stats().blocked, 0);
+    assert_eq!(f.stats().refused, 0);
+}
+
+#[test]
+fn without_a_limiter_the_permit_count_is_not_checked() {
+    let mut f = Fuse::new(policy(Some(consecutive(1, 1_000)), None), 0);
+    assert_eq!(f.acquire(&take(u32::MAX), id(1), 0), Ok(granted(1, 30_000)));
+    assert_eq!(
+        f.acquire(&wait(1_000_000, 50), id(2), 0),
+        Ok(granted(2, 30_000))
+    );
+    assert_eq!(f.live_tickets(), 2);
+    f.complete(id(1), Outcome::Failure, 1).unwrap();
+    assert_eq!(
+        f.acquire(&take(u32::MAX), id(3), 1_001),
+        Ok(probe(3, 31_001))
+    );
+    assert_eq!(f.view(1_001).free, 0);
+    assert_eq!(f.view(1_001).queued, 0);
+}
+
+// ---------------------------------------------------------------------------
+// Denials (P2, P4) and eviction
+
+#[test]
+fn a_request_above_the_limit_is_denied_without_a_hint_and_changes_nothing() {
+    for lp in [
+        concurrency(3, 10, Order::OldestFirst),
+        bucket(3, 1, 100, 10),
+        fixed(3, 1_000, 10),
+    ] {
+        let mut f = Fuse::new(policy(None, Some(lp)), 0);
+        assert_eq!(
+            f.acquire(&wait(4, 1_000), id(1), 0),
+            Ok(denied(Reason::ExceedsLimit, None))
+        );
+        assert_eq!(
+            f.acquire(&take(4), id(2), 0),
+            Ok(denied(Reason::ExceedsLimit, None))
+        );
+        let v = f.view(0);
+        assert_eq!((v.free, v.waiters, v.live_tickets), (3, 0, 0));
+        assert_eq!(f.acquire(&take(3), id(3), 0), Ok(granted(3, 30_000)));
+        assert_eq!(reason_count(f.stats(), Reason::ExceedsLimit), 2);
+    }
+}
+
+#[test]
+fn a_probe_denied_by_the_limiter_is_undone_and_never_waits() {
+    let mut f = Fuse::new(
+        policy(
+            Some(consecutive(1, 1_000)),
+            Some(concurrency(2, 5, Order::OldestFirst)),
+        ),
+        0,
+    );
+    f.acquire(&take(1), id(1), 0).unwrap();
+    trip(&mut f, 1, 2, 0);
+    let epoch = f.view(1_000).epoch;
+    // Above the limit (C2).
+    assert_eq!(
+        f.acquire(&take(3), id(10), 1_000),
+        Ok(denied(Reason::ExceedsLimit, None))
+    );
+    // Two permits with one held: a probe never waits (C3).
+    assert_eq!(
+        f.acquire(&wait(2, 1_000), id(11), 1_000),
+        Ok(denied(Reason::NoPermits, None))
+    );
+    let v = f.view(1_000);
+    assert_eq!(
+        (v.phase, v.half_open_attempts, v.waiters, v.epoch),
+        (Phase::Open, 0, 0, epoch)
+    );
+    assert_eq!(f.acquire(&take(1), id(12), 1_000), Ok(probe(12, 31_000)));
+}
+
+#[test]
+fn the_breaker_decides_first_and_leaves_the_limiter_untouched() {
+    let mut f = Fuse::new(
+        policy(
+            Some(consecutive(1, 1_000)),
+            Some(concurrency(2, 2, Order::OldestFirst)),
+        ),
+        0,
+    );
+    trip(&mut f, 1, 1, 0);
+    // Above the limit, but the breaker answers first (C1).
+    assert_eq!(
+        f.acquire(&wait(5, 100), id(2), 10),
+        Ok(blocked(Reason::Open, 990))
+    );
+    assert_eq!(
+        f.acquire(&wait(1, 100), id(3), 10),
+        Ok(blocked(Reason::Open, 990))
+    );
+    let v = f.view(10);
+    assert_eq!((v.free, v.waiters, v.live_tickets), (2, 0, 0));
+    f.isolate(20).unwrap();
+    assert_eq!(f.acquire(&take(5), id(4), 20), Ok(Decision::Refused));
+    assert_eq!(reason_count(f.stats(), Reason::ExceedsLimit), 0);
+    assert_eq!(reason_count(f.stats(), Reason::Open), 2);
+}
+
+#[test]
+fn queue_full_needs_a_queue_and_a_wait_otherwise_no_permits() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(1, 1, Order::OldestFirst))), 0);
+    f.acquire(&take(1), id(1), 0).unwrap();
+    assert_eq!(f.acquire(&wait(1, 100), id(2), 0), Ok(Decision::Queued));
+    assert_eq!(
+        f.acquire(&wait(1, 100), id(3), 0),
+        Ok(denied(Reason::QueueFull, None))
+    );
+    assert_eq!(
+        f.acquire(&take(1), id(4), 0),
+        Ok(denied(Reason::NoPermits, None))
+    );
+    // No queue at all: a request that may wait is denied no_permits.
+    let mut f = Fuse::new(policy(None, Some(concurrency(1, 0, Order::OldestFirst))), 0);
+    f.acquire(&take(1), id(1), 0).unwrap();
+    assert_eq!(
+        f.acquire(&wait(1, 100), id(2), 0),
+        Ok(denied(Reason::NoPermits, None))
+    );
+}
+
+#[test]
+fn rate_limiters_tell_when_enough_permits_will_be_there() {
+    let mut f = Fuse::new(policy(None, Some(bucket(2, 1, 100, 1))), 0);
+    f.acquire(&take(2), id(1), 50).unwrap();
+    assert_eq!(f.acquire(&wait(1, 1_000), id(2), 50), Ok(Decision::Queued));
+    assert_eq!(
+        f.acquire(&wait(1, 1_000), id(3), 50),
+        Ok(denied(Reason::QueueFull, Some(50)))
+    );
+    assert_eq!(
+        f.acquire(&take(2), id(4), 60),
+        Ok(denied(Reason::NoPermits, Some(140)))
+    );
+    let mut f = Fuse::new(policy(None, Some(fixed(2, 1_000, 0))), 0);
+    f.acquire(&take(2), id(1), 250).unwrap();
+    assert_eq!(
+        f.acquire(&take(1), id(2), 250),
+        Ok(denied(Reason::NoPermits, Some(750)))
+    );
+}
+
+#[test]
+fn free_permits_behind_waiters_give_no_hint() {
+    let mut f = Fuse::new(policy(None, Some(bucket(3, 1, 100, 3))), 0);
+    f.acquire(&take(2), id(1), 0).unwrap();
+    assert_eq!(f.acquire(&wait(3, 1_000), id(2), 0), Ok(Decision::Queued));
+    assert_eq!(f.view(0).free, 1);
+    assert_eq!(
+        f.acquire(&take(1), id(3), 0),
+        Ok(denied(Reason::NoPermits, None))
+    );
+    assert_eq!(
+        f.acquire(&wait(1, 1_000), id(4), 0),
+        Ok(denied(Reason::QueueFull, None))
+    );
+}
+
+#[test]
+fn newest_first_evicts_the_oldest_waiter_and_serves_the_newest() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(2, 2, Order::NewestFirst))), 0);
+    f.acquire(&take(2), id(1), 0).unwrap();
+    assert_eq!(f.acquire(&wait(1, 1_000), id(2), 0), Ok(Decision::Queued));
+    assert_eq!(f.acquire(&wait(1, 1_000), id(3), 0), Ok(Decision::Queued));
+    assert!(answers(&mut f).is_empty());
+    // 2 queued + 1 > 2: the oldest goes.
+    assert_eq!(f.acquire(&wait(1, 1_000), id(4), 1), Ok(Decision::Queued));
+    assert_eq!(
+        answers(&mut f),
+        vec![answered(2, denied(Reason::Evicted, None))]
+    );
+    assert_eq!((f.view(1).queued, f.waiters()), (2, 2));
+    // Two permits come back: the newest waiter is served first.
+    f.complete(id(1), Outcome::Success, 3).unwrap();
+    assert_eq!(
+        answers(&mut f),
+        vec![
+            answered(4, granted(4, 30_003)),
+            answered(3, granted(3, 30_003))
+        ]
+    );
+    let s = f.stats();
+    assert_eq!((s.evicted, s.denied, s.granted, s.queued), (1, 1, 3, 3));
+    assert_eq!(reason_count(s, Reason::Evicted), 1);
+}
+
+#[test]
+fn newest_first_evicts_as_many_waiters_as_a_larger_request_needs() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(2, 2, Order::NewestFirst))), 0);
+    f.acquire(&take(2), id(1), 0).unwrap();
+    f.acquire(&wait(1, 1_000), id(2), 0).unwrap();
+    f.acquire(&wait(1, 1_000), id(3), 0).unwrap();
+    assert_eq!(f.acquire(&wait(2, 1_000), id(4), 1), Ok(Decision::Queued));
+    assert_eq!(
+        answers(&mut f),
+        vec![
+            answered(2, denied(Reason::Evicted, None)),
+            answered(3, denied(Reason::Evicted, None)),
+        ]
+    );
+    assert_eq!((f.view(1).queued, f.waiters()), (2, 1));
+    f.complete(id(1), Outcome::Success, 2).unwrap();
+    assert_eq!(answers(&mut f), vec![answered(4, granted(4, 30_002))]);
+    assert_eq!(f.stats().evicted, 2);
+}
+
+#[test]
+fn a_request_that_could_never_fit_the_queue_evicts_nobody() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(4, 2, Order::NewestFirst))), 0);
+    f.acquire(&take(4), id(1), 0).unwrap();
+    f.acquire(&wait(1, 1_000), id(2), 0).unwrap();
+    f.acquire(&wait(1, 1_000), id(3), 0).unwrap();
+    assert_eq!(
+        f.acquire(&wait(3, 1_000), id(4), 0),
+        Ok(denied(Reason::QueueFull, None))
+    );
+    assert!(answers(&mut f).is_empty());
+    assert_eq!(f.waiters(), 2);
+    // Two permits fit once both waiters go.
+    assert_eq!(f.acquire(&wait(2, 1_000), id(5), 0), Ok(Decision::Queued));
+    assert_eq!(
+        answers(&mut f),
+        vec![
+            answered(2, denied(Reason::Evicted, None)),
+            answered(3, denied(Reason::Evicted, None)),
+        ]
+    );
+    assert_eq!(f.view(0).queued, 2);
+}
+
+// ---------------------------------------------------------------------------
+// Caps (K3)
+
+#[test]
+fn no_room_for_a_ticket_is_an_error_that_changes_nothing() {
+    let no_ticket = Ask {
+        room_for_ticket: false,
+        ..Ask::default()
+    };
+    let mut f = Fuse::new(
+        policy(
+            Some(consecutive(1, 1_000)),
+            Some(concurrency(2, 2, Order::OldestFirst)),
+        ),
+        0,
+    );
+    f.advance(5).unwrap();
+    let before = f.clone();
+    assert_eq!(
+        f.acquire(&no_ticket, id(1), 5),
+        Err(FuseError::NoRoomForTicket)
+    );
+    assert_eq!(f, before);
+    // Not even a probe is admitted.
+    trip(&mut f, 1, 2, 10);
+    f.advance(1_010).unwrap();
+    let before = f.clone();
+    assert_eq!(
+        f.acquire(&no_ticket, id(3), 1_010),
+        Err(FuseError::NoRoomForTicket)
+    );
+    assert_eq!(f, before);
+    assert_eq!(f.view(1_010).phase, Phase::Open);
+    // Without a limiter too.
+    let mut f = Fuse::new(policy(None, None), 0);
+    assert_eq!(
+        f.acquire(&no_ticket, id(1), 0),
+        Err(FuseError::NoRoomForTicket)
+    );
+    assert_eq!(f, Fuse::new(policy(None, None), 0));
+}
+
+#[test]
+fn no_room_for_a_waiter_is_an_error_that_changes_nothing() {
+    let no_waiter = |n| Ask {
+        permits: n,
+        max_wait: 1_000,
+        room_for_waiter: false,
+        ..Ask::default()
+    };
+    for order in [Order::OldestFirst, Order::NewestFirst] {
+        let mut f = Fuse::new(policy(None, Some(concurrency(1, 1, order))), 0);
+        // A request granted at once needs no room for a waiter.
+        assert_eq!(f.acquire(&no_waiter(1), id(1), 0), Ok(granted(1, 30_000)));
+        let before = f.clone();
+        assert_eq!(
+            f.acquire(&no_waiter(1), id(2), 0),
+            Err(FuseError::NoRoomForWaiter)
+        );
+        assert_eq!(f, before);
+    }
+}
+
+#[test]
+fn no_room_for_a_waiter_evicts_nobody() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(1, 1, Order::NewestFirst))), 0);
+    f.acquire(&take(1), id(1), 0).unwrap();
+    f.acquire(&wait(1, 1_000), id(2), 0).unwrap();
+    let before = f.clone();
+    let ask = Ask {
+        max_wait: 1_000,
+        room_for_waiter: false,
+        ..Ask::default()
+    };
+    assert_eq!(f.acquire(&ask, id(3), 0), Err(FuseError::NoRoomForWaiter));
+    assert_eq!(f, before);
+    assert!(notices(&mut f).is_empty());
+}
+
+#[test]
+fn a_request_that_would_not_wait_anyway_is_answered_without_room_for_a_waiter() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(1, 1, Order::OldestFirst))), 0);
+    f.acquire(&take(1), id(1), 0).unwrap();
+    f.acquire(&wait(1, 1_000), id(2), 0).unwrap();
+    let ask = Ask {
+        max_wait: 1_000,
+        room_for_waiter: false,
+        ..Ask::default()
+    };
+    assert_eq!(
+        f.acquire(&ask, id(3), 0),
+        Ok(denied(Reason::QueueFull, None))
+    );
+}
+
+#[test]
+fn a_ticket_id_in_use_is_refused() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(1, 1, Order::OldestFirst))), 0);
+    f.acquire(&take(1), id(1), 0).unwrap();
+    f.acquire(&wait(1, 100), id(2), 0).unwrap();
+    let before = f.clone();
+    assert_eq!(f.acquire(&take(1), id(1), 0), Err(FuseError::TicketInUse));
+    assert_eq!(
+        f.acquire(&wait(1, 100), id(2), 0),
+        Err(FuseError::TicketInUse)
+    );
+    assert_eq!(f, before);
+}
+
+// ---------------------------------------------------------------------------
+// Policy changes (Y4)
+
+#[test]
+fn a_lower_limit_keeps_held_permits_until_their_tickets_return() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(3, 0, Order::OldestFirst))), 0);
+    for k in 1..=3 {
+        f.acquire(&take(1), id(k), 0).unwrap();
+    }
+    f.set_policy(
+        policy(None, Some(concurrency(1, 0, Order::OldestFirst))),
+        10,
+    )
+    .unwrap();
+    let v = f.view(10);
+    assert_eq!((v.free, v.limit, v.live_tickets), (0, 1, 3));
+    assert_eq!(
+        f.acquire(&take(1), id(4), 10),
+        Ok(denied(Reason::NoPermits, None))
+    );
+    for (k, free) in [(1, 0), (2, 0), (3, 1)] {
+        assert_eq!(
+            f.complete(id(k), Outcome::Success, 20),
+            Ok(Completed {
+                stale: false,
+                phase: Phase::Closed
+            })
+        );
+        assert_eq!(f.view(20).free, free, "after ticket {k}");
+    }
+}
+
+#[test]
+fn a_higher_limit_serves_waiters() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(1, 2, Order::OldestFirst))), 0);
+    f.acquire(&take(1), id(1), 0).unwrap();
+    f.acquire(&wait(1, 1_000), id(2), 0).unwrap();
+    f.set_policy(
+        policy(None, Some(concurrency(2, 2, Order::OldestFirst))),
+        10,
+    )
+    .unwrap();
+    assert_eq!(answers(&mut f), vec![answered(2, granted(2, 30_010))]);
+    assert_eq!(f.view(10).free, 0);
+}
+
+#[test]
+fn a_changed_limiter_kind_keeps_live_tickets_without_returning_to_the_new_kind() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(2, 0, Order::OldestFirst))), 0);
+    f.acquire(&take(2), id(1), 0).unwrap();
+    f.set_policy(policy(None, Some(bucket(3, 1, 1_000, 0))), 10)
+        .unwrap();
+    assert_eq!(f.live_tickets(), 1);
+    assert_eq!(f.view(10).free, 3);
+    f.acquire(&take(1), id(2), 10).unwrap();
+    assert_eq!(f.view(10).free, 2);
+    // Back to concurrency: a fresh count; the old permits are not held in it
+    // and must not come back to it twice (P7).
+    f.set_policy(
+        policy(None, Some(concurrency(2, 0, Order::OldestFirst))),
+        15,
+    )
+    .unwrap();
+    assert_eq!(f.view(15).free, 2);
+    f.acquire(&take(1), id(3), 15).unwrap();
+    for k in 1..=3 {
+        assert_eq!(
+            f.complete(id(k), Outcome::Success, 20),
+            Ok(Completed {
+                stale: false,
+                phase: Phase::Closed
+            })
+        );
+    }
+    let v = f.view(20);
+    assert_eq!((v.free, v.limit, v.live_tickets), (2, 2, 0));
+    assert!(f.is_at_rest(20));
+}
+
+#[test]
+fn a_changed_breaker_keeps_its_phase_deadline_run_and_epoch() {
+    let mut f = Fuse::new(policy(Some(consecutive(2, 1_000)), None), 0);
+    f.acquire(&take(1), id(1), 0).unwrap();
+    trip(&mut f, 2, 2, 10);
+    let _ = notices(&mut f);
+    let before = f.view(10);
+    assert_eq!(before.open_until, Some(1_010));
+    f.set_policy(policy(Some(consecutive(5, 5_000)), None), 20)
+        .unwrap();
+    let after = f.view(20);
+    assert_eq!(
+        (
+            after.phase,
+            after.open_until,
+            after.consecutive_failures,
+            after.epoch
+        ),
+        (Phase::Open, Some(1_010), 2, before.epoch)
+    );
+    assert!(notices(&mut f)
+        .iter()
+        .all(|n| !matches!(n, Notice::Phase { .. })));
+    // The old deadline holds; the new break applies to the next opening.
+    assert_eq!(
+        f.acquire(&take(1), id(10), 1_009),
+        Ok(blocked(Reason::Open, 1))
+    );
+    assert_eq!(f.acquire(&take(1), id(11), 1_010), Ok(probe(11, 31_010)));
+    f.complete(id(11), Outcome::Failure, 1_010).unwrap();
+    assert_eq!(f.view(1_010).open_until, Some(6_010));
+    // The ticket issued before the change is stale now, not lost.
+    assert_eq!(
+        f.complete(id(1), Outcome::Success, 1_020),
+        Ok(Completed {
+            stale: true,
+            phase: Phase::Open
+        })
+    );
+}
+
+#[test]
+fn new_thresholds_apply_from_the_next_outcome_and_old_tickets_still_count() {
+    let mut f = Fuse::new(policy(Some(consecutive(3, 1_000)), None), 0);
+    for k in 1..=3 {
+        f.acquire(&take(1), id(k), 0).unwrap();
+    }
+    f.complete(id(1), Outcome::Failure, 1).unwrap();
+    f.complete(id(2), Outcome::Failure, 2).unwrap();
+    f.set_policy(policy(Some(consecutive(1, 500)), None), 3)
+        .unwrap();
+    // A run of 2 already reaches the new threshold, but only an outcome trips.
+    assert_eq!(f.view(3).phase, Phase::Closed);
+    assert_eq!(
+        f.complete(id(3), Outcome::Failure, 4),
+        Ok(Completed {
+            stale: false,
+            phase: Phase::Open
+        })
+    );
+    assert_eq!(f.view(4).open_until, Some(504));
+    assert_eq!(f.view(4).consecutive_failures, 3);
+}
+
+/// Y4 and K4: after a change of `period`, refills come at whole multiples
+/// of the new period, counted from the change (not from ticks counted in
+/// units of the old period).
+#[test]
+fn a_changed_refill_period_refills_on_the_new_periods_ticks() {
+    let mut f = Fuse::new(policy(None, Some(bucket(10, 1, 100, 0))), 0);
+    f.acquire(&take(10), id(1), 5_000).unwrap();
+    f.set_policy(policy(None, Some(bucket(10, 1, 1_000, 0))), 5_001)
+        .unwrap();
+    assert_eq!(f.view(5_999).free, 0);
+    assert_eq!(f.view(6_000).free, 1);
+    assert_eq!(f.acquire(&take(1), id(2), 6_000), Ok(granted(2, 36_000)));
+
+    let mut f = Fuse::new(policy(None, Some(bucket(10, 1, 1_000, 0))), 0);
+    f.acquire(&take(10), id(1), 5_000).unwrap();
+    f.set_policy(policy(None, Some(bucket(10, 1, 100, 0))), 5_001)
+        .unwrap();
+    assert_eq!(f.view(5_050).free, 0);
+    assert_eq!(f.view(5_100).free, 1);
+}
+
+/// Permits taken in one fixed window count in that window only, whatever
+/// the window's length became since (Y4, K4: a kept key behaves as a
+/// forgotten one made again).
+#[test]
+fn a_changed_window_length_does_not_bring_back_old_counts() {
+    let mut f = Fuse::new(policy(None, Some(fixed(2, 100, 0))), 0);
+    f.acquire(&take(2), id(1), 5_050).unwrap();
+    f.complete(id(1), Outcome::Success, 5_050).unwrap();
+    f.set_policy(policy(None, Some(fixed(2, 1_000, 0))), 5_060)
+        .unwrap();
+    assert!(f.is_at_rest(6_000));
+    assert_eq!(f.view(50_500).free, 2);
+    assert_eq!(f.acquire(&take(2), id(2), 50_500), Ok(granted(2, 80_500)));
+}
+
+#[test]
+fn a_changed_sliding_window_does_not_bring_back_old_counts() {
+    let sliding = |window| {
+        limiter(
+            LimiterKind::SlidingWindow {
+                permits: nz32(2),
+                window: nz64(window),
+                segments: nz32(10),
+            },
+            0,
+            Order::OldestFirst,
+        )
+    };
+    let mut f = Fuse::new(policy(None, Some(sliding(1_000))), 0);
+    f.acquire(&take(2), id(1), 5_050).unwrap();
+    f.complete(id(1), Outcome::Success, 5_050).unwrap();
+    f.set_policy(policy(None, Some(sliding(10_000))), 5_060)
+        .unwrap();
+    assert!(f.is_at_rest(20_000));
+    assert_eq!(f.view(50_500).free, 2);
+}
+
+/// An outcome counts for at most the (new) sampling window after it was
+/// recorded (section 1), so a key whose outcomes are older than the window
+/// is at rest (K2).
+#[test]
+fn a_changed_sampling_window_ages_old_outcomes_by_their_own_time() {
+    let mut f = Fuse::new(policy(Some(ratio(0.5, 10, 1_000)), None), 0);
+    f.acquire(&take(1), id(1), 5_000).unwrap();
+    f.complete(id(1), Outcome::Failure, 5_000).unwrap();
+    f.set_policy(policy(Some(ratio(0.5, 10, 10_000)), None), 5_001)
+        .unwrap();
+    assert_eq!(f.view(5_001).failure_ratio, Some(1.0));
+    assert_eq!(f.view(20_000).failure_ratio, None);
+    // The outcome left the window, but the failure run still counts (K2).
+    assert!(!f.is_at_rest(20_000));
+}
+
+#[test]
+fn a_set_policy_in_the_past_is_refused() {
+    let mut f = Fuse::new(policy(None, None), 100);
+    let before = f.clone();
+    assert_eq!(
+        f.set_policy(Policy::default(), 99),
+        Err(FuseError::ClockWentBack { now: 99, last: 100 })
+    );
+    assert_eq!(f, before);
+}
+
+// ---------------------------------------------------------------------------
+// Rest (K2)
+
+#[test]
+fn a_key_is_at_rest_only_when_it_is_as_a_fresh_one() {
+    let mut f = Fuse::new(
+        policy(
+            Some(consecutive(2, 1_000)),
+            Some(concurrency(1, 1, Order::OldestFirst)),
+        ),
+        0,
+    );
+    assert!(f.is_at_rest(0));
+    f.acquire(&take(1), id(1), 0).unwrap();
+    assert!(!f.is_at_rest(0), "a live ticket");
+    f.acquire(&wait(1, 100), id(2), 0).unwrap();
+    f.complete(id(1), Outcome::Success, 1).unwrap();
+    assert!(!f.is_at_rest(1), "the served waiter's ticket");
+    f.complete(id(2), Outcome::Failure, 2).unwrap();
+    assert!(!f.is_at_rest(2), "a failure run");
+    f.acquire(&take(1), id(3), 3).unwrap();
+    f.complete(id(3), Outcome::Success, 3).unwrap();
+    assert!(f.is_at_rest(3), "a success resets the run");
+    trip(&mut f, 2, 4, 4);
+    assert!(!f.is_at_rest(5_000), "open, even past the deadline");
+    f.acquire(&take(1), id(6), 5_000).unwrap();
+    f.complete(id(6), Outcome::Ignored, 5_000).unwrap();
+    assert!(!f.is_at_rest(5_000), "half-open with a free slot");
+    f.acquire(&take(1), id(7), 5_001).unwrap();
+    f.complete(id(7), Outcome::Success, 5_001).unwrap();
+    assert!(f.is_at_rest(5_001), "recovered");
+    f.isolate(5_002).unwrap();
+    assert!(!f.is_at_rest(5_002), "isolated");
+    f.close(5_003).unwrap();
+    assert!(f.is_at_rest(5_003), "closed again");
+}
+
+#[test]
+fn a_waiter_keeps_a_key_from_rest() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(2, 2, Order::OldestFirst))), 0);
+    f.acquire(&take(2), id(1), 0).unwrap();
+    assert_eq!(f.acquire(&wait(1, 5_000), id(2), 0), Ok(Decision::Queued));
+    assert!(!f.is_at_rest(0));
+    f.complete(id(1), Outcome::Success, 2).unwrap();
+    assert_eq!(answers(&mut f).len(), 1);
+    f.complete(id(2), Outcome::Success, 3).unwrap();
+    assert!(f.is_at_rest(3));
+}
+
+#[test]
+fn a_waiter_that_cannot_fit_a_lowered_limit_is_denied_at_the_change() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(2, 2, Order::OldestFirst))), 0);
+    f.acquire(&take(1), id(1), 0).unwrap();
+    assert_eq!(f.acquire(&wait(2, 5_000), id(2), 0), Ok(Decision::Queued));
+    f.set_policy(policy(None, Some(concurrency(1, 2, Order::OldestFirst))), 1)
+        .unwrap();
+    assert_eq!(
+        answers(&mut f),
+        vec![answered(2, denied(Reason::ExceedsLimit, None))]
+    );
+    assert_eq!((f.live_tickets(), f.waiters()), (1, 0));
+    f.complete(id(1), Outcome::Success, 2).unwrap();
+    assert!(f.is_at_rest(2));
+}
+
+#[test]
+fn a_rate_limiter_rests_when_it_is_full_again() {
+    let mut f = Fuse::new(policy(None, Some(bucket(2, 1, 100, 0))), 0);
+    f.acquire(&take(1), id(1), 0).unwrap();
+    f.complete(id(1), Outcome::Success, 0).unwrap();
+    assert!(!f.is_at_rest(99));
+    assert!(f.is_at_rest(100));
+}
+
+#[test]
+fn a_ratio_breaker_rests_once_its_outcomes_leave_the_sampling_window() {
+    let mut f = Fuse::new(policy(Some(ratio(0.5, 10, 1_000)), None), 0);
+    f.acquire(&take(1), id(1), 0).unwrap();
+    f.complete(id(1), Outcome::Success, 0).unwrap();
+    assert_eq!(f.breaker().consecutive_failures(), 0);
+    assert!(!f.is_at_rest(999), "a success inside the window");
+    assert!(f.is_at_rest(1_000));
+}
+
+// ---------------------------------------------------------------------------
+// Time going back
+
+#[test]
+fn every_operation_refuses_a_time_before_the_last_one_and_changes_nothing() {
+    let mut f = Fuse::new(
+        policy(
+            Some(consecutive(2, 1_000)),
+            Some(concurrency(1, 1, Order::OldestFirst)),
+        ),
+        0,
+    );
+    f.acquire(&take(1), id(1), 0).unwrap();
+    f.acquire(&wait(1, 10_000), id(2), 0).unwrap();
+    f.advance(100).unwrap();
+    let went_back = FuseError::ClockWentBack { now: 99, last: 100 };
+    let back = Err(went_back);
+    let before = f.clone();
+    assert_eq!(f.acquire(&take(1), id(3), 99).map(|_| ()), back);
+    assert_eq!(f.acquire(&status(), id(3), 99).map(|_| ()), back);
+    assert_eq!(f.complete(id(1), Outcome::Failure, 99).map(|_| ()), back);
+    assert_eq!(f.renew(id(1), None, 99).map(|_| ()), back);
+    assert_eq!(f.withdraw(id(2), 99).map(|_| ()), back);
+    assert_eq!(f.isolate(99), back);
+    assert_eq!(f.close(99), back);
+    assert_eq!(f.advance(99), back);
+    assert_eq!(f.set_policy(Policy::default(), 99), back);
+    assert_eq!(f, before);
+    assert_eq!(f.last_now(), 100);
+    // The same instant is fine.
+    assert_eq!(f.advance(100), Ok(()));
+    assert_eq!(
+        went_back.to_string(),
+        "now (99 ms) is earlier than the last time seen (100 ms)"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Manual control and waiters (C4, B5)
+
+#[test]
+fn isolation_refuses_every_waiter_at_once() {
+    let mut f = Fuse::new(
+        policy(
+            Some(consecutive(1, 1_000)),
+            Some(concurrency(1, 2, Order::OldestFirst)),
+        ),
+        0,
+    );
+    f.acquire(&take(1), id(1), 0).unwrap();
+    f.acquire(&wait(1, 500), id(2), 0).unwrap();
+    f.acquire(&wait(1, 500), id(3), 0).unwrap();
+    f.isolate(10).unwrap();
+    assert_eq!(
+        answers(&mut f),
+        vec![
+            answered(2, Decision::Refused),
+            answered(3, Decision::Refused)
+        ]
+    );
+    assert_eq!((f.waiters(), f.view(10).queued), (0, 0));
+    assert_eq!(f.stats().refused, 2);
+    assert_eq!(f.next_deadline(), Some(30_000));
+}

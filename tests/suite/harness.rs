@@ -1,0 +1,181 @@
+//! A real `fusebox serve` process on port 0, and gRPC clients to it.
+//!
+//! Tests start the binary that cargo built, read the address it prints
+//! first (`listening on ADDR`), and talk to it over gRPC. The process is
+//! killed when the [`Server`] is dropped.
+
+use std::io::Write;
+use std::process::Stdio;
+use std::time::Duration;
+
+use fusebox::proto::v1 as pb;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStderr, Command};
+use tonic::transport::Channel;
+
+/// The fusebox binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_fusebox");
+
+/// A running server.
+pub struct Server {
+    pub child: Child,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    /// The server's standard error (its logs), until taken.
+    pub stderr: Option<ChildStderr>,
+    /// The rest of standard output, after the first line.
+    pub stdout: Option<tokio::io::Lines<BufReader<tokio::process::ChildStdout>>>,
+    _dir: tempfile::TempDir,
+    /// Where the config was written, if any.
+    pub config_path: Option<std::path::PathBuf>,
+}
+
+/// How to start a server.
+#[derive(Default, Clone)]
+pub struct Options<'a> {
+    /// TOML written to a file and passed as `--config`.
+    pub config: Option<&'a str>,
+    /// Pass `--manual-clock`.
+    pub manual_clock: bool,
+    /// More arguments.
+    pub args: Vec<&'a str>,
+}
+
+impl Server {
+    /// Starts `fusebox serve --listen 127.0.0.1:0` with `options`.
+    pub async fn start(options: Options<'_>) -> Server {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve").arg("--listen").arg("127.0.0.1:0");
+        let mut config_path = None;
+        if let Some(text) = options.config {
+            let path = dir.path().join("fusebox.toml");
+            std::fs::File::create(&path)
+                .and_then(|mut f| f.write_all(text.as_bytes()))
+                .expect("config written");
+            cmd.arg("--config").arg(&path);
+            config_path = Some(path);
+        }
+        if options.manual_clock {
+            cmd.arg("--manual-clock");
+        }
+        cmd.args(&options.args);
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("fusebox starts");
+        let stdout = child.stdout.take().expect("stdout piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the server prints its address within 30 s")
+            .expect("stdout readable");
+        let Some(first) = first else {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                use tokio::io::AsyncReadExt;
+                let _ = e.read_to_string(&mut err).await;
+            }
+            panic!("the server exited before printing its address: {err}");
+        };
+        let addr = first
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("first line is `listening on ADDR`, not {first:?}"))
+            .to_owned();
+        Server {
+            stderr: child.stderr.take(),
+            child,
+            addr,
+            stdout: Some(lines),
+            _dir: dir,
+            config_path,
+        }
+    }
+
+    /// Starts a server on a manual clock with `config`.
+    pub async fn manual(config: Option<&str>) -> Server {
+        Server::start(Options {
+            config,
+            manual_clock: true,
+            ..Options::default()
+        })
+        .await
+    }
+
+    /// A new connection (its own HTTP/2 channel).
+    pub async fn channel(&self) -> Channel {
+        tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
+            .expect("an address")
+            .connect()
+            .await
+            .expect("the server accepts connections")
+    }
+
+    /// A Fusebox client on a new connection.
+    pub async fn fusebox(&self) -> pb::fusebox_client::FuseboxClient<Channel> {
+        pb::fusebox_client::FuseboxClient::new(self.channel().await)
+    }
+
+    /// An Admin client on a new connection.
+    pub async fn admin(&self) -> pb::admin_client::AdminClient<Channel> {
+        pb::admin_client::AdminClient::new(self.channel().await)
+    }
+
+    /// A Clock client on a new connection.
+    pub async fn clock(&self) -> pb::clock_client::ClockClient<Channel> {
+        pb::clock_client::ClockClient::new(self.channel().await)
+    }
+
+    /// Reads a key.
+    pub async fn get(&self, key: &str) -> pb::KeyState {
+        self.admin()
+            .await
+            .get_key(pb::GetKeyRequest { key: key.into() })
+            .await
+            .expect("GetKey answers")
+            .into_inner()
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let pid = self.child.id().expect("running") as i32;
+        let status = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success());
+    }
+}
+
+/// Polls `check` until it returns `Some`, at most `limit`; panics with
+/// `what` otherwise. For conditions reached asynchronously (never a sleep
+/// used as synchronisation: the check itself decides).
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A duration in milliseconds, for requests.
+pub fn ms(ms: u64) -> prost_types::Duration {
+    fusebox::server::duration_of(ms)
+}
+
+/// Milliseconds of a duration from a response.
+pub fn millis(d: Option<prost_types::Duration>) -> Option<u64> {
+    fusebox::server::millis_of("duration", d).expect("a valid duration")
+}
