@@ -27,7 +27,7 @@ fn pair(fuse: &mut Fuse, id: u128, now: u64) {
         .acquire(&Ask::default(), TicketId(id), now)
         .expect("acquire");
     let grant = decision.grant().expect("granted");
-    let outcome = if id % 10 == 0 {
+    let outcome = if id.is_multiple_of(10) {
         Outcome::Failure
     } else {
         Outcome::Success

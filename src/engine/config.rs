@@ -208,12 +208,86 @@ impl Config {
 
     /// Parses and validates config text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-        let file: ConfigFile = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: origin.to_owned(),
-            message: e.to_string().trim().replace('\n', " "),
+        let file: ConfigFile = toml::from_str(text).map_err(|e| {
+            locate(text).unwrap_or_else(|| ConfigError::Parse {
+                path: origin.to_owned(),
+                message: e.to_string().trim().replace('\n', " "),
+            })
         })?;
         file.validate()
     }
+}
+
+/// For a file that is valid TOML but does not fit the config's shape (an
+/// unknown field, a value of the wrong type, a bad duration), finds the part
+/// that does not fit so that the error names the rule and the field (Y2).
+/// `None` when the text is not TOML at all, or no single part is to blame.
+fn locate(text: &str) -> Option<ConfigError> {
+    let table: toml::Table = text.parse().ok()?;
+    let invalid = |rule: String, e: toml::de::Error| {
+        let (field, problem) = field_of(&e);
+        Some(ConfigError::Invalid {
+            rule,
+            field,
+            problem,
+        })
+    };
+    for (section, value) in &table {
+        match section.as_str() {
+            "server" => {
+                if let Err(e) = ServerSpec::deserialize(value.clone()) {
+                    return invalid("[server]".into(), e);
+                }
+            }
+            "default" => {
+                if let Err(e) = PolicySpec::deserialize(value.clone()) {
+                    return invalid("[default]".into(), e);
+                }
+            }
+            "rule" => {
+                for (i, rule) in value.as_array()?.iter().enumerate() {
+                    if let Err(e) = RuleSpec::deserialize(rule.clone()) {
+                        let pattern = rule
+                            .get("match")
+                            .and_then(toml::Value::as_str)
+                            .unwrap_or("");
+                        return invalid(format!("rule {} ({pattern:?})", i + 1), e);
+                    }
+                }
+            }
+            other => {
+                return Some(ConfigError::Invalid {
+                    rule: format!("[{other}]"),
+                    field: other.to_owned(),
+                    problem: "is not a part of the config: use [server], [[rule]] or [default]"
+                        .into(),
+                })
+            }
+        }
+    }
+    None
+}
+
+/// The field path and the problem of an error from deserializing one part:
+/// toml shows the path as "in `a.b`"; an unknown or missing field adds its name.
+fn field_of(e: &toml::de::Error) -> (String, String) {
+    let problem = e.message().trim().to_owned();
+    let shown = e.to_string();
+    let path = shown
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("in `")?.strip_suffix('`'))
+        .unwrap_or("");
+    let named = ["unknown field `", "missing field `"]
+        .iter()
+        .find_map(|p| problem.strip_prefix(p)?.split('`').next());
+    let field = match (path, named) {
+        ("", Some(name)) => name.to_owned(),
+        ("", None) => "(the rule itself)".to_owned(),
+        (path, Some(name)) => format!("{path}.{name}"),
+        (path, None) => path.to_owned(),
+    };
+    (field, problem)
 }
 
 impl ConfigFile {

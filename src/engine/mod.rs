@@ -186,7 +186,11 @@ fn ticket_of(token: &str) -> Result<TicketId, EngineError> {
             "is required: pass the ticket that Acquire returned",
         ));
     }
-    if token.len() != 32 {
+    if token.len() != 32
+        || !token
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
         return Err(EngineError::TicketNotFound);
     }
     u128::from_str_radix(token, 16)
@@ -332,7 +336,7 @@ impl Engine {
         let tickets_before = e.fuse.live_tickets();
         let waiters_before = e.fuse.waiters();
         let result = op(&mut e.fuse, now);
-        self.handle_notices(&key_name, &mut e.fuse, now);
+        let changes = self.handle_notices(&key_name, &mut e.fuse, now);
         adjust(&self.live_tickets, tickets_before, e.fuse.live_tickets());
         adjust(&self.live_waiters, waiters_before, e.fuse.waiters());
         e.last_used = now;
@@ -341,17 +345,23 @@ impl Engine {
                 e.scheduled = Some(next);
                 let mut schedule = self.schedule.lock().expect("schedule lock");
                 let first = schedule.first().map(|&(t, _)| t);
-                schedule.insert((next, key_name));
+                schedule.insert((next, key_name.clone()));
                 if first.is_none_or(|f| next < f) {
                     self.wake.notify_one();
                 }
             }
         }
+        drop(entry);
+        for change in changes {
+            log_change(&key_name, change);
+        }
         Ok(Some(result))
     }
 
-    /// Passes on what a domain step reported, still under the key's lock.
-    fn handle_notices(&self, key: &Arc<str>, fuse: &mut Fuse, now: Millis) {
+    /// Passes on what a domain step reported, still under the key's lock;
+    /// returns the phase changes, to be logged once the lock is released.
+    fn handle_notices(&self, key: &Arc<str>, fuse: &mut Fuse, now: Millis) -> Vec<Notice> {
+        let mut changes = Vec::new();
         let mut notices: Vec<Notice> = fuse.drain_notices().collect();
         while !notices.is_empty() {
             for notice in notices.drain(..) {
@@ -377,18 +387,12 @@ impl Engine {
                         self.tickets.remove(&ticket);
                         tracing::debug!(key = %key, "a ticket's lease ended before it was completed");
                     }
-                    Notice::Phase {
-                        from,
-                        to,
-                        cause,
-                        at,
-                    } => {
-                        tracing::info!(key = %key, from = %from, to = %to, at_ms = at, "breaker {from} -> {to}: {}", cause.as_str());
-                    }
+                    change @ Notice::Phase { .. } => changes.push(change),
                 }
             }
             notices.extend(fuse.drain_notices());
         }
+        changes
     }
 
     /// Answers an acquire (B1, P1–P6, C1–C4), waiting server-side while queued.
@@ -415,6 +419,7 @@ impl Engine {
             room_for_waiter: self.live_waiters.load(Ordering::SeqCst) < self.limits.max_waiters,
         };
         let mut receiver = None;
+        let existed = self.keys.contains_key(args.key.as_str());
         let result = self
             .with_fuse(&args.key, true, |fuse, now| {
                 let decision = fuse.acquire(&ask, id, now)?;
@@ -430,7 +435,13 @@ impl Engine {
                 Ok::<_, FuseError>((decision, fuse.breaker().phase(), now))
             })?
             .expect("acquire makes the key");
-        let (decision, phase, now) = result.map_err(|e| self.exhausted_or(e))?;
+        let (decision, phase, now) = result.map_err(|e| {
+            if !existed {
+                // E3: a request that fails (a cap) makes no key.
+                self.drop_if_at_rest(&args.key);
+            }
+            self.exhausted_or(e)
+        })?;
         match receiver {
             None => Ok(reply(decision, phase, now)),
             Some(rx) => {
@@ -441,6 +452,10 @@ impl Engine {
                     rx: Some(rx),
                 };
                 let answer = guard.wait().await;
+                if answer.is_err() {
+                    // Shutting down: the waiter leaves the queue with its answer.
+                    self.withdraw(&args.key, id);
+                }
                 let (decision, phase, now) = answer?;
                 Ok(reply(decision, phase, now))
             }
@@ -468,6 +483,18 @@ impl Engine {
             }
         };
         Ok(reply(decision, phase, now))
+    }
+
+    /// Removes `key` if it is at rest, as forgetting would (K2): for a key
+    /// made by a request that then failed.
+    fn drop_if_at_rest(&self, key: &str) {
+        let now = self.clock.now();
+        let removed = self
+            .keys
+            .remove_if(key, |_, e| e.fuse.is_at_rest(now.max(e.fuse.last_now())));
+        if removed.is_some() {
+            self.live_keys.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     fn exhausted_or(&self, e: FuseError) -> EngineError {
@@ -711,6 +738,18 @@ impl Engine {
             }
         }
         self.wake.notify_one();
+    }
+}
+
+fn log_change(key: &str, change: Notice) {
+    if let Notice::Phase {
+        from,
+        to,
+        cause,
+        at,
+    } = change
+    {
+        tracing::info!(key, from = %from, to = %to, at_ms = at, "breaker {from} -> {to}: {}", cause.as_str());
     }
 }
 

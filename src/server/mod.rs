@@ -276,10 +276,17 @@ impl Clock for Api {
         &self,
         request: Request<pb::AdvanceRequest>,
     ) -> Result<Response<pb::ClockReading>, Status> {
+        if !self.engine.has_manual_clock() {
+            return Err(Status::unimplemented(
+                "the clock is not manual: start the server with --manual-clock to move time by hand",
+            ));
+        }
         let by = millis_of("by", request.into_inner().by)?.unwrap_or(0);
-        let now = self.engine.advance_clock(by).await.ok_or_else(|| {
-            Status::unimplemented("the clock is not manual: start the server with --manual-clock")
-        })?;
+        let now = self
+            .engine
+            .advance_clock(by)
+            .await
+            .ok_or_else(|| Status::internal("the manual clock is missing"))?;
         Ok(Response::new(pb::ClockReading {
             now: Some(duration_of(now)),
         }))

@@ -6,6 +6,7 @@
 
 use std::io::Write;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fusebox::proto::v1 as pb;
@@ -21,13 +22,23 @@ pub struct Server {
     pub child: Child,
     /// `127.0.0.1:PORT`.
     pub addr: String,
-    /// The server's standard error (its logs), until taken.
-    pub stderr: Option<ChildStderr>,
-    /// The rest of standard output, after the first line.
-    pub stdout: Option<tokio::io::Lines<BufReader<tokio::process::ChildStdout>>>,
+    /// Everything the server wrote to standard error (its logs) so far. It
+    /// is read continuously, so that a chatty server never blocks on a full
+    /// pipe.
+    logs: Arc<Mutex<String>>,
+    drained: Option<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
-    /// Where the config was written, if any.
-    pub config_path: Option<std::path::PathBuf>,
+}
+
+fn drain(stderr: ChildStderr, logs: Arc<Mutex<String>>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let mut logs = logs.lock().expect("logs lock");
+            logs.push_str(&line);
+            logs.push('\n');
+        }
+    })
 }
 
 /// How to start a server.
@@ -47,14 +58,12 @@ impl Server {
         let dir = tempfile::tempdir().expect("a temp dir");
         let mut cmd = Command::new(BIN);
         cmd.arg("serve").arg("--listen").arg("127.0.0.1:0");
-        let mut config_path = None;
         if let Some(text) = options.config {
             let path = dir.path().join("fusebox.toml");
             std::fs::File::create(&path)
                 .and_then(|mut f| f.write_all(text.as_bytes()))
                 .expect("config written");
             cmd.arg("--config").arg(&path);
-            config_path = Some(path);
         }
         if options.manual_clock {
             cmd.arg("--manual-clock");
@@ -83,14 +92,36 @@ impl Server {
             .strip_prefix("listening on ")
             .unwrap_or_else(|| panic!("first line is `listening on ADDR`, not {first:?}"))
             .to_owned();
+        let logs = Arc::new(Mutex::new(String::new()));
+        let drained = Some(drain(
+            child.stderr.take().expect("stderr piped"),
+            logs.clone(),
+        ));
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Server {
-            stderr: child.stderr.take(),
             child,
             addr,
-            stdout: Some(lines),
+            logs,
+            drained,
             _dir: dir,
-            config_path,
         }
+    }
+
+    /// Everything the server logged, once it has closed standard error
+    /// (that is, exited).
+    pub async fn all_logs(&mut self) -> String {
+        if let Some(drained) = self.drained.take() {
+            tokio::time::timeout(Duration::from_secs(30), drained)
+                .await
+                .expect("the server closes standard error")
+                .expect("the log reader ends");
+        }
+        self.logs()
+    }
+
+    /// What the server logged so far.
+    pub fn logs(&self) -> String {
+        self.logs.lock().expect("logs lock").clone()
     }
 
     /// Starts a server on a manual clock with `config`.

@@ -1,0 +1,622 @@
+//! SPEC section 5 over real gRPC: every malformed field and every error code
+//! that applies without authentication (K1, K3, L2, L4, E2, X1), each one
+//! asserted to fail with its code, to name its field, and to change nothing
+//! (E3): the whole `KeyState` of the keys involved is compared before and
+//! after, and a never-used key is shown not to be made (K2) through the key
+//! cap, which has room for exactly one more key at the end.
+
+use fusebox::proto::v1 as pb;
+use prost_types::Duration as WireDuration;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+use crate::harness::{millis, ms, Options, Server};
+
+/// One key is made by the setup, one at the end; a third must not fit.
+const CONFIG: &str = r#"
+[server]
+max_keys = 2
+
+[default]
+breaker = { mode = "consecutive", failures = 3, break = "1s" }
+limiter = { kind = "concurrency", permits = 4, queue_limit = 4 }
+lease = { default = "1s", max = "10s" }
+"#;
+
+/// The key with state: a recorded failure, a live ticket, permits taken.
+const USED: &str = "k/used";
+/// Named by bad requests; never made.
+const NEVER: &str = "k/never";
+/// Made only at the end, to show the key cap still had room.
+const FRESH: &str = "k/fresh";
+/// Past the key cap at the end.
+const THIRD: &str = "k/third";
+
+/// Longest valid duration: 365 days.
+const MAX_SECONDS: i64 = 365 * 24 * 3600;
+
+#[derive(Clone, Debug)]
+enum Call {
+    Acquire(pb::AcquireRequest),
+    Complete(pb::CompleteRequest),
+    Renew(pb::RenewRequest),
+    GetKey(pb::GetKeyRequest),
+    Isolate(pb::IsolateRequest),
+    Close(pb::CloseRequest),
+    Advance(pb::AdvanceRequest),
+}
+
+#[derive(Debug)]
+struct Case {
+    name: String,
+    call: Call,
+    code: Code,
+    /// The field the message must name.
+    field: &'static str,
+}
+
+struct Clients {
+    fusebox: pb::fusebox_client::FuseboxClient<Channel>,
+    admin: pb::admin_client::AdminClient<Channel>,
+    clock: pb::clock_client::ClockClient<Channel>,
+}
+
+impl Clients {
+    async fn new(server: &Server) -> Clients {
+        Clients {
+            fusebox: server.fusebox().await,
+            admin: server.admin().await,
+            clock: server.clock().await,
+        }
+    }
+
+    /// Sends `call`; the reply's content is not needed, only success or the status.
+    async fn send(&mut self, call: Call) -> Result<(), Status> {
+        match call {
+            Call::Acquire(r) => self.fusebox.acquire(r).await.map(drop),
+            Call::Complete(r) => self.fusebox.complete(r).await.map(drop),
+            Call::Renew(r) => self.fusebox.renew(r).await.map(drop),
+            Call::GetKey(r) => self.admin.get_key(r).await.map(drop),
+            Call::Isolate(r) => self.admin.isolate(r).await.map(drop),
+            Call::Close(r) => self.admin.close(r).await.map(drop),
+            Call::Advance(r) => self.clock.advance(r).await.map(drop),
+        }
+    }
+
+    async fn get(&mut self, key: &str) -> pb::KeyState {
+        self.admin
+            .get_key(pb::GetKeyRequest { key: key.into() })
+            .await
+            .unwrap_or_else(|s| panic!("GetKey {key:?}: {s:?}"))
+            .into_inner()
+    }
+
+    async fn acquire(&mut self, key: &str, lease: Option<u64>) -> pb::AcquireResponse {
+        self.fusebox
+            .acquire(pb::AcquireRequest {
+                key: key.into(),
+                permits: None,
+                max_wait: None,
+                lease: lease.map(ms),
+            })
+            .await
+            .unwrap_or_else(|s| panic!("Acquire {key:?}: {s:?}"))
+            .into_inner()
+    }
+
+    async fn ticket(&mut self, key: &str, lease: Option<u64>) -> String {
+        let r = self.acquire(key, lease).await;
+        assert_eq!(r.decision, pb::Decision::Granted as i32, "{r:?}");
+        assert!(!r.ticket.is_empty(), "{r:?}");
+        r.ticket
+    }
+
+    async fn complete(&mut self, ticket: &str, outcome: pb::Outcome) -> pb::CompleteResponse {
+        self.fusebox
+            .complete(pb::CompleteRequest {
+                ticket: ticket.into(),
+                outcome: outcome as i32,
+            })
+            .await
+            .unwrap_or_else(|s| panic!("Complete: {s:?}"))
+            .into_inner()
+    }
+
+    async fn advance(&mut self, by: u64) -> u64 {
+        let r = self
+            .clock
+            .advance(pb::AdvanceRequest { by: Some(ms(by)) })
+            .await
+            .expect("Advance answers")
+            .into_inner();
+        millis(r.now).expect("a reading")
+    }
+}
+
+/// A fresh key's state, as the config above makes it.
+fn fresh(key: &str) -> pb::KeyState {
+    pb::KeyState {
+        key: key.into(),
+        phase: pb::Phase::Closed as i32,
+        consecutive_failures: 0,
+        half_open_attempts: 0,
+        open_remaining: None,
+        free: 4,
+        queued: 0,
+        live_tickets: 0,
+        waiters: 0,
+    }
+}
+
+fn dur(seconds: i64, nanos: i32) -> WireDuration {
+    WireDuration { seconds, nanos }
+}
+
+/// Durations that every duration field must refuse.
+fn bad_durations() -> Vec<(&'static str, WireDuration)> {
+    vec![
+        ("negative seconds", dur(-1, 0)),
+        ("negative nanos", dur(0, -1)),
+        ("negative both", dur(-5, -500_000_000)),
+        ("nanos of a whole second", dur(0, 1_000_000_000)),
+        ("nanos below -1 s", dur(0, -1_000_000_000)),
+        ("nanos i32::MAX", dur(0, i32::MAX)),
+        ("positive seconds, negative nanos", dur(1, -1)),
+        ("negative seconds, positive nanos", dur(-1, 1)),
+        ("365 days and 1 s", dur(MAX_SECONDS + 1, 0)),
+        ("365 days and 1 ns", dur(MAX_SECONDS, 1)),
+        ("365 days and 999999999 ns", dur(MAX_SECONDS, 999_999_999)),
+        ("i64::MAX seconds", dur(i64::MAX, 0)),
+        ("i64::MIN seconds", dur(i64::MIN, 0)),
+    ]
+}
+
+/// Keys that K1 refuses.
+fn bad_keys() -> Vec<(&'static str, String)> {
+    vec![
+        ("empty key", String::new()),
+        ("257-byte key", "x".repeat(257)),
+        ("257-byte multi-byte key", format!("{}x", "é".repeat(128))),
+        ("key with a newline", "k/a\nb".into()),
+        ("key with NUL", "k/\0".into()),
+        ("key with a tab", "\tk/a".into()),
+        ("key with DEL", "k/a\u{7f}".into()),
+        ("key with a C1 control", "k/a\u{85}b".into()),
+        ("key with ESC", "k/\u{1b}[31m".into()),
+    ]
+}
+
+fn acquire(key: &str, max_wait: Option<WireDuration>, lease: Option<WireDuration>) -> Call {
+    Call::Acquire(pb::AcquireRequest {
+        key: key.into(),
+        permits: None,
+        max_wait,
+        lease,
+    })
+}
+
+fn complete(ticket: &str, outcome: i32) -> Call {
+    Call::Complete(pb::CompleteRequest {
+        ticket: ticket.into(),
+        outcome,
+    })
+}
+
+fn renew(ticket: &str, lease: Option<WireDuration>) -> Call {
+    Call::Renew(pb::RenewRequest {
+        ticket: ticket.into(),
+        lease,
+    })
+}
+
+/// The tickets the table refers to.
+struct Tickets {
+    live: String,
+    completed: String,
+    expired: String,
+}
+
+fn cases(t: &Tickets) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let mut add = |name: String, call: Call, code: Code, field: &'static str| {
+        cases.push(Case {
+            name,
+            call,
+            code,
+            field,
+        })
+    };
+    let invalid = Code::InvalidArgument;
+
+    // K1: bad keys, on every RPC that takes one.
+    for (what, key) in bad_keys() {
+        add(
+            format!("Acquire, {what}"),
+            acquire(&key, None, None),
+            invalid,
+            "key",
+        );
+        add(
+            format!("Acquire status check, {what}"),
+            Call::Acquire(pb::AcquireRequest {
+                key: key.clone(),
+                permits: Some(0),
+                max_wait: None,
+                lease: None,
+            }),
+            invalid,
+            "key",
+        );
+        add(
+            format!("GetKey, {what}"),
+            Call::GetKey(pb::GetKeyRequest { key: key.clone() }),
+            invalid,
+            "key",
+        );
+        add(
+            format!("Isolate, {what}"),
+            Call::Isolate(pb::IsolateRequest {
+                key: key.clone(),
+                reason: "test".into(),
+            }),
+            invalid,
+            "key",
+        );
+        add(
+            format!("Close, {what}"),
+            Call::Close(pb::CloseRequest {
+                key: key.clone(),
+                reason: "test".into(),
+            }),
+            invalid,
+            "key",
+        );
+    }
+
+    // E2: negative and out-of-range durations, in every duration field.
+    for (what, d) in bad_durations() {
+        for key in [USED, NEVER] {
+            add(
+                format!("Acquire {key}, max_wait {what}"),
+                acquire(key, Some(d), None),
+                invalid,
+                "max_wait",
+            );
+            add(
+                format!("Acquire {key}, lease {what}"),
+                acquire(key, None, Some(d)),
+                invalid,
+                "lease",
+            );
+        }
+        add(
+            format!("Renew, lease {what}"),
+            renew(&t.live, Some(d)),
+            invalid,
+            "lease",
+        );
+        add(
+            format!("Advance, by {what}"),
+            Call::Advance(pb::AdvanceRequest { by: Some(d) }),
+            invalid,
+            "by",
+        );
+    }
+
+    // L2: a zero lease is refused.
+    for key in [USED, NEVER] {
+        add(
+            format!("Acquire {key}, zero lease"),
+            acquire(key, None, Some(dur(0, 0))),
+            invalid,
+            "lease",
+        );
+        add(
+            format!("Acquire {key}, zero lease with a valid max_wait"),
+            acquire(key, Some(ms(100)), Some(dur(0, 0))),
+            invalid,
+            "lease",
+        );
+    }
+    add(
+        "Renew, zero lease".into(),
+        renew(&t.live, Some(dur(0, 0))),
+        invalid,
+        "lease",
+    );
+
+    // E2: outcomes, on a live ticket that must stay live.
+    for (what, outcome) in [
+        ("OUTCOME_UNSPECIFIED", pb::Outcome::Unspecified as i32),
+        ("unknown outcome 4", 4),
+        ("unknown outcome 1000", 1000),
+        ("negative outcome", -1),
+    ] {
+        add(
+            format!("Complete, {what}"),
+            complete(&t.live, outcome),
+            invalid,
+            "outcome",
+        );
+    }
+
+    // Tickets: empty is malformed (INVALID_ARGUMENT), anything else that is
+    // not a live ticket is unknown (NOT_FOUND, L4).
+    add(
+        "Complete, empty ticket".into(),
+        complete("", pb::Outcome::Success as i32),
+        invalid,
+        "ticket",
+    );
+    add(
+        "Renew, empty ticket".into(),
+        renew("", None),
+        invalid,
+        "ticket",
+    );
+    let unknown: Vec<(&str, String)> = vec![
+        ("unknown ticket (zeros)", "0".repeat(32)),
+        (
+            "unknown ticket (hex)",
+            "0123456789abcdef0123456789abcdef".into(),
+        ),
+        ("garbage ticket", "not a ticket".into()),
+        ("garbage ticket of 32 chars", "z".repeat(32)),
+        ("live ticket plus a character", format!("{}0", t.live)),
+        ("live ticket minus a character", t.live[1..].to_owned()),
+        ("live ticket with a space", format!(" {}", t.live)),
+        ("very long garbage ticket", "a".repeat(10_000)),
+        ("completed ticket", t.completed.clone()),
+        ("expired ticket", t.expired.clone()),
+    ];
+    for (what, ticket) in unknown {
+        for outcome in [pb::Outcome::Success, pb::Outcome::Failure] {
+            add(
+                format!("Complete {outcome:?}, {what}"),
+                complete(&ticket, outcome as i32),
+                Code::NotFound,
+                "ticket",
+            );
+        }
+        add(
+            format!("Renew, {what}"),
+            renew(&ticket, Some(ms(5_000))),
+            Code::NotFound,
+            "ticket",
+        );
+        add(
+            format!("Renew default lease, {what}"),
+            renew(&ticket, None),
+            Code::NotFound,
+            "ticket",
+        );
+    }
+
+    // Operator reasons: at most 1024 bytes (counted in bytes, not characters).
+    for (what, reason) in [
+        ("1025-byte reason", "r".repeat(1025)),
+        ("1026-byte multi-byte reason", "é".repeat(513)),
+        ("reason with a control character", "line\nbreak".to_owned()),
+    ] {
+        for key in [USED, NEVER] {
+            add(
+                format!("Isolate {key}, {what}"),
+                Call::Isolate(pb::IsolateRequest {
+                    key: key.into(),
+                    reason: reason.clone(),
+                }),
+                invalid,
+                "reason",
+            );
+            add(
+                format!("Close {key}, {what}"),
+                Call::Close(pb::CloseRequest {
+                    key: key.into(),
+                    reason: reason.clone(),
+                }),
+                invalid,
+                "reason",
+            );
+        }
+    }
+    cases
+}
+
+#[tokio::test]
+async fn bad_input_fails_with_its_code_names_the_field_and_changes_nothing() {
+    let server = Server::start(Options {
+        config: Some(CONFIG),
+        manual_clock: true,
+        ..Options::default()
+    })
+    .await;
+    let mut c = Clients::new(&server).await;
+
+    // Setup at t = 0: a ticket that will expire, then at t = 100 a completed
+    // ticket, a recorded failure, and a live ticket (lease 10 s, ends at 10_100).
+    let expired = c.ticket(USED, Some(100)).await;
+    assert_eq!(c.advance(100).await, 100);
+    assert_eq!(c.get(USED).await.live_tickets, 0, "the 100 ms lease ended");
+    let completed = c.ticket(USED, None).await;
+    c.complete(&completed, pb::Outcome::Ignored).await;
+    let failed = c.ticket(USED, None).await;
+    c.complete(&failed, pb::Outcome::Failure).await;
+    let live = c.ticket(USED, Some(10_000)).await;
+    let used = c.get(USED).await;
+    assert_eq!(
+        used,
+        pb::KeyState {
+            consecutive_failures: 1,
+            free: 3,
+            live_tickets: 1,
+            ..fresh(USED)
+        }
+    );
+    assert_eq!(c.get(NEVER).await, fresh(NEVER));
+
+    let tickets = Tickets {
+        live,
+        completed,
+        expired,
+    };
+    let cases = cases(&tickets);
+    let mut failures = Vec::new();
+    for case in &cases {
+        let before = (c.get(USED).await, c.get(NEVER).await);
+        let result = c.send(case.call.clone()).await;
+        let after = (c.get(USED).await, c.get(NEVER).await);
+        match result {
+            Ok(()) => failures.push(format!(
+                "{}: succeeded, expected {:?}",
+                case.name, case.code
+            )),
+            Err(status) => {
+                if status.code() != case.code {
+                    failures.push(format!(
+                        "{}: got {:?} ({:?}), expected {:?}",
+                        case.name,
+                        status.code(),
+                        status.message(),
+                        case.code
+                    ));
+                } else if !status.message().contains(case.field) {
+                    failures.push(format!(
+                        "{}: the message {:?} does not name the field {:?}",
+                        case.name,
+                        status.message(),
+                        case.field
+                    ));
+                }
+            }
+        }
+        if before != after {
+            failures.push(format!(
+                "{}: state changed (E3)\n  before {before:?}\n  after  {after:?}",
+                case.name
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases went wrong:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+    assert!(cases.len() > 150, "the table has {} cases", cases.len());
+
+    // No bad Advance moved the clock.
+    assert_eq!(c.advance(0).await, 100);
+    // No bad Renew or Complete touched the live ticket: it ends at 10_100 as granted.
+    assert_eq!(c.advance(9_999).await, 10_099);
+    assert_eq!(c.get(USED).await.live_tickets, 1);
+    assert_eq!(c.advance(1).await, 10_100);
+    assert_eq!(
+        c.get(USED).await.live_tickets,
+        0,
+        "the live ticket's lease ended on time"
+    );
+    assert_eq!(
+        c.fusebox
+            .complete(pb::CompleteRequest {
+                ticket: tickets.live.clone(),
+                outcome: pb::Outcome::Success as i32,
+            })
+            .await
+            .expect_err("the expired ticket is gone")
+            .code(),
+        Code::NotFound
+    );
+
+    // K2: no bad request made a key. The cap (2) has room for exactly one more
+    // key beside USED, so FRESH is made and behaves as fresh...
+    assert_eq!(c.get(FRESH).await, fresh(FRESH));
+    let r = c.acquire(FRESH, None).await;
+    assert_eq!(r.decision, pb::Decision::Granted as i32, "{r:?}");
+    assert_eq!(millis(r.lease), Some(1_000), "the policy's default lease");
+    c.complete(&r.ticket, pb::Outcome::Ignored).await;
+    assert_eq!(c.get(FRESH).await, fresh(FRESH));
+    // ...and then the cap is reached (K3).
+    cap_reached_changes_nothing(&mut c).await;
+}
+
+/// K3 at the key cap: RESOURCE_EXHAUSTED naming the cap, nothing made,
+/// existing keys keep working.
+async fn cap_reached_changes_nothing(c: &mut Clients) {
+    let before = (c.get(USED).await, c.get(FRESH).await, c.get(THIRD).await);
+    for max_wait in [None, Some(ms(1_000))] {
+        let status = c
+            .fusebox
+            .acquire(pb::AcquireRequest {
+                key: THIRD.into(),
+                permits: Some(1),
+                max_wait,
+                lease: None,
+            })
+            .await
+            .expect_err("the key cap is reached");
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        assert!(status.message().contains("max_keys"), "{status:?}");
+    }
+    // Isolate makes a key too.
+    let status = c
+        .admin
+        .isolate(pb::IsolateRequest {
+            key: THIRD.into(),
+            reason: "test".into(),
+        })
+        .await
+        .expect_err("the key cap is reached");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("max_keys"), "{status:?}");
+    let after = (c.get(USED).await, c.get(FRESH).await, c.get(THIRD).await);
+    assert_eq!(before, after);
+    assert_eq!(after.2, fresh(THIRD));
+    // A status check makes no key, so it is not capped (K2, P2a).
+    let r = c
+        .fusebox
+        .acquire(pb::AcquireRequest {
+            key: THIRD.into(),
+            permits: Some(0),
+            max_wait: None,
+            lease: None,
+        })
+        .await
+        .expect("a status check is not capped")
+        .into_inner();
+    assert_eq!(r.decision, pb::Decision::Granted as i32, "{r:?}");
+    assert!(r.ticket.is_empty());
+    // Existing keys keep working.
+    let t = c.ticket(USED, None).await;
+    let done = c.complete(&t, pb::Outcome::Success).await;
+    assert!(!done.stale);
+    assert_eq!(c.get(USED).await, fresh(USED));
+}
+
+/// X1: without --manual-clock, Clock.Advance does not exist for callers.
+#[tokio::test]
+async fn advance_without_manual_clock_is_unimplemented() {
+    let server = Server::start(Options::default()).await;
+    let mut clock = server.clock().await;
+    for by in [Some(ms(1)), Some(ms(0)), None, Some(dur(-1, 0))] {
+        let status = clock
+            .advance(pb::AdvanceRequest { by })
+            .await
+            .expect_err("no manual clock");
+        assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
+    }
+    // The rest of the server works.
+    let r = server
+        .fusebox()
+        .await
+        .acquire(pb::AcquireRequest {
+            key: "k".into(),
+            permits: None,
+            max_wait: None,
+            lease: None,
+        })
+        .await
+        .expect("Acquire answers")
+        .into_inner();
+    assert_eq!(r.decision, pb::Decision::Granted as i32);
+}
