@@ -11,10 +11,12 @@
 //! - [`engine`]: keyed state in a sharded map, tickets, waiters, the timer,
 //!   the clock and the config.
 //! - [`server`]: the gRPC services, which only convert and delegate.
+//! - [`http`]: metrics, health and the dashboard over HTTP.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod domain;
 pub mod engine;
+pub mod http;
 pub mod proto;
 pub mod server;

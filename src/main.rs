@@ -46,6 +46,10 @@ enum Command {
         /// Move time only when a client calls Clock.Advance (for tests).
         #[arg(long)]
         manual_clock: bool,
+        /// Serve metrics, health and the dashboard over HTTP on this address
+        /// (default 127.0.0.1:9090; port 0 picks a free port).
+        #[arg(long)]
+        http: Option<SocketAddr>,
     },
     /// Ask for permits on a key; prints the decision and the ticket.
     Acquire {
@@ -128,7 +132,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             config,
             listen,
             manual_clock,
-        } => serve(config, listen, manual_clock).await,
+            http,
+        } => serve(config, listen, manual_clock, http).await,
         Command::Acquire {
             key,
             permits,
@@ -248,6 +253,7 @@ async fn serve(
     config: Option<PathBuf>,
     listen: SocketAddr,
     manual_clock: bool,
+    http: Option<SocketAddr>,
 ) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -257,7 +263,8 @@ async fn serve(
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let config = match &config {
+    let config_path = config;
+    let config = match &config_path {
         Some(path) => Config::load(path).context("the server did not start")?,
         None => Config::default(),
     };
@@ -271,9 +278,28 @@ async fn serve(
         .await
         .with_context(|| format!("cannot listen on {listen}; is another server using it?"))?;
     let addr = listener.local_addr()?;
+    let http_listener = match http {
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| {
+            format!("cannot serve HTTP on {addr}; is another server using it?")
+        })?),
+        None => match tokio::net::TcpListener::bind(fusebox::http::DEFAULT_HTTP_ADDR).await {
+            Ok(listener) => Some(listener),
+            Err(e) => {
+                tracing::warn!(
+                    "no HTTP (metrics, health, dashboard): cannot listen on {}: {e}; pass --http ADDR to choose another address",
+                    fusebox::http::DEFAULT_HTTP_ADDR
+                );
+                None
+            }
+        },
+    };
     let mut out = tokio::io::stdout();
     out.write_all(format!("listening on {addr}\n").as_bytes())
         .await?;
+    if let Some(listener) = &http_listener {
+        out.write_all(format!("http on {}\n", listener.local_addr()?).as_bytes())
+            .await?;
+    }
     out.flush().await?;
     tracing::info!(
         %addr,
@@ -281,6 +307,18 @@ async fn serve(
         manual_clock,
         "fusebox is serving"
     );
+    if let Some(listener) = http_listener {
+        let stopped = engine.stopped();
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            if let Err(e) = fusebox::http::serve(listener, engine, stopped).await {
+                tracing::error!("the HTTP server stopped: {e}");
+            }
+        });
+    }
+    if let Some(path) = config_path {
+        tokio::spawn(fusebox::engine::reload::watch_config(engine.clone(), path));
+    }
     fusebox::server::run(listener, engine, shutdown_signal()).await
 }
 

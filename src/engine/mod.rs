@@ -9,6 +9,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod reload;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -50,6 +51,12 @@ pub enum EngineError {
         cap: &'static str,
         /// Its value.
         limit: u64,
+    },
+    /// No rule has this match: `NOT_FOUND`.
+    #[error("match: no rule matches {pattern:?} exactly; ListPolicies shows the rules")]
+    RuleNotFound {
+        /// The match asked for.
+        pattern: String,
     },
     /// The server is shutting down: `UNAVAILABLE`.
     #[error("fusebox is shutting down; retry against another instance")]
@@ -127,6 +134,116 @@ pub struct Counts {
 
 type WaiterAnswer = Result<(Decision, Phase, Millis), EngineError>;
 
+/// How an operation reaches a key.
+#[derive(Clone, Copy, Debug)]
+struct Access<'a> {
+    /// Make the key if it does not exist (within the key cap).
+    create: bool,
+    /// Count the operation as use, for idle forgetting (reads do not).
+    touch: bool,
+    /// Who asked and why, for isolate and close.
+    actor: Option<(&'a str, &'a str)>,
+}
+
+impl Access<'static> {
+    /// A request that makes the key.
+    const MAKE: Access<'static> = Access {
+        create: true,
+        touch: true,
+        actor: None,
+    };
+    /// A request on an existing key.
+    const USE: Access<'static> = Access {
+        create: false,
+        touch: true,
+        actor: None,
+    };
+    /// A read, or the timer: neither makes the key nor counts as use.
+    const READ: Access<'static> = Access {
+        create: false,
+        touch: false,
+        actor: None,
+    };
+}
+
+/// What a watcher is told: a phase change, isolate or close of one key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    /// The key.
+    pub key: Arc<str>,
+    /// What happened.
+    pub kind: EventKind,
+    /// The phase before.
+    pub from: Phase,
+    /// The phase after.
+    pub to: Phase,
+    /// Why, in words.
+    pub cause: &'static str,
+    /// Who asked (isolate and close).
+    pub who: String,
+    /// The operator's reason (isolate and close).
+    pub reason: String,
+    /// When, on the engine's clock.
+    pub at: Millis,
+    /// The event's number; consecutive numbers for consecutive events.
+    pub sequence: u64,
+    /// The key's state right after the operation.
+    pub view: View,
+}
+
+/// The kinds of [`Event`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// The breaker changed phase by itself.
+    PhaseChange,
+    /// An operator isolated the key.
+    Isolate,
+    /// An operator closed the key.
+    Close,
+    /// A changed policy moved the breaker.
+    Policy,
+}
+
+/// How many events a watcher may fall behind before it is told it lagged.
+pub const EVENT_BUFFER: usize = 4096;
+
+/// Decisions by kind, in [`Counters::decisions`] order.
+pub const DECISION_NAMES: [&str; 5] = ["granted", "probe", "blocked", "refused", "denied"];
+
+/// Engine-wide counters, for metrics.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Final decisions by kind (see [`DECISION_NAMES`]).
+    pub decisions: [AtomicU64; 5],
+    /// Blocked and denied decisions by reason, in [`crate::domain::Reason::ALL`] order.
+    pub reasons: [AtomicU64; 7],
+    /// Phase changes.
+    pub transitions: AtomicU64,
+    /// Config reloads that were applied.
+    pub reloads: AtomicU64,
+    /// Config reloads refused because the file was invalid.
+    pub reload_failures: AtomicU64,
+    /// 1 when the last reload attempt succeeded (or none was made), else 0.
+    pub last_reload_ok: AtomicU64,
+}
+
+impl Counters {
+    fn count(&self, decision: &Decision) {
+        let (index, reason) = match *decision {
+            Decision::Granted(None) | Decision::Queued => return,
+            Decision::Granted(Some(_)) => (0, None),
+            Decision::Probe(_) => (1, None),
+            Decision::Blocked { reason, .. } => (2, Some(reason)),
+            Decision::Refused => (3, None),
+            Decision::Denied { reason, .. } => (4, Some(reason)),
+        };
+        self.decisions[index].fetch_add(1, Ordering::Relaxed);
+        if let Some(reason) = reason {
+            self.reasons[reason as usize].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 struct Entry {
     fuse: Fuse,
     /// The rules generation the fuse's policy came from (Y4).
@@ -155,6 +272,12 @@ pub struct Engine {
     wake: Notify,
     advancing: tokio::sync::Mutex<()>,
     shutting_down: AtomicBool,
+    events: tokio::sync::broadcast::Sender<Event>,
+    sequence: AtomicU64,
+    counters: Counters,
+    stopping: tokio::sync::watch::Sender<bool>,
+    /// The wall-clock time at the engine clock's origin.
+    origin: std::time::SystemTime,
 }
 
 impl std::fmt::Debug for Engine {
@@ -229,7 +352,44 @@ impl Engine {
             wake: Notify::new(),
             advancing: tokio::sync::Mutex::new(()),
             shutting_down: AtomicBool::new(false),
+            events: tokio::sync::broadcast::channel(EVENT_BUFFER).0,
+            sequence: AtomicU64::new(0),
+            counters: Counters {
+                last_reload_ok: AtomicU64::new(1),
+                ..Counters::default()
+            },
+            stopping: tokio::sync::watch::channel(false).0,
+            origin: std::time::SystemTime::now(),
         }
+    }
+
+    /// True once the engine began to shut down.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once the engine begins to shut down.
+    pub fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut stopping = self.stopping.subscribe();
+        async move {
+            let _ = stopping.wait_for(|s| *s).await;
+        }
+    }
+
+    /// Engine-wide counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The wall-clock time of a reading of the engine's clock.
+    pub fn wall_time(&self, at: Millis) -> std::time::SystemTime {
+        self.origin + std::time::Duration::from_millis(at)
+    }
+
+    /// A receiver of every event published from now on (bounded: a receiver
+    /// that falls [`EVENT_BUFFER`] events behind is told it lagged).
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event> {
+        self.events.subscribe()
     }
 
     /// An engine on the system clock.
@@ -287,17 +447,17 @@ impl Engine {
     }
 
     /// Runs `op` on the key's fuse under its shard lock, making the key
-    /// first when `create` is set (within the key cap). Returns `None` when
-    /// the key does not exist and `create` is not set.
+    /// first when `access.create` is set (within the key cap). Returns
+    /// `None` when the key does not exist and is not to be made.
     fn with_fuse<R>(
         &self,
         key: &str,
-        create: bool,
+        access: Access<'_>,
         op: impl FnOnce(&mut Fuse, Millis) -> R,
     ) -> Result<Option<R>, EngineError> {
         let mut entry = match self.keys.get_mut(key) {
             Some(entry) => entry,
-            None if !create => return Ok(None),
+            None if !access.create => return Ok(None),
             None => {
                 let (policy, generation) = self.policy_for(key);
                 match self.keys.entry(Arc::from(key)) {
@@ -339,7 +499,12 @@ impl Engine {
         let changes = self.handle_notices(&key_name, &mut e.fuse, now);
         adjust(&self.live_tickets, tickets_before, e.fuse.live_tickets());
         adjust(&self.live_waiters, waiters_before, e.fuse.waiters());
-        e.last_used = now;
+        if access.touch {
+            e.last_used = now;
+        }
+        if !changes.is_empty() {
+            self.publish(&key_name, &changes, e.fuse.view(now), access.actor);
+        }
         if let Some(next) = e.fuse.next_deadline() {
             if e.scheduled.is_none_or(|s| next < s) {
                 e.scheduled = Some(next);
@@ -358,6 +523,47 @@ impl Engine {
         Ok(Some(result))
     }
 
+    /// Publishes a key's phase changes to watchers, under the key's lock so
+    /// that events of one key keep their order.
+    fn publish(&self, key: &Arc<str>, changes: &[Notice], view: View, actor: Option<(&str, &str)>) {
+        for change in changes {
+            let Notice::Phase {
+                from,
+                to,
+                cause,
+                at,
+            } = *change
+            else {
+                continue;
+            };
+            self.counters.transitions.fetch_add(1, Ordering::Relaxed);
+            let kind = match cause {
+                crate::domain::Cause::Isolated => EventKind::Isolate,
+                crate::domain::Cause::Closed => EventKind::Close,
+                crate::domain::Cause::PolicyChanged => EventKind::Policy,
+                _ => EventKind::PhaseChange,
+            };
+            let (who, reason) = match (kind, actor) {
+                (EventKind::Isolate | EventKind::Close, Some((who, why))) => {
+                    (who.to_owned(), why.to_owned())
+                }
+                _ => (String::new(), String::new()),
+            };
+            let _no_watchers = self.events.send(Event {
+                key: key.clone(),
+                kind,
+                from,
+                to,
+                cause: cause.as_str(),
+                who,
+                reason,
+                at,
+                sequence: self.sequence.fetch_add(1, Ordering::Relaxed),
+                view: view.clone(),
+            });
+        }
+    }
+
     /// Passes on what a domain step reported, still under the key's lock;
     /// returns the phase changes, to be logged once the lock is released.
     fn handle_notices(&self, key: &Arc<str>, fuse: &mut Fuse, now: Millis) -> Vec<Notice> {
@@ -367,6 +573,7 @@ impl Engine {
             for notice in notices.drain(..) {
                 match notice {
                     Notice::Answered { waiter, decision } => {
+                        self.counters.count(&decision);
                         if let Some(grant) = decision.grant() {
                             self.tickets.insert(grant.ticket, key.clone());
                         }
@@ -421,8 +628,9 @@ impl Engine {
         let mut receiver = None;
         let existed = self.keys.contains_key(args.key.as_str());
         let result = self
-            .with_fuse(&args.key, true, |fuse, now| {
+            .with_fuse(&args.key, Access::MAKE, |fuse, now| {
                 let decision = fuse.acquire(&ask, id, now)?;
+                self.counters.count(&decision);
                 if decision == Decision::Queued {
                     let (tx, rx) = oneshot::channel();
                     self.waiters.insert(id, tx);
@@ -468,7 +676,7 @@ impl Engine {
             ..Ask::default()
         };
         let probe_id = TicketId(0);
-        let answer = self.with_fuse(&args.key, false, |fuse, now| {
+        let answer = self.with_fuse(&args.key, Access::READ, |fuse, now| {
             fuse.acquire(&ask, probe_id, now)
                 .map(|d| (d, fuse.breaker().phase(), now))
         })?;
@@ -516,7 +724,7 @@ impl Engine {
     /// Withdraws a waiter whose caller went away (P6).
     fn withdraw(&self, key: &str, id: TicketId) {
         self.waiters.remove(&id);
-        let _ = self.with_fuse(key, false, |fuse, now| fuse.withdraw(id, now));
+        let _ = self.with_fuse(key, Access::USE, |fuse, now| fuse.withdraw(id, now));
     }
 
     /// Records a ticket's outcome (B3, C5, L4).
@@ -528,7 +736,9 @@ impl Engine {
             .map(|k| k.value().clone())
             .ok_or(EngineError::TicketNotFound)?;
         let result = self
-            .with_fuse(&key, false, |fuse, now| fuse.complete(id, outcome, now))?
+            .with_fuse(&key, Access::USE, |fuse, now| {
+                fuse.complete(id, outcome, now)
+            })?
             .ok_or(EngineError::TicketNotFound)?;
         match result {
             Ok(done) => {
@@ -556,7 +766,7 @@ impl Engine {
             .get(&id)
             .map(|k| k.value().clone())
             .ok_or(EngineError::TicketNotFound)?;
-        self.with_fuse(&key, false, |fuse, now| fuse.renew(id, lease, now))?
+        self.with_fuse(&key, Access::USE, |fuse, now| fuse.renew(id, lease, now))?
             .ok_or(EngineError::TicketNotFound)?
             .map_err(fuse_error)
     }
@@ -564,7 +774,7 @@ impl Engine {
     /// Reads a key without making or moving it (B6); lease ends are settled first.
     pub fn get(&self, key: &str) -> Result<KeyReading, EngineError> {
         check_key(key)?;
-        let read = self.with_fuse(key, false, |fuse, now| {
+        let read = self.with_fuse(key, Access::READ, |fuse, now| {
             fuse.advance(now).map(|()| (fuse.view(now), now))
         })?;
         let (view, now) = match read {
@@ -619,7 +829,12 @@ impl Engine {
         let action = if isolate { "isolated" } else { "closed" };
         tracing::info!(key, who, why, "{action} by an operator");
         // Closing a key that does not exist would make a fresh key: nothing to do.
-        let read = self.with_fuse(key, isolate, |fuse, now| {
+        let access = Access {
+            create: isolate,
+            touch: true,
+            actor: Some((who, why)),
+        };
+        let read = self.with_fuse(key, access, |fuse, now| {
             let done = if isolate {
                 fuse.isolate(now)
             } else {
@@ -640,6 +855,86 @@ impl Engine {
         }
     }
 
+    /// The live keys that start with `prefix`, come after `after` and are in
+    /// one of `phases` (any phase when empty), in key order, read like
+    /// [`Engine::get`]; at most `limit` of them, and whether more remain.
+    pub fn list(
+        &self,
+        prefix: &str,
+        phases: &[Phase],
+        after: Option<&str>,
+        limit: usize,
+    ) -> (Vec<KeyReading>, bool) {
+        let mut names: Vec<Arc<str>> = self
+            .keys
+            .iter()
+            .map(|e| e.key().clone())
+            .filter(|k| k.starts_with(prefix) && after.is_none_or(|a| k.as_ref() > a))
+            .collect();
+        names.sort_unstable();
+        let mut found = Vec::new();
+        for name in names {
+            let read = self.with_fuse(&name, Access::READ, |fuse, now| {
+                fuse.advance(now).map(|()| (fuse.view(now), now))
+            });
+            let Ok(Some(Ok((view, now)))) = read else {
+                continue; // forgotten meanwhile
+            };
+            if !phases.is_empty() && !phases.contains(&view.phase) {
+                continue;
+            }
+            if found.len() == limit {
+                return (found, true);
+            }
+            found.push(KeyReading {
+                key: name.to_string(),
+                view,
+                now,
+            });
+        }
+        (found, false)
+    }
+
+    /// Adds a rule at the end (before the default), or replaces the rule
+    /// with the same match where it stands (Y4: keys adopt it at their next
+    /// operation). Returns the rule's position.
+    pub fn set_rule(&self, rule: config::Rule) -> usize {
+        let mut rules = (*self.rules()).clone();
+        let position = match rules.rules.iter().position(|r| r.pattern == rule.pattern) {
+            Some(i) => {
+                rules.rules[i] = rule;
+                i
+            }
+            None => {
+                rules.rules.push(rule);
+                rules.rules.len() - 1
+            }
+        };
+        self.set_rules(rules);
+        position
+    }
+
+    /// Replaces the default rule.
+    pub fn set_default(&self, policy: Policy) {
+        let mut rules = (*self.rules()).clone();
+        rules.default = policy;
+        self.set_rules(rules);
+    }
+
+    /// Removes the rule whose match is written `pattern`.
+    pub fn delete_rule(&self, pattern: &str) -> Result<(), EngineError> {
+        let mut rules = (*self.rules()).clone();
+        let before = rules.rules.len();
+        rules.rules.retain(|r| r.pattern.text() != pattern);
+        if rules.rules.len() == before {
+            return Err(EngineError::RuleNotFound {
+                pattern: pattern.to_owned(),
+            });
+        }
+        self.set_rules(rules);
+        Ok(())
+    }
+
     /// Settles every key whose deadline is due at `now`; returns how many.
     pub fn settle_due(&self, now: Millis) -> usize {
         let due: Vec<Arc<str>> = {
@@ -658,7 +953,7 @@ impl Engine {
             if let Some(mut entry) = self.keys.get_mut(key.as_ref()) {
                 entry.scheduled = None;
             }
-            let _ = self.with_fuse(key, false, |fuse, now| fuse.advance(now));
+            let _ = self.with_fuse(key, Access::READ, |fuse, now| fuse.advance(now));
         }
         due.len()
     }
@@ -731,6 +1026,7 @@ impl Engine {
     /// Stops taking requests and answers every waiter with `UNAVAILABLE`.
     pub fn shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
+        self.stopping.send_replace(true);
         let ids: Vec<TicketId> = self.waiters.iter().map(|w| *w.key()).collect();
         for id in ids {
             if let Some((_, tx)) = self.waiters.remove(&id) {

@@ -17,6 +17,9 @@ use pb::admin_server::{Admin, AdminServer};
 use pb::clock_server::{Clock, ClockServer};
 use pb::fusebox_server::{Fusebox, FuseboxServer};
 
+pub mod policy;
+mod watch;
+
 /// Largest gRPC message fusebox accepts, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 
@@ -28,7 +31,9 @@ pub fn status_of(e: EngineError) -> Status {
     let message = e.to_string();
     match e {
         EngineError::Invalid { .. } => Status::invalid_argument(message),
-        EngineError::TicketNotFound => Status::not_found(message),
+        EngineError::TicketNotFound | EngineError::RuleNotFound { .. } => {
+            Status::not_found(message)
+        }
         EngineError::Exhausted { .. } => Status::resource_exhausted(message),
         EngineError::ShuttingDown => Status::unavailable(message),
         EngineError::Internal(_) => Status::internal(message),
@@ -83,7 +88,8 @@ pub fn duration_of(ms: Millis) -> prost_types::Duration {
     }
 }
 
-fn phase_of(p: Phase) -> pb::Phase {
+/// The wire form of a phase.
+pub fn phase_of(p: Phase) -> pb::Phase {
     match p {
         Phase::Closed => pb::Phase::Closed,
         Phase::Open => pb::Phase::Open,
@@ -120,9 +126,10 @@ fn outcome_of(value: i32) -> Result<Outcome, Status> {
     }
 }
 
-/// The wire form of a key's state.
-pub fn key_state_of(r: &KeyReading) -> pb::KeyState {
+/// The wire form of a key's state; `engine` gives wall-clock times.
+pub fn key_state_of(engine: &Engine, r: &KeyReading) -> pb::KeyState {
     let v = &r.view;
+    let st = &v.stats;
     pb::KeyState {
         key: r.key.clone(),
         phase: phase_of(v.phase) as i32,
@@ -135,6 +142,39 @@ pub fn key_state_of(r: &KeyReading) -> pb::KeyState {
         queued: u32::try_from(v.queued).unwrap_or(u32::MAX),
         live_tickets: u32::try_from(v.live_tickets).unwrap_or(u32::MAX),
         waiters: u32::try_from(v.waiters).unwrap_or(u32::MAX),
+        stats: Some(pb::KeyStats {
+            granted: st.granted,
+            probes: st.probes,
+            blocked: st.blocked,
+            refused: st.refused,
+            denied: st.denied,
+            by_reason: Reason::ALL
+                .iter()
+                .map(|r| (r.as_str().to_owned(), st.by_reason[*r as usize]))
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+            queued: st.queued,
+            evicted: st.evicted,
+            timed_out: st.timed_out,
+            withdrawn: st.withdrawn,
+            successes: st.successes,
+            failures: st.failures,
+            ignored: st.ignored,
+            stale: st.stale,
+            expired: st.expired,
+        }),
+        failure_ratio: v.failure_ratio,
+        phase_changed_at: Some(timestamp_of(engine.wall_time(v.changed_at))),
+        limit: v.limit,
+    }
+}
+
+/// A wall-clock time as a wire timestamp.
+pub fn timestamp_of(t: std::time::SystemTime) -> prost_types::Timestamp {
+    let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    prost_types::Timestamp {
+        seconds: since.as_secs() as i64,
+        nanos: since.subsec_nanos() as i32,
     }
 }
 
@@ -240,7 +280,7 @@ impl Admin for Api {
             .engine
             .get(&request.into_inner().key)
             .map_err(status_of)?;
-        Ok(Response::new(key_state_of(&reading)))
+        Ok(Response::new(key_state_of(&self.engine, &reading)))
     }
 
     async fn isolate(
@@ -253,7 +293,7 @@ impl Admin for Api {
             .engine
             .isolate(&req.key, &req.reason, &who)
             .map_err(status_of)?;
-        Ok(Response::new(key_state_of(&reading)))
+        Ok(Response::new(key_state_of(&self.engine, &reading)))
     }
 
     async fn close(
@@ -266,8 +306,191 @@ impl Admin for Api {
             .engine
             .close(&req.key, &req.reason, &who)
             .map_err(status_of)?;
-        Ok(Response::new(key_state_of(&reading)))
+        Ok(Response::new(key_state_of(&self.engine, &reading)))
     }
+
+    async fn list_keys(
+        &self,
+        request: Request<pb::ListKeysRequest>,
+    ) -> Result<Response<pb::ListKeysResponse>, Status> {
+        let req = request.into_inner();
+        check_prefix(&req.prefix)?;
+        let phases = phases_of(&req.phases)?;
+        let page_size = match req.page_size {
+            n if n < 0 => return Err(invalid("page_size", "must not be negative")),
+            0 => DEFAULT_PAGE_SIZE,
+            n => (n as usize).min(MAX_PAGE_SIZE),
+        };
+        let filter = filter_of(&req.prefix, &req.phases);
+        let after = if req.page_token.is_empty() {
+            None
+        } else {
+            Some(page_after(&req.page_token, &filter)?)
+        };
+        let (readings, more) = self
+            .engine
+            .list(&req.prefix, &phases, after.as_deref(), page_size);
+        let next_page_token = match (more, readings.last()) {
+            (true, Some(last)) => page_token(&filter, &last.key),
+            _ => String::new(),
+        };
+        Ok(Response::new(pb::ListKeysResponse {
+            keys: readings
+                .iter()
+                .map(|r| key_state_of(&self.engine, r))
+                .collect(),
+            next_page_token,
+        }))
+    }
+
+    type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<pb::WatchEvent, Status>>;
+
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let prefix = request.into_inner().prefix;
+        check_prefix(&prefix)?;
+        Ok(Response::new(watch::stream(self.engine.clone(), prefix)))
+    }
+
+    async fn set_policy(
+        &self,
+        request: Request<pb::SetPolicyRequest>,
+    ) -> Result<Response<pb::PolicyRule>, Status> {
+        let rule = request
+            .into_inner()
+            .rule
+            .ok_or_else(|| invalid("rule", "is required"))?;
+        let policy = policy::policy_of(rule.policy.unwrap_or_default())?;
+        if rule.default {
+            if !rule.r#match.is_empty() {
+                return Err(invalid("rule.match", "must be empty for the default rule"));
+            }
+            self.engine.set_default(policy);
+            tracing::info!("default policy set at run time");
+        } else {
+            let pattern = crate::engine::config::Pattern::parse(&rule.r#match)
+                .map_err(|problem| invalid("rule.match", problem))?;
+            check_prefix(&rule.r#match).map_err(|_| {
+                invalid(
+                    "rule.match",
+                    "must be at most 256 bytes without control characters",
+                )
+            })?;
+            let position = self
+                .engine
+                .set_rule(crate::engine::config::Rule { pattern, policy });
+            tracing::info!(r#match = %rule.r#match, position = position + 1, "policy set at run time");
+        }
+        Ok(Response::new(pb::PolicyRule {
+            r#match: rule.r#match,
+            policy: Some(policy::wire_policy(&policy)),
+            default: rule.default,
+        }))
+    }
+
+    async fn delete_policy(
+        &self,
+        request: Request<pb::DeletePolicyRequest>,
+    ) -> Result<Response<()>, Status> {
+        let pattern = request.into_inner().r#match;
+        if pattern.is_empty() {
+            return Err(invalid(
+                "match",
+                "is required; the default rule cannot be deleted, only replaced",
+            ));
+        }
+        self.engine.delete_rule(&pattern).map_err(status_of)?;
+        tracing::info!(r#match = %pattern, "policy deleted at run time");
+        Ok(Response::new(()))
+    }
+
+    async fn list_policies(
+        &self,
+        _request: Request<pb::ListPoliciesRequest>,
+    ) -> Result<Response<pb::ListPoliciesResponse>, Status> {
+        let rules = self.engine.rules();
+        Ok(Response::new(pb::ListPoliciesResponse {
+            rules: rules
+                .rules
+                .iter()
+                .map(|r| pb::PolicyRule {
+                    r#match: r.pattern.text(),
+                    policy: Some(policy::wire_policy(&r.policy)),
+                    default: false,
+                })
+                .collect(),
+            default: Some(pb::PolicyRule {
+                r#match: String::new(),
+                policy: Some(policy::wire_policy(&rules.default)),
+                default: true,
+            }),
+        }))
+    }
+}
+
+/// Page size of ListKeys when the request names none.
+pub const DEFAULT_PAGE_SIZE: usize = 100;
+/// The largest page of ListKeys.
+pub const MAX_PAGE_SIZE: usize = 1000;
+
+fn check_prefix(prefix: &str) -> Result<(), Status> {
+    if prefix.len() > crate::domain::key::MAX_KEY_BYTES {
+        return Err(invalid("prefix", "must be at most 256 bytes"));
+    }
+    if prefix.chars().any(char::is_control) {
+        return Err(invalid("prefix", "must not contain control characters"));
+    }
+    Ok(())
+}
+
+fn phases_of(values: &[i32]) -> Result<Vec<Phase>, Status> {
+    values
+        .iter()
+        .map(|&v| match pb::Phase::try_from(v) {
+            Ok(pb::Phase::Closed) => Ok(Phase::Closed),
+            Ok(pb::Phase::Open) => Ok(Phase::Open),
+            Ok(pb::Phase::HalfOpen) => Ok(Phase::HalfOpen),
+            Ok(pb::Phase::Isolated) => Ok(Phase::Isolated),
+            _ => Err(invalid("phases", format!("{v} is not a phase"))),
+        })
+        .collect()
+}
+
+/// What a page token is bound to: the request's prefix and phases.
+fn filter_of(prefix: &str, phases: &[i32]) -> String {
+    let phases: Vec<String> = phases.iter().map(i32::to_string).collect();
+    format!("{prefix}\u{0}{}", phases.join(","))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn page_token(filter: &str, last: &str) -> String {
+    hex(format!("{filter}\u{0}{last}").as_bytes())
+}
+
+fn page_after(token: &str, filter: &str) -> Result<String, Status> {
+    let bad = || invalid("page_token", "is not a token from a previous ListKeys page");
+    if !token.len().is_multiple_of(2) {
+        return Err(bad());
+    }
+    let bytes: Vec<u8> = (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(token.get(i..i + 2).unwrap_or("zz"), 16))
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad())?;
+    let text = String::from_utf8(bytes).map_err(|_| bad())?;
+    let (token_filter, last) = text.rsplit_once('\u{0}').ok_or_else(bad)?;
+    if token_filter != filter {
+        return Err(invalid(
+            "page_token",
+            "was made for another prefix or phases; send the same filters as the first page",
+        ));
+    }
+    Ok(last.to_owned())
 }
 
 #[tonic::async_trait]

@@ -22,6 +22,8 @@ pub struct Server {
     pub child: Child,
     /// `127.0.0.1:PORT`.
     pub addr: String,
+    /// The HTTP address (`--http`), as printed on the second line.
+    pub http_addr: Option<String>,
     /// Everything the server wrote to standard error (its logs) so far. It
     /// is read continuously, so that a chatty server never blocks on a full
     /// pipe.
@@ -69,6 +71,10 @@ impl Server {
             cmd.arg("--manual-clock");
         }
         cmd.args(&options.args);
+        if !options.args.contains(&"--http") {
+            // Never the default port: tests run side by side.
+            cmd.arg("--http").arg("127.0.0.1:0");
+        }
         cmd.stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .stdin(Stdio::null())
@@ -92,6 +98,11 @@ impl Server {
             .strip_prefix("listening on ")
             .unwrap_or_else(|| panic!("first line is `listening on ADDR`, not {first:?}"))
             .to_owned();
+        let second = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the server prints its HTTP address")
+            .expect("stdout readable");
+        let http_addr = second.and_then(|l| l.strip_prefix("http on ").map(str::to_owned));
         let logs = Arc::new(Mutex::new(String::new()));
         let drained = Some(drain(
             child.stderr.take().expect("stderr piped"),
@@ -101,6 +112,7 @@ impl Server {
         Server {
             child,
             addr,
+            http_addr,
             logs,
             drained,
             _dir: dir,

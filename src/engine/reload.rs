@@ -1,0 +1,78 @@
+//! Config reload: on SIGHUP and whenever the file's content changes. An
+//! invalid file keeps the running config and says why, in the log and in
+//! the reload-failure counter (Y2, Y4).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Config, Engine};
+
+/// How often the config file is checked for changes.
+pub const POLL_EVERY: Duration = Duration::from_millis(250);
+
+impl Engine {
+    /// Reloads the rules from `path`; on an invalid file the running rules
+    /// stay. Returns whether the new rules were applied.
+    pub fn reload(&self, path: &Path, why: &str) -> bool {
+        match Config::load(path) {
+            Ok(config) => {
+                if config.limits != self.limits() {
+                    tracing::warn!(
+                        file = %path.display(),
+                        "[server] limits changed in the config file; they take effect when the server restarts"
+                    );
+                }
+                let rules = config.rules.rules.len();
+                self.set_rules(config.rules);
+                let counters = self.counters();
+                counters.reloads.fetch_add(1, Ordering::Relaxed);
+                counters.last_reload_ok.store(1, Ordering::Relaxed);
+                tracing::info!(file = %path.display(), rules, "config reloaded ({why}): keys adopt the new policies at their next operation");
+                true
+            }
+            Err(e) => {
+                let counters = self.counters();
+                counters.reload_failures.fetch_add(1, Ordering::Relaxed);
+                counters.last_reload_ok.store(0, Ordering::Relaxed);
+                tracing::error!(file = %path.display(), "config not reloaded ({why}), the running config stays: {e}");
+                false
+            }
+        }
+    }
+}
+
+/// Reloads `path` into `engine` on SIGHUP and when its content changes;
+/// runs until the task is dropped.
+pub async fn watch_config(engine: Arc<Engine>, path: PathBuf) {
+    let mut seen = tokio::fs::read(&path).await.ok();
+    #[cfg(unix)]
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        let signalled = async {
+            match hangup.as_mut() {
+                Some(h) => {
+                    h.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let signalled = std::future::pending::<()>();
+        tokio::select! {
+            () = signalled => {
+                seen = tokio::fs::read(&path).await.ok();
+                engine.reload(&path, "SIGHUP");
+            }
+            () = tokio::time::sleep(POLL_EVERY) => {
+                let now = tokio::fs::read(&path).await.ok();
+                if now.is_some() && now != seen {
+                    seen = now;
+                    engine.reload(&path, "the file changed");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! Policies on the wire: structured messages converted to and from the
+//! config's specs, so that `SetPolicy` is validated exactly like the config
+//! file (Y2), with errors that name the wire field.
+
+use tonic::Status;
+
+use crate::domain::policy::{BreakerSpec, LeaseSpec, LimiterSpec};
+use crate::domain::{DurationSpec, LimiterKind, Order, Outcome, Policy, PolicySpec, Trip};
+use crate::proto::v1 as pb;
+
+use super::{duration_of, millis_of, status_of};
+use crate::engine::EngineError;
+
+fn duration(
+    field: &'static str,
+    d: Option<prost_types::Duration>,
+) -> Result<Option<DurationSpec>, Status> {
+    Ok(millis_of(field, d)?.map(DurationSpec))
+}
+
+/// The config's name of a wire field, and back: the wire spells `break` as
+/// `break_duration` and the lease's `default`/`max` as `default_lease`/`max_lease`.
+fn wire_field(config_field: &str) -> String {
+    let wire = match config_field {
+        "breaker.break" => "breaker.break_duration",
+        "lease.default" => "lease.default_lease",
+        "lease.max" => "lease.max_lease",
+        other => other,
+    };
+    format!("policy.{wire}")
+}
+
+/// Reads and validates a wire policy.
+pub fn policy_of(p: pb::Policy) -> Result<Policy, Status> {
+    let breaker = match p.breaker {
+        None => None,
+        Some(b) => {
+            let mut spec = BreakerSpec {
+                break_: duration("policy.breaker.break_duration", b.break_duration)?,
+                multiplier: b.multiplier,
+                max_break: duration("policy.breaker.max_break", b.max_break)?,
+                probe_lease: duration("policy.breaker.probe_lease", b.probe_lease)?,
+                ..BreakerSpec::default()
+            };
+            match b.mode {
+                Some(pb::breaker::Mode::Consecutive(c)) => {
+                    spec.mode = "consecutive".into();
+                    spec.failures = Some(c.failures);
+                }
+                Some(pb::breaker::Mode::Ratio(r)) => {
+                    spec.mode = "ratio".into();
+                    spec.failure_ratio = Some(r.failure_ratio);
+                    spec.minimum_throughput = Some(r.minimum_throughput);
+                    spec.sampling_window =
+                        duration("policy.breaker.ratio.sampling_window", r.sampling_window)?;
+                }
+                None => {
+                    return Err(status_of(EngineError::Invalid {
+                        field: "policy.breaker.mode",
+                        problem: "is required: set consecutive or ratio".into(),
+                    }))
+                }
+            }
+            Some(spec)
+        }
+    };
+    let limiter = match p.limiter {
+        None => None,
+        Some(l) => {
+            let mut spec = LimiterSpec {
+                queue_limit: Some(l.queue_limit),
+                order: Some(
+                    match pb::Order::try_from(l.order) {
+                        Ok(pb::Order::NewestFirst) => "newest_first",
+                        Ok(_) => "oldest_first",
+                        Err(_) => {
+                            return Err(status_of(EngineError::Invalid {
+                                field: "policy.limiter.order",
+                                problem: format!("{} is not an Order", l.order),
+                            }))
+                        }
+                    }
+                    .into(),
+                ),
+                ..LimiterSpec::default()
+            };
+            use pb::limiter::Kind;
+            match l.kind {
+                Some(Kind::Concurrency(c)) => {
+                    spec.kind = "concurrency".into();
+                    spec.permits = Some(c.permits);
+                }
+                Some(Kind::TokenBucket(t)) => {
+                    spec.kind = "token_bucket".into();
+                    spec.capacity = Some(t.capacity);
+                    spec.refill = Some(t.refill);
+                    spec.period = duration("policy.limiter.token_bucket.period", t.period)?;
+                }
+                Some(Kind::FixedWindow(f)) => {
+                    spec.kind = "fixed_window".into();
+                    spec.permits = Some(f.permits);
+                    spec.window = duration("policy.limiter.fixed_window.window", f.window)?;
+                }
+                Some(Kind::SlidingWindow(w)) => {
+                    spec.kind = "sliding_window".into();
+                    spec.permits = Some(w.permits);
+                    spec.window = duration("policy.limiter.sliding_window.window", w.window)?;
+                    spec.segments = Some(w.segments);
+                }
+                None => return Err(status_of(EngineError::Invalid {
+                    field: "policy.limiter.kind",
+                    problem:
+                        "is required: set concurrency, token_bucket, fixed_window or sliding_window"
+                            .into(),
+                })),
+            }
+            Some(spec)
+        }
+    };
+    let lease = match p.lease {
+        None => None,
+        Some(l) => Some(LeaseSpec {
+            default: duration("policy.lease.default_lease", l.default_lease)?,
+            max: duration("policy.lease.max_lease", l.max_lease)?,
+            expired_outcome: match pb::Outcome::try_from(l.expired_outcome) {
+                Ok(pb::Outcome::Unspecified) => None,
+                Ok(pb::Outcome::Ignored) => Some("IGNORED".into()),
+                Ok(pb::Outcome::Failure) => Some("FAILURE".into()),
+                Ok(pb::Outcome::Success) => Some("SUCCESS".into()),
+                Err(_) => Some(l.expired_outcome.to_string()),
+            },
+        }),
+    };
+    PolicySpec {
+        breaker,
+        limiter,
+        lease,
+    }
+    .validate()
+    .map_err(|e| Status::invalid_argument(format!("{}: {}", wire_field(&e.field), e.problem)))
+}
+
+/// The wire form of a validated policy.
+pub fn wire_policy(p: &Policy) -> pb::Policy {
+    pb::Policy {
+        breaker: p.breaker.map(|b| pb::Breaker {
+            mode: Some(match b.trip {
+                Trip::Consecutive { failures } => pb::breaker::Mode::Consecutive(pb::Consecutive {
+                    failures: failures.get(),
+                }),
+                Trip::Ratio {
+                    failure_ratio,
+                    minimum_throughput,
+                    sampling_window,
+                } => pb::breaker::Mode::Ratio(pb::Ratio {
+                    failure_ratio,
+                    minimum_throughput: minimum_throughput.get(),
+                    sampling_window: Some(duration_of(sampling_window)),
+                }),
+            }),
+            break_duration: Some(duration_of(b.break_ms.get())),
+            multiplier: Some(b.multiplier),
+            max_break: b.max_break.map(|m| duration_of(m.get())),
+            probe_lease: Some(duration_of(b.probe_lease.get())),
+        }),
+        limiter: p.limiter.map(|l| {
+            use pb::limiter::Kind;
+            pb::Limiter {
+                kind: Some(match l.kind {
+                    LimiterKind::Concurrency { permits } => Kind::Concurrency(pb::Concurrency {
+                        permits: permits.get(),
+                    }),
+                    LimiterKind::TokenBucket {
+                        capacity,
+                        refill,
+                        period,
+                    } => Kind::TokenBucket(pb::TokenBucket {
+                        capacity: capacity.get(),
+                        refill: refill.get(),
+                        period: Some(duration_of(period.get())),
+                    }),
+                    LimiterKind::FixedWindow { permits, window } => {
+                        Kind::FixedWindow(pb::FixedWindow {
+                            permits: permits.get(),
+                            window: Some(duration_of(window.get())),
+                        })
+                    }
+                    LimiterKind::SlidingWindow {
+                        permits,
+                        window,
+                        segments,
+                    } => Kind::SlidingWindow(pb::SlidingWindow {
+                        permits: permits.get(),
+                        window: Some(duration_of(window.get())),
+                        segments: segments.get(),
+                    }),
+                }),
+                queue_limit: l.queue_limit,
+                order: match l.order {
+                    Order::OldestFirst => pb::Order::OldestFirst,
+                    Order::NewestFirst => pb::Order::NewestFirst,
+                } as i32,
+            }
+        }),
+        lease: Some(pb::Lease {
+            default_lease: Some(duration_of(p.lease.default.get())),
+            max_lease: Some(duration_of(p.lease.max.get())),
+            expired_outcome: match p.lease.expired_outcome {
+                Outcome::Success => pb::Outcome::Success,
+                Outcome::Failure => pb::Outcome::Failure,
+                Outcome::Ignored => pb::Outcome::Ignored,
+            } as i32,
+        }),
+    }
+}
