@@ -28,6 +28,24 @@ pub enum Admission {
     Refused,
 }
 
+impl Admission {
+    /// The breaker's own answer when it does not admit (blocked or
+    /// refused); `None` when it admits.
+    pub fn refusal(self) -> Option<super::Decision> {
+        match self {
+            Admission::Blocked {
+                reason,
+                retry_after,
+            } => Some(super::Decision::Blocked {
+                reason,
+                retry_after,
+            }),
+            Admission::Refused => Some(super::Decision::Refused),
+            Admission::Normal | Admission::Probe => None,
+        }
+    }
+}
+
 /// What recording an outcome did (SPEC B3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Recorded {

@@ -512,27 +512,18 @@ impl Fuse {
     /// The status check of P2a: what the breaker answers when it blocks or
     /// refuses, else whether any permit is free. Changes nothing.
     fn status(&self, admission: Admission, now: Millis) -> Decision {
-        match admission {
-            Admission::Blocked {
-                reason,
-                retry_after,
-            } => Decision::Blocked {
-                reason,
-                retry_after,
-            },
-            Admission::Refused => Decision::Refused,
-            Admission::Normal | Admission::Probe => {
-                let (Some(lp), Some(limiter)) = (&self.policy.limiter, self.book.limiter()) else {
-                    return Decision::Granted(None);
-                };
-                if limiter.available(&lp.kind, now) > 0 {
-                    return Decision::Granted(None);
-                }
-                Decision::Denied {
-                    reason: Reason::NoPermits,
-                    retry_after: limiter.ready_at(&lp.kind, 1, now).map(|t| t - now),
-                }
-            }
+        if let Some(refusal) = admission.refusal() {
+            return refusal;
+        }
+        let (Some(lp), Some(limiter)) = (&self.policy.limiter, self.book.limiter()) else {
+            return Decision::Granted(None);
+        };
+        if limiter.available(&lp.kind, now) > 0 {
+            return Decision::Granted(None);
+        }
+        Decision::Denied {
+            reason: Reason::NoPermits,
+            retry_after: limiter.ready_at(&lp.kind, 1, now).map(|t| t - now),
         }
     }
 
@@ -543,20 +534,10 @@ impl Fuse {
         id: TicketId,
         now: Millis,
     ) -> Result<Decision, FuseError> {
-        let probe = match admission {
-            Admission::Blocked {
-                reason,
-                retry_after,
-            } => {
-                return Ok(Decision::Blocked {
-                    reason,
-                    retry_after,
-                })
-            }
-            Admission::Refused => return Ok(Decision::Refused),
-            Admission::Normal => false,
-            Admission::Probe => true,
-        };
+        if let Some(refusal) = admission.refusal() {
+            return Ok(refusal);
+        }
+        let probe = admission == Admission::Probe;
         let n = ask.permits;
         let (Some(lp), Some(limiter)) = (self.policy.limiter, self.book.limiter()) else {
             return self.grant_at_once(ask, id, probe, 0, now);
@@ -723,16 +704,8 @@ impl Fuse {
             at,
         });
         // C4: waiters exist only while the breaker admits normally.
-        let answer = match self.breaker.admission(at) {
-            Admission::Blocked {
-                reason,
-                retry_after,
-            } => Decision::Blocked {
-                reason,
-                retry_after,
-            },
-            Admission::Refused => Decision::Refused,
-            Admission::Normal | Admission::Probe => return,
+        let Some(answer) = self.breaker.admission(at).refusal() else {
+            return;
         };
         for waiter in self.book.drain() {
             self.answer(waiter.id, answer);

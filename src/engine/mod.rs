@@ -9,6 +9,7 @@
 
 pub mod clock;
 pub mod config;
+mod observe;
 pub mod reload;
 
 use std::collections::BTreeSet;
@@ -273,7 +274,9 @@ pub struct Engine {
     advancing: tokio::sync::Mutex<()>,
     shutting_down: AtomicBool,
     events: tokio::sync::broadcast::Sender<Event>,
-    sequence: AtomicU64,
+    /// The next event's sequence number; held while the event is sent, so
+    /// that events leave in the order of their numbers, across keys too.
+    sequence: Mutex<u64>,
     counters: Counters,
     stopping: tokio::sync::watch::Sender<bool>,
     /// The wall-clock time at the engine clock's origin.
@@ -321,6 +324,13 @@ fn ticket_of(token: &str) -> Result<TicketId, EngineError> {
         .map_err(|_| EngineError::TicketNotFound)
 }
 
+fn zero_lease() -> EngineError {
+    invalid(
+        "lease",
+        "must be longer than 0 ms; leave it out for the policy's default",
+    )
+}
+
 fn check_key(key: &str) -> Result<(), EngineError> {
     validate_key(key).map_err(|e| {
         let text = e.to_string();
@@ -353,7 +363,7 @@ impl Engine {
             advancing: tokio::sync::Mutex::new(()),
             shutting_down: AtomicBool::new(false),
             events: tokio::sync::broadcast::channel(EVENT_BUFFER).0,
-            sequence: AtomicU64::new(0),
+            sequence: Mutex::new(0),
             counters: Counters {
                 last_reload_ok: AtomicU64::new(1),
                 ..Counters::default()
@@ -549,7 +559,7 @@ impl Engine {
                 }
                 _ => (String::new(), String::new()),
             };
-            let _no_watchers = self.events.send(Event {
+            let mut event = Event {
                 key: key.clone(),
                 kind,
                 from,
@@ -558,9 +568,13 @@ impl Engine {
                 who,
                 reason,
                 at,
-                sequence: self.sequence.fetch_add(1, Ordering::Relaxed),
+                sequence: 0,
                 view: view.clone(),
-            });
+            };
+            let mut next = self.sequence.lock().expect("sequence lock");
+            event.sequence = *next;
+            *next += 1;
+            let _no_watchers = self.events.send(event);
         }
     }
 
@@ -606,10 +620,7 @@ impl Engine {
     pub async fn acquire(&self, args: AcquireArgs) -> Result<AcquireReply, EngineError> {
         check_key(&args.key)?;
         if args.lease == Some(0) {
-            return Err(invalid(
-                "lease",
-                "must be longer than 0 ms; leave it out for the policy's default",
-            ));
+            return Err(zero_lease());
         }
         if self.shutting_down.load(Ordering::SeqCst) {
             return Err(EngineError::ShuttingDown);
@@ -727,14 +738,20 @@ impl Engine {
         let _ = self.with_fuse(key, Access::USE, |fuse, now| fuse.withdraw(id, now));
     }
 
-    /// Records a ticket's outcome (B3, C5, L4).
-    pub fn complete(&self, token: &str, outcome: Outcome) -> Result<CompleteReply, EngineError> {
+    /// A ticket's id and the key it belongs to.
+    fn ticket_and_key(&self, token: &str) -> Result<(TicketId, Arc<str>), EngineError> {
         let id = ticket_of(token)?;
         let key = self
             .tickets
             .get(&id)
             .map(|k| k.value().clone())
             .ok_or(EngineError::TicketNotFound)?;
+        Ok((id, key))
+    }
+
+    /// Records a ticket's outcome (B3, C5, L4).
+    pub fn complete(&self, token: &str, outcome: Outcome) -> Result<CompleteReply, EngineError> {
+        let (id, key) = self.ticket_and_key(token)?;
         let result = self
             .with_fuse(&key, Access::USE, |fuse, now| {
                 fuse.complete(id, outcome, now)
@@ -755,17 +772,9 @@ impl Engine {
     /// Extends a live ticket's lease; returns the time left (L2).
     pub fn renew(&self, token: &str, lease: Option<Millis>) -> Result<Millis, EngineError> {
         if lease == Some(0) {
-            return Err(invalid(
-                "lease",
-                "must be longer than 0 ms; leave it out for the policy's default",
-            ));
+            return Err(zero_lease());
         }
-        let id = ticket_of(token)?;
-        let key = self
-            .tickets
-            .get(&id)
-            .map(|k| k.value().clone())
-            .ok_or(EngineError::TicketNotFound)?;
+        let (id, key) = self.ticket_and_key(token)?;
         self.with_fuse(&key, Access::USE, |fuse, now| fuse.renew(id, lease, now))?
             .ok_or(EngineError::TicketNotFound)?
             .map_err(fuse_error)
@@ -1060,10 +1069,7 @@ fn adjust(counter: &AtomicU64, before: usize, after: usize) {
 fn fuse_error(e: FuseError) -> EngineError {
     match e {
         FuseError::UnknownTicket => EngineError::TicketNotFound,
-        FuseError::ZeroLease => invalid(
-            "lease",
-            "must be longer than 0 ms; leave it out for the policy's default",
-        ),
+        FuseError::ZeroLease => zero_lease(),
         FuseError::ClockWentBack { .. }
         | FuseError::TicketInUse
         | FuseError::NoRoomForTicket

@@ -12,6 +12,11 @@ use super::{Config, Engine};
 /// How often the config file is checked for changes.
 pub const POLL_EVERY: Duration = Duration::from_millis(250);
 
+/// How long a changed file must stay the same before it is reloaded, so
+/// that a file caught while being written (truncated, half written) is not
+/// taken for the new config.
+pub const SETTLE: Duration = Duration::from_millis(50);
+
 impl Engine {
     /// Reloads the rules from `path`; on an invalid file the running rules
     /// stay. Returns whether the new rules were applied.
@@ -45,10 +50,31 @@ impl Engine {
 
 /// Reloads `path` into `engine` on SIGHUP and when its content changes;
 /// runs until the task is dropped.
-pub async fn watch_config(engine: Arc<Engine>, path: PathBuf) {
-    let mut seen = tokio::fs::read(&path).await.ok();
+///
+/// The SIGHUP handler is installed and the file read before this returns,
+/// so that a signal or an edit right after start-up is not missed (nor does
+/// SIGHUP's default action end the process). Call it within a runtime.
+pub fn watch_config(engine: Arc<Engine>, path: PathBuf) -> impl std::future::Future<Output = ()> {
+    let seen = std::fs::read(&path).ok();
     #[cfg(unix)]
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    #[cfg(unix)]
+    return watch(engine, path, seen, hangup);
+    #[cfg(not(unix))]
+    return watch(engine, path, seen, None::<()>);
+}
+
+#[cfg(unix)]
+type Hangup = tokio::signal::unix::Signal;
+#[cfg(not(unix))]
+type Hangup = ();
+
+async fn watch(
+    engine: Arc<Engine>,
+    path: PathBuf,
+    mut seen: Option<Vec<u8>>,
+    mut hangup: Option<Hangup>,
+) {
     loop {
         #[cfg(unix)]
         let signalled = async {
@@ -69,6 +95,10 @@ pub async fn watch_config(engine: Arc<Engine>, path: PathBuf) {
             () = tokio::time::sleep(POLL_EVERY) => {
                 let now = tokio::fs::read(&path).await.ok();
                 if now.is_some() && now != seen {
+                    tokio::time::sleep(SETTLE).await;
+                    if tokio::fs::read(&path).await.ok() != now {
+                        continue; // still being written: look again at the next poll
+                    }
                     seen = now;
                     engine.reload(&path, "the file changed");
                 }

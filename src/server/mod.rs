@@ -23,6 +23,12 @@ mod watch;
 /// Largest gRPC message fusebox accepts, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 
+/// Largest message the Admin service sends, in bytes: a ListKeys page of
+/// 1000 keys or a Watch snapshot part of 100 keys can pass 64 KiB (a
+/// `KeyState` with a 256-byte key and every statistic set is under 1 KiB).
+/// 4 MiB is what gRPC clients accept by default.
+pub const MAX_ADMIN_REPLY_BYTES: usize = 4 * 1024 * 1024;
+
 /// How long shutdown waits for in-flight calls before it exits anyway.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -458,8 +464,10 @@ fn phases_of(values: &[i32]) -> Result<Vec<Phase>, Status> {
         .collect()
 }
 
-/// What a page token is bound to: the request's prefix and phases.
+/// What a page token is bound to: the request's prefix and phases (as a
+/// set: their order and repeats do not matter).
 fn filter_of(prefix: &str, phases: &[i32]) -> String {
+    let phases: std::collections::BTreeSet<i32> = phases.iter().copied().collect();
     let phases: Vec<String> = phases.iter().map(i32::to_string).collect();
     format!("{prefix}\u{0}{}", phases.join(","))
 }
@@ -562,7 +570,7 @@ pub async fn run(
         .add_service(
             AdminServer::new(api.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                .max_encoding_message_size(MAX_ADMIN_REPLY_BYTES),
         )
         // Always routed, so that callers without --manual-clock get
         // UNIMPLEMENTED with a message that says what to do (X1).

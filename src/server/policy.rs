@@ -18,14 +18,27 @@ fn duration(
     Ok(millis_of(field, d)?.map(DurationSpec))
 }
 
-/// The config's name of a wire field, and back: the wire spells `break` as
-/// `break_duration` and the lease's `default`/`max` as `default_lease`/`max_lease`.
-fn wire_field(config_field: &str) -> String {
+/// The wire path of a field that the config names `config_field`: the wire
+/// spells `break` as `break_duration` and the lease's `default`/`max` as
+/// `default_lease`/`max_lease`, and keeps the mode's and the kind's own
+/// settings inside their oneof message (`breaker.consecutive.failures`,
+/// `limiter.token_bucket.refill`). `limiter_kind` is the limiter's kind,
+/// which is also the name of its oneof field.
+fn wire_field(config_field: &str, limiter_kind: Option<&str>) -> String {
     let wire = match config_field {
-        "breaker.break" => "breaker.break_duration",
-        "lease.default" => "lease.default_lease",
-        "lease.max" => "lease.max_lease",
-        other => other,
+        "breaker.break" => "breaker.break_duration".to_owned(),
+        "breaker.failures" => "breaker.consecutive.failures".to_owned(),
+        "breaker.failure_ratio" | "breaker.minimum_throughput" | "breaker.sampling_window" => {
+            config_field.replacen("breaker.", "breaker.ratio.", 1)
+        }
+        "limiter.permits" | "limiter.capacity" | "limiter.refill" | "limiter.period"
+        | "limiter.window" | "limiter.segments" => match limiter_kind {
+            Some(kind) => config_field.replacen("limiter.", &format!("limiter.{kind}."), 1),
+            None => config_field.to_owned(),
+        },
+        "lease.default" => "lease.default_lease".to_owned(),
+        "lease.max" => "lease.max_lease".to_owned(),
+        other => other.to_owned(),
     };
     format!("policy.{wire}")
 }
@@ -131,13 +144,17 @@ pub fn policy_of(p: pb::Policy) -> Result<Policy, Status> {
             },
         }),
     };
+    let limiter_kind = limiter.as_ref().map(|l| l.kind.clone());
     PolicySpec {
         breaker,
         limiter,
         lease,
     }
     .validate()
-    .map_err(|e| Status::invalid_argument(format!("{}: {}", wire_field(&e.field), e.problem)))
+    .map_err(|e| {
+        let field = wire_field(&e.field, limiter_kind.as_deref());
+        Status::invalid_argument(format!("{field}: {}", e.problem))
+    })
 }
 
 /// The wire form of a validated policy.

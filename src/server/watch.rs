@@ -35,6 +35,8 @@ pub fn stream(
         tokio::select! {
             _ = forward(&engine, &prefix, events, &tx) => {}
             () = stopped => {}
+            // The watcher went away: stop at once, even if no event comes.
+            () = tx.closed() => {}
         }
     });
     ReceiverStream::new(rx)
@@ -59,6 +61,11 @@ async fn forward(
             Ok(_) => {}
             Err(RecvError::Lagged(missed)) => {
                 send(tx, pb::watch_event::Event::Lagged(pb::Lagged { missed })).await?;
+                // Start again from now: the events still buffered are older
+                // than the fresh snapshot and must not follow it. Subscribe
+                // before reading the snapshot, so that nothing after it is
+                // missed (an event may show in both, as at the start).
+                events = events.resubscribe();
                 snapshot(engine, prefix, tx).await?;
             }
             Err(RecvError::Closed) => return None,

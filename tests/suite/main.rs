@@ -1,12 +1,18 @@
 //! fusebox's test suite: one binary, one module per layer.
 
+mod admin;
 mod bad_input;
 mod cli;
+mod cli_ops;
 mod compose;
+mod dashboard;
 mod fleet;
 mod harness;
+mod http;
 mod properties;
 mod queues;
 mod reference;
+mod reload;
 mod service;
 mod vectors;
+mod watch;

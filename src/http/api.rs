@@ -1,0 +1,476 @@
+//! The dashboard's JSON: keys as read, recent transitions, and the isolate
+//! and close actions. Errors are JSON that names the field at fault.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast::error::RecvError;
+
+use super::AppState;
+use crate::domain::{Millis, Phase};
+use crate::engine::{Engine, EngineError, Event, EventKind, KeyReading};
+
+/// Most keys in one answer (a listing or a snapshot); problems come first.
+pub const MAX_KEYS: usize = 500;
+
+/// Transitions remembered for the timeline.
+pub const HISTORY: usize = 200;
+
+/// Longest prefix filter accepted, in bytes (the longest key).
+const MAX_PREFIX_BYTES: usize = 256;
+
+/// A key as the dashboard shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct KeyJson {
+    /// The key.
+    pub key: String,
+    /// `CLOSED`, `OPEN`, `HALF_OPEN` or `ISOLATED`.
+    pub phase: &'static str,
+    /// Time left in the break when open (0 once it is over).
+    pub open_remaining_ms: Option<Millis>,
+    /// When the phase last changed, in ms since the Unix epoch.
+    pub phase_changed_at_ms: u64,
+    /// Failures in a row.
+    pub consecutive_failures: u32,
+    /// Probes admitted since the breaker last closed.
+    pub half_open_attempts: u32,
+    /// Share of failures in the sampling window (ratio mode only).
+    pub failure_ratio: Option<f64>,
+    /// Permits free now (0 without a limiter).
+    pub free: u32,
+    /// The limiter's limit (0 without a limiter).
+    pub limit: u32,
+    /// Permits asked for by waiters.
+    pub queued: u64,
+    /// Waiting requests.
+    pub waiters: usize,
+    /// Live tickets.
+    pub live_tickets: usize,
+    /// Answers to acquires since the key was made.
+    pub requests: u64,
+    /// Of which blocked, refused or denied.
+    pub turned_away: u64,
+    /// Outcomes recorded as failures.
+    pub failures: u64,
+    /// Outcomes recorded as successes.
+    pub successes: u64,
+}
+
+/// Milliseconds since the Unix epoch of an engine time.
+pub fn unix_ms(engine: &Engine, at: Millis) -> u64 {
+    engine
+        .wall_time(at)
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl KeyJson {
+    /// The JSON form of a reading.
+    pub fn of(engine: &Engine, r: &KeyReading) -> KeyJson {
+        let v = &r.view;
+        let s = &v.stats;
+        KeyJson {
+            key: r.key.clone(),
+            phase: v.phase.as_str(),
+            open_remaining_ms: v.open_until.map(|until| until.saturating_sub(r.now)),
+            phase_changed_at_ms: unix_ms(engine, v.changed_at),
+            consecutive_failures: v.consecutive_failures,
+            half_open_attempts: v.half_open_attempts,
+            failure_ratio: v.failure_ratio.filter(|f| f.is_finite()),
+            free: v.free,
+            limit: v.limit,
+            queued: v.queued,
+            waiters: v.waiters,
+            live_tickets: v.live_tickets,
+            requests: s.granted + s.probes + s.blocked + s.refused + s.denied,
+            turned_away: s.blocked + s.refused + s.denied,
+            failures: s.failures,
+            successes: s.successes,
+        }
+    }
+}
+
+/// A phase change, isolate or close, for the timeline.
+#[derive(Clone, Debug, Serialize)]
+pub struct TransitionJson {
+    /// The event's number (unique; later events of a key have larger ones).
+    pub sequence: u64,
+    /// The key.
+    pub key: String,
+    /// `phase_change`, `isolate`, `close` or `policy`.
+    pub kind: &'static str,
+    /// The phase before.
+    pub from: &'static str,
+    /// The phase after.
+    pub to: &'static str,
+    /// Why, in words.
+    pub cause: &'static str,
+    /// Who asked (isolate and close).
+    pub who: String,
+    /// The operator's reason (isolate and close).
+    pub reason: String,
+    /// When, in ms since the Unix epoch.
+    pub at_ms: u64,
+}
+
+impl TransitionJson {
+    /// The JSON form of an event.
+    pub fn of(engine: &Engine, e: &Event) -> TransitionJson {
+        TransitionJson {
+            sequence: e.sequence,
+            key: e.key.to_string(),
+            kind: match e.kind {
+                EventKind::PhaseChange => "phase_change",
+                EventKind::Isolate => "isolate",
+                EventKind::Close => "close",
+                EventKind::Policy => "policy",
+            },
+            from: e.from.as_str(),
+            to: e.to.as_str(),
+            cause: e.cause,
+            who: e.who.clone(),
+            reason: e.reason.clone(),
+            at_ms: unix_ms(engine, e.at),
+        }
+    }
+}
+
+/// The last [`HISTORY`] transitions, kept by a task that watches the engine.
+#[derive(Debug, Default)]
+pub struct History {
+    recent: Mutex<VecDeque<TransitionJson>>,
+}
+
+impl History {
+    /// Remembers transitions from now until the engine stops.
+    pub fn record(engine: Arc<Engine>) -> Arc<History> {
+        let history = Arc::new(History::default());
+        let mut events = engine.subscribe();
+        let stopped = engine.stopped();
+        let keep = history.clone();
+        tokio::spawn(async move {
+            let record = async {
+                loop {
+                    match events.recv().await {
+                        Ok(e) => keep.push(TransitionJson::of(&engine, &e)),
+                        // Missed ones stay missing: the timeline is a view,
+                        // not a record (the log is the record).
+                        Err(RecvError::Lagged(_)) => {}
+                        Err(RecvError::Closed) => return,
+                    }
+                }
+            };
+            tokio::select! {
+                () = record => {}
+                () = stopped => {}
+            }
+        });
+        history
+    }
+
+    fn push(&self, t: TransitionJson) {
+        let mut recent = self.recent.lock().expect("history lock");
+        if recent.len() == HISTORY {
+            recent.pop_front();
+        }
+        recent.push_back(t);
+    }
+
+    /// The remembered transitions of keys that start with `prefix`, oldest first.
+    pub fn matching(&self, prefix: &str) -> Vec<TransitionJson> {
+        let recent = self.recent.lock().expect("history lock");
+        recent
+            .iter()
+            .filter(|t| t.key.starts_with(prefix))
+            .cloned()
+            .collect()
+    }
+}
+
+/// The keys of a listing or snapshot.
+#[derive(Clone, Debug, Serialize)]
+pub struct Listing {
+    /// At most [`MAX_KEYS`] keys: every key not closed first, then closed
+    /// ones, each group in key order.
+    pub keys: Vec<KeyJson>,
+    /// Live keys that match, including those left out.
+    pub matched: usize,
+    /// Matching keys by phase.
+    pub by_phase: PhaseCounts,
+    /// True when keys were left out.
+    pub truncated: bool,
+}
+
+/// Keys by phase, named as phases are written.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct PhaseCounts {
+    /// Closed keys.
+    #[serde(rename = "CLOSED")]
+    pub closed: usize,
+    /// Open keys.
+    #[serde(rename = "OPEN")]
+    pub open: usize,
+    /// Half-open keys.
+    #[serde(rename = "HALF_OPEN")]
+    pub half_open: usize,
+    /// Isolated keys.
+    #[serde(rename = "ISOLATED")]
+    pub isolated: usize,
+}
+
+/// The live keys that start with `prefix`, read one at a time; what is
+/// broken comes first, so that it is never the part left out.
+pub fn listing(engine: &Engine, prefix: &str) -> Listing {
+    // Keep the first MAX_KEYS by (closed?, key): a bounded max-heap, so
+    // that a million keys cost a walk, not a sort.
+    let mut best: std::collections::BinaryHeap<(bool, String)> = Default::default();
+    let mut readings = std::collections::HashMap::new();
+    let mut by_phase = PhaseCounts::default();
+    let matched = engine.visit_keys(prefix, |r| {
+        match r.view.phase {
+            Phase::Closed => by_phase.closed += 1,
+            Phase::Open => by_phase.open += 1,
+            Phase::HalfOpen => by_phase.half_open += 1,
+            Phase::Isolated => by_phase.isolated += 1,
+        }
+        let rank = (r.view.phase == Phase::Closed, r.key.clone());
+        if best.len() == MAX_KEYS {
+            if best.peek().is_some_and(|worst| rank >= *worst) {
+                return;
+            }
+            if let Some((_, dropped)) = best.pop() {
+                readings.remove(&dropped);
+            }
+        }
+        best.push(rank);
+        readings.insert(r.key.clone(), r);
+    });
+    let keys: Vec<KeyJson> = best
+        .into_sorted_vec()
+        .into_iter()
+        .filter_map(|(_, key)| readings.get(&key).map(|r| KeyJson::of(engine, r)))
+        .collect();
+    Listing {
+        truncated: matched > keys.len(),
+        keys,
+        matched,
+        by_phase,
+    }
+}
+
+/// A request the API refuses, answered as
+/// `{"error": {"field": ..., "message": ...}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    field: Option<&'static str>,
+    message: String,
+}
+
+impl ApiError {
+    fn invalid(field: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            field: Some(field),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> ApiError {
+        let message = e.to_string();
+        let (status, field) = match e {
+            EngineError::Invalid { field, problem } => {
+                return ApiError {
+                    status: StatusCode::BAD_REQUEST,
+                    field: Some(field),
+                    message: problem,
+                }
+            }
+            EngineError::TicketNotFound | EngineError::RuleNotFound { .. } => {
+                (StatusCode::NOT_FOUND, None)
+            }
+            EngineError::Exhausted { .. } => (StatusCode::TOO_MANY_REQUESTS, None),
+            EngineError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, None),
+            EngineError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, None),
+        };
+        ApiError {
+            status,
+            field,
+            message,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({
+            "error": { "field": self.field, "message": self.message }
+        });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// The query of `/api/keys` and `/api/events`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefixQuery {
+    /// Only keys that start with this.
+    #[serde(default)]
+    pub prefix: String,
+}
+
+/// Reads the query by hand, so that a bad one is JSON that names the field.
+pub fn prefix_of(
+    query: Result<Query<PrefixQuery>, impl std::fmt::Display>,
+) -> Result<String, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::invalid("query", e.to_string()))?;
+    if q.prefix.len() > MAX_PREFIX_BYTES {
+        return Err(ApiError::invalid(
+            "prefix",
+            format!(
+                "must be at most {MAX_PREFIX_BYTES} bytes, not {}",
+                q.prefix.len()
+            ),
+        ));
+    }
+    Ok(q.prefix)
+}
+
+/// `GET /api/keys?prefix=`: the matching keys, problems first.
+pub async fn keys(
+    State(state): State<AppState>,
+    query: Result<Query<PrefixQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Listing>, ApiError> {
+    let prefix = prefix_of(query)?;
+    let engine = state.engine.clone();
+    // A walk over every key: off the async workers.
+    let listing = tokio::task::spawn_blocking(move || listing(&engine, &prefix))
+        .await
+        .map_err(|e| ApiError::from(EngineError::Internal(e.to_string())))?;
+    Ok(Json(listing))
+}
+
+/// `GET /api/transitions?prefix=`: the remembered transitions, oldest first.
+pub async fn transitions(
+    State(state): State<AppState>,
+    query: Result<Query<PrefixQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Vec<TransitionJson>>, ApiError> {
+    let prefix = prefix_of(query)?;
+    Ok(Json(state.history.matching(&prefix)))
+}
+
+/// Reads `{"reason": "..."}`; anything else is refused, naming the field.
+fn reason_of(headers: &HeaderMap, body: &[u8]) -> Result<String, ApiError> {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        // Also what keeps other sites' pages out: a cross-origin JSON POST
+        // needs a preflight that this server never grants.
+        return Err(ApiError {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            field: Some("Content-Type"),
+            message: "must be application/json".into(),
+        });
+    }
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::invalid(
+            "body",
+            format!("is not JSON ({e}); send {{\"reason\": \"...\"}}"),
+        )
+    })?;
+    let serde_json::Value::Object(fields) = value else {
+        return Err(ApiError::invalid(
+            "body",
+            "must be a JSON object: {\"reason\": \"...\"}",
+        ));
+    };
+    if let Some(unknown) = fields.keys().find(|k| k.as_str() != "reason") {
+        return Err(ApiError::invalid(
+            "body",
+            format!("unknown field {unknown:?}; the only field is \"reason\""),
+        ));
+    }
+    match fields.get("reason") {
+        None => Err(ApiError::invalid(
+            "reason",
+            "is required: say why, for the record",
+        )),
+        Some(serde_json::Value::String(reason)) if reason.trim().is_empty() => Err(
+            ApiError::invalid("reason", "must not be blank: say why, for the record"),
+        ),
+        Some(serde_json::Value::String(reason)) => Ok(reason.trim().to_owned()),
+        Some(_) => Err(ApiError::invalid("reason", "must be a string")),
+    }
+}
+
+/// Who asked, for the record: the dashboard and the peer's address.
+fn who(peer: SocketAddr) -> String {
+    format!("dashboard:{peer}")
+}
+
+/// `POST /api/keys/{key}/isolate` with `{"reason": "..."}`.
+pub async fn isolate(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<KeyJson>, ApiError> {
+    let reason = reason_of(&headers, &body)?;
+    let r = state.engine.isolate(&key, &reason, &who(peer))?;
+    Ok(Json(KeyJson::of(&state.engine, &r)))
+}
+
+/// `POST /api/keys/{key}/close` with `{"reason": "..."}`.
+pub async fn close(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<KeyJson>, ApiError> {
+    let reason = reason_of(&headers, &body)?;
+    let r = state.engine.close(&key, &reason, &who(peer))?;
+    Ok(Json(KeyJson::of(&state.engine, &r)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json_headers() -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn a_reason_is_a_non_blank_string_and_the_only_field() {
+        let h = json_headers();
+        assert_eq!(reason_of(&h, br#"{"reason":" why "}"#).unwrap(), "why");
+        for (body, field) in [
+            (&br#"{"reason":""}"#[..], "reason"),
+            (br#"{"reason":5}"#, "reason"),
+            (br#"{}"#, "reason"),
+            (br#"{"reason":"x","who":"me"}"#, "body"),
+            (br#"["x"]"#, "body"),
+            (br#"{"#, "body"),
+        ] {
+            assert_eq!(reason_of(&h, body).unwrap_err().field, Some(field));
+        }
+        let e = reason_of(&HeaderMap::new(), br#"{"reason":"x"}"#).unwrap_err();
+        assert_eq!(e.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    }
+}

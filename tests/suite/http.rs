@@ -1,0 +1,885 @@
+//! The HTTP side against a real server: `/metrics` read by the official
+//! Prometheus parser (the Python client's, at `FUSEBOX_TEST_PYTHON`) after
+//! a scripted scenario over gRPC, with exact values; per-key series bounded
+//! to the busiest keys and those named by exact rules; `/healthz` and
+//! `/readyz` (503 while the server drains); the dashboard's JSON API and
+//! its event stream.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use fusebox::proto::v1 as pb;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tonic::transport::Channel;
+
+use crate::harness::{eventually, Options, Server};
+
+/// Safety net for conditions reached asynchronously.
+const LIMIT: Duration = Duration::from_secs(20);
+
+// ---------- a minimal HTTP/1.1 client (no client crate in the build) ----------
+
+/// An HTTP answer.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    /// A header's value (names compared without case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+}
+
+fn decode_chunked(mut raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = raw
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("a chunk size line");
+        let size_text = std::str::from_utf8(&raw[..line_end]).expect("ASCII chunk size");
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16)
+            .expect("a hex chunk size");
+        raw = &raw[line_end + 2..];
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&raw[..size]);
+        raw = &raw[size + 2..];
+    }
+}
+
+/// Sends one request on a new connection and reads the whole answer.
+pub async fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Reply {
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if !body.is_empty() || method == "POST" {
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    head.push_str("\r\n");
+    stream
+        .write_all(head.as_bytes())
+        .await
+        .expect("request sent");
+    stream.write_all(body).await.expect("body sent");
+    let mut raw = Vec::new();
+    tokio::time::timeout(LIMIT, stream.read_to_end(&mut raw))
+        .await
+        .unwrap_or_else(|_| panic!("{method} {path}: no complete answer within {LIMIT:?}"))
+        .expect("answer read");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header end in {:?}", String::from_utf8_lossy(&raw)));
+    let head = String::from_utf8(raw[..split].to_vec()).expect("ASCII head");
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().expect("a status line");
+    let status = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    let chunked = headers.iter().any(|(n, v)| {
+        n.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+    });
+    if chunked {
+        body = decode_chunked(&body);
+    }
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8(body).expect("a UTF-8 body"),
+    }
+}
+
+/// `GET path`.
+pub async fn get(addr: &str, path: &str) -> Reply {
+    request(addr, "GET", path, &[], b"").await
+}
+
+/// `POST path` with a JSON body.
+pub async fn post_json(addr: &str, path: &str, body: &str) -> Reply {
+    request(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        body.as_bytes(),
+    )
+    .await
+}
+
+fn http_addr(server: &Server) -> String {
+    server
+        .http_addr
+        .clone()
+        .expect("the server prints `http on ADDR` second")
+}
+
+// ---------- /metrics through the official parser ----------
+
+const PARSE: &str = r#"
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+families = []
+for family in text_string_to_metric_families(sys.stdin.read()):
+    families.append({
+        "name": family.name,
+        "type": family.type,
+        "help": family.documentation,
+        "samples": [{"name": s.name, "labels": s.labels, "value": s.value} for s in family.samples],
+    })
+print(json.dumps(families))
+"#;
+
+/// One sample as the parser read it.
+#[derive(Debug, Clone)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// An exposition as the official parser read it.
+#[derive(Debug)]
+struct Metrics {
+    /// Family name (without `_total` for counters, as the parser names
+    /// them) to its type.
+    types: BTreeMap<String, String>,
+    samples: Vec<Sample>,
+}
+
+impl Metrics {
+    /// The value of the sample `name` with exactly `labels`.
+    fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let want: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        self.samples
+            .iter()
+            .find(|s| s.name == name && s.labels == want)
+            .map(|s| s.value)
+    }
+
+    /// Like [`Metrics::get`], but the sample must exist.
+    fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.get(name, labels)
+            .unwrap_or_else(|| panic!("no sample {name}{labels:?} in /metrics"))
+    }
+
+    /// The keys that have per-key series.
+    fn per_key_keys(&self) -> BTreeSet<String> {
+        self.samples
+            .iter()
+            .filter_map(|s| s.labels.get("key").cloned())
+            .collect()
+    }
+}
+
+/// Parses `text` with `prometheus_client.parser` and checks what a text
+/// parser lets pass: every family typed and named `fusebox_*`, each family
+/// in one block, no series twice.
+fn parse_metrics(text: &str) -> Metrics {
+    let python = std::env::var("FUSEBOX_TEST_PYTHON").unwrap_or_else(|_| {
+        panic!(
+            "FUSEBOX_TEST_PYTHON is not set: it must name a Python with prometheus_client, \
+             whose parser reads /metrics. ./scripts/test sets it up; by hand: \
+             python3 -m venv target/venv && target/venv/bin/pip install prometheus_client==0.21.1 \
+             && export FUSEBOX_TEST_PYTHON=$PWD/target/venv/bin/python"
+        )
+    });
+    let mut child = std::process::Command::new(&python)
+        .arg("-c")
+        .arg(PARSE)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("FUSEBOX_TEST_PYTHON={python} does not run: {e}"));
+    child
+        .stdin
+        .take()
+        .expect("stdin piped")
+        .write_all_sync(text.as_bytes());
+    let out = child.wait_with_output().expect("the parser runs");
+    assert!(
+        out.status.success(),
+        "the Prometheus parser refused /metrics: {}\n--- the text:\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let families: Vec<serde_json::Value> =
+        serde_json::from_slice(&out.stdout).expect("the parser's JSON");
+    let mut types = BTreeMap::new();
+    let mut samples = Vec::new();
+    let mut series = BTreeSet::new();
+    for f in &families {
+        let name = f["name"].as_str().expect("a family name").to_owned();
+        let kind = f["type"].as_str().expect("a type").to_owned();
+        assert!(
+            name.starts_with("fusebox_"),
+            "{name} lacks the fusebox_ prefix"
+        );
+        assert!(
+            kind == "counter" || kind == "gauge",
+            "{name} is typed {kind:?}: a TYPE line is missing or does not match its samples"
+        );
+        assert!(
+            !f["help"].as_str().unwrap_or("").is_empty(),
+            "{name} has no HELP"
+        );
+        assert!(
+            types.insert(name.clone(), kind).is_none(),
+            "{name} appears in more than one block"
+        );
+        for s in f["samples"].as_array().expect("samples") {
+            let labels: BTreeMap<String, String> =
+                serde_json::from_value(s["labels"].clone()).expect("labels");
+            let sample = Sample {
+                name: s["name"].as_str().expect("a sample name").to_owned(),
+                labels,
+                value: s["value"].as_f64().expect("a value"),
+            };
+            assert!(
+                series.insert(format!("{}{:?}", sample.name, sample.labels)),
+                "{} {:?} appears twice",
+                sample.name,
+                sample.labels
+            );
+            samples.push(sample);
+        }
+    }
+    Metrics { types, samples }
+}
+
+trait WriteAllSync {
+    fn write_all_sync(self, bytes: &[u8]);
+}
+
+impl WriteAllSync for std::process::ChildStdin {
+    fn write_all_sync(mut self, bytes: &[u8]) {
+        std::io::Write::write_all(&mut self, bytes).expect("the parser reads its input");
+    }
+}
+
+async fn scrape(server: &Server) -> (String, Metrics) {
+    let reply = get(&http_addr(server), "/metrics").await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(
+        reply.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    let metrics = parse_metrics(&reply.body);
+    (reply.body, metrics)
+}
+
+type Client = pb::fusebox_client::FuseboxClient<Channel>;
+
+fn ask(key: &str, permits: u32) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        key: key.into(),
+        permits: Some(permits),
+        max_wait: None,
+        lease: None,
+    }
+}
+
+async fn acquire(client: &mut Client, key: &str, permits: u32) -> pb::AcquireResponse {
+    client
+        .acquire(ask(key, permits))
+        .await
+        .unwrap_or_else(|s| panic!("Acquire {key:?}: {s:?}"))
+        .into_inner()
+}
+
+async fn granted(client: &mut Client, key: &str) -> String {
+    let r = acquire(client, key, 1).await;
+    assert_eq!(r.decision, pb::Decision::Granted as i32, "{key}: {r:?}");
+    r.ticket
+}
+
+async fn complete(client: &mut Client, ticket: String, outcome: pb::Outcome) {
+    client
+        .complete(pb::CompleteRequest {
+            ticket,
+            outcome: outcome as i32,
+        })
+        .await
+        .expect("Complete answers");
+}
+
+fn decision(r: &pb::AcquireResponse) -> pb::Decision {
+    pb::Decision::try_from(r.decision).expect("a decision")
+}
+
+const SCENARIO: &str = r#"
+[server]
+max_keys = 5000
+max_tickets = 6000
+max_waiters = 700
+idle_after = "90s"
+
+[[rule]]
+match = "pay/charge"
+breaker = { mode = "consecutive", failures = 3, break = "10s" }
+
+[[rule]]
+match = "lim/*"
+breaker = { mode = "ratio", failure_ratio = 0.5, minimum_throughput = 10, sampling_window = "10s", break = "5s" }
+limiter = { kind = "concurrency", permits = 1 }
+"#;
+
+/// A key that needs escaping in a label value.
+const ODD_KEY: &str = r#"odd/"quoted"\back"#;
+
+#[tokio::test]
+async fn metrics_parse_and_count_a_scripted_scenario_exactly() {
+    let server = Server::manual(Some(SCENARIO)).await;
+    let mut c = server.fusebox().await;
+
+    // Before anything: the exact-rule key has series as a fresh key would.
+    let (_, m) = scrape(&server).await;
+    assert_eq!(m.value("fusebox_keys", &[]), 0.0);
+    assert_eq!(
+        m.value(
+            "fusebox_key_phase",
+            &[("key", "pay/charge"), ("phase", "CLOSED")]
+        ),
+        1.0
+    );
+    assert_eq!(m.per_key_keys(), BTreeSet::from(["pay/charge".to_owned()]));
+
+    // pay/charge: three failures trip it (3 granted), then two are blocked.
+    for _ in 0..3 {
+        let t = granted(&mut c, "pay/charge").await;
+        complete(&mut c, t, pb::Outcome::Failure).await;
+    }
+    for _ in 0..2 {
+        let r = acquire(&mut c, "pay/charge", 1).await;
+        assert_eq!(decision(&r), pb::Decision::Blocked, "{r:?}");
+    }
+    // lim/x: a success, a failure, one ticket held; then no permits, and
+    // a request above the limit.
+    let t = granted(&mut c, "lim/x").await;
+    complete(&mut c, t, pb::Outcome::Success).await;
+    let t = granted(&mut c, "lim/x").await;
+    complete(&mut c, t, pb::Outcome::Failure).await;
+    let _held = granted(&mut c, "lim/x").await;
+    let r = acquire(&mut c, "lim/x", 1).await;
+    assert_eq!(decision(&r), pb::Decision::Denied, "{r:?}");
+    assert_eq!(r.reason, pb::Reason::NoPermits as i32);
+    let r = acquire(&mut c, "lim/x", 5).await;
+    assert_eq!(r.reason, pb::Reason::ExceedsLimit as i32, "{r:?}");
+    // A status check answers but is not a decision that counts.
+    acquire(&mut c, "lim/x", 0).await;
+    // iso/y: isolated by an operator, then refused once.
+    let mut isolate = tonic::Request::new(pb::IsolateRequest {
+        key: "iso/y".into(),
+        reason: "INC-1: vendor down".into(),
+    });
+    isolate
+        .metadata_mut()
+        .insert("x-fusebox-operator", "test-op".parse().expect("ASCII"));
+    server
+        .admin()
+        .await
+        .isolate(isolate)
+        .await
+        .expect("Isolate answers");
+    let r = acquire(&mut c, "iso/y", 1).await;
+    assert_eq!(decision(&r), pb::Decision::Refused, "{r:?}");
+    // A key whose label needs escaping, with its ticket held.
+    let _odd = granted(&mut c, ODD_KEY).await;
+
+    let (text, m) = scrape(&server).await;
+    // Engine-wide.
+    let expect = [
+        ("fusebox_keys", 4.0),
+        ("fusebox_tickets", 2.0),
+        ("fusebox_waiters", 0.0),
+        ("fusebox_keys_forgotten_total", 0.0),
+        ("fusebox_max_keys", 5000.0),
+        ("fusebox_max_tickets", 6000.0),
+        ("fusebox_max_waiters", 700.0),
+        ("fusebox_idle_after_seconds", 90.0),
+        ("fusebox_rules", 2.0),
+        ("fusebox_shutting_down", 0.0),
+        ("fusebox_transitions_total", 2.0),
+        ("fusebox_config_reloads_total", 0.0),
+        ("fusebox_config_reload_failures_total", 0.0),
+        ("fusebox_config_last_reload_success", 1.0),
+        ("fusebox_metrics_top_keys", 100.0),
+        ("fusebox_other_keys_live_tickets", 0.0),
+        ("fusebox_other_keys_queued_permits", 0.0),
+        ("fusebox_other_keys_waiters", 0.0),
+    ];
+    for (name, value) in expect {
+        assert_eq!(m.value(name, &[]), value, "{name}\n{text}");
+    }
+    for (phase, n) in [
+        ("CLOSED", 2.0),
+        ("OPEN", 1.0),
+        ("HALF_OPEN", 0.0),
+        ("ISOLATED", 1.0),
+    ] {
+        assert_eq!(
+            m.value("fusebox_keys_by_phase", &[("phase", phase)]),
+            n,
+            "{phase}"
+        );
+        assert_eq!(m.value("fusebox_other_keys", &[("phase", phase)]), 0.0);
+    }
+    for (d, n) in [
+        ("granted", 7.0),
+        ("probe", 0.0),
+        ("blocked", 2.0),
+        ("refused", 1.0),
+        ("denied", 2.0),
+    ] {
+        assert_eq!(
+            m.value("fusebox_decisions_total", &[("decision", d)]),
+            n,
+            "{d}"
+        );
+    }
+    for (reason, n) in [
+        ("open", 2.0),
+        ("probe_in_flight", 0.0),
+        ("no_permits", 1.0),
+        ("queue_full", 0.0),
+        ("exceeds_limit", 1.0),
+        ("evicted", 0.0),
+        ("timeout", 0.0),
+    ] {
+        assert_eq!(
+            m.value("fusebox_denials_total", &[("reason", reason)]),
+            n,
+            "{reason}"
+        );
+    }
+    // Types, as the parser names families (counters without `_total`).
+    for (family, kind) in [
+        ("fusebox_keys", "gauge"),
+        ("fusebox_keys_forgotten", "counter"),
+        ("fusebox_decisions", "counter"),
+        ("fusebox_denials", "counter"),
+        ("fusebox_transitions", "counter"),
+        ("fusebox_config_reloads", "counter"),
+        ("fusebox_config_reload_failures", "counter"),
+        ("fusebox_config_last_reload_success", "gauge"),
+        ("fusebox_keys_by_phase", "gauge"),
+        ("fusebox_key_phase", "gauge"),
+        ("fusebox_key_requests", "counter"),
+        ("fusebox_key_free_permits", "gauge"),
+        ("fusebox_other_keys", "gauge"),
+    ] {
+        assert_eq!(
+            m.types.get(family).map(String::as_str),
+            Some(kind),
+            "{family}"
+        );
+    }
+
+    // Per key: every key is among the busiest 100.
+    assert_eq!(
+        m.per_key_keys(),
+        BTreeSet::from(["pay/charge", "lim/x", "iso/y", ODD_KEY].map(str::to_owned))
+    );
+    let pay = [("key", "pay/charge")];
+    for (phase, n) in [
+        ("CLOSED", 0.0),
+        ("OPEN", 1.0),
+        ("HALF_OPEN", 0.0),
+        ("ISOLATED", 0.0),
+    ] {
+        assert_eq!(
+            m.value(
+                "fusebox_key_phase",
+                &[("key", "pay/charge"), ("phase", phase)]
+            ),
+            n
+        );
+    }
+    let requests = |key: &str, d: &str| {
+        m.value(
+            "fusebox_key_requests_total",
+            &[("key", key), ("decision", d)],
+        )
+    };
+    assert_eq!(requests("pay/charge", "granted"), 3.0);
+    assert_eq!(requests("pay/charge", "blocked"), 2.0);
+    assert_eq!(requests("lim/x", "granted"), 3.0);
+    assert_eq!(requests("lim/x", "denied"), 2.0);
+    assert_eq!(requests("iso/y", "refused"), 1.0);
+    assert_eq!(requests(ODD_KEY, "granted"), 1.0);
+    assert_eq!(
+        m.value(
+            "fusebox_key_denials_total",
+            &[("key", "pay/charge"), ("reason", "open")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        m.value(
+            "fusebox_key_denials_total",
+            &[("key", "lim/x"), ("reason", "no_permits")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        m.value(
+            "fusebox_key_outcomes_total",
+            &[("key", "pay/charge"), ("outcome", "failure")]
+        ),
+        3.0
+    );
+    assert_eq!(m.value("fusebox_key_consecutive_failures", &pay), 3.0);
+    // The manual clock has not moved: the whole 10 s break is left.
+    assert_eq!(m.value("fusebox_key_break_remaining_seconds", &pay), 10.0);
+    assert_eq!(m.get("fusebox_key_free_permits", &pay), None, "no limiter");
+    let lim = [("key", "lim/x")];
+    assert_eq!(m.value("fusebox_key_failure_ratio", &lim), 0.5);
+    assert_eq!(m.value("fusebox_key_free_permits", &lim), 0.0);
+    assert_eq!(m.value("fusebox_key_permit_limit", &lim), 1.0);
+    assert_eq!(m.value("fusebox_key_live_tickets", &lim), 1.0);
+    assert_eq!(m.value("fusebox_key_queued_permits", &lim), 0.0);
+    assert_eq!(
+        m.value(
+            "fusebox_key_phase",
+            &[("key", "iso/y"), ("phase", "ISOLATED")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        m.value("fusebox_key_live_tickets", &[("key", ODD_KEY)]),
+        1.0
+    );
+    assert!(
+        text.contains(r#"key="odd/\"quoted\"\\back""#),
+        "the label value is escaped in the text"
+    );
+
+    // Reading never admits (B6): a second scrape, on a clock that has not
+    // moved, reads the same.
+    let (again, _) = scrape(&server).await;
+    assert_eq!(again, text);
+}
+
+#[tokio::test]
+async fn per_key_series_are_bounded_to_the_busiest_and_the_exact_rules() {
+    let config = r#"
+[[rule]]
+match = "pinned/one"
+breaker = { mode = "consecutive", failures = 2, break = "1m" }
+"#;
+    let server = Server::manual(Some(config)).await;
+    let mut c = server.fusebox().await;
+    // bulk/000..099 are asked twice, bulk/100..119 once: the busiest 100
+    // are the first hundred.
+    for i in 0..120 {
+        let key = format!("bulk/{i:03}");
+        let times = if i < 100 { 2 } else { 1 };
+        for _ in 0..times {
+            granted(&mut c, &key).await;
+        }
+    }
+    let (_, m) = scrape(&server).await;
+    let mut expected: BTreeSet<String> = (0..100).map(|i| format!("bulk/{i:03}")).collect();
+    // An exact rule's key has series even though nobody used it.
+    expected.insert("pinned/one".to_owned());
+    assert_eq!(m.per_key_keys(), expected);
+    assert_eq!(m.value("fusebox_keys", &[]), 120.0);
+    assert_eq!(m.value("fusebox_other_keys", &[("phase", "CLOSED")]), 20.0);
+    assert_eq!(m.value("fusebox_other_keys", &[("phase", "OPEN")]), 0.0);
+    assert_eq!(m.value("fusebox_other_keys_live_tickets", &[]), 20.0);
+    assert_eq!(m.value("fusebox_tickets", &[]), 220.0);
+    assert_eq!(
+        m.value(
+            "fusebox_key_phase",
+            &[("key", "pinned/one"), ("phase", "CLOSED")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        m.value(
+            "fusebox_key_requests_total",
+            &[("key", "pinned/one"), ("decision", "granted")]
+        ),
+        0.0
+    );
+    // Using the quiet ones makes them the busiest: the set follows.
+    for i in 100..120 {
+        for _ in 0..3 {
+            granted(&mut c, &format!("bulk/{i:03}")).await;
+        }
+    }
+    let (_, m) = scrape(&server).await;
+    let keys = m.per_key_keys();
+    assert_eq!(keys.len(), 101);
+    assert!(keys.contains("bulk/119") && keys.contains("pinned/one"));
+    assert!(
+        !keys.contains("bulk/099"),
+        "ties are broken by key order: the last ones go"
+    );
+    assert_eq!(m.value("fusebox_other_keys", &[("phase", "CLOSED")]), 20.0);
+}
+
+// ---------- health and readiness ----------
+
+/// A request body that sends one message and then never ends: the call
+/// stays in flight, so the server drains instead of exiting at once.
+struct Unfinished {
+    first: Option<pb::GetKeyRequest>,
+    polled: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl tokio_stream::Stream for Unfinished {
+    type Item = pb::GetKeyRequest;
+
+    fn poll_next(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Some(polled) = self.polled.take() {
+            let _ = polled.send(());
+        }
+        match self.first.take() {
+            Some(first) => Poll::Ready(Some(first)),
+            None => Poll::Pending,
+        }
+    }
+}
+
+#[tokio::test]
+async fn healthz_and_readyz_answer_and_readyz_turns_503_while_draining() {
+    let mut server = Server::start(Options::default()).await;
+    let http = http_addr(&server);
+    let health = get(&http, "/healthz").await;
+    assert_eq!((health.status, health.body.as_str()), (200, "ok\n"));
+    let ready = get(&http, "/readyz").await;
+    assert_eq!((ready.status, ready.body.as_str()), (200, "ready\n"));
+    assert_eq!(get(&http, "/nowhere").await.status, 404);
+
+    // A live event stream, read up to its first snapshot.
+    let mut events = TcpStream::connect(&http).await.expect("connects");
+    events
+        .write_all(
+            format!("GET /api/events HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .expect("sent");
+    let mut seen = Vec::new();
+    tokio::time::timeout(LIMIT, async {
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&seen).contains("event: snapshot") {
+            let n = events.read(&mut buf).await.expect("readable");
+            assert!(n > 0, "the stream ended before its snapshot");
+            seen.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("a snapshot within the limit");
+    assert!(String::from_utf8_lossy(&seen).contains("text/event-stream"));
+
+    // Hold a gRPC call in flight, and make sure the server has it: an
+    // answer on the same connection, asked after it, comes after it.
+    let channel = server.channel().await;
+    let (polled_tx, polled_rx) = tokio::sync::oneshot::channel();
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    let held = tokio::spawn(async move {
+        grpc.ready().await.expect("ready");
+        let body = Unfinished {
+            first: Some(pb::GetKeyRequest { key: "held".into() }),
+            polled: Some(polled_tx),
+        };
+        let _ = grpc
+            .client_streaming::<_, pb::GetKeyRequest, pb::KeyState, _>(
+                tonic::Request::new(body),
+                tonic::codegen::http::uri::PathAndQuery::from_static("/fusebox.v1.Admin/GetKey"),
+                tonic_prost::ProstCodec::default(),
+            )
+            .await;
+    });
+    polled_rx.await.expect("the held call starts");
+    pb::admin_client::AdminClient::new(channel)
+        .get_key(pb::GetKeyRequest { key: "k".into() })
+        .await
+        .expect("GetKey answers");
+
+    server.terminate();
+    eventually("/readyz to answer 503", LIMIT, || {
+        let http = http.clone();
+        async move {
+            let r = get(&http, "/readyz").await;
+            (r.status == 503).then_some(r)
+        }
+    })
+    .await;
+    // Alive while it drains, and says so in the metrics.
+    assert_eq!(get(&http, "/healthz").await.status, 200);
+    let (_, m) = scrape(&server).await;
+    assert_eq!(m.value("fusebox_shutting_down", &[]), 1.0);
+    // The event stream ends with the shutdown.
+    tokio::time::timeout(LIMIT, async {
+        let mut rest = Vec::new();
+        events.read_to_end(&mut rest).await.expect("readable");
+    })
+    .await
+    .expect("the event stream ends when the server shuts down");
+
+    held.abort();
+    let status = tokio::time::timeout(LIMIT, server.child.wait())
+        .await
+        .expect("the server exits once the held call is gone")
+        .expect("wait works");
+    assert!(status.success(), "{status:?}");
+}
+
+// ---------- the dashboard's JSON API ----------
+
+#[tokio::test]
+async fn the_api_lists_keys_and_isolates_and_closes_with_who_and_why() {
+    let server = Server::manual(None).await;
+    let http = http_addr(&server);
+    let mut c = server.fusebox().await;
+    granted(&mut c, "api/a").await;
+    granted(&mut c, "other/b").await;
+
+    let listing = get(&http, "/api/keys?prefix=api%2F").await;
+    assert_eq!(listing.status, 200, "{listing:?}");
+    let json = listing.json();
+    assert_eq!(json["matched"], 1);
+    assert_eq!(json["keys"][0]["key"], "api/a");
+    assert_eq!(json["keys"][0]["phase"], "CLOSED");
+    assert_eq!(json["keys"][0]["live_tickets"], 1);
+    assert_eq!(get(&http, "/api/keys").await.json()["matched"], 2);
+    assert_eq!(
+        get(&http, "/api/keys?prefix=zzz").await.json()["keys"],
+        serde_json::json!([])
+    );
+
+    // Bad requests name the field.
+    let field_of = |r: &Reply| r.json()["error"]["field"].as_str().map(str::to_owned);
+    let r = get(&http, "/api/keys?colour=red").await;
+    assert_eq!((r.status, field_of(&r).as_deref()), (400, Some("query")));
+    let r = request(
+        &http,
+        "POST",
+        "/api/keys/api%2Fa/isolate",
+        &[("Content-Type", "text/plain")],
+        br#"{"reason":"x"}"#,
+    )
+    .await;
+    assert_eq!(
+        (r.status, field_of(&r).as_deref()),
+        (415, Some("Content-Type"))
+    );
+    for (body, field) in [
+        ("{", "body"),
+        ("[]", "body"),
+        (r#"{"reason":"x","who":"me"}"#, "body"),
+        ("{}", "reason"),
+        (r#"{"reason":"   "}"#, "reason"),
+        (r#"{"reason":7}"#, "reason"),
+        (r#"{"reason":"a\u0007b"}"#, "reason"),
+    ] {
+        let r = post_json(&http, "/api/keys/api%2Fa/isolate", body).await;
+        assert_eq!(
+            (r.status, field_of(&r).as_deref()),
+            (400, Some(field)),
+            "{body}: {r:?}"
+        );
+    }
+    let long = "k".repeat(257);
+    let r = post_json(
+        &http,
+        &format!("/api/keys/{long}/close"),
+        r#"{"reason":"x"}"#,
+    )
+    .await;
+    assert_eq!((r.status, field_of(&r).as_deref()), (400, Some("key")));
+    let r = get(&http, "/api/keys/api%2Fa/isolate").await;
+    assert_eq!(r.status, 405, "actions are POST only");
+
+    // Isolate, then close: the engine records the dashboard and the peer.
+    let r = post_json(
+        &http,
+        "/api/keys/api%2Fa/isolate",
+        r#"{"reason":"INC-9: drill"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json()["phase"], "ISOLATED");
+    assert_eq!(server.get("api/a").await.phase, pb::Phase::Isolated as i32);
+    let r = post_json(
+        &http,
+        "/api/keys/api%2Fa/close",
+        r#"{"reason":"drill over"}"#,
+    )
+    .await;
+    assert_eq!(r.json()["phase"], "CLOSED");
+    assert_eq!(server.get("api/a").await.phase, pb::Phase::Closed as i32);
+    let timeline = eventually("both transitions in the timeline", LIMIT, || {
+        let http = http.clone();
+        async move {
+            let t = get(&http, "/api/transitions?prefix=api%2F").await.json();
+            (t.as_array().map_or(0, Vec::len) == 2).then_some(t)
+        }
+    })
+    .await;
+    assert_eq!(timeline[0]["kind"], "isolate");
+    assert_eq!(timeline[0]["from"], "CLOSED");
+    assert_eq!(timeline[0]["to"], "ISOLATED");
+    assert_eq!(timeline[0]["reason"], "INC-9: drill");
+    let who = timeline[0]["who"].as_str().expect("who");
+    assert!(who.starts_with("dashboard:127.0.0.1:"), "{who}");
+    assert_eq!(timeline[1]["kind"], "close");
+    assert_eq!(timeline[1]["reason"], "drill over");
+
+    // The page and its assets are served from the binary.
+    let page = get(&http, "/").await;
+    assert_eq!(page.status, 200);
+    assert!(page
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/html"));
+    assert!(page.body.contains("app.js") && page.body.contains("style.css"));
+    for (path, kind) in [("/app.js", "text/javascript"), ("/style.css", "text/css")] {
+        let r = get(&http, path).await;
+        assert_eq!(r.status, 200, "{path}");
+        assert!(
+            r.header("content-type").unwrap().starts_with(kind),
+            "{path}"
+        );
+    }
+}
