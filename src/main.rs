@@ -217,8 +217,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Get { key, client } => {
-            let mut c = pb::admin_client::AdminClient::new(connect(&client).await?);
-            let s = c
+            let s = admin(&client)
+                .await?
                 .get_key(pb::GetKeyRequest { key })
                 .await
                 .map_err(call_error)?
@@ -230,8 +230,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             reason,
             client,
         } => {
-            let mut c = pb::admin_client::AdminClient::new(connect(&client).await?);
-            let s = c
+            let s = admin(&client)
+                .await?
                 .isolate(operator(pb::IsolateRequest { key, reason }))
                 .await
                 .map_err(call_error)?
@@ -243,8 +243,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             reason,
             client,
         } => {
-            let mut c = pb::admin_client::AdminClient::new(connect(&client).await?);
-            let s = c
+            let s = admin(&client)
+                .await?
                 .close(operator(pb::CloseRequest { key, reason }))
                 .await
                 .map_err(call_error)?
@@ -406,6 +406,12 @@ async fn connect(client: &ClientOptions) -> anyhow::Result<tonic::transport::Cha
                 client.server
             )
         })
+}
+
+async fn admin(
+    client: &ClientOptions,
+) -> anyhow::Result<pb::admin_client::AdminClient<tonic::transport::Channel>> {
+    Ok(pb::admin_client::AdminClient::new(connect(client).await?))
 }
 
 fn operator<T>(message: T) -> tonic::Request<T> {
@@ -596,7 +602,7 @@ async fn list_all(
 }
 
 async fn keys(client: ClientOptions, prefix: String, phases: Vec<PhaseArg>) -> anyhow::Result<()> {
-    let mut admin = pb::admin_client::AdminClient::new(connect(&client).await?);
+    let mut admin = admin(&client).await?;
     let phases: Vec<i32> = phases.iter().map(|p| p.wire() as i32).collect();
     let keys = list_all(&mut admin, &prefix, &phases).await?;
     if client.json {
@@ -901,7 +907,7 @@ fn stop_signal() -> anyhow::Result<std::pin::Pin<Box<dyn std::future::Future<Out
 
 async fn watch(client: ClientOptions, prefix: String) -> anyhow::Result<()> {
     let mut stop = stop_signal()?;
-    let mut admin = pb::admin_client::AdminClient::new(connect(&client).await?);
+    let mut admin = admin(&client).await?;
     let mut stream = admin
         .watch(pb::WatchRequest {
             prefix: prefix.clone(),

@@ -4,10 +4,10 @@
 
 use std::net::SocketAddr;
 use std::process::Stdio;
-use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::command::{client, client_json, fusebox, Run, PATIENCE};
 use crate::harness::{self, Server, BIN};
 
 /// Keys in `pool/*` share one concurrency permit with room for one waiter;
@@ -21,86 +21,6 @@ limiter = { kind = "concurrency", permits = 1, queue_limit = 1 }
 [default]
 breaker = { mode = "consecutive", failures = 2, break = "1s" }
 "#;
-
-/// The longest any one command may take before the test gives up on it.
-const PATIENCE: Duration = Duration::from_secs(30);
-
-/// What one run of the command did.
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    /// The standard output of a run that must have succeeded.
-    fn ok(&self) -> &str {
-        assert_eq!(
-            self.code,
-            Some(0),
-            "the command succeeds; stdout {:?}, stderr {:?}",
-            self.stdout,
-            self.stderr
-        );
-        &self.stdout
-    }
-
-    /// The one JSON document printed by a run that must have succeeded.
-    fn json(&self) -> Value {
-        let out = self.ok();
-        assert_eq!(out.lines().count(), 1, "--json prints one line: {out:?}");
-        serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
-    }
-
-    /// The error message of a run that must have failed with exit code `code`.
-    fn failed(&self, code: i32) -> &str {
-        assert_eq!(
-            self.code,
-            Some(code),
-            "the command fails with exit code {code}; stdout {:?}, stderr {:?}",
-            self.stdout,
-            self.stderr
-        );
-        assert!(
-            self.stdout.is_empty(),
-            "a failed command prints nothing on stdout: {:?}",
-            self.stdout
-        );
-        &self.stderr
-    }
-}
-
-/// Runs `fusebox ARGS` to the end.
-async fn fusebox(args: &[&str]) -> Run {
-    let output = tokio::process::Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(PATIENCE, output)
-        .await
-        .unwrap_or_else(|_| panic!("`fusebox {}` ends within {PATIENCE:?}", args.join(" ")))
-        .expect("fusebox runs");
-    Run {
-        code: output.status.code(),
-        stdout: String::from_utf8(output.stdout).expect("stdout is UTF-8"),
-        stderr: String::from_utf8(output.stderr).expect("stderr is UTF-8"),
-    }
-}
-
-/// Runs a client command against `server`: `ARGS --server ADDR`.
-async fn client(server: &Server, args: &[&str]) -> Run {
-    let mut all = args.to_vec();
-    all.extend(["--server", server.addr.as_str()]);
-    fusebox(&all).await
-}
-
-/// Runs a client command with `--json` and parses what it printed.
-async fn client_json(server: &Server, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.push("--json");
-    client(server, &all).await.json()
-}
 
 /// The ticket of a JSON acquire reply, checked to be 32 hex digits (L1).
 fn ticket_of(reply: &Value) -> String {

@@ -17,6 +17,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::Child;
 use tokio::sync::mpsc;
 
+use crate::command::{client, client_json, PATIENCE};
 use crate::harness::{self, Server, BIN};
 
 /// `pool/*` has a concurrency limiter of 2; `ratio/*` a ratio breaker;
@@ -34,83 +35,6 @@ breaker = { mode = "ratio", failure_ratio = 0.5, minimum_throughput = 4, samplin
 [default]
 breaker = { mode = "consecutive", failures = 2, break = "1s" }
 "#;
-
-/// The longest any one step may take before the test gives up.
-const PATIENCE: Duration = Duration::from_secs(30);
-
-// ---------------------------------------------------------------------------
-// Running commands.
-// ---------------------------------------------------------------------------
-
-/// What one run of the command did.
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn ok(&self) -> &str {
-        assert_eq!(
-            self.code,
-            Some(0),
-            "the command succeeds; stdout {:?}, stderr {:?}",
-            self.stdout,
-            self.stderr
-        );
-        assert_eq!(self.stderr, "", "nothing on standard error");
-        &self.stdout
-    }
-
-    fn json(&self) -> Value {
-        let out = self.ok();
-        assert_eq!(out.lines().count(), 1, "--json prints one line: {out:?}");
-        serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
-    }
-
-    fn failed(&self, code: i32) -> &str {
-        assert_eq!(
-            self.code,
-            Some(code),
-            "the command fails with exit code {code}; stdout {:?}, stderr {:?}",
-            self.stdout,
-            self.stderr
-        );
-        assert_eq!(self.stdout, "", "a failed command prints nothing on stdout");
-        &self.stderr
-    }
-}
-
-async fn fusebox(args: &[&str]) -> Run {
-    let output = tokio::process::Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(PATIENCE, output)
-        .await
-        .unwrap_or_else(|_| panic!("`fusebox {}` ends within {PATIENCE:?}", args.join(" ")))
-        .expect("fusebox runs");
-    Run {
-        code: output.status.code(),
-        stdout: String::from_utf8(output.stdout).expect("stdout is UTF-8"),
-        stderr: String::from_utf8(output.stderr).expect("stderr is UTF-8"),
-    }
-}
-
-/// `fusebox ARGS --server ADDR`.
-async fn client(server: &Server, args: &[&str]) -> Run {
-    let mut all = args.to_vec();
-    all.extend(["--server", server.addr.as_str()]);
-    fusebox(&all).await
-}
-
-/// `fusebox ARGS --json --server ADDR`, parsed.
-async fn client_json(server: &Server, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.push("--json");
-    client(server, &all).await.json()
-}
 
 // ---------------------------------------------------------------------------
 // Making state over gRPC.

@@ -4,6 +4,7 @@ mod admin;
 mod bad_input;
 mod cli;
 mod cli_ops;
+mod command;
 mod compose;
 mod dashboard;
 mod fleet;
