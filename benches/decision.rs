@@ -34,7 +34,9 @@ fn pair(fuse: &mut Fuse, id: u128, now: u64) {
     } else {
         Outcome::Success
     };
-    let grant = decision.grant().expect("the policy never trips at this failure rate");
+    let grant = decision
+        .grant()
+        .expect("the policy never trips at this failure rate");
     black_box(fuse.complete(grant.ticket, outcome, now).expect("complete"));
 }
 

@@ -1,0 +1,587 @@
+//! The client commands of the `fusebox` command: calls to a server and
+//! what they print, for people and (`--json`) for programs.
+
+mod top;
+
+pub(crate) use top::top;
+
+use anyhow::{bail, Context};
+use fusebox::proto::v1 as pb;
+use fusebox::server::millis_of;
+
+use crate::{ClientOptions, PhaseArg};
+pub(crate) async fn connect(client: &ClientOptions) -> anyhow::Result<tonic::transport::Channel> {
+    let url = if client.server.contains("://") {
+        client.server.clone()
+    } else {
+        format!("http://{}", client.server)
+    };
+    tonic::transport::Endpoint::from_shared(url.clone())
+        .with_context(|| format!("--server {}: not an address", client.server))?
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| {
+            format!(
+                "cannot reach fusebox at {}: start `fusebox serve` there, or pass \
+                 --server with the address a running server printed (`listening on ADDR`)",
+                client.server
+            )
+        })
+}
+
+pub(crate) async fn admin(
+    client: &ClientOptions,
+) -> anyhow::Result<pb::admin_client::AdminClient<tonic::transport::Channel>> {
+    Ok(pb::admin_client::AdminClient::new(connect(client).await?))
+}
+
+pub(crate) fn operator<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    let who = std::env::var("USER").unwrap_or_else(|_| "cli".to_owned());
+    if let Ok(value) = format!("cli:{who}").parse() {
+        request.metadata_mut().insert("x-fusebox-operator", value);
+    }
+    request
+}
+
+/// A failed call, named by its gRPC code as the SPEC and every gRPC client
+/// write it (`NOT_FOUND`, `INVALID_ARGUMENT`), then the server's message.
+pub(crate) fn call_error(status: tonic::Status) -> anyhow::Error {
+    let code = code_name(status.code());
+    match status.message() {
+        "" => anyhow::anyhow!("{code}"),
+        message => anyhow::anyhow!("{code}: {message}"),
+    }
+}
+
+/// The canonical name of a gRPC code: `NotFound` becomes `NOT_FOUND`.
+pub(crate) fn code_name(code: tonic::Code) -> String {
+    let mut name = String::new();
+    for (i, c) in format!("{code:?}").chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            name.push('_');
+        }
+        name.push(c.to_ascii_uppercase());
+    }
+    name
+}
+
+pub(crate) fn phase_name(value: i32) -> &'static str {
+    match pb::Phase::try_from(value) {
+        Ok(pb::Phase::Closed) => "CLOSED",
+        Ok(pb::Phase::Open) => "OPEN",
+        Ok(pb::Phase::HalfOpen) => "HALF_OPEN",
+        Ok(pb::Phase::Isolated) => "ISOLATED",
+        _ => "UNSPECIFIED",
+    }
+}
+
+pub(crate) fn ms(d: Option<prost_types::Duration>) -> Option<u64> {
+    millis_of("duration", d).ok().flatten()
+}
+
+pub(crate) fn print_acquire(r: &pb::AcquireResponse, json: bool) -> anyhow::Result<()> {
+    let decision = pb::Decision::try_from(r.decision)
+        .map(|d| d.as_str_name().trim_start_matches("DECISION_"))
+        .unwrap_or("UNSPECIFIED");
+    let reason = pb::Reason::try_from(r.reason)
+        .ok()
+        .filter(|r| *r != pb::Reason::Unspecified)
+        .map(|r| r.as_str_name().trim_start_matches("REASON_").to_lowercase());
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "decision": decision,
+                "ticket": (!r.ticket.is_empty()).then_some(&r.ticket),
+                "reason": reason,
+                "retry_after_ms": ms(r.retry_after),
+                "lease_ms": ms(r.lease),
+                "phase": phase_name(r.phase),
+            })
+        );
+        return Ok(());
+    }
+    let mut line = decision.to_owned();
+    if !r.ticket.is_empty() {
+        line.push_str(&format!("  ticket {}", r.ticket));
+    }
+    if let Some(reason) = reason {
+        line.push_str(&format!("  reason {reason}"));
+    }
+    if let Some(retry) = ms(r.retry_after) {
+        line.push_str(&format!("  retry after {retry}ms"));
+    }
+    if let Some(lease) = ms(r.lease) {
+        line.push_str(&format!("  lease {lease}ms"));
+    }
+    line.push_str(&format!("  phase {}", phase_name(r.phase)));
+    println!("{line}");
+    Ok(())
+}
+
+pub(crate) fn print_key(s: &pb::KeyState, json: bool) -> anyhow::Result<()> {
+    if s.key.is_empty() {
+        bail!("the server answered without a key");
+    }
+    let open_remaining = ms(s.open_remaining);
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "key": s.key,
+                "phase": phase_name(s.phase),
+                "consecutive_failures": s.consecutive_failures,
+                "half_open_attempts": s.half_open_attempts,
+                "open_remaining_ms": open_remaining,
+                "free": s.free,
+                "queued": s.queued,
+                "live_tickets": s.live_tickets,
+                "waiters": s.waiters,
+            })
+        );
+        return Ok(());
+    }
+    println!("key                   {}", s.key);
+    match open_remaining {
+        Some(left) => println!(
+            "phase                 {} ({left}ms left in the break)",
+            phase_name(s.phase)
+        ),
+        None => println!("phase                 {}", phase_name(s.phase)),
+    }
+    println!("consecutive failures  {}", s.consecutive_failures);
+    println!("half-open attempts    {}", s.half_open_attempts);
+    println!("free permits          {}", s.free);
+    println!("queued permits        {} ({} waiters)", s.queued, s.waiters);
+    println!("live tickets          {}", s.live_tickets);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Operations: `keys`, `watch` and `top`.
+// ---------------------------------------------------------------------------
+
+/// Reads every matching key, page by page (AIP-132), in key order.
+pub(crate) async fn list_all(
+    admin: &mut pb::admin_client::AdminClient<tonic::transport::Channel>,
+    prefix: &str,
+    phases: &[i32],
+) -> anyhow::Result<Vec<pb::KeyState>> {
+    let mut keys = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = admin
+            .list_keys(pb::ListKeysRequest {
+                prefix: prefix.to_owned(),
+                phases: phases.to_vec(),
+                // The server's default page (100 keys).
+                page_size: 0,
+                page_token: page_token.clone(),
+            })
+            .await
+            .map_err(call_error)?
+            .into_inner();
+        keys.extend(page.keys);
+        if page.next_page_token.is_empty() {
+            return Ok(keys);
+        }
+        if page.next_page_token == page_token {
+            bail!("the server answered the same page token twice; the listing is incomplete");
+        }
+        page_token = page.next_page_token;
+    }
+}
+
+pub(crate) async fn keys(
+    client: ClientOptions,
+    prefix: String,
+    phases: Vec<PhaseArg>,
+) -> anyhow::Result<()> {
+    let mut admin = admin(&client).await?;
+    let phases: Vec<i32> = phases.iter().map(|p| p.wire() as i32).collect();
+    let keys = list_all(&mut admin, &prefix, &phases).await?;
+    if client.json {
+        let all: Vec<serde_json::Value> = keys.iter().map(key_json).collect();
+        return emit(&serde_json::Value::Array(all).to_string());
+    }
+    if keys.is_empty() {
+        let mut line = "no keys".to_owned();
+        if !prefix.is_empty() {
+            line.push_str(&format!(" start with {prefix:?}"));
+        }
+        if !phases.is_empty() {
+            let names: Vec<&str> = phases.iter().map(|p| phase_name(*p)).collect();
+            line.push_str(&format!(
+                "{} in phase {}",
+                if prefix.is_empty() { "" } else { " and are" },
+                names.join(" or ")
+            ));
+        }
+        return emit(&line);
+    }
+    emit(&key_table(&keys, None).0.join("\n"))
+}
+
+/// Prints `text` and a newline on standard output. A reader that went away
+/// (`fusebox watch | head`) ends the command quietly.
+pub(crate) fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => Err(e).context("cannot write to standard output"),
+    }
+}
+
+/// Every request a key answered: admitted, blocked, refused, denied or
+/// withdrawn while waiting.
+pub(crate) fn requests(s: &pb::KeyState) -> u64 {
+    s.stats.as_ref().map_or(0, |st| {
+        st.granted + st.probes + st.blocked + st.refused + st.denied + st.withdrawn
+    })
+}
+
+/// A key as `keys --json` and `watch --json` print it.
+pub(crate) fn key_json(s: &pb::KeyState) -> serde_json::Value {
+    let st = s.stats.clone().unwrap_or_default();
+    let by_reason: serde_json::Map<String, serde_json::Value> = st
+        .by_reason
+        .iter()
+        .map(|(reason, n)| (reason.clone(), (*n).into()))
+        .collect();
+    serde_json::json!({
+        "key": s.key,
+        "phase": phase_name(s.phase),
+        "open_remaining_ms": ms(s.open_remaining),
+        "failure_ratio": s.failure_ratio,
+        "consecutive_failures": s.consecutive_failures,
+        "half_open_attempts": s.half_open_attempts,
+        "free": s.free,
+        "limit": s.limit,
+        "queued": s.queued,
+        "waiters": s.waiters,
+        "live_tickets": s.live_tickets,
+        "requests": requests(s),
+        "phase_changed_at": s.phase_changed_at.map(time_ms),
+        "stats": {
+            "granted": st.granted,
+            "probes": st.probes,
+            "blocked": st.blocked,
+            "refused": st.refused,
+            "denied": st.denied,
+            "by_reason": by_reason,
+            "queued": st.queued,
+            "evicted": st.evicted,
+            "timed_out": st.timed_out,
+            "withdrawn": st.withdrawn,
+            "successes": st.successes,
+            "failures": st.failures,
+            "ignored": st.ignored,
+            "stale": st.stale,
+            "expired": st.expired,
+        },
+    })
+}
+
+/// A wall-clock time in RFC 3339 to the second: `2026-11-29T23:59:01Z`.
+pub(crate) fn time_s(t: prost_types::Timestamp) -> String {
+    prost_types::Timestamp {
+        seconds: t.seconds,
+        nanos: 0,
+    }
+    .to_string()
+}
+
+/// A wall-clock time in RFC 3339 to the millisecond.
+pub(crate) fn time_ms(t: prost_types::Timestamp) -> String {
+    prost_types::Timestamp {
+        seconds: t.seconds,
+        nanos: t.nanos - t.nanos.rem_euclid(1_000_000),
+    }
+    .to_string()
+}
+
+/// This machine's time, to the second.
+pub(crate) fn now_s() -> String {
+    time_s(prost_types::Timestamp::from(std::time::SystemTime::now()))
+}
+
+/// A duration for people: `750ms`, `4.9s`, `2m05s`, `1h30m`.
+pub(crate) fn human_ms(ms: u64) -> String {
+    match ms {
+        0..=999 => format!("{ms}ms"),
+        1_000..=59_999 => format!("{}.{}s", ms / 1000, ms % 1000 / 100),
+        60_000..=3_599_999 => format!("{}m{:02}s", ms / 60_000, ms % 60_000 / 1000),
+        _ => format!("{}h{:02}m", ms / 3_600_000, ms % 3_600_000 / 60_000),
+    }
+}
+
+/// An interval as given: `1s`, `500ms`, `2m`; otherwise as [`human_ms`].
+pub(crate) fn interval_words(ms: u64) -> String {
+    match ms {
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        ms if ms < 1000 => format!("{ms}ms"),
+        ms => human_ms(ms),
+    }
+}
+
+pub(crate) const KEY_HEADERS: [&str; 8] = [
+    "KEY",
+    "PHASE",
+    "BREAK LEFT",
+    "FAIL RATIO",
+    "FREE/LIMIT",
+    "QUEUED",
+    "TICKETS",
+    "REQUESTS",
+];
+
+/// The table cells of one key, in [`KEY_HEADERS`] order.
+pub(crate) fn key_cells(s: &pb::KeyState) -> Vec<String> {
+    vec![
+        s.key.clone(),
+        phase_name(s.phase).to_owned(),
+        ms(s.open_remaining).map_or_else(|| "-".to_owned(), human_ms),
+        s.failure_ratio
+            .map_or_else(|| "-".to_owned(), |r| format!("{:.1}%", r * 100.0)),
+        if s.limit == 0 {
+            "-".to_owned()
+        } else {
+            format!("{}/{}", s.free, s.limit)
+        },
+        s.queued.to_string(),
+        s.live_tickets.to_string(),
+        requests(s).to_string(),
+    ]
+}
+
+/// The key table: a header and one line per key. With `width`, keys are
+/// shortened so that lines fit. Also returns the columns' widths.
+pub(crate) fn key_table(keys: &[pb::KeyState], width: Option<usize>) -> (Vec<String>, Vec<usize>) {
+    let mut rows: Vec<Vec<String>> = keys.iter().map(key_cells).collect();
+    let (lines, widths) = render_table(&KEY_HEADERS, &rows);
+    let total: usize = widths.iter().sum::<usize>() + 2 * (widths.len() - 1);
+    match width {
+        Some(width) if total > width => {
+            let room = (width + widths[0]).saturating_sub(total).max(12);
+            for row in &mut rows {
+                row[0] = shorten(&row[0], room);
+            }
+            render_table(&KEY_HEADERS, &rows)
+        }
+        _ => (lines, widths),
+    }
+}
+
+/// `text` cut to `max` characters, ending in `…` when cut.
+pub(crate) fn shorten(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let mut short: String = text.chars().take(max.saturating_sub(1)).collect();
+    short.push('…');
+    short
+}
+
+/// Lines of a table: the first two columns aligned left, the rest (numbers)
+/// right, two spaces apart.
+pub(crate) fn render_table(headers: &[&str], rows: &[Vec<String>]) -> (Vec<String>, Vec<usize>) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.zip(&widths).enumerate() {
+            if i > 0 {
+                out.push_str("  ");
+            }
+            if i < 2 {
+                out.push_str(&format!("{cell:<w$}"));
+            } else {
+                out.push_str(&format!("{cell:>w$}"));
+            }
+        }
+        out.trim_end().to_owned()
+    };
+    let mut lines = vec![line(&mut headers.iter().copied())];
+    for row in rows {
+        lines.push(line(&mut row.iter().map(String::as_str)));
+    }
+    (lines, widths)
+}
+
+/// A transition in words: `2026-11-29T23:59:01Z payments/charge CLOSED ->
+/// OPEN  failures reached the trip condition`.
+pub(crate) fn transition_line(t: &pb::Transition) -> String {
+    let at = t.at.map_or_else(now_s, time_s);
+    format!(
+        "{at} {} {} -> {}  {}",
+        t.key,
+        phase_name(t.from),
+        phase_name(t.to),
+        transition_words(t)
+    )
+}
+
+/// Why a transition happened; for an operator's isolate or close, who
+/// asked and why.
+pub(crate) fn transition_words(t: &pb::Transition) -> String {
+    let verb = match pb::TransitionKind::try_from(t.kind) {
+        Ok(pb::TransitionKind::Isolate) => "isolated",
+        Ok(pb::TransitionKind::Close) => "closed",
+        _ => return t.cause.clone(),
+    };
+    let mut words = if t.who.is_empty() {
+        format!("{verb} by an operator")
+    } else {
+        format!("{verb} by {}", t.who)
+    };
+    if !t.reason.is_empty() {
+        words.push_str(": ");
+        words.push_str(&t.reason);
+    }
+    words
+}
+
+pub(crate) fn transition_json(t: &pb::Transition) -> serde_json::Value {
+    let kind = pb::TransitionKind::try_from(t.kind)
+        .map(|k| {
+            k.as_str_name()
+                .trim_start_matches("TRANSITION_KIND_")
+                .to_lowercase()
+        })
+        .unwrap_or_else(|_| "unspecified".to_owned());
+    let text = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+    serde_json::json!({
+        "event": "transition",
+        "sequence": t.sequence,
+        "at": t.at.map(time_ms),
+        "key": t.key,
+        "kind": kind,
+        "from": phase_name(t.from),
+        "to": phase_name(t.to),
+        "cause": t.cause,
+        "who": text(&t.who),
+        "reason": text(&t.reason),
+        "state": t.state.as_ref().map(key_json),
+    })
+}
+
+/// Resolves when the user interrupts (Ctrl-C) or the process is told to
+/// stop (SIGTERM, SIGHUP). The handlers are installed at once, so no
+/// signal sent after this returns kills the process outright.
+pub(crate) fn stop_signal(
+) -> anyhow::Result<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        let mut hup = signal(SignalKind::hangup())?;
+        Ok(Box::pin(async move {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+                _ = hup.recv() => {}
+            }
+        }))
+    }
+    #[cfg(not(unix))]
+    {
+        Ok(Box::pin(async {
+            let _ = tokio::signal::ctrl_c().await;
+        }))
+    }
+}
+
+pub(crate) async fn watch(client: ClientOptions, prefix: String) -> anyhow::Result<()> {
+    let mut stop = stop_signal()?;
+    let mut admin = admin(&client).await?;
+    let mut stream = admin
+        .watch(pb::WatchRequest {
+            prefix: prefix.clone(),
+        })
+        .await
+        .map_err(call_error)?
+        .into_inner();
+    // The parts of the snapshot being received.
+    let mut snapshot: Vec<pb::KeyState> = Vec::new();
+    loop {
+        let message = tokio::select! {
+            message = stream.message() => message,
+            () = &mut stop => return Ok(()),
+        };
+        let event = match message {
+            Ok(Some(pb::WatchEvent { event: Some(event) })) => event,
+            Ok(Some(pb::WatchEvent { event: None })) => continue,
+            Ok(None) => {
+                eprintln!("the server ended the watch stream");
+                return Ok(());
+            }
+            Err(status) => return Err(call_error(status).context("the watch stream broke")),
+        };
+        match event {
+            pb::watch_event::Event::Snapshot(part) if client.json => {
+                let keys: Vec<serde_json::Value> = part.keys.iter().map(key_json).collect();
+                emit(
+                    &serde_json::json!({
+                        "event": "snapshot",
+                        "complete": part.complete,
+                        "keys": keys,
+                    })
+                    .to_string(),
+                )?;
+            }
+            pb::watch_event::Event::Snapshot(part) => {
+                snapshot.extend(part.keys);
+                if part.complete {
+                    let keys = std::mem::take(&mut snapshot);
+                    if !keys.is_empty() {
+                        emit(&key_table(&keys, None).0.join("\n"))?;
+                    }
+                    let which = if prefix.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" starting with {prefix:?}")
+                    };
+                    let count = match keys.len() {
+                        1 => "1 key".to_owned(),
+                        n => format!("{n} keys"),
+                    };
+                    emit(&format!(
+                        "{} snapshot: {count}{which}; watching for transitions",
+                        now_s()
+                    ))?;
+                }
+            }
+            pb::watch_event::Event::Transition(t) if client.json => {
+                emit(&transition_json(&t).to_string())?;
+            }
+            pb::watch_event::Event::Transition(t) => emit(&transition_line(&t))?,
+            pb::watch_event::Event::Lagged(lag) if client.json => {
+                emit(&serde_json::json!({ "event": "lagged", "missed": lag.missed }).to_string())?;
+            }
+            pb::watch_event::Event::Lagged(lag) => {
+                // Parts of a snapshot cut short are superseded by the next.
+                snapshot.clear();
+                emit(&format!(
+                    "{} lagged: this watcher fell behind and missed {} events; a fresh snapshot follows",
+                    now_s(),
+                    lag.missed
+                ))?;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// `top`: a live table in the terminal.
+// ---------------------------------------------------------------------------
