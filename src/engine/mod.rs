@@ -783,21 +783,15 @@ impl Engine {
     /// Reads a key without making or moving it (B6); lease ends are settled first.
     pub fn get(&self, key: &str) -> Result<KeyReading, EngineError> {
         check_key(key)?;
-        let read = self.with_fuse(key, Access::READ, |fuse, now| {
-            fuse.advance(now).map(|()| (fuse.view(now), now))
-        })?;
-        let (view, now) = match read {
-            Some(r) => r.map_err(fuse_error)?,
-            None => {
-                let now = self.clock.now();
-                (Fuse::new(self.policy_for(key).0, now).view(now), now)
+        Ok(self.read_live(key).unwrap_or_else(|| {
+            // K2: a key never used (or forgotten) reads as a fresh one would.
+            let now = self.clock.now();
+            KeyReading {
+                key: key.to_owned(),
+                view: Fuse::new(self.policy_for(key).0, now).view(now),
+                now,
             }
-        };
-        Ok(KeyReading {
-            key: key.to_owned(),
-            view,
-            now,
-        })
+        }))
     }
 
     /// Isolates a key (B5), recording who asked and why.
@@ -864,6 +858,22 @@ impl Engine {
         }
     }
 
+    /// Reads a live key like [`Engine::get`]; `None` when it does not exist
+    /// (it may have been forgotten since its name was seen).
+    fn read_live(&self, key: &str) -> Option<KeyReading> {
+        let read = self.with_fuse(key, Access::READ, |fuse, now| {
+            fuse.advance(now).map(|()| (fuse.view(now), now))
+        });
+        let Ok(Some(Ok((view, now)))) = read else {
+            return None;
+        };
+        Some(KeyReading {
+            key: key.to_owned(),
+            view,
+            now,
+        })
+    }
+
     /// The live keys that start with `prefix`, come after `after` and are in
     /// one of `phases` (any phase when empty), in key order, read like
     /// [`Engine::get`]; at most `limit` of them, and whether more remain.
@@ -882,24 +892,14 @@ impl Engine {
             .collect();
         names.sort_unstable();
         let mut found = Vec::new();
-        for name in names {
-            let read = self.with_fuse(&name, Access::READ, |fuse, now| {
-                fuse.advance(now).map(|()| (fuse.view(now), now))
-            });
-            let Ok(Some(Ok((view, now)))) = read else {
-                continue; // forgotten meanwhile
-            };
-            if !phases.is_empty() && !phases.contains(&view.phase) {
+        for reading in names.iter().filter_map(|name| self.read_live(name)) {
+            if !phases.is_empty() && !phases.contains(&reading.view.phase) {
                 continue;
             }
             if found.len() == limit {
                 return (found, true);
             }
-            found.push(KeyReading {
-                key: name.to_string(),
-                view,
-                now,
-            });
+            found.push(reading);
         }
         (found, false)
     }

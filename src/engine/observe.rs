@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::{Access, Engine, KeyReading};
+use super::{Engine, KeyReading};
 
 impl Engine {
     /// Reads every live key that starts with `prefix`, like [`Engine::get`]
@@ -22,19 +22,9 @@ impl Engine {
             .map(|e| e.key().clone())
             .collect();
         let mut read = 0;
-        for name in names {
-            let reading = self.with_fuse(&name, Access::READ, |fuse, now| {
-                fuse.advance(now).map(|()| (fuse.view(now), now))
-            });
-            let Ok(Some(Ok((view, now)))) = reading else {
-                continue;
-            };
+        for reading in names.iter().filter_map(|name| self.read_live(name)) {
             read += 1;
-            visit(KeyReading {
-                key: name.to_string(),
-                view,
-                now,
-            });
+            visit(reading);
         }
         read
     }
