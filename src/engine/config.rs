@@ -34,6 +34,8 @@ pub struct ServerSpec {
     pub max_tickets: Option<u64>,
     /// Cap on waiting requests (K3).
     pub max_waiters: Option<u64>,
+    /// Cap on open client connections.
+    pub max_connections: Option<u64>,
     /// How long a key at rest is kept (K2).
     pub idle_after: Option<DurationSpec>,
 }
@@ -172,6 +174,8 @@ pub struct Limits {
     pub max_tickets: u64,
     /// Cap on waiting requests.
     pub max_waiters: u64,
+    /// Cap on open gRPC connections.
+    pub max_connections: u64,
     /// How long a key at rest is kept.
     pub idle_after: Millis,
 }
@@ -182,6 +186,7 @@ impl Default for Limits {
             max_keys: 1_000_000,
             max_tickets: 1_000_000,
             max_waiters: 100_000,
+            max_connections: 10_000,
             idle_after: 600_000,
         }
     }
@@ -347,6 +352,11 @@ impl ConfigFile {
                 max_keys: cap(self.server.max_keys, "max_keys", defaults.max_keys)?,
                 max_tickets: cap(self.server.max_tickets, "max_tickets", defaults.max_tickets)?,
                 max_waiters: cap(self.server.max_waiters, "max_waiters", defaults.max_waiters)?,
+                max_connections: cap(
+                    self.server.max_connections,
+                    "max_connections",
+                    defaults.max_connections,
+                )?,
                 idle_after,
             },
         })

@@ -226,6 +226,10 @@ pub struct Counters {
     pub reload_failures: AtomicU64,
     /// 1 when the last reload attempt succeeded (or none was made), else 0.
     pub last_reload_ok: AtomicU64,
+    /// Open gRPC connections.
+    pub connections: AtomicU64,
+    /// Connections closed at once because `max_connections` was reached.
+    pub connections_refused: AtomicU64,
 }
 
 impl Counters {

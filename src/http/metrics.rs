@@ -223,6 +223,27 @@ pub fn render(engine: &Engine) -> String {
         limits.max_waiters,
     );
     x.single(
+        "fusebox_max_connections",
+        "gauge",
+        "Cap on open gRPC connections ([server] max_connections).",
+        limits.max_connections,
+    );
+    x.single(
+        "fusebox_connections",
+        "gauge",
+        "Open gRPC connections.",
+        engine.counters().connections.load(Ordering::Relaxed),
+    );
+    x.single(
+        "fusebox_connections_refused_total",
+        "counter",
+        "gRPC connections closed at once because max_connections was reached.",
+        engine
+            .counters()
+            .connections_refused
+            .load(Ordering::Relaxed),
+    );
+    x.single(
         "fusebox_idle_after_seconds",
         "gauge",
         "How long a key at rest stays unused before it is forgotten ([server] idle_after).",

@@ -6,7 +6,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use crate::domain::policy::MAX_DURATION;
@@ -17,6 +16,7 @@ use pb::admin_server::{Admin, AdminServer};
 use pb::clock_server::{Clock, ClockServer};
 use pb::fusebox_server::{Fusebox, FuseboxServer};
 
+mod connections;
 pub mod policy;
 mod watch;
 
@@ -559,7 +559,7 @@ pub async fn run(
     let api = Api::new(engine.clone());
     let timer = tokio::spawn(engine.clone().run_timer());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = connections::incoming(listener, engine.clone());
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(

@@ -883,3 +883,58 @@ async fn the_api_lists_keys_and_isolates_and_closes_with_who_and_why() {
         );
     }
 }
+
+/// A connection past `[server] max_connections` is closed before it can ask
+/// anything; the open connections are a gauge and the refusals a counter;
+/// a connection that closes frees its place.
+#[tokio::test]
+async fn connections_past_the_cap_are_refused_and_counted() {
+    let server = Server::start(Options {
+        config: Some("[server]\nmax_connections = 2\n"),
+        ..Options::default()
+    })
+    .await;
+    let read = |mut admin: pb::admin_client::AdminClient<Channel>| async move {
+        admin
+            .get_key(pb::GetKeyRequest { key: "k".into() })
+            .await
+            .map(|_| admin)
+    };
+    let first = read(server.admin().await)
+        .await
+        .expect("the first connection is served");
+    let _second = read(server.admin().await)
+        .await
+        .expect("the second connection is served");
+    // The third is accepted by the kernel, then closed by the server at once.
+    let third = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .expect("an address")
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await;
+    if let Ok(channel) = third {
+        let status = read(pb::admin_client::AdminClient::new(channel))
+            .await
+            .expect_err("a connection past the cap is not served");
+        // The connection is closed under the client: a transport error
+        // (reported as UNAVAILABLE, UNKNOWN or CANCELLED by the client).
+        assert!(
+            matches!(
+                status.code(),
+                tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+            ),
+            "{status:?}"
+        );
+    }
+    let (_, metrics) = scrape(&server).await;
+    assert_eq!(metrics.value("fusebox_max_connections", &[]), 2.0);
+    assert_eq!(metrics.value("fusebox_connections", &[]), 2.0);
+    assert!(metrics.value("fusebox_connections_refused_total", &[]) >= 1.0);
+
+    drop(first);
+    eventually("a closed connection frees its place", LIMIT, || async {
+        read(server.admin().await).await.ok()
+    })
+    .await;
+}
