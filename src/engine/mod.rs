@@ -460,14 +460,15 @@ impl Engine {
         (*rules.policy_for(key), generation)
     }
 
-    /// Runs `op` on the key's fuse under its shard lock, making the key
+    /// Runs `op` on the key's fuse (given the time and the key's shared
+    /// name) under its shard lock, making the key
     /// first when `access.create` is set (within the key cap). Returns
     /// `None` when the key does not exist and is not to be made.
     fn with_fuse<R>(
         &self,
         key: &str,
         access: Access<'_>,
-        op: impl FnOnce(&mut Fuse, Millis) -> R,
+        op: impl FnOnce(&mut Fuse, Millis, &Arc<str>) -> R,
     ) -> Result<Option<R>, EngineError> {
         let mut entry = match self.keys.get_mut(key) {
             Some(entry) => entry,
@@ -509,7 +510,7 @@ impl Engine {
         }
         let tickets_before = e.fuse.live_tickets();
         let waiters_before = e.fuse.waiters();
-        let result = op(&mut e.fuse, now);
+        let result = op(&mut e.fuse, now, &key_name);
         let changes = self.handle_notices(&key_name, &mut e.fuse, now);
         adjust(&self.live_tickets, tickets_before, e.fuse.live_tickets());
         adjust(&self.live_waiters, waiters_before, e.fuse.waiters());
@@ -643,7 +644,7 @@ impl Engine {
         let mut receiver = None;
         let existed = self.keys.contains_key(args.key.as_str());
         let result = self
-            .with_fuse(&args.key, Access::MAKE, |fuse, now| {
+            .with_fuse(&args.key, Access::MAKE, |fuse, now, key| {
                 let decision = fuse.acquire(&ask, id, now)?;
                 self.counters.count(&decision);
                 if decision == Decision::Queued {
@@ -652,8 +653,7 @@ impl Engine {
                     receiver = Some(rx);
                 }
                 if let Some(grant) = decision.grant() {
-                    self.tickets
-                        .insert(grant.ticket, Arc::from(args.key.as_str()));
+                    self.tickets.insert(grant.ticket, key.clone());
                 }
                 Ok::<_, FuseError>((decision, fuse.breaker().phase(), now))
             })?
@@ -691,7 +691,7 @@ impl Engine {
             ..Ask::default()
         };
         let probe_id = TicketId(0);
-        let answer = self.with_fuse(&args.key, Access::READ, |fuse, now| {
+        let answer = self.with_fuse(&args.key, Access::READ, |fuse, now, _| {
             fuse.acquire(&ask, probe_id, now)
                 .map(|d| (d, fuse.breaker().phase(), now))
         })?;
@@ -739,7 +739,7 @@ impl Engine {
     /// Withdraws a waiter whose caller went away (P6).
     fn withdraw(&self, key: &str, id: TicketId) {
         self.waiters.remove(&id);
-        let _ = self.with_fuse(key, Access::USE, |fuse, now| fuse.withdraw(id, now));
+        let _ = self.with_fuse(key, Access::USE, |fuse, now, _| fuse.withdraw(id, now));
     }
 
     /// A ticket's id and the key it belongs to.
@@ -757,7 +757,7 @@ impl Engine {
     pub fn complete(&self, token: &str, outcome: Outcome) -> Result<CompleteReply, EngineError> {
         let (id, key) = self.ticket_and_key(token)?;
         let result = self
-            .with_fuse(&key, Access::USE, |fuse, now| {
+            .with_fuse(&key, Access::USE, |fuse, now, _| {
                 fuse.complete(id, outcome, now)
             })?
             .ok_or(EngineError::TicketNotFound)?;
@@ -779,7 +779,7 @@ impl Engine {
             return Err(zero_lease());
         }
         let (id, key) = self.ticket_and_key(token)?;
-        self.with_fuse(&key, Access::USE, |fuse, now| fuse.renew(id, lease, now))?
+        self.with_fuse(&key, Access::USE, |fuse, now, _| fuse.renew(id, lease, now))?
             .ok_or(EngineError::TicketNotFound)?
             .map_err(fuse_error)
     }
@@ -841,7 +841,7 @@ impl Engine {
             touch: true,
             actor: Some((who, why)),
         };
-        let read = self.with_fuse(key, access, |fuse, now| {
+        let read = self.with_fuse(key, access, |fuse, now, _| {
             let done = if isolate {
                 fuse.isolate(now)
             } else {
@@ -865,7 +865,7 @@ impl Engine {
     /// Reads a live key like [`Engine::get`]; `None` when it does not exist
     /// (it may have been forgotten since its name was seen).
     fn read_live(&self, key: &str) -> Option<KeyReading> {
-        let read = self.with_fuse(key, Access::READ, |fuse, now| {
+        let read = self.with_fuse(key, Access::READ, |fuse, now, _| {
             fuse.advance(now).map(|()| (fuse.view(now), now))
         });
         let Ok(Some(Ok((view, now)))) = read else {
@@ -966,7 +966,7 @@ impl Engine {
             if let Some(mut entry) = self.keys.get_mut(key.as_ref()) {
                 entry.scheduled = None;
             }
-            let _ = self.with_fuse(key, Access::READ, |fuse, now| fuse.advance(now));
+            let _ = self.with_fuse(key, Access::READ, |fuse, now, _| fuse.advance(now));
         }
         due.len()
     }

@@ -428,9 +428,7 @@ pub async fn isolate(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<KeyJson>, ApiError> {
-    let reason = reason_of(&headers, &body)?;
-    let r = state.engine.isolate(&key, &reason, &who(peer))?;
-    Ok(Json(KeyJson::of(&state.engine, &r)))
+    steer(&state, peer, &key, &headers, &body, Engine::isolate)
 }
 
 /// `POST /api/keys/{key}/close` with `{"reason": "..."}`.
@@ -441,8 +439,21 @@ pub async fn close(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<KeyJson>, ApiError> {
-    let reason = reason_of(&headers, &body)?;
-    let r = state.engine.close(&key, &reason, &who(peer))?;
+    steer(&state, peer, &key, &headers, &body, Engine::close)
+}
+
+/// An operator's isolate or close from the dashboard, with its reason and
+/// who asked.
+fn steer(
+    state: &AppState,
+    peer: SocketAddr,
+    key: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+    action: fn(&Engine, &str, &str, &str) -> Result<KeyReading, EngineError>,
+) -> Result<Json<KeyJson>, ApiError> {
+    let reason = reason_of(headers, body)?;
+    let r = action(&state.engine, key, &reason, &who(peer))?;
     Ok(Json(KeyJson::of(&state.engine, &r)))
 }
 

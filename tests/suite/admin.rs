@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use fusebox::proto::v1 as pb;
 use tonic::transport::Channel;
-use tonic::{Code, Request, Status};
+use tonic::{Code, Status};
 
 use crate::harness::{eventually, millis, ms, Server};
 
@@ -78,13 +78,7 @@ pub async fn advance(server: &Server, by: u64) -> u64 {
     millis(r.now).expect("a reading")
 }
 
-/// A request that names its operator in the `x-fusebox-operator` header.
-pub fn by<T>(who: &str, message: T) -> Request<T> {
-    let mut r = Request::new(message);
-    r.metadata_mut()
-        .insert("x-fusebox-operator", who.parse().expect("an ASCII name"));
-    r
-}
+pub use crate::harness::by;
 
 pub async fn get(admin: &mut Admin, key: &str) -> pb::KeyState {
     admin

@@ -91,15 +91,6 @@ async fn trip(server: &Server, key: &str) {
     );
 }
 
-/// A request as an operator named `who` sends it.
-fn as_operator<T>(who: &str, message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("x-fusebox-operator", who.parse().expect("ASCII"));
-    request
-}
-
 async fn isolate(server: &Server, key: &str, who: &str, reason: &str) {
     let request = pb::IsolateRequest {
         key: key.into(),
@@ -108,7 +99,7 @@ async fn isolate(server: &Server, key: &str, who: &str, reason: &str) {
     server
         .admin()
         .await
-        .isolate(as_operator(who, request))
+        .isolate(harness::by(who, request))
         .await
         .expect("Isolate answers");
 }
@@ -121,7 +112,7 @@ async fn close(server: &Server, key: &str, who: &str, reason: &str) {
     server
         .admin()
         .await
-        .close(as_operator(who, request))
+        .close(harness::by(who, request))
         .await
         .expect("Close answers");
 }

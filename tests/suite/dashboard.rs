@@ -79,13 +79,13 @@ async fn scene(server: &Server) -> Vec<String> {
         complete(&mut c, t, outcome).await;
     }
     held.push(ticket(&mut c, "auth/token").await);
-    let mut isolate = tonic::Request::new(pb::IsolateRequest {
-        key: "inventory/lookup".into(),
-        reason: "INC-4702: vendor maintenance window".into(),
-    });
-    isolate
-        .metadata_mut()
-        .insert("x-fusebox-operator", "oncall:alice".parse().expect("ASCII"));
+    let isolate = crate::harness::by(
+        "oncall:alice",
+        pb::IsolateRequest {
+            key: "inventory/lookup".into(),
+            reason: "INC-4702: vendor maintenance window".into(),
+        },
+    );
     server
         .admin()
         .await

@@ -222,3 +222,12 @@ pub fn ms(ms: u64) -> prost_types::Duration {
 pub fn millis(d: Option<prost_types::Duration>) -> Option<u64> {
     fusebox::server::millis_of("duration", d).expect("a valid duration")
 }
+
+/// A request that names its operator in the `x-fusebox-operator` header,
+/// as Isolate and Close record it.
+pub fn by<T>(who: &str, message: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    r.metadata_mut()
+        .insert("x-fusebox-operator", who.parse().expect("an ASCII name"));
+    r
+}

@@ -405,13 +405,13 @@ async fn metrics_parse_and_count_a_scripted_scenario_exactly() {
     // A status check answers but is not a decision that counts.
     acquire(&mut c, "lim/x", 0).await;
     // iso/y: isolated by an operator, then refused once.
-    let mut isolate = tonic::Request::new(pb::IsolateRequest {
-        key: "iso/y".into(),
-        reason: "INC-1: vendor down".into(),
-    });
-    isolate
-        .metadata_mut()
-        .insert("x-fusebox-operator", "test-op".parse().expect("ASCII"));
+    let isolate = crate::harness::by(
+        "test-op",
+        pb::IsolateRequest {
+            key: "iso/y".into(),
+            reason: "INC-1: vendor down".into(),
+        },
+    );
     server
         .admin()
         .await
