@@ -51,6 +51,14 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// Every phase, in wire order.
+    pub const ALL: [Phase; 4] = [Phase::Closed, Phase::Open, Phase::HalfOpen, Phase::Isolated];
+
+    /// The phase's place in [`Phase::ALL`], for tables indexed by phase.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The name used in logs, vectors and the CLI.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -167,6 +167,27 @@ impl Access<'static> {
     };
 }
 
+/// Engine-wide figures, kept as they change (see [`Engine::totals`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Live keys.
+    pub keys: u64,
+    /// Live keys by phase, indexed by [`Phase::index`].
+    pub by_phase: [u64; 4],
+    /// Live tickets.
+    pub tickets: u64,
+    /// Waiting requests.
+    pub waiters: u64,
+    /// Keys forgotten since start (K2).
+    pub forgotten: u64,
+    /// Final decisions by kind (see [`DECISION_NAMES`]).
+    pub decisions: [u64; 5],
+    /// Blocked and denied decisions by reason, in [`crate::domain::Reason::ALL`] order.
+    pub reasons: [u64; 7],
+    /// Phase changes.
+    pub transitions: u64,
+}
+
 /// What a watcher is told: a phase change, isolate or close of one key.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Event {

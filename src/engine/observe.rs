@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use super::{Engine, KeyReading};
+use super::{Engine, KeyReading, Totals};
+use crate::domain::Phase;
 
 impl Engine {
     /// Reads every live key that starts with `prefix`, like [`Engine::get`]
@@ -27,5 +28,51 @@ impl Engine {
             visit(reading);
         }
         read
+    }
+}
+
+impl Engine {
+    /// Engine-wide figures: keys by phase, tickets, waiters, decisions.
+    /// (Interim: counted by a walk; to be kept as they change.)
+    pub fn totals(&self) -> Totals {
+        let counts = self.counts();
+        let mut totals = Totals {
+            keys: counts.keys,
+            tickets: counts.tickets,
+            waiters: counts.waiters,
+            forgotten: counts.forgotten,
+            transitions: self
+                .counters
+                .transitions
+                .load(std::sync::atomic::Ordering::Relaxed),
+            ..Totals::default()
+        };
+        for (i, d) in self.counters.decisions.iter().enumerate() {
+            totals.decisions[i] = d.load(std::sync::atomic::Ordering::Relaxed);
+        }
+        for (i, r) in self.counters.reasons.iter().enumerate() {
+            totals.reasons[i] = r.load(std::sync::atomic::Ordering::Relaxed);
+        }
+        self.visit_keys("", |r| totals.by_phase[r.view.phase.index()] += 1);
+        totals
+    }
+
+    /// The `n` keys with the most requests lately, busiest first.
+    /// (Interim: by lifetime requests, found by a walk.)
+    pub fn busiest(&self, n: usize) -> Vec<KeyReading> {
+        let mut all = Vec::new();
+        self.visit_keys("", |r| all.push(r));
+        all.sort_by_key(|r| {
+            std::cmp::Reverse(
+                r.view.stats.granted
+                    + r.view.stats.probes
+                    + r.view.stats.blocked
+                    + r.view.stats.refused
+                    + r.view.stats.denied,
+            )
+        });
+        all.truncate(n);
+        let _ = Phase::Closed;
+        all
     }
 }
