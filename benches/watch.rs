@@ -18,7 +18,6 @@
 //! with `FUSEBOX_BENCH_TRIPS`, `FUSEBOX_BENCH_CLIENTS`, `FUSEBOX_BENCH_RUNS`
 //! and `FUSEBOX_BENCH_RUN_MS`.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -246,9 +245,9 @@ async fn throughput(addr: &str, engine: &Engine, clients: usize, runs: usize, le
                     .into_inner();
                 watcher = Some(stream);
             }
-            let events_before = engine.counters().transitions.load(Ordering::Relaxed);
+            let events_before = engine.totals().transitions;
             let rate = run_load(&channels, clients, length, run).await;
-            let events = engine.counters().transitions.load(Ordering::Relaxed) - events_before;
+            let events = engine.totals().transitions - events_before;
             let events_rate = events as f64 / length.as_secs_f64();
             match watcher {
                 None => {

@@ -36,6 +36,10 @@ pub struct ServerSpec {
     pub max_waiters: Option<u64>,
     /// Cap on open client connections.
     pub max_connections: Option<u64>,
+    /// Cap on open Watch streams.
+    pub max_watch_streams: Option<u64>,
+    /// Cap on open dashboard event streams.
+    pub max_event_streams: Option<u64>,
     /// How long a key at rest is kept (K2).
     pub idle_after: Option<DurationSpec>,
 }
@@ -176,6 +180,10 @@ pub struct Limits {
     pub max_waiters: u64,
     /// Cap on open gRPC connections.
     pub max_connections: u64,
+    /// Cap on open Watch streams.
+    pub max_watch_streams: u64,
+    /// Cap on open dashboard event streams.
+    pub max_event_streams: u64,
     /// How long a key at rest is kept.
     pub idle_after: Millis,
 }
@@ -187,6 +195,8 @@ impl Default for Limits {
             max_tickets: 1_000_000,
             max_waiters: 100_000,
             max_connections: 10_000,
+            max_watch_streams: 256,
+            max_event_streams: 64,
             idle_after: 600_000,
         }
     }
@@ -356,6 +366,16 @@ impl ConfigFile {
                     self.server.max_connections,
                     "max_connections",
                     defaults.max_connections,
+                )?,
+                max_watch_streams: cap(
+                    self.server.max_watch_streams,
+                    "max_watch_streams",
+                    defaults.max_watch_streams,
+                )?,
+                max_event_streams: cap(
+                    self.server.max_event_streams,
+                    "max_event_streams",
+                    defaults.max_event_streams,
                 )?,
                 idle_after,
             },

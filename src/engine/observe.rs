@@ -1,78 +1,300 @@
-//! Reads for observers (metrics, the dashboard) that walk every live key
-//! without gathering them all first: a scrape of a million keys holds one
-//! reading at a time, and each key's lock only for its own read.
+//! Reads for operators and observers: one key, a page of keys in key
+//! order, engine-wide totals and the busiest keys. None of them walks the
+//! whole map: a page merges the shards' ordered indexes from a cursor, the
+//! totals are kept as they change, and the busiest keys come from small
+//! per-shard tables. A read takes its shard's lock shared, and takes it
+//! for writing only to settle what is due first (B6).
 
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::{Engine, KeyReading, Totals};
-use crate::domain::Phase;
+use super::store::{Store, Tally};
+pub use super::store::{BATCH, SHARDS};
+use super::{check_key, Access, Engine, EngineError, KeyReading, Totals};
+use crate::domain::{Fuse, Phase};
 
-impl Engine {
-    /// Reads every live key that starts with `prefix`, like [`Engine::get`]
-    /// (lease ends settled, nothing made or moved, B6), and hands each
-    /// reading to `visit`, in no particular order; returns how many were
-    /// read. `visit` runs with no lock held, so a slow observer never delays
-    /// a decision; a key forgotten during the walk is skipped.
-    pub fn visit_keys(&self, prefix: &str, mut visit: impl FnMut(KeyReading)) -> usize {
-        // Names first: reading a key under a shard's iteration lock would
-        // deadlock with the write lock that a read takes.
-        let names: Vec<Arc<str>> = self
-            .keys
-            .iter()
-            .filter(|e| e.key().starts_with(prefix))
-            .map(|e| e.key().clone())
-            .collect();
-        let mut read = 0;
-        for reading in names.iter().filter_map(|name| self.read_live(name)) {
-            read += 1;
-            visit(reading);
-        }
-        read
+/// A page of keys, in key order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Page {
+    /// The keys read, at most the page's size.
+    pub readings: Vec<KeyReading>,
+    /// More keys match after the last one.
+    pub more: bool,
+    /// Index entries the page looked at: bounded by the page size and the
+    /// shard count, whatever the position or the keys outside the prefix.
+    pub visited: usize,
+}
+
+/// What one batch of a sweep did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// The shard swept.
+    pub shard: usize,
+    /// Keys looked at.
+    pub examined: usize,
+    /// Keys forgotten.
+    pub forgotten: usize,
+}
+
+/// Figures of the idle sweeps, for metrics.
+#[derive(Debug, Default)]
+pub(super) struct SweepCounters {
+    batches: AtomicU64,
+    largest: AtomicU64,
+}
+
+impl SweepCounters {
+    pub(super) fn record(&self, report: &SweepReport) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.largest
+            .fetch_max(report.examined as u64, Ordering::Relaxed);
     }
 }
 
+/// One shard's next names in a page, fetched a few at a time.
+struct Source {
+    shard: usize,
+    names: VecDeque<Arc<str>>,
+    last: Option<Arc<str>>,
+    exhausted: bool,
+}
+
 impl Engine {
-    /// Engine-wide figures: keys by phase, tickets, waiters, decisions.
-    /// (Interim: counted by a walk; to be kept as they change.)
-    pub fn totals(&self) -> Totals {
-        let counts = self.counts();
-        let mut totals = Totals {
-            keys: counts.keys,
-            tickets: counts.tickets,
-            waiters: counts.waiters,
-            forgotten: counts.forgotten,
-            transitions: self
-                .counters
-                .transitions
-                .load(std::sync::atomic::Ordering::Relaxed),
-            ..Totals::default()
-        };
-        for (i, d) in self.counters.decisions.iter().enumerate() {
-            totals.decisions[i] = d.load(std::sync::atomic::Ordering::Relaxed);
-        }
-        for (i, r) in self.counters.reasons.iter().enumerate() {
-            totals.reasons[i] = r.load(std::sync::atomic::Ordering::Relaxed);
-        }
-        self.visit_keys("", |r| totals.by_phase[r.view.phase.index()] += 1);
-        totals
+    /// Reads a key without making or moving it (B6); lease ends are settled first.
+    pub fn get(&self, key: &str) -> Result<KeyReading, EngineError> {
+        check_key(key)?;
+        Ok(self.read_live(key).unwrap_or_else(|| {
+            // K2: a key never used (or forgotten) reads as a fresh one would.
+            let now = self.clock.now();
+            KeyReading {
+                key: key.to_owned(),
+                view: Fuse::new(Arc::unwrap_or_clone(self.policy_for(key)), now).view(now),
+                now,
+            }
+        }))
     }
 
-    /// The `n` keys with the most requests lately, busiest first.
-    /// (Interim: by lifetime requests, found by a walk.)
-    pub fn busiest(&self, n: usize) -> Vec<KeyReading> {
-        let mut all = Vec::new();
-        self.visit_keys("", |r| all.push(r));
-        all.sort_by_key(|r| {
-            std::cmp::Reverse(
-                r.view.stats.granted
-                    + r.view.stats.probes
-                    + r.view.stats.blocked
-                    + r.view.stats.refused
-                    + r.view.stats.denied,
-            )
+    /// Reads a live key like [`Engine::get`]; `None` when it does not exist.
+    /// The shard's lock is taken shared unless something is due on the key
+    /// or its policy changed, which are settled first under the write lock.
+    pub(super) fn read_live(&self, key: &str) -> Option<KeyReading> {
+        let hash = self.store.hash(key);
+        {
+            let state = self.store.read(Store::shard_of(hash));
+            let now = self.clock.now();
+            let slot = state.find(hash, key)?;
+            let current = slot.generation == state.rest.rules.generation;
+            if current && slot.fuse.next_deadline().is_none_or(|d| d > now) {
+                return Some(KeyReading {
+                    key: key.to_owned(),
+                    view: slot.fuse.view(now),
+                    now,
+                });
+            }
+        }
+        let read = self.with_fuse(key, Access::READ, |fuse, ctx| {
+            fuse.advance(ctx.now)
+                .map(|()| (fuse.view(ctx.now), ctx.now))
         });
-        all.truncate(n);
-        let _ = Phase::Closed;
-        all
+        let Ok(Some(Ok((view, now)))) = read else {
+            return None;
+        };
+        Some(KeyReading {
+            key: key.to_owned(),
+            view,
+            now,
+        })
+    }
+
+    /// The live keys that start with `prefix`, come after `after` and are in
+    /// one of `phases` (any phase when empty), in key order, read like
+    /// [`Engine::get`]; at most `limit` of them, and whether more remain.
+    pub fn list(
+        &self,
+        prefix: &str,
+        phases: &[Phase],
+        after: Option<&str>,
+        limit: usize,
+    ) -> (Vec<KeyReading>, bool) {
+        let page = self.list_page(prefix, phases, after, limit);
+        (page.readings, page.more)
+    }
+
+    /// A page of [`Engine::list`], with the work it took. The shards'
+    /// ordered indexes are merged from the cursor, a few names of each at
+    /// a time; only keys that are not CLOSED are looked at when `phases`
+    /// leaves CLOSED out.
+    pub fn list_page(
+        &self,
+        prefix: &str,
+        phases: &[Phase],
+        after: Option<&str>,
+        limit: usize,
+    ) -> Page {
+        let broken_only = !phases.is_empty() && !phases.contains(&Phase::Closed);
+        let per_shard = (2 * limit / SHARDS).clamp(8, 256);
+        let start: Arc<str> = match after {
+            Some(a) if a >= prefix => Arc::from(a),
+            _ => Arc::from(prefix),
+        };
+        let skip_start = after.is_some_and(|a| a >= prefix);
+        let mut page = Page::default();
+        let mut sources: Vec<Source> = (0..SHARDS)
+            .map(|shard| Source {
+                shard,
+                names: VecDeque::new(),
+                last: None,
+                exhausted: false,
+            })
+            .collect();
+        let mut heap = BinaryHeap::new();
+        for source in &mut sources {
+            self.fill(
+                source,
+                prefix,
+                &start,
+                skip_start,
+                broken_only,
+                per_shard,
+                &mut page,
+            );
+            if let Some(name) = source.names.pop_front() {
+                heap.push(Reverse((name, source.shard)));
+            }
+        }
+        while let Some(Reverse((name, shard))) = heap.pop() {
+            let source = &mut sources[shard];
+            if source.names.is_empty() && !source.exhausted {
+                self.fill(
+                    source,
+                    prefix,
+                    &start,
+                    skip_start,
+                    broken_only,
+                    per_shard,
+                    &mut page,
+                );
+            }
+            if let Some(next) = source.names.pop_front() {
+                heap.push(Reverse((next, shard)));
+            }
+            let Some(reading) = self.read_live(&name) else {
+                continue;
+            };
+            if !phases.is_empty() && !phases.contains(&reading.view.phase) {
+                continue;
+            }
+            if page.readings.len() == limit {
+                page.more = true;
+                break;
+            }
+            page.readings.push(reading);
+        }
+        page
+    }
+
+    /// Fetches a shard's next few names for a page.
+    #[allow(clippy::too_many_arguments)]
+    fn fill(
+        &self,
+        source: &mut Source,
+        prefix: &str,
+        start: &Arc<str>,
+        skip_start: bool,
+        broken_only: bool,
+        count: usize,
+        page: &mut Page,
+    ) {
+        let state = self.store.read(source.shard);
+        let index = if broken_only {
+            &state.rest.broken
+        } else {
+            &state.rest.order
+        };
+        let from = match &source.last {
+            Some(last) => Bound::Excluded(&**last),
+            None if skip_start => Bound::Excluded(&**start),
+            None => Bound::Included(&**start),
+        };
+        let before = source.names.len();
+        source.names.extend(
+            index
+                .range::<str, _>((from, Bound::Unbounded))
+                .take(count)
+                .take_while(|name| name.starts_with(prefix))
+                .cloned(),
+        );
+        let fetched = source.names.len() - before;
+        page.visited += fetched;
+        source.exhausted = fetched < count;
+        source.last = source.names.back().cloned();
+    }
+
+    /// Engine-wide figures, summed over the shards' own.
+    pub fn totals(&self) -> Totals {
+        let mut sum = Tally::default();
+        for shard in 0..SHARDS {
+            sum.add(&self.store.read(shard).rest.tally);
+        }
+        Totals {
+            keys: sum.keys,
+            by_phase: sum.by_phase,
+            tickets: sum.tickets,
+            waiters: sum.waiters,
+            forgotten: sum.forgotten,
+            decisions: sum.decisions,
+            reasons: sum.reasons,
+            transitions: sum.transitions,
+        }
+    }
+
+    /// The `n` keys with the most requests lately, busiest first, from the
+    /// shards' busiest-keys tables (a bounded set, whatever the key count).
+    pub fn busiest(&self, n: usize) -> Vec<KeyReading> {
+        let mut held: Vec<(u32, Arc<str>)> = Vec::new();
+        for shard in 0..SHARDS {
+            let state = self.store.read(shard);
+            held.extend(state.rest.hitters.held().map(|(name, c)| (c, name.clone())));
+        }
+        held.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        held.into_iter()
+            .filter_map(|(_, name)| self.read_live(&name))
+            .take(n)
+            .collect()
+    }
+
+    /// The shard a key lives in (0 to [`SHARDS`]` - 1`), for tools and
+    /// tests that look at work per shard.
+    pub fn shard_of(&self, key: &str) -> usize {
+        Store::shard_of(self.store.hash(key))
+    }
+
+    /// Idle sweep batches run since start, and the largest batch.
+    pub fn sweep_figures(&self) -> (u64, u64) {
+        (
+            self.sweeps.batches.load(Ordering::Relaxed),
+            self.sweeps.largest.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Reads every live key that starts with `prefix` and hands each
+    /// reading to `visit`, in key order, a page at a time; returns how many
+    /// were read. For tools that really want every key: observers use
+    /// [`Engine::totals`], [`Engine::busiest`] and pages instead.
+    pub fn visit_keys(&self, prefix: &str, mut visit: impl FnMut(KeyReading)) -> usize {
+        let mut read = 0;
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.list_page(prefix, &[], after.as_deref(), 1000);
+            read += page.readings.len();
+            after = page.readings.last().map(|r| r.key.clone());
+            page.readings.into_iter().for_each(&mut visit);
+            if !page.more {
+                return read;
+            }
+        }
     }
 }

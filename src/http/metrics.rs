@@ -190,6 +190,7 @@ pub fn render(engine: &Engine) -> String {
     let counts = engine.counts();
     let limits = engine.limits();
     let counters = engine.counters();
+    let totals = engine.totals();
     x.single("fusebox_keys", "gauge", "Live keys.", counts.keys);
     x.single("fusebox_tickets", "gauge", "Live tickets.", counts.tickets);
     x.single(
@@ -280,30 +281,22 @@ pub fn render(engine: &Engine) -> String {
         "counter",
         "Final answers to acquires, by decision (a queued request counts once, when answered).",
     );
-    for (name, n) in DECISION_NAMES.iter().zip(&counters.decisions) {
-        x.sample(
-            "fusebox_decisions_total",
-            &[("decision", name)],
-            n.load(Ordering::Relaxed),
-        );
+    for (name, n) in DECISION_NAMES.iter().zip(totals.decisions) {
+        x.sample("fusebox_decisions_total", &[("decision", name)], n);
     }
     x.family(
         "fusebox_denials_total",
         "counter",
         "Blocked and denied acquires, by reason.",
     );
-    for (reason, n) in Reason::ALL.iter().zip(&counters.reasons) {
-        x.sample(
-            "fusebox_denials_total",
-            &[("reason", reason.as_str())],
-            n.load(Ordering::Relaxed),
-        );
+    for (reason, n) in Reason::ALL.iter().zip(totals.reasons) {
+        x.sample("fusebox_denials_total", &[("reason", reason.as_str())], n);
     }
     x.single(
         "fusebox_transitions_total",
         "counter",
         "Breaker phase changes, of every key.",
-        counters.transitions.load(Ordering::Relaxed),
+        totals.transitions,
     );
     x.single(
         "fusebox_config_reloads_total",

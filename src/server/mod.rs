@@ -357,7 +357,7 @@ impl Admin for Api {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let prefix = request.into_inner().prefix;
         check_prefix(&prefix)?;
-        Ok(Response::new(watch::stream(self.engine.clone(), prefix)))
+        Ok(Response::new(watch::stream(self.engine.clone(), prefix)?))
     }
 
     async fn set_policy(

@@ -3,6 +3,7 @@
 //! into a bounded broadcast buffer and moves on; a watcher that falls
 //! behind is told how much it missed and gets a fresh snapshot.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::sync::broadcast::error::RecvError;
@@ -18,19 +19,54 @@ use crate::proto::v1 as pb;
 const SNAPSHOT_CHUNK: usize = 100;
 
 /// Messages buffered for a watcher before the stream waits for it to read.
-const STREAM_BUFFER: usize = 64;
+/// The snapshot is read a page at a time, only when there is room for it,
+/// so a watcher that stops reading holds a few pages and no more.
+const STREAM_BUFFER: usize = 4;
 
 type Sink = mpsc::Sender<Result<pb::WatchEvent, Status>>;
 
-/// Starts a Watch stream of the keys that start with `prefix`.
+/// Holds one of the `max_watch_streams` places while a stream is open.
+struct Place(Arc<Engine>);
+
+impl Place {
+    fn take(engine: &Arc<Engine>) -> Result<Place, Status> {
+        let counters = engine.counters();
+        let cap = engine.limits().max_watch_streams;
+        let open = counters.watch_streams.fetch_add(1, Ordering::Relaxed);
+        if open >= cap {
+            counters.watch_streams.fetch_sub(1, Ordering::Relaxed);
+            counters
+                .watch_streams_refused
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(Status::resource_exhausted(format!(
+                "too many Watch streams: the server's max_watch_streams cap ({cap}) is reached; close a watcher or raise [server].max_watch_streams"
+            )));
+        }
+        Ok(Place(engine.clone()))
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0
+            .counters()
+            .watch_streams
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Starts a Watch stream of the keys that start with `prefix`, or refuses
+/// it with `RESOURCE_EXHAUSTED` past the cap.
 pub fn stream(
     engine: Arc<Engine>,
     prefix: String,
-) -> ReceiverStream<Result<pb::WatchEvent, Status>> {
+) -> Result<ReceiverStream<Result<pb::WatchEvent, Status>>, Status> {
+    let place = Place::take(&engine)?;
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     // Subscribe before the snapshot, so that nothing after it is missed.
     let events = engine.subscribe();
     tokio::spawn(async move {
+        let _place = place;
         let stopped = engine.stopped();
         tokio::select! {
             _ = forward(&engine, &prefix, events, &tx) => {}
@@ -39,7 +75,7 @@ pub fn stream(
             () = tx.closed() => {}
         }
     });
-    ReceiverStream::new(rx)
+    Ok(ReceiverStream::new(rx))
 }
 
 async fn forward(
@@ -79,32 +115,29 @@ async fn send(tx: &Sink, event: pb::watch_event::Event) -> Option<()> {
         .ok()
 }
 
+/// Sends the keys as they are now, a page at a time in key order, each
+/// page read only once the watcher has room for it.
 async fn snapshot(engine: &Engine, prefix: &str, tx: &Sink) -> Option<()> {
-    let (readings, _) = engine.list(prefix, &[], None, usize::MAX);
-    let mut chunks = readings.chunks(SNAPSHOT_CHUNK).peekable();
-    if chunks.peek().is_none() {
-        return send(
-            tx,
-            pb::watch_event::Event::Snapshot(pb::Snapshot {
-                keys: Vec::new(),
-                complete: true,
-            }),
-        )
-        .await;
-    }
-    while let Some(chunk) = chunks.next() {
-        let keys = chunk
+    let mut after: Option<String> = None;
+    loop {
+        let room = tx.reserve().await.ok()?;
+        let page = engine.list_page(prefix, &[], after.as_deref(), SNAPSHOT_CHUNK);
+        after = page.readings.last().map(|r| r.key.clone());
+        let keys = page
+            .readings
             .iter()
             .map(|r: &KeyReading| key_state_of(engine, r))
             .collect();
-        let complete = chunks.peek().is_none();
-        send(
-            tx,
-            pb::watch_event::Event::Snapshot(pb::Snapshot { keys, complete }),
-        )
-        .await?;
+        room.send(Ok(pb::WatchEvent {
+            event: Some(pb::watch_event::Event::Snapshot(pb::Snapshot {
+                keys,
+                complete: !page.more,
+            })),
+        }));
+        if !page.more {
+            return Some(());
+        }
     }
-    Some(())
 }
 
 fn transition_of(engine: &Engine, e: Event) -> pb::Transition {

@@ -14,6 +14,7 @@ mod properties;
 mod queues;
 mod reference;
 mod reload;
+mod scale;
 mod service;
 mod vectors;
 mod watch;

@@ -1,0 +1,100 @@
+//! Why the engine refuses a request, and the checks on its arguments.
+
+use crate::domain::{validate_key, FuseError};
+
+/// Longest operator reason accepted by `Isolate` and `Close`, in bytes.
+pub const MAX_REASON_BYTES: usize = 1024;
+
+/// Why the engine refused a request. Each maps to one gRPC code in the server.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    /// A field is malformed (E2): `INVALID_ARGUMENT`.
+    #[error("{field}: {problem}")]
+    Invalid {
+        /// The field's name.
+        field: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The ticket is unknown, completed or expired (L4): `NOT_FOUND`.
+    #[error("ticket: not found; it is unknown, already completed, or its lease ended")]
+    TicketNotFound,
+    /// A cap is reached (K3): `RESOURCE_EXHAUSTED`.
+    #[error("too many {what}: the server's {cap} cap ({limit}) is reached; existing keys keep working, retry later or raise [server].{cap}")]
+    Exhausted {
+        /// What ran out: keys, tickets or waiters.
+        what: &'static str,
+        /// The config field of the cap.
+        cap: &'static str,
+        /// Its value.
+        limit: u64,
+    },
+    /// No rule has this match: `NOT_FOUND`.
+    #[error("match: no rule matches {pattern:?} exactly; ListPolicies shows the rules")]
+    RuleNotFound {
+        /// The match asked for.
+        pattern: String,
+    },
+    /// The server is shutting down: `UNAVAILABLE`.
+    #[error("fusebox is shutting down; retry against another instance")]
+    ShuttingDown,
+    /// Something that cannot happen did: `INTERNAL`.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// A malformed field (E2).
+pub(super) fn invalid(field: &'static str, problem: impl Into<String>) -> EngineError {
+    EngineError::Invalid {
+        field,
+        problem: problem.into(),
+    }
+}
+
+/// A lease of zero (L2).
+pub(super) fn zero_lease() -> EngineError {
+    invalid(
+        "lease",
+        "must be longer than 0 ms; leave it out for the policy's default",
+    )
+}
+
+/// Checks a key's syntax (K1).
+pub(super) fn check_key(key: &str) -> Result<(), EngineError> {
+    validate_key(key).map_err(|e| {
+        let text = e.to_string();
+        invalid(
+            "key",
+            text.strip_prefix("key: ").unwrap_or(&text).to_owned(),
+        )
+    })
+}
+
+/// Checks an operator's reason for `Isolate` or `Close`.
+pub(super) fn check_reason(reason: &str) -> Result<(), EngineError> {
+    if reason.len() > MAX_REASON_BYTES {
+        return Err(invalid(
+            "reason",
+            format!(
+                "must be at most {MAX_REASON_BYTES} bytes, not {}",
+                reason.len()
+            ),
+        ));
+    }
+    if reason.chars().any(char::is_control) {
+        return Err(invalid("reason", "must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// A domain refusal as the engine reports it.
+pub(super) fn fuse_error(e: FuseError) -> EngineError {
+    match e {
+        FuseError::UnknownTicket => EngineError::TicketNotFound,
+        FuseError::ZeroLease => zero_lease(),
+        FuseError::ClockWentBack { .. }
+        | FuseError::TicketInUse
+        | FuseError::NoRoomForTicket
+        | FuseError::NoRoomForWaiter => EngineError::Internal(e.to_string()),
+    }
+}

@@ -1,0 +1,110 @@
+//! The rules in force: validated once, shared by every shard as one value
+//! with one `Arc<Policy>` per rule, so that a key holds a pointer to its
+//! policy rather than a copy. A change makes a new generation; each key
+//! adopts its new policy at its next operation (Y4).
+
+use std::sync::Arc;
+
+use super::config::{Rule, Rules};
+use super::{Engine, EngineError};
+use crate::domain::Policy;
+
+/// Rules as the shards use them.
+#[derive(Debug)]
+pub(super) struct Compiled {
+    /// The rules as configured.
+    pub rules: Arc<Rules>,
+    /// Each rule's policy, in rule order.
+    policies: Vec<Arc<Policy>>,
+    /// The default policy.
+    default: Arc<Policy>,
+    /// Changes with every change of the rules.
+    pub generation: u32,
+}
+
+impl Compiled {
+    pub fn new(rules: Rules, generation: u32) -> Self {
+        Compiled {
+            policies: rules.rules.iter().map(|r| Arc::new(r.policy)).collect(),
+            default: Arc::new(rules.default),
+            rules: Arc::new(rules),
+            generation,
+        }
+    }
+
+    /// The policy of the first rule that matches `key`, else the default (Y1).
+    pub fn policy_for(&self, key: &str) -> &Arc<Policy> {
+        self.rules
+            .rules
+            .iter()
+            .position(|r| r.pattern.matches(key))
+            .map_or(&self.default, |i| &self.policies[i])
+    }
+}
+
+impl Engine {
+    /// The rules in force.
+    pub fn rules(&self) -> Arc<Rules> {
+        self.rules.read().expect("rules lock").rules.clone()
+    }
+
+    /// Replaces the rules; existing keys adopt their new policy at their
+    /// next operation (Y4).
+    pub fn set_rules(&self, rules: Rules) {
+        let mut current = self.rules.write().expect("rules lock");
+        let compiled = Arc::new(Compiled::new(rules, current.generation.wrapping_add(1)));
+        for shard in 0..super::store::SHARDS {
+            self.store.write(shard).rest.rules = compiled.clone();
+        }
+        *current = compiled;
+    }
+
+    /// Adds a rule at the end (before the default), or replaces the rule
+    /// with the same match where it stands (Y4: keys adopt it at their next
+    /// operation). Returns the rule's position.
+    pub fn set_rule(&self, rule: Rule) -> usize {
+        let mut rules = (*self.rules()).clone();
+        let position = match rules.rules.iter().position(|r| r.pattern == rule.pattern) {
+            Some(i) => {
+                rules.rules[i] = rule;
+                i
+            }
+            None => {
+                rules.rules.push(rule);
+                rules.rules.len() - 1
+            }
+        };
+        self.set_rules(rules);
+        position
+    }
+
+    /// Replaces the default rule.
+    pub fn set_default(&self, policy: Policy) {
+        let mut rules = (*self.rules()).clone();
+        rules.default = policy;
+        self.set_rules(rules);
+    }
+
+    /// Removes the rule whose match is written `pattern`.
+    pub fn delete_rule(&self, pattern: &str) -> Result<(), EngineError> {
+        let mut rules = (*self.rules()).clone();
+        let before = rules.rules.len();
+        rules.rules.retain(|r| r.pattern.text() != pattern);
+        if rules.rules.len() == before {
+            return Err(EngineError::RuleNotFound {
+                pattern: pattern.to_owned(),
+            });
+        }
+        self.set_rules(rules);
+        Ok(())
+    }
+
+    /// The policy a fresh `key` would get now.
+    pub(super) fn policy_for(&self, key: &str) -> Arc<Policy> {
+        self.rules
+            .read()
+            .expect("rules lock")
+            .policy_for(key)
+            .clone()
+    }
+}

@@ -1,0 +1,297 @@
+//! The keyed store: every live key's [`Fuse`] in shards, each behind its
+//! own lock, with what the engine needs to keep per shard so that no
+//! request touches anything shared:
+//!
+//! - a hash table of slots (one boxed [`Slot`] per key, for lookups),
+//! - the key names in order (for listing by cursor and for sweeps in
+//!   batches) and, apart, the keys that are not CLOSED (for the keys an
+//!   operator looks at first),
+//! - the shard's timer schedule, its figures ([`Tally`]), its share of the
+//!   caps ([`Allowance`]), its busiest keys ([`Hitters`]) and its outbox of
+//!   events waiting to be sent.
+//!
+//! A request on one key takes one shard's lock once; reads take it shared.
+
+use std::collections::BTreeSet;
+use std::hash::BuildHasher;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use hashbrown::HashTable;
+
+use super::events::Event;
+use super::quota::Allowance;
+use super::rules::Compiled;
+use crate::domain::{Decision, Fuse, Millis, Phase};
+
+/// How many shards the store has.
+pub const SHARDS: usize = 64;
+
+/// The most keys a sweep or a settlement handles under one lock.
+pub const BATCH: usize = 1024;
+
+/// Entries in each shard's table of busiest keys.
+const HITTERS: usize = 64;
+
+/// "No deadline registered with the timer."
+pub(super) const UNSCHEDULED: Millis = Millis::MAX;
+
+/// One live key.
+#[derive(Debug)]
+pub(super) struct Slot {
+    /// The key's name, shared with its tickets, its events and the indexes.
+    pub name: Arc<str>,
+    /// Its breaker, permit book and tickets.
+    pub fuse: Fuse,
+    /// The earliest deadline registered with the timer, or [`UNSCHEDULED`].
+    pub scheduled: Millis,
+    /// The rules generation the fuse's policy came from (Y4).
+    pub generation: u32,
+}
+
+/// A shard's figures, kept as they change and summed on read.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Tally {
+    /// Live keys.
+    pub keys: u64,
+    /// Live keys by phase, indexed by [`Phase::index`].
+    pub by_phase: [u64; 4],
+    /// Live tickets.
+    pub tickets: u64,
+    /// Waiting requests.
+    pub waiters: u64,
+    /// Keys forgotten (K2).
+    pub forgotten: u64,
+    /// Final decisions by kind.
+    pub decisions: [u64; 5],
+    /// Blocked and denied decisions by reason.
+    pub reasons: [u64; 7],
+    /// Phase changes.
+    pub transitions: u64,
+}
+
+impl Tally {
+    /// Counts a final decision (a queued request is counted when answered).
+    pub fn count(&mut self, decision: &Decision) {
+        let (index, reason) = match *decision {
+            Decision::Granted(None) | Decision::Queued => return,
+            Decision::Granted(Some(_)) => (0, None),
+            Decision::Probe(_) => (1, None),
+            Decision::Blocked { reason, .. } => (2, Some(reason)),
+            Decision::Refused => (3, None),
+            Decision::Denied { reason, .. } => (4, Some(reason)),
+        };
+        self.decisions[index] += 1;
+        if let Some(reason) = reason {
+            self.reasons[reason as usize] += 1;
+        }
+    }
+
+    /// Adds another shard's figures.
+    pub fn add(&mut self, other: &Tally) {
+        self.keys += other.keys;
+        self.tickets += other.tickets;
+        self.waiters += other.waiters;
+        self.forgotten += other.forgotten;
+        self.transitions += other.transitions;
+        for (a, b) in self.by_phase.iter_mut().zip(other.by_phase) {
+            *a += b;
+        }
+        for (a, b) in self.decisions.iter_mut().zip(other.decisions) {
+            *a += b;
+        }
+        for (a, b) in self.reasons.iter_mut().zip(other.reasons) {
+            *a += b;
+        }
+    }
+}
+
+/// A shard's busiest keys lately: a small table indexed by the key's hash.
+/// A request for the key in its entry counts up; a request for another key
+/// counts the entry down and takes it over at zero, so a busy key holds its
+/// entry and a quiet one loses it. Counts are halved now and then, so that
+/// "busiest" means busiest lately.
+#[derive(Debug)]
+pub(super) struct Hitters {
+    entries: Vec<(Option<Arc<str>>, u32)>,
+}
+
+impl Default for Hitters {
+    fn default() -> Self {
+        Hitters {
+            entries: vec![(None, 0); HITTERS],
+        }
+    }
+}
+
+impl Hitters {
+    fn index(hash: u64) -> usize {
+        (hash >> 40) as usize % HITTERS
+    }
+
+    /// Counts a request for `name`.
+    pub fn bump(&mut self, hash: u64, name: &Arc<str>) {
+        let (held, count) = &mut self.entries[Self::index(hash)];
+        match held {
+            Some(h) if Arc::ptr_eq(h, name) => *count = count.saturating_add(1),
+            _ if *count == 0 => {
+                *held = Some(name.clone());
+                *count = 1;
+            }
+            _ => *count -= 1,
+        }
+    }
+
+    /// Lets go of a forgotten key.
+    pub fn forget(&mut self, hash: u64, name: &str) {
+        let entry = &mut self.entries[Self::index(hash)];
+        if entry.0.as_deref() == Some(name) {
+            *entry = (None, 0);
+        }
+    }
+
+    /// Halves every count.
+    pub fn decay(&mut self) {
+        for (held, count) in &mut self.entries {
+            *count /= 2;
+            if *count == 0 {
+                *held = None;
+            }
+        }
+    }
+
+    /// The keys held, with their counts.
+    pub fn held(&self) -> impl Iterator<Item = (&Arc<str>, u32)> {
+        self.entries
+            .iter()
+            .filter_map(|(held, count)| held.as_ref().map(|h| (h, *count)))
+    }
+}
+
+/// Everything of a shard but its table, so that a slot borrowed from the
+/// table and the rest can be changed together.
+#[derive(Debug)]
+pub(super) struct Rest {
+    /// Every key's name, in order.
+    pub order: BTreeSet<Arc<str>>,
+    /// The keys that are not CLOSED, in order.
+    pub broken: BTreeSet<Arc<str>>,
+    /// `(deadline, key)` registered with the timer.
+    pub schedule: BTreeSet<(Millis, Arc<str>)>,
+    /// The shard's figures.
+    pub tally: Tally,
+    /// The shard's share of the caps.
+    pub allowance: Allowance,
+    /// The shard's busiest keys.
+    pub hitters: Hitters,
+    /// Events made under the lock, waiting to be sent after it.
+    pub outbox: Vec<Event>,
+    /// The rules in force.
+    pub rules: Arc<Compiled>,
+}
+
+impl Rest {
+    /// Keeps the figures and the index of broken keys right after a key
+    /// moved from phase `from` to `to`.
+    pub fn moved(&mut self, name: &Arc<str>, from: Phase, to: Phase) {
+        if from == to {
+            return;
+        }
+        self.tally.by_phase[from.index()] -= 1;
+        self.tally.by_phase[to.index()] += 1;
+        if from == Phase::Closed {
+            self.broken.insert(name.clone());
+        } else if to == Phase::Closed {
+            self.broken.remove(name);
+        }
+    }
+}
+
+/// One shard's state, behind its lock.
+#[derive(Debug)]
+pub(super) struct ShardState {
+    /// Slots by the hash of their key.
+    pub table: HashTable<Box<Slot>>,
+    /// The rest.
+    pub rest: Rest,
+}
+
+/// The shards and the hasher that places keys in them.
+#[derive(Debug)]
+pub(super) struct Store {
+    shards: Box<[RwLock<ShardState>]>,
+    hasher: hashbrown::DefaultHashBuilder,
+}
+
+impl Store {
+    pub fn new(rules: Arc<Compiled>) -> Self {
+        let shards = (0..SHARDS)
+            .map(|_| {
+                RwLock::new(ShardState {
+                    table: HashTable::new(),
+                    rest: Rest {
+                        order: BTreeSet::new(),
+                        broken: BTreeSet::new(),
+                        schedule: BTreeSet::new(),
+                        tally: Tally::default(),
+                        allowance: Allowance::default(),
+                        hitters: Hitters::default(),
+                        outbox: Vec::new(),
+                        rules: rules.clone(),
+                    },
+                })
+            })
+            .collect();
+        Store {
+            shards,
+            hasher: hashbrown::DefaultHashBuilder::default(),
+        }
+    }
+
+    /// The hash of a key's name.
+    pub fn hash(&self, key: &str) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The shard of a hash: bits that neither the table's index nor its
+    /// tags use.
+    pub fn shard_of(hash: u64) -> usize {
+        (hash >> 32) as usize % SHARDS
+    }
+
+    /// A shard, for writing.
+    pub fn write(&self, shard: usize) -> RwLockWriteGuard<'_, ShardState> {
+        self.shards[shard].write().expect("shard lock")
+    }
+
+    /// A shard, for reading.
+    pub fn read(&self, shard: usize) -> RwLockReadGuard<'_, ShardState> {
+        self.shards[shard].read().expect("shard lock")
+    }
+
+    /// Hashes a slot again when the table grows.
+    pub fn rehash(&self) -> impl Fn(&Box<Slot>) -> u64 + '_ {
+        move |slot| self.hasher.hash_one(&*slot.name)
+    }
+}
+
+impl ShardState {
+    /// The slot of `key`, if it is live.
+    pub fn find(&self, hash: u64, key: &str) -> Option<&Slot> {
+        self.table.find(hash, |s| &*s.name == key).map(|s| &**s)
+    }
+}
+
+impl Rest {
+    /// Drops the indexes' hold on a key at rest that was just removed from
+    /// the table; `forgotten` counts it as forgotten by idleness (K2).
+    pub fn forget(&mut self, hash: u64, key: &str, pools: &super::quota::Pools, forgotten: bool) {
+        self.order.remove(key);
+        self.hitters.forget(hash, key);
+        self.tally.keys -= 1;
+        self.tally.by_phase[Phase::Closed.index()] -= 1;
+        if forgotten {
+            self.tally.forgotten += 1;
+        }
+        pools.settle(super::quota::Capped::Keys, &mut self.allowance, -1);
+    }
+}
