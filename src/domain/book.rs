@@ -38,31 +38,20 @@ pub struct Book {
 }
 
 impl Book {
-    /// The limiter's state, made or remade for `policy` at `now` (Y4): kept
-    /// when only the limit changes, carried over to new time lengths (see
-    /// [`Limiter::rebase`]), remade (full) when the kind changes.
-    /// Returns true when the state was remade, so permits held under an
-    /// older state must not come back to it.
-    pub fn adopt(
-        &mut self,
-        old: Option<&LimiterPolicy>,
-        policy: Option<&LimiterPolicy>,
-        now: Millis,
-    ) -> bool {
+    /// The limiter, made or remade for `policy` at `now` (Y4): the same kind
+    /// keeps its state under the new settings (see [`Limiter::adopt`]),
+    /// another kind is remade full, and no limiter drops it.
+    /// Returns true when the state was remade or dropped, so permits held
+    /// under an older state must not come back to it.
+    pub fn adopt(&mut self, policy: Option<&LimiterPolicy>, now: Millis) -> bool {
         match (policy, &mut self.limiter) {
             (None, None) => false,
-            (Some(p), Some(l)) if l.is_of(&p.kind) && old.is_some() => {
-                let old = old.expect("checked").kind;
-                if !old.same_clock(&p.kind) {
-                    l.rebase(&old, &p.kind, now);
-                }
-                false
-            }
+            (Some(p), Some(l)) => l.adopt(&p.kind, now),
             (None, Some(_)) => {
                 self.limiter = None;
                 true
             }
-            (Some(p), _) => {
+            (Some(p), None) => {
                 self.limiter = Some(Limiter::new(&p.kind, now));
                 true
             }

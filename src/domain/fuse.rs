@@ -326,7 +326,7 @@ impl Fuse {
     /// A fresh key under `policy`, made at `now` (K2).
     pub fn new(policy: Policy, now: Millis) -> Self {
         let mut book = Book::default();
-        book.adopt(None, policy.limiter.as_ref(), now);
+        book.adopt(policy.limiter.as_ref(), now);
         Fuse {
             policy,
             breaker: Breaker::new(now),
@@ -404,14 +404,11 @@ impl Fuse {
     pub fn set_policy(&mut self, policy: Policy, now: Millis) -> Result<(), FuseError> {
         self.check_time(now)?;
         self.settle(now);
-        let old = std::mem::replace(&mut self.policy, policy);
+        self.policy = policy;
         if let Some((from, to)) = self.breaker.adopt(policy.breaker.as_ref(), now) {
             self.phase_changed(from, to, Cause::PolicyChanged, now);
         }
-        if self
-            .book
-            .adopt(old.limiter.as_ref(), policy.limiter.as_ref(), now)
-        {
+        if self.book.adopt(policy.limiter.as_ref(), now) {
             for ticket in self.tickets.values_mut() {
                 ticket.holds = false;
             }
@@ -452,7 +449,7 @@ impl Fuse {
             if limiter.returns_permits() {
                 return None;
             }
-            limiter.ready_at(&lp.kind, head.permits, self.last_now)
+            limiter.ready_at(head.permits, self.last_now)
         });
         [lease, timeout, refill].into_iter().flatten().min()
     }
@@ -515,15 +512,15 @@ impl Fuse {
         if let Some(refusal) = admission.refusal() {
             return refusal;
         }
-        let (Some(lp), Some(limiter)) = (&self.policy.limiter, self.book.limiter()) else {
+        let Some(limiter) = self.book.limiter() else {
             return Decision::Granted(None);
         };
-        if limiter.available(&lp.kind, now) > 0 {
+        if limiter.available(now) > 0 {
             return Decision::Granted(None);
         }
         Decision::Denied {
             reason: Reason::NoPermits,
-            retry_after: limiter.ready_at(&lp.kind, 1, now).map(|t| t - now),
+            retry_after: limiter.ready_at(1, now).map(|t| t - now),
         }
     }
 
@@ -542,13 +539,13 @@ impl Fuse {
         let (Some(lp), Some(limiter)) = (self.policy.limiter, self.book.limiter()) else {
             return self.grant_at_once(ask, id, probe, 0, now);
         };
-        if n > lp.kind.limit() {
+        if n > limiter.limit() {
             return Ok(Decision::Denied {
                 reason: Reason::ExceedsLimit,
                 retry_after: None,
             });
         }
-        let free = limiter.available(&lp.kind, now);
+        let free = limiter.available(now);
         let waiters_first = lp.order == Order::OldestFirst && self.book.waiters() > 0;
         if free >= n && (probe || !waiters_first) {
             return self.grant_at_once(ask, id, probe, n, now);
@@ -556,7 +553,7 @@ impl Fuse {
         let retry_after = if free >= n {
             None
         } else {
-            limiter.ready_at(&lp.kind, n, now).map(|t| t - now)
+            limiter.ready_at(n, now).map(|t| t - now)
         };
         let may_wait = !probe && ask.max_wait > 0 && lp.queue_limit > 0;
         let queue_limit = u64::from(lp.queue_limit);
@@ -630,8 +627,8 @@ impl Fuse {
     ) -> Grant {
         let lease_end = now.saturating_add(self.policy.lease.grant(lease));
         let mut holds = false;
-        if let (Some(lp), Some(limiter)) = (&self.policy.limiter, self.book.limiter_mut()) {
-            limiter.take(&lp.kind, n, now);
+        if let Some(limiter) = self.book.limiter_mut() {
+            limiter.take(n, now);
             holds = limiter.returns_permits();
         }
         if probe {
@@ -680,8 +677,8 @@ impl Fuse {
             let Some(&head) = self.book.head(order) else {
                 return;
             };
-            if let (Some(lp), Some(limiter)) = (&self.policy.limiter, self.book.limiter()) {
-                if limiter.available(&lp.kind, now) < head.permits {
+            if let Some(limiter) = self.book.limiter() {
+                if limiter.available(now) < head.permits {
                     return;
                 }
             }
@@ -836,20 +833,20 @@ impl Fuse {
         self.tickets.is_empty()
             && self.book.waiters() == 0
             && self.breaker.is_at_rest(self.policy.breaker.as_ref(), now)
-            && match (&self.policy.limiter, self.book.limiter()) {
-                (Some(lp), Some(limiter)) => limiter.is_full(&lp.kind, now),
-                _ => true,
-            }
+            && self
+                .book
+                .limiter()
+                .is_none_or(|limiter| limiter.is_full(now))
     }
 
     /// What a read shows at `now`. Changes nothing: an `OPEN` breaker past
     /// its deadline reads `OPEN` (B6). Call [`Fuse::advance`] first so that
     /// lease ends are settled.
     pub fn view(&self, now: Millis) -> View {
-        let (free, limit) = match (&self.policy.limiter, self.book.limiter()) {
-            (Some(lp), Some(limiter)) => (limiter.available(&lp.kind, now), lp.kind.limit()),
-            _ => (0, 0),
-        };
+        let (free, limit) = self
+            .book
+            .limiter()
+            .map_or((0, 0), |limiter| (limiter.available(now), limiter.limit()));
         View {
             phase: self.breaker.phase(),
             consecutive_failures: self.breaker.consecutive_failures(),
