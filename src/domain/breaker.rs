@@ -58,20 +58,20 @@ pub struct Recorded {
 /// One key's breaker.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Breaker {
-    phase: Phase,
     epoch: u64,
+    /// One deadline serves both timed phases: when open, the end of the
+    /// break; when half-open, the end of the probe slot, 0 when the slot is
+    /// free (a slot that ended and a free one admit alike). 0 otherwise.
+    deadline: Millis,
+    changed_at: Millis,
     /// Failures in a row, in every trip mode.
     run: u32,
     /// Probes admitted since the breaker last closed.
     attempts: u32,
     /// Openings since the last recovery: the k of the backoff rule.
     openings: u32,
-    /// The end of the current break, when open.
-    open_until: Millis,
-    /// When half-open with the probe slot held: the slot's end.
-    slot_until: Option<Millis>,
+    phase: Phase,
     window: HealthWindow,
-    changed_at: Millis,
 }
 
 impl Breaker {
@@ -83,8 +83,7 @@ impl Breaker {
             run: 0,
             attempts: 0,
             openings: 0,
-            open_until: 0,
-            slot_until: None,
+            deadline: 0,
             window: HealthWindow::default(),
             changed_at: now,
         }
@@ -112,7 +111,13 @@ impl Breaker {
 
     /// The end of the break, when open.
     pub fn open_until(&self) -> Option<Millis> {
-        (self.phase == Phase::Open).then_some(self.open_until)
+        (self.phase == Phase::Open).then_some(self.deadline)
+    }
+
+    /// True when the sampling window holds an allocation (ratio mode, with
+    /// outcomes recorded).
+    pub fn window_allocated(&self) -> bool {
+        self.window.is_allocated()
     }
 
     /// When the phase last changed.
@@ -150,18 +155,16 @@ impl Breaker {
         match self.phase {
             Phase::Closed => Admission::Normal,
             Phase::Isolated => Admission::Refused,
-            Phase::Open if now >= self.open_until => Admission::Probe,
+            Phase::Open if now >= self.deadline => Admission::Probe,
             Phase::Open => Admission::Blocked {
                 reason: Reason::Open,
-                retry_after: self.open_until - now,
+                retry_after: self.deadline - now,
             },
-            Phase::HalfOpen => match self.slot_until {
-                Some(until) if now < until => Admission::Blocked {
-                    reason: Reason::ProbeInFlight,
-                    retry_after: until - now,
-                },
-                _ => Admission::Probe,
+            Phase::HalfOpen if now < self.deadline => Admission::Blocked {
+                reason: Reason::ProbeInFlight,
+                retry_after: self.deadline - now,
             },
+            Phase::HalfOpen => Admission::Probe,
         }
     }
 
@@ -173,7 +176,7 @@ impl Breaker {
         let change = (self.phase != Phase::HalfOpen).then(|| self.enter(Phase::HalfOpen, now));
         self.epoch += 1;
         self.attempts = self.attempts.saturating_add(1);
-        self.slot_until = Some(slot_until);
+        self.deadline = slot_until;
         change
     }
 
@@ -212,7 +215,7 @@ impl Breaker {
                     fresh(Some(self.open(policy, now)))
                 }
                 Outcome::Ignored => {
-                    self.slot_until = None;
+                    self.deadline = 0;
                     fresh(None)
                 }
             },
@@ -254,9 +257,10 @@ impl Breaker {
     /// Opens the breaker at `now` for the next break of the backoff rule.
     fn open(&mut self, policy: &BreakerPolicy, now: Millis) -> (Phase, Phase) {
         self.openings = self.openings.saturating_add(1);
-        self.open_until = now.saturating_add(policy.break_length(self.openings));
         self.window.clear();
-        self.enter(Phase::Open, now)
+        let change = self.enter(Phase::Open, now);
+        self.deadline = now.saturating_add(policy.break_length(self.openings));
+        change
     }
 
     /// Closes the breaker, clearing counts, attempts, deadline and backoff.
@@ -264,7 +268,6 @@ impl Breaker {
         self.run = 0;
         self.attempts = 0;
         self.openings = 0;
-        self.open_until = 0;
         self.window.clear();
         self.enter(Phase::Closed, now)
     }
@@ -273,7 +276,7 @@ impl Breaker {
         let from = self.phase;
         self.phase = phase;
         self.epoch += 1;
-        self.slot_until = None;
+        self.deadline = 0;
         if from != phase {
             self.changed_at = now;
         }

@@ -6,17 +6,37 @@
 //! `now`, each event at its own time, so a fuse reads the same whether the
 //! engine's timer woke on time or a request arrived first.
 
-use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use super::book::{Book, Waiter};
 use super::breaker::{Admission, Breaker};
+use super::limiter::Limiter;
 use super::policy::{Order, Policy};
 use super::{Millis, Outcome, Phase, Reason};
+use tickets::Tickets;
 
 /// A ticket's identity: 128 bits chosen by the engine (from the operating
 /// system's random source), never reused. The fuse only compares them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TicketId(pub u128);
+
+/// A [`TicketId`] as kept in a key's tables: two `u64`s in the same order,
+/// without the 16-byte alignment of `u128`, so that tickets and waiters pay
+/// no padding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct PackedId([u64; 2]);
+
+impl From<TicketId> for PackedId {
+    fn from(id: TicketId) -> Self {
+        PackedId([(id.0 >> 64) as u64, id.0 as u64])
+    }
+}
+
+impl From<PackedId> for TicketId {
+    fn from(id: PackedId) -> Self {
+        TicketId((u128::from(id.0[0]) << 64) | u128::from(id.0[1]))
+    }
+}
 
 /// What a live ticket remembers (SPEC B3, L2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -216,33 +236,118 @@ pub struct Stats {
     pub expired: u64,
 }
 
-impl Stats {
+/// The statistics a fuse keeps: the counts of the common path (granted,
+/// successes, failures) inline in 32 bits each, everything rarer in a box
+/// made the first time something rare happens. Counts that follow from
+/// others are not kept: `blocked` and `denied` are sums of `by_reason`,
+/// `evicted` and `timed_out` are entries of it, and `failed` is
+/// `evicted + timed_out + withdrawn`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Counters {
+    granted: u32,
+    successes: u32,
+    failures: u32,
+    more: Option<Box<MoreCounters>>,
+}
+
+/// The rarer counts, and what the inline counts carried past 32 bits.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct MoreCounters {
+    granted: u64,
+    successes: u64,
+    failures: u64,
+    probes: u64,
+    refused: u64,
+    by_reason: [u64; 7],
+    queued: u64,
+    withdrawn: u64,
+    ignored: u64,
+    stale: u64,
+    expired: u64,
+}
+
+/// Which of the common counts.
+#[derive(Clone, Copy)]
+enum Common {
+    Granted,
+    Success,
+    Failure,
+}
+
+impl Counters {
+    fn more(&mut self) -> &mut MoreCounters {
+        self.more.get_or_insert_with(Default::default)
+    }
+
+    /// Adds one to a common count; past `u32::MAX` the carry goes to the box.
+    fn bump(&mut self, which: Common) {
+        let (inline, carried) = match which {
+            Common::Granted => (&mut self.granted, 0),
+            Common::Success => (&mut self.successes, 1),
+            Common::Failure => (&mut self.failures, 2),
+        };
+        if let Some(next) = inline.checked_add(1) {
+            *inline = next;
+            return;
+        }
+        *inline = 0;
+        let more = self.more();
+        let carry = [&mut more.granted, &mut more.successes, &mut more.failures];
+        *carry[carried] += 1 << 32;
+    }
+
     fn count(&mut self, decision: &Decision) {
         match *decision {
-            Decision::Granted(Some(_)) => self.granted += 1,
-            Decision::Probe(_) => self.probes += 1,
+            Decision::Granted(Some(_)) => self.bump(Common::Granted),
+            Decision::Probe(_) => self.more().probes += 1,
             Decision::Blocked { reason, .. } => {
-                self.blocked += 1;
-                self.by_reason[reason as usize] += 1;
+                debug_assert!(matches!(reason, Reason::Open | Reason::ProbeInFlight));
+                self.more().by_reason[reason as usize] += 1;
             }
-            Decision::Refused => self.refused += 1,
+            Decision::Refused => self.more().refused += 1,
             Decision::Denied { reason, .. } => {
-                self.denied += 1;
-                self.by_reason[reason as usize] += 1;
-                match reason {
-                    Reason::Evicted => {
-                        self.evicted += 1;
-                        self.failed += 1;
-                    }
-                    Reason::Timeout => {
-                        self.timed_out += 1;
-                        self.failed += 1;
-                    }
-                    _ => {}
-                }
+                debug_assert!(!matches!(reason, Reason::Open | Reason::ProbeInFlight));
+                self.more().by_reason[reason as usize] += 1;
             }
-            Decision::Queued => self.queued += 1,
+            Decision::Queued => self.more().queued += 1,
             Decision::Granted(None) => {}
+        }
+    }
+
+    fn outcome(&mut self, outcome: Outcome, stale: bool) {
+        match outcome {
+            _ if stale => self.more().stale += 1,
+            Outcome::Success => self.bump(Common::Success),
+            Outcome::Failure => self.bump(Common::Failure),
+            Outcome::Ignored => self.more().ignored += 1,
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        let zero = MoreCounters::default();
+        let more = self.more.as_deref().unwrap_or(&zero);
+        let by_reason = more.by_reason;
+        let reason = |r: Reason| by_reason[r as usize];
+        let blocked = reason(Reason::Open) + reason(Reason::ProbeInFlight);
+        let evicted = reason(Reason::Evicted);
+        let timed_out = reason(Reason::Timeout);
+        Stats {
+            granted: more.granted + u64::from(self.granted),
+            probes: more.probes,
+            blocked,
+            refused: more.refused,
+            denied: by_reason.iter().sum::<u64>() - blocked,
+            by_reason,
+            queued: more.queued,
+            evicted,
+            timed_out,
+            withdrawn: more.withdrawn,
+            failed: evicted + timed_out + more.withdrawn,
+            successes: more.successes + u64::from(self.successes),
+            failures: more.failures + u64::from(self.failures),
+            ignored: more.ignored,
+            stale: more.stale,
+            expired: more.expired,
         }
     }
 }
@@ -306,38 +411,63 @@ pub enum FuseError {
     NoRoomForWaiter,
 }
 
+/// What a key keeps only while it needs it: live tickets, the permit book
+/// (limiter and waiters) and the notices not yet drained. A key with no
+/// ticket, no limiter, no waiter and no notice has none of it.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Live {
+    tickets: Tickets,
+    book: Book,
+    notices: Vec<Notice>,
+}
+
+impl Live {
+    fn is_empty(&self) -> bool {
+        self.tickets.is_empty() && self.book.is_empty() && self.notices.is_empty()
+    }
+}
+
+/// Which optional parts of a fuse own a heap allocation now, besides the
+/// shared policy; see [`Fuse::heap_parts`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeapParts {
+    /// Live tickets, the permit book or notices are kept.
+    pub live: bool,
+    /// Rarer statistics are kept (anything but grants, successes, failures).
+    pub more_stats: bool,
+    /// The ratio-mode sampling window holds outcomes.
+    pub health_window: bool,
+}
+
 /// One key's breaker, permit book and live tickets.
+///
+/// Kept small, since a server holds a million of them: the policy is
+/// shared, and whatever a key at rest does not need is boxed and made only
+/// when needed (see [`Fuse::heap_parts`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Fuse {
-    policy: Policy,
+    policy: Arc<Policy>,
     breaker: Breaker,
-    book: Book,
-    tickets: HashMap<TicketId, Ticket>,
-    /// `(lease end, ticket)` for every live ticket, for settlement in time order.
-    leases: BTreeSet<(Millis, TicketId)>,
-    /// The live ticket that is the probe, if any (B2).
-    probe: Option<TicketId>,
+    live: Option<Box<Live>>,
+    counters: Counters,
     last_now: Millis,
-    stats: Stats,
-    notices: Vec<Notice>,
 }
 
 impl Fuse {
     /// A fresh key under `policy`, made at `now` (K2).
-    pub fn new(policy: Policy, now: Millis) -> Self {
-        let mut book = Book::default();
-        book.adopt(None, policy.limiter.as_ref(), now);
-        Fuse {
-            policy,
+    pub fn new(policy: impl Into<Arc<Policy>>, now: Millis) -> Self {
+        let policy = policy.into();
+        let mut fuse = Fuse {
             breaker: Breaker::new(now),
-            book,
-            tickets: HashMap::new(),
-            leases: BTreeSet::new(),
-            probe: None,
+            live: None,
+            counters: Counters::default(),
             last_now: now,
-            stats: Stats::default(),
-            notices: Vec::new(),
+            policy,
+        };
+        if let Some(lp) = fuse.policy.limiter {
+            fuse.live_mut().book.adopt(Some(&lp), now);
         }
+        fuse
     }
 
     /// The policy in force.
@@ -350,19 +480,24 @@ impl Fuse {
         &self.breaker
     }
 
+    /// The breaker's phase.
+    pub fn phase(&self) -> Phase {
+        self.breaker.phase()
+    }
+
     /// A live ticket.
     pub fn ticket(&self, id: TicketId) -> Option<&Ticket> {
-        self.tickets.get(&id)
+        self.live.as_ref()?.tickets.get(id)
     }
 
     /// Live tickets.
     pub fn live_tickets(&self) -> usize {
-        self.tickets.len()
+        self.live.as_ref().map_or(0, |l| l.tickets.len())
     }
 
     /// Waiting requests.
     pub fn waiters(&self) -> usize {
-        self.book.waiters()
+        self.book().map_or(0, Book::waiters)
     }
 
     /// The last time this fuse saw.
@@ -371,13 +506,54 @@ impl Fuse {
     }
 
     /// Statistics.
-    pub fn stats(&self) -> &Stats {
-        &self.stats
+    pub fn stats(&self) -> Stats {
+        self.counters.stats()
+    }
+
+    /// Which optional parts own a heap allocation now: for memory tests
+    /// and accounting. A key at rest owns none.
+    pub fn heap_parts(&self) -> HeapParts {
+        HeapParts {
+            live: self.live.is_some(),
+            more_stats: self.counters.more.is_some(),
+            health_window: self.breaker.window_allocated(),
+        }
     }
 
     /// Moves out the notices gathered since the last call.
-    pub fn drain_notices(&mut self) -> std::vec::Drain<'_, Notice> {
-        self.notices.drain(..)
+    pub fn drain_notices(&mut self) -> std::vec::IntoIter<Notice> {
+        let notices = self
+            .live
+            .as_mut()
+            .map(|l| std::mem::take(&mut l.notices))
+            .unwrap_or_default();
+        self.tidy();
+        notices.into_iter()
+    }
+
+    fn book(&self) -> Option<&Book> {
+        self.live.as_ref().map(|l| &l.book)
+    }
+
+    fn limiter(&self) -> Option<&Limiter> {
+        self.book()?.limiter()
+    }
+
+    /// The live part, made when first needed.
+    fn live_mut(&mut self) -> &mut Live {
+        self.live.get_or_insert_with(Box::default)
+    }
+
+    /// Frees the live part once it holds nothing; every public operation
+    /// ends here, so between operations a key at rest owns no live part.
+    fn tidy(&mut self) {
+        if self.live.as_ref().is_some_and(|l| l.is_empty()) {
+            self.live = None;
+        }
+    }
+
+    fn notice(&mut self, notice: Notice) {
+        self.live_mut().notices.push(notice);
     }
 
     fn check_time(&self, now: Millis) -> Result<(), FuseError> {
@@ -391,9 +567,8 @@ impl Fuse {
     }
 
     /// A live ticket at `now`: one whose lease has not ended (T1).
-    fn live(&self, id: TicketId, now: Millis) -> Result<Ticket, FuseError> {
-        self.tickets
-            .get(&id)
+    fn live_ticket(&self, id: TicketId, now: Millis) -> Result<Ticket, FuseError> {
+        self.ticket(id)
             .filter(|t| t.lease_end > now)
             .copied()
             .ok_or(FuseError::UnknownTicket)
@@ -401,24 +576,29 @@ impl Fuse {
 
     /// Applies a changed policy from `now` on (Y4): the breaker keeps its
     /// phase, deadline, run and epoch; held permits stay held.
-    pub fn set_policy(&mut self, policy: Policy, now: Millis) -> Result<(), FuseError> {
+    pub fn set_policy(
+        &mut self,
+        policy: impl Into<Arc<Policy>>,
+        now: Millis,
+    ) -> Result<(), FuseError> {
         self.check_time(now)?;
         self.settle(now);
-        let old = std::mem::replace(&mut self.policy, policy);
-        if let Some((from, to)) = self.breaker.adopt(policy.breaker.as_ref(), now) {
+        self.policy = policy.into();
+        let Policy {
+            breaker, limiter, ..
+        } = *self.policy;
+        if let Some((from, to)) = self.breaker.adopt(breaker.as_ref(), now) {
             self.phase_changed(from, to, Cause::PolicyChanged, now);
         }
-        if self
-            .book
-            .adopt(old.limiter.as_ref(), policy.limiter.as_ref(), now)
-        {
-            for ticket in self.tickets.values_mut() {
-                ticket.holds = false;
+        if self.live.is_some() || limiter.is_some() {
+            let live = self.live_mut();
+            if live.book.adopt(limiter.as_ref(), now) {
+                live.tickets.forget_holds();
             }
         }
-        if let Some(lp) = policy.limiter {
+        if let (Some(lp), Some(live)) = (limiter, self.live.as_deref_mut()) {
             // A waiter that asks for more than the new limit could never be served.
-            for waiter in self.book.remove_above(lp.kind.limit()) {
+            for waiter in live.book.remove_above(lp.kind.limit()) {
                 self.answer(
                     waiter.id,
                     Decision::Denied {
@@ -429,6 +609,7 @@ impl Fuse {
             }
         }
         self.serve(now);
+        self.tidy();
         Ok(())
     }
 
@@ -437,6 +618,7 @@ impl Fuse {
     pub fn advance(&mut self, now: Millis) -> Result<(), FuseError> {
         self.check_time(now)?;
         self.settle(now);
+        self.tidy();
         Ok(())
     }
 
@@ -444,15 +626,16 @@ impl Fuse {
     /// request arrives: a lease end, a waiter's `max_wait`, or a refill or
     /// window roll that can serve the head waiter.
     pub fn next_deadline(&self) -> Option<Millis> {
-        let lease = self.leases.first().map(|&(end, _)| end);
-        let timeout = self.book.first_timeout();
+        let live = self.live.as_deref()?;
+        let lease = live.tickets.first_lease().map(|(end, _)| end);
+        let timeout = live.book.first_timeout();
         let refill = self.policy.limiter.as_ref().and_then(|lp| {
-            let head = self.book.head(lp.order)?;
-            let limiter = self.book.limiter()?;
+            let head = live.book.head(lp.order)?;
+            let limiter = live.book.limiter()?;
             if limiter.returns_permits() {
                 return None;
             }
-            limiter.ready_at(&lp.kind, head.permits, self.last_now)
+            limiter.ready_at(head.permits, self.last_now)
         });
         [lease, timeout, refill].into_iter().flatten().min()
     }
@@ -464,17 +647,21 @@ impl Fuse {
                 break;
             }
             self.last_now = self.last_now.max(at);
-            while let Some(&(end, id)) = self.leases.first() {
+            while let Some((end, id)) = self.live.as_ref().and_then(|l| l.tickets.first_lease()) {
                 if end > at {
                     break;
                 }
                 let outcome = self.policy.lease.expired_outcome;
-                self.stats.expired += 1;
+                self.counters.more().expired += 1;
                 self.finish(id, outcome, end);
-                self.notices.push(Notice::Expired { ticket: id });
+                self.notice(Notice::Expired { ticket: id });
             }
             self.serve(at);
-            while let Some(waiter) = self.book.pop_timed_out(at) {
+            while let Some(waiter) = self
+                .live
+                .as_deref_mut()
+                .and_then(|l| l.book.pop_timed_out(at))
+            {
                 self.answer(
                     waiter.id,
                     Decision::Denied {
@@ -496,17 +683,26 @@ impl Fuse {
         if ask.lease == Some(0) {
             return Err(FuseError::ZeroLease);
         }
-        if ask.permits > 0 && (self.tickets.contains_key(&id) || self.book.contains(id)) {
+        if ask.permits > 0
+            && self
+                .live
+                .as_ref()
+                .is_some_and(|l| l.tickets.contains(id) || l.book.contains(id))
+        {
             return Err(FuseError::TicketInUse);
         }
         self.settle(now);
         let admission = self.breaker.admission(now);
-        if ask.permits == 0 {
-            return Ok(self.status(admission, now));
+        let decision = if ask.permits == 0 {
+            Ok(self.status(admission, now))
+        } else {
+            self.decide(ask, admission, id, now)
+        };
+        if let (Ok(decision), true) = (&decision, ask.permits > 0) {
+            self.counters.count(decision);
         }
-        let decision = self.decide(ask, admission, id, now)?;
-        self.stats.count(&decision);
-        Ok(decision)
+        self.tidy();
+        decision
     }
 
     /// The status check of P2a: what the breaker answers when it blocks or
@@ -515,15 +711,15 @@ impl Fuse {
         if let Some(refusal) = admission.refusal() {
             return refusal;
         }
-        let (Some(lp), Some(limiter)) = (&self.policy.limiter, self.book.limiter()) else {
+        let Some(limiter) = self.limiter() else {
             return Decision::Granted(None);
         };
-        if limiter.available(&lp.kind, now) > 0 {
+        if limiter.available(now) > 0 {
             return Decision::Granted(None);
         }
         Decision::Denied {
             reason: Reason::NoPermits,
-            retry_after: limiter.ready_at(&lp.kind, 1, now).map(|t| t - now),
+            retry_after: limiter.ready_at(1, now).map(|t| t - now),
         }
     }
 
@@ -539,40 +735,51 @@ impl Fuse {
         }
         let probe = admission == Admission::Probe;
         let n = ask.permits;
-        let (Some(lp), Some(limiter)) = (self.policy.limiter, self.book.limiter()) else {
+        let (Some(lp), Some(limiter)) = (self.policy.limiter, self.limiter()) else {
             return self.grant_at_once(ask, id, probe, 0, now);
         };
-        if n > lp.kind.limit() {
+        if n > limiter.limit() {
             return Ok(Decision::Denied {
                 reason: Reason::ExceedsLimit,
                 retry_after: None,
             });
         }
-        let free = limiter.available(&lp.kind, now);
-        let waiters_first = lp.order == Order::OldestFirst && self.book.waiters() > 0;
+        let free = limiter.available(now);
+        let waiters_first = lp.order == Order::OldestFirst && self.waiters() > 0;
         if free >= n && (probe || !waiters_first) {
             return self.grant_at_once(ask, id, probe, n, now);
         }
         let retry_after = if free >= n {
             None
         } else {
-            limiter.ready_at(&lp.kind, n, now).map(|t| t - now)
+            limiter.ready_at(n, now).map(|t| t - now)
         };
         let may_wait = !probe && ask.max_wait > 0 && lp.queue_limit > 0;
         let queue_limit = u64::from(lp.queue_limit);
-        let fits = self.book.queued() + u64::from(n) <= queue_limit
+        let queued = self.book().map_or(0, Book::queued);
+        let fits = queued + u64::from(n) <= queue_limit
             || (lp.order == Order::NewestFirst && u64::from(n) <= queue_limit);
         if may_wait && fits {
             if !ask.room_for_waiter {
                 return Err(FuseError::NoRoomForWaiter);
             }
-            while self.book.queued() + u64::from(n) > queue_limit {
-                let oldest = self
-                    .book
+            let book = &mut self.live_mut().book;
+            let mut evicted = Vec::new();
+            while book.queued() + u64::from(n) > queue_limit {
+                let oldest = book
                     .oldest()
                     .map(|w| w.id)
                     .expect("a full queue has a waiter");
-                self.book.remove(oldest);
+                book.remove(oldest);
+                evicted.push(oldest);
+            }
+            book.enqueue(Waiter {
+                id,
+                permits: n,
+                until: now.saturating_add(ask.max_wait),
+                lease: ask.lease,
+            });
+            for oldest in evicted {
                 self.answer(
                     oldest,
                     Decision::Denied {
@@ -581,12 +788,6 @@ impl Fuse {
                     },
                 );
             }
-            self.book.enqueue(Waiter {
-                id,
-                permits: n,
-                until: now.saturating_add(ask.max_wait),
-                lease: ask.lease,
-            });
             return Ok(Decision::Queued);
         }
         let reason = if ask.max_wait > 0 && lp.queue_limit > 0 && !probe {
@@ -629,11 +830,6 @@ impl Fuse {
         now: Millis,
     ) -> Grant {
         let lease_end = now.saturating_add(self.policy.lease.grant(lease));
-        let mut holds = false;
-        if let (Some(lp), Some(limiter)) = (&self.policy.limiter, self.book.limiter_mut()) {
-            limiter.take(&lp.kind, n, now);
-            holds = limiter.returns_permits();
-        }
         if probe {
             let probe_lease = self
                 .policy
@@ -642,25 +838,26 @@ impl Fuse {
             if let Some((from, to)) = self.breaker.begin_probe(now, probe_lease.min(lease_end)) {
                 self.phase_changed(from, to, Cause::ProbeAdmitted, now);
             }
-            // B2: a superseded probe stays live (its outcome will be stale)
-            // but is no longer the probe.
-            if let Some(old) = self.probe.replace(id) {
-                if let Some(t) = self.tickets.get_mut(&old) {
-                    t.probe = false;
-                }
-            }
         }
-        self.tickets.insert(
+        let epoch = self.breaker.epoch();
+        let live = self.live_mut();
+        let mut holds = false;
+        if let Some(limiter) = live.book.limiter_mut() {
+            limiter.take(n, now);
+            holds = limiter.returns_permits();
+        }
+        // B2: a superseded probe stays live (its outcome will be stale) but
+        // is no longer the probe: inserting a probe moves the flag.
+        live.tickets.insert(
             id,
             Ticket {
-                epoch: self.breaker.epoch(),
+                epoch,
                 permits: n,
                 probe,
                 lease_end,
                 holds,
             },
         );
-        self.leases.insert((lease_end, id));
         Grant {
             ticket: id,
             lease_end,
@@ -672,32 +869,35 @@ impl Fuse {
         if self.breaker.admission(now) != Admission::Normal {
             return;
         }
+        let order = self
+            .policy
+            .limiter
+            .map_or(Order::OldestFirst, |lp| lp.order);
         loop {
-            let order = self
-                .policy
-                .limiter
-                .map_or(Order::OldestFirst, |lp| lp.order);
-            let Some(&head) = self.book.head(order) else {
+            let Some(book) = self.book() else {
                 return;
             };
-            if let (Some(lp), Some(limiter)) = (&self.policy.limiter, self.book.limiter()) {
-                if limiter.available(&lp.kind, now) < head.permits {
+            let Some(head) = book.head(order) else {
+                return;
+            };
+            if let Some(limiter) = book.limiter() {
+                if limiter.available(now) < head.permits {
                     return;
                 }
             }
-            self.book.remove(head.id);
+            self.live_mut().book.remove(head.id);
             let grant = self.issue(head.id, false, head.permits, head.lease, now);
             self.answer(head.id, Decision::Granted(Some(grant)));
         }
     }
 
     fn answer(&mut self, waiter: TicketId, decision: Decision) {
-        self.stats.count(&decision);
-        self.notices.push(Notice::Answered { waiter, decision });
+        self.counters.count(&decision);
+        self.notice(Notice::Answered { waiter, decision });
     }
 
     fn phase_changed(&mut self, from: Phase, to: Phase, cause: Cause, at: Millis) {
-        self.notices.push(Notice::Phase {
+        self.notice(Notice::Phase {
             from,
             to,
             cause,
@@ -707,7 +907,7 @@ impl Fuse {
         let Some(answer) = self.breaker.admission(at).refusal() else {
             return;
         };
-        for waiter in self.book.drain() {
+        for waiter in self.live_mut().book.drain() {
             self.answer(waiter.id, answer);
         }
     }
@@ -720,9 +920,10 @@ impl Fuse {
         now: Millis,
     ) -> Result<Completed, FuseError> {
         self.check_time(now)?;
-        self.live(id, now)?;
+        self.live_ticket(id, now)?;
         self.settle(now);
         let stale = self.finish(id, outcome, now);
+        self.tidy();
         Ok(Completed {
             stale,
             phase: self.breaker.phase(),
@@ -732,13 +933,9 @@ impl Fuse {
     /// Ends a live ticket with `outcome` at `at`: the outcome reaches the
     /// breaker first, then the permits come back (C5). Returns staleness.
     fn finish(&mut self, id: TicketId, outcome: Outcome, at: Millis) -> bool {
-        let Some(ticket) = self.tickets.remove(&id) else {
+        let Some(ticket) = self.live.as_deref_mut().and_then(|l| l.tickets.remove(id)) else {
             return false;
         };
-        self.leases.remove(&(ticket.lease_end, id));
-        if self.probe == Some(id) {
-            self.probe = None;
-        }
         let recorded = self.breaker.record(
             self.policy.breaker.as_ref(),
             ticket.epoch,
@@ -746,15 +943,7 @@ impl Fuse {
             outcome,
             at,
         );
-        if recorded.stale {
-            self.stats.stale += 1;
-        } else {
-            match outcome {
-                Outcome::Success => self.stats.successes += 1,
-                Outcome::Failure => self.stats.failures += 1,
-                Outcome::Ignored => self.stats.ignored += 1,
-            }
-        }
+        self.counters.outcome(outcome, recorded.stale);
         if let Some((from, to)) = recorded.change {
             let cause = match (ticket.probe, to) {
                 (false, _) => Cause::Tripped,
@@ -764,7 +953,7 @@ impl Fuse {
             self.phase_changed(from, to, cause, at);
         }
         if ticket.holds {
-            if let Some(limiter) = self.book.limiter_mut() {
+            if let Some(limiter) = self.live.as_deref_mut().and_then(|l| l.book.limiter_mut()) {
                 limiter.release(ticket.permits);
             }
         }
@@ -785,15 +974,14 @@ impl Fuse {
         if lease == Some(0) {
             return Err(FuseError::ZeroLease);
         }
-        let ticket = self.live(id, now)?;
+        self.live_ticket(id, now)?;
         self.settle(now);
         let granted = self.policy.lease.grant(lease);
         let lease_end = now.saturating_add(granted);
-        self.leases.remove(&(ticket.lease_end, id));
-        self.leases.insert((lease_end, id));
-        if let Some(t) = self.tickets.get_mut(&id) {
-            t.lease_end = lease_end;
+        if let Some(live) = self.live.as_deref_mut() {
+            live.tickets.set_lease_end(id, lease_end);
         }
+        self.tidy();
         Ok(granted)
     }
 
@@ -802,13 +990,17 @@ impl Fuse {
     pub fn withdraw(&mut self, id: TicketId, now: Millis) -> Result<bool, FuseError> {
         self.check_time(now)?;
         self.settle(now);
-        let Some(_) = self.book.remove(id) else {
-            return Ok(false);
-        };
-        self.stats.withdrawn += 1;
-        self.stats.failed += 1;
-        self.serve(now);
-        Ok(true)
+        let withdrawn = self
+            .live
+            .as_deref_mut()
+            .and_then(|l| l.book.remove(id))
+            .is_some();
+        if withdrawn {
+            self.counters.more().withdrawn += 1;
+            self.serve(now);
+        }
+        self.tidy();
+        Ok(withdrawn)
     }
 
     /// Isolates the breaker (B5); waiters are refused at once (C4).
@@ -817,6 +1009,7 @@ impl Fuse {
         self.settle(now);
         let (from, to) = self.breaker.isolate(now);
         self.phase_changed(from, to, Cause::Isolated, now);
+        self.tidy();
         Ok(())
     }
 
@@ -827,29 +1020,26 @@ impl Fuse {
         let (from, to) = self.breaker.reset(now);
         self.phase_changed(from, to, Cause::Closed, now);
         self.serve(now);
+        self.tidy();
         Ok(())
     }
 
     /// True when the key is as a fresh one would be (K2): breaker closed
     /// with nothing recorded, no live ticket, no waiter, limiter full.
     pub fn is_at_rest(&self, now: Millis) -> bool {
-        self.tickets.is_empty()
-            && self.book.waiters() == 0
+        self.live_tickets() == 0
+            && self.waiters() == 0
             && self.breaker.is_at_rest(self.policy.breaker.as_ref(), now)
-            && match (&self.policy.limiter, self.book.limiter()) {
-                (Some(lp), Some(limiter)) => limiter.is_full(&lp.kind, now),
-                _ => true,
-            }
+            && self.limiter().is_none_or(|limiter| limiter.is_full(now))
     }
 
     /// What a read shows at `now`. Changes nothing: an `OPEN` breaker past
     /// its deadline reads `OPEN` (B6). Call [`Fuse::advance`] first so that
     /// lease ends are settled.
     pub fn view(&self, now: Millis) -> View {
-        let (free, limit) = match (&self.policy.limiter, self.book.limiter()) {
-            (Some(lp), Some(limiter)) => (limiter.available(&lp.kind, now), lp.kind.limit()),
-            _ => (0, 0),
-        };
+        let (free, limit) = self
+            .limiter()
+            .map_or((0, 0), |limiter| (limiter.available(now), limiter.limit()));
         View {
             phase: self.breaker.phase(),
             consecutive_failures: self.breaker.consecutive_failures(),
@@ -857,18 +1047,20 @@ impl Fuse {
             open_until: self.breaker.open_until(),
             free,
             limit,
-            queued: self.book.queued(),
-            live_tickets: self.tickets.len(),
-            waiters: self.book.waiters(),
+            queued: self.book().map_or(0, Book::queued),
+            live_tickets: self.live_tickets(),
+            waiters: self.waiters(),
             epoch: self.breaker.epoch(),
             failure_ratio: self
                 .breaker
                 .failure_ratio(self.policy.breaker.as_ref(), now),
             changed_at: self.breaker.changed_at(),
-            stats: self.stats.clone(),
+            stats: self.stats(),
         }
     }
 }
+
+mod tickets;
 
 #[cfg(test)]
 mod tests;

@@ -13,11 +13,20 @@ use std::collections::VecDeque;
 use super::Millis;
 
 /// Success and failure counts over a sliding sampling window.
+///
+/// Empty, it costs one pointer and no allocation: most keys are not in
+/// ratio mode, and a ratio-mode key at rest has nothing in its window.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HealthWindow {
     /// `(bucket start, successes, failures)`, oldest first; at most 21
-    /// entries for one window length.
-    buckets: VecDeque<(Millis, u32, u32)>,
+    /// entries for one window length. `None` when empty, never `Some` of an
+    /// empty queue.
+    #[allow(
+        clippy::box_collection,
+        reason = "one word inline instead of four for every key; the second \
+                  allocation is paid only by ratio-mode keys with outcomes in the window"
+    )]
+    buckets: Option<Box<VecDeque<(Millis, u32, u32)>>>,
 }
 
 fn width(window: Millis) -> Millis {
@@ -30,7 +39,8 @@ impl HealthWindow {
         self.prune(now, window);
         let w = width(window);
         let start = now / w * w;
-        match self.buckets.back_mut() {
+        let buckets = self.buckets.get_or_insert_with(Default::default);
+        match buckets.back_mut() {
             Some((i, s, f)) if *i == start => {
                 if failed {
                     *f = f.saturating_add(1);
@@ -38,20 +48,24 @@ impl HealthWindow {
                     *s = s.saturating_add(1);
                 }
             }
-            _ => self
-                .buckets
-                .push_back((start, u32::from(!failed), u32::from(failed))),
+            _ => buckets.push_back((start, u32::from(!failed), u32::from(failed))),
         }
     }
 
     /// Drops buckets that no longer count at `now`.
     pub fn prune(&mut self, now: Millis, window: Millis) {
-        while let Some(&(start, _, _)) = self.buckets.front() {
+        let Some(buckets) = self.buckets.as_mut() else {
+            return;
+        };
+        while let Some(&(start, _, _)) = buckets.front() {
             if start + window <= now {
-                self.buckets.pop_front();
+                buckets.pop_front();
             } else {
                 break;
             }
+        }
+        if buckets.is_empty() {
+            self.buckets = None;
         }
     }
 
@@ -59,6 +73,7 @@ impl HealthWindow {
     pub fn totals(&self, now: Millis, window: Millis) -> (u64, u64) {
         self.buckets
             .iter()
+            .flat_map(|b| b.iter())
             .filter(|(start, _, _)| start + window > now)
             .fold((0, 0), |(n, f), &(_, s, fl)| {
                 (n + u64::from(s) + u64::from(fl), f + u64::from(fl))
@@ -67,7 +82,12 @@ impl HealthWindow {
 
     /// Forgets every outcome.
     pub fn clear(&mut self) {
-        self.buckets.clear();
+        self.buckets = None;
+    }
+
+    /// True when the window holds an allocation (it has buckets).
+    pub fn is_allocated(&self) -> bool {
+        self.buckets.is_some()
     }
 
     /// True when no outcome counts at `now`.
@@ -109,6 +129,6 @@ mod tests {
         assert_eq!(h.totals(1000, 1000), (1, 1));
         h.prune(1100, 1000);
         assert!(h.is_empty_at(1100, 1000));
-        assert_eq!(h.buckets.len(), 0);
+        assert!(!h.is_allocated(), "an empty window frees its buckets");
     }
 }

@@ -25,7 +25,8 @@ pub mod policy;
 pub use book::{Book, Waiter};
 pub use breaker::{Admission, Breaker};
 pub use fuse::{
-    Ask, Cause, Completed, Decision, Fuse, FuseError, Grant, Notice, Stats, Ticket, TicketId, View,
+    Ask, Cause, Completed, Decision, Fuse, FuseError, Grant, HeapParts, Notice, Stats, Ticket,
+    TicketId, View,
 };
 pub use key::{validate_key, KeyError};
 pub use policy::{

@@ -165,35 +165,6 @@ impl LimiterKind {
         }
     }
 
-    /// True when `other` is the same algorithm with the same time lengths
-    /// (period, window, segments), so counts kept under one hold under the other.
-    pub fn same_clock(&self, other: &LimiterKind) -> bool {
-        match (*self, *other) {
-            (LimiterKind::Concurrency { .. }, LimiterKind::Concurrency { .. }) => true,
-            (
-                LimiterKind::TokenBucket { period: a, .. },
-                LimiterKind::TokenBucket { period: b, .. },
-            ) => a == b,
-            (
-                LimiterKind::FixedWindow { window: a, .. },
-                LimiterKind::FixedWindow { window: b, .. },
-            ) => a == b,
-            (
-                LimiterKind::SlidingWindow {
-                    window: a,
-                    segments: s,
-                    ..
-                },
-                LimiterKind::SlidingWindow {
-                    window: b,
-                    segments: t,
-                    ..
-                },
-            ) => a == b && s == t,
-            _ => false,
-        }
-    }
-
     /// The kind's name, as written in the config.
     pub fn name(&self) -> &'static str {
         match self {

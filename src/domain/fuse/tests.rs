@@ -178,7 +178,7 @@ fn answers(fuse: &mut Fuse) -> Vec<Notice> {
         .collect()
 }
 
-fn reason_count(stats: &Stats, reason: Reason) -> u64 {
+fn reason_count(stats: Stats, reason: Reason) -> u64 {
     stats.by_reason[Reason::ALL.iter().position(|&r| r == reason).unwrap()]
 }
 
@@ -229,12 +229,12 @@ fn statistics_count_every_kind_of_answer_and_outcome() {
         Ok(denied(Reason::ExceedsLimit, None))
     );
     // A status check counts nothing.
-    let before = f.stats().clone();
+    let before = f.stats();
     assert_eq!(
         f.acquire(&status(), id(99), 0),
         Ok(denied(Reason::NoPermits, None))
     );
-    assert_eq!(f.stats(), &before);
+    assert_eq!(f.stats(), before);
     // t=1: C is withdrawn; G waits and times out at t=6.
     assert_eq!(f.withdraw(id(3), 1), Ok(true));
     assert_eq!(f.acquire(&wait(1, 5), id(7), 1), Ok(Decision::Queued));
@@ -339,7 +339,7 @@ fn statistics_count_every_kind_of_answer_and_outcome() {
         stale: 1,
         expired: 1,
     };
-    assert_eq!(f.stats(), &expected);
+    assert_eq!(f.stats(), expected);
     assert_eq!(f.view(1_113).stats, expected);
     assert_eq!(reason_count(f.stats(), Reason::Timeout), 1);
 }
@@ -781,7 +781,7 @@ fn a_status_check_answers_what_the_breaker_answers_and_never_admits() {
         0,
     );
     trip(&mut f, 1, 1, 0);
-    let stats = f.stats().clone();
+    let stats = f.stats();
     assert_eq!(
         f.acquire(&status(), id(2), 400),
         Ok(blocked(Reason::Open, 600))
@@ -800,7 +800,7 @@ fn a_status_check_answers_what_the_breaker_answers_and_never_admits() {
         (v.phase, v.half_open_attempts, v.open_until),
         (Phase::Open, 0, Some(1_000))
     );
-    assert_eq!(f.stats(), &stats);
+    assert_eq!(f.stats(), stats);
     // The probe is still there for the next request.
     assert_eq!(f.acquire(&take(1), id(4), 1_500), Ok(probe(4, 31_500)));
     assert_eq!(
@@ -1530,4 +1530,164 @@ fn isolation_refuses_every_waiter_at_once() {
     assert_eq!((f.waiters(), f.view(10).queued), (0, 0));
     assert_eq!(f.stats().refused, 2);
     assert_eq!(f.next_deadline(), Some(30_000));
+}
+
+// ---------------------------------------------------------------------------
+// memory: a million keys at a few hundred bytes each
+
+#[test]
+fn a_fuse_stays_small() {
+    assert!(
+        std::mem::size_of::<Fuse>() <= 96,
+        "Fuse is {} bytes",
+        std::mem::size_of::<Fuse>()
+    );
+    assert_eq!(std::mem::size_of::<Breaker>(), 48);
+    assert_eq!(std::mem::size_of::<Ticket>(), 24);
+    assert_eq!(std::mem::align_of::<Fuse>(), 8, "no u128 alignment");
+    // A live ticket costs its id and its ticket, with no padding.
+    assert_eq!(std::mem::size_of::<(PackedId, Ticket)>(), 40);
+}
+
+/// The measured case of the memory budget: one acquire and a FAILURE under
+/// the default policy leaves a run of 1 and no live ticket, and the fuse
+/// owns no heap allocation but the shared policy.
+#[test]
+fn a_key_used_once_owns_nothing_but_the_shared_policy() {
+    let shared = std::sync::Arc::new(Policy::default());
+    let mut f = Fuse::new(shared.clone(), 0);
+    assert_eq!(f.heap_parts(), HeapParts::default());
+    assert_eq!(f.acquire(&take(1), id(1), 5), Ok(granted(1, 30_005)));
+    assert!(
+        f.heap_parts().live,
+        "a live ticket is kept in the live part"
+    );
+    f.complete(id(1), Outcome::Failure, 6).unwrap();
+    assert_eq!(f.heap_parts(), HeapParts::default());
+    assert_eq!(f.breaker().consecutive_failures(), 1);
+    assert_eq!(f.phase(), Phase::Closed);
+    let s = f.stats();
+    assert_eq!((s.granted, s.failures, s.successes), (1, 1, 0));
+    assert_eq!(
+        s,
+        Stats {
+            granted: 1,
+            failures: 1,
+            ..Stats::default()
+        }
+    );
+    assert!(
+        std::ptr::eq(f.policy(), &*shared),
+        "the policy is shared, not copied"
+    );
+}
+
+#[test]
+fn the_live_part_is_freed_once_the_last_ticket_or_waiter_leaves() {
+    let mut f = Fuse::new(policy(Some(consecutive(100, 1_000)), None), 0);
+    for n in 0..20 {
+        f.acquire(&leased(1_000 + n as u64), id(n), 0).unwrap();
+    }
+    assert!(f.live.as_ref().unwrap().tickets.is_indexed());
+    for n in 0..19 {
+        f.complete(id(n), Outcome::Success, 1).unwrap();
+        assert!(f.heap_parts().live);
+    }
+    assert!(!f.live.as_ref().unwrap().tickets.is_indexed(), "few again");
+    f.complete(id(19), Outcome::Ignored, 1).unwrap();
+    assert!(!f.heap_parts().live);
+    // A lease that ends frees it too, once the notice is drained.
+    f.acquire(&take(1), id(30), 2).unwrap();
+    f.advance(30_002).unwrap();
+    assert_eq!(notices(&mut f), vec![Notice::Expired { ticket: id(30) }]);
+    assert!(!f.heap_parts().live);
+    // Notices of a key at rest are kept only until drained.
+    f.isolate(30_003).unwrap();
+    assert!(f.heap_parts().live);
+    assert_eq!(notices(&mut f).len(), 1);
+    assert!(!f.heap_parts().live);
+
+    // Waiters live there too; a key whose policy has a limiter keeps it.
+    let mut f = Fuse::new(policy(None, Some(concurrency(1, 4, Order::OldestFirst))), 0);
+    assert!(f.heap_parts().live, "the limiter is kept");
+    f.acquire(&take(1), id(1), 0).unwrap();
+    assert_eq!(f.acquire(&wait(1, 100), id(2), 0), Ok(Decision::Queued));
+    f.withdraw(id(2), 1).unwrap();
+    f.complete(id(1), Outcome::Success, 1).unwrap();
+    let live = f.live.as_ref().unwrap();
+    assert!(live.tickets.is_empty() && live.book.waiters() == 0);
+    // Losing the limiter frees the live part.
+    f.set_policy(policy(None, None), 2).unwrap();
+    assert!(!f.heap_parts().live);
+}
+
+#[test]
+fn many_tickets_expire_in_lease_order_as_few_do() {
+    let mut f = Fuse::new(policy(None, None), 0);
+    // Ids and lease ends in different orders, with ties broken by id.
+    let leases: Vec<(u128, Millis)> = (0..30u128)
+        .map(|n| (1_000 - n, 100 + (n as u64 * 7) % 5))
+        .collect();
+    for &(n, lease) in &leases {
+        f.acquire(&leased(lease), id(n), 0).unwrap();
+    }
+    f.advance(200).unwrap();
+    let expired: Vec<u128> = notices(&mut f)
+        .into_iter()
+        .map(|n| match n {
+            Notice::Expired { ticket } => ticket.0,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let mut expected = leases.clone();
+    expected.sort_by_key(|&(n, lease)| (lease, n));
+    assert_eq!(
+        expired,
+        expected.iter().map(|&(n, _)| n).collect::<Vec<_>>()
+    );
+    assert!(!f.heap_parts().live);
+    assert_eq!((f.stats().expired, f.stats().ignored), (30, 30));
+}
+
+#[test]
+fn rarer_statistics_are_boxed_when_first_needed_and_derived_counts_add_up() {
+    let mut f = Fuse::new(policy(Some(consecutive(1, 1_000)), None), 0);
+    f.acquire(&take(1), id(1), 0).unwrap();
+    f.complete(id(1), Outcome::Success, 0).unwrap();
+    assert!(!f.heap_parts().more_stats);
+    f.acquire(&take(1), id(2), 0).unwrap();
+    f.complete(id(2), Outcome::Failure, 0).unwrap();
+    assert!(!f.heap_parts().more_stats, "a trip is not a statistic");
+    assert_eq!(
+        f.acquire(&take(1), id(3), 10),
+        Ok(blocked(Reason::Open, 990))
+    );
+    assert!(f.heap_parts().more_stats);
+    let s = f.stats();
+    assert_eq!((s.blocked, s.denied, s.failed), (1, 0, 0));
+    assert_eq!(reason_count(s, Reason::Open), 1);
+
+    // The inline counts carry into the box past 32 bits.
+    let mut f = Fuse::new(Policy::default(), 0);
+    f.counters.granted = u32::MAX;
+    f.counters.failures = u32::MAX;
+    f.acquire(&take(1), id(1), 0).unwrap();
+    f.complete(id(1), Outcome::Failure, 0).unwrap();
+    let s = f.stats();
+    assert_eq!(s.granted, u64::from(u32::MAX) + 1);
+    assert_eq!(s.failures, u64::from(u32::MAX) + 1);
+    f.acquire(&take(1), id(2), 0).unwrap();
+    assert_eq!(f.stats().granted, u64::from(u32::MAX) + 2);
+}
+
+#[test]
+fn the_sampling_window_owns_memory_only_while_it_holds_outcomes() {
+    let mut f = Fuse::new(policy(Some(ratio(0.5, 2, 1_000)), None), 0);
+    f.acquire(&take(1), id(1), 0).unwrap();
+    f.complete(id(1), Outcome::Failure, 0).unwrap();
+    assert!(f.heap_parts().health_window);
+    f.acquire(&take(1), id(2), 1).unwrap();
+    f.complete(id(2), Outcome::Failure, 1).unwrap();
+    assert_eq!(f.phase(), Phase::Open);
+    assert!(!f.heap_parts().health_window, "a trip clears the window");
 }

@@ -1,187 +1,286 @@
 //! The four limiter kinds of SPEC section 2, one file each, behind one enum.
 //!
-//! Every method takes the kind's validated settings, so that a changed
-//! policy (Y4) applies from the next operation: a lower limit simply leaves
-//! fewer permits free. Windows and refill ticks are aligned to whole
-//! multiples of their length on the engine's clock (K4).
+//! Each variant of [`Limiter`] carries an algorithm's settings and its state
+//! together ([`Tuned`]), so a state can never be read under another kind's
+//! settings. A changed policy (Y4) reaches the limiter through
+//! [`Limiter::adopt`]: the same kind keeps its state (each algorithm decides
+//! what survives new settings, see [`Algorithm::rebase`]), another kind is
+//! remade full. Windows and refill ticks are aligned to whole multiples of
+//! their length on the engine's clock (K4).
+//!
+//! Adding a kind means one file implementing [`Algorithm`], one variant
+//! here (and its arm in `each!` and [`Limiter::new`]), and its settings in
+//! [`LimiterKind`].
 
 mod concurrency;
 mod fixed_window;
 mod sliding_window;
 mod token_bucket;
 
-pub use concurrency::Concurrency;
-pub use fixed_window::FixedWindow;
-pub use sliding_window::SlidingWindow;
-pub use token_bucket::TokenBucket;
+use std::fmt::Debug;
+
+pub use concurrency::{Concurrency, ConcurrencySettings};
+pub use fixed_window::{FixedWindow, FixedWindowSettings};
+pub use sliding_window::{SlidingWindow, SlidingWindowSettings};
+pub use token_bucket::{TokenBucket, TokenBucketSettings};
 
 use super::policy::LimiterKind;
 use super::Millis;
 
-/// The state of one key's limiter, of the kind its policy names.
+/// One limiter algorithm: its state, and the settings it runs under.
+pub trait Algorithm: Clone + Debug + PartialEq + Eq + Sized {
+    /// The algorithm's validated settings.
+    type Settings: Copy + Debug + PartialEq + Eq;
+
+    /// This algorithm's settings, when `kind` names this algorithm.
+    fn settings(kind: &LimiterKind) -> Option<Self::Settings>;
+
+    /// A fresh, full state at `now`.
+    fn full(settings: &Self::Settings, now: Millis) -> Self;
+
+    /// The most permits a single request can ever get.
+    fn limit(settings: &Self::Settings) -> u32;
+
+    /// Permits free at `now`, between 0 and the limit. Changes nothing.
+    fn available(&self, settings: &Self::Settings, now: Millis) -> u32;
+
+    /// Takes `n` permits at `now`; the caller has checked they are free.
+    fn take(&mut self, settings: &Self::Settings, n: u32, now: Millis);
+
+    /// When `n` permits (more than are free, at most the limit) will be
+    /// free if nothing else happens; `None` when the algorithm cannot tell.
+    fn ready_at(&self, settings: &Self::Settings, n: u32, now: Millis) -> Option<Millis>;
+
+    /// Carries the state from `old` to `new` settings at `now` (Y4).
+    fn rebase(&mut self, old: &Self::Settings, new: &Self::Settings, now: Millis);
+
+    /// True when the permits come back with their ticket (P7).
+    const RETURNS_PERMITS: bool = false;
+
+    /// Gives back `n` permits; only called when [`Self::RETURNS_PERMITS`].
+    fn release(&mut self, _n: u32) {}
+
+    /// True when the state is as a fresh one would be at `now` (K2).
+    fn is_full(&self, settings: &Self::Settings, now: Millis) -> bool {
+        self.available(settings, now) == Self::limit(settings)
+    }
+}
+
+/// An algorithm's state with the settings it runs under.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tuned<A: Algorithm> {
+    /// The settings in force.
+    pub settings: A::Settings,
+    /// The state under those settings.
+    pub state: A,
+}
+
+impl<A: Algorithm> Tuned<A> {
+    /// A full state of `kind` at `now`, when `kind` names this algorithm.
+    fn made(kind: &LimiterKind, now: Millis) -> Option<Self> {
+        let settings = A::settings(kind)?;
+        Some(Tuned {
+            state: A::full(&settings, now),
+            settings,
+        })
+    }
+
+    /// Takes the settings of `kind` if it names this algorithm; false otherwise.
+    fn adopt(&mut self, kind: &LimiterKind, now: Millis) -> bool {
+        let Some(next) = A::settings(kind) else {
+            return false;
+        };
+        self.state.rebase(&self.settings, &next, now);
+        self.settings = next;
+        true
+    }
+
+    fn returns_permits(&self) -> bool {
+        A::RETURNS_PERMITS
+    }
+
+    fn limit(&self) -> u32 {
+        A::limit(&self.settings)
+    }
+
+    fn ready_at(&self, n: u32, now: Millis) -> Option<Millis> {
+        if n > self.limit() {
+            return None;
+        }
+        if self.state.available(&self.settings, now) >= n {
+            return Some(now);
+        }
+        self.state.ready_at(&self.settings, n, now)
+    }
+}
+
+/// The state of one key's limiter, with its settings, of the kind its policy names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Limiter {
     /// See [`Concurrency`].
-    Concurrency(Concurrency),
+    Concurrency(Tuned<Concurrency>),
     /// See [`TokenBucket`].
-    TokenBucket(TokenBucket),
+    TokenBucket(Tuned<TokenBucket>),
     /// See [`FixedWindow`].
-    FixedWindow(FixedWindow),
+    FixedWindow(Tuned<FixedWindow>),
     /// See [`SlidingWindow`].
-    SlidingWindow(SlidingWindow),
+    SlidingWindow(Tuned<SlidingWindow>),
+}
+
+/// Runs `$body` on the variant's [`Tuned`], whatever the kind.
+macro_rules! each {
+    ($limiter:expr, $tuned:ident => $body:expr) => {
+        match $limiter {
+            Limiter::Concurrency($tuned) => $body,
+            Limiter::TokenBucket($tuned) => $body,
+            Limiter::FixedWindow($tuned) => $body,
+            Limiter::SlidingWindow($tuned) => $body,
+        }
+    };
 }
 
 impl Limiter {
     /// A fresh, full limiter of `kind` at `now`.
     pub fn new(kind: &LimiterKind, now: Millis) -> Self {
-        match *kind {
-            LimiterKind::Concurrency { .. } => Limiter::Concurrency(Concurrency::default()),
-            LimiterKind::TokenBucket {
-                capacity, period, ..
-            } => Limiter::TokenBucket(TokenBucket::new(capacity.get(), period.get(), now)),
-            LimiterKind::FixedWindow { .. } => Limiter::FixedWindow(FixedWindow::default()),
-            LimiterKind::SlidingWindow { .. } => Limiter::SlidingWindow(SlidingWindow::default()),
+        match kind {
+            LimiterKind::Concurrency { .. } => Tuned::made(kind, now).map(Limiter::Concurrency),
+            LimiterKind::TokenBucket { .. } => Tuned::made(kind, now).map(Limiter::TokenBucket),
+            LimiterKind::FixedWindow { .. } => Tuned::made(kind, now).map(Limiter::FixedWindow),
+            LimiterKind::SlidingWindow { .. } => Tuned::made(kind, now).map(Limiter::SlidingWindow),
         }
+        .expect("each algorithm reads the settings of its own kind")
     }
 
-    /// True when this state is of `kind`'s algorithm.
-    pub fn is_of(&self, kind: &LimiterKind) -> bool {
-        matches!(
-            (self, kind),
-            (Limiter::Concurrency(_), LimiterKind::Concurrency { .. })
-                | (Limiter::TokenBucket(_), LimiterKind::TokenBucket { .. })
-                | (Limiter::FixedWindow(_), LimiterKind::FixedWindow { .. })
-                | (Limiter::SlidingWindow(_), LimiterKind::SlidingWindow { .. })
-        )
+    /// Takes a changed policy's limiter settings at `now` (Y4). The same
+    /// kind keeps its state, carried over to the new settings (a token
+    /// bucket keeps its tokens; a window whose length changed starts afresh,
+    /// full); another kind is remade full. Returns true when the state was
+    /// remade, so permits held under the old state must not come back to it.
+    pub fn adopt(&mut self, kind: &LimiterKind, now: Millis) -> bool {
+        let kept = each!(self, t => t.adopt(kind, now));
+        if !kept {
+            *self = Limiter::new(kind, now);
+        }
+        !kept
     }
 
-    /// Carries the state over from `old` to `new` time lengths at `now`
-    /// (Y4): a token bucket keeps its tokens and counts ticks of the new
-    /// period from `now`; a window's counts were kept in units of the old
-    /// length and cannot be mapped, so the window starts afresh, full.
-    pub fn rebase(&mut self, old: &LimiterKind, new: &LimiterKind, now: Millis) {
-        match (self, *old, *new) {
-            (
-                Limiter::TokenBucket(t),
-                LimiterKind::TokenBucket {
-                    capacity,
-                    refill,
-                    period,
-                },
-                LimiterKind::TokenBucket { period: next, .. },
-            ) => t.rebase(capacity.get(), refill.get(), period.get(), next.get(), now),
-            (this, _, _) => *this = Limiter::new(new, now),
-        }
+    /// The most permits a single request can ever get (`permits` or `capacity`).
+    pub fn limit(&self) -> u32 {
+        each!(self, t => t.limit())
     }
 
     /// Permits free at `now`, between 0 and the limit. Changes nothing.
-    pub fn available(&self, kind: &LimiterKind, now: Millis) -> u32 {
-        match (self, *kind) {
-            (Limiter::Concurrency(c), LimiterKind::Concurrency { permits }) => {
-                c.available(permits.get())
-            }
-            (
-                Limiter::TokenBucket(t),
-                LimiterKind::TokenBucket {
-                    capacity,
-                    refill,
-                    period,
-                },
-            ) => t.available(capacity.get(), refill.get(), period.get(), now),
-            (Limiter::FixedWindow(f), LimiterKind::FixedWindow { permits, window }) => {
-                f.available(permits.get(), window.get(), now)
-            }
-            (
-                Limiter::SlidingWindow(s),
-                LimiterKind::SlidingWindow {
-                    permits,
-                    window,
-                    segments,
-                },
-            ) => s.available(permits.get(), window.get(), segments.get(), now),
-            _ => 0,
-        }
+    pub fn available(&self, now: Millis) -> u32 {
+        each!(self, t => t.state.available(&t.settings, now))
     }
 
     /// Takes `n` permits at `now`; the caller has checked they are free (P1).
-    pub fn take(&mut self, kind: &LimiterKind, n: u32, now: Millis) {
-        debug_assert!(self.available(kind, now) >= n);
-        match (self, *kind) {
-            (Limiter::Concurrency(c), LimiterKind::Concurrency { .. }) => c.take(n),
-            (
-                Limiter::TokenBucket(t),
-                LimiterKind::TokenBucket {
-                    capacity,
-                    refill,
-                    period,
-                },
-            ) => t.take(capacity.get(), refill.get(), period.get(), n, now),
-            (Limiter::FixedWindow(f), LimiterKind::FixedWindow { window, .. }) => {
-                f.take(window.get(), n, now)
-            }
-            (
-                Limiter::SlidingWindow(s),
-                LimiterKind::SlidingWindow {
-                    window, segments, ..
-                },
-            ) => s.take(window.get(), segments.get(), n, now),
-            _ => {}
-        }
+    pub fn take(&mut self, n: u32, now: Millis) {
+        debug_assert!(self.available(now) >= n);
+        each!(self, t => t.state.take(&t.settings, n, now))
     }
 
-    /// Gives back `n` concurrency permits; rate permits are spent, not
-    /// returned (P7), so this does nothing for the other kinds.
+    /// Gives back `n` permits held by a ticket; rate permits are spent, not
+    /// returned (P7), so this does nothing for kinds that do not return them.
     pub fn release(&mut self, n: u32) {
-        if let Limiter::Concurrency(c) = self {
-            c.release(n);
+        if self.returns_permits() {
+            each!(self, t => t.state.release(n))
         }
     }
 
     /// True when this kind's permits come back with their ticket (P7).
     pub fn returns_permits(&self) -> bool {
-        matches!(self, Limiter::Concurrency(_))
+        each!(self, t => t.returns_permits())
     }
 
     /// The earliest time at or after `now` when `n` permits will be free if
     /// nothing else happens; `None` when the algorithm cannot tell
     /// (concurrency) or `n` is above the limit.
-    pub fn ready_at(&self, kind: &LimiterKind, n: u32, now: Millis) -> Option<Millis> {
-        if n > kind.limit() {
-            return None;
-        }
-        if self.available(kind, now) >= n {
-            return Some(now);
-        }
-        match (self, *kind) {
-            (
-                Limiter::TokenBucket(t),
-                LimiterKind::TokenBucket {
-                    capacity,
-                    refill,
-                    period,
-                },
-            ) => Some(t.ready_at(capacity.get(), refill.get(), period.get(), n, now)),
-            (Limiter::FixedWindow(f), LimiterKind::FixedWindow { permits, window }) => {
-                Some(f.ready_at(permits.get(), window.get(), now))
-            }
-            (
-                Limiter::SlidingWindow(s),
-                LimiterKind::SlidingWindow {
-                    permits,
-                    window,
-                    segments,
-                },
-            ) => s.ready_at(permits.get(), window.get(), segments.get(), n, now),
-            _ => None,
-        }
+    pub fn ready_at(&self, n: u32, now: Millis) -> Option<Millis> {
+        each!(self, t => t.ready_at(n, now))
     }
 
     /// True when the limiter is as a fresh one would be at `now`: every
     /// permit free and no concurrency permit held (K2).
-    pub fn is_full(&self, kind: &LimiterKind, now: Millis) -> bool {
-        match self {
-            Limiter::Concurrency(c) => c.held() == 0,
-            _ => self.available(kind, now) == kind.limit(),
+    pub fn is_full(&self, now: Millis) -> bool {
+        each!(self, t => t.state.is_full(&t.settings, now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::{NonZeroU32, NonZeroU64};
+
+    use super::*;
+
+    fn nz32(n: u32) -> NonZeroU32 {
+        NonZeroU32::new(n).expect("non-zero")
+    }
+
+    fn nz64(n: u64) -> NonZeroU64 {
+        NonZeroU64::new(n).expect("non-zero")
+    }
+
+    fn bucket(capacity: u32, refill: u32, period: u64) -> LimiterKind {
+        LimiterKind::TokenBucket {
+            capacity: nz32(capacity),
+            refill: nz32(refill),
+            period: nz64(period),
         }
+    }
+
+    #[test]
+    fn every_kind_is_made_full_with_its_own_settings() {
+        let kinds = [
+            LimiterKind::Concurrency { permits: nz32(3) },
+            bucket(3, 1, 100),
+            LimiterKind::FixedWindow {
+                permits: nz32(3),
+                window: nz64(100),
+            },
+            LimiterKind::SlidingWindow {
+                permits: nz32(3),
+                window: nz64(100),
+                segments: nz32(4),
+            },
+        ];
+        for kind in kinds {
+            let l = Limiter::new(&kind, 50);
+            assert_eq!(l.limit(), 3, "{kind:?}");
+            assert_eq!(l.available(50), 3, "{kind:?}");
+            assert!(l.is_full(50), "{kind:?}");
+            assert_eq!(
+                l.returns_permits(),
+                matches!(kind, LimiterKind::Concurrency { .. })
+            );
+        }
+    }
+
+    #[test]
+    fn a_token_bucket_keeps_its_tokens_across_a_new_period() {
+        let mut l = Limiter::new(&bucket(4, 1, 100), 0);
+        l.take(3, 50);
+        assert!(!l.adopt(&bucket(4, 1, 1000), 150));
+        // One tick of the old period came at 100; ticks of the new one count from 150.
+        assert_eq!(l.available(150), 2);
+        assert_eq!(l.available(999), 2);
+        assert_eq!(l.available(1000), 3);
+    }
+
+    #[test]
+    fn a_window_whose_length_changed_starts_full_and_another_kind_is_remade() {
+        let fixed = |window| LimiterKind::FixedWindow {
+            permits: nz32(2),
+            window: nz64(window),
+        };
+        let mut l = Limiter::new(&fixed(100), 0);
+        l.take(2, 10);
+        assert!(!l.adopt(&fixed(100), 20));
+        assert_eq!(l.available(20), 0, "same clock: counts kept");
+        assert!(!l.adopt(&fixed(200), 30));
+        assert_eq!(l.available(30), 2, "new clock: the window starts afresh");
+        l.take(1, 30);
+        assert!(l.adopt(&LimiterKind::Concurrency { permits: nz32(5) }, 40));
+        assert_eq!(l.available(40), 5);
     }
 }

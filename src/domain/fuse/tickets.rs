@@ -1,0 +1,331 @@
+//! A key's live tickets, kept small for the common case.
+//!
+//! Most keys hold one ticket or a few: up to [`FEW`] sit in one vector and
+//! are found by scanning it. More move to a map by id with an ordered set by
+//! lease end, and back once few are left. Either way lease ends are settled
+//! in `(lease end, ticket)` order (T2, L3), and at most one ticket is flagged
+//! as the probe (B2).
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::{PackedId, Ticket, TicketId};
+use crate::domain::Millis;
+
+/// The most tickets kept in a plain vector; beyond this they are indexed.
+pub const FEW: usize = 8;
+
+/// A ticket with its id, as kept in the vector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Slot {
+    id: PackedId,
+    ticket: Ticket,
+}
+
+/// Many tickets, indexed.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Indexed {
+    by_id: HashMap<PackedId, Ticket>,
+    /// `(lease end, ticket)` for every live ticket.
+    leases: BTreeSet<(Millis, PackedId)>,
+    /// The ticket flagged as the probe, if any.
+    probe: Option<PackedId>,
+}
+
+/// Live tickets by id, in lease-end order when settled.
+#[derive(Clone, Debug)]
+pub(super) enum Tickets {
+    /// Up to [`FEW`] tickets, scanned.
+    Few(Vec<Slot>),
+    /// More, indexed.
+    Many(Box<Indexed>),
+}
+
+impl Default for Tickets {
+    fn default() -> Self {
+        Tickets::Few(Vec::new())
+    }
+}
+
+impl Tickets {
+    /// How many tickets are live.
+    pub fn len(&self) -> usize {
+        match self {
+            Tickets::Few(v) => v.len(),
+            Tickets::Many(m) => m.by_id.len(),
+        }
+    }
+
+    /// True when no ticket is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A live ticket.
+    pub fn get(&self, id: TicketId) -> Option<&Ticket> {
+        let id = PackedId::from(id);
+        match self {
+            Tickets::Few(v) => v.iter().find(|s| s.id == id).map(|s| &s.ticket),
+            Tickets::Many(m) => m.by_id.get(&id),
+        }
+    }
+
+    /// True when `id` names a live ticket.
+    pub fn contains(&self, id: TicketId) -> bool {
+        self.get(id).is_some()
+    }
+
+    /// Adds a ticket whose id is not live. A probe takes the probe flag
+    /// from the ticket that had it: that one stays live, superseded (B2).
+    pub fn insert(&mut self, id: TicketId, ticket: Ticket) {
+        let id = PackedId::from(id);
+        debug_assert!(!self.contains(id.into()), "ticket ids are never reused");
+        if ticket.probe {
+            self.clear_probe();
+        }
+        match self {
+            Tickets::Few(v) if v.len() < FEW => v.push(Slot { id, ticket }),
+            Tickets::Few(v) => {
+                let mut m = Indexed::default();
+                for s in v.drain(..).chain([Slot { id, ticket }]) {
+                    m.insert(s);
+                }
+                *self = Tickets::Many(Box::new(m));
+            }
+            Tickets::Many(m) => m.insert(Slot { id, ticket }),
+        }
+    }
+
+    fn clear_probe(&mut self) {
+        match self {
+            Tickets::Few(v) => v
+                .iter_mut()
+                .filter(|s| s.ticket.probe)
+                .for_each(|s| s.ticket.probe = false),
+            Tickets::Many(m) => {
+                if let Some(t) = m.probe.take().and_then(|p| m.by_id.get_mut(&p)) {
+                    t.probe = false;
+                }
+            }
+        }
+    }
+
+    /// Removes a live ticket.
+    pub fn remove(&mut self, id: TicketId) -> Option<Ticket> {
+        let id = PackedId::from(id);
+        let removed = match self {
+            Tickets::Few(v) => {
+                let at = v.iter().position(|s| s.id == id)?;
+                Some(v.swap_remove(at).ticket)
+            }
+            Tickets::Many(m) => {
+                let ticket = m.by_id.remove(&id)?;
+                m.leases.remove(&(ticket.lease_end, id));
+                if m.probe == Some(id) {
+                    m.probe = None;
+                }
+                Some(ticket)
+            }
+        };
+        if let Tickets::Many(m) = self {
+            if m.by_id.len() <= FEW / 2 {
+                let slots = m.by_id.drain().map(|(id, ticket)| Slot { id, ticket });
+                *self = Tickets::Few(slots.collect());
+            }
+        }
+        removed
+    }
+
+    /// The ticket whose lease ends first (the lowest id of equals), and when.
+    pub fn first_lease(&self) -> Option<(Millis, TicketId)> {
+        let (end, id) = match self {
+            Tickets::Few(v) => v.iter().map(|s| (s.ticket.lease_end, s.id)).min()?,
+            Tickets::Many(m) => *m.leases.first()?,
+        };
+        Some((end, id.into()))
+    }
+
+    /// Moves a live ticket's lease end.
+    pub fn set_lease_end(&mut self, id: TicketId, lease_end: Millis) {
+        let id = PackedId::from(id);
+        match self {
+            Tickets::Few(v) => {
+                if let Some(s) = v.iter_mut().find(|s| s.id == id) {
+                    s.ticket.lease_end = lease_end;
+                }
+            }
+            Tickets::Many(m) => {
+                if let Some(t) = m.by_id.get_mut(&id) {
+                    m.leases.remove(&(t.lease_end, id));
+                    m.leases.insert((lease_end, id));
+                    t.lease_end = lease_end;
+                }
+            }
+        }
+    }
+
+    /// Marks every ticket's permits as not to be returned (the limiter they
+    /// came from was remade or dropped).
+    pub fn forget_holds(&mut self) {
+        match self {
+            Tickets::Few(v) => v.iter_mut().for_each(|s| s.ticket.holds = false),
+            Tickets::Many(m) => m.by_id.values_mut().for_each(|t| t.holds = false),
+        }
+    }
+
+    /// True when the tickets are kept indexed.
+    #[cfg(test)]
+    pub fn is_indexed(&self) -> bool {
+        matches!(self, Tickets::Many(_))
+    }
+}
+
+impl Indexed {
+    fn insert(&mut self, s: Slot) {
+        if s.ticket.probe {
+            self.probe = Some(s.id);
+        }
+        self.leases.insert((s.ticket.lease_end, s.id));
+        self.by_id.insert(s.id, s.ticket);
+    }
+}
+
+impl PartialEq for Tickets {
+    /// The same tickets, however they are kept.
+    fn eq(&self, other: &Self) -> bool {
+        let all = |t: &Tickets| -> Vec<(PackedId, Ticket)> {
+            let mut v: Vec<_> = match t {
+                Tickets::Few(v) => v.iter().map(|s| (s.id, s.ticket)).collect(),
+                Tickets::Many(m) => m.by_id.iter().map(|(&id, &t)| (id, t)).collect(),
+            };
+            v.sort_by_key(|&(id, _)| id);
+            v
+        };
+        self.len() == other.len() && all(self) == all(other)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ticket(lease_end: Millis, probe: bool) -> Ticket {
+        Ticket {
+            epoch: 0,
+            permits: 1,
+            probe,
+            lease_end,
+            holds: false,
+        }
+    }
+
+    #[test]
+    fn few_and_many_tickets_settle_in_lease_order_and_keep_one_probe() {
+        for count in [5u128, 40] {
+            let mut t = Tickets::default();
+            for i in 0..count {
+                // Lease ends out of id order, with ties broken by id.
+                t.insert(TicketId(1000 - i), ticket(100 + (i as u64 % 3), i == 2));
+            }
+            assert_eq!(t.is_indexed(), count as usize > FEW);
+            assert_eq!(
+                t.first_lease(),
+                Some((100, TicketId(1000 - 3 * ((count - 1) / 3))))
+            );
+            t.insert(TicketId(1), ticket(500, true));
+            assert!(!t.get(TicketId(998)).expect("live").probe, "superseded");
+            assert!(t.get(TicketId(1)).expect("live").probe);
+            t.set_lease_end(TicketId(1), 50);
+            assert_eq!(t.first_lease(), Some((50, TicketId(1))));
+            assert!(t.remove(TicketId(1)).is_some_and(|t| t.probe));
+            assert_eq!(t.remove(TicketId(1)), None);
+            let mut ends = Vec::new();
+            while let Some((end, id)) = t.first_lease() {
+                ends.push((end, id));
+                t.remove(id);
+            }
+            assert_eq!(ends.len(), count as usize);
+            assert!(ends.windows(2).all(|w| w[0] < w[1]), "lease order");
+            assert!(!t.is_indexed(), "few again");
+        }
+    }
+}
+
+#[cfg(test)]
+mod model {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Insert(u8, Millis, bool),
+        Remove(u8),
+        Renew(u8, Millis),
+        SettleFirst,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (any::<u8>(), 0u64..20, proptest::bool::weighted(0.2))
+                .prop_map(|(id, end, probe)| Op::Insert(id, end, probe)),
+            2 => any::<u8>().prop_map(Op::Remove),
+            1 => (any::<u8>(), 0u64..20).prop_map(|(id, end)| Op::Renew(id, end)),
+            2 => Just(Op::SettleFirst),
+        ]
+    }
+
+    /// Ids spread over both halves of the `u128`, so packing is exercised.
+    fn ticket_id(n: u8) -> TicketId {
+        TicketId((u128::from(n % 7) << 64) | u128::from(n))
+    }
+
+    proptest! {
+        /// Against a plain ordered map, through the switches between few and many.
+        #[test]
+        fn tickets_behave_as_an_ordered_map(ops in proptest::collection::vec(op(), 1..200)) {
+            let mut t = Tickets::default();
+            let mut model: BTreeMap<TicketId, Ticket> = BTreeMap::new();
+            for op in ops {
+                match op {
+                    Op::Insert(n, end, probe) => {
+                        let id = ticket_id(n);
+                        if model.contains_key(&id) {
+                            continue;
+                        }
+                        let ticket = Ticket { epoch: u64::from(n), permits: 1, probe, lease_end: end, holds: false };
+                        if probe {
+                            model.values_mut().for_each(|t| t.probe = false);
+                        }
+                        model.insert(id, ticket);
+                        t.insert(id, ticket);
+                    }
+                    Op::Remove(n) => {
+                        prop_assert_eq!(t.remove(ticket_id(n)), model.remove(&ticket_id(n)));
+                    }
+                    Op::Renew(n, end) => {
+                        if let Some(m) = model.get_mut(&ticket_id(n)) {
+                            m.lease_end = end;
+                        }
+                        t.set_lease_end(ticket_id(n), end);
+                    }
+                    Op::SettleFirst => {
+                        let first = model.iter().map(|(&id, t)| (t.lease_end, id)).min();
+                        prop_assert_eq!(t.first_lease(), first);
+                        if let Some((_, id)) = first {
+                            prop_assert_eq!(t.remove(id), model.remove(&id));
+                        }
+                    }
+                }
+                prop_assert_eq!(t.len(), model.len());
+                prop_assert!(t.is_indexed() || t.len() <= FEW);
+                for (&id, m) in &model {
+                    prop_assert_eq!(t.get(id), Some(m));
+                }
+                let first = model.iter().map(|(&id, t)| (t.lease_end, id)).min();
+                prop_assert_eq!(t.first_lease(), first);
+            }
+        }
+    }
+}
