@@ -193,8 +193,10 @@ struct Ctx<'a> {
     now: Millis,
     name: &'a Arc<str>,
     tally: &'a mut Tally,
-    allowance: &'a mut quota::Allowance,
+    shard: usize,
     pools: &'a Pools,
+    /// Units reserved under the caps, by [`Capped`].
+    reserved: [i64; 3],
     /// The key was made by this operation.
     created: bool,
 }
@@ -202,7 +204,9 @@ struct Ctx<'a> {
 impl Ctx<'_> {
     /// Whether one more of `what` fits under its cap (K3).
     fn has_room(&mut self, what: Capped) -> bool {
-        self.pools.has_room(what, self.allowance)
+        let room = self.pools.reserve(what, self.shard);
+        self.reserved[what as usize] += i64::from(room);
+        room
     }
 }
 
@@ -378,14 +382,14 @@ impl Engine {
                     hashbrown::hash_table::Entry::Occupied(o) => (o.into_mut(), false),
                     hashbrown::hash_table::Entry::Vacant(_) if !access.create => return Ok(None),
                     hashbrown::hash_table::Entry::Vacant(v) => {
-                        if !self.pools.has_room(Capped::Keys, &mut rest.allowance) {
+                        if !self.pools.reserve(Capped::Keys, shard) {
                             return Err(EngineError::Exhausted {
                                 what: "keys",
                                 cap: "max_keys",
                                 limit: self.limits.max_keys,
                             });
                         }
-                        self.pools.settle(Capped::Keys, &mut rest.allowance, 1);
+                        self.pools.settle(Capped::Keys, shard, 1, 1);
                         let name: Arc<str> = Arc::from(key);
                         rest.order.insert(name.clone());
                         rest.tally.keys += 1;
@@ -393,7 +397,7 @@ impl Engine {
                         let policy = rest.rules.policy_for(key).clone();
                         let slot = Slot {
                             name,
-                            fuse: Fuse::new(Arc::unwrap_or_clone(policy), now),
+                            fuse: Fuse::new(policy, now),
                             scheduled: UNSCHEDULED,
                             generation: rest.rules.generation,
                         };
@@ -426,32 +430,43 @@ impl Engine {
         if slot.generation != rest.rules.generation {
             let policy = rest.rules.policy_for(&slot.name).clone();
             slot.fuse
-                .set_policy(Arc::unwrap_or_clone(policy), now)
+                .set_policy(policy, now)
                 .map_err(|err| EngineError::Internal(err.to_string()))?;
             slot.generation = rest.rules.generation;
         }
         let tickets_before = slot.fuse.live_tickets();
         let waiters_before = slot.fuse.waiters();
-        let result = {
+        let (result, reserved) = {
             let mut ctx = Ctx {
                 now,
                 name: &slot.name,
                 tally: &mut rest.tally,
-                allowance: &mut rest.allowance,
+                shard: effects.shard,
                 pools: &self.pools,
+                reserved: [0; 3],
                 created,
             };
-            op(&mut slot.fuse, &mut ctx)
+            let result = op(&mut slot.fuse, &mut ctx);
+            (result, ctx.reserved)
         };
         self.handle_notices(slot, rest, now, access.actor, effects);
         let tickets_delta = slot.fuse.live_tickets() as i64 - tickets_before as i64;
         let waiters_delta = slot.fuse.waiters() as i64 - waiters_before as i64;
         rest.tally.tickets = rest.tally.tickets.wrapping_add_signed(tickets_delta);
         rest.tally.waiters = rest.tally.waiters.wrapping_add_signed(waiters_delta);
-        self.pools
-            .settle(Capped::Tickets, &mut rest.allowance, tickets_delta);
-        self.pools
-            .settle(Capped::Waiters, &mut rest.allowance, waiters_delta);
+        let shard = effects.shard;
+        self.pools.settle(
+            Capped::Tickets,
+            shard,
+            tickets_delta,
+            reserved[Capped::Tickets as usize],
+        );
+        self.pools.settle(
+            Capped::Waiters,
+            shard,
+            waiters_delta,
+            reserved[Capped::Waiters as usize],
+        );
         rest.moved(&slot.name, phase_before, slot.fuse.breaker().phase());
         if let Some(next) = slot.fuse.next_deadline() {
             if next < slot.scheduled {
@@ -620,7 +635,7 @@ impl Engine {
             None => {
                 // K2: a status check does not make the key.
                 let now = self.clock.now();
-                let mut fresh = Fuse::new(Arc::unwrap_or_clone(self.policy_for(&args.key)), now);
+                let mut fresh = Fuse::new(self.policy_for(&args.key), now);
                 let d = fresh.acquire(&ask, probe_id, now).map_err(fuse_error)?;
                 (d, Phase::Closed, now)
             }
@@ -642,7 +657,8 @@ impl Engine {
                 .is_at_rest(now.max(entry.get().fuse.last_now()))
             {
                 entry.remove();
-                state.rest.forget(hash, key, &self.pools, false);
+                state.rest.forget(hash, key, false);
+                self.pools.settle(Capped::Keys, Store::shard_of(hash), -1, 0);
             }
         }
     }

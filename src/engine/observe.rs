@@ -71,7 +71,7 @@ impl Engine {
             let now = self.clock.now();
             KeyReading {
                 key: key.to_owned(),
-                view: Fuse::new(Arc::unwrap_or_clone(self.policy_for(key)), now).view(now),
+                view: Fuse::new(self.policy_for(key), now).view(now),
                 now,
             }
         }))

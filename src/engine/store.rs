@@ -6,8 +6,7 @@
 //! - the key names in order (for listing by cursor and for sweeps in
 //!   batches) and, apart, the keys that are not CLOSED (for the keys an
 //!   operator looks at first),
-//! - the shard's timer schedule, its figures ([`Tally`]), its share of the
-//!   caps ([`Allowance`]), its busiest keys ([`Hitters`]) and its outbox of
+//! - the shard's timer schedule, its figures ([`Tally`]), its busiest keys ([`Hitters`]) and its outbox of
 //!   events waiting to be sent.
 //!
 //! A request on one key takes one shard's lock once; reads take it shared.
@@ -19,7 +18,6 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use hashbrown::HashTable;
 
 use super::events::Event;
-use super::quota::Allowance;
 use super::rules::Compiled;
 use crate::domain::{Decision, Fuse, Millis, Phase};
 
@@ -179,8 +177,6 @@ pub(super) struct Rest {
     pub schedule: BTreeSet<(Millis, Arc<str>)>,
     /// The shard's figures.
     pub tally: Tally,
-    /// The shard's share of the caps.
-    pub allowance: Allowance,
     /// The shard's busiest keys.
     pub hitters: Hitters,
     /// Events made under the lock, waiting to be sent after it.
@@ -233,7 +229,6 @@ impl Store {
                         broken: BTreeSet::new(),
                         schedule: BTreeSet::new(),
                         tally: Tally::default(),
-                        allowance: Allowance::default(),
                         hitters: Hitters::default(),
                         outbox: Vec::new(),
                         rules: rules.clone(),
@@ -284,7 +279,7 @@ impl ShardState {
 impl Rest {
     /// Drops the indexes' hold on a key at rest that was just removed from
     /// the table; `forgotten` counts it as forgotten by idleness (K2).
-    pub fn forget(&mut self, hash: u64, key: &str, pools: &super::quota::Pools, forgotten: bool) {
+    pub fn forget(&mut self, hash: u64, key: &str, forgotten: bool) {
         self.order.remove(key);
         self.hitters.forget(hash, key);
         self.tally.keys -= 1;
@@ -292,6 +287,5 @@ impl Rest {
         if forgotten {
             self.tally.forgotten += 1;
         }
-        pools.settle(super::quota::Capped::Keys, &mut self.allowance, -1);
     }
 }

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use super::observe::SweepReport;
 use super::store::{BATCH, SHARDS, UNSCHEDULED};
+use super::quota::Capped;
 use super::{Access, Effects, Engine, EngineError};
 use crate::domain::Millis;
 
@@ -152,7 +153,8 @@ impl Engine {
                         let idle = now.saturating_sub(fuse.last_now()) >= idle_after;
                         if idle && fuse.is_at_rest(now.max(fuse.last_now())) {
                             entry.remove();
-                            state.rest.forget(hash, name, &self.pools, true);
+                            state.rest.forget(hash, name, true);
+                            self.pools.settle(Capped::Keys, shard, -1, 0);
                             forgotten += 1;
                         }
                     }
