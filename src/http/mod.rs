@@ -41,8 +41,9 @@ pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9090";
 
 /// How long HTTP keeps answering once shutdown begins, so that load
 /// balancers read `/readyz` 503 while gRPC calls drain (the process exits
-/// sooner when they are done).
-pub const SHUTDOWN_LINGER: std::time::Duration = crate::server::SHUTDOWN_GRACE;
+/// sooner when they are done): as long as the gRPC side's drain, which
+/// `lib.rs` checks at compile time.
+pub const SHUTDOWN_LINGER: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What every handler shares.
 #[derive(Clone, Debug)]
