@@ -15,5 +15,6 @@ mod queues;
 mod reference;
 mod reload;
 mod service;
+mod tools;
 mod vectors;
 mod watch;
