@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use fusebox::engine::config::parse_duration_flag;
 use fusebox::engine::{Config, Engine};
 use fusebox::proto::v1 as pb;
-use fusebox::server::{duration_of, millis_of};
+use fusebox::proto::wire::{duration_of, millis_of};
 use tokio::io::AsyncWriteExt;
 
 mod client;

@@ -7,7 +7,7 @@ pub(crate) use top::top;
 
 use anyhow::{bail, Context};
 use fusebox::proto::v1 as pb;
-use fusebox::server::millis_of;
+use fusebox::proto::wire::millis_of;
 
 use crate::{ClientOptions, PhaseArg};
 pub(crate) async fn connect(client: &ClientOptions) -> anyhow::Result<tonic::transport::Channel> {

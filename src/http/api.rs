@@ -1,7 +1,10 @@
-//! The dashboard's JSON: keys as read, recent transitions, and the isolate
-//! and close actions. Errors are JSON that names the field at fault.
+//! The dashboard's JSON: the overview (totals, the keys not closed, the
+//! busiest keys, their sparklines), pages of keys, recent transitions, and
+//! the isolate and close actions. Errors are JSON that names the field at
+//! fault. No answer walks every key, and none holds more than a page of
+//! rows ([`PAGE`]).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
@@ -13,12 +16,17 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 
+use super::trends::{Board, Trend, ATTENTION, NOT_CLOSED};
 use super::AppState;
 use crate::domain::{Millis, Phase};
-use crate::engine::{Engine, EngineError, Event, EventKind, KeyReading};
+use crate::engine::{Engine, EngineError, Event, EventKind, KeyReading, Totals};
+use crate::proto::wire::{filter_of, page_after, page_token};
 
-/// Most keys in one answer (a listing or a snapshot); problems come first.
-pub const MAX_KEYS: usize = 500;
+/// Most keys in a page of `/api/keys`, and its default size.
+pub const PAGE: usize = 100;
+
+/// How many of the busiest keys the overview shows.
+pub const BUSIEST_SHOWN: usize = 10;
 
 /// Transitions remembered for the timeline.
 pub const HISTORY: usize = 200;
@@ -194,75 +202,162 @@ impl History {
     }
 }
 
-/// The keys of a listing or snapshot.
-#[derive(Clone, Debug, Serialize)]
-pub struct Listing {
-    /// At most [`MAX_KEYS`] keys: every key not closed first, then closed
-    /// ones, each group in key order.
-    pub keys: Vec<KeyJson>,
-    /// Live keys that match, including those left out.
-    pub matched: usize,
-    /// Matching keys by phase.
-    pub by_phase: PhaseCounts,
-    /// True when keys were left out.
-    pub truncated: bool,
-}
-
 /// Keys by phase, named as phases are written.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct PhaseCounts {
     /// Closed keys.
     #[serde(rename = "CLOSED")]
-    pub closed: usize,
+    pub closed: u64,
     /// Open keys.
     #[serde(rename = "OPEN")]
-    pub open: usize,
+    pub open: u64,
     /// Half-open keys.
     #[serde(rename = "HALF_OPEN")]
-    pub half_open: usize,
+    pub half_open: u64,
     /// Isolated keys.
     #[serde(rename = "ISOLATED")]
-    pub isolated: usize,
+    pub isolated: u64,
 }
 
-/// The live keys that start with `prefix`, read one at a time; what is
-/// broken comes first, so that it is never the part left out.
-pub fn listing(engine: &Engine, prefix: &str) -> Listing {
-    // Keep the first MAX_KEYS by (closed?, key): a bounded max-heap, so
-    // that a million keys cost a walk, not a sort.
-    let mut best: std::collections::BinaryHeap<(bool, String)> = Default::default();
-    let mut readings = std::collections::HashMap::new();
-    let mut by_phase = PhaseCounts::default();
-    let matched = engine.visit_keys(prefix, |r| {
-        match r.view.phase {
-            Phase::Closed => by_phase.closed += 1,
-            Phase::Open => by_phase.open += 1,
-            Phase::HalfOpen => by_phase.half_open += 1,
-            Phase::Isolated => by_phase.isolated += 1,
+/// Engine-wide figures, as the dashboard shows them.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct TotalsJson {
+    /// Live keys.
+    pub keys: u64,
+    /// Live keys by phase.
+    pub by_phase: PhaseCounts,
+    /// Live tickets.
+    pub tickets: u64,
+    /// Waiting requests.
+    pub waiters: u64,
+    /// The cap on live keys.
+    pub max_keys: u64,
+}
+
+impl TotalsJson {
+    /// The JSON form of the engine's totals.
+    pub fn of(totals: &Totals, max_keys: u64) -> TotalsJson {
+        let n = |p: Phase| totals.by_phase[p.index()];
+        TotalsJson {
+            keys: totals.keys,
+            by_phase: PhaseCounts {
+                closed: n(Phase::Closed),
+                open: n(Phase::Open),
+                half_open: n(Phase::HalfOpen),
+                isolated: n(Phase::Isolated),
+            },
+            tickets: totals.tickets,
+            waiters: totals.waiters,
+            max_keys,
         }
-        let rank = (r.view.phase == Phase::Closed, r.key.clone());
-        if best.len() == MAX_KEYS {
-            if best.peek().is_some_and(|worst| rank >= *worst) {
-                return;
-            }
-            if let Some((_, dropped)) = best.pop() {
-                readings.remove(&dropped);
-            }
-        }
-        best.push(rank);
-        readings.insert(r.key.clone(), r);
-    });
-    let keys: Vec<KeyJson> = best
-        .into_sorted_vec()
-        .into_iter()
-        .filter_map(|(_, key)| readings.get(&key).map(|r| KeyJson::of(engine, r)))
-        .collect();
-    Listing {
-        truncated: matched > keys.len(),
-        keys,
-        matched,
-        by_phase,
     }
+}
+
+/// What the dashboard shows above its pages: `GET /api/overview`, and each
+/// `snapshot` of `/api/events`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Overview {
+    /// The prefix the keys were filtered by (the totals are engine-wide).
+    pub prefix: String,
+    /// The sampler's round the overview comes from (0: none yet).
+    pub round: u64,
+    /// Engine-wide figures.
+    pub totals: TotalsJson,
+    /// The first keys that are not closed (open, half-open, isolated) and
+    /// start with the prefix, in key order: at most [`ATTENTION`].
+    pub attention: Vec<KeyJson>,
+    /// True when more keys are not closed than `attention` holds.
+    pub attention_more: bool,
+    /// The busiest keys that start with the prefix, busiest first: at most
+    /// [`BUSIEST_SHOWN`].
+    pub busiest: Vec<KeyJson>,
+    /// Sparklines of the keys above, by key ([`Trend`]).
+    pub trends: HashMap<String, Trend>,
+    /// How far apart the sparklines' samples are, in ms.
+    pub sample_every_ms: u64,
+}
+
+/// The overview of the keys that start with `prefix`, from `board`: with
+/// no prefix, nothing is read beyond the board; with one, a page of keys
+/// not closed under it.
+pub fn overview(state: &AppState, board: &Board, prefix: &str) -> Overview {
+    let engine = &state.engine;
+    let (attention, attention_more) = if prefix.is_empty() {
+        (board.attention.clone(), board.attention_more)
+    } else {
+        engine.list(prefix, &NOT_CLOSED, None, ATTENTION)
+    };
+    let busiest: Vec<&KeyReading> = board
+        .busiest
+        .iter()
+        .filter(|r| r.key.starts_with(prefix))
+        .take(BUSIEST_SHOWN)
+        .collect();
+    let keys = || attention.iter().chain(busiest.iter().copied());
+    state.trends.show(keys().map(|r| r.key.as_str()));
+    Overview {
+        prefix: prefix.to_owned(),
+        round: board.round,
+        totals: TotalsJson::of(&board.totals, engine.limits().max_keys),
+        trends: state.trends.of(keys().map(|r| r.key.as_str())),
+        attention: attention.iter().map(|r| KeyJson::of(engine, r)).collect(),
+        attention_more,
+        busiest: busiest.iter().map(|r| KeyJson::of(engine, r)).collect(),
+        sample_every_ms: state.trends.every().as_millis() as u64,
+    }
+}
+
+/// A page of keys: `GET /api/keys`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Page {
+    /// The prefix the keys start with.
+    pub prefix: String,
+    /// At most [`PAGE`] live keys, in key order, after the request's `after`.
+    pub keys: Vec<KeyJson>,
+    /// The `after` of the next page; `null` on the last page.
+    pub next: Option<String>,
+    /// Sparklines of the keys of the page, by key ([`Trend`]).
+    pub trends: HashMap<String, Trend>,
+    /// How far apart the sparklines' samples are, in ms.
+    pub sample_every_ms: u64,
+}
+
+/// The page of `limit` keys that start with `prefix` and come after the
+/// cursor `after` (a `next` of an earlier page of the same prefix).
+pub fn page(
+    state: &AppState,
+    prefix: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Page, ApiError> {
+    let filter = filter_of(prefix, &[]);
+    let after = after
+        .map(|token| {
+            page_after(token, &filter).map_err(|_| {
+                ApiError::invalid(
+                    "after",
+                    "is not the `next` of an earlier page with the same prefix",
+                )
+            })
+        })
+        .transpose()?;
+    let (readings, more) = state.engine.list(prefix, &[], after.as_deref(), limit);
+    let next = match (more, readings.last()) {
+        (true, Some(last)) => Some(page_token(&filter, &last.key)),
+        _ => None,
+    };
+    let keys = || readings.iter().map(|r| r.key.as_str());
+    state.trends.show(keys());
+    Ok(Page {
+        prefix: prefix.to_owned(),
+        trends: state.trends.of(keys()),
+        keys: readings
+            .iter()
+            .map(|r| KeyJson::of(&state.engine, r))
+            .collect(),
+        next,
+        sample_every_ms: state.trends.every().as_millis() as u64,
+    })
 }
 
 /// A request the API refuses, answered as
@@ -275,6 +370,15 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// 503 with `message`: the server cannot take this request now.
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            field: None,
+            message: message.into(),
+        }
+    }
+
     fn invalid(field: &'static str, message: impl Into<String>) -> ApiError {
         ApiError {
             status: StatusCode::BAD_REQUEST,
@@ -345,18 +449,60 @@ pub fn prefix_of(
     Ok(q.prefix)
 }
 
-/// `GET /api/keys?prefix=`: the matching keys, problems first.
+/// The query of `/api/keys`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    /// Only keys that start with this.
+    #[serde(default)]
+    pub prefix: String,
+    /// The `next` of the previous page; absent for the first.
+    #[serde(default)]
+    pub after: Option<String>,
+    /// Keys in the page: 1 to [`PAGE`] (default [`PAGE`]).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// `GET /api/keys?prefix=&after=&limit=`: a page of keys in key order.
 pub async fn keys(
     State(state): State<AppState>,
-    query: Result<Query<PrefixQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Listing>, ApiError> {
-    let prefix = prefix_of(query)?;
-    let engine = state.engine.clone();
-    // A walk over every key: off the async workers.
-    let listing = tokio::task::spawn_blocking(move || listing(&engine, &prefix))
+    query: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Page>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::invalid("query", e.to_string()))?;
+    let prefix = prefix_of(Ok::<_, String>(Query(PrefixQuery { prefix: q.prefix })))?;
+    let limit = match q.limit {
+        None => PAGE,
+        Some(n) if (1..=PAGE).contains(&n) => n,
+        Some(n) => {
+            return Err(ApiError::invalid(
+                "limit",
+                format!("must be 1 to {PAGE}, not {n}"),
+            ))
+        }
+    };
+    let after = q.after.filter(|a| !a.is_empty());
+    // A page read: off the async workers.
+    tokio::task::spawn_blocking(move || page(&state, &prefix, after.as_deref(), limit))
         .await
-        .map_err(|e| ApiError::from(EngineError::Internal(e.to_string())))?;
-    Ok(Json(listing))
+        .map_err(|e| ApiError::from(EngineError::Internal(e.to_string())))?
+        .map(Json)
+}
+
+/// `GET /api/overview?prefix=`: what the dashboard shows above its pages.
+pub async fn overview_json(
+    State(state): State<AppState>,
+    query: Result<Query<PrefixQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Overview>, ApiError> {
+    let prefix = prefix_of(query)?;
+    let mut boards = state.trends.subscribe();
+    let board = super::events::current_board(&mut boards)
+        .await
+        .ok_or_else(|| ApiError::from(EngineError::ShuttingDown))?;
+    tokio::task::spawn_blocking(move || overview(&state, &board, &prefix))
+        .await
+        .map(Json)
+        .map_err(|e| ApiError::from(EngineError::Internal(e.to_string())))
 }
 
 /// `GET /api/transitions?prefix=`: the remembered transitions, oldest first.

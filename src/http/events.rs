@@ -1,12 +1,17 @@
 //! `/api/events`: the dashboard's live feed, as server-sent events.
 //!
-//! A stream starts with a `snapshot` (the matching keys and the remembered
-//! transitions), then sends a `change` for every phase change, isolate and
-//! close of a matching key (its state right after, and the transition), and
-//! a fresh `snapshot` every [`REFRESH`] for what changes without an event
-//! (permits, tickets, failures). Like a gRPC watcher, a reader that falls
-//! behind never slows decisions: it gets `lagged`, then a fresh snapshot.
-//! The stream ends when the server begins to shut down.
+//! A stream sends a `snapshot` (an [`Overview`](super::api::Overview); the
+//! first also carries the remembered transitions as `recent`) after every
+//! round of the sampler ([`super::trends`]), and a `change` for every phase
+//! change, isolate and close of a matching key (its state right after, and
+//! the transition). No stream walks the keys: the board is read once per
+//! round for every viewer, and a stream with a prefix reads one page of its
+//! keys that are not closed. Like a gRPC watcher, a reader that falls
+//! behind never slows decisions: it gets `lagged`, and the next snapshot
+//! catches it up. The stream ends when the server begins to shut down.
+//!
+//! At most [`Options::max_event_streams`](super::Options::max_event_streams)
+//! streams are open at once; past that, 503 with a JSON error.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -15,15 +20,13 @@ use std::time::Duration;
 use axum::extract::{Query, State};
 use axum::response::sse::{Event as SseEvent, KeepAlive, KeepAliveStream, Sse};
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::api::{listing, prefix_of, ApiError, History, KeyJson, PrefixQuery, TransitionJson};
-use super::AppState;
-use crate::engine::{Engine, Event, KeyReading};
-
-/// How often a stream sends a fresh snapshot.
-pub const REFRESH: Duration = Duration::from_secs(2);
+use super::api::{overview, prefix_of, ApiError, KeyJson, PrefixQuery, TransitionJson};
+use super::trends::Board;
+use super::{AppState, StreamSlot};
+use crate::engine::{Event, KeyReading};
 
 /// Messages buffered for a reader before the stream waits for it.
 const STREAM_BUFFER: usize = 64;
@@ -33,21 +36,37 @@ type Sink = mpsc::Sender<Result<SseEvent, Infallible>>;
 /// The stream of one reader.
 pub type Feed = ReceiverStream<Result<SseEvent, Infallible>>;
 
+/// The latest board once the sampler made one; `None` when it stopped.
+pub async fn current_board(boards: &mut watch::Receiver<Arc<Board>>) -> Option<Arc<Board>> {
+    loop {
+        let board = boards.borrow_and_update().clone();
+        if board.round > 0 {
+            return Some(board);
+        }
+        boards.changed().await.ok()?;
+    }
+}
+
 /// `GET /api/events?prefix=`.
 pub async fn events(
     State(state): State<AppState>,
     query: Result<Query<PrefixQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Sse<KeepAliveStream<Feed>>, ApiError> {
     let prefix = prefix_of(query)?;
+    let Some(slot) = state.streams.open() else {
+        return Err(ApiError::unavailable(format!(
+            "too many dashboard event streams: {} are open, the most this server keeps; \
+             close a dashboard tab or try again later",
+            state.streams.figures().max_event_streams
+        )));
+    };
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-    // Subscribe before the snapshot, so that nothing after it is missed.
+    // Subscribe before the first snapshot, so that nothing after it is missed.
     let events = state.engine.subscribe();
-    let engine = state.engine.clone();
-    let history = state.history.clone();
+    let stopped = state.engine.stopped();
     tokio::spawn(async move {
-        let stopped = engine.stopped();
         tokio::select! {
-            _ = forward(&engine, &history, &prefix, events, &tx) => {}
+            _ = forward(&state, &prefix, events, &tx, slot) => {}
             () = stopped => {}
         }
     });
@@ -56,15 +75,16 @@ pub async fn events(
 }
 
 async fn forward(
-    engine: &Arc<Engine>,
-    history: &History,
+    state: &AppState,
     prefix: &str,
     mut events: tokio::sync::broadcast::Receiver<Event>,
     tx: &Sink,
+    _slot: StreamSlot,
 ) -> Option<()> {
-    snapshot(engine, Some(history), prefix, tx).await?;
-    let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + REFRESH, REFRESH);
-    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut boards = state.trends.subscribe();
+    let board = current_board(&mut boards).await?;
+    snapshot(state, &board, prefix, true, tx).await?;
+    let engine = &state.engine;
     loop {
         tokio::select! {
             received = events.recv() => match received {
@@ -82,11 +102,14 @@ async fn forward(
                 Ok(_) => {}
                 Err(RecvError::Lagged(missed)) => {
                     send(tx, "lagged", &serde_json::json!({ "missed": missed })).await?;
-                    snapshot(engine, Some(history), prefix, tx).await?;
                 }
                 Err(RecvError::Closed) => return None,
             },
-            _ = refresh.tick() => snapshot(engine, None, prefix, tx).await?,
+            changed = boards.changed() => {
+                changed.ok()?;
+                let board = boards.borrow_and_update().clone();
+                snapshot(state, &board, prefix, false, tx).await?;
+            }
             () = tx.closed() => return None,
         }
     }
@@ -97,23 +120,23 @@ async fn send(tx: &Sink, name: &str, data: &serde_json::Value) -> Option<()> {
     tx.send(Ok(event)).await.ok()
 }
 
-/// Sends the matching keys; with `history`, the remembered transitions too.
+/// Sends the overview of `board`; with `recent`, the remembered
+/// transitions too.
 async fn snapshot(
-    engine: &Arc<Engine>,
-    history: Option<&History>,
+    state: &AppState,
+    board: &Arc<Board>,
     prefix: &str,
+    recent: bool,
     tx: &Sink,
 ) -> Option<()> {
-    let walk = {
-        let engine = engine.clone();
-        let prefix = prefix.to_owned();
-        // A walk over every key: off the async workers.
-        tokio::task::spawn_blocking(move || listing(&engine, &prefix))
+    let read = {
+        let (state, board, prefix) = (state.clone(), board.clone(), prefix.to_owned());
+        // With a prefix, a page read: off the async workers.
+        tokio::task::spawn_blocking(move || overview(&state, &board, &prefix))
     };
-    let listing = walk.await.ok()?;
-    let mut data = serde_json::to_value(listing).ok()?;
-    if let Some(history) = history {
-        data["recent"] = serde_json::to_value(history.matching(prefix)).ok()?;
+    let mut data = serde_json::to_value(read.await.ok()?).ok()?;
+    if recent {
+        data["recent"] = serde_json::to_value(state.history.matching(prefix)).ok()?;
     }
     send(tx, "snapshot", &data).await
 }

@@ -1,15 +1,20 @@
 //! `/metrics`: the engine in the Prometheus text format (version 0.0.4),
 //! written by hand. Every name starts with `fusebox_`.
 //!
-//! Cardinality stays bounded whatever the number of keys: per-key series
-//! (label `key`) exist only for the keys that exact rules name and for the
-//! [`TOP_KEYS`] busiest others (by requests answered since the key was
-//! made); every other key is counted in the `fusebox_other_keys*`
-//! aggregates. A scrape reads one key at a time
-//! ([`Engine::visit_keys`]), each under its own lock only for the read.
+//! A scrape costs the same with a million keys as with ten: engine-wide
+//! figures come from [`Engine::totals`], kept as they change, never from a
+//! walk over the keys. Per-key series (label `key`) exist only for a
+//! bounded set: the keys that exact rules name (each read with
+//! [`Engine::get`]) and the [`TOP_KEYS`] busiest keys
+//! ([`Engine::busiest`]); every other live key is counted in the
+//! `fusebox_other_keys*` aggregates, which are the totals less the keys
+//! shown.
+//!
+//! `process_resident_memory_bytes` (the standard name, so that load tools
+//! and dashboards find it; the only name without the `fusebox_` prefix) is
+//! the process's resident memory, from `/proc/self/status` (Linux only).
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashSet};
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
@@ -25,21 +30,6 @@ pub const TOP_KEYS: usize = 100;
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 const PHASES: [Phase; 4] = [Phase::Closed, Phase::Open, Phase::HalfOpen, Phase::Isolated];
-
-fn phase_index(phase: Phase) -> usize {
-    match phase {
-        Phase::Closed => 0,
-        Phase::Open => 1,
-        Phase::HalfOpen => 2,
-        Phase::Isolated => 3,
-    }
-}
-
-/// Requests answered on a key since it was made: the rank of "busiest".
-fn requests(r: &KeyReading) -> u64 {
-    let s = &r.view.stats;
-    s.granted + s.probes + s.blocked + s.refused + s.denied
-}
 
 /// Escapes a label value: backslash, double quote and line feed.
 fn escape_label(value: &str) -> String {
@@ -122,50 +112,62 @@ impl Exposition {
     }
 }
 
-/// What one walk over the keys found.
-#[derive(Default)]
-struct Survey {
-    by_phase: [u64; 4],
-    /// Keys with per-key series, by name.
-    shown: BTreeMap<String, KeyReading>,
-    /// The keys not pinned by an exact rule, ranked for eviction: the top
-    /// of the heap is the least busy (ties: the last by name).
-    ranked: BinaryHeap<(Reverse<u64>, String)>,
-    other_by_phase: [u64; 4],
-    other_tickets: u64,
-    other_queued: u64,
-    other_waiters: u64,
+/// The HTTP side's own figures, for the exposition.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HttpFigures {
+    /// Dashboard event streams open now.
+    pub event_streams: u64,
+    /// Event streams refused because [`HttpFigures::max_event_streams`] were open.
+    pub event_streams_refused: u64,
+    /// The cap on open event streams.
+    pub max_event_streams: u64,
 }
 
-impl Survey {
-    fn aggregate(&mut self, r: &KeyReading) {
-        self.other_by_phase[phase_index(r.view.phase)] += 1;
-        self.other_tickets += r.view.live_tickets as u64;
-        self.other_queued += r.view.queued;
-        self.other_waiters += r.view.waiters as u64;
-    }
+/// The process's resident memory in bytes (`VmRSS` in `/proc/self/status`);
+/// `None` where there is no such file (not Linux).
+pub fn resident_memory_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    vm_rss_bytes(&status)
+}
 
-    fn take(&mut self, r: KeyReading, pinned: &HashSet<String>) {
-        self.by_phase[phase_index(r.view.phase)] += 1;
-        if pinned.contains(&r.key) {
-            self.shown.insert(r.key.clone(), r);
-            return;
-        }
-        self.ranked.push((Reverse(requests(&r)), r.key.clone()));
-        self.shown.insert(r.key.clone(), r);
-        if self.ranked.len() > TOP_KEYS {
-            let (_, quietest) = self.ranked.pop().expect("more than TOP_KEYS");
-            if let Some(r) = self.shown.remove(&quietest) {
-                self.aggregate(&r);
-            }
-        }
+/// The `VmRSS:` line of a `/proc/PID/status` text, in bytes.
+fn vm_rss_bytes(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let mut words = line["VmRSS:".len()..].split_whitespace();
+    let n: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") | None => Some(n * 1024),
+        Some(_) => None,
     }
 }
 
-/// The whole exposition of `engine`.
-pub fn render(engine: &Engine) -> String {
+/// The keys with per-key series: those named by exact rules, live or not
+/// (a key not live reads as a fresh key would, K2, B6), then the busiest.
+/// Also says which of them are live, for the aggregates.
+fn shown_keys(engine: &Engine, exact: &[String]) -> (Vec<KeyReading>, Vec<bool>) {
+    let mut shown: BTreeMap<String, (KeyReading, bool)> = BTreeMap::new();
+    for key in exact {
+        let Ok(reading) = engine.get(key) else {
+            continue;
+        };
+        // Live when a listing from the key itself starts with it: a page of
+        // one, whose cost does not depend on the other keys.
+        let (first, _) = engine.list(key, &[], None, 1);
+        let live = first.first().is_some_and(|r| r.key == *key);
+        shown.insert(key.clone(), (reading, live));
+    }
+    for reading in engine.busiest(TOP_KEYS) {
+        shown
+            .entry(reading.key.clone())
+            .or_insert_with(|| (reading, true));
+    }
+    shown.into_values().unzip()
+}
+
+/// The whole exposition of `engine`, with the HTTP side's own figures.
+pub fn render(engine: &Engine, http: &HttpFigures) -> String {
     let rules = engine.rules();
-    let pinned: HashSet<String> = rules
+    let exact: Vec<String> = rules
         .rules
         .iter()
         .filter_map(|r| match &r.pattern {
@@ -173,37 +175,42 @@ pub fn render(engine: &Engine) -> String {
             Pattern::Prefix(_) => None,
         })
         .collect();
-    let mut survey = Survey::default();
-    engine.visit_keys("", |r| survey.take(r, &pinned));
-    // Keys named by exact rules are shown even when not live (never used,
-    // or forgotten): as a fresh key would read, made by nothing (K2, B6).
-    for key in &pinned {
-        if !survey.shown.contains_key(key) {
-            if let Ok(r) = engine.get(key) {
-                survey.shown.insert(key.clone(), r);
-            }
-        }
+    let totals = engine.totals();
+    let (keys, live) = shown_keys(engine, &exact);
+    // The aggregates are the totals less the live keys shown. The readings
+    // and the totals are taken at nearly the same instant, not at once:
+    // a difference never goes below zero.
+    let mut other_by_phase = totals.by_phase;
+    let mut other_tickets = totals.tickets;
+    let mut other_waiters = totals.waiters;
+    for r in keys
+        .iter()
+        .zip(&live)
+        .filter(|(_, live)| **live)
+        .map(|(r, _)| r)
+    {
+        let n = &mut other_by_phase[r.view.phase.index()];
+        *n = n.saturating_sub(1);
+        other_tickets = other_tickets.saturating_sub(r.view.live_tickets as u64);
+        other_waiters = other_waiters.saturating_sub(r.view.waiters as u64);
     }
-    let keys: Vec<KeyReading> = std::mem::take(&mut survey.shown).into_values().collect();
 
     let mut x = Exposition::default();
-    let counts = engine.counts();
     let limits = engine.limits();
     let counters = engine.counters();
-    let totals = engine.totals();
-    x.single("fusebox_keys", "gauge", "Live keys.", counts.keys);
-    x.single("fusebox_tickets", "gauge", "Live tickets.", counts.tickets);
+    x.single("fusebox_keys", "gauge", "Live keys.", totals.keys);
+    x.single("fusebox_tickets", "gauge", "Live tickets.", totals.tickets);
     x.single(
         "fusebox_waiters",
         "gauge",
         "Requests waiting in a queue.",
-        counts.waiters,
+        totals.waiters,
     );
     x.single(
         "fusebox_keys_forgotten_total",
         "counter",
         "Idle keys at rest forgotten since start (K2).",
-        counts.forgotten,
+        totals.forgotten,
     );
     x.single(
         "fusebox_max_keys",
@@ -233,16 +240,13 @@ pub fn render(engine: &Engine) -> String {
         "fusebox_connections",
         "gauge",
         "Open gRPC connections.",
-        engine.counters().connections.load(Ordering::Relaxed),
+        counters.connections.load(Ordering::Relaxed),
     );
     x.single(
         "fusebox_connections_refused_total",
         "counter",
         "gRPC connections closed at once because max_connections was reached.",
-        engine
-            .counters()
-            .connections_refused
-            .load(Ordering::Relaxed),
+        counters.connections_refused.load(Ordering::Relaxed),
     );
     x.single(
         "fusebox_idle_after_seconds",
@@ -272,7 +276,7 @@ pub fn render(engine: &Engine) -> String {
         x.sample(
             "fusebox_keys_by_phase",
             &[("phase", phase.as_str())],
-            survey.by_phase[phase_index(phase)],
+            totals.by_phase[phase.index()],
         );
     }
 
@@ -475,27 +479,48 @@ pub fn render(engine: &Engine) -> String {
         x.sample(
             "fusebox_other_keys",
             &[("phase", phase.as_str())],
-            survey.other_by_phase[phase_index(phase)],
+            other_by_phase[phase.index()],
         );
     }
     x.single(
         "fusebox_other_keys_live_tickets",
         "gauge",
         "Live tickets of the keys without per-key series.",
-        survey.other_tickets,
-    );
-    x.single(
-        "fusebox_other_keys_queued_permits",
-        "gauge",
-        "Permits asked for by waiters of the keys without per-key series.",
-        survey.other_queued,
+        other_tickets,
     );
     x.single(
         "fusebox_other_keys_waiters",
         "gauge",
         "Waiters of the keys without per-key series.",
-        survey.other_waiters,
+        other_waiters,
     );
+
+    x.single(
+        "fusebox_event_streams",
+        "gauge",
+        "Dashboard event streams (/api/events) open now.",
+        http.event_streams,
+    );
+    x.single(
+        "fusebox_event_streams_refused_total",
+        "counter",
+        "Dashboard event streams refused (503) because the cap was reached.",
+        http.event_streams_refused,
+    );
+    x.single(
+        "fusebox_max_event_streams",
+        "gauge",
+        "Cap on open dashboard event streams.",
+        http.max_event_streams,
+    );
+    if let Some(bytes) = resident_memory_bytes() {
+        x.single(
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory size in bytes.",
+            bytes,
+        );
+    }
     x.out
 }
 
@@ -541,11 +566,21 @@ mod tests {
                 }
             }
         });
-        let text = render(&engine);
+        let text = render(&engine, &HttpFigures::default());
         assert!(!text.contains("key=\"k/004\""));
         assert!(text.contains("fusebox_key_live_tickets{key=\"k/005\"} 6\n"));
         assert!(text.contains("fusebox_other_keys{phase=\"CLOSED\"} 5\n"));
         assert!(text.contains("fusebox_other_keys_live_tickets 15\n"));
         assert!(text.contains("fusebox_keys_by_phase{phase=\"CLOSED\"} 105\n"));
+    }
+
+    #[test]
+    fn resident_memory_is_read_from_vm_rss() {
+        let status = "Name:\tfusebox\nVmPeak:\t  9000 kB\nVmRSS:\t   1234 kB\nThreads:\t4\n";
+        assert_eq!(vm_rss_bytes(status), Some(1234 * 1024));
+        assert_eq!(vm_rss_bytes("Name:\tx\n"), None);
+        if cfg!(target_os = "linux") {
+            assert!(resident_memory_bytes().is_some_and(|b| b > 0));
+        }
     }
 }

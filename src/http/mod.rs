@@ -8,11 +8,16 @@
 //! | `GET /healthz` | 200 while the process answers |
 //! | `GET /readyz` | 200 while the engine takes requests, 503 once it shuts down |
 //! | `GET /` | the dashboard (assets embedded in the binary) |
-//! | `GET /api/keys?prefix=` | the matching keys, what is broken first ([`api::Listing`]) |
+//! | `GET /api/overview?prefix=` | totals, the keys not closed, the busiest keys, their sparklines ([`api::Overview`]) |
+//! | `GET /api/keys?prefix=&after=&limit=` | a page of keys in key order, at most 100 ([`api::Page`]) |
 //! | `GET /api/transitions?prefix=` | the last transitions, oldest first |
-//! | `GET /api/events?prefix=` | server-sent events: a snapshot, then changes ([`events`]) |
+//! | `GET /api/events?prefix=` | server-sent events: the overview every round, and changes ([`events`]) |
 //! | `POST /api/keys/{key}/isolate` | isolate, with `{"reason": "..."}` (who: `dashboard:PEER`) |
 //! | `POST /api/keys/{key}/close` | close, with `{"reason": "..."}` |
+//!
+//! Nothing here walks every key: totals come from [`Engine::totals`], the
+//! rows from bounded reads ([`Engine::busiest`], [`Engine::list`] pages),
+//! and one sampler task ([`trends`]) serves every viewer.
 //!
 //! A key in a path is percent-encoded (`payments%2Fcharge`). API errors are
 //! `{"error": {"field": ..., "message": ...}}`. There is no authentication:
@@ -21,7 +26,9 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -35,14 +42,91 @@ pub mod api;
 mod dashboard;
 pub mod events;
 pub mod metrics;
+pub mod trends;
 
 /// The HTTP address used when `--http` is not given.
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9090";
 
 /// How long HTTP keeps answering once shutdown begins, so that load
 /// balancers read `/readyz` 503 while gRPC calls drain (the process exits
-/// sooner when they are done).
-pub const SHUTDOWN_LINGER: std::time::Duration = crate::server::SHUTDOWN_GRACE;
+/// sooner when they are done): as long as the gRPC side's drain, which
+/// `lib.rs` checks at compile time.
+pub const SHUTDOWN_LINGER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Dashboard event streams open at once, by default.
+pub const MAX_EVENT_STREAMS: usize = 64;
+
+/// How the HTTP side is set up.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Most dashboard event streams open at once; more are answered 503.
+    pub max_event_streams: usize,
+    /// How often the sampler reads the board and the sparklines' counters.
+    pub sample_every: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            max_event_streams: MAX_EVENT_STREAMS,
+            sample_every: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Open dashboard event streams, against their cap.
+#[derive(Debug)]
+pub struct Streams {
+    open: AtomicU64,
+    refused: AtomicU64,
+    max: u64,
+}
+
+/// A place among the open event streams, given back when dropped.
+#[derive(Debug)]
+pub struct StreamSlot(Arc<Streams>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Streams {
+    /// At most `max` streams at once.
+    pub fn new(max: usize) -> Arc<Streams> {
+        Arc::new(Streams {
+            open: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            max: max as u64,
+        })
+    }
+
+    /// A place for one more stream, or `None` (counted) when all are taken.
+    pub fn open(self: &Arc<Streams>) -> Option<StreamSlot> {
+        let taken = self
+            .open
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max).then_some(n + 1)
+            });
+        match taken {
+            Ok(_) => Some(StreamSlot(self.clone())),
+            Err(_) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Open streams, refusals, and the cap, for the metrics.
+    pub fn figures(&self) -> metrics::HttpFigures {
+        metrics::HttpFigures {
+            event_streams: self.open.load(Ordering::Relaxed),
+            event_streams_refused: self.refused.load(Ordering::Relaxed),
+            max_event_streams: self.max,
+        }
+    }
+}
 
 /// What every handler shares.
 #[derive(Clone, Debug)]
@@ -51,13 +135,25 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     /// Recent transitions, for the dashboard's timeline.
     pub history: Arc<api::History>,
+    /// The board and the sparklines, from the one sampler task.
+    pub trends: Arc<trends::Trends>,
+    /// Open event streams and their cap.
+    pub streams: Arc<Streams>,
 }
 
-/// The routes, over `engine`. Starts the task that remembers transitions
-/// for the timeline, so it must be called inside a Tokio runtime.
+/// The routes, over `engine`, with the default [`Options`].
 pub fn router(engine: Arc<Engine>) -> Router {
+    router_with(engine, Options::default())
+}
+
+/// The routes, over `engine`. Starts the tasks that remember transitions
+/// for the timeline and sample the board, so it must be called inside a
+/// Tokio runtime.
+pub fn router_with(engine: Arc<Engine>, options: Options) -> Router {
     let state = AppState {
         history: api::History::record(engine.clone()),
+        trends: trends::Trends::start(engine.clone(), options.sample_every),
+        streams: Streams::new(options.max_event_streams),
         engine,
     };
     Router::new()
@@ -67,6 +163,7 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/metrics", get(metrics_text))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/api/overview", get(api::overview_json))
         .route("/api/keys", get(api::keys))
         .route("/api/transitions", get(api::transitions))
         .route("/api/events", get(events::events))
@@ -84,7 +181,17 @@ pub async fn serve(
     engine: Arc<Engine>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = router(engine).into_make_service_with_connect_info::<SocketAddr>();
+    serve_with(listener, engine, Options::default(), shutdown).await
+}
+
+/// Like [`serve`], with `options`.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    engine: Arc<Engine>,
+    options: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = router_with(engine, options).into_make_service_with_connect_info::<SocketAddr>();
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.await;
@@ -96,8 +203,9 @@ pub async fn serve(
 /// `GET /metrics`.
 async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
     let engine = state.engine.clone();
-    // A walk over every key: off the async workers.
-    match tokio::task::spawn_blocking(move || metrics::render(&engine)).await {
+    let figures = state.streams.figures();
+    // Reads of a few hundred keys: off the async workers.
+    match tokio::task::spawn_blocking(move || metrics::render(&engine, &figures)).await {
         Ok(text) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],

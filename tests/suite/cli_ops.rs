@@ -973,6 +973,9 @@ async fn check_clean_exit(tmux: &Tmux) {
 
 #[tokio::test]
 async fn top_shows_a_tripped_key_live_and_quits_on_q() {
+    if !crate::tools::tmux("top_shows_a_tripped_key_live_and_quits_on_q") {
+        return;
+    }
     let server = Server::manual(Some(CONFIG)).await;
     isolate(&server, "svc/iso", "cli:alice", "INC-4711").await;
     for _ in 0..3 {
@@ -1047,6 +1050,9 @@ async fn top_shows_a_tripped_key_live_and_quits_on_q() {
 
 #[tokio::test]
 async fn top_follows_a_prefix_by_polling_and_quits_on_ctrl_c() {
+    if !crate::tools::tmux("top_follows_a_prefix_by_polling_and_quits_on_ctrl_c") {
+        return;
+    }
     let server = Server::manual(Some(CONFIG)).await;
     call(&server, "pay/a", pb::Outcome::Success).await;
     call(&server, "other/b", pb::Outcome::Success).await;

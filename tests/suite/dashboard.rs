@@ -1,150 +1,173 @@
 //! The dashboard in Debian's headless Chromium, driven by playwright-core
-//! (`tests/dashboard/check.mjs`): a breaker tripped over gRPC shows as open
-//! without a reload; pressing close (and giving a reason) turns it closed;
-//! the page is saved at `target/dashboard.png`.
+//! (`tests/dashboard/check.mjs`), over 100,000 keys: the totals match the
+//! engine's, the keys that are not closed are listed first, the prefix
+//! filter pages on the server (never more than 100 rows shipped), the rows
+//! shown have request and failure sparklines, a breaker tripped meanwhile
+//! shows as open without a reload, and pressing close (with a reason)
+//! closes it. The page is saved at `target/dashboard.png`.
+//!
+//! Making 100,000 keys over gRPC in a debug build is slow, so the engine is
+//! filled directly and served in-process (HTTP on port 0).
 //!
 //! Needs node, `npm ci` in tests/dashboard, and Chromium at
-//! `FUSEBOX_TEST_CHROMIUM` (or /usr/bin/chromium); `./scripts/test` sets
-//! them up.
+//! `FUSEBOX_TEST_CHROMIUM` (or /usr/bin/chromium); without them the test
+//! says it is skipped (see [`crate::tools`]). `./scripts/test` sets them up.
 
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fusebox::proto::v1 as pb;
+use fusebox::domain::{Outcome, Phase};
+use fusebox::engine::{AcquireArgs, Config, Engine};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
-use tonic::transport::Channel;
 
-use crate::harness::{eventually, Server};
+use crate::harness::eventually;
 
 /// Deadline for the browser to start and load the page, and to finish.
-const LIMIT: Duration = Duration::from_secs(90);
+const LIMIT: Duration = Duration::from_secs(180);
 
-const CONFIG: &str = r#"
-[[rule]]
-match = "payments/*"
-breaker = { mode = "consecutive", failures = 5, break = "2m" }
-limiter = { kind = "concurrency", permits = 8, queue_limit = 16 }
+/// Live keys in the engine.
+const KEYS: usize = 100_000;
 
-[[rule]]
-match = "search/*"
-breaker = { mode = "ratio", failure_ratio = 0.5, minimum_throughput = 20, sampling_window = "1m", break = "30s" }
-limiter = { kind = "token_bucket", capacity = 100, refill = 10, period = "100ms" }
-"#;
+/// Keys tripped open before the page loads.
+const OPEN: [&str; 3] = ["alpha/open-1", "alpha/open-2", "zeta/open-3"];
 
+/// Keys isolated before the page loads.
+const ISOLATED: [&str; 2] = ["beta/iso-1", "beta/iso-2"];
+
+/// The key tripped while the page is open, then closed from the page.
 const KEY: &str = "payments/charge";
 
-type Client = pb::fusebox_client::FuseboxClient<Channel>;
+/// Keys asked continuously while the page is open (some calls fail), so
+/// that their sparklines move.
+const BUSY: [&str; 3] = [
+    "tenant-00/key-000000",
+    "tenant-01/key-000001",
+    "tenant-02/key-000002",
+];
 
-async fn ticket(c: &mut Client, key: &str) -> String {
-    let r = c
-        .acquire(pb::AcquireRequest {
-            key: key.into(),
-            permits: Some(1),
-            max_wait: None,
-            lease: None,
-        })
-        .await
-        .unwrap_or_else(|s| panic!("Acquire {key}: {s:?}"))
-        .into_inner();
-    assert!(!r.ticket.is_empty(), "{key}: {r:?}");
-    r.ticket
-}
-
-async fn complete(c: &mut Client, ticket: String, outcome: pb::Outcome) {
-    c.complete(pb::CompleteRequest {
-        ticket,
-        outcome: outcome as i32,
-    })
-    .await
-    .expect("Complete answers");
-}
-
-/// A few keys in different states, so that the page has something to show.
-async fn scene(server: &Server) -> Vec<String> {
-    let mut c = server.fusebox().await;
-    let mut held = Vec::new();
-    for _ in 0..3 {
-        held.push(ticket(&mut c, "payments/refund").await);
+fn ask(key: &str) -> AcquireArgs {
+    AcquireArgs {
+        key: key.to_owned(),
+        permits: 1,
+        max_wait: 0,
+        lease: None,
     }
-    for i in 0..12 {
-        let t = ticket(&mut c, "search/query").await;
-        let outcome = if i % 3 == 0 {
-            pb::Outcome::Failure
-        } else {
-            pb::Outcome::Success
-        };
-        complete(&mut c, t, outcome).await;
-    }
-    held.push(ticket(&mut c, "auth/token").await);
-    let isolate = crate::harness::by(
-        "oncall:alice",
-        pb::IsolateRequest {
-            key: "inventory/lookup".into(),
-            reason: "INC-4702: vendor maintenance window".into(),
-        },
-    );
-    server
-        .admin()
-        .await
-        .isolate(isolate)
-        .await
-        .expect("Isolate answers");
-    held
 }
 
-/// Five failures in a row open `payments/*` keys.
-async fn trip(server: &Server, key: &str) {
-    let mut c = server.fusebox().await;
+/// One request on `key`, completed with `outcome`.
+async fn call(engine: &Engine, key: &str, outcome: Outcome) {
+    let reply = engine.acquire(ask(key)).await.expect("acquire answers");
+    if let Some(ticket) = reply.ticket {
+        engine.complete(&ticket, outcome).expect("complete answers");
+    }
+}
+
+/// Five failures in a row open a key (the default policy).
+async fn trip(engine: &Engine, key: &str) {
     for _ in 0..5 {
-        let t = ticket(&mut c, key).await;
-        complete(&mut c, t, pb::Outcome::Failure).await;
+        call(engine, key, Outcome::Failure).await;
     }
-    assert_eq!(server.get(key).await.phase, pb::Phase::Open as i32);
+    assert_eq!(engine.get(key).expect("a key").view.phase, Phase::Open);
 }
 
-fn need(path: &Path, what: &str) {
-    assert!(
-        path.exists(),
-        "{} is missing: {what} (./scripts/test installs it)",
-        path.display()
+/// 100,000 live keys: `tenant-NN/key-IIIIII` (NN = I mod 100, so a tenant
+/// has 1,000 keys: ten pages), a few open, a few isolated.
+async fn fill(engine: &Engine) {
+    let special = OPEN.len() + ISOLATED.len() + 1;
+    for i in 0..(KEYS - special) {
+        let key = format!("tenant-{:02}/key-{i:06}", i % 100);
+        call(engine, &key, Outcome::Success).await;
+    }
+    for key in OPEN {
+        trip(engine, key).await;
+    }
+    for key in ISOLATED {
+        engine
+            .isolate(key, "INC-4702: vendor maintenance window", "oncall:alice")
+            .expect("isolated");
+    }
+    call(engine, KEY, Outcome::Success).await;
+    let totals = engine.totals();
+    assert_eq!(totals.keys, KEYS as u64);
+    assert_eq!(totals.by_phase[Phase::Open.index()], OPEN.len() as u64);
+    assert_eq!(
+        totals.by_phase[Phase::Isolated.index()],
+        ISOLATED.len() as u64
     );
 }
 
-#[tokio::test]
-async fn the_dashboard_shows_a_tripped_breaker_live_and_closes_it() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let driver = root.join("tests/dashboard");
-    need(
-        &driver.join("node_modules/playwright-core"),
-        "run `npm ci` in tests/dashboard",
-    );
-    let chromium = std::env::var("FUSEBOX_TEST_CHROMIUM")
-        .ok()
-        .filter(|c| !c.is_empty())
-        .unwrap_or_else(|| "/usr/bin/chromium".to_owned());
-    need(
-        Path::new(&chromium),
-        "Debian's chromium (apt-get install chromium), or set FUSEBOX_TEST_CHROMIUM",
-    );
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_100k_keys_by_phase_pages_by_prefix_and_closes_a_tripped_key() {
+    let Some((chromium, driver)) = crate::tools::browser(
+        "the_dashboard_shows_100k_keys_by_phase_pages_by_prefix_and_closes_a_tripped_key",
+    ) else {
+        return;
+    };
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let screenshot = root.join("target/dashboard.png");
     std::fs::create_dir_all(root.join("target")).expect("target/ exists");
     let _ = std::fs::remove_file(&screenshot);
 
-    let server = Server::start(crate::harness::Options {
-        config: Some(CONFIG),
+    let engine = Arc::new(Engine::with_system_clock(Config::default()));
+    fill(&engine).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let http = listener.local_addr().expect("an address").to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let options = fusebox::http::Options {
+        sample_every: Duration::from_secs(1),
         ..Default::default()
-    })
-    .await;
-    let _held = scene(&server).await;
-    let url = format!("http://{}/", server.http_addr.as_deref().expect("http on"));
+    };
+    let server = tokio::spawn(fusebox::http::serve_with(
+        listener,
+        engine.clone(),
+        options,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    // Traffic on a few keys, for the sparklines.
+    let busy = Arc::new(AtomicBool::new(true));
+    let traffic = {
+        let (engine, busy) = (engine.clone(), busy.clone());
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while busy.load(Ordering::Relaxed) {
+                for (k, key) in BUSY.iter().enumerate() {
+                    // Every fourth call of the second key fails: never five in a row.
+                    let fails = k == 1 && n.is_multiple_of(4);
+                    let outcome = if fails {
+                        Outcome::Failure
+                    } else {
+                        Outcome::Success
+                    };
+                    for _ in 0..=k {
+                        call(&engine, key, outcome).await;
+                    }
+                }
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
 
+    let expected = serde_json::json!({
+        "keys": KEYS,
+        "open": OPEN,
+        "isolated": ISOLATED,
+        "busy": BUSY,
+        "prefix": "tenant-07/",
+    });
+    let url = format!("http://{http}/");
     let mut node = Command::new("node")
         .arg(driver.join("check.mjs"))
         .arg(&url)
         .arg(&screenshot)
+        .arg(expected.to_string())
         .current_dir(&driver)
         .env("FUSEBOX_TEST_CHROMIUM", &chromium)
         .stdin(Stdio::piped())
@@ -174,7 +197,7 @@ async fn the_dashboard_shows_a_tripped_breaker_live_and_closes_it() {
 
     let line = tokio::time::timeout(LIMIT, stdout.next_line())
         .await
-        .expect("the page is live within the limit")
+        .expect("the page is checked within the limit")
         .expect("stdout readable");
     // Let stderr finish, for the message, when the driver failed early.
     if line.is_none() {
@@ -182,7 +205,7 @@ async fn the_dashboard_shows_a_tripped_breaker_live_and_closes_it() {
     }
     said(line, "ready", &errors);
 
-    trip(&server, KEY).await;
+    trip(&engine, KEY).await;
     stdin
         .write_all(format!("tripped {KEY}\n").as_bytes())
         .await
@@ -205,16 +228,18 @@ async fn the_dashboard_shows_a_tripped_breaker_live_and_closes_it() {
     );
 
     // Closed for real, and recorded as the dashboard's doing.
-    assert_eq!(server.get(KEY).await.phase, pb::Phase::Closed as i32);
-    let http = server.http_addr.as_deref().expect("http on");
-    let close = eventually("the close in /api/transitions", LIMIT, || async move {
-        let timeline = super::http::get(http, "/api/transitions?prefix=payments%2Fcharge")
-            .await
-            .json();
-        timeline
-            .as_array()
-            .and_then(|t| t.iter().find(|e| e["kind"] == "close"))
-            .cloned()
+    assert_eq!(engine.get(KEY).expect("a key").view.phase, Phase::Closed);
+    let close = eventually("the close in /api/transitions", LIMIT, || {
+        let http = http.clone();
+        async move {
+            let timeline = super::http::get(&http, "/api/transitions?prefix=payments%2Fcharge")
+                .await
+                .json();
+            timeline
+                .as_array()
+                .and_then(|t| t.iter().find(|e| e["kind"] == "close"))
+                .cloned()
+        }
     })
     .await;
     assert!(
@@ -230,4 +255,10 @@ async fn the_dashboard_shows_a_tripped_breaker_live_and_closes_it() {
         png.starts_with(b"\x89PNG\r\n\x1a\n"),
         "target/dashboard.png is not a PNG"
     );
+
+    busy.store(false, Ordering::Relaxed);
+    let _ = traffic.await;
+    engine.shutdown();
+    let _ = stop.send(());
+    server.abort();
 }

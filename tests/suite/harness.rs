@@ -215,12 +215,12 @@ where
 
 /// A duration in milliseconds, for requests.
 pub fn ms(ms: u64) -> prost_types::Duration {
-    fusebox::server::duration_of(ms)
+    fusebox::proto::wire::duration_of(ms)
 }
 
 /// Milliseconds of a duration from a response.
 pub fn millis(d: Option<prost_types::Duration>) -> Option<u64> {
-    fusebox::server::millis_of("duration", d).expect("a valid duration")
+    fusebox::proto::wire::millis_of("duration", d).expect("a valid duration")
 }
 
 /// A request that names its operator in the `x-fusebox-operator` header,

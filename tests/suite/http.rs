@@ -1,9 +1,11 @@
 //! The HTTP side against a real server: `/metrics` read by the official
-//! Prometheus parser (the Python client's, at `FUSEBOX_TEST_PYTHON`) after
-//! a scripted scenario over gRPC, with exact values; per-key series bounded
+//! Prometheus parser (the Python client's, at `FUSEBOX_TEST_PYTHON`; the
+//! tests that need it skip without it, see [`crate::tools`]) after a
+//! scripted scenario over gRPC, with exact values; per-key series bounded
 //! to the busiest keys and those named by exact rules; `/healthz` and
-//! `/readyz` (503 while the server drains); the dashboard's JSON API and
-//! its event stream.
+//! `/readyz` (503 while the server drains); the dashboard's JSON API (the
+//! overview, pages of keys, actions), its event stream and the cap on
+//! event streams.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
@@ -209,26 +211,23 @@ impl Metrics {
     }
 }
 
-/// Parses `text` with `prometheus_client.parser` and checks what a text
-/// parser lets pass: every family typed and named `fusebox_*`, each family
-/// in one block, no series twice.
-fn parse_metrics(text: &str) -> Metrics {
-    let python = std::env::var("FUSEBOX_TEST_PYTHON").unwrap_or_else(|_| {
-        panic!(
-            "FUSEBOX_TEST_PYTHON is not set: it must name a Python with prometheus_client, \
-             whose parser reads /metrics. ./scripts/test sets it up; by hand: \
-             python3 -m venv target/venv && target/venv/bin/pip install prometheus_client==0.21.1 \
-             && export FUSEBOX_TEST_PYTHON=$PWD/target/venv/bin/python"
-        )
-    });
-    let mut child = std::process::Command::new(&python)
+/// The only family without the `fusebox_` prefix: the standard name that
+/// load tools and dashboards look for.
+const PROCESS_RSS: &str = "process_resident_memory_bytes";
+
+/// Parses `text` with `prometheus_client.parser` (run by `python`) and
+/// checks what a text parser lets pass: every family typed and named
+/// `fusebox_*` (or [`PROCESS_RSS`]), each family in one block, no series
+/// twice.
+fn parse_metrics(python: &std::path::Path, text: &str) -> Metrics {
+    let mut child = std::process::Command::new(python)
         .arg("-c")
         .arg(PARSE)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("FUSEBOX_TEST_PYTHON={python} does not run: {e}"));
+        .unwrap_or_else(|e| panic!("{} does not run: {e}", python.display()));
     child
         .stdin
         .take()
@@ -249,7 +248,7 @@ fn parse_metrics(text: &str) -> Metrics {
         let name = f["name"].as_str().expect("a family name").to_owned();
         let kind = f["type"].as_str().expect("a type").to_owned();
         assert!(
-            name.starts_with("fusebox_"),
+            name.starts_with("fusebox_") || name == PROCESS_RSS,
             "{name} lacks the fusebox_ prefix"
         );
         assert!(
@@ -294,15 +293,42 @@ impl WriteAllSync for std::process::ChildStdin {
     }
 }
 
-async fn scrape(server: &Server) -> (String, Metrics) {
+/// `/metrics` as text.
+async fn metrics_text(server: &Server) -> String {
     let reply = get(&http_addr(server), "/metrics").await;
     assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(
         reply.header("content-type"),
         Some("text/plain; version=0.0.4; charset=utf-8")
     );
-    let metrics = parse_metrics(&reply.body);
-    (reply.body, metrics)
+    reply.body
+}
+
+/// `/metrics`, read by the official parser.
+async fn scrape(server: &Server, python: &std::path::Path) -> (String, Metrics) {
+    let text = metrics_text(server).await;
+    let metrics = parse_metrics(python, &text);
+    (text, metrics)
+}
+
+/// The value of an unlabelled sample, read without the official parser
+/// (for tests about something else than the format).
+fn plain_value(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no sample {name} in /metrics:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{name}: not a number: {e}"))
+}
+
+/// The text without the samples that move by themselves (memory).
+fn steady(text: &str) -> String {
+    text.lines()
+        .filter(|l| !l.starts_with(PROCESS_RSS))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 type Client = pb::fusebox_client::FuseboxClient<Channel>;
@@ -366,11 +392,15 @@ const ODD_KEY: &str = r#"odd/"quoted"\back"#;
 
 #[tokio::test]
 async fn metrics_parse_and_count_a_scripted_scenario_exactly() {
+    let Some(python) = crate::tools::python("metrics_parse_and_count_a_scripted_scenario_exactly")
+    else {
+        return;
+    };
     let server = Server::manual(Some(SCENARIO)).await;
     let mut c = server.fusebox().await;
 
     // Before anything: the exact-rule key has series as a fresh key would.
-    let (_, m) = scrape(&server).await;
+    let (_, m) = scrape(&server, &python).await;
     assert_eq!(m.value("fusebox_keys", &[]), 0.0);
     assert_eq!(
         m.value(
@@ -423,7 +453,7 @@ async fn metrics_parse_and_count_a_scripted_scenario_exactly() {
     // A key whose label needs escaping, with its ticket held.
     let _odd = granted(&mut c, ODD_KEY).await;
 
-    let (text, m) = scrape(&server).await;
+    let (text, m) = scrape(&server, &python).await;
     // Engine-wide.
     let expect = [
         ("fusebox_keys", 4.0),
@@ -442,11 +472,19 @@ async fn metrics_parse_and_count_a_scripted_scenario_exactly() {
         ("fusebox_config_last_reload_success", 1.0),
         ("fusebox_metrics_top_keys", 100.0),
         ("fusebox_other_keys_live_tickets", 0.0),
-        ("fusebox_other_keys_queued_permits", 0.0),
         ("fusebox_other_keys_waiters", 0.0),
+        ("fusebox_event_streams", 0.0),
+        ("fusebox_event_streams_refused_total", 0.0),
+        ("fusebox_max_event_streams", 64.0),
     ];
     for (name, value) in expect {
         assert_eq!(m.value(name, &[]), value, "{name}\n{text}");
+    }
+    if cfg!(target_os = "linux") {
+        // A debug server with four keys holds a few MB at least.
+        let rss = m.value(PROCESS_RSS, &[]);
+        assert!(rss > 1_000_000.0, "{PROCESS_RSS} {rss}");
+        assert_eq!(m.types.get(PROCESS_RSS).map(String::as_str), Some("gauge"));
     }
     for (phase, n) in [
         ("CLOSED", 2.0),
@@ -592,13 +630,18 @@ async fn metrics_parse_and_count_a_scripted_scenario_exactly() {
     );
 
     // Reading never admits (B6): a second scrape, on a clock that has not
-    // moved, reads the same.
-    let (again, _) = scrape(&server).await;
-    assert_eq!(again, text);
+    // moved, reads the same (but for the process's memory).
+    let (again, _) = scrape(&server, &python).await;
+    assert_eq!(steady(&again), steady(&text));
 }
 
 #[tokio::test]
 async fn per_key_series_are_bounded_to_the_busiest_and_the_exact_rules() {
+    let Some(python) =
+        crate::tools::python("per_key_series_are_bounded_to_the_busiest_and_the_exact_rules")
+    else {
+        return;
+    };
     let config = r#"
 [[rule]]
 match = "pinned/one"
@@ -615,7 +658,7 @@ breaker = { mode = "consecutive", failures = 2, break = "1m" }
             granted(&mut c, &key).await;
         }
     }
-    let (_, m) = scrape(&server).await;
+    let (_, m) = scrape(&server, &python).await;
     let mut expected: BTreeSet<String> = (0..100).map(|i| format!("bulk/{i:03}")).collect();
     // An exact rule's key has series even though nobody used it.
     expected.insert("pinned/one".to_owned());
@@ -639,21 +682,21 @@ breaker = { mode = "consecutive", failures = 2, break = "1m" }
         ),
         0.0
     );
-    // Using the quiet ones makes them the busiest: the set follows.
+    // Using the quiet ones makes them the busiest: the set follows (which
+    // of the keys asked twice stay is the engine's ranking, not ours).
     for i in 100..120 {
         for _ in 0..3 {
             granted(&mut c, &format!("bulk/{i:03}")).await;
         }
     }
-    let (_, m) = scrape(&server).await;
+    let (_, m) = scrape(&server, &python).await;
     let keys = m.per_key_keys();
     assert_eq!(keys.len(), 101);
-    assert!(keys.contains("bulk/119") && keys.contains("pinned/one"));
-    assert!(
-        !keys.contains("bulk/099"),
-        "ties are broken by key order: the last ones go"
-    );
+    assert!((100..120).all(|i| keys.contains(&format!("bulk/{i:03}"))));
+    assert!(keys.contains("pinned/one"));
     assert_eq!(m.value("fusebox_other_keys", &[("phase", "CLOSED")]), 20.0);
+    // Twenty keys asked twice are left out, each holding its two tickets.
+    assert_eq!(m.value("fusebox_other_keys_live_tickets", &[]), 40.0);
 }
 
 // ---------- health and readiness ----------
@@ -747,8 +790,8 @@ async fn healthz_and_readyz_answer_and_readyz_turns_503_while_draining() {
     .await;
     // Alive while it drains, and says so in the metrics.
     assert_eq!(get(&http, "/healthz").await.status, 200);
-    let (_, m) = scrape(&server).await;
-    assert_eq!(m.value("fusebox_shutting_down", &[]), 1.0);
+    let text = metrics_text(&server).await;
+    assert_eq!(plain_value(&text, "fusebox_shutting_down"), 1.0);
     // The event stream ends with the shutdown.
     tokio::time::timeout(LIMIT, async {
         let mut rest = Vec::new();
@@ -778,11 +821,17 @@ async fn the_api_lists_keys_and_isolates_and_closes_with_who_and_why() {
     let listing = get(&http, "/api/keys?prefix=api%2F").await;
     assert_eq!(listing.status, 200, "{listing:?}");
     let json = listing.json();
-    assert_eq!(json["matched"], 1);
+    assert_eq!(json["keys"].as_array().map(Vec::len), Some(1), "{json}");
     assert_eq!(json["keys"][0]["key"], "api/a");
     assert_eq!(json["keys"][0]["phase"], "CLOSED");
     assert_eq!(json["keys"][0]["live_tickets"], 1);
-    assert_eq!(get(&http, "/api/keys").await.json()["matched"], 2);
+    assert_eq!(json["next"], serde_json::Value::Null);
+    assert_eq!(
+        get(&http, "/api/keys").await.json()["keys"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
     assert_eq!(
         get(&http, "/api/keys?prefix=zzz").await.json()["keys"],
         serde_json::json!([])
@@ -792,6 +841,24 @@ async fn the_api_lists_keys_and_isolates_and_closes_with_who_and_why() {
     let field_of = |r: &Reply| r.json()["error"]["field"].as_str().map(str::to_owned);
     let r = get(&http, "/api/keys?colour=red").await;
     assert_eq!((r.status, field_of(&r).as_deref()), (400, Some("query")));
+    for (query, field) in [
+        ("limit=0", "limit"),
+        ("limit=101", "limit"),
+        ("after=zz", "after"),
+        ("prefix=api%2F&after=00", "after"),
+    ] {
+        let r = get(&http, &format!("/api/keys?{query}")).await;
+        assert_eq!(
+            (r.status, field_of(&r).as_deref()),
+            (400, Some(field)),
+            "{query}"
+        );
+    }
+    // A cursor from one prefix is refused for another.
+    let first = get(&http, "/api/keys?limit=1").await.json();
+    let next = first["next"].as_str().expect("a next page").to_owned();
+    let r = get(&http, &format!("/api/keys?prefix=api%2F&after={next}")).await;
+    assert_eq!((r.status, field_of(&r).as_deref()), (400, Some("after")));
     let r = request(
         &http,
         "POST",
@@ -927,14 +994,179 @@ async fn connections_past_the_cap_are_refused_and_counted() {
             "{status:?}"
         );
     }
-    let (_, metrics) = scrape(&server).await;
-    assert_eq!(metrics.value("fusebox_max_connections", &[]), 2.0);
-    assert_eq!(metrics.value("fusebox_connections", &[]), 2.0);
-    assert!(metrics.value("fusebox_connections_refused_total", &[]) >= 1.0);
+    let text = metrics_text(&server).await;
+    assert_eq!(plain_value(&text, "fusebox_max_connections"), 2.0);
+    assert_eq!(plain_value(&text, "fusebox_connections"), 2.0);
+    assert!(plain_value(&text, "fusebox_connections_refused_total") >= 1.0);
 
     drop(first);
     eventually("a closed connection frees its place", LIMIT, || async {
         read(server.admin().await).await.ok()
+    })
+    .await;
+}
+
+// ---------- the dashboard at scale: pages, the overview, the stream cap ----------
+
+/// Pages of `/api/keys` follow key order through `next`, never hold more
+/// than a page, and end with `next: null`; the overview lists the keys not
+/// closed first, with engine-wide totals.
+#[tokio::test]
+async fn keys_come_in_pages_and_the_overview_puts_broken_keys_first() {
+    let server = Server::manual(None).await;
+    let http = http_addr(&server);
+    let mut c = server.fusebox().await;
+    for i in 0..250 {
+        granted(&mut c, &format!("page/{i:03}")).await;
+    }
+    // Three requests: among the busiest hundred, which the overview filters.
+    for _ in 0..3 {
+        granted(&mut c, "zzz/other").await;
+    }
+    for _ in 0..5 {
+        let t = granted(&mut c, "page/broken").await;
+        complete(&mut c, t, pb::Outcome::Failure).await;
+    }
+    let isolate = crate::harness::by(
+        "test-op",
+        pb::IsolateRequest {
+            key: "page/iso".into(),
+            reason: "drill".into(),
+        },
+    );
+    server
+        .admin()
+        .await
+        .isolate(isolate)
+        .await
+        .expect("isolated");
+
+    // Every key under page/, once, in order, a page at a time.
+    let mut seen = Vec::new();
+    let mut after = String::new();
+    let mut pages = 0;
+    loop {
+        let r = get(&http, &format!("/api/keys?prefix=page%2F&after={after}")).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        let page = r.json();
+        let keys = page["keys"].as_array().expect("keys");
+        assert!(keys.len() <= 100, "a page holds at most 100 keys");
+        seen.extend(keys.iter().map(|k| k["key"].as_str().unwrap().to_owned()));
+        pages += 1;
+        match page["next"].as_str() {
+            Some(next) => after = next.to_owned(),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    let mut want: Vec<String> = (0..250).map(|i| format!("page/{i:03}")).collect();
+    want.extend(["page/broken".to_owned(), "page/iso".to_owned()]);
+    want.sort();
+    assert_eq!(seen, want);
+    // A smaller page, and its cursor, work too.
+    let two = get(&http, "/api/keys?prefix=page%2F&limit=2").await.json();
+    assert_eq!(two["keys"][1]["key"], "page/001");
+    let next = two["next"].as_str().expect("more");
+    let then = get(
+        &http,
+        &format!("/api/keys?prefix=page%2F&limit=2&after={next}"),
+    )
+    .await;
+    assert_eq!(then.json()["keys"][0]["key"], "page/002");
+
+    // The overview: engine-wide totals, the keys not closed, the busiest.
+    let overview = eventually("an overview with both broken keys", LIMIT, || {
+        let http = http.clone();
+        async move {
+            let o = get(&http, "/api/overview").await.json();
+            (o["totals"]["keys"] == 253 && o["attention"].as_array()?.len() == 2).then_some(o)
+        }
+    })
+    .await;
+    assert_eq!(overview["totals"]["by_phase"]["OPEN"], 1, "{overview}");
+    assert_eq!(overview["totals"]["by_phase"]["ISOLATED"], 1);
+    assert_eq!(overview["totals"]["by_phase"]["CLOSED"], 251);
+    assert_eq!(overview["attention"][0]["key"], "page/broken");
+    assert_eq!(overview["attention"][0]["phase"], "OPEN");
+    assert_eq!(overview["attention"][1]["key"], "page/iso");
+    assert_eq!(overview["attention_more"], false);
+    let busiest = overview["busiest"].as_array().expect("busiest");
+    assert!(!busiest.is_empty() && busiest.len() <= 10, "{overview}");
+    assert_eq!(
+        busiest[0]["key"], "page/broken",
+        "five requests: the busiest"
+    );
+    // With a prefix, only its keys; the totals stay engine-wide.
+    let other = get(&http, "/api/overview?prefix=zzz%2F").await.json();
+    assert_eq!(other["attention"], serde_json::json!([]));
+    assert_eq!(other["busiest"][0]["key"], "zzz/other");
+    assert_eq!(other["totals"]["keys"], 253);
+}
+
+/// Opens `/api/events` and reads the answer's head: its status.
+async fn open_stream(http: &str) -> (u16, TcpStream, String) {
+    let mut stream = TcpStream::connect(http).await.expect("connects");
+    stream
+        .write_all(format!("GET /api/events HTTP/1.1\r\nHost: {http}\r\n\r\n").as_bytes())
+        .await
+        .expect("sent");
+    let mut seen = Vec::new();
+    tokio::time::timeout(LIMIT, async {
+        let mut buf = [0u8; 4096];
+        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = stream.read(&mut buf).await.expect("readable");
+            assert!(n > 0, "closed before the head");
+            seen.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("a head within the limit");
+    let text = String::from_utf8_lossy(&seen).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status");
+    (status, stream, text)
+}
+
+/// At most 64 event streams are open at once: the next is answered 503
+/// with a JSON error, counted; a stream that closes frees its place.
+#[tokio::test]
+async fn event_streams_past_the_cap_are_refused_with_503_and_counted() {
+    let server = Server::manual(None).await;
+    let http = http_addr(&server);
+    let mut open = Vec::new();
+    for _ in 0..64 {
+        let (status, stream, head) = open_stream(&http).await;
+        assert_eq!(status, 200, "{head}");
+        open.push(stream);
+    }
+    let refused = get(&http, "/api/events").await;
+    assert_eq!(refused.status, 503, "{refused:?}");
+    let message = refused.json()["error"]["message"]
+        .as_str()
+        .expect("a message")
+        .to_owned();
+    assert!(
+        message.contains("too many dashboard event streams"),
+        "{message}"
+    );
+    let text = metrics_text(&server).await;
+    assert_eq!(plain_value(&text, "fusebox_event_streams"), 64.0);
+    assert_eq!(
+        plain_value(&text, "fusebox_event_streams_refused_total"),
+        1.0
+    );
+    assert_eq!(plain_value(&text, "fusebox_max_event_streams"), 64.0);
+
+    drop(open.pop());
+    let (_, _again, _) = eventually("a closed stream frees its place", LIMIT, || {
+        let http = http.clone();
+        async move {
+            let (status, stream, head) = open_stream(&http).await;
+            (status == 200).then_some((status, stream, head))
+        }
     })
     .await;
 }

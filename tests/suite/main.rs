@@ -16,5 +16,6 @@ mod reference;
 mod reload;
 mod scale;
 mod service;
+mod tools;
 mod vectors;
 mod watch;

@@ -1,24 +1,40 @@
-// fusebox dashboard: a live table of keys over server-sent events.
+// fusebox dashboard: totals by phase, the keys that are not closed, the
+// busiest keys, and pages of keys by prefix, each row with sparklines of its
+// request and failure rates; live over server-sent events. The server never
+// sends more than a page of rows: paging and filtering happen there.
 // Plain JS, no framework, no build step. Every value from the server is
 // written with textContent, never as HTML.
 'use strict';
 
-const PHASE_RANK = { OPEN: 0, HALF_OPEN: 1, ISOLATED: 2, CLOSED: 3 };
 const PHASE_LABEL = { OPEN: 'OPEN', HALF_OPEN: 'HALF-OPEN', ISOLATED: 'ISOLATED', CLOSED: 'CLOSED' };
 const TIMELINE_MAX = 200;
+const SVG = 'http://www.w3.org/2000/svg';
+const SPARK_W = 80;
+const SPARK_H = 24;
+const SPARK_SAMPLES = 100; // the server keeps 100 samples per key
 
 const $ = (id) => document.getElementById(id);
 
 const state = {
   prefix: new URLSearchParams(location.search).get('prefix') || '',
   source: null,
-  keys: new Map(),        // key -> { data, receivedAt, row, cells }
+  // Each table: its rows by key ({ data, receivedAt, row, cells }) and its order.
+  tables: {
+    attention: { rows: new Map(), order: [] },
+    busiest: { rows: new Map(), order: [] },
+    browse: { rows: new Map(), order: [] },
+  },
+  trends: new Map(),      // key -> { requests: [...], failures: [...] } per second
+  sampleEveryMs: 3000,
   timeline: [],           // transitions, newest first
   seen: new Set(),        // transition sequence numbers shown
   lastChange: new Map(),  // key -> its latest transition
   counts: { OPEN: 0, HALF_OPEN: 0, ISOLATED: 0, CLOSED: 0 },
-  matched: 0,
-  truncated: false,
+  totals: { keys: 0, tickets: 0 },
+  attentionMore: false,
+  cursors: [''],          // the `after` of every page up to the one shown
+  next: null,             // the `after` of the next page
+  loading: null,          // the page fetch in flight
   dialog: null,           // { key, action }
 };
 
@@ -74,7 +90,7 @@ function makeRow(key) {
   const row = el('tr');
   row.dataset.key = key;
   const cells = {};
-  for (const name of ['key', 'phase', 'break', 'fail', 'free', 'queued', 'tickets', 'why', 'actions']) {
+  for (const name of ['key', 'phase', 'break', 'fail', 'free', 'queued', 'tickets', 'rate', 'frate', 'why', 'actions']) {
     cells[name] = el('td', `c-${name}`);
     row.appendChild(cells[name]);
   }
@@ -100,6 +116,12 @@ function makeRow(key) {
   cells.close.type = 'button';
   cells.close.dataset.action = 'close';
   cells.actions.append(cells.isolate, cells.close);
+  cells.rateSpark = sparkline('requests');
+  cells.rateText = el('span', 'rate-now');
+  cells.rate.append(cells.rateSpark, cells.rateText);
+  cells.frateSpark = sparkline('failures');
+  cells.frateText = el('span', 'rate-now');
+  cells.frate.append(cells.frateSpark, cells.frateText);
   cells.isolate.addEventListener('click', () => askReason(key, 'isolate'));
   cells.close.addEventListener('click', () => askReason(key, 'close'));
   return { row, cells };
@@ -124,8 +146,9 @@ function fillRow(entry, now) {
       breakText = duration(left + 999);
       breakClass = 'countdown';
     } else {
-      breakText = 'over: next request probes';
+      breakText = 'over';
       breakClass = 'muted';
+      cells.breakText.title = 'the break is over: the next request probes';
     }
   } else if (d.phase === 'HALF_OPEN') {
     breakText = `probing (attempt ${d.half_open_attempts})`;
@@ -170,20 +193,106 @@ function fillRow(entry, now) {
 
   cells.isolate.hidden = d.phase === 'ISOLATED';
   cells.close.hidden = d.phase === 'CLOSED';
+
+  const trend = state.trends.get(d.key);
+  drawSpark(cells.rateSpark, cells.rateText, trend ? trend.requests : [], 'requests');
+  drawSpark(cells.frateSpark, cells.frateText, trend ? trend.failures : [], 'failures');
 }
 
-function sortedKeys() {
-  return [...state.keys.values()].sort((a, b) =>
-    (PHASE_RANK[a.data.phase] - PHASE_RANK[b.data.phase]) ||
-    (a.data.key < b.data.key ? -1 : a.data.key > b.data.key ? 1 : 0));
+// ---------- sparklines ----------
+
+function sparkline(kind) {
+  const svg = document.createElementNS(SVG, 'svg');
+  svg.setAttribute('class', `spark spark-${kind}`);
+  svg.setAttribute('viewBox', `0 0 ${SPARK_W} ${SPARK_H}`);
+  svg.setAttribute('width', String(SPARK_W));
+  svg.setAttribute('height', String(SPARK_H));
+  svg.setAttribute('role', 'img');
+  const base = document.createElementNS(SVG, 'line');
+  base.setAttribute('class', 'spark-base');
+  base.setAttribute('x1', '0');
+  base.setAttribute('x2', String(SPARK_W));
+  base.setAttribute('y1', String(SPARK_H - 0.5));
+  base.setAttribute('y2', String(SPARK_H - 0.5));
+  const area = document.createElementNS(SVG, 'polygon');
+  area.setAttribute('class', 'spark-area');
+  const line = document.createElementNS(SVG, 'polyline');
+  line.setAttribute('class', 'spark-line');
+  svg.append(base, area, line);
+  svg.dataset.points = '0';
+  return svg;
 }
 
-function render() {
+function rate(v) {
+  if (v === 0) return '0';
+  if (v < 10) return v.toFixed(1);
+  return String(Math.round(v));
+}
+
+// Draws `values` (per second, oldest first) right-aligned: the latest is at
+// the right edge, and the width is the server's whole history.
+function drawSpark(svg, label, values, kind) {
+  const key = values.join(',');
+  if (svg.dataset.drawn === key) return;
+  svg.dataset.drawn = key;
+  svg.dataset.points = String(values.length);
+  const [, area, line] = svg.children;
+  if (values.length < 2) {
+    line.setAttribute('points', '');
+    area.setAttribute('points', '');
+    svg.classList.add('empty');
+    label.textContent = '';
+    svg.setAttribute('aria-label', `${kind}: no samples yet`);
+    return;
+  }
+  svg.classList.remove('empty');
+  const max = Math.max(...values);
+  const step = SPARK_W / (SPARK_SAMPLES - 2);
+  const y = (v) => (max > 0 ? SPARK_H - 1 - (v / max) * (SPARK_H - 3) : SPARK_H - 1).toFixed(1);
+  const x = (i) => (SPARK_W - (values.length - 1 - i) * step).toFixed(1);
+  const points = values.map((v, i) => `${x(i)},${y(v)}`).join(' ');
+  line.setAttribute('points', points);
+  area.setAttribute('points', `${x(0)},${SPARK_H} ${points} ${SPARK_W},${SPARK_H}`);
+  const now = values[values.length - 1];
+  label.textContent = rate(now);
+  const minutes = Math.max(1, Math.round((values.length * state.sampleEveryMs) / 60000));
+  const title = `${kind}: ${rate(now)}/s now, peak ${rate(max)}/s over the last ${minutes} min`;
+  svg.setAttribute('aria-label', title);
+  let tip = svg.querySelector('title');
+  if (!tip) {
+    tip = document.createElementNS(SVG, 'title');
+    svg.prepend(tip);
+  }
+  tip.textContent = title;
+}
+
+// Sets a table's rows to `list` (key JSON, in the server's order).
+function setRows(name, list) {
+  const table = state.tables[name];
+  const present = new Set();
+  for (const data of list) {
+    present.add(data.key);
+    const entry = table.rows.get(data.key);
+    if (entry) {
+      entry.data = data;
+      entry.receivedAt = performance.now();
+    } else {
+      table.rows.set(data.key, { data, receivedAt: performance.now() });
+    }
+  }
+  for (const key of [...table.rows.keys()]) if (!present.has(key)) table.rows.delete(key);
+  table.order = list.map((d) => d.key);
+}
+
+function renderTable(name) {
+  const table = state.tables[name];
   const now = performance.now();
-  const body = $('rows');
+  const body = $(`${name}-rows`);
   let cursor = body.firstChild;
-  for (const entry of sortedKeys()) {
-    if (!entry.row) Object.assign(entry, makeRow(entry.data.key));
+  for (const key of table.order) {
+    const entry = table.rows.get(key);
+    if (!entry) continue;
+    if (!entry.row) Object.assign(entry, makeRow(key));
     fillRow(entry, now);
     // Move a row only when it is out of place, so that a button under
     // the pointer is not replaced between press and release.
@@ -192,27 +301,73 @@ function render() {
   }
   while (cursor) {
     const next = cursor.nextSibling;
-    if (!state.keys.has(cursor.dataset.key)) cursor.remove();
+    cursor.remove();
     cursor = next;
   }
-  for (const phase of Object.keys(state.counts)) setText($(`n-${phase}`), String(state.counts[phase]));
-  document.querySelectorAll('.count').forEach((c) =>
+  $(`${name}-empty`).hidden = table.order.length > 0;
+}
+
+function render() {
+  for (const name of Object.keys(state.tables)) renderTable(name);
+  for (const phase of Object.keys(state.counts)) setText($(`n-${phase}`), state.counts[phase].toLocaleString('en-US'));
+  setText($('n-keys'), state.totals.keys.toLocaleString('en-US'));
+  setText($('n-tickets'), state.totals.tickets.toLocaleString('en-US'));
+  document.querySelectorAll('.count[data-phase]').forEach((c) =>
     c.classList.toggle('zero', state.counts[c.dataset.phase] === 0));
-  const empty = $('empty');
-  empty.hidden = state.keys.size > 0;
-  empty.textContent = state.prefix
+  const shown = state.tables.attention.order.length;
+  setText($('attention-note'), state.attentionMore
+    ? `the first ${shown}, in key order: narrow with a prefix`
+    : (state.prefix ? `starting with “${state.prefix}”` : ''));
+  $('browse-empty').textContent = state.prefix
     ? `No live keys start with “${state.prefix}”.`
     : 'No live keys yet: a key appears when a client first asks for it.';
-  setText($('shown'), state.truncated
-    ? `showing ${state.keys.size} of ${state.matched} keys (broken ones first): narrow with a prefix`
-    : `${state.matched} key${state.matched === 1 ? '' : 's'}`);
+  const page = state.cursors.length;
+  const n = state.tables.browse.order.length;
+  const first = (page - 1) * pageSize + 1;
+  setText($('page-label'), n > 0 ? `page ${page} · keys ${first}–${first + n - 1}` : `page ${page}`);
+  $('prev').disabled = page <= 1;
+  $('next').disabled = !state.next;
   document.title = state.counts.OPEN + state.counts.HALF_OPEN + state.counts.ISOLATED > 0
     ? `(${state.counts.OPEN} open) fusebox` : 'fusebox';
 }
 
 function tick() {
   const now = performance.now();
-  for (const entry of state.keys.values()) if (entry.row) fillRow(entry, now);
+  for (const table of Object.values(state.tables)) {
+    for (const entry of table.rows.values()) if (entry.row) fillRow(entry, now);
+  }
+}
+
+// ---------- pages of keys ----------
+
+const pageSize = 100;
+
+function mergeTrends(trends, everyMs) {
+  if (everyMs) state.sampleEveryMs = everyMs;
+  for (const [key, trend] of Object.entries(trends || {})) state.trends.set(key, trend);
+}
+
+// Fetches the page the cursors point at; `refresh` keeps the page if a
+// fetch is already under way.
+async function loadPage(refresh) {
+  if (refresh && state.loading) return;
+  const after = state.cursors[state.cursors.length - 1];
+  const url = `api/keys?prefix=${encodeURIComponent(state.prefix)}&limit=${pageSize}`
+    + (after ? `&after=${encodeURIComponent(after)}` : '');
+  const mine = fetch(url).then((r) => (r.ok ? r.json() : Promise.reject(new Error(r.statusText))));
+  state.loading = mine;
+  try {
+    const page = await mine;
+    if (state.loading !== mine) return; // a newer request won
+    mergeTrends(page.trends, page.sample_every_ms);
+    setRows('browse', page.keys);
+    state.next = page.next;
+    render();
+  } catch (err) {
+    if (state.loading === mine) toast(`Could not load keys: ${err.message}`);
+  } finally {
+    if (state.loading === mine) state.loading = null;
+  }
 }
 
 // ---------- the timeline ----------
@@ -261,13 +416,19 @@ function renderTimeline() {
 
 // ---------- the live feed ----------
 
+// A key's new state, wherever it is shown.
 function upsert(data) {
-  const entry = state.keys.get(data.key);
-  if (entry) {
-    entry.data = data;
-    entry.receivedAt = performance.now();
-  } else {
-    state.keys.set(data.key, { data, receivedAt: performance.now() });
+  for (const table of Object.values(state.tables)) {
+    const entry = table.rows.get(data.key);
+    if (entry) {
+      entry.data = data;
+      entry.receivedAt = performance.now();
+    }
+  }
+  const attention = state.tables.attention;
+  if (data.phase !== 'CLOSED' && !attention.rows.has(data.key)) {
+    attention.rows.set(data.key, { data, receivedAt: performance.now() });
+    attention.order = [...attention.order, data.key].sort();
   }
 }
 
@@ -278,12 +439,12 @@ function setStatus(kind, text) {
 
 function onSnapshot(event) {
   const snap = JSON.parse(event.data);
-  const present = new Set(snap.keys.map((k) => k.key));
-  for (const key of [...state.keys.keys()]) if (!present.has(key)) state.keys.delete(key);
-  for (const k of snap.keys) upsert(k);
-  state.counts = { ...snap.by_phase };
-  state.matched = snap.matched;
-  state.truncated = snap.truncated;
+  mergeTrends(snap.trends, snap.sample_every_ms);
+  setRows('attention', snap.attention);
+  setRows('busiest', snap.busiest);
+  state.attentionMore = snap.attention_more;
+  state.counts = { ...snap.totals.by_phase };
+  state.totals = { keys: snap.totals.keys, tickets: snap.totals.tickets };
   if (snap.recent) {
     let added = false;
     for (const t of snap.recent) added = addTransition(t) || added;
@@ -291,14 +452,15 @@ function onSnapshot(event) {
   }
   setStatus('live', `live · updated ${clock(Date.now())}`);
   render();
+  loadPage(true);
 }
 
 function onChange(event) {
   const { key, transition } = JSON.parse(event.data);
-  const before = state.keys.get(key.key);
-  if (before && state.counts[before.data.phase] > 0) state.counts[before.data.phase] -= 1;
-  else if (!before) state.matched += 1;
-  state.counts[key.phase] += 1;
+  if (transition.from !== transition.to) {
+    if (state.counts[transition.from] > 0) state.counts[transition.from] -= 1;
+    state.counts[transition.to] += 1;
+  }
   upsert(key);
   if (addTransition(transition)) renderTimeline();
   setStatus('live', `live · updated ${clock(Date.now())}`);
@@ -307,8 +469,13 @@ function onChange(event) {
 
 function connect() {
   if (state.source) state.source.close();
-  state.keys.clear();
-  $('rows').replaceChildren();
+  for (const table of Object.values(state.tables)) {
+    table.rows.clear();
+    table.order = [];
+  }
+  for (const name of Object.keys(state.tables)) $(`${name}-rows`).replaceChildren();
+  state.cursors = [''];
+  state.next = null;
   state.timeline = [];
   state.seen.clear();
   renderTimeline();
@@ -323,6 +490,7 @@ function connect() {
     if (source.readyState === EventSource.CLOSED) setStatus('down', 'disconnected: reload the page');
     else setStatus('down', 'server unreachable: retrying…');
   });
+  loadPage(false);
 }
 
 // ---------- isolate and close ----------
@@ -422,6 +590,17 @@ function start() {
       e.preventDefault();
       input.focus();
     }
+  });
+  $('next').addEventListener('click', () => {
+    if (!state.next) return;
+    state.cursors.push(state.next);
+    state.next = null;
+    loadPage(false);
+  });
+  $('prev').addEventListener('click', () => {
+    if (state.cursors.length <= 1) return;
+    state.cursors.pop();
+    loadPage(false);
   });
   $('reason-form').addEventListener('submit', submitReason);
   $('reason-cancel').addEventListener('click', () => $('reason-dialog').close());

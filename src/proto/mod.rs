@@ -1,9 +1,12 @@
-//! Generated gRPC types for the wire contract (SPEC section 8).
+//! Generated gRPC types for the wire contract (SPEC section 8), and the
+//! conversions between them and the engine's values ([`wire`]).
 //!
 //! The code is generated at build time by `build.rs` from
 //! `proto/fusebox/v1/fusebox.proto`, using `protox` (no system `protoc`) and
 //! `tonic-prost-build`. `google.protobuf.Duration` maps to
 //! [`prost_types::Duration`].
+
+pub mod wire;
 
 /// Package `fusebox.v1`: messages, enums, and the `Fusebox`, `Admin` and
 /// `Clock` services (`*_server` and `*_client` modules).

@@ -1,0 +1,95 @@
+//! Outside tools some tests need: Chromium and Node with playwright-core
+//! (the dashboard), the Python Prometheus parser (/metrics), tmux
+//! (`fusebox top`). A plain `cargo test` on a machine without one of them
+//! skips the tests that need it, saying so on standard output;
+//! `./scripts/test` sets `FUSEBOX_TEST_REQUIRE_TOOLS=1` (and installs the
+//! tools), under which a missing tool fails the test instead, so that CI
+//! never skips silently.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// True when a missing tool must fail the test (`FUSEBOX_TEST_REQUIRE_TOOLS=1`).
+pub fn required() -> bool {
+    std::env::var("FUSEBOX_TEST_REQUIRE_TOOLS").is_ok_and(|v| v == "1")
+}
+
+/// `None` after saying why `test` is skipped, or a panic when tools are
+/// required.
+fn missing<T>(test: &str, why: &str) -> Option<T> {
+    assert!(
+        !required(),
+        "{test}: {why} (FUSEBOX_TEST_REQUIRE_TOOLS=1: missing tools fail the test; \
+         ./scripts/test installs them)"
+    );
+    println!("SKIPPED {test}: {why}; ./scripts/test installs what it needs");
+    None
+}
+
+/// True when `program args...` runs and exits 0.
+fn runs(program: &Path, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A Python with `prometheus_client`: `FUSEBOX_TEST_PYTHON`, else the
+/// virtualenv `./scripts/test` makes at `target/venv`.
+pub fn python(test: &str) -> Option<PathBuf> {
+    let python = std::env::var_os("FUSEBOX_TEST_PYTHON")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target/venv/bin/python"));
+    if runs(&python, &["-c", "import prometheus_client.parser"]) {
+        Some(python)
+    } else {
+        missing(
+            test,
+            &format!(
+                "no Python with prometheus_client at {} (set FUSEBOX_TEST_PYTHON, or: \
+                 python3 -m venv target/venv && target/venv/bin/pip install prometheus_client==0.21.1)",
+                python.display()
+            ),
+        )
+    }
+}
+
+/// Chromium and the playwright-core driver in `tests/dashboard`:
+/// `(chromium, driver directory)`.
+pub fn browser(test: &str) -> Option<(PathBuf, PathBuf)> {
+    let chromium = std::env::var_os("FUSEBOX_TEST_CHROMIUM")
+        .filter(|c| !c.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+    if !chromium.exists() {
+        return missing(
+            test,
+            &format!(
+                "no Chromium at {} (apt-get install chromium, or set FUSEBOX_TEST_CHROMIUM)",
+                chromium.display()
+            ),
+        );
+    }
+    if !runs(Path::new("node"), &["--version"]) {
+        return missing(test, "no node on PATH (apt-get install nodejs)");
+    }
+    let driver = root().join("tests/dashboard");
+    if !driver.join("node_modules/playwright-core").exists() {
+        return missing(test, "no playwright-core: run `npm ci` in tests/dashboard");
+    }
+    Some((chromium, driver))
+}
+
+/// True when tmux runs.
+pub fn tmux(test: &str) -> bool {
+    runs(Path::new("tmux"), &["-V"])
+        || missing::<()>(test, "no tmux on PATH (apt-get install tmux)").is_some()
+}
