@@ -165,6 +165,8 @@ struct Access<'a> {
     request: bool,
     /// Who asked and why, for isolate and close.
     actor: Option<(&'a str, &'a str)>,
+    /// The timer took the key's deadline off the schedule to settle it.
+    settling: bool,
 }
 
 impl Access<'static> {
@@ -173,18 +175,28 @@ impl Access<'static> {
         create: true,
         request: true,
         actor: None,
+        settling: false,
     };
     /// A request on an existing key.
     const USE: Access<'static> = Access {
         create: false,
         request: false,
         actor: None,
+        settling: false,
     };
-    /// A read, or the timer: neither makes the key nor counts as a request.
+    /// The timer, settling a deadline it took off the schedule.
+    const SETTLE: Access<'static> = Access {
+        create: false,
+        request: false,
+        actor: None,
+        settling: true,
+    };
+    /// A read: neither makes the key nor counts as a request.
     const READ: Access<'static> = Access {
         create: false,
         request: false,
         actor: None,
+        settling: false,
     };
 }
 
@@ -398,7 +410,6 @@ impl Engine {
                         let slot = Slot {
                             name,
                             fuse: Fuse::new(policy, now),
-                            scheduled: UNSCHEDULED,
                             generation: rest.rules.generation,
                         };
                         (v.insert(Box::new(slot)).into_mut(), true)
@@ -427,6 +438,12 @@ impl Engine {
         effects: &mut Effects,
     ) -> Result<R, EngineError> {
         let phase_before = slot.fuse.breaker().phase();
+        // What the schedule holds for this key: its next deadline as of its
+        // last operation (a fuse changes only under this lock).
+        let scheduled = match access.settling {
+            true => UNSCHEDULED,
+            false => slot.fuse.next_deadline().unwrap_or(UNSCHEDULED),
+        };
         if slot.generation != rest.rules.generation {
             let policy = rest.rules.policy_for(&slot.name).clone();
             slot.fuse
@@ -468,9 +485,14 @@ impl Engine {
             reserved[Capped::Waiters as usize],
         );
         rest.moved(&slot.name, phase_before, slot.fuse.breaker().phase());
-        if let Some(next) = slot.fuse.next_deadline() {
-            if next < slot.scheduled {
-                slot.scheduled = next;
+        // The schedule holds each key's next deadline and nothing else: a
+        // deadline that went away (a ticket completed early) leaves it now.
+        let next = slot.fuse.next_deadline().unwrap_or(UNSCHEDULED);
+        if next != scheduled {
+            if scheduled != UNSCHEDULED {
+                rest.schedule.remove(&(scheduled, slot.name.clone()));
+            }
+            if next != UNSCHEDULED {
                 rest.schedule.insert((next, slot.name.clone()));
                 if next < self.next_due.load(Ordering::Relaxed) {
                     self.next_due.fetch_min(next, Ordering::Relaxed);
@@ -766,6 +788,7 @@ impl Engine {
             create: isolate,
             request: false,
             actor: Some((who, why)),
+            settling: false,
         };
         let read = self.with_fuse(key, access, |fuse, ctx| {
             let now = ctx.now;

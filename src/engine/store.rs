@@ -40,8 +40,6 @@ pub(super) struct Slot {
     pub name: Arc<str>,
     /// Its breaker, permit book and tickets.
     pub fuse: Fuse,
-    /// The earliest deadline registered with the timer, or [`UNSCHEDULED`].
-    pub scheduled: Millis,
     /// The rules generation the fuse's policy came from (Y4).
     pub generation: u32,
 }
@@ -103,15 +101,20 @@ impl Tally {
     }
 }
 
-/// A shard's busiest keys lately: a small table indexed by the key's hash.
-/// A request for the key in its entry counts up; a request for another key
-/// counts the entry down and takes it over at zero, so a busy key holds its
-/// entry and a quiet one loses it. Counts are halved now and then, so that
-/// "busiest" means busiest lately.
+/// A shard's busiest keys lately: a small table of counts, in buckets of
+/// [`WAYS`] entries chosen by the key's hash. A request for a key in its
+/// bucket counts it up; a key not there takes an empty entry, else the
+/// entry with the lowest count, starting from that count plus one (the
+/// space-saving rule, so a key busier than what it displaces is never
+/// lost). Counts are halved now and then, so that "busiest" means busiest
+/// lately.
 #[derive(Debug)]
 pub(super) struct Hitters {
     entries: Vec<(Option<Arc<str>>, u32)>,
 }
+
+/// Entries per bucket of [`Hitters`].
+const WAYS: usize = 4;
 
 impl Default for Hitters {
     fn default() -> Self {
@@ -122,28 +125,35 @@ impl Default for Hitters {
 }
 
 impl Hitters {
-    fn index(hash: u64) -> usize {
-        (hash >> 40) as usize % HITTERS
+    fn bucket(&mut self, hash: u64) -> &mut [(Option<Arc<str>>, u32)] {
+        let start = (hash >> 40) as usize % (HITTERS / WAYS) * WAYS;
+        &mut self.entries[start..start + WAYS]
     }
 
     /// Counts a request for `name`.
     pub fn bump(&mut self, hash: u64, name: &Arc<str>) {
-        let (held, count) = &mut self.entries[Self::index(hash)];
-        match held {
-            Some(h) if Arc::ptr_eq(h, name) => *count = count.saturating_add(1),
-            _ if *count == 0 => {
-                *held = Some(name.clone());
-                *count = 1;
-            }
-            _ => *count -= 1,
+        let bucket = self.bucket(hash);
+        if let Some((_, count)) = bucket
+            .iter_mut()
+            .find(|(held, _)| held.as_ref().is_some_and(|h| Arc::ptr_eq(h, name)))
+        {
+            *count = count.saturating_add(1);
+            return;
         }
+        let (held, count) = bucket
+            .iter_mut()
+            .min_by_key(|(held, count)| (held.is_some(), *count))
+            .expect("a bucket has entries");
+        *held = Some(name.clone());
+        *count = count.saturating_add(1);
     }
 
     /// Lets go of a forgotten key.
     pub fn forget(&mut self, hash: u64, name: &str) {
-        let entry = &mut self.entries[Self::index(hash)];
-        if entry.0.as_deref() == Some(name) {
-            *entry = (None, 0);
+        for entry in self.bucket(hash) {
+            if entry.0.as_deref() == Some(name) {
+                *entry = (None, 0);
+            }
         }
     }
 
@@ -173,7 +183,7 @@ pub(super) struct Rest {
     pub order: BTreeSet<Arc<str>>,
     /// The keys that are not CLOSED, in order.
     pub broken: BTreeSet<Arc<str>>,
-    /// `(deadline, key)` registered with the timer.
+    /// `(deadline, key)` of every key with a deadline: its next one only.
     pub schedule: BTreeSet<(Millis, Arc<str>)>,
     /// The shard's figures.
     pub tally: Tally,

@@ -84,7 +84,6 @@ impl Engine {
                         let Some(slot) = state.table.find_mut(hash, |s| *s.name == *name) else {
                             continue;
                         };
-                        slot.scheduled = UNSCHEDULED;
                         let mut done = Effects {
                             shard,
                             ..Effects::default()
@@ -93,7 +92,7 @@ impl Engine {
                             slot,
                             &mut state.rest,
                             at,
-                            Access::READ,
+                            Access::SETTLE,
                             false,
                             |fuse, ctx| fuse.advance(ctx.now),
                             &mut done,

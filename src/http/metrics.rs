@@ -513,6 +513,25 @@ pub fn render(engine: &Engine, http: &HttpFigures) -> String {
         "Cap on open dashboard event streams.",
         http.max_event_streams,
     );
+    let counters = engine.counters();
+    x.single(
+        "fusebox_watch_streams",
+        "gauge",
+        "Admin.Watch streams open now.",
+        counters.watch_streams.load(Ordering::Relaxed),
+    );
+    x.single(
+        "fusebox_watch_streams_refused_total",
+        "counter",
+        "Admin.Watch streams refused (RESOURCE_EXHAUSTED) because the cap was reached.",
+        counters.watch_streams_refused.load(Ordering::Relaxed),
+    );
+    x.single(
+        "fusebox_max_watch_streams",
+        "gauge",
+        "Cap on open Admin.Watch streams ([server] max_watch_streams).",
+        engine.limits().max_watch_streams,
+    );
     if let Some(bytes) = resident_memory_bytes() {
         x.single(
             "process_resident_memory_bytes",

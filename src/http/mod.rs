@@ -74,6 +74,17 @@ impl Default for Options {
     }
 }
 
+impl Options {
+    /// The defaults, with the caps of the engine's `[server]` limits.
+    pub fn of(engine: &Engine) -> Options {
+        Options {
+            max_event_streams: usize::try_from(engine.limits().max_event_streams)
+                .unwrap_or(usize::MAX),
+            ..Options::default()
+        }
+    }
+}
+
 /// Open dashboard event streams, against their cap.
 #[derive(Debug)]
 pub struct Streams {
@@ -143,7 +154,8 @@ pub struct AppState {
 
 /// The routes, over `engine`, with the default [`Options`].
 pub fn router(engine: Arc<Engine>) -> Router {
-    router_with(engine, Options::default())
+    let options = Options::of(&engine);
+    router_with(engine, options)
 }
 
 /// The routes, over `engine`. Starts the tasks that remember transitions
@@ -181,7 +193,8 @@ pub async fn serve(
     engine: Arc<Engine>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_with(listener, engine, Options::default(), shutdown).await
+    let options = Options::of(&engine);
+    serve_with(listener, engine, options, shutdown).await
 }
 
 /// Like [`serve`], with `options`.
