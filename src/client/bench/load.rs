@@ -17,7 +17,7 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
 use super::spread::{KeyPicker, Spread};
-use super::target::{cpu_time, own_cpu_time};
+use super::target::{cpu_time, machine_busy_time, own_cpu_time};
 
 type Fusebox = pb::fusebox_client::FuseboxClient<Channel>;
 
@@ -141,9 +141,9 @@ impl Load {
         tokio::time::sleep_until(begin.into()).await;
         let server_stat = server_pid.map(|pid| format!("/proc/{pid}/stat"));
         let server_time = || server_stat.as_deref().and_then(cpu_time);
-        let cpu_begin = (own_cpu_time(), server_time());
+        let cpu_begin = (own_cpu_time(), server_time(), machine_busy_time());
         tokio::time::sleep_until(end.into()).await;
-        let cpu_end = (own_cpu_time(), server_time());
+        let cpu_end = (own_cpu_time(), server_time(), machine_busy_time());
         let mut total = Tally::new();
         while let Some(done) = tasks.join_next().await {
             if let Ok(tally) = done {
@@ -158,6 +158,7 @@ impl Load {
             tally: total,
             client_cpu: share(cpu_begin.0, cpu_end.0),
             server_cpu: share(cpu_begin.1, cpu_end.1),
+            machine_cpu: share(cpu_begin.2, cpu_end.2),
         }
     }
 }
@@ -351,6 +352,17 @@ pub(crate) struct Measurement {
     pub(crate) client_cpu: Option<f64>,
     /// The same for the server, when the tool started it.
     pub(crate) server_cpu: Option<f64>,
+    /// The same for every process of the machine.
+    pub(crate) machine_cpu: Option<f64>,
+}
+
+impl Measurement {
+    /// CPU the other processes of the machine used over the window (in
+    /// cores), when the tool started the server: work that competed with
+    /// the measurement.
+    pub(crate) fn other_cpu(&self) -> Option<f64> {
+        Some((self.machine_cpu? - self.client_cpu? - self.server_cpu?).max(0.0))
+    }
 }
 
 impl Measurement {

@@ -39,6 +39,10 @@ use super::render_table;
 /// may itself be the bottleneck.
 const SATURATED: f64 = 0.90;
 
+/// CPU (in cores) used by other processes during a measurement past which
+/// its figures are called disturbed.
+const DISTURBED: f64 = 0.25;
+
 /// `fusebox bench`: measure a fusebox server under load.
 #[derive(clap::Args, Debug)]
 pub(crate) struct BenchArgs {
@@ -461,6 +465,7 @@ async fn arms(
     let mut results = Vec::new();
     let threads = f64::from(o.client_threads);
     let mut saturated = Vec::new();
+    let mut disturbed = Vec::new();
     for (cell, ms) in all_cells.iter().zip(&measured) {
         let rates: Vec<f64> = ms.iter().map(Measurement::rate).collect();
         let ratios: Vec<f64> = ms
@@ -482,6 +487,16 @@ async fn arms(
         let errors: u64 = ms.iter().map(|m| m.tally.errors).sum();
         let not_granted: u64 = ms.iter().map(|m| m.tally.not_granted).sum();
         let first_error = ms.iter().find_map(|m| m.tally.first_error.clone());
+        if ms
+            .iter()
+            .any(|m| m.other_cpu().is_some_and(|c| c >= DISTURBED))
+        {
+            disturbed.push(format!(
+                "{} {}",
+                cell.arm_name(o.stalled_watchers),
+                cell.spread_name()
+            ));
+        }
         if ms
             .iter()
             .any(|m| m.client_cpu.is_some_and(|c| c / threads >= SATURATED))
@@ -535,6 +550,7 @@ async fn arms(
                 "max_us": m.tally.latency.max() as f64 / 1000.0,
                 "client_cpu": m.client_cpu,
                 "server_cpu": m.server_cpu,
+                "other_cpu": m.other_cpu(),
                 "errors": m.tally.errors,
             })).collect::<Vec<_>>(),
         });
@@ -551,6 +567,13 @@ async fn arms(
                 cell.spread_name()
             ));
         }
+    }
+    if !disturbed.is_empty() {
+        warnings.push(format!(
+            "other processes of the machine used {DISTURBED} cores or more of CPU during {}: \
+             those figures are disturbed (see other_cpu in the JSON); run again on a quiet machine",
+            disturbed.join(", ")
+        ));
     }
     if !saturated.is_empty() {
         warnings.push(format!(
@@ -856,6 +879,7 @@ async fn listing_probes(
             "p999_us": m.percentile_us(99.9),
             "client_cpu": m.client_cpu,
             "server_cpu": m.server_cpu,
+            "other_cpu": m.other_cpu(),
             "errors": m.tally.errors,
         })
     };

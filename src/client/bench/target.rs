@@ -292,6 +292,22 @@ pub(crate) fn cpu_time(path: &str) -> Option<Duration> {
     Some(Duration::from_millis((utime + stime) * 10))
 }
 
+/// CPU time every process of the machine has used, idle excluded, from
+/// `/proc/stat` (in ticks of 1/100 s).
+pub(crate) fn machine_busy_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...: all but idle and
+    // iowait are work; guest time is already in user.
+    let busy: u64 = ticks.iter().take(8).sum::<u64>() - ticks.get(3)? - ticks.get(4)?;
+    Some(Duration::from_millis(busy * 10))
+}
+
 /// The CPU time this process has used.
 pub(crate) fn own_cpu_time() -> Option<Duration> {
     cpu_time("/proc/self/stat")
