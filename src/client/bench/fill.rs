@@ -267,7 +267,7 @@ mod tests {
         let (prefix, matched) = probe_prefix(100_000);
         assert!(prefix.starts_with("fill/"));
         assert!(
-            (100_000 / 100..100_000 / 9).contains(&matched),
+            (100_000 / 100..=100_000 / 9).contains(&matched),
             "{prefix}: {matched}"
         );
     }
