@@ -140,6 +140,10 @@ enum Command {
         #[command(flatten)]
         client: ClientOptions,
     },
+    /// Measure a server under load: calls/s against the grpc.health
+    /// baseline, latency percentiles and memory per key (a server of its
+    /// own by default; see README, "Measuring it").
+    Bench(client::bench::BenchArgs),
     /// Move a --manual-clock server's clock forward, e.g. 5s.
     Advance {
         /// How far.
@@ -267,6 +271,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             interval,
             client,
         } => top(client, prefix.unwrap_or_default(), interval).await,
+        Command::Bench(args) => client::bench::bench(args).await,
         Command::Advance { by, client } => {
             let mut c = pb::clock_client::ClockClient::new(connect(&client).await?);
             let r = c

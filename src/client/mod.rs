@@ -1,6 +1,7 @@
 //! The client commands of the `fusebox` command: calls to a server and
 //! what they print, for people and (`--json`) for programs.
 
+pub(crate) mod bench;
 mod top;
 
 pub(crate) use top::top;

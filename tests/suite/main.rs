@@ -2,6 +2,7 @@
 
 mod admin;
 mod bad_input;
+mod bench;
 mod cli;
 mod cli_ops;
 mod command;

@@ -1,0 +1,186 @@
+//! `fusebox bench`, the load tool, run briefly as a subprocess: against a
+//! server it starts itself (the arms), and against a harness server (fill),
+//! whose keys are then counted through the Admin API.
+
+use serde_json::Value;
+
+use crate::command::fusebox;
+use crate::harness::{Options, Server};
+
+/// The JSON file a bench run wrote.
+fn read_json(path: &std::path::Path) -> Value {
+    let text = std::fs::read_to_string(path).expect("bench wrote its JSON file");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+fn number(v: &Value, field: &str) -> f64 {
+    v[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("a number {field} in {v}"))
+}
+
+/// Checks one result row: some throughput, ordered percentiles.
+fn check_row(row: &Value) {
+    assert!(number(row, "rate") > 0.0, "throughput in {row}");
+    let (p50, p99, p999) = (
+        number(row, "p50_us"),
+        number(row, "p99_us"),
+        number(row, "p999_us"),
+    );
+    assert!(
+        0.0 < p50 && p50 <= p99 && p99 <= p999,
+        "percentiles in {row}"
+    );
+    let ratio = number(row, "ratio_to_health");
+    assert!(ratio.is_finite() && ratio > 0.0, "a ratio in {row}");
+    assert_eq!(row["errors"], 0, "no errors in {row}");
+}
+
+#[tokio::test]
+async fn arms_against_a_server_of_its_own() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let json = dir.path().join("bench.json");
+    let run = fusebox(&[
+        "bench",
+        "--duration",
+        "300ms",
+        "--warmup",
+        "100ms",
+        "--runs",
+        "1",
+        "--arms",
+        "pair",
+        "--spreads",
+        "hot,1k",
+        "--connections",
+        "2",
+        "--in-flight",
+        "2",
+        "--json",
+        json.to_str().expect("a UTF-8 path"),
+    ])
+    .await;
+    assert_eq!(run.code, Some(0), "bench succeeds: {}", run.stderr);
+    let doc = read_json(&json);
+    assert_eq!(doc["mode"], "arms");
+    assert_eq!(doc["command_line"][1], "bench");
+    assert_eq!(doc["settings"]["server_started_by_tool"], true);
+    let results = doc["figures"]["results"].as_array().expect("results");
+    let cells: Vec<(String, String)> = results
+        .iter()
+        .map(|r| {
+            (
+                r["arm"].as_str().unwrap_or_default().to_owned(),
+                r["spread"].as_str().unwrap_or("-").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        cells,
+        [("health", "-"), ("pair", "hot"), ("pair", "1k")]
+            .map(|(a, s)| (a.to_owned(), s.to_owned()))
+    );
+    for row in results {
+        check_row(row);
+    }
+    assert_eq!(number(&results[0], "ratio_to_health"), 1.0);
+    // The server's memory, read from /proc (the tool started it) and its
+    // live keys from /metrics: the hot key and some of the 1k keys.
+    let memory = &doc["figures"]["memory"];
+    assert!(number(memory, "rss_bytes") > 0.0, "{memory}");
+    let keys = number(memory, "keys");
+    assert!((2.0..=1001.0).contains(&keys), "{memory}");
+    // The table names every row.
+    for arm in ["health", "pair"] {
+        assert!(run.stdout.contains(arm), "{}", run.stdout);
+    }
+}
+
+#[tokio::test]
+async fn fill_creates_the_keys_the_server_lists() {
+    let server = Server::start(Options::default()).await;
+    let http = server.http_addr.clone().expect("an HTTP address");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let json = dir.path().join("fill.json");
+    let target = format!("http://{}", server.addr);
+    let run = fusebox(&[
+        "bench",
+        "fill",
+        "--keys",
+        "300",
+        "--target",
+        &target,
+        "--http",
+        &http,
+        "--duration",
+        "200ms",
+        "--warmup",
+        "50ms",
+        "--connections",
+        "2",
+        "--in-flight",
+        "2",
+        "--json",
+        json.to_str().expect("a UTF-8 path"),
+    ])
+    .await;
+    assert_eq!(run.code, Some(0), "bench fill succeeds: {}", run.stderr);
+    let doc = read_json(&json);
+    assert_eq!(doc["mode"], "fill");
+    let fill = &doc["figures"]["fill"];
+    assert_eq!(fill["keys"], 300);
+    assert_eq!(fill["created"], 300);
+    assert_eq!(fill["errors"], 0);
+    assert_eq!(fill["before"]["keys"], 0);
+    assert_eq!(fill["after"]["keys"], 300);
+
+    // The server agrees: 300 keys under fill/, each with one failure.
+    let listed = fusebox_keys(&server, "fill/").await;
+    assert_eq!(listed.len(), 300);
+    for key in ["fill/0", "fill/150", "fill/299"] {
+        let state = server.get(key).await;
+        assert_eq!(state.consecutive_failures, 1, "{key}: {state:?}");
+    }
+    // The listing probes saw the same keys.
+    let listing = &doc["figures"]["listing"];
+    assert_eq!(listing["all"]["keys"], 300);
+    let prefix = listing["prefix"].as_str().expect("a prefix");
+    let expected = listed.iter().filter(|k| k.starts_with(prefix)).count();
+    assert_eq!(listing["prefix_listing"]["keys"], expected);
+    assert_eq!(listing["prefix_expected"], expected);
+    check_pair(&listing["pair_without_listing"]);
+    check_pair(&listing["pair_while_listing"]);
+}
+
+/// A pair measurement of the listing probe: throughput, ordered
+/// percentiles.
+fn check_pair(m: &Value) {
+    assert!(number(m, "rate") > 0.0, "{m}");
+    assert!(number(m, "p50_us") <= number(m, "p99_us"), "{m}");
+    assert!(number(m, "p99_us") <= number(m, "p999_us"), "{m}");
+}
+
+/// Every key under `prefix`, through Admin.ListKeys page by page.
+async fn fusebox_keys(server: &Server, prefix: &str) -> Vec<String> {
+    use fusebox::proto::v1 as pb;
+    let mut admin = server.admin().await;
+    let mut keys = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = admin
+            .list_keys(pb::ListKeysRequest {
+                prefix: prefix.to_owned(),
+                phases: Vec::new(),
+                page_size: 1000,
+                page_token,
+            })
+            .await
+            .expect("ListKeys answers")
+            .into_inner();
+        keys.extend(page.keys.into_iter().map(|k| k.key));
+        if page.next_page_token.is_empty() {
+            return keys;
+        }
+        page_token = page.next_page_token;
+    }
+}
