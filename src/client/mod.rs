@@ -164,37 +164,6 @@ pub(crate) fn print_key(s: &pb::KeyState, json: bool) -> anyhow::Result<()> {
 // Operations: `keys`, `watch` and `top`.
 // ---------------------------------------------------------------------------
 
-/// Reads every matching key, page by page (AIP-132), in key order.
-pub(crate) async fn list_all(
-    admin: &mut pb::admin_client::AdminClient<tonic::transport::Channel>,
-    prefix: &str,
-    phases: &[i32],
-) -> anyhow::Result<Vec<pb::KeyState>> {
-    let mut keys = Vec::new();
-    let mut page_token = String::new();
-    loop {
-        let page = admin
-            .list_keys(pb::ListKeysRequest {
-                prefix: prefix.to_owned(),
-                phases: phases.to_vec(),
-                // The server's default page (100 keys).
-                page_size: 0,
-                page_token: page_token.clone(),
-            })
-            .await
-            .map_err(call_error)?
-            .into_inner();
-        keys.extend(page.keys);
-        if page.next_page_token.is_empty() {
-            return Ok(keys);
-        }
-        if page.next_page_token == page_token {
-            bail!("the server answered the same page token twice; the listing is incomplete");
-        }
-        page_token = page.next_page_token;
-    }
-}
-
 pub(crate) async fn keys(
     client: ClientOptions,
     prefix: String,
@@ -202,12 +171,28 @@ pub(crate) async fn keys(
 ) -> anyhow::Result<()> {
     let mut admin = admin(&client).await?;
     let phases: Vec<i32> = phases.iter().map(|p| p.wire() as i32).collect();
-    let keys = list_all(&mut admin, &prefix, &phases).await?;
-    if client.json {
-        let all: Vec<serde_json::Value> = keys.iter().map(key_json).collect();
-        return emit(&serde_json::Value::Array(all).to_string());
+    // Pages are printed as they come, so that a million keys start
+    // showing at once and never sit in memory together.
+    let mut pages = Pages::new(&prefix, &phases, LIST_PAGE);
+    let mut widths: Vec<usize> = KEY_HEADERS.iter().map(|h| h.chars().count()).collect();
+    let mut shown = 0;
+    while let Some(keys) = pages.next(&mut admin).await? {
+        if client.json && !keys.is_empty() {
+            let items: Vec<String> = keys.iter().map(|k| key_json(k).to_string()).collect();
+            let open = if shown == 0 { "[" } else { "," };
+            print_part(&format!("{open}{}", items.join(",")))?;
+        } else if !keys.is_empty() {
+            let rows: Vec<Vec<String>> = keys.iter().map(key_cells).collect();
+            let lines = render_with(&KEY_HEADERS, &rows, &mut widths);
+            let skip = usize::from(shown > 0);
+            emit(&lines[skip..].join("\n"))?;
+        }
+        shown += keys.len();
     }
-    if keys.is_empty() {
+    if client.json {
+        return emit(if shown == 0 { "[]" } else { "]" });
+    }
+    if shown == 0 {
         let mut line = "no keys".to_owned();
         if !prefix.is_empty() {
             line.push_str(&format!(" start with {prefix:?}"));
@@ -222,7 +207,63 @@ pub(crate) async fn keys(
         }
         return emit(&line);
     }
-    emit(&key_table(&keys, None).0.join("\n"))
+    Ok(())
+}
+
+/// Keys per ListKeys page that `fusebox keys` asks for (the most allowed).
+const LIST_PAGE: i32 = 1000;
+
+/// The pages of a listing, fetched one at a time by cursor.
+pub(crate) struct Pages {
+    request: pb::ListKeysRequest,
+    done: bool,
+}
+
+impl Pages {
+    pub(crate) fn new(prefix: &str, phases: &[i32], page_size: i32) -> Pages {
+        Pages {
+            request: pb::ListKeysRequest {
+                prefix: prefix.to_owned(),
+                phases: phases.to_vec(),
+                page_size,
+                page_token: String::new(),
+            },
+            done: false,
+        }
+    }
+
+    /// The next page, or `None` after the last.
+    pub(crate) async fn next(
+        &mut self,
+        admin: &mut pb::admin_client::AdminClient<tonic::transport::Channel>,
+    ) -> anyhow::Result<Option<Vec<pb::KeyState>>> {
+        if self.done {
+            return Ok(None);
+        }
+        let page = admin
+            .list_keys(self.request.clone())
+            .await
+            .map_err(call_error)?
+            .into_inner();
+        if page.next_page_token.is_empty() {
+            self.done = true;
+        } else if page.next_page_token == self.request.page_token {
+            bail!("the server answered the same page token twice; the listing is incomplete");
+        }
+        self.request.page_token = page.next_page_token;
+        Ok(Some(page.keys))
+    }
+}
+
+/// Prints `text` on standard output with no newline, like [`emit`].
+fn print_part(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match write!(out, "{text}").and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => Err(e).context("cannot write to standard output"),
+    }
 }
 
 /// Prints `text` and a newline on standard output. A reader that went away
@@ -393,6 +434,18 @@ pub(crate) fn shorten(text: &str, max: usize) -> String {
 /// right, two spaces apart.
 pub(crate) fn render_table(headers: &[&str], rows: &[Vec<String>]) -> (Vec<String>, Vec<usize>) {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    let lines = render_with(headers, rows, &mut widths);
+    (lines, widths)
+}
+
+/// Lines of a table like [`render_table`], header first, whose columns are
+/// at least `widths` wide; `widths` grows to fit the rows, so that pages
+/// printed one after another line up as well as they can.
+pub(crate) fn render_with(
+    headers: &[&str],
+    rows: &[Vec<String>],
+    widths: &mut [usize],
+) -> Vec<String> {
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
@@ -400,7 +453,7 @@ pub(crate) fn render_table(headers: &[&str], rows: &[Vec<String>]) -> (Vec<Strin
     }
     let line = |cells: &mut dyn Iterator<Item = &str>| {
         let mut out = String::new();
-        for (i, (cell, w)) in cells.zip(&widths).enumerate() {
+        for (i, (cell, w)) in cells.zip(widths.iter()).enumerate() {
             if i > 0 {
                 out.push_str("  ");
             }
@@ -416,7 +469,7 @@ pub(crate) fn render_table(headers: &[&str], rows: &[Vec<String>]) -> (Vec<Strin
     for row in rows {
         lines.push(line(&mut row.iter().map(String::as_str)));
     }
-    (lines, widths)
+    lines
 }
 
 /// A transition in words: `2026-11-29T23:59:01Z payments/charge CLOSED ->

@@ -240,7 +240,30 @@ pub(crate) fn top_frame(view: &TopView<'_>, rows: usize, cols: usize) -> Vec<Str
     lines
 }
 
-/// Reads every key now and then (or when poked), for `top`.
+/// What `top` reads each round: the keys that are not CLOSED and the first
+/// page of keys, at most 1000 of each, so that a round costs the same with
+/// a million keys as with a thousand.
+async fn top_keys(
+    admin: &mut pb::admin_client::AdminClient<tonic::transport::Channel>,
+    prefix: &str,
+) -> anyhow::Result<Vec<pb::KeyState>> {
+    let broken = [pb::Phase::Open, pb::Phase::HalfOpen, pb::Phase::Isolated].map(|p| p as i32);
+    let mut keys = Pages::new(prefix, &broken, 1000)
+        .next(admin)
+        .await?
+        .unwrap_or_default();
+    let first = Pages::new(prefix, &[], 1000).next(admin).await?;
+    let seen: std::collections::HashSet<String> = keys.iter().map(|k| k.key.clone()).collect();
+    keys.extend(
+        first
+            .into_iter()
+            .flatten()
+            .filter(|k| !seen.contains(&k.key)),
+    );
+    Ok(keys)
+}
+
+/// Reads the keys worth showing now and then (or when poked), for `top`.
 pub(crate) fn top_poller(
     mut admin: pb::admin_client::AdminClient<tonic::transport::Channel>,
     prefix: String,
@@ -251,15 +274,14 @@ pub(crate) fn top_poller(
     tokio::spawn(async move {
         let patience = interval.max(std::time::Duration::from_secs(5));
         loop {
-            let read =
-                match tokio::time::timeout(patience, list_all(&mut admin, &prefix, &[])).await {
-                    Ok(Ok(keys)) => Ok(keys),
-                    Ok(Err(e)) => Err(format!("{e:#}")),
-                    Err(_) => Err(format!(
-                        "the server did not list its keys within {}",
-                        human_ms(patience.as_millis() as u64)
-                    )),
-                };
+            let read = match tokio::time::timeout(patience, top_keys(&mut admin, &prefix)).await {
+                Ok(Ok(keys)) => Ok(keys),
+                Ok(Err(e)) => Err(format!("{e:#}")),
+                Err(_) => Err(format!(
+                    "the server did not list its keys within {}",
+                    human_ms(patience.as_millis() as u64)
+                )),
+            };
             if news.send(TopNews::Keys(read)).await.is_err() {
                 return;
             }

@@ -680,7 +680,8 @@ impl Engine {
             {
                 entry.remove();
                 state.rest.forget(hash, key, false);
-                self.pools.settle(Capped::Keys, Store::shard_of(hash), -1, 0);
+                self.pools
+                    .settle(Capped::Keys, Store::shard_of(hash), -1, 0);
             }
         }
     }

@@ -62,8 +62,12 @@ impl Pools {
         let mut have = pool.load(Ordering::Relaxed);
         while have >= 1 {
             let take = want.min(have);
-            match pool.compare_exchange_weak(have, have - take, Ordering::Relaxed, Ordering::Relaxed)
-            {
+            match pool.compare_exchange_weak(
+                have,
+                have - take,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => {
                     share.fetch_add(take - 1, Ordering::Relaxed);
                     return true;

@@ -11,8 +11,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use super::observe::SweepReport;
-use super::store::{BATCH, SHARDS, UNSCHEDULED};
 use super::quota::Capped;
+use super::store::{BATCH, SHARDS, UNSCHEDULED};
 use super::{Access, Effects, Engine, EngineError};
 use crate::domain::Millis;
 
