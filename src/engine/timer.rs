@@ -209,6 +209,9 @@ impl Engine {
         while !self.is_shutting_down() {
             let now = self.clock.now();
             let (_, first) = self.settle_due_in_batches(now);
+            // Deadlines registered from now on wake the timer only when
+            // they come before the one it will sleep until.
+            self.next_due.fetch_min(first, Ordering::Relaxed);
             if self.manual.is_none() && now >= next_sweep {
                 let forgotten = self.forget_idle(now);
                 if forgotten > 0 {

@@ -22,6 +22,9 @@ mod connections;
 pub mod policy;
 mod watch;
 
+/// Keys a ListKeys page reads between two yields to other requests.
+const LIST_SLICE: usize = 100;
+
 /// Largest gRPC message fusebox accepts, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 
@@ -275,18 +278,30 @@ impl Admin for Api {
         } else {
             Some(page_after(&req.page_token, &filter)?)
         };
-        let (readings, more) = self
-            .engine
-            .list(&req.prefix, &phases, after.as_deref(), page_size);
-        let next_page_token = match (more, readings.last()) {
-            (true, Some(last)) => page_token(&filter, &last.key),
+        // A page is read a slice at a time, yielding in between, so that a
+        // listing of every key never holds a worker for more than a slice:
+        // decisions on the same worker keep their latency.
+        let mut keys = Vec::with_capacity(page_size);
+        let mut cursor = after;
+        let mut more = true;
+        while more && keys.len() < page_size {
+            let slice = (page_size - keys.len()).min(LIST_SLICE);
+            let part = self
+                .engine
+                .list_page(&req.prefix, &phases, cursor.as_deref(), slice);
+            more = part.more;
+            cursor = part.readings.last().map(|r| r.key.clone()).or(cursor);
+            keys.extend(part.readings.iter().map(|r| key_state_of(&self.engine, r)));
+            if more {
+                tokio::task::yield_now().await;
+            }
+        }
+        let next_page_token = match (more, cursor) {
+            (true, Some(last)) => page_token(&filter, &last),
             _ => String::new(),
         };
         Ok(Response::new(pb::ListKeysResponse {
-            keys: readings
-                .iter()
-                .map(|r| key_state_of(&self.engine, r))
-                .collect(),
+            keys,
             next_page_token,
         }))
     }

@@ -15,8 +15,38 @@ use super::{key_state_of, phase_of, timestamp_of};
 use crate::engine::{Engine, Event, EventKind, KeyReading};
 use crate::proto::v1 as pb;
 
-/// Keys per snapshot message, so that every message stays small.
-const SNAPSHOT_CHUNK: usize = 100;
+/// Keys per snapshot message, so that every message stays small and a
+/// page of the snapshot is quick to read.
+const SNAPSHOT_CHUNK: usize = 50;
+
+/// One snapshot page is read at a time, across every Watch stream, and
+/// snapshots together take at most [`SNAPSHOT_SHARE`] of one core: a
+/// hundred watchers that open at once (each taking as much as its client's
+/// flow-control window lets through, megabytes of keys) wait their turn
+/// instead of filling the workers, so decisions keep their latency.
+static SNAPSHOT_TURN: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+/// The share of one core that snapshot pages may use together.
+const SNAPSHOT_SHARE: f64 = 0.1;
+
+/// Time spent reading snapshot pages since `since`.
+static SNAPSHOT_SPENT: std::sync::Mutex<Option<(std::time::Instant, std::time::Duration)>> =
+    std::sync::Mutex::new(None);
+
+/// Records `spent` on a page and says how long to pause so that snapshots
+/// stay within their share (counted over windows of about a second).
+fn snapshot_pause(spent: std::time::Duration) -> std::time::Duration {
+    let now = std::time::Instant::now();
+    let mut budget = SNAPSHOT_SPENT.lock().expect("snapshot budget lock");
+    let (since, used) = budget.get_or_insert((now, std::time::Duration::ZERO));
+    if now.duration_since(*since) > std::time::Duration::from_secs(1) {
+        *since = now;
+        *used = std::time::Duration::ZERO;
+    }
+    *used += spent;
+    let allowed = used.div_f64(SNAPSHOT_SHARE);
+    allowed.saturating_sub(now.duration_since(*since))
+}
 
 /// Messages buffered for a watcher before the stream waits for it to read.
 /// The snapshot is read a page at a time, only when there is room for it,
@@ -121,22 +151,33 @@ async fn snapshot(engine: &Engine, prefix: &str, tx: &Sink) -> Option<()> {
     let mut after: Option<String> = None;
     loop {
         let room = tx.reserve().await.ok()?;
-        let page = engine.list_page(prefix, &[], after.as_deref(), SNAPSHOT_CHUNK);
-        after = page.readings.last().map(|r| r.key.clone());
-        let keys = page
-            .readings
-            .iter()
-            .map(|r: &KeyReading| key_state_of(engine, r))
-            .collect();
+        let (keys, more) = {
+            let _turn = SNAPSHOT_TURN.acquire().await.ok()?;
+            let started = std::time::Instant::now();
+            let page = engine.list_page(prefix, &[], after.as_deref(), SNAPSHOT_CHUNK);
+            after = page.readings.last().map(|r| r.key.clone());
+            let keys: Vec<pb::KeyState> = page
+                .readings
+                .iter()
+                .map(|r: &KeyReading| key_state_of(engine, r))
+                .collect();
+            let pause = snapshot_pause(started.elapsed());
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+            (keys, page.more)
+        };
         room.send(Ok(pb::WatchEvent {
             event: Some(pb::watch_event::Event::Snapshot(pb::Snapshot {
                 keys,
-                complete: !page.more,
+                complete: !more,
             })),
         }));
-        if !page.more {
+        if !more {
             return Some(());
         }
+        // Let decisions waiting on this worker go first.
+        tokio::task::yield_now().await;
     }
 }
 

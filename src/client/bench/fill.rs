@@ -33,12 +33,12 @@ pub(crate) struct Filled {
     pub(crate) elapsed: Duration,
 }
 
-/// Creates the keys `fill/<from>` .. `fill/<from + count - 1>`, each by
+/// Creates the keys `<prefix><from>` .. `<prefix><from + count - 1>`, each by
 /// Acquire + Complete(FAILURE): a failure run of one leaves the key off
 /// rest, so the server keeps it. Every caller of `load` takes the next
 /// number as soon as its pair is done, so the server gets them as fast as
 /// it takes them.
-pub(crate) async fn fill(load: &Load, from: u64, count: u64) -> Filled {
+pub(crate) async fn fill(load: &Load, prefix: &'static str, from: u64, count: u64) -> Filled {
     let next = Arc::new(AtomicU64::new(from));
     let last = from + count;
     let started = Instant::now();
@@ -56,7 +56,7 @@ pub(crate) async fn fill(load: &Load, from: u64, count: u64) -> Filled {
                         return done;
                     }
                     key.clear();
-                    key.push_str(FILL_PREFIX);
+                    key.push_str(prefix);
                     key.push_str(&n.to_string());
                     let result = async {
                         let ticket = client

@@ -29,7 +29,10 @@ use fusebox::engine::config::parse_duration_flag;
 use fusebox::proto::v1 as pb;
 use serde_json::{json, Value};
 
-use self::fill::{fill, list_all, list_until, probe_prefix, Filled, Listing, PAGE_SIZE};
+use self::fill::{
+    fill, list_all, list_until, numbers_with_prefix, probe_prefix, Filled, Listing, FILL_PREFIX,
+    PAGE_SIZE,
+};
 use self::load::{percentile_us, Arm, Load, Measurement};
 use self::spread::Spread;
 use self::target::{parse_cpu_list, time_scrape, Memory, Target};
@@ -65,6 +68,15 @@ enum Mode {
         /// Skip the listing probes after the fill.
         #[arg(long)]
         no_listing: bool,
+        /// Make the keys of the `1m` spread (`bench/1m/<n>`) instead of
+        /// `fill/<n>`, so that a later `--spreads 1m` run finds every one
+        /// live (with `--target`).
+        #[arg(long)]
+        as_1m_spread: bool,
+        /// List the keys `fill/<DIGITS>...` in the prefix probe (default:
+        /// the decimal prefix closest to 1/27 of the keys).
+        #[arg(long, value_name = "DIGITS")]
+        prefix_digits: Option<u64>,
     },
     /// Pair latency on 1,000 keys, then fill the server up to N live keys
     /// and measure again; reports the ratio of the p999s.
@@ -228,8 +240,19 @@ async fn run(args: BenchArgs, client_cpus: Option<Vec<usize>>) -> anyhow::Result
     );
     let outcome = match args.mode {
         None => arms(o, &mut target, &mut warnings).await,
-        Some(Mode::Fill { keys, no_listing }) => {
-            fill_mode(o, &mut target, keys, !no_listing, &mut warnings).await
+        Some(Mode::Fill {
+            keys,
+            no_listing,
+            as_1m_spread,
+            prefix_digits,
+        }) => {
+            let listing = (!no_listing).then_some(prefix_digits);
+            let prefix = if as_1m_spread {
+                "bench/1m/"
+            } else {
+                FILL_PREFIX
+            };
+            fill_mode(o, &mut target, keys, prefix, listing, &mut warnings).await
         }
         Some(Mode::Growth { keys }) => growth_mode(o, &mut target, keys, &mut warnings).await,
     };
@@ -716,13 +739,14 @@ async fn fill_mode(
     o: &Options,
     target: &mut Target,
     keys: u64,
-    listing: bool,
+    prefix: &'static str,
+    listing: Option<Option<u64>>,
     warnings: &mut Vec<String>,
 ) -> anyhow::Result<Report> {
     let load = load_open(o, target).await?;
     let before = target.memory().await;
     eprintln!("bench: filling {keys} keys");
-    let filled = fill(&load, 0, keys).await;
+    let filled = fill(&load, prefix, 0, keys).await;
     target.check_alive()?;
     let after = target.memory().await;
     let mut text = fill_text(&filled, &before, &after);
@@ -733,8 +757,9 @@ async fn fill_mode(
         ));
     }
     let mut figures = json!({ "fill": fill_json(&filled, &before, &after) });
-    if listing {
-        let (probe_text, probe) = listing_probes(o, target, &load, keys, warnings).await?;
+    if let Some(prefix_digits) = listing {
+        let (probe_text, probe) =
+            listing_probes(o, target, &load, keys, prefix_digits, warnings).await?;
         text.push_str(&probe_text);
         figures["listing"] = probe;
     }
@@ -800,12 +825,19 @@ async fn listing_probes(
     target: &Target,
     load: &Load,
     keys: u64,
+    prefix_digits: Option<u64>,
     warnings: &mut Vec<String>,
 ) -> anyhow::Result<(String, Value)> {
     let channel = load::connect(&target.grpc).await?;
     eprintln!("bench: listing every key, {PAGE_SIZE} a page");
     let all = list_all(channel.clone(), "").await?;
-    let (prefix, expected) = probe_prefix(keys);
+    let (prefix, expected) = match prefix_digits {
+        Some(digits) => (
+            format!("{FILL_PREFIX}{digits}"),
+            numbers_with_prefix(digits, keys),
+        ),
+        None => probe_prefix(keys),
+    };
     eprintln!("bench: listing prefix {prefix}");
     let some = list_all(channel.clone(), &prefix).await?;
     let scrape = match &target.http {
@@ -932,7 +964,7 @@ async fn growth_mode(
     let have = memory_before.keys.unwrap_or(0);
     let missing = keys.saturating_sub(have);
     eprintln!("bench: filling {missing} keys to reach {keys}");
-    let filled = fill(&load, 0, missing).await;
+    let filled = fill(&load, FILL_PREFIX, 0, missing).await;
     if let Some(e) = &filled.first_error {
         warnings.push(format!(
             "fill: {} calls failed, the first with {e}",
