@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use fusebox::engine::config::parse_duration_flag;
+use fusebox::domain::policy::parse_duration as parse_duration_flag;
 use fusebox::proto::v1 as pb;
 use serde_json::{json, Value};
 
