@@ -45,7 +45,7 @@ pub use events::{Event, EventKind, EVENT_BUFFER};
 pub use observe::{Page, SweepReport, BATCH, SHARDS};
 use quota::{Capped, Pools};
 use rules::Compiled;
-use store::{Rest, Slot, Store, Tally, UNSCHEDULED};
+use store::{Rest, Slot, Store, UNSCHEDULED};
 pub use tickets::token_of;
 use tickets::{random_ticket, ticket_of};
 use timer::TimerSignal;
@@ -110,7 +110,8 @@ pub struct Counts {
     pub forgotten: u64,
 }
 
-/// Engine-wide figures, kept as they change (see [`Engine::totals`]).
+/// Engine-wide figures (see [`Engine::totals`]); each shard keeps its own
+/// as they change, and a read sums them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Totals {
     /// Live keys.
@@ -177,8 +178,8 @@ impl Access<'static> {
         actor: None,
         settling: false,
     };
-    /// A request on an existing key.
-    const USE: Access<'static> = Access {
+    /// A request or a read on an existing key: makes nothing.
+    const EXISTING: Access<'static> = Access {
         create: false,
         request: false,
         actor: None,
@@ -191,20 +192,13 @@ impl Access<'static> {
         actor: None,
         settling: true,
     };
-    /// A read: neither makes the key nor counts as a request.
-    const READ: Access<'static> = Access {
-        create: false,
-        request: false,
-        actor: None,
-        settling: false,
-    };
 }
 
 /// What an operation may use besides its fuse, under the shard's lock.
 struct Ctx<'a> {
     now: Millis,
     name: &'a Arc<str>,
-    tally: &'a mut Tally,
+    tally: &'a mut Totals,
     shard: usize,
     pools: &'a Pools,
     /// Units reserved under the caps, by [`Capped`].
@@ -648,7 +642,7 @@ impl Engine {
             ..Ask::default()
         };
         let probe_id = TicketId(0);
-        let answer = self.with_fuse(&args.key, Access::READ, |fuse, ctx| {
+        let answer = self.with_fuse(&args.key, Access::EXISTING, |fuse, ctx| {
             fuse.acquire(&ask, probe_id, ctx.now)
                 .map(|d| (d, fuse.breaker().phase(), ctx.now))
         })?;
@@ -705,7 +699,9 @@ impl Engine {
     /// Withdraws a waiter whose caller went away (P6).
     fn withdraw(&self, key: &str, id: TicketId) {
         self.waiters.remove(&id);
-        let _ = self.with_fuse(key, Access::USE, |fuse, ctx| fuse.withdraw(id, ctx.now));
+        let _ = self.with_fuse(key, Access::EXISTING, |fuse, ctx| {
+            fuse.withdraw(id, ctx.now)
+        });
     }
 
     /// A ticket's id and the key it belongs to.
@@ -723,7 +719,7 @@ impl Engine {
     pub fn complete(&self, token: &str, outcome: Outcome) -> Result<CompleteReply, EngineError> {
         let (id, key) = self.ticket_and_key(token)?;
         let result = self
-            .with_fuse(&key, Access::USE, |fuse, ctx| {
+            .with_fuse(&key, Access::EXISTING, |fuse, ctx| {
                 fuse.complete(id, outcome, ctx.now)
             })?
             .ok_or(EngineError::TicketNotFound);
@@ -751,7 +747,7 @@ impl Engine {
             return Err(zero_lease());
         }
         let (id, key) = self.ticket_and_key(token)?;
-        self.with_fuse(&key, Access::USE, |fuse, ctx| {
+        self.with_fuse(&key, Access::EXISTING, |fuse, ctx| {
             fuse.renew(id, lease, ctx.now)
         })?
         .ok_or(EngineError::TicketNotFound)?

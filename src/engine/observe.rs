@@ -11,7 +11,7 @@ use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::store::{Store, Tally};
+use super::store::Store;
 pub use super::store::{BATCH, SHARDS};
 use super::{check_key, Access, Engine, EngineError, KeyReading, Totals};
 use crate::domain::{Fuse, Phase};
@@ -52,6 +52,19 @@ impl SweepCounters {
         self.largest
             .fetch_max(report.examined as u64, Ordering::Relaxed);
     }
+}
+
+/// Where a page starts and what it takes from each shard's index.
+struct Walk<'a> {
+    prefix: &'a str,
+    /// The first name, or the cursor.
+    start: Arc<str>,
+    /// `start` is a cursor: the page begins after it.
+    skip_start: bool,
+    /// Only the index of keys that are not CLOSED.
+    broken_only: bool,
+    /// Names fetched from a shard at a time.
+    count: usize,
 }
 
 /// One shard's next names in a page, fetched a few at a time.
@@ -95,7 +108,7 @@ impl Engine {
                 });
             }
         }
-        let read = self.with_fuse(key, Access::READ, |fuse, ctx| {
+        let read = self.with_fuse(key, Access::EXISTING, |fuse, ctx| {
             fuse.advance(ctx.now)
                 .map(|()| (fuse.view(ctx.now), ctx.now))
         });
@@ -150,17 +163,16 @@ impl Engine {
                 exhausted: false,
             })
             .collect();
+        let walk = Walk {
+            prefix,
+            start,
+            skip_start,
+            broken_only,
+            count: per_shard,
+        };
         let mut heap = BinaryHeap::new();
         for source in &mut sources {
-            self.fill(
-                source,
-                prefix,
-                &start,
-                skip_start,
-                broken_only,
-                per_shard,
-                &mut page,
-            );
+            self.fill(source, &walk, &mut page.visited);
             if let Some(name) = source.names.pop_front() {
                 heap.push(Reverse((name, source.shard)));
             }
@@ -168,15 +180,7 @@ impl Engine {
         while let Some(Reverse((name, shard))) = heap.pop() {
             let source = &mut sources[shard];
             if source.names.is_empty() && !source.exhausted {
-                self.fill(
-                    source,
-                    prefix,
-                    &start,
-                    skip_start,
-                    broken_only,
-                    per_shard,
-                    &mut page,
-                );
+                self.fill(source, &walk, &mut page.visited);
             }
             if let Some(next) = source.names.pop_front() {
                 heap.push(Reverse((next, shard)));
@@ -197,58 +201,39 @@ impl Engine {
     }
 
     /// Fetches a shard's next few names for a page.
-    #[allow(clippy::too_many_arguments)]
-    fn fill(
-        &self,
-        source: &mut Source,
-        prefix: &str,
-        start: &Arc<str>,
-        skip_start: bool,
-        broken_only: bool,
-        count: usize,
-        page: &mut Page,
-    ) {
+    fn fill(&self, source: &mut Source, walk: &Walk<'_>, visited: &mut usize) {
         let state = self.store.read(source.shard);
-        let index = if broken_only {
+        let index = if walk.broken_only {
             &state.rest.broken
         } else {
             &state.rest.order
         };
         let from = match &source.last {
             Some(last) => Bound::Excluded(&**last),
-            None if skip_start => Bound::Excluded(&**start),
-            None => Bound::Included(&**start),
+            None if walk.skip_start => Bound::Excluded(&*walk.start),
+            None => Bound::Included(&*walk.start),
         };
         let before = source.names.len();
         source.names.extend(
             index
                 .range::<str, _>((from, Bound::Unbounded))
-                .take(count)
-                .take_while(|name| name.starts_with(prefix))
+                .take(walk.count)
+                .take_while(|name| name.starts_with(walk.prefix))
                 .cloned(),
         );
         let fetched = source.names.len() - before;
-        page.visited += fetched;
-        source.exhausted = fetched < count;
+        *visited += fetched;
+        source.exhausted = fetched < walk.count;
         source.last = source.names.back().cloned();
     }
 
     /// Engine-wide figures, summed over the shards' own.
     pub fn totals(&self) -> Totals {
-        let mut sum = Tally::default();
+        let mut sum = Totals::default();
         for shard in 0..SHARDS {
             sum.add(&self.store.read(shard).rest.tally);
         }
-        Totals {
-            keys: sum.keys,
-            by_phase: sum.by_phase,
-            tickets: sum.tickets,
-            waiters: sum.waiters,
-            forgotten: sum.forgotten,
-            decisions: sum.decisions,
-            reasons: sum.reasons,
-            transitions: sum.transitions,
-        }
+        sum
     }
 
     /// The `n` keys with the most requests lately, busiest first, from the

@@ -6,7 +6,7 @@
 //! - the key names in order (for listing by cursor and for sweeps in
 //!   batches) and, apart, the keys that are not CLOSED (for the keys an
 //!   operator looks at first),
-//! - the shard's timer schedule, its figures ([`Tally`]), its busiest keys ([`Hitters`]) and its outbox of
+//! - the shard's timer schedule, its figures ([`Totals`]), its busiest keys ([`Hitters`]) and its outbox of
 //!   events waiting to be sent.
 //!
 //! A request on one key takes one shard's lock once; reads take it shared.
@@ -19,6 +19,7 @@ use hashbrown::HashTable;
 
 use super::events::Event;
 use super::rules::Compiled;
+use super::Totals;
 use crate::domain::{Decision, Fuse, Millis, Phase};
 
 /// How many shards the store has.
@@ -44,28 +45,9 @@ pub(super) struct Slot {
     pub generation: u32,
 }
 
-/// A shard's figures, kept as they change and summed on read.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Tally {
-    /// Live keys.
-    pub keys: u64,
-    /// Live keys by phase, indexed by [`Phase::index`].
-    pub by_phase: [u64; 4],
-    /// Live tickets.
-    pub tickets: u64,
-    /// Waiting requests.
-    pub waiters: u64,
-    /// Keys forgotten (K2).
-    pub forgotten: u64,
-    /// Final decisions by kind.
-    pub decisions: [u64; 5],
-    /// Blocked and denied decisions by reason.
-    pub reasons: [u64; 7],
-    /// Phase changes.
-    pub transitions: u64,
-}
-
-impl Tally {
+/// A shard's figures are [`Totals`] too, kept as they change under the
+/// shard's lock and summed on read.
+impl Totals {
     /// Counts a final decision (a queued request is counted when answered).
     pub fn count(&mut self, decision: &Decision) {
         let (index, reason) = match *decision {
@@ -83,7 +65,7 @@ impl Tally {
     }
 
     /// Adds another shard's figures.
-    pub fn add(&mut self, other: &Tally) {
+    pub fn add(&mut self, other: &Totals) {
         self.keys += other.keys;
         self.tickets += other.tickets;
         self.waiters += other.waiters;
@@ -186,7 +168,7 @@ pub(super) struct Rest {
     /// `(deadline, key)` of every key with a deadline: its next one only.
     pub schedule: BTreeSet<(Millis, Arc<str>)>,
     /// The shard's figures.
-    pub tally: Tally,
+    pub tally: Totals,
     /// The shard's busiest keys.
     pub hitters: Hitters,
     /// Events made under the lock, waiting to be sent after it.
@@ -238,7 +220,7 @@ impl Store {
                         order: BTreeSet::new(),
                         broken: BTreeSet::new(),
                         schedule: BTreeSet::new(),
-                        tally: Tally::default(),
+                        tally: Totals::default(),
                         hitters: Hitters::default(),
                         outbox: Vec::new(),
                         rules: rules.clone(),

@@ -17,7 +17,7 @@ use crate::proto::v1 as pb;
 
 /// Keys per snapshot message, so that every message stays small and a
 /// page of the snapshot is quick to read.
-const SNAPSHOT_CHUNK: usize = 50;
+const SNAPSHOT_CHUNK: usize = 100;
 
 /// One snapshot page is read at a time, across every Watch stream, and
 /// snapshots together take at most [`SNAPSHOT_SHARE`] of one core: a

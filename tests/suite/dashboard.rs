@@ -19,11 +19,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fusebox::domain::{Outcome, Phase};
-use fusebox::engine::{AcquireArgs, Config, Engine};
+use fusebox::engine::{Config, Engine};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
-use crate::harness::eventually;
+use crate::harness::{call, eventually};
 
 /// Deadline for the browser to start and load the page, and to finish.
 const LIMIT: Duration = Duration::from_secs(180);
@@ -47,23 +47,6 @@ const BUSY: [&str; 3] = [
     "tenant-01/key-000001",
     "tenant-02/key-000002",
 ];
-
-fn ask(key: &str) -> AcquireArgs {
-    AcquireArgs {
-        key: key.to_owned(),
-        permits: 1,
-        max_wait: 0,
-        lease: None,
-    }
-}
-
-/// One request on `key`, completed with `outcome`.
-async fn call(engine: &Engine, key: &str, outcome: Outcome) {
-    let reply = engine.acquire(ask(key)).await.expect("acquire answers");
-    if let Some(ticket) = reply.ticket {
-        engine.complete(&ticket, outcome).expect("complete answers");
-    }
-}
 
 /// Five failures in a row open a key (the default policy).
 async fn trip(engine: &Engine, key: &str) {

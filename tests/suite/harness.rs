@@ -231,3 +231,22 @@ pub fn by<T>(who: &str, message: T) -> tonic::Request<T> {
         .insert("x-fusebox-operator", who.parse().expect("an ASCII name"));
     r
 }
+
+/// A request for one permit of `key`, for tests that fill an engine in
+/// process before serving it.
+pub fn ask(key: &str) -> fusebox::engine::AcquireArgs {
+    fusebox::engine::AcquireArgs {
+        key: key.to_owned(),
+        permits: 1,
+        max_wait: 0,
+        lease: None,
+    }
+}
+
+/// One request on `key` in process, completed with `outcome` when granted.
+pub async fn call(engine: &fusebox::engine::Engine, key: &str, outcome: fusebox::domain::Outcome) {
+    let reply = engine.acquire(ask(key)).await.expect("acquire answers");
+    if let Some(ticket) = reply.ticket {
+        engine.complete(&ticket, outcome).expect("complete answers");
+    }
+}

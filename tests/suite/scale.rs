@@ -8,24 +8,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use fusebox::domain::{Decision, Outcome, Phase};
-use fusebox::engine::{AcquireArgs, Config, Engine, ManualClock, BATCH, SHARDS};
+use fusebox::engine::{Config, Engine, ManualClock, BATCH, SHARDS};
+
+use crate::harness::{ask, call};
 use proptest::prelude::*;
-
-fn ask(key: &str) -> AcquireArgs {
-    AcquireArgs {
-        key: key.to_owned(),
-        permits: 1,
-        max_wait: 0,
-        lease: None,
-    }
-}
-
-/// Makes `key` live by one acquire and its completion with `outcome`.
-async fn use_once(engine: &Engine, key: &str, outcome: Outcome) {
-    let reply = engine.acquire(ask(key)).await.expect("acquire");
-    let ticket = reply.ticket.expect("a ticket");
-    engine.complete(&ticket, outcome).expect("complete");
-}
 
 fn key_of(i: usize) -> String {
     format!("k/{i:06}")
@@ -42,7 +28,7 @@ async fn a_page_looks_at_a_bounded_number_of_entries_wherever_it_starts() {
     let engine = Engine::with_manual_clock(Config::default());
     let total = 100_000;
     for i in 0..total {
-        use_once(&engine, &key_of(i), Outcome::Failure).await;
+        call(&engine, &key_of(i), Outcome::Failure).await;
     }
     for i in (0..total).step_by(10_007) {
         engine.isolate(&key_of(i), "", "test").expect("isolate");
@@ -124,7 +110,7 @@ fn idle_forgetting_goes_in_batches_while_acquire_keeps_answering() {
     let total = 100_000;
     runtime.block_on(async {
         for i in 0..total {
-            use_once(&engine, &key_of(i), Outcome::Success).await;
+            call(&engine, &key_of(i), Outcome::Success).await;
         }
     });
     assert_eq!(engine.counts().keys, total as u64);
@@ -171,13 +157,13 @@ fn idle_forgetting_goes_in_batches_while_acquire_keeps_answering() {
 async fn the_busiest_key_comes_first() {
     let engine = Engine::with_manual_clock(Config::default());
     for i in 0..2_000 {
-        use_once(&engine, &key_of(i), Outcome::Success).await;
+        call(&engine, &key_of(i), Outcome::Success).await;
     }
     for _ in 0..500 {
-        use_once(&engine, "hot", Outcome::Success).await;
+        call(&engine, "hot", Outcome::Success).await;
     }
     for i in 0..2_000 {
-        use_once(&engine, &key_of(i), Outcome::Success).await;
+        call(&engine, &key_of(i), Outcome::Success).await;
     }
     let busiest = engine.busiest(5);
     assert_eq!(busiest.first().map(|r| r.key.as_str()), Some("hot"));
