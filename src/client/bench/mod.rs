@@ -346,6 +346,35 @@ fn ms(ms: u64) -> Duration {
 
 /// One cell of the table: an arm on a spread (`health` has none), with or
 /// without stalled watchers.
+/// Measures one cell in run `run` of `runs`, saying so on standard error.
+async fn measure_cell(
+    o: &Options,
+    target: &mut Target,
+    load: &Load,
+    cell: Cell,
+    run: usize,
+    runs: usize,
+) -> anyhow::Result<Measurement> {
+    eprintln!(
+        "bench: run {}/{runs}: {} {}",
+        run + 1,
+        cell.arm_name(o.stalled_watchers),
+        cell.spread_name()
+    );
+    let m = load
+        .measure(
+            cell.arm,
+            cell.spread.unwrap_or(Spread::Hot),
+            ms(o.warmup),
+            ms(o.duration),
+            run as u64,
+            target.pid,
+        )
+        .await;
+    target.check_alive()?;
+    Ok(m)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Cell {
     arm: Arm,
@@ -423,24 +452,7 @@ async fn arms(
         // each run, so that drift and noise fall on all cells alike.
         for i in 0..cells.len() {
             let at = (i + run) % cells.len();
-            let cell = cells[at];
-            eprintln!(
-                "bench: run {}/{runs}: {} {}",
-                run + 1,
-                cell.arm.name(),
-                cell.spread_name()
-            );
-            let m = load
-                .measure(
-                    cell.arm,
-                    cell.spread.unwrap_or(Spread::Hot),
-                    ms(o.warmup),
-                    ms(o.duration),
-                    run as u64,
-                    target.pid,
-                )
-                .await;
-            target.check_alive()?;
+            let m = measure_cell(o, &mut *target, &load, cells[at], run, runs).await?;
             measured[at].push(m);
         }
         if !stalled.is_empty() {
@@ -452,23 +464,7 @@ async fn arms(
             );
             let watchers = open_stalled_watchers(&target.grpc, o.stalled_watchers).await?;
             for (i, cell) in stalled.iter().enumerate() {
-                eprintln!(
-                    "bench: run {}/{runs}: {} {}",
-                    run + 1,
-                    cell.arm_name(o.stalled_watchers),
-                    cell.spread_name()
-                );
-                let m = load
-                    .measure(
-                        cell.arm,
-                        cell.spread.unwrap_or(Spread::Hot),
-                        ms(o.warmup),
-                        ms(o.duration),
-                        run as u64,
-                        target.pid,
-                    )
-                    .await;
-                target.check_alive()?;
+                let m = measure_cell(o, &mut *target, &load, *cell, run, runs).await?;
                 measured[cells.len() + i].push(m);
             }
             let after = target.memory().await;
