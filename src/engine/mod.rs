@@ -130,7 +130,12 @@ pub struct Totals {
     pub reasons: [u64; 7],
     /// Phase changes.
     pub transitions: u64,
+    /// Requests refused (RESOURCE_EXHAUSTED) at a cap, by [`CAP_NAMES`].
+    pub cap_refusals: [u64; 3],
 }
+
+/// The caps of [`Totals::cap_refusals`], as their `[server]` fields.
+pub const CAP_NAMES: [&str; 3] = ["max_keys", "max_tickets", "max_waiters"];
 
 /// Decisions by kind, in [`Totals::decisions`] order.
 pub const DECISION_NAMES: [&str; 5] = ["granted", "probe", "blocked", "refused", "denied"];
@@ -389,6 +394,7 @@ impl Engine {
                     hashbrown::hash_table::Entry::Vacant(_) if !access.create => return Ok(None),
                     hashbrown::hash_table::Entry::Vacant(v) => {
                         if !self.pools.reserve(Capped::Keys, shard) {
+                            rest.tally.cap_refusals[Capped::Keys as usize] += 1;
                             return Err(EngineError::Exhausted {
                                 what: "keys",
                                 cap: "max_keys",
@@ -601,7 +607,20 @@ impl Engine {
                     room_for_ticket: ctx.has_room(Capped::Tickets),
                     room_for_waiter: args.max_wait == 0 || ctx.has_room(Capped::Waiters),
                 };
-                let decision = fuse.acquire(&ask, id, ctx.now)?;
+                let decision = match fuse.acquire(&ask, id, ctx.now) {
+                    Ok(decision) => decision,
+                    Err(e) => {
+                        let cap = match e {
+                            FuseError::NoRoomForTicket => Some(Capped::Tickets),
+                            FuseError::NoRoomForWaiter => Some(Capped::Waiters),
+                            _ => None,
+                        };
+                        if let Some(cap) = cap {
+                            ctx.tally.cap_refusals[cap as usize] += 1;
+                        }
+                        return Err(e);
+                    }
+                };
                 ctx.tally.count(&decision);
                 if decision == Decision::Queued {
                     let (tx, rx) = oneshot::channel();

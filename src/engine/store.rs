@@ -80,6 +80,9 @@ impl Totals {
         for (a, b) in self.reasons.iter_mut().zip(other.reasons) {
             *a += b;
         }
+        for (a, b) in self.cap_refusals.iter_mut().zip(other.cap_refusals) {
+            *a += b;
+        }
     }
 }
 

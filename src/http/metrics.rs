@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 
 use crate::domain::{Phase, Reason};
 use crate::engine::config::Pattern;
-use crate::engine::{Engine, KeyReading, DECISION_NAMES};
+use crate::engine::{Engine, KeyReading, CAP_NAMES, DECISION_NAMES};
 
 /// How many of the busiest keys get per-key series, besides the keys named
 /// by exact rules.
@@ -295,6 +295,14 @@ pub fn render(engine: &Engine, http: &HttpFigures) -> String {
     );
     for (reason, n) in Reason::ALL.iter().zip(totals.reasons) {
         x.sample("fusebox_denials_total", &[("reason", reason.as_str())], n);
+    }
+    x.family(
+        "fusebox_cap_refusals_total",
+        "counter",
+        "Requests refused (RESOURCE_EXHAUSTED) because a [server] cap was reached, by cap.",
+    );
+    for (cap, n) in CAP_NAMES.iter().zip(totals.cap_refusals) {
+        x.sample("fusebox_cap_refusals_total", &[("cap", cap)], n);
     }
     x.single(
         "fusebox_transitions_total",

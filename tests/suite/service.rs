@@ -825,6 +825,17 @@ async fn each_cap_refuses_what_would_pass_it_and_existing_keys_keep_working() {
     complete(&mut c, &served.ticket, pb::Outcome::Success).await;
     let t4 = granted(&mut c, request("a")).await;
     assert!(!t4.is_empty());
+
+    // Each refusal above is counted, by cap.
+    let http = server.http_addr.clone().expect("an HTTP address");
+    let metrics = crate::http::get(&http, "/metrics").await.body;
+    for (cap, refused) in [("max_keys", 1), ("max_tickets", 1), ("max_waiters", 1)] {
+        let line = format!("fusebox_cap_refusals_total{{cap=\"{cap}\"}} {refused}");
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no line {line:?} in /metrics:\n{metrics}"
+        );
+    }
 }
 
 /// K3 with E3: a request refused at the ticket cap makes no key either.
