@@ -55,6 +55,9 @@ const STREAM_BUFFER: usize = 4;
 
 type Sink = mpsc::Sender<Result<pb::WatchEvent, Status>>;
 
+/// How long shutdown waits to tell a watcher that its stream ends.
+const SHUTDOWN_NOTICE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Holds one of the `max_watch_streams` places while a stream is open.
 struct Place(Arc<Engine>);
 
@@ -100,7 +103,15 @@ pub fn stream(
         let stopped = engine.stopped();
         tokio::select! {
             _ = forward(&engine, &prefix, events, &tx) => {}
-            () = stopped => {}
+            () = stopped => {
+                // The stream ends UNAVAILABLE, not OK: the watcher did not
+                // see everything, and should watch another instance. A
+                // watcher that does not read is not waited for long.
+                let gone = Status::unavailable(
+                    "fusebox is shutting down; watch again (another instance, or this one once it is back)",
+                );
+                let _ = tokio::time::timeout(SHUTDOWN_NOTICE, tx.send(Err(gone))).await;
+            }
             // The watcher went away: stop at once, even if no event comes.
             () = tx.closed() => {}
         }

@@ -496,3 +496,20 @@ async fn a_watcher_that_never_reads_gets_lagged_then_a_fresh_snapshot() {
     assert_eq!(reply.decision, pb::Decision::Granted as i32, "closed");
     complete(&mut c, &reply.ticket, pb::Outcome::Success).await;
 }
+
+/// At shutdown a Watch stream ends UNAVAILABLE (the watcher missed what
+/// comes next and should watch again elsewhere), not OK.
+#[tokio::test]
+async fn a_watch_ends_unavailable_when_the_server_shuts_down() {
+    let server = Server::manual(None).await;
+    let mut stream = watch(&server, "").await;
+    let parts = snapshot(&mut stream).await;
+    assert!(parts.last().is_some_and(|p| p.complete));
+    server.terminate();
+    let end = tokio::time::timeout(LIMIT, stream.message())
+        .await
+        .expect("the stream ends within the limit");
+    let status = end.expect_err("the stream ends with an error status, not OK");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("shutting down"), "{status:?}");
+}
