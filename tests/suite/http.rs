@@ -682,8 +682,7 @@ breaker = { mode = "consecutive", failures = 2, break = "1m" }
         ),
         0.0
     );
-    // Using the quiet ones makes them the busiest: the set follows (which
-    // of the keys asked twice stay is the engine's ranking, not ours).
+    // Using the quiet ones makes them the busiest: the set follows.
     for i in 100..120 {
         for _ in 0..3 {
             granted(&mut c, &format!("bulk/{i:03}")).await;
@@ -694,6 +693,10 @@ breaker = { mode = "consecutive", failures = 2, break = "1m" }
     assert_eq!(keys.len(), 101);
     assert!((100..120).all(|i| keys.contains(&format!("bulk/{i:03}"))));
     assert!(keys.contains("pinned/one"));
+    assert!(
+        !keys.contains("bulk/099"),
+        "ties are broken by key order: the last ones go"
+    );
     assert_eq!(m.value("fusebox_other_keys", &[("phase", "CLOSED")]), 20.0);
     // Twenty keys asked twice are left out, each holding its two tickets.
     assert_eq!(m.value("fusebox_other_keys_live_tickets", &[]), 40.0);
