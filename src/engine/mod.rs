@@ -97,19 +97,6 @@ pub struct KeyReading {
     pub now: Millis,
 }
 
-/// Counts of the things that grow, for caps and metrics.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counts {
-    /// Live keys.
-    pub keys: u64,
-    /// Live tickets.
-    pub tickets: u64,
-    /// Waiting requests.
-    pub waiters: u64,
-    /// Keys forgotten since start (K2).
-    pub forgotten: u64,
-}
-
 /// Engine-wide figures (see [`Engine::totals`]); each shard keeps its own
 /// as they change, and a read sums them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -261,7 +248,7 @@ impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
             .field("limits", &self.limits)
-            .field("counts", &self.counts())
+            .field("totals", &self.totals())
             .finish_non_exhaustive()
     }
 }
@@ -352,17 +339,6 @@ impl Engine {
     /// The limits in force.
     pub fn limits(&self) -> Limits {
         self.limits
-    }
-
-    /// Counts of live keys, tickets and waiters.
-    pub fn counts(&self) -> Counts {
-        let t = self.totals();
-        Counts {
-            keys: t.keys,
-            tickets: t.tickets,
-            waiters: t.waiters,
-            forgotten: t.forgotten,
-        }
     }
 
     /// Runs `op` on the key's fuse under its shard's lock, making the key

@@ -521,6 +521,19 @@ pub fn render(engine: &Engine, http: &HttpFigures) -> String {
         "Cap on open dashboard event streams.",
         http.max_event_streams,
     );
+    let (sweep_batches, largest_batch) = engine.sweep_figures();
+    x.single(
+        "fusebox_idle_sweep_batches_total",
+        "counter",
+        "Batches of idle forgetting run (each under one shard lock).",
+        sweep_batches,
+    );
+    x.single(
+        "fusebox_idle_sweep_largest_batch",
+        "gauge",
+        "The most keys one batch of idle forgetting has looked at.",
+        largest_batch,
+    );
     let counters = engine.counters();
     x.single(
         "fusebox_watch_streams",

@@ -113,7 +113,7 @@ fn idle_forgetting_goes_in_batches_while_acquire_keeps_answering() {
             call(&engine, &key_of(i), Outcome::Success).await;
         }
     });
-    assert_eq!(engine.counts().keys, total as u64);
+    assert_eq!(engine.totals().keys, total as u64);
     // One key per shard to ask for while that very shard is being swept.
     let mut probes: BTreeMap<usize, String> = BTreeMap::new();
     for i in 0.. {
@@ -149,8 +149,8 @@ fn idle_forgetting_goes_in_batches_while_acquire_keeps_answering() {
     );
     assert_eq!(answered, batches);
     // What is left is the probe keys, used just now.
-    assert_eq!(engine.counts().keys, probes.len() as u64);
-    assert_eq!(engine.counts().forgotten, total as u64);
+    assert_eq!(engine.totals().keys, probes.len() as u64);
+    assert_eq!(engine.totals().forgotten, total as u64);
 }
 
 #[tokio::test]
