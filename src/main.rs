@@ -36,6 +36,9 @@ struct ClientOptions {
     /// Print JSON instead of readable text.
     #[arg(long, global = true)]
     json: bool,
+    /// The bearer token to call with, when the server has [auth].
+    #[arg(long, global = true, env = "FUSEBOX_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -55,6 +58,25 @@ enum Command {
         /// (default 127.0.0.1:9090; port 0 picks a free port).
         #[arg(long)]
         http: Option<SocketAddr>,
+        /// Listen on a non-loopback address without [auth] in the config:
+        /// anyone who reaches the ports may then isolate keys and rewrite
+        /// policies.
+        #[arg(long)]
+        insecure_no_auth: bool,
+    },
+    /// Make a new bearer token; prints it, and the [[auth.token]] entry
+    /// (with its SHA-256 only) that the server's config takes.
+    Token {
+        /// Who will hold it (shown in logs and in isolate records).
+        #[arg(long)]
+        name: String,
+        /// caller, operator or admin.
+        #[arg(long, default_value = "caller", value_parser = ["caller", "operator", "admin"])]
+        role: String,
+        /// A key pattern it may touch, e.g. "checkout/*" (repeat the flag);
+        /// none means every key.
+        #[arg(long = "prefix")]
+        prefixes: Vec<String>,
     },
     /// Ask for permits on a key; prints the decision and the ticket.
     Acquire {
@@ -173,7 +195,34 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             manual_clock,
             http,
-        } => serve(config, listen, manual_clock, http).await,
+            insecure_no_auth,
+        } => serve(config, listen, manual_clock, http, insecure_no_auth).await,
+        Command::Token {
+            name,
+            role,
+            prefixes,
+        } => {
+            let token = fusebox::auth::new_token()
+                .map_err(|e| anyhow::anyhow!("no random source for the token: {e}"))?;
+            let mut entry = format!(
+                "[[auth.token]]\nname = {}\nrole = {}\n",
+                toml_string(&name),
+                toml_string(&role)
+            );
+            if !prefixes.is_empty() {
+                let list: Vec<String> = prefixes.iter().map(|p| toml_string(p)).collect();
+                entry.push_str(&format!("prefixes = [{}]\n", list.join(", ")));
+            }
+            entry.push_str(&format!(
+                "sha256 = \"{}\"\n",
+                fusebox::auth::hash_hex(&token)
+            ));
+            println!("token: {token}");
+            println!("# Give the token to its holder (FUSEBOX_TOKEN or --token); the server keeps only its hash.");
+            println!("# Add this to the server's config (or, without the auth. prefix, to its token file):");
+            print!("{entry}");
+            Ok(())
+        }
         Command::Acquire {
             key,
             permits,
@@ -306,6 +355,7 @@ async fn serve(
     listen: SocketAddr,
     manual_clock: bool,
     http: Option<SocketAddr>,
+    insecure_no_auth: bool,
 ) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -321,6 +371,25 @@ async fn serve(
         None => Config::default(),
     };
     let rules = config.rules.rules.len();
+    let exposed = [Some(listen), http]
+        .into_iter()
+        .flatten()
+        .find(|a| !a.ip().is_loopback());
+    match (&config.access, exposed) {
+        (None, Some(addr)) if !insecure_no_auth => anyhow::bail!(
+            "refusing to listen on {addr} without [auth]: anyone who reaches it could isolate keys and rewrite policies; add tokens to the config (`fusebox token --name NAME --role admin` makes one), or pass --insecure-no-auth to accept that"
+        ),
+        (None, Some(addr)) => tracing::warn!(
+            "listening on {addr} without [auth] (--insecure-no-auth): anyone who reaches it may isolate keys and rewrite policies"
+        ),
+        (None, None) => tracing::info!(
+            "no [auth] in the config: any local process may call every method (fine on loopback; add [auth] before exposing the ports)"
+        ),
+        (Some(access), _) => {
+            let (tokens, client_names) = access.sizes();
+            tracing::info!(tokens, client_names, "[auth] is on: every call needs a credential");
+        }
+    }
     let engine = Arc::new(if manual_clock {
         Engine::with_manual_clock(config)
     } else {
@@ -379,6 +448,11 @@ async fn serve(
         });
     }
     fusebox::server::run(listener, engine, shutdown_signal()).await
+}
+
+/// `text` as a TOML basic string.
+fn toml_string(text: &str) -> String {
+    toml::Value::String(text.to_owned()).to_string()
 }
 
 async fn shutdown_signal() {

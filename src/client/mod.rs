@@ -11,7 +11,58 @@ use fusebox::proto::v1 as pb;
 use fusebox::proto::wire::millis_of;
 
 use crate::{ClientOptions, PhaseArg};
-pub(crate) async fn connect(client: &ClientOptions) -> anyhow::Result<tonic::transport::Channel> {
+
+/// A connection to a server that sends the caller's credentials with
+/// every call.
+pub(crate) type Conn =
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Credentials>;
+
+/// The `authorization: Bearer TOKEN` header of `--token` / `FUSEBOX_TOKEN`.
+#[derive(Clone)]
+pub(crate) struct Credentials(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl Credentials {
+    /// The header for `token`, if any.
+    pub(crate) fn of(token: Option<&str>) -> anyhow::Result<Credentials> {
+        token
+            .map(|t| {
+                let mut value: tonic::metadata::MetadataValue<_> =
+                    format!("Bearer {}", t.trim()).parse().map_err(|_| {
+                        anyhow::anyhow!("--token: a token is printable ASCII without line breaks")
+                    })?;
+                value.set_sensitive(true);
+                Ok(value)
+            })
+            .transpose()
+            .map(Credentials)
+    }
+}
+
+impl tonic::service::Interceptor for Credentials {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// A connection to the server `client` names, with its credentials.
+pub(crate) async fn connect(client: &ClientOptions) -> anyhow::Result<Conn> {
+    let credentials = Credentials::of(client.token.as_deref())?;
+    let channel = channel(client).await?;
+    Ok(tonic::service::interceptor::InterceptedService::new(
+        channel,
+        credentials,
+    ))
+}
+
+async fn channel(client: &ClientOptions) -> anyhow::Result<tonic::transport::Channel> {
     let url = if client.server.contains("://") {
         client.server.clone()
     } else {
@@ -33,7 +84,7 @@ pub(crate) async fn connect(client: &ClientOptions) -> anyhow::Result<tonic::tra
 
 pub(crate) async fn admin(
     client: &ClientOptions,
-) -> anyhow::Result<pb::admin_client::AdminClient<tonic::transport::Channel>> {
+) -> anyhow::Result<pb::admin_client::AdminClient<Conn>> {
     Ok(pb::admin_client::AdminClient::new(connect(client).await?))
 }
 
@@ -235,7 +286,7 @@ impl Pages {
     /// The next page, or `None` after the last.
     pub(crate) async fn next(
         &mut self,
-        admin: &mut pb::admin_client::AdminClient<tonic::transport::Channel>,
+        admin: &mut pb::admin_client::AdminClient<Conn>,
     ) -> anyhow::Result<Option<Vec<pb::KeyState>>> {
         if self.done {
             return Ok(None);

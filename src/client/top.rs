@@ -244,7 +244,7 @@ pub(crate) fn top_frame(view: &TopView<'_>, rows: usize, cols: usize) -> Vec<Str
 /// page of keys, at most 1000 of each, so that a round costs the same with
 /// a million keys as with a thousand.
 async fn top_keys(
-    admin: &mut pb::admin_client::AdminClient<tonic::transport::Channel>,
+    admin: &mut pb::admin_client::AdminClient<super::Conn>,
     prefix: &str,
 ) -> anyhow::Result<Vec<pb::KeyState>> {
     let broken = [pb::Phase::Open, pb::Phase::HalfOpen, pb::Phase::Isolated].map(|p| p as i32);
@@ -265,7 +265,7 @@ async fn top_keys(
 
 /// Reads the keys worth showing now and then (or when poked), for `top`.
 pub(crate) fn top_poller(
-    mut admin: pb::admin_client::AdminClient<tonic::transport::Channel>,
+    mut admin: pb::admin_client::AdminClient<super::Conn>,
     prefix: String,
     interval: std::time::Duration,
     news: tokio::sync::mpsc::Sender<TopNews>,
@@ -295,7 +295,7 @@ pub(crate) fn top_poller(
 
 /// Follows the Watch stream for `top`, again after every break.
 pub(crate) fn top_watcher(
-    mut admin: pb::admin_client::AdminClient<tonic::transport::Channel>,
+    mut admin: pb::admin_client::AdminClient<super::Conn>,
     prefix: String,
     interval: std::time::Duration,
     news: tokio::sync::mpsc::Sender<TopNews>,

@@ -22,6 +22,8 @@ pub struct ConfigFile {
     pub rule: Vec<RuleSpec>,
     /// The rule used when no other matches.
     pub default: Option<PolicySpec>,
+    /// Who may do what; without it, anyone who reaches the ports may.
+    pub auth: Option<crate::auth::AuthSpec>,
 }
 
 /// `[server]` as written.
@@ -42,6 +44,9 @@ pub struct ServerSpec {
     pub max_event_streams: Option<u64>,
     /// How long a key at rest is kept (K2).
     pub idle_after: Option<DurationSpec>,
+    /// Host names the HTTP side answers to, besides loopback names and its
+    /// listen address (checked against `Host` and `Origin`).
+    pub http_hosts: Option<Vec<String>>,
 }
 
 /// One `[[rule]]` as written.
@@ -209,6 +214,10 @@ pub struct Config {
     pub rules: Rules,
     /// The limits.
     pub limits: Limits,
+    /// Who may do what (`[auth]`); `None` when the section is absent.
+    pub access: Option<crate::auth::Access>,
+    /// Extra host names for the HTTP side (`[server] http_hosts`).
+    pub http_hosts: Vec<String>,
 }
 
 impl Config {
@@ -218,18 +227,24 @@ impl Config {
             path: path.display().to_string(),
             source,
         })?;
-        Config::parse(&text, &path.display().to_string())
+        Config::parse_in(&text, &path.display().to_string(), path.parent())
     }
 
     /// Parses and validates config text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        Config::parse_in(text, origin, None)
+    }
+
+    /// Like [`Config::parse`], with the directory that relative paths in
+    /// the config (the token file) resolve against.
+    pub fn parse_in(text: &str, origin: &str, dir: Option<&Path>) -> Result<Config, ConfigError> {
         let file: ConfigFile = toml::from_str(text).map_err(|e| {
             locate(text).unwrap_or_else(|| ConfigError::Parse {
                 path: origin.to_owned(),
                 message: e.to_string().trim().replace('\n', " "),
             })
         })?;
-        file.validate()
+        file.validate_in(dir)
     }
 }
 
@@ -259,6 +274,11 @@ fn locate(text: &str) -> Option<ConfigError> {
                     return invalid("[default]".into(), e);
                 }
             }
+            "auth" => {
+                if let Err(e) = crate::auth::AuthSpec::deserialize(value.clone()) {
+                    return invalid("[auth]".into(), e);
+                }
+            }
             "rule" => {
                 for (i, rule) in value.as_array()?.iter().enumerate() {
                     if let Err(e) = RuleSpec::deserialize(rule.clone()) {
@@ -274,8 +294,9 @@ fn locate(text: &str) -> Option<ConfigError> {
                 return Some(ConfigError::Invalid {
                     rule: format!("[{other}]"),
                     field: other.to_owned(),
-                    problem: "is not a part of the config: use [server], [[rule]] or [default]"
-                        .into(),
+                    problem:
+                        "is not a part of the config: use [server], [[rule]], [default] or [auth]"
+                            .into(),
                 })
             }
         }
@@ -308,6 +329,12 @@ fn field_of(e: &toml::de::Error) -> (String, String) {
 impl ConfigFile {
     /// Validates every rule, the default and the limits.
     pub fn validate(&self) -> Result<Config, ConfigError> {
+        self.validate_in(None)
+    }
+
+    /// Like [`ConfigFile::validate`]; a relative token file resolves
+    /// against `dir`.
+    pub fn validate_in(&self, dir: Option<&Path>) -> Result<Config, ConfigError> {
         let mut rules = Vec::with_capacity(self.rule.len());
         for (i, r) in self.rule.iter().enumerate() {
             let name = format!("rule {} ({:?})", i + 1, r.pattern);
@@ -356,7 +383,27 @@ impl ConfigFile {
                 .get(),
             None => defaults.idle_after,
         };
+        let access = match &self.auth {
+            Some(spec) => Some(spec.validate(dir).map_err(|e| ConfigError::Invalid {
+                rule: e.entry,
+                field: e.field,
+                problem: e.problem,
+            })?),
+            None => None,
+        };
+        let http_hosts = self.server.http_hosts.clone().unwrap_or_default();
+        if let Some(bad) = http_hosts.iter().find(|h| {
+            h.is_empty() || h.contains(['/', ' ', '@']) || h.chars().any(char::is_control)
+        }) {
+            return Err(ConfigError::Invalid {
+                rule: "[server]".into(),
+                field: "http_hosts".into(),
+                problem: format!("{bad:?} is not a host name (write names such as \"fusebox.internal\", without scheme or port)"),
+            });
+        }
         Ok(Config {
+            access,
+            http_hosts,
             rules: Rules { rules, default },
             limits: Limits {
                 max_keys: cap(self.server.max_keys, "max_keys", defaults.max_keys)?,

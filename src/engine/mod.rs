@@ -242,6 +242,8 @@ pub struct Engine {
     stopping: tokio::sync::watch::Sender<bool>,
     /// The wall-clock time at the engine clock's origin.
     origin: std::time::SystemTime,
+    access: RwLock<Option<Arc<crate::auth::Access>>>,
+    http_hosts: Vec<String>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -259,6 +261,8 @@ impl Engine {
     pub fn new(config: Config, clock: Arc<dyn Clock>, manual: Option<Arc<ManualClock>>) -> Self {
         let compiled = Arc::new(Compiled::new(config.rules, 0));
         let limits = config.limits;
+        let access = RwLock::new(config.access.map(Arc::new));
+        let http_hosts = config.http_hosts;
         Engine {
             clock,
             manual,
@@ -283,7 +287,25 @@ impl Engine {
             sweeps: observe::SweepCounters::default(),
             stopping: tokio::sync::watch::channel(false).0,
             origin: std::time::SystemTime::now(),
+            access,
+            http_hosts,
         }
+    }
+
+    /// Who may do what (`[auth]`), or `None` when anyone may.
+    pub fn access(&self) -> Option<Arc<crate::auth::Access>> {
+        self.access.read().expect("access lock").clone()
+    }
+
+    /// Host names the HTTP side answers to besides loopback names and its
+    /// listen address (`[server] http_hosts`).
+    pub fn http_hosts(&self) -> &[String] {
+        &self.http_hosts
+    }
+
+    /// The key a live ticket belongs to; NOT_FOUND when there is none (L4).
+    pub fn ticket_key(&self, token: &str) -> Result<Arc<str>, EngineError> {
+        self.ticket_and_key(token).map(|(_, key)| key)
     }
 
     /// An engine on the system clock.

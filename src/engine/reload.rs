@@ -31,6 +31,7 @@ impl Engine {
                 }
                 let rules = config.rules.rules.len();
                 self.set_rules(config.rules);
+                self.set_access(config.access, path);
                 let counters = self.counters();
                 counters.reloads.fetch_add(1, Ordering::Relaxed);
                 counters.last_reload_ok.store(1, Ordering::Relaxed);
@@ -48,6 +49,54 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// Adopts a reloaded `[auth]`. Removing the section at run time would
+    /// open the server to anyone, so it takes a restart: the running
+    /// credentials stay.
+    fn set_access(&self, access: Option<crate::auth::Access>, path: &Path) {
+        let mut current = self.access.write().expect("access lock");
+        match access {
+            Some(access) => {
+                let (tokens, clients) = access.sizes();
+                if current.as_deref() != Some(&access) {
+                    tracing::info!(file = %path.display(), tokens, client_names = clients, "[auth] reloaded: new credentials apply to the next request");
+                }
+                *current = Some(Arc::new(access));
+            }
+            None if current.is_some() => tracing::warn!(
+                file = %path.display(),
+                "[auth] was removed from the config file; the running credentials stay until the server restarts (removing authentication is never done at run time)"
+            ),
+            None => {}
+        }
+    }
+
+    /// The files a reload reads: the config and, if `[auth]` names one,
+    /// the token file.
+    fn watched_files(&self, path: &Path) -> Vec<PathBuf> {
+        let mut files = vec![path.to_path_buf()];
+        if let Some(file) = self.access().and_then(|a| a.token_file.clone()) {
+            files.push(file);
+        }
+        files
+    }
+}
+
+/// The content of every watched file; `None` when the config itself
+/// cannot be read (a missing token file reads as empty, so that its
+/// return is noticed).
+async fn read_all(files: &[PathBuf]) -> Option<Vec<Vec<u8>>> {
+    let mut out = Vec::with_capacity(files.len());
+    for (i, file) in files.iter().enumerate() {
+        match tokio::fs::read(file).await {
+            Ok(bytes) => out.push(bytes),
+            Err(_) if i > 0 => out.push(Vec::new()),
+            Err(_) => return None,
+        }
+    }
+    Some(out)
+}
+
 /// Reloads `path` into `engine` on SIGHUP and when its content changes;
 /// runs until the task is dropped.
 ///
@@ -55,7 +104,12 @@ impl Engine {
 /// so that a signal or an edit right after start-up is not missed (nor does
 /// SIGHUP's default action end the process). Call it within a runtime.
 pub fn watch_config(engine: Arc<Engine>, path: PathBuf) -> impl std::future::Future<Output = ()> {
-    let seen = std::fs::read(&path).ok();
+    let seen = engine
+        .watched_files(&path)
+        .iter()
+        .map(std::fs::read)
+        .collect::<Result<Vec<_>, _>>()
+        .ok();
     #[cfg(unix)]
     let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     #[cfg(unix)]
@@ -72,7 +126,7 @@ type Hangup = ();
 async fn watch(
     engine: Arc<Engine>,
     path: PathBuf,
-    mut seen: Option<Vec<u8>>,
+    mut seen: Option<Vec<Vec<u8>>>,
     mut hangup: Option<Hangup>,
 ) {
     loop {
@@ -89,18 +143,20 @@ async fn watch(
         let signalled = std::future::pending::<()>();
         tokio::select! {
             () = signalled => {
-                seen = tokio::fs::read(&path).await.ok();
                 engine.reload(&path, "SIGHUP");
+                seen = read_all(&engine.watched_files(&path)).await;
             }
             () = tokio::time::sleep(POLL_EVERY) => {
-                let now = tokio::fs::read(&path).await.ok();
+                let files = engine.watched_files(&path);
+                let now = read_all(&files).await;
                 if now.is_some() && now != seen {
                     tokio::time::sleep(SETTLE).await;
-                    if tokio::fs::read(&path).await.ok() != now {
+                    if read_all(&files).await != now {
                         continue; // still being written: look again at the next poll
                     }
-                    seen = now;
-                    engine.reload(&path, "the file changed");
+                    engine.reload(&path, "a file changed");
+                    // The token file may have been named or renamed.
+                    seen = read_all(&engine.watched_files(&path)).await;
                 }
             }
         }

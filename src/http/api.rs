@@ -12,10 +12,12 @@ use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 
+use super::guard::Caller;
 use super::trends::{Board, Trend, ATTENTION, NOT_CLOSED};
 use super::AppState;
 use crate::domain::{Millis, Phase};
@@ -379,6 +381,19 @@ impl ApiError {
         }
     }
 
+    /// `status` with `field` and `message`.
+    pub fn with_status(
+        status: StatusCode,
+        field: Option<&'static str>,
+        message: impl Into<String>,
+    ) -> ApiError {
+        ApiError {
+            status,
+            field,
+            message: message.into(),
+        }
+    }
+
     fn invalid(field: &'static str, message: impl Into<String>) -> ApiError {
         ApiError {
             status: StatusCode::BAD_REQUEST,
@@ -419,6 +434,10 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({
             "error": { "field": self.field, "message": self.message }
         });
+        if self.status == StatusCode::UNAUTHORIZED {
+            let challenge = [(header::WWW_AUTHENTICATE, "Bearer realm=\"fusebox\"")];
+            return (self.status, challenge, Json(body)).into_response();
+        }
         (self.status, Json(body)).into_response()
     }
 }
@@ -561,45 +580,67 @@ fn reason_of(headers: &HeaderMap, body: &[u8]) -> Result<String, ApiError> {
     }
 }
 
-/// Who asked, for the record: the dashboard and the peer's address.
-fn who(peer: SocketAddr) -> String {
-    format!("dashboard:{peer}")
+/// Who asked, for the record: the dashboard and the credential's name, or
+/// the peer's address when `[auth]` is off.
+fn who(peer: SocketAddr, caller: &Caller) -> String {
+    match caller.name() {
+        Some(name) => format!("dashboard:{name}"),
+        None => format!("dashboard:{peer}"),
+    }
 }
 
 /// `POST /api/keys/{key}/isolate` with `{"reason": "..."}`.
 pub async fn isolate(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(caller): Extension<Caller>,
     Path(key): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<KeyJson>, ApiError> {
-    steer(&state, peer, &key, &headers, &body, Engine::isolate)
+    caller.may_steer(&key, "Isolate")?;
+    steer(
+        &state,
+        (peer, &caller),
+        &key,
+        &headers,
+        &body,
+        Engine::isolate,
+    )
 }
 
 /// `POST /api/keys/{key}/close` with `{"reason": "..."}`.
 pub async fn close(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(caller): Extension<Caller>,
     Path(key): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<KeyJson>, ApiError> {
-    steer(&state, peer, &key, &headers, &body, Engine::close)
+    caller.may_steer(&key, "Close")?;
+    steer(
+        &state,
+        (peer, &caller),
+        &key,
+        &headers,
+        &body,
+        Engine::close,
+    )
 }
 
 /// An operator's isolate or close from the dashboard, with its reason and
 /// who asked.
 fn steer(
     state: &AppState,
-    peer: SocketAddr,
+    (peer, caller): (SocketAddr, &Caller),
     key: &str,
     headers: &HeaderMap,
     body: &[u8],
     action: fn(&Engine, &str, &str, &str) -> Result<KeyReading, EngineError>,
 ) -> Result<Json<KeyJson>, ApiError> {
     let reason = reason_of(headers, body)?;
-    let r = action(&state.engine, key, &reason, &who(peer))?;
+    let r = action(&state.engine, key, &reason, &who(peer, caller))?;
     Ok(Json(KeyJson::of(&state.engine, &r)))
 }
 

@@ -41,6 +41,7 @@ use crate::engine::Engine;
 pub mod api;
 mod dashboard;
 pub mod events;
+pub mod guard;
 pub mod metrics;
 pub mod trends;
 
@@ -182,6 +183,10 @@ pub fn router_with(engine: Arc<Engine>, options: Options) -> Router {
         .route("/api/keys/{key}/isolate", post(api::isolate))
         .route("/api/keys/{key}/close", post(api::close))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::guard,
+        ))
         .with_state(state)
 }
 

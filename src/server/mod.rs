@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
+use crate::auth::{Grant, Refusal, Role};
 use crate::domain::{Decision, Outcome, Phase, Reason};
 use crate::engine::{AcquireArgs, Engine, EngineError, KeyReading};
 use crate::proto::v1 as pb;
@@ -48,6 +49,14 @@ pub fn status_of(e: EngineError) -> Status {
         EngineError::Exhausted { .. } => Status::resource_exhausted(message),
         EngineError::ShuttingDown => Status::unavailable(message),
         EngineError::Internal(_) => Status::internal(message),
+    }
+}
+
+/// Turns an authentication or permission refusal into its gRPC status.
+pub fn status_of_refusal(r: Refusal) -> Status {
+    match r {
+        Refusal::Unauthenticated(m) => Status::unauthenticated(m),
+        Refusal::Denied(m) => Status::permission_denied(m),
     }
 }
 
@@ -129,16 +138,37 @@ pub fn key_state_of(engine: &Engine, r: &KeyReading) -> pb::KeyState {
     }
 }
 
-/// Who asked, for the record of an isolate or close: the
-/// `x-fusebox-operator` header if set, else the peer's address.
-fn who<T>(request: &Request<T>) -> String {
-    request
+/// Who asked, for the record of an isolate or close: the credential's
+/// name when authentication is on (with the `x-fusebox-operator` header, if
+/// set, as the person behind it), else the header, else the peer's address.
+fn who<T>(request: &Request<T>, grant: Option<&Grant>) -> String {
+    let header = request
         .metadata()
         .get("x-fusebox-operator")
         .and_then(|v| v.to_str().ok())
-        .map(|s| s.chars().take(128).collect())
-        .or_else(|| request.remote_addr().map(|a| a.to_string()))
-        .unwrap_or_else(|| "unknown".to_owned())
+        .map(|s| s.chars().take(128).collect::<String>());
+    match (grant, header) {
+        (Some(g), Some(h)) if h != g.name => format!("{h} via {}", g.name),
+        (Some(g), _) => g.name.clone(),
+        (None, Some(h)) => h,
+        (None, None) => request
+            .remote_addr()
+            .map_or_else(|| "unknown".to_owned(), |a| a.to_string()),
+    }
+}
+
+/// What a call touches, for the permission check.
+enum On<'a> {
+    /// One key.
+    Key(&'a str),
+    /// Every key under a prefix.
+    Prefix(&'a str),
+    /// The keys of a rule pattern.
+    Pattern(&'a crate::engine::config::Pattern),
+    /// Every key (the default rule, the clock).
+    Everything,
+    /// Nothing keyed (ListPolicies).
+    Nothing,
 }
 
 /// The three fusebox services over one engine.
@@ -152,6 +182,62 @@ impl Api {
     pub fn new(engine: Arc<Engine>) -> Self {
         Api { engine }
     }
+
+    /// Checks that the caller of `request` may do `what` (which needs
+    /// `role`) on `on`. Returns the caller's grant, or `None` when
+    /// authentication is off.
+    fn allow<T>(
+        &self,
+        request: &Request<T>,
+        role: Role,
+        what: &str,
+        on: On<'_>,
+    ) -> Result<Option<Arc<Grant>>, Status> {
+        let Some(access) = self.engine.access() else {
+            return Ok(None);
+        };
+        let grant = access
+            .authenticate(
+                request
+                    .metadata()
+                    .get("authorization")
+                    .map(|v| v.as_bytes()),
+                &client_names(request),
+            )
+            .map_err(status_of_refusal)?;
+        match on {
+            On::Key(key) => grant.on_key(role, what, key),
+            On::Prefix(prefix) => grant.on_prefix(role, what, prefix),
+            On::Pattern(pattern) => grant.on_pattern(role, what, pattern),
+            On::Everything => grant.on_everything(role, what),
+            On::Nothing => grant.needs(role, what),
+        }
+        .map_err(status_of_refusal)?;
+        Ok(Some(grant))
+    }
+
+    /// Checks that the caller may settle `ticket`: a ticket is completed or
+    /// renewed only by a credential allowed on its key.
+    fn allow_ticket<T>(
+        &self,
+        request: &Request<T>,
+        what: &str,
+        ticket: &str,
+    ) -> Result<(), Status> {
+        if self.engine.access().is_none() {
+            return Ok(());
+        }
+        // Who first: an unknown caller learns nothing about tickets.
+        self.allow(request, Role::Caller, what, On::Nothing)?;
+        let key = self.engine.ticket_key(ticket).map_err(status_of)?;
+        self.allow(request, Role::Caller, what, On::Key(&key))?;
+        Ok(())
+    }
+}
+
+/// The names of the client certificate of `request`'s connection (mTLS).
+fn client_names<T>(_request: &Request<T>) -> Vec<String> {
+    Vec::new()
 }
 
 #[tonic::async_trait]
@@ -160,6 +246,12 @@ impl Fusebox for Api {
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
+        self.allow(
+            &request,
+            Role::Caller,
+            "Acquire",
+            On::Key(&request.get_ref().key),
+        )?;
         let req = request.into_inner();
         let args = AcquireArgs {
             key: req.key,
@@ -196,6 +288,7 @@ impl Fusebox for Api {
         &self,
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteResponse>, Status> {
+        self.allow_ticket(&request, "Complete", &request.get_ref().ticket)?;
         let req = request.into_inner();
         let outcome = outcome_of(req.outcome)?;
         let done = self
@@ -212,6 +305,7 @@ impl Fusebox for Api {
         &self,
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::RenewResponse>, Status> {
+        self.allow_ticket(&request, "Renew", &request.get_ref().ticket)?;
         let req = request.into_inner();
         let lease = millis_of("lease", req.lease)?;
         let left = self.engine.renew(&req.ticket, lease).map_err(status_of)?;
@@ -227,6 +321,12 @@ impl Admin for Api {
         &self,
         request: Request<pb::GetKeyRequest>,
     ) -> Result<Response<pb::KeyState>, Status> {
+        self.allow(
+            &request,
+            Role::Operator,
+            "GetKey",
+            On::Key(&request.get_ref().key),
+        )?;
         let reading = self
             .engine
             .get(&request.into_inner().key)
@@ -238,7 +338,13 @@ impl Admin for Api {
         &self,
         request: Request<pb::IsolateRequest>,
     ) -> Result<Response<pb::KeyState>, Status> {
-        let who = who(&request);
+        let grant = self.allow(
+            &request,
+            Role::Operator,
+            "Isolate",
+            On::Key(&request.get_ref().key),
+        )?;
+        let who = who(&request, grant.as_deref());
         let req = request.into_inner();
         let reading = self
             .engine
@@ -251,7 +357,13 @@ impl Admin for Api {
         &self,
         request: Request<pb::CloseRequest>,
     ) -> Result<Response<pb::KeyState>, Status> {
-        let who = who(&request);
+        let grant = self.allow(
+            &request,
+            Role::Operator,
+            "Close",
+            On::Key(&request.get_ref().key),
+        )?;
+        let who = who(&request, grant.as_deref());
         let req = request.into_inner();
         let reading = self
             .engine
@@ -264,6 +376,12 @@ impl Admin for Api {
         &self,
         request: Request<pb::ListKeysRequest>,
     ) -> Result<Response<pb::ListKeysResponse>, Status> {
+        self.allow(
+            &request,
+            Role::Operator,
+            "ListKeys",
+            On::Prefix(&request.get_ref().prefix),
+        )?;
         let req = request.into_inner();
         check_prefix(&req.prefix)?;
         let phases = phases_of(&req.phases)?;
@@ -312,6 +430,12 @@ impl Admin for Api {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        self.allow(
+            &request,
+            Role::Operator,
+            "Watch",
+            On::Prefix(&request.get_ref().prefix),
+        )?;
         let prefix = request.into_inner().prefix;
         check_prefix(&prefix)?;
         Ok(Response::new(watch::stream(self.engine.clone(), prefix)?))
@@ -321,6 +445,18 @@ impl Admin for Api {
         &self,
         request: Request<pb::SetPolicyRequest>,
     ) -> Result<Response<pb::PolicyRule>, Status> {
+        let target = request
+            .get_ref()
+            .rule
+            .as_ref()
+            .map(|r| (r.default, crate::engine::config::Pattern::parse(&r.r#match)));
+        let on = match &target {
+            Some((true, _)) => On::Everything,
+            Some((false, Ok(pattern))) => On::Pattern(pattern),
+            // Invalid input is named below, once the caller is known.
+            _ => On::Nothing,
+        };
+        self.allow(&request, Role::Admin, "SetPolicy", on)?;
         let rule = request
             .into_inner()
             .rule
@@ -357,6 +493,10 @@ impl Admin for Api {
         &self,
         request: Request<pb::DeletePolicyRequest>,
     ) -> Result<Response<()>, Status> {
+        match crate::engine::config::Pattern::parse(&request.get_ref().r#match) {
+            Ok(pattern) => self.allow(&request, Role::Admin, "DeletePolicy", On::Pattern(&pattern)),
+            Err(_) => self.allow(&request, Role::Admin, "DeletePolicy", On::Nothing),
+        }?;
         let pattern = request.into_inner().r#match;
         if pattern.is_empty() {
             return Err(invalid(
@@ -371,8 +511,9 @@ impl Admin for Api {
 
     async fn list_policies(
         &self,
-        _request: Request<pb::ListPoliciesRequest>,
+        request: Request<pb::ListPoliciesRequest>,
     ) -> Result<Response<pb::ListPoliciesResponse>, Status> {
+        self.allow(&request, Role::Operator, "ListPolicies", On::Nothing)?;
         let rules = self.engine.rules();
         Ok(Response::new(pb::ListPoliciesResponse {
             rules: rules
@@ -427,6 +568,7 @@ impl Clock for Api {
         &self,
         request: Request<pb::AdvanceRequest>,
     ) -> Result<Response<pb::ClockReading>, Status> {
+        self.allow(&request, Role::Admin, "Clock.Advance", On::Everything)?;
         if !self.engine.has_manual_clock() {
             return Err(Status::unimplemented(
                 "the clock is not manual: start the server with --manual-clock to move time by hand",

@@ -533,7 +533,7 @@ impl EngineTarget {
                 rules: vec![],
                 default: policy,
             },
-            limits: Default::default(),
+            ..Config::default()
         };
         EngineTarget {
             engine: Arc::new(Engine::with_manual_clock(config)),

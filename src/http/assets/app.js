@@ -354,7 +354,7 @@ async function loadPage(refresh) {
   const after = state.cursors[state.cursors.length - 1];
   const url = `api/keys?prefix=${encodeURIComponent(state.prefix)}&limit=${pageSize}`
     + (after ? `&after=${encodeURIComponent(after)}` : '');
-  const mine = fetch(url).then((r) => (r.ok ? r.json() : Promise.reject(new Error(r.statusText))));
+  const mine = authorized(url).then((r) => (r.ok ? r.json() : Promise.reject(new Error(r.statusText))));
   state.loading = mine;
   try {
     const page = await mine;
@@ -481,16 +481,103 @@ function connect() {
   renderTimeline();
   setStatus('connecting', 'connecting…');
   const url = `api/events?prefix=${encodeURIComponent(state.prefix)}`;
-  const source = new EventSource(url);
-  state.source = source;
-  source.addEventListener('snapshot', onSnapshot);
-  source.addEventListener('change', onChange);
-  source.addEventListener('lagged', () => setStatus('connecting', 'fell behind; catching up…'));
-  source.addEventListener('error', () => {
-    if (source.readyState === EventSource.CLOSED) setStatus('down', 'disconnected: reload the page');
-    else setStatus('down', 'server unreachable: retrying…');
+  const source = openEvents(url, {
+    snapshot: onSnapshot,
+    change: onChange,
+    lagged: () => setStatus('connecting', 'fell behind; catching up…'),
   });
+  state.source = source;
   loadPage(false);
+}
+
+// ---------- credentials and the event stream ----------
+
+// With [auth] on the server, the API answers 401 until the operator gives
+// a token: asked once, kept in sessionStorage (this tab only), and sent as
+// `Authorization: Bearer` with every call.
+const TOKEN_KEY = 'fusebox-token';
+let tokenAsked = null;
+
+function askToken(message) {
+  if (tokenAsked) return tokenAsked;
+  tokenAsked = new Promise((resolve) => {
+    const dialog = $('token-dialog');
+    $('token-error').textContent = message || '';
+    $('token-input').value = '';
+    $('token-form').onsubmit = (event) => {
+      event.preventDefault();
+      const token = $('token-input').value.trim();
+      if (!token) {
+        $('token-error').textContent = 'Paste the token an admin gave you.';
+        return;
+      }
+      sessionStorage.setItem(TOKEN_KEY, token);
+      dialog.close();
+      tokenAsked = null;
+      resolve(token);
+    };
+    dialog.showModal();
+    $('token-input').focus();
+  });
+  return tokenAsked;
+}
+
+// fetch() with the tab's token; on 401 asks for one and tries again.
+async function authorized(url, options = {}) {
+  for (;;) {
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    const headers = { ...(options.headers || {}) };
+    if (token) headers.Authorization = `Bearer ${token}`;
+    const response = await fetch(url, { ...options, headers });
+    if (response.status !== 401) return response;
+    const body = await response.json().catch(() => ({}));
+    sessionStorage.removeItem(TOKEN_KEY);
+    await askToken(token ? `That token was refused: ${(body.error || {}).message || ''}` : '');
+  }
+}
+
+// Server-sent events read with fetch (EventSource cannot send a token).
+// Reconnects after a pause while the stream is wanted; `close()` stops it.
+function openEvents(url, handlers) {
+  const control = { closed: false, abort: null };
+  const dispatch = (block) => {
+    let name = 'message';
+    const data = [];
+    for (const line of block.split('\n')) {
+      if (line.startsWith('event:')) name = line.slice(6).trim();
+      else if (line.startsWith('data:')) data.push(line.slice(5).replace(/^ /, ''));
+    }
+    if (data.length && handlers[name]) handlers[name]({ data: data.join('\n') });
+  };
+  const run = async () => {
+    while (!control.closed) {
+      const abort = new AbortController();
+      control.abort = abort;
+      try {
+        const response = await authorized(url, { signal: abort.signal, headers: { Accept: 'text/event-stream' } });
+        if (!response.ok) throw new Error(response.statusText);
+        const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+        let buffer = '';
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buffer += value.replace(/\r\n/g, '\n');
+          let end;
+          while ((end = buffer.indexOf('\n\n')) >= 0) {
+            dispatch(buffer.slice(0, end));
+            buffer = buffer.slice(end + 2);
+          }
+        }
+        if (!control.closed) setStatus('down', 'server unreachable: retrying…');
+      } catch (err) {
+        if (control.closed) return;
+        setStatus('down', 'server unreachable: retrying…');
+      }
+      await new Promise((resolve) => { setTimeout(resolve, 2000); });
+    }
+  };
+  run();
+  return { close() { control.closed = true; if (control.abort) control.abort.abort(); } };
 }
 
 // ---------- isolate and close ----------
@@ -537,7 +624,7 @@ async function submitReason(event) {
   const submit = $('reason-submit');
   submit.disabled = true;
   try {
-    const response = await fetch(`api/keys/${encodeURIComponent(key)}/${action}`, {
+    const response = await authorized(`api/keys/${encodeURIComponent(key)}/${action}`, {
       method: 'POST',
       headers: { 'Content-Type': 'application/json' },
       body: JSON.stringify({ reason }),

@@ -1,0 +1,650 @@
+//! Who may do what (`[auth]` in the config): bearer tokens, kept only as
+//! SHA-256 hashes and compared in constant time, and client-certificate
+//! names (mTLS), each mapped to a role and the keys it may touch.
+//!
+//! Roles are ordered: a `caller` may use the Fusebox service (Acquire,
+//! Complete, Renew); an `operator` may also read keys, watch them, and
+//! isolate or close them; an `admin` may also change policies and use
+//! everything else. Every grant is limited to its key patterns (`prefixes`),
+//! written like rule patterns: `"checkout/*"`, an exact key, or `"*"`.
+//!
+//! This module decides; the gRPC and HTTP sides turn its answers into
+//! `UNAUTHENTICATED` / `PERMISSION_DENIED` (401 / 403).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::engine::config::Pattern;
+
+/// What a grant may do; each role includes the ones before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// The Fusebox service: Acquire, Complete, Renew.
+    Caller,
+    /// Also Admin reads (GetKey, ListKeys, ListPolicies), Watch, Isolate,
+    /// Close, and the dashboard's actions.
+    Operator,
+    /// Also SetPolicy, DeletePolicy and the manual clock.
+    Admin,
+}
+
+impl Role {
+    /// The role's name as written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Caller => "caller",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One `[[auth.token]]` (or `[[token]]` of the token file) as written.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenSpec {
+    /// Who holds the token, for logs and for the record of an isolate.
+    pub name: String,
+    /// What it may do.
+    pub role: Role,
+    /// The keys it may touch; omitted means every key.
+    pub prefixes: Option<Vec<String>>,
+    /// The token's SHA-256, as 64 hex digits (`fusebox token` prints it).
+    pub sha256: Option<String>,
+    /// Or: the environment variable that holds the token itself, read once
+    /// when the config is loaded (for containers).
+    pub env: Option<String>,
+}
+
+/// One `[[auth.client]]`: a client certificate's name (its subject CN or a
+/// DNS or URI subject-alternative name) standing for a role (mTLS).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientSpec {
+    /// The certificate name.
+    pub name: String,
+    /// What it may do.
+    pub role: Role,
+    /// The keys it may touch; omitted means every key.
+    pub prefixes: Option<Vec<String>>,
+}
+
+/// `[auth]` as written.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSpec {
+    /// Tokens.
+    #[serde(default)]
+    pub token: Vec<TokenSpec>,
+    /// Client-certificate names (with `[tls] client_ca`).
+    #[serde(default)]
+    pub client: Vec<ClientSpec>,
+    /// A TOML file of more `[[token]]` entries, reloaded with the config;
+    /// relative to the config file's directory.
+    pub token_file: Option<String>,
+    /// Whether `/metrics` needs a token: `"open"` (the default) or `"token"`.
+    pub metrics: Option<String>,
+}
+
+/// The token file as written.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenFile {
+    #[serde(default)]
+    token: Vec<TokenSpec>,
+}
+
+/// The keys a grant covers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scope(Vec<Pattern>);
+
+impl Scope {
+    /// Every key.
+    pub fn all() -> Scope {
+        Scope(vec![Pattern::Prefix(String::new())])
+    }
+
+    /// True when `key` is covered.
+    pub fn covers_key(&self, key: &str) -> bool {
+        self.0.iter().any(|p| p.matches(key))
+    }
+
+    /// True when every key that starts with `prefix` is covered.
+    pub fn covers_prefix(&self, prefix: &str) -> bool {
+        self.0
+            .iter()
+            .any(|p| matches!(p, Pattern::Prefix(mine) if prefix.starts_with(mine.as_str())))
+    }
+
+    /// True when every key `pattern` matches is covered.
+    pub fn covers_pattern(&self, pattern: &Pattern) -> bool {
+        match pattern {
+            Pattern::Exact(key) => self.covers_key(key),
+            Pattern::Prefix(prefix) => self.covers_prefix(prefix),
+        }
+    }
+
+    /// True when the scope is every key.
+    pub fn is_all(&self) -> bool {
+        self.covers_prefix("")
+    }
+
+    /// The scope as written, for messages: `checkout/*, payments/*`.
+    pub fn text(&self) -> String {
+        self.0
+            .iter()
+            .map(Pattern::text)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// What one credential may do.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Grant {
+    /// Who: the token's or the certificate's name.
+    pub name: String,
+    /// The role.
+    pub role: Role,
+    /// The keys.
+    pub scope: Scope,
+}
+
+/// Why a request is refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No credential, or one this server does not know (UNAUTHENTICATED, 401).
+    Unauthenticated(String),
+    /// A known credential without the right (PERMISSION_DENIED, 403).
+    Denied(String),
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Unauthenticated(m) | Refusal::Denied(m) => f.write_str(m),
+        }
+    }
+}
+
+impl Grant {
+    /// Ok when the grant has at least `role`; `what` names the call.
+    pub fn needs(&self, role: Role, what: &str) -> Result<(), Refusal> {
+        if self.role >= role {
+            Ok(())
+        } else {
+            Err(Refusal::Denied(format!(
+                "{} has role {}; {what} needs role {role} or higher",
+                self.who(),
+                self.role
+            )))
+        }
+    }
+
+    /// Ok when the grant has `role` and covers `key`.
+    pub fn on_key(&self, role: Role, what: &str, key: &str) -> Result<(), Refusal> {
+        self.needs(role, what)?;
+        if self.scope.covers_key(key) {
+            Ok(())
+        } else {
+            Err(Refusal::Denied(format!(
+                "{} may not use key {key:?}: it is limited to {}",
+                self.who(),
+                self.scope.text()
+            )))
+        }
+    }
+
+    /// Ok when the grant has `role` and covers every key under `prefix`.
+    pub fn on_prefix(&self, role: Role, what: &str, prefix: &str) -> Result<(), Refusal> {
+        self.needs(role, what)?;
+        if self.scope.covers_prefix(prefix) {
+            Ok(())
+        } else {
+            Err(Refusal::Denied(format!(
+                "{} may not read every key under {prefix:?}: it is limited to {}; pass a prefix inside them",
+                self.who(),
+                self.scope.text()
+            )))
+        }
+    }
+
+    /// Ok when the grant has `role` and covers every key of `pattern`.
+    pub fn on_pattern(&self, role: Role, what: &str, pattern: &Pattern) -> Result<(), Refusal> {
+        self.needs(role, what)?;
+        if self.scope.covers_pattern(pattern) {
+            Ok(())
+        } else {
+            Err(Refusal::Denied(format!(
+                "{} may not set policies for {:?}: it is limited to {}",
+                self.who(),
+                pattern.text(),
+                self.scope.text()
+            )))
+        }
+    }
+
+    /// Ok when the grant has `role` over every key (the default rule).
+    pub fn on_everything(&self, role: Role, what: &str) -> Result<(), Refusal> {
+        self.needs(role, what)?;
+        if self.scope.is_all() {
+            Ok(())
+        } else {
+            Err(Refusal::Denied(format!(
+                "{} may not use {what}: it changes every key, and the credential is limited to {}",
+                self.who(),
+                self.scope.text()
+            )))
+        }
+    }
+
+    fn who(&self) -> String {
+        format!("credential {:?}", self.name)
+    }
+}
+
+/// Validated `[auth]`: who may do what.
+#[derive(Clone, PartialEq)]
+pub struct Access {
+    tokens: Vec<([u8; 32], Arc<Grant>)>,
+    clients: Vec<(String, Arc<Grant>)>,
+    /// Whether `/metrics` answers without a token.
+    pub metrics_open: bool,
+    /// The token file, if any (watched for changes with the config).
+    pub token_file: Option<PathBuf>,
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the hashes.
+        f.debug_struct("Access")
+            .field("tokens", &self.tokens.len())
+            .field("clients", &self.clients.len())
+            .field("metrics_open", &self.metrics_open)
+            .finish()
+    }
+}
+
+/// The SHA-256 of a token.
+pub fn hash(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// The SHA-256 of a token as 64 lower-case hex digits, as the config takes it.
+pub fn hash_hex(token: &str) -> String {
+    hash(token).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A new random token: 32 bytes from the operating system, in hex.
+pub fn new_token() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn parse_hex(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// An invalid `[auth]`: which entry, which field, what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthError {
+    /// `[auth]`, `auth.token 2 ("checkout")`, `token file tokens.toml: token 1 (...)`.
+    pub entry: String,
+    /// The field.
+    pub field: String,
+    /// What is wrong and what to do.
+    pub problem: String,
+}
+
+fn scope_of(prefixes: &Option<Vec<String>>, entry: &str) -> Result<Scope, AuthError> {
+    let Some(prefixes) = prefixes else {
+        return Ok(Scope::all());
+    };
+    if prefixes.is_empty() {
+        return Err(AuthError {
+            entry: entry.to_owned(),
+            field: "prefixes".into(),
+            problem: "is empty, so the credential could touch no key; omit it for every key, or list patterns such as \"checkout/*\"".into(),
+        });
+    }
+    prefixes
+        .iter()
+        .map(|p| {
+            Pattern::parse(p).map_err(|problem| AuthError {
+                entry: entry.to_owned(),
+                field: "prefixes".into(),
+                problem,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Scope)
+}
+
+fn checked_name(name: &str, entry: &str) -> Result<(), AuthError> {
+    if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
+        return Err(AuthError {
+            entry: entry.to_owned(),
+            field: "name".into(),
+            problem: "must be 1 to 128 characters without control characters".into(),
+        });
+    }
+    Ok(())
+}
+
+impl AuthSpec {
+    /// Validates `[auth]`; `dir` is the config file's directory, against
+    /// which a relative `token_file` resolves. Reads the token file and the
+    /// environment variables that `env` names.
+    pub fn validate(&self, dir: Option<&Path>) -> Result<Access, AuthError> {
+        let metrics_open = match self.metrics.as_deref() {
+            None | Some("open") => true,
+            Some("token") => false,
+            Some(other) => {
+                return Err(AuthError {
+                    entry: "[auth]".into(),
+                    field: "metrics".into(),
+                    problem: format!("{other:?} is not \"open\" or \"token\""),
+                })
+            }
+        };
+        let mut tokens = Vec::new();
+        for (i, spec) in self.token.iter().enumerate() {
+            let entry = format!("auth.token {} ({:?})", i + 1, spec.name);
+            tokens.push(token_of(spec, &entry)?);
+        }
+        let token_file = self.token_file.as_ref().map(|f| match dir {
+            Some(dir) => dir.join(f),
+            None => PathBuf::from(f),
+        });
+        if let Some(path) = &token_file {
+            let shown = path.display().to_string();
+            let text = std::fs::read_to_string(path).map_err(|e| AuthError {
+                entry: "[auth]".into(),
+                field: "token_file".into(),
+                problem: format!("cannot read {shown}: {e}"),
+            })?;
+            let file: TokenFile = toml::from_str(&text).map_err(|e| AuthError {
+                entry: format!("token file {shown}"),
+                field: "(the file)".into(),
+                problem: e.to_string().trim().replace('\n', " "),
+            })?;
+            for (i, spec) in file.token.iter().enumerate() {
+                let entry = format!("token file {shown}: token {} ({:?})", i + 1, spec.name);
+                tokens.push(token_of(spec, &entry)?);
+            }
+        }
+        let mut clients = Vec::new();
+        for (i, spec) in self.client.iter().enumerate() {
+            let entry = format!("auth.client {} ({:?})", i + 1, spec.name);
+            checked_name(&spec.name, &entry)?;
+            clients.push((
+                spec.name.clone(),
+                Arc::new(Grant {
+                    name: spec.name.clone(),
+                    role: spec.role,
+                    scope: scope_of(&spec.prefixes, &entry)?,
+                }),
+            ));
+        }
+        if tokens.is_empty() && clients.is_empty() {
+            return Err(AuthError {
+                entry: "[auth]".into(),
+                field: "token".into(),
+                problem: "no credentials: add a [[auth.token]] (`fusebox token` makes one), a token_file, or an [[auth.client]]".into(),
+            });
+        }
+        for (i, (hash, _)) in tokens.iter().enumerate() {
+            if tokens[..i].iter().any(|(h, _)| h == hash) {
+                return Err(AuthError {
+                    entry: format!("token {:?}", tokens[i].1.name),
+                    field: "sha256".into(),
+                    problem:
+                        "is the same token as an earlier entry; each token must stand for one grant"
+                            .into(),
+                });
+            }
+        }
+        Ok(Access {
+            tokens,
+            clients,
+            metrics_open,
+            token_file,
+        })
+    }
+}
+
+fn token_of(spec: &TokenSpec, entry: &str) -> Result<([u8; 32], Arc<Grant>), AuthError> {
+    checked_name(&spec.name, entry)?;
+    let err = |field: &str, problem: String| AuthError {
+        entry: entry.to_owned(),
+        field: field.into(),
+        problem,
+    };
+    let hash = match (&spec.sha256, &spec.env) {
+        (Some(hex), None) => parse_hex(&hex.to_ascii_lowercase()).ok_or_else(|| {
+            err(
+                "sha256",
+                "must be 64 hex digits: the SHA-256 of the token, as `fusebox token` prints it".into(),
+            )
+        })?,
+        (None, Some(var)) => match std::env::var(var) {
+            Ok(token) if token.len() >= 16 => hash(&token),
+            Ok(_) => {
+                return Err(err(
+                    "env",
+                    format!("the token in ${var} is shorter than 16 characters; use `fusebox token` to make one"),
+                ))
+            }
+            Err(_) => {
+                return Err(err(
+                    "env",
+                    format!("${var} is not set (or not UTF-8); set it to the token, or give sha256 instead"),
+                ))
+            }
+        },
+        (Some(_), Some(_)) => {
+            return Err(err(
+                "sha256",
+                "give either sha256 or env, not both".into(),
+            ))
+        }
+        (None, None) => {
+            return Err(err(
+                "sha256",
+                "is required (or env): the SHA-256 of the token, as `fusebox token` prints it".into(),
+            ))
+        }
+    };
+    Ok((
+        hash,
+        Arc::new(Grant {
+            name: spec.name.clone(),
+            role: spec.role,
+            scope: scope_of(&spec.prefixes, entry)?,
+        }),
+    ))
+}
+
+/// The refusal for a request with no credential at all.
+pub fn missing() -> Refusal {
+    Refusal::Unauthenticated(
+        "no credentials: send the header `authorization: Bearer TOKEN` (the CLI takes --token or FUSEBOX_TOKEN)".into(),
+    )
+}
+
+impl Access {
+    /// Who a request is: its bearer token (the value of an `authorization`
+    /// header), else its client-certificate names.
+    pub fn authenticate(
+        &self,
+        authorization: Option<&[u8]>,
+        client_names: &[String],
+    ) -> Result<Arc<Grant>, Refusal> {
+        if let Some(value) = authorization {
+            let token = std::str::from_utf8(value)
+                .ok()
+                .and_then(|v| {
+                    let (scheme, rest) = v.trim().split_once(' ')?;
+                    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+                })
+                .ok_or_else(|| {
+                    Refusal::Unauthenticated(
+                        "the authorization header is not `Bearer TOKEN`".into(),
+                    )
+                })?;
+            return self.by_token(token).ok_or_else(|| {
+                Refusal::Unauthenticated(
+                    "the bearer token is not one this server knows: check it, or ask an admin to add its sha256 to [auth]".into(),
+                )
+            });
+        }
+        for name in client_names {
+            if let Some((_, grant)) = self.clients.iter().find(|(n, _)| n == name) {
+                return Ok(grant.clone());
+            }
+        }
+        if let Some(first) = client_names.first() {
+            return Err(Refusal::Unauthenticated(format!(
+                "the client certificate ({first}) has no [[auth.client]] entry, and no bearer token was sent"
+            )));
+        }
+        Err(missing())
+    }
+
+    /// The grant of `token`: every entry is compared, in constant time.
+    fn by_token(&self, token: &str) -> Option<Arc<Grant>> {
+        let presented = hash(token);
+        let mut found = None;
+        for (hash, grant) in &self.tokens {
+            if bool::from(hash.ct_eq(&presented)) {
+                found = Some(grant.clone());
+            }
+        }
+        found
+    }
+
+    /// The number of tokens and of client names.
+    pub fn sizes(&self) -> (usize, usize) {
+        (self.tokens.len(), self.clients.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn access(text: &str) -> Result<Access, AuthError> {
+        toml::from_str::<AuthSpec>(text)
+            .expect("valid TOML")
+            .validate(None)
+    }
+
+    #[test]
+    fn tokens_are_found_by_hash_and_grant_their_scope() {
+        let text = format!(
+            "[[token]]\nname = \"checkout\"\nrole = \"caller\"\nprefixes = [\"checkout/*\"]\nsha256 = \"{}\"\n",
+            hash_hex("secret-checkout-token")
+        );
+        let access = access(&text).expect("valid");
+        let grant = access
+            .authenticate(Some(b"Bearer secret-checkout-token"), &[])
+            .expect("known");
+        assert_eq!(grant.role, Role::Caller);
+        assert!(grant.on_key(Role::Caller, "Acquire", "checkout/a").is_ok());
+        assert!(matches!(
+            grant.on_key(Role::Caller, "Acquire", "payments/a"),
+            Err(Refusal::Denied(_))
+        ));
+        assert!(matches!(
+            grant.on_key(Role::Operator, "Isolate", "checkout/a"),
+            Err(Refusal::Denied(_))
+        ));
+        assert!(matches!(
+            access.authenticate(Some(b"Bearer other"), &[]),
+            Err(Refusal::Unauthenticated(_))
+        ));
+        assert!(matches!(
+            access.authenticate(None, &[]),
+            Err(Refusal::Unauthenticated(_))
+        ));
+        assert!(matches!(
+            access.authenticate(Some(b"Basic abc"), &[]),
+            Err(Refusal::Unauthenticated(_))
+        ));
+    }
+
+    #[test]
+    fn listing_needs_a_prefix_inside_the_scope() {
+        let scope = Scope(vec![
+            Pattern::Prefix("a/".into()),
+            Pattern::Exact("b".into()),
+        ]);
+        assert!(scope.covers_prefix("a/"));
+        assert!(scope.covers_prefix("a/x"));
+        assert!(!scope.covers_prefix("a"));
+        assert!(!scope.covers_prefix(""));
+        assert!(!scope.covers_prefix("b"));
+        assert!(scope.covers_pattern(&Pattern::Exact("b".into())));
+        assert!(!scope.covers_pattern(&Pattern::Prefix("b".into())));
+        assert!(Scope::all().is_all());
+    }
+
+    #[test]
+    fn bad_entries_name_the_field() {
+        let e =
+            access("[[token]]\nname = \"x\"\nrole = \"admin\"\nsha256 = \"abc\"\n").unwrap_err();
+        assert_eq!(e.field, "sha256");
+        let e = access("[[token]]\nname = \"x\"\nrole = \"admin\"\n").unwrap_err();
+        assert_eq!(e.field, "sha256");
+        let e = access(&format!(
+            "[[token]]\nname = \"x\"\nrole = \"admin\"\nprefixes = []\nsha256 = \"{}\"\n",
+            hash_hex("t")
+        ))
+        .unwrap_err();
+        assert_eq!(e.field, "prefixes");
+        let e = access("metrics = \"maybe\"\n").unwrap_err();
+        assert_eq!(e.field, "metrics");
+        let e = access("").unwrap_err();
+        assert_eq!(e.field, "token");
+        let e = access(&format!(
+            "[[token]]\nname = \"x\"\nrole = \"admin\"\nsha256 = \"{h}\"\n[[token]]\nname = \"y\"\nrole = \"caller\"\nsha256 = \"{h}\"\n",
+            h = hash_hex("t")
+        ))
+        .unwrap_err();
+        assert_eq!(e.field, "sha256");
+    }
+
+    #[test]
+    fn client_names_stand_for_roles_when_no_token_is_sent() {
+        let access =
+            access("[[client]]\nname = \"ops.internal\"\nrole = \"operator\"\n").expect("valid");
+        let grant = access
+            .authenticate(None, &["other".into(), "ops.internal".into()])
+            .expect("known name");
+        assert_eq!(grant.role, Role::Operator);
+        assert!(matches!(
+            access.authenticate(None, &["stranger".into()]),
+            Err(Refusal::Unauthenticated(_))
+        ));
+    }
+}

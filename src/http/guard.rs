@@ -1,0 +1,211 @@
+//! Who may use the HTTP side. Every request's `Host` and `Origin` must name
+//! this server: loopback names, an IP address, or a name in `[server]
+//! http_hosts` (so that a page on a foreign name, rebound to this address
+//! in an operator's browser, is refused). With `[auth]`, the API and its
+//! event stream need an operator credential, mutations one allowed on the
+//! key, and `/metrics` one too when `[auth] metrics = "token"`. The page
+//! itself, its assets, `/healthz` and `/readyz` stay open.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::api::ApiError;
+use super::AppState;
+use crate::auth::{Grant, Refusal, Role};
+
+/// The credential a request came with (`None` when `[auth]` is off), for
+/// the handlers that check a key.
+#[derive(Clone, Debug)]
+pub struct Caller(pub Option<Arc<Grant>>);
+
+impl Caller {
+    /// Ok when the caller may steer `key` (an operator on it).
+    pub fn may_steer(&self, key: &str, what: &str) -> Result<(), ApiError> {
+        match &self.0 {
+            Some(grant) => grant
+                .on_key(Role::Operator, what, key)
+                .map_err(ApiError::refused),
+            None => Ok(()),
+        }
+    }
+
+    /// Who, for the record of an isolate or close.
+    pub fn name(&self) -> Option<&str> {
+        self.0.as_deref().map(|g| g.name.as_str())
+    }
+}
+
+/// The host part of a `Host` value or an origin's authority: without the
+/// port, and without the brackets of an IPv6 literal.
+fn host_part(authority: &str) -> &str {
+    if let Some(rest) = authority.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match authority.rsplit_once(':') {
+        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
+        _ => authority,
+    }
+}
+
+/// True when `host` names this server: an IP address (a rebinding attack
+/// needs a name), `localhost`, or a configured name.
+fn known_host(host: &str, configured: &[String]) -> bool {
+    host.parse::<IpAddr>().is_ok()
+        || host.eq_ignore_ascii_case("localhost")
+        || configured.iter().any(|c| c.eq_ignore_ascii_case(host))
+}
+
+fn forbidden(field: &'static str, message: String) -> Response {
+    ApiError::forbidden(field, message).into_response()
+}
+
+/// Refuses a request whose `Host` or `Origin` names another server.
+fn check_names(headers: &HeaderMap, configured: &[String]) -> Result<(), Response> {
+    if let Some(host) = headers.get(header::HOST) {
+        let text = host.to_str().unwrap_or("");
+        if !known_host(host_part(text), configured) {
+            return Err(forbidden(
+                "Host",
+                format!("{text:?} is not a name of this server; add it to [server] http_hosts, or use its address"),
+            ));
+        }
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let text = origin.to_str().unwrap_or("");
+        let authority = text
+            .strip_prefix("http://")
+            .or_else(|| text.strip_prefix("https://"))
+            .map(|rest| rest.split('/').next().unwrap_or(rest));
+        if !authority.is_some_and(|a| known_host(host_part(a), configured)) {
+            return Err(forbidden(
+                "Origin",
+                format!("pages from {text:?} may not call this server; add the name to [server] http_hosts"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The role a path needs, or `None` when it is open.
+fn role_for(path: &str, metrics_open: bool) -> Option<Role> {
+    match path {
+        "/metrics" if !metrics_open => Some(Role::Operator),
+        p if p.starts_with("/api/") => Some(Role::Operator),
+        _ => None,
+    }
+}
+
+/// The middleware: names first, then the credential.
+pub async fn guard(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    if let Err(refused) = check_names(request.headers(), state.engine.http_hosts()) {
+        return refused;
+    }
+    let mut caller = Caller(None);
+    if let Some(access) = state.engine.access() {
+        if let Some(role) = role_for(request.uri().path(), access.metrics_open) {
+            let names: Vec<String> = request
+                .extensions()
+                .get::<ClientNames>()
+                .map(|n| n.0.clone())
+                .unwrap_or_default();
+            let grant = access.authenticate(
+                request
+                    .headers()
+                    .get(header::AUTHORIZATION)
+                    .map(|v| v.as_bytes()),
+                &names,
+            );
+            let what = format!("{} {}", request.method(), request.uri().path());
+            let checked = grant.and_then(|g| {
+                // Reads show every key (the board, the timeline); a
+                // mutation is checked against its key by its handler.
+                if request.method() == Method::POST {
+                    g.needs(role, &what)?;
+                } else {
+                    g.on_everything(role, &what)?;
+                }
+                Ok(g)
+            });
+            match checked {
+                Ok(grant) => caller = Caller(Some(grant)),
+                Err(refusal) => return ApiError::refused(refusal).into_response(),
+            }
+        }
+    }
+    request.extensions_mut().insert(caller);
+    next.run(request).await
+}
+
+/// The names of a TLS client certificate, when the connection has one.
+#[derive(Clone, Debug, Default)]
+pub struct ClientNames(pub Vec<String>);
+
+impl ApiError {
+    /// 401 or 403 for a refusal of `[auth]`.
+    pub fn refused(refusal: Refusal) -> ApiError {
+        match refusal {
+            Refusal::Unauthenticated(message) => {
+                ApiError::with_status(StatusCode::UNAUTHORIZED, Some("Authorization"), message)
+            }
+            Refusal::Denied(message) => {
+                ApiError::with_status(StatusCode::FORBIDDEN, Some("Authorization"), message)
+            }
+        }
+    }
+
+    /// 403 naming the header at fault.
+    pub fn forbidden(field: &'static str, message: String) -> ApiError {
+        ApiError::with_status(StatusCode::FORBIDDEN, Some(field), message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_are_addresses_localhost_or_configured_names() {
+        let configured = vec!["fusebox.internal".to_owned()];
+        for ok in [
+            "127.0.0.1:9090",
+            "[::1]:9090",
+            "localhost",
+            "LOCALHOST:80",
+            "10.0.0.7",
+            "fusebox.internal:9090",
+        ] {
+            assert!(known_host(host_part(ok), &configured), "{ok}");
+        }
+        for bad in [
+            "evil.example:9090",
+            "fusebox.internal.evil.example",
+            "",
+            "localhost.evil",
+        ] {
+            assert!(!known_host(host_part(bad), &configured), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_foreign_origin_is_refused_and_a_missing_one_is_not() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, "127.0.0.1:9090".parse().unwrap());
+        assert!(check_names(&headers, &[]).is_ok());
+        headers.insert(header::ORIGIN, "http://127.0.0.1:9090".parse().unwrap());
+        assert!(check_names(&headers, &[]).is_ok());
+        for bad in [
+            "http://evil.example",
+            "null",
+            "file://",
+            "http://evil.example@127.0.0.1",
+        ] {
+            headers.insert(header::ORIGIN, bad.parse().unwrap());
+            assert!(check_names(&headers, &[]).is_err(), "{bad}");
+        }
+    }
+}
