@@ -60,16 +60,12 @@ fn known_host(host: &str, configured: &[String]) -> bool {
         || configured.iter().any(|c| c.eq_ignore_ascii_case(host))
 }
 
-fn forbidden(field: &'static str, message: String) -> Response {
-    ApiError::forbidden(field, message).into_response()
-}
-
 /// Refuses a request whose `Host` or `Origin` names another server.
-fn check_names(headers: &HeaderMap, configured: &[String]) -> Result<(), Response> {
+fn check_names(headers: &HeaderMap, configured: &[String]) -> Result<(), ApiError> {
     if let Some(host) = headers.get(header::HOST) {
         let text = host.to_str().unwrap_or("");
         if !known_host(host_part(text), configured) {
-            return Err(forbidden(
+            return Err(ApiError::forbidden(
                 "Host",
                 format!("{text:?} is not a name of this server; add it to [server] http_hosts, or use its address"),
             ));
@@ -82,7 +78,7 @@ fn check_names(headers: &HeaderMap, configured: &[String]) -> Result<(), Respons
             .or_else(|| text.strip_prefix("https://"))
             .map(|rest| rest.split('/').next().unwrap_or(rest));
         if !authority.is_some_and(|a| known_host(host_part(a), configured)) {
-            return Err(forbidden(
+            return Err(ApiError::forbidden(
                 "Origin",
                 format!("pages from {text:?} may not call this server; add the name to [server] http_hosts"),
             ));
@@ -103,7 +99,7 @@ fn role_for(path: &str, metrics_open: bool) -> Option<Role> {
 /// The middleware: names first, then the credential.
 pub async fn guard(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     if let Err(refused) = check_names(request.headers(), state.engine.http_hosts()) {
-        return refused;
+        return refused.into_response();
     }
     let mut caller = Caller(None);
     if let Some(access) = state.engine.access() {
