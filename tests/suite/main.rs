@@ -1,6 +1,7 @@
 //! fusebox's test suite: one binary, one module per layer.
 
 mod admin;
+mod auth;
 mod bad_input;
 mod bench;
 mod cli;
