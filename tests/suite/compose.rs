@@ -34,6 +34,8 @@ struct Service {
     ports: Vec<Port>,
     #[serde(default)]
     volumes: Vec<Volume>,
+    #[serde(default)]
+    environment: BTreeMap<String, String>,
 }
 
 /// `build: DIR` or `build: { context: DIR, dockerfile: FILE }`.
@@ -198,6 +200,20 @@ fn serve_command(what: &str, command: &[String]) -> Vec<(String, Option<String>)
     flags
 }
 
+/// The container port of the `--http` address of a `serve` command line,
+/// which must listen on every interface too.
+fn http_port(what: &str, flags: &[(String, Option<String>)]) -> u16 {
+    let text = flag(flags, "--http").unwrap_or_else(|| panic!("{what} passes --http"));
+    let addr: SocketAddr = text
+        .parse()
+        .unwrap_or_else(|e| panic!("{what}: --http {text:?} is an address ({e})"));
+    assert!(
+        addr.ip().is_unspecified(),
+        "{what}: --http listens on 0.0.0.0, not {addr}"
+    );
+    addr.port()
+}
+
 /// The `--listen` address of a `serve` command line.
 fn listen(what: &str, flags: &[(String, Option<String>)]) -> SocketAddr {
     let text = flag(flags, "--listen").unwrap_or_else(|| panic!("{what} passes --listen"));
@@ -239,13 +255,25 @@ async fn the_compose_service_serves_the_mounted_config_on_its_published_port() {
 
     let flags = serve_command(&what, &service.command);
 
-    // The published container port is the one the server listens on.
+    // The published container ports are the ones the server listens on:
+    // gRPC and HTTP (the dashboard and metrics).
     let addr = listen(&what, &flags);
+    let http = http_port(&what, &flags);
     let published: Vec<u16> = service.ports.iter().map(Port::container).collect();
     assert_eq!(
         published,
-        vec![addr.port()],
-        "{what}: the container port in `ports` is the --listen port"
+        vec![addr.port(), http],
+        "{what}: the container ports in `ports` are the --listen and --http ports"
+    );
+    // The published ports are never open: the config has [auth], and its
+    // admin token comes from the environment, which compose requires.
+    let token_env = service
+        .environment
+        .get("FUSEBOX_TOKEN")
+        .unwrap_or_else(|| panic!("{what} passes FUSEBOX_TOKEN"));
+    assert!(
+        token_env.starts_with("${FUSEBOX_TOKEN:?"),
+        "{what}: FUSEBOX_TOKEN is required from the host (`${{FUSEBOX_TOKEN:?...}}`), not {token_env:?}"
     );
 
     // --config names a file mounted from the repository, read-only.
@@ -269,31 +297,46 @@ async fn the_compose_service_serves_the_mounted_config_on_its_published_port() {
         args.push(name.clone());
         match (name.as_str(), value) {
             ("--config", _) => args.push(host.display().to_string()),
-            ("--listen", _) => args.push("127.0.0.1:0".into()),
+            ("--listen" | "--http", _) => args.push("127.0.0.1:0".into()),
             (_, Some(value)) => args.push(value.clone()),
             (_, None) => {}
         }
     }
-    let (_server, address) = serve(&args).await;
-    // And it answers there.
-    let output = tokio::process::Command::new(BIN)
-        .args(["get", "any/key", "--json", "--server", &address])
-        .output()
-        .await
-        .expect("fusebox runs");
+    let token = "compose-admin-token-0123456789";
+    let (_server, address) = serve(&args, token).await;
+    // And it answers there, to the token only.
+    let get = |token: Option<&str>| {
+        let mut command = tokio::process::Command::new(BIN);
+        command
+            .args(["get", "any/key", "--json", "--server", &address])
+            .env_remove("FUSEBOX_TOKEN");
+        if let Some(t) = token {
+            command.env("FUSEBOX_TOKEN", t);
+        }
+        command.output()
+    };
+    let output = get(Some(token)).await.expect("fusebox runs");
     assert!(
         output.status.success(),
-        "the server with the example config answers: {}",
+        "the server with the compose config answers the admin token: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let output = get(None).await.expect("fusebox runs");
+    assert!(
+        !output.status.success()
+            && String::from_utf8_lossy(&output.stderr).contains("UNAUTHENTICATED"),
+        "without the token the server refuses: {}",
         String::from_utf8_lossy(&output.stderr)
     );
 }
 
-/// Starts `fusebox ARGS`, checks that its first line is `listening on
+/// Starts `fusebox ARGS` with `FUSEBOX_TOKEN` set to `token`, checks that its first line is `listening on
 /// 127.0.0.1:PORT`, and returns the process (killed when dropped) and that
 /// address.
-async fn serve(args: &[String]) -> (tokio::process::Child, String) {
+async fn serve(args: &[String], token: &str) -> (tokio::process::Child, String) {
     let mut child = tokio::process::Command::new(BIN)
         .args(args)
+        .env("FUSEBOX_TOKEN", token)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -469,11 +512,25 @@ fn the_dockerfile_builds_this_crate_and_runs_it_unprivileged() {
 
     // The runtime: slim Debian, the binary alone, not root.
     assert_eq!(one(runtime, "FROM"), "debian:bookworm-slim");
-    let copy = one(runtime, "COPY");
+    let copies = all(runtime, "COPY");
     assert_eq!(
-        copy,
-        "--from=builder /usr/local/bin/fusebox /usr/local/bin/fusebox"
+        copies.first().copied(),
+        Some("--from=builder /usr/local/bin/fusebox /usr/local/bin/fusebox")
     );
+    // Besides the binary, only the config its CMD serves.
+    let configs: Vec<(String, String)> = copies[1..]
+        .iter()
+        .map(|rest| {
+            let sources = copy_sources(rest);
+            assert_eq!(sources.len(), 1, "one file per COPY: {rest}");
+            assert!(
+                root().join(&sources[0]).is_file(),
+                "{rest}: the file exists"
+            );
+            let dest = rest.split_whitespace().last().expect("a destination");
+            (sources[0].clone(), dest.to_owned())
+        })
+        .collect();
     let user = one(runtime, "USER");
     let name = user.split(':').next().expect("a user");
     assert!(
@@ -489,16 +546,37 @@ fn the_dockerfile_builds_this_crate_and_runs_it_unprivileged() {
     let cmd = exec_form("CMD", one(runtime, "CMD"));
     let flags = serve_command("the Dockerfile's CMD", &cmd);
     let addr = listen("the Dockerfile's CMD", &flags);
-    let exposed: u16 = one(runtime, "EXPOSE")
-        .trim_end_matches("/tcp")
-        .parse()
-        .expect("EXPOSE names one port");
-    assert_eq!(exposed, addr.port(), "EXPOSE is the CMD's --listen port");
+    let http = http_port("the Dockerfile's CMD", &flags);
+    let config = flag(&flags, "--config").expect("the CMD passes --config");
+    assert!(
+        configs.iter().any(|(_, dest)| dest == config),
+        "the CMD's --config {config} is a file the image copies: {configs:?}"
+    );
+    let exposed: Vec<u16> = one(runtime, "EXPOSE")
+        .split_whitespace()
+        .map(|p| {
+            p.trim_end_matches("/tcp")
+                .parse()
+                .expect("EXPOSE names ports")
+        })
+        .collect();
+    assert_eq!(
+        exposed,
+        vec![addr.port(), http],
+        "EXPOSE is the CMD's --listen and --http ports"
+    );
     let (name, service) = service();
     let published: Vec<u16> = service.ports.iter().map(Port::container).collect();
     assert_eq!(
-        published,
-        vec![exposed],
-        "docker-compose.yml service {name:?} publishes the port the Dockerfile exposes"
+        published, exposed,
+        "docker-compose.yml service {name:?} publishes the ports the Dockerfile exposes"
+    );
+    // The image's config and the one compose mounts are the same file.
+    let mounted: Vec<String> = service.volumes.iter().map(|v| v.parts().0).collect();
+    assert!(
+        configs
+            .iter()
+            .any(|(source, _)| mounted.iter().any(|m| m.trim_start_matches("./") == source)),
+        "compose mounts the config the image copies: {configs:?} vs {mounted:?}"
     );
 }
