@@ -22,6 +22,9 @@ pub(crate) type Conn =
 pub(crate) struct Credentials(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
 
 impl Credentials {
+    /// No credentials.
+    pub(crate) const NONE: Credentials = Credentials(None);
+
     /// The header for `token`, if any.
     pub(crate) fn of(token: Option<&str>) -> anyhow::Result<Credentials> {
         token

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::load::Channel;
 use anyhow::{bail, Context};
 use fusebox::proto::v1 as pb;
-use tonic::transport::Channel;
 
 use super::load::Load;
 

@@ -12,7 +12,18 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use fusebox::proto::v1 as pb;
 use hdrhistogram::Histogram;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
+
+pub(crate) use crate::client::Conn as Channel;
+use crate::client::Credentials;
+
+/// The credentials every connection of the tool sends (`--token`).
+static CREDENTIALS: std::sync::OnceLock<Credentials> = std::sync::OnceLock::new();
+
+/// Sets the credentials of the tool's connections, once, before any.
+pub(crate) fn set_credentials(credentials: Credentials) {
+    let _ = CREDENTIALS.set(credentials);
+}
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
@@ -85,6 +96,10 @@ pub(crate) async fn connect(url: &str) -> anyhow::Result<Channel> {
         .connect()
         .await
         .with_context(|| format!("cannot reach fusebox at {url}"))
+        .map(|channel| {
+            let credentials = CREDENTIALS.get().cloned().unwrap_or(Credentials::NONE);
+            tonic::service::interceptor::InterceptedService::new(channel, credentials)
+        })
 }
 
 impl Load {

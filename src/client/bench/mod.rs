@@ -107,6 +107,11 @@ struct Options {
     /// Pin the load generator to these CPUs (its threads round-robin).
     #[arg(long, global = true, value_name = "LIST")]
     client_cpus: Option<String>,
+    /// The bearer token to call with, when the server has [auth] (the
+    /// server the tool starts inherits FUSEBOX_TOKEN, for a config whose
+    /// token has `env = "FUSEBOX_TOKEN"`).
+    #[arg(long, global = true, env = "FUSEBOX_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// Worker threads of the load generator's runtime.
     #[arg(long, global = true, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     client_threads: u16,
@@ -164,6 +169,9 @@ fn parse_positive_duration(text: &str) -> Result<u64, String> {
 /// Runs `fusebox bench` on a runtime of its own: `--client-threads`
 /// workers, pinned to `--client-cpus`.
 pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    load::set_credentials(crate::client::Credentials::of(
+        args.options.token.as_deref(),
+    )?);
     let cpus = match &args.options.client_cpus {
         Some(list) => {
             Some(parse_cpu_list(list).map_err(|e| anyhow::anyhow!("--client-cpus: {e}"))?)
