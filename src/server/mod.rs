@@ -183,6 +183,23 @@ impl Api {
         Api { engine }
     }
 
+    /// Who sent `request`: its grant, or `None` when authentication is off.
+    fn grant<T>(&self, request: &Request<T>) -> Result<Option<Arc<Grant>>, Status> {
+        let Some(access) = self.engine.access() else {
+            return Ok(None);
+        };
+        access
+            .authenticate(
+                request
+                    .metadata()
+                    .get("authorization")
+                    .map(|v| v.as_bytes()),
+                &client_names(request),
+            )
+            .map(Some)
+            .map_err(status_of_refusal)
+    }
+
     /// Checks that the caller of `request` may do `what` (which needs
     /// `role`) on `on`. Returns the caller's grant, or `None` when
     /// authentication is off.
@@ -193,18 +210,9 @@ impl Api {
         what: &str,
         on: On<'_>,
     ) -> Result<Option<Arc<Grant>>, Status> {
-        let Some(access) = self.engine.access() else {
+        let Some(grant) = self.grant(request)? else {
             return Ok(None);
         };
-        let grant = access
-            .authenticate(
-                request
-                    .metadata()
-                    .get("authorization")
-                    .map(|v| v.as_bytes()),
-                &client_names(request),
-            )
-            .map_err(status_of_refusal)?;
         match on {
             On::Key(key) => grant.on_key(role, what, key),
             On::Prefix(prefix) => grant.on_prefix(role, what, prefix),
@@ -217,21 +225,22 @@ impl Api {
     }
 
     /// Checks that the caller may settle `ticket`: a ticket is completed or
-    /// renewed only by a credential allowed on its key.
+    /// renewed only by a credential allowed on its key. Who is checked
+    /// first, so that an unknown caller learns nothing about tickets.
     fn allow_ticket<T>(
         &self,
         request: &Request<T>,
         what: &str,
         ticket: &str,
     ) -> Result<(), Status> {
-        if self.engine.access().is_none() {
+        let Some(grant) = self.grant(request)? else {
             return Ok(());
-        }
-        // Who first: an unknown caller learns nothing about tickets.
-        self.allow(request, Role::Caller, what, On::Nothing)?;
+        };
+        grant.needs(Role::Caller, what).map_err(status_of_refusal)?;
         let key = self.engine.ticket_key(ticket).map_err(status_of)?;
-        self.allow(request, Role::Caller, what, On::Key(&key))?;
-        Ok(())
+        grant
+            .on_key(Role::Caller, what, &key)
+            .map_err(status_of_refusal)
     }
 }
 
