@@ -36,6 +36,19 @@ struct ClientOptions {
     /// Print JSON instead of readable text.
     #[arg(long, global = true)]
     json: bool,
+    /// Call the server over TLS, trusting the CA certificates in this PEM file.
+    #[arg(long, global = true, env = "FUSEBOX_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// With mutual TLS: this client's certificate chain (PEM).
+    #[arg(long, global = true, env = "FUSEBOX_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// With mutual TLS: this client's private key (PEM).
+    #[arg(long, global = true, env = "FUSEBOX_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// The name the server's certificate must have, when it is not the
+    /// host of --server.
+    #[arg(long, global = true, env = "FUSEBOX_TLS_SERVER_NAME")]
+    tls_server_name: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -55,6 +68,16 @@ enum Command {
         /// (default 127.0.0.1:9090; port 0 picks a free port).
         #[arg(long)]
         http: Option<SocketAddr>,
+        /// Serve over TLS with this certificate chain (PEM); wins over [tls] cert.
+        #[arg(long)]
+        tls_cert: Option<PathBuf>,
+        /// The private key (PEM) of --tls-cert; wins over [tls] key.
+        #[arg(long)]
+        tls_key: Option<PathBuf>,
+        /// Mutual TLS: require client certificates signed by the CAs in this
+        /// PEM file; wins over [tls] client_ca.
+        #[arg(long)]
+        tls_client_ca: Option<PathBuf>,
     },
     /// Ask for permits on a key; prints the decision and the ticket.
     Acquire {
@@ -173,7 +196,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             manual_clock,
             http,
-        } => serve(config, listen, manual_clock, http).await,
+            tls_cert,
+            tls_key,
+            tls_client_ca,
+        } => {
+            let tls = TlsFlags {
+                cert: tls_cert,
+                key: tls_key,
+                client_ca: tls_client_ca,
+            };
+            serve(config, listen, manual_clock, http, tls).await
+        }
         Command::Acquire {
             key,
             permits,
@@ -301,11 +334,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// `serve`'s `--tls-*` flags.
+struct TlsFlags {
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+}
+
 async fn serve(
     config: Option<PathBuf>,
     listen: SocketAddr,
     manual_clock: bool,
     http: Option<SocketAddr>,
+    tls_flags: TlsFlags,
 ) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -320,6 +361,23 @@ async fn serve(
         Some(path) => Config::load(path).context("the server did not start")?,
         None => Config::default(),
     };
+    let tls = fusebox::engine::config::TlsConfig::resolve(
+        config_path.as_deref(),
+        tls_flags.cert,
+        tls_flags.key,
+        tls_flags.client_ca,
+    )
+    .context("the server did not start")?;
+    let tls = match &tls {
+        Some(settings) => {
+            Some(fusebox::tls::Tls::load(settings).context("the server did not start")?)
+        }
+        None => None,
+    };
+    if let Some(tls) = &tls {
+        // Before the address is printed: a SIGHUP from then on reloads.
+        tokio::spawn(tls.clone().watch());
+    }
     let rules = config.rules.rules.len();
     let engine = Arc::new(if manual_clock {
         Engine::with_manual_clock(config)
@@ -363,22 +421,60 @@ async fn serve(
     {
         tracing::warn!("could not write the addresses to standard output: {e}");
     }
+    let security = match &tls {
+        None => "off".to_owned(),
+        Some(tls) => format!(
+            "{}{}; {}",
+            if tls.is_mutual() {
+                "on, mutual (client certificates "
+            } else {
+                "on"
+            },
+            if !tls.is_mutual() {
+                ""
+            } else if tls.config().client_auth == fusebox::engine::config::ClientAuth::Required {
+                "required)"
+            } else {
+                "optional)"
+            },
+            if tls.config().http {
+                "HTTP over TLS too"
+            } else {
+                "HTTP without TLS"
+            }
+        ),
+    };
     tracing::info!(
         %addr,
         rules,
         manual_clock,
+        tls = %security,
         "fusebox is serving"
     );
+    if let Some(tls) = &tls {
+        tracing::info!("TLS certificate: {}", tls.describe());
+    }
     if let Some(listener) = http_listener {
         let stopped = engine.stopped();
         let engine = engine.clone();
+        let acceptor = tls
+            .as_ref()
+            .filter(|t| t.config().http)
+            .map(|t| t.acceptor(fusebox::tls::ALPN_HTTP));
         tokio::spawn(async move {
-            if let Err(e) = fusebox::http::serve(listener, engine, stopped).await {
+            let served = match acceptor {
+                Some(acceptor) => {
+                    fusebox::http::serve_tls(listener, engine, acceptor, stopped).await
+                }
+                None => fusebox::http::serve(listener, engine, stopped).await,
+            };
+            if let Err(e) = served {
                 tracing::error!("the HTTP server stopped: {e}");
             }
         });
     }
-    fusebox::server::run(listener, engine, shutdown_signal()).await
+    let acceptor = tls.map(|t| t.acceptor(fusebox::tls::ALPN_GRPC));
+    fusebox::server::run_with_tls(listener, engine, acceptor, shutdown_signal()).await
 }
 
 async fn shutdown_signal() {

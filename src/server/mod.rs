@@ -20,6 +20,7 @@ use pb::fusebox_server::{Fusebox, FuseboxServer};
 
 mod connections;
 pub mod policy;
+pub mod tls;
 mod watch;
 
 /// Keys a ListKeys page reads between two yields to other requests.
@@ -137,7 +138,7 @@ fn who<T>(request: &Request<T>) -> String {
         .get("x-fusebox-operator")
         .and_then(|v| v.to_str().ok())
         .map(|s| s.chars().take(128).collect())
-        .or_else(|| request.remote_addr().map(|a| a.to_string()))
+        .or_else(|| tls::remote_addr(request).map(|a| a.to_string()))
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
@@ -454,6 +455,16 @@ pub async fn run(
     engine: Arc<Engine>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    run_with_tls(listener, engine, None, shutdown).await
+}
+
+/// Like [`run`]; with `tls`, every connection is a TLS one (see [`tls`]).
+pub async fn run_with_tls(
+    listener: tokio::net::TcpListener,
+    engine: Arc<Engine>,
+    tls: Option<tls::Acceptor>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     let manual = engine.has_manual_clock();
     let served: Vec<&str> = SERVICES
         .iter()
@@ -479,7 +490,7 @@ pub async fn run(
     let api = Api::new(engine.clone());
     let timer = tokio::spawn(engine.clone().run_timer());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let incoming = connections::incoming(listener, engine.clone());
+    let incoming = connections::incoming(listener, engine.clone(), tls);
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(
