@@ -553,10 +553,137 @@ impl Acceptor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn certificate(cn: Option<&str>, sans: &[String]) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::default();
+        for san in sans {
+            let ia5 = san.clone().try_into().expect("an IA5 string");
+            params.subject_alt_names.push(if san.contains("://") {
+                rcgen::SanType::URI(ia5)
+            } else if let Ok(ip) = san.parse() {
+                rcgen::SanType::IpAddress(ip)
+            } else {
+                rcgen::SanType::DnsName(ia5)
+            });
+        }
+        params.subject_alt_names.push(rcgen::SanType::Rfc822Name(
+            "ops@fusebox.test".try_into().expect("an IA5 string"),
+        ));
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        if let Some(cn) = cn {
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, cn);
+        }
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "not a name");
+        let key = rcgen::KeyPair::generate().expect("a key");
+        params
+            .self_signed(&key)
+            .expect("a certificate")
+            .der()
+            .to_vec()
+    }
+
+    #[test]
+    fn tls_settings_resolve_paths_against_the_config_file_and_flags_win() {
+        use crate::engine::config::{Config, TlsConfig};
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = dir.path().join("fusebox.toml");
+        std::fs::write(
+            &path,
+            "[tls]\ncert = \"certs/server.pem\"\nkey = \"/etc/key.pem\"\nclient_ca = \"ca.pem\"\n",
+        )
+        .expect("written");
+        Config::load(&path).expect("a valid config");
+        let tls = TlsConfig::resolve(Some(&path), None, None, None)
+            .expect("valid")
+            .expect("TLS is on");
+        assert_eq!(tls.cert, dir.path().join("certs/server.pem"));
+        assert_eq!(tls.key, std::path::PathBuf::from("/etc/key.pem"));
+        assert_eq!(tls.client_ca, Some(dir.path().join("ca.pem")));
+        assert_eq!(tls.client_auth, ClientAuth::Required);
+        assert!(tls.http);
+        let tls = TlsConfig::resolve(Some(&path), Some("/x/c.pem".into()), None, None)
+            .expect("valid")
+            .expect("TLS is on");
+        assert_eq!(tls.cert, std::path::PathBuf::from("/x/c.pem"));
+
+        assert_eq!(
+            TlsConfig::resolve(None, None, None, None).expect("valid"),
+            None
+        );
+        let e = TlsConfig::resolve(None, Some("c.pem".into()), None, None).unwrap_err();
+        assert!(e.to_string().contains("the command line: --tls-cert: needs --tls-key"), "{e}");
+        let e = TlsConfig::resolve(None, None, None, Some("ca.pem".into())).unwrap_err();
+        assert!(e.to_string().contains("--tls-client-ca"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_tls_section_names_the_field() {
+        use crate::engine::config::Config;
+        for (text, expected) in [
+            (
+                "[tls]\ncert = \"c\"\nkey = \"k\"\nverify = true\n",
+                "[tls]: verify: unknown field",
+            ),
+            ("[tls]\nkey = \"k\"\n", "[tls]: cert: is missing"),
+            (
+                "[tls]\ncert = \"\"\nkey = \"k\"\n",
+                "[tls]: cert: must not be empty",
+            ),
+            (
+                "[tls]\ncert = \"c\"\nkey = \"k\"\nclient_auth = \"optional\"\n",
+                "[tls]: client_auth: needs client_ca",
+            ),
+            (
+                "[tls]\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"a\"\nclient_auth = \"maybe\"\n",
+                "[tls]: client_auth",
+            ),
+        ] {
+            let e = Config::parse(text, "test.toml").unwrap_err().to_string();
+            assert!(e.contains(expected), "{text:?}: {e}");
+        }
+    }
 
     #[test]
     fn names_of_garbage_is_empty() {
         assert!(names_of(b"not a certificate").is_empty());
         assert!(names_of(&[]).is_empty());
+    }
+
+    #[test]
+    fn ip_and_email_names_are_not_identities() {
+        let der = certificate(None, &["10.0.0.1".to_owned(), "svc.test".to_owned()]);
+        assert_eq!(names_of(&der), vec!["svc.test".to_owned()]);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// The common name comes first, then the DNS and URI names in the
+        /// certificate's order, each once; other subject parts are not names.
+        #[test]
+        fn names_are_the_common_name_then_dns_and_uri_names(
+            cn in proptest::option::of("[a-z][a-z0-9-]{0,15}"),
+            sans in proptest::collection::vec(
+                prop_oneof![
+                    "[a-z]{1,8}(\\.[a-z]{1,8}){0,2}\\.test",
+                    "spiffe://fusebox\\.test/[a-z]{1,8}",
+                ],
+                0..5,
+            ),
+        ) {
+            let der = certificate(cn.as_deref(), &sans);
+            let mut expected: Vec<String> = Vec::new();
+            for name in cn.iter().chain(sans.iter()) {
+                if !expected.contains(name) {
+                    expected.push(name.clone());
+                }
+            }
+            prop_assert_eq!(names_of(&der), expected);
+        }
     }
 }

@@ -165,7 +165,7 @@ impl TlsConfig {
             None => None,
         };
         let flag = |name: &str, problem: &str| ConfigError::Invalid {
-            rule: "flags".into(),
+            rule: "the command line".into(),
             field: name.into(),
             problem: problem.into(),
         };

@@ -131,15 +131,24 @@ pub fn key_state_of(engine: &Engine, r: &KeyReading) -> pb::KeyState {
 }
 
 /// Who asked, for the record of an isolate or close: the
-/// `x-fusebox-operator` header if set, else the peer's address.
+/// `x-fusebox-operator` header if set, else the peer's address; with
+/// mutual TLS, followed by the first name of the client's certificate
+/// (`cli:ana (certificate ops-laptop)`).
 fn who<T>(request: &Request<T>) -> String {
-    request
+    let who = request
         .metadata()
         .get("x-fusebox-operator")
         .and_then(|v| v.to_str().ok())
         .map(|s| s.chars().take(128).collect())
         .or_else(|| tls::remote_addr(request).map(|a| a.to_string()))
-        .unwrap_or_else(|| "unknown".to_owned())
+        .unwrap_or_else(|| "unknown".to_owned());
+    match tls::identity(request).and_then(|id| id.names.first()) {
+        Some(name) => format!(
+            "{who} (certificate {})",
+            name.chars().take(128).collect::<String>()
+        ),
+        None => who,
+    }
 }
 
 /// The three fusebox services over one engine.

@@ -13,7 +13,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::harness::{eventually, Options, Server, BIN};
+use crate::harness::{by, eventually, Options, Server, BIN};
 
 /// How long a change may take to show.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -178,10 +178,20 @@ async fn served_names(addr: &str, ca: &str) -> Result<Vec<String>, String> {
 
 /// `GET path` over HTTPS on a new connection: the status line and the body.
 async fn https_get(addr: &str, ca: &str, path: &str) -> Result<String, String> {
+    https_get_as(addr, ca, None, path).await
+}
+
+/// [`https_get`] with a client certificate.
+async fn https_get_as(
+    addr: &str,
+    ca: &str,
+    identity: Option<&Pair>,
+    path: &str,
+) -> Result<String, String> {
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
-    let mut tls = connector(ca, None, b"http/1.1")
+    let mut tls = connector(ca, identity, b"http/1.1")
         .connect(ServerName::try_from("localhost").expect("a name"), tcp)
         .await
         .map_err(|e| e.to_string())?;
@@ -289,6 +299,35 @@ async fn mutual_tls_requires_a_client_certificate_from_the_client_ca() {
         "{logs}"
     );
     assert!(logs.contains("TLS handshake failed"), "{logs}");
+
+    // The certificate's name reaches the services: an isolate records it,
+    // and the transitions read over HTTPS (mutual TLS there too) show it.
+    let channel = channel(&server, &ca.pem(), Some(&known))
+        .await
+        .expect("a connection");
+    pb::admin_client::AdminClient::new(channel)
+        .isolate(by(
+            "cli:ana",
+            pb::IsolateRequest {
+                key: "tls/isolated".into(),
+                reason: "drill".into(),
+            },
+        ))
+        .await
+        .expect("isolated");
+    let http = server.http_addr.clone().expect("an HTTP address");
+    assert!(
+        https_get(&http, &ca.pem(), "/healthz").await.is_err(),
+        "the HTTP port wants a client certificate too"
+    );
+    let reply = https_get_as(&http, &ca.pem(), Some(&known), "/api/transitions")
+        .await
+        .expect("HTTPS with a client certificate");
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(
+        reply.contains("cli:ana (certificate billing)"),
+        "the record names the certificate: {reply}"
+    );
 }
 
 #[tokio::test]
