@@ -616,7 +616,11 @@ mod tests {
             None
         );
         let e = TlsConfig::resolve(None, Some("c.pem".into()), None, None).unwrap_err();
-        assert!(e.to_string().contains("the command line: --tls-cert: needs --tls-key"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("the command line: --tls-cert: needs --tls-key"),
+            "{e}"
+        );
         let e = TlsConfig::resolve(None, None, None, Some("ca.pem".into())).unwrap_err();
         assert!(e.to_string().contains("--tls-client-ca"), "{e}");
     }

@@ -71,10 +71,25 @@ pub(crate) async fn connect(client: &ClientOptions) -> anyhow::Result<tonic::tra
 
 /// The client side of TLS, from `--tls-ca`, `--tls-cert`, `--tls-key` and `--tls-server-name`.
 fn tls_config(client: &ClientOptions) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
+    tls_config_of(
+        client.tls_ca.as_deref(),
+        client.tls_cert.as_deref(),
+        client.tls_key.as_deref(),
+        client.tls_server_name.as_deref(),
+    )
+}
+
+/// The client side of TLS from the files and the server name of the `--tls-*` flags.
+pub(crate) fn tls_config_of(
+    ca: Option<&std::path::Path>,
+    cert: Option<&std::path::Path>,
+    key: Option<&std::path::Path>,
+    server_name: Option<&str>,
+) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
     let read = |flag: &str, path: &std::path::Path| {
         std::fs::read(path).with_context(|| format!("{flag}: cannot read {}", path.display()))
     };
-    let Some(ca) = &client.tls_ca else {
+    let Some(ca) = ca else {
         bail!(
             "--tls-ca is missing: pass the PEM file of the CA that signed the server's certificate"
         );
@@ -82,7 +97,7 @@ fn tls_config(client: &ClientOptions) -> anyhow::Result<tonic::transport::Client
     let mut config = tonic::transport::ClientTlsConfig::new().ca_certificate(
         tonic::transport::Certificate::from_pem(read("--tls-ca", ca)?),
     );
-    match (&client.tls_cert, &client.tls_key) {
+    match (cert, key) {
         (Some(cert), Some(key)) => {
             config = config.identity(tonic::transport::Identity::from_pem(
                 read("--tls-cert", cert)?,
@@ -93,8 +108,8 @@ fn tls_config(client: &ClientOptions) -> anyhow::Result<tonic::transport::Client
         (None, Some(_)) => bail!("--tls-key needs --tls-cert (this client's certificate)"),
         (None, None) => {}
     }
-    if let Some(name) = &client.tls_server_name {
-        config = config.domain_name(name.clone());
+    if let Some(name) = server_name {
+        config = config.domain_name(name.to_owned());
     }
     Ok(config)
 }
