@@ -453,6 +453,9 @@ async fn serve(
     );
     if let Some(tls) = &tls {
         tracing::info!("TLS certificate: {}", tls.describe());
+        if let Some(warning) = tls.expiry_warning() {
+            tracing::warn!("{warning}");
+        }
     }
     if let Some(listener) = http_listener {
         let stopped = engine.stopped();

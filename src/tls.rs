@@ -36,6 +36,14 @@ use crate::engine::config::{ClientAuth, TlsConfig};
 /// How often the certificate, key and client CA files are checked for changes.
 pub const POLL_EVERY: Duration = Duration::from_secs(1);
 
+/// How long changed files must stay the same before they are loaded, so
+/// that a file caught while being written, or a certificate replaced a
+/// moment before its key, is not taken for the new pair.
+pub const SETTLE: Duration = Duration::from_millis(200);
+
+/// A certificate closer than this to its expiry is warned about.
+pub const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
+
 /// Longest a client may take over its TLS handshake before the connection is closed.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -110,6 +118,28 @@ fn describe(cert_der: &[u8]) -> String {
         }
         Err(_) => "a certificate that cannot be parsed".to_owned(),
     }
+}
+
+/// A warning for a certificate that has expired, is not valid yet, or
+/// expires within [`EXPIRY_WARNING`].
+pub fn expiry_warning(cert_der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(cert_der).ok()?;
+    let validity = cert.validity();
+    let subject = cert.subject();
+    if !validity.is_valid() {
+        return Some(format!(
+            "the TLS certificate {subject} is not valid now (valid from {} to {}): clients will refuse it; replace the files",
+            validity.not_before, validity.not_after
+        ));
+    }
+    let left = validity.time_to_expiration()?;
+    (left.whole_seconds() < EXPIRY_WARNING.as_secs() as i64).then(|| {
+        format!(
+            "the TLS certificate {subject} expires in {} hours ({}): replace the files before then",
+            left.whole_hours(),
+            validity.not_after
+        )
+    })
 }
 
 /// The bytes of the files, as last read.
@@ -197,6 +227,12 @@ impl Tls {
     pub fn describe(&self) -> String {
         let key = self.key.read().unwrap_or_else(|e| e.into_inner()).clone();
         key.cert.first().map_or_else(String::new, |c| describe(c))
+    }
+
+    /// A warning when the certificate in force has expired or expires soon.
+    pub fn expiry_warning(&self) -> Option<String> {
+        let key = self.key.read().unwrap_or_else(|e| e.into_inner()).clone();
+        expiry_warning(key.cert.first()?)
     }
 
     /// Reloads so far, failed reloads, and failed handshakes.
@@ -318,10 +354,16 @@ impl Tls {
                 return Reload::Failed(e.0);
             }
         };
-        let mut tried = self.tried.lock().unwrap_or_else(|e| e.into_inner());
-        if *tried == files {
+        if *self.tried.lock().unwrap_or_else(|e| e.into_inner()) == files {
             return Reload::Unchanged;
         }
+        // Changed: load only what stays the same for a moment (this runs on
+        // a blocking thread).
+        std::thread::sleep(SETTLE);
+        if Tls::read_files(&self.config).ok().as_ref() != Some(&files) {
+            return Reload::Unchanged;
+        }
+        let mut tried = self.tried.lock().unwrap_or_else(|e| e.into_inner());
         let result = (|| {
             let key = Tls::certified_key(&self.config, &self.provider, &files)?;
             let verifier = match (&files.client_ca, &self.verifier) {
@@ -385,6 +427,9 @@ impl Tls {
                     Reload::Unchanged => {}
                     Reload::Reloaded(what) => {
                         tracing::info!("TLS certificate reloaded: {what}; new connections use it");
+                        if let Some(warning) = self.expiry_warning() {
+                            tracing::warn!("{warning}");
+                        }
                     }
                     Reload::Failed(why) => tracing::error!(
                         "TLS certificate not reloaded, the running one stays: {why}"
@@ -650,6 +695,27 @@ mod tests {
             let e = Config::parse(text, "test.toml").unwrap_err().to_string();
             assert!(e.contains(expected), "{text:?}: {e}");
         }
+    }
+
+    #[test]
+    fn expired_and_soon_expiring_certificates_are_warned_about() {
+        let key = rcgen::KeyPair::generate().expect("a key");
+        let mut params =
+            rcgen::CertificateParams::new(vec!["svc.test".to_owned()]).expect("params");
+        let lasting = params.self_signed(&key).expect("a certificate");
+        assert_eq!(expiry_warning(lasting.der()), None);
+
+        params.not_before = rcgen::date_time_ymd(2000, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2001, 1, 1);
+        let expired = params.self_signed(&key).expect("a certificate");
+        let warning = expiry_warning(expired.der()).expect("a warning");
+        assert!(warning.contains("is not valid now"), "{warning}");
+
+        params.not_before = std::time::SystemTime::now().into();
+        params.not_after = params.not_before + Duration::from_secs(2 * 24 * 3600);
+        let soon = params.self_signed(&key).expect("a certificate");
+        let warning = expiry_warning(soon.der()).expect("a warning");
+        assert!(warning.contains("expires in 4"), "{warning}");
     }
 
     #[test]
