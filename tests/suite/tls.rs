@@ -212,6 +212,40 @@ async fn https_get_as(
     Ok(reply)
 }
 
+/// Reads one HTTP/1.1 response with a Content-Length from `stream`: the
+/// head and the body.
+async fn response<S: tokio::io::AsyncRead + Unpin>(
+    stream: &mut S,
+) -> Result<(String, String), String> {
+    let mut bytes = Vec::new();
+    let mut byte = [0u8; 1];
+    while !bytes.ends_with(b"\r\n\r\n") {
+        let n = stream.read(&mut byte).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err(format!(
+                "closed after {:?}",
+                String::from_utf8_lossy(&bytes)
+            ));
+        }
+        bytes.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&bytes).into_owned();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().ok())?
+        })
+        .ok_or_else(|| format!("no content-length in {head}"))?;
+    let mut body = vec![0u8; length];
+    stream
+        .read_exact(&mut body)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((head, String::from_utf8_lossy(&body).into_owned()))
+}
+
 /// `GET path` over plain HTTP.
 async fn http_get(addr: &str, path: &str) -> Result<String, String> {
     let mut tcp = tokio::net::TcpStream::connect(addr)
@@ -547,6 +581,68 @@ async fn http_is_served_over_tls_with_the_same_certificate() {
         !plain.as_deref().unwrap_or("").starts_with("HTTP/1.1 200"),
         "plain HTTP is not answered on a TLS port: {plain:?}"
     );
+
+    // A connection kept open across a certificate change goes on with the
+    // certificate it began with; new connections get the new one.
+    let tcp = tokio::net::TcpStream::connect(&http)
+        .await
+        .expect("connects");
+    let mut kept = connector(&ca.pem(), None, b"http/1.1")
+        .connect(ServerName::try_from("localhost").expect("a name"), tcp)
+        .await
+        .expect("a handshake");
+    let get = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    kept.write_all(get).await.expect("sent");
+    let (head, body) = response(&mut kept).await.expect("a response");
+    assert!(
+        head.starts_with("HTTP/1.1 200") && body == "ok\n",
+        "{head}{body}"
+    );
+    let b = ca.server("b.fusebox.test");
+    replace(dir.path(), "server.key", &b.key);
+    replace(dir.path(), "server.pem", &b.cert);
+    eventually("new connections see certificate B", PATIENCE, || async {
+        let names = served_names(&server.addr, &ca.pem()).await.ok()?;
+        names.contains(&"b.fusebox.test".to_owned()).then_some(())
+    })
+    .await;
+    kept.write_all(get).await.expect("sent again");
+    let (head, body) = response(&mut kept).await.expect("a second response");
+    assert!(
+        head.starts_with("HTTP/1.1 200") && body == "ok\n",
+        "{head}{body}"
+    );
+    let names = fusebox::tls::names_of(&kept.get_ref().1.peer_certificates().expect("certs")[0]);
+    assert!(
+        names.contains(&"server.fusebox.test".to_owned()),
+        "{names:?}"
+    );
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn sighup_does_not_stop_a_tls_server_without_a_config_file() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca = Ca::new("fusebox test CA");
+    install(dir.path(), &ca.server("a.fusebox.test"));
+    let server = start(dir.path(), &[]).await;
+    let pid = server.child.id().expect("running").to_string();
+    let b = ca.server("b.fusebox.test");
+    replace(dir.path(), "server.key", &b.key);
+    replace(dir.path(), "server.pem", &b.cert);
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    eventually("new connections see certificate B", PATIENCE, || async {
+        let names = served_names(&server.addr, &ca.pem()).await.ok()?;
+        names.contains(&"b.fusebox.test".to_owned()).then_some(())
+    })
+    .await;
+    get_over_tls(&server, &ca.pem(), None)
+        .await
+        .expect("the server still answers after SIGHUP");
 }
 
 /// Runs `fusebox ARGS`: success, standard output, standard error.
