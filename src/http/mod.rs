@@ -22,7 +22,9 @@
 //! A key in a path is percent-encoded (`payments%2Fcharge`). API errors are
 //! `{"error": {"field": ..., "message": ...}}`. There is no authentication:
 //! like the gRPC Admin service, the port is for operators only (the default
-//! address is loopback).
+//! address is loopback). With `[tls]` (unless `http = false`) the port
+//! speaks TLS with the gRPC port's certificate ([`serve_tls`]), and with
+//! `client_ca` it asks for client certificates in the same way.
 
 use std::future::Future;
 use std::net::SocketAddr;
