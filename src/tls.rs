@@ -235,6 +235,14 @@ impl Tls {
         expiry_warning(key.cert.first()?)
     }
 
+    /// When the certificate in force expires, in seconds since the Unix
+    /// epoch (for a `fusebox_tls_certificate_expiry_seconds` gauge).
+    pub fn expires_at(&self) -> Option<i64> {
+        let key = self.key.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let (_, cert) = x509_parser::parse_x509_certificate(key.cert.first()?).ok()?;
+        Some(cert.validity().not_after.timestamp())
+    }
+
     /// Reloads so far, failed reloads, and failed handshakes.
     pub fn figures(&self) -> (u64, u64, u64) {
         (
