@@ -727,6 +727,56 @@ mod tests {
     }
 
     #[test]
+    fn reload_takes_a_good_pair_keeps_the_old_one_on_a_broken_pair_and_counts() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let pair = |name: &str| {
+            let key = rcgen::KeyPair::generate().expect("a key");
+            let params = rcgen::CertificateParams::new(vec![name.to_owned()]).expect("params");
+            let cert = params.self_signed(&key).expect("a certificate");
+            (cert.pem(), key.serialize_pem())
+        };
+        let config = TlsConfig {
+            cert: dir.path().join("c.pem"),
+            key: dir.path().join("k.pem"),
+            client_ca: None,
+            client_auth: ClientAuth::Required,
+            http: true,
+        };
+        let (cert, key) = pair("a.test");
+        std::fs::write(&config.cert, &cert).expect("written");
+        std::fs::write(&config.key, &key).expect("written");
+        let tls = Tls::load(&config).expect("loads");
+        assert!(tls.describe().contains("a.test"), "{}", tls.describe());
+        assert_eq!(tls.reload(), Reload::Unchanged);
+
+        let (cert, key) = pair("b.test");
+        std::fs::write(&config.cert, &cert).expect("written");
+        std::fs::write(&config.key, &key).expect("written");
+        assert!(matches!(tls.reload(), Reload::Reloaded(what) if what.contains("b.test")));
+
+        std::fs::write(
+            &config.key,
+            "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+        )
+        .expect("written");
+        assert!(matches!(tls.reload(), Reload::Failed(why) if why.starts_with("[tls] key:")));
+        assert_eq!(
+            tls.reload(),
+            Reload::Unchanged,
+            "a broken pair is reported once"
+        );
+        assert!(tls.describe().contains("b.test"), "the running pair stays");
+
+        std::fs::remove_file(&config.cert).expect("removed");
+        assert!(
+            matches!(tls.reload(), Reload::Failed(why) if why.contains("[tls] cert: cannot read"))
+        );
+        assert!(tls.describe().contains("b.test"));
+        assert_eq!(tls.figures(), (1, 2, 0));
+        assert!(tls.expires_at().is_some());
+    }
+
+    #[test]
     fn names_of_garbage_is_empty() {
         assert!(names_of(b"not a certificate").is_empty());
         assert!(names_of(&[]).is_empty());
