@@ -12,6 +12,8 @@
 //!   the clock and the config.
 //! - [`server`]: the gRPC services, which only convert and delegate.
 //! - [`http`]: metrics, health and the dashboard over HTTP.
+//! - [`tls`]: TLS and mutual TLS for the gRPC and HTTP ports, with
+//!   certificates reloaded when their files change.
 //! - [`proto`]: the generated wire types, and the conversions ([`proto::wire`])
 //!   that the gRPC services, the HTTP side and the client commands share.
 #![forbid(unsafe_code)]
@@ -23,6 +25,7 @@ pub mod engine;
 pub mod http;
 pub mod proto;
 pub mod server;
+pub mod tls;
 
 // HTTP keeps answering (`/readyz` 503) for as long as gRPC calls may drain.
 const _: () = assert!(http::SHUTDOWN_LINGER.as_millis() == server::SHUTDOWN_GRACE.as_millis());

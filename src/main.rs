@@ -39,6 +39,19 @@ struct ClientOptions {
     /// The bearer token to call with, when the server has [auth].
     #[arg(long, global = true, env = "FUSEBOX_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Call the server over TLS, trusting the CA certificates in this PEM file.
+    #[arg(long, global = true, env = "FUSEBOX_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// With mutual TLS: this client's certificate chain (PEM).
+    #[arg(long, global = true, env = "FUSEBOX_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// With mutual TLS: this client's private key (PEM).
+    #[arg(long, global = true, env = "FUSEBOX_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// The name the server's certificate must have, when it is not the
+    /// host of --server.
+    #[arg(long, global = true, env = "FUSEBOX_TLS_SERVER_NAME")]
+    tls_server_name: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -63,6 +76,16 @@ enum Command {
         /// policies.
         #[arg(long)]
         insecure_no_auth: bool,
+        /// Serve over TLS with this certificate chain (PEM); wins over [tls] cert.
+        #[arg(long)]
+        tls_cert: Option<PathBuf>,
+        /// The private key (PEM) of --tls-cert; wins over [tls] key.
+        #[arg(long)]
+        tls_key: Option<PathBuf>,
+        /// Mutual TLS: require client certificates signed by the CAs in this
+        /// PEM file; wins over [tls] client_ca.
+        #[arg(long)]
+        tls_client_ca: Option<PathBuf>,
     },
     /// Make a new bearer token; prints it, and the [[auth.token]] entry
     /// (with its SHA-256 only) that the server's config takes.
@@ -196,7 +219,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             manual_clock,
             http,
             insecure_no_auth,
-        } => serve(config, listen, manual_clock, http, insecure_no_auth).await,
+            tls_cert,
+            tls_key,
+            tls_client_ca,
+        } => {
+            let tls = TlsFlags {
+                cert: tls_cert,
+                key: tls_key,
+                client_ca: tls_client_ca,
+            };
+            serve(config, listen, manual_clock, http, tls, insecure_no_auth).await
+        }
         Command::Token {
             name,
             role,
@@ -350,11 +383,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// `serve`'s `--tls-*` flags.
+struct TlsFlags {
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+}
+
 async fn serve(
     config: Option<PathBuf>,
     listen: SocketAddr,
     manual_clock: bool,
     http: Option<SocketAddr>,
+    tls_flags: TlsFlags,
     insecure_no_auth: bool,
 ) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -370,6 +411,23 @@ async fn serve(
         Some(path) => Config::load(path).context("the server did not start")?,
         None => Config::default(),
     };
+    let tls = fusebox::engine::config::TlsConfig::resolve(
+        config_path.as_deref(),
+        tls_flags.cert,
+        tls_flags.key,
+        tls_flags.client_ca,
+    )
+    .context("the server did not start")?;
+    let tls = match &tls {
+        Some(settings) => {
+            Some(fusebox::tls::Tls::load(settings).context("the server did not start")?)
+        }
+        None => None,
+    };
+    if let Some(tls) = &tls {
+        // Before the address is printed: a SIGHUP from then on reloads.
+        tokio::spawn(tls.clone().watch());
+    }
     let rules = config.rules.rules.len();
     let exposed = [Some(listen), http]
         .into_iter()
@@ -432,22 +490,63 @@ async fn serve(
     {
         tracing::warn!("could not write the addresses to standard output: {e}");
     }
+    let security = match &tls {
+        None => "off".to_owned(),
+        Some(tls) => format!(
+            "{}{}; {}",
+            if tls.is_mutual() {
+                "on, mutual (client certificates "
+            } else {
+                "on"
+            },
+            if !tls.is_mutual() {
+                ""
+            } else if tls.config().client_auth == fusebox::engine::config::ClientAuth::Required {
+                "required)"
+            } else {
+                "optional)"
+            },
+            if tls.config().http {
+                "HTTP over TLS too"
+            } else {
+                "HTTP without TLS"
+            }
+        ),
+    };
     tracing::info!(
         %addr,
         rules,
         manual_clock,
+        tls = %security,
         "fusebox is serving"
     );
+    if let Some(tls) = &tls {
+        tracing::info!("TLS certificate: {}", tls.describe());
+        if let Some(warning) = tls.expiry_warning() {
+            tracing::warn!("{warning}");
+        }
+    }
     if let Some(listener) = http_listener {
         let stopped = engine.stopped();
         let engine = engine.clone();
+        let acceptor = tls
+            .as_ref()
+            .filter(|t| t.config().http)
+            .map(|t| t.acceptor(fusebox::tls::ALPN_HTTP));
         tokio::spawn(async move {
-            if let Err(e) = fusebox::http::serve(listener, engine, stopped).await {
+            let served = match acceptor {
+                Some(acceptor) => {
+                    fusebox::http::serve_tls(listener, engine, acceptor, stopped).await
+                }
+                None => fusebox::http::serve(listener, engine, stopped).await,
+            };
+            if let Err(e) = served {
                 tracing::error!("the HTTP server stopped: {e}");
             }
         });
     }
-    fusebox::server::run(listener, engine, shutdown_signal()).await
+    let acceptor = tls.map(|t| t.acceptor(fusebox::tls::ALPN_GRPC));
+    fusebox::server::run_with_tls(listener, engine, acceptor, shutdown_signal()).await
 }
 
 /// `text` as a TOML basic string.

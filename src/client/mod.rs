@@ -65,24 +65,148 @@ pub(crate) async fn connect(client: &ClientOptions) -> anyhow::Result<Conn> {
     ))
 }
 
+/// How this command calls the server, for the hints of [`call_error`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Spoke {
+    /// Without TLS.
+    Plain = 0,
+    /// TLS without a client certificate.
+    Tls = 1,
+    /// TLS with a client certificate.
+    MutualTls = 2,
+}
+
+static SPOKE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+fn spoke() -> Spoke {
+    match SPOKE.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => Spoke::Plain,
+        1 => Spoke::Tls,
+        _ => Spoke::MutualTls,
+    }
+}
+
 async fn channel(client: &ClientOptions) -> anyhow::Result<tonic::transport::Channel> {
+    let tls = client.tls_ca.is_some()
+        || client.tls_cert.is_some()
+        || client.tls_key.is_some()
+        || client.tls_server_name.is_some()
+        || client.server.starts_with("https://");
+    let mode = match (tls, client.tls_cert.is_some()) {
+        (false, _) => Spoke::Plain,
+        (true, false) => Spoke::Tls,
+        (true, true) => Spoke::MutualTls,
+    };
+    SPOKE.store(mode as u8, std::sync::atomic::Ordering::Relaxed);
     let url = if client.server.contains("://") {
         client.server.clone()
+    } else if tls {
+        format!("https://{}", client.server)
     } else {
         format!("http://{}", client.server)
     };
-    tonic::transport::Endpoint::from_shared(url.clone())
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.clone())
         .with_context(|| format!("--server {}: not an address", client.server))?
-        .connect_timeout(std::time::Duration::from_secs(5))
-        .connect()
-        .await
-        .with_context(|| {
-            format!(
-                "cannot reach fusebox at {}: start `fusebox serve` there, or pass \
-                 --server with the address a running server printed (`listening on ADDR`)",
-                client.server
-            )
-        })
+        .connect_timeout(std::time::Duration::from_secs(5));
+    if tls {
+        endpoint = endpoint
+            .tls_config(tls_config(client)?)
+            .context("the TLS settings cannot be used")?;
+    }
+    endpoint.connect().await.map_err(|e| {
+        let hint = tls_hint(&e, mode).unwrap_or_else(|| {
+            "start `fusebox serve` there, or pass --server with the address a running \
+             server printed (`listening on ADDR`); if it serves TLS, pass --tls-ca FILE"
+                .to_owned()
+        });
+        anyhow::Error::new(e).context(format!("cannot reach fusebox at {}: {hint}", client.server))
+    })
+}
+
+/// The client side of TLS, from `--tls-ca`, `--tls-cert`, `--tls-key` and `--tls-server-name`.
+fn tls_config(client: &ClientOptions) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
+    tls_config_of(
+        client.tls_ca.as_deref(),
+        client.tls_cert.as_deref(),
+        client.tls_key.as_deref(),
+        client.tls_server_name.as_deref(),
+    )
+}
+
+/// The client side of TLS from the files and the server name of the `--tls-*` flags.
+pub(crate) fn tls_config_of(
+    ca: Option<&std::path::Path>,
+    cert: Option<&std::path::Path>,
+    key: Option<&std::path::Path>,
+    server_name: Option<&str>,
+) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
+    let read = |flag: &str, path: &std::path::Path| {
+        std::fs::read(path).with_context(|| format!("{flag}: cannot read {}", path.display()))
+    };
+    let Some(ca) = ca else {
+        bail!(
+            "--tls-ca is missing: pass the PEM file of the CA that signed the server's certificate"
+        );
+    };
+    let mut config = tonic::transport::ClientTlsConfig::new().ca_certificate(
+        tonic::transport::Certificate::from_pem(read("--tls-ca", ca)?),
+    );
+    match (cert, key) {
+        (Some(cert), Some(key)) => {
+            config = config.identity(tonic::transport::Identity::from_pem(
+                read("--tls-cert", cert)?,
+                read("--tls-key", key)?,
+            ));
+        }
+        (Some(_), None) => bail!("--tls-cert needs --tls-key (this client's private key)"),
+        (None, Some(_)) => bail!("--tls-key needs --tls-cert (this client's certificate)"),
+        (None, None) => {}
+    }
+    if let Some(name) = server_name {
+        config = config.domain_name(name.to_owned());
+    }
+    Ok(config)
+}
+
+/// What to check when a connection or call failed for a TLS reason, from
+/// the chain of `error`'s causes and how the client spoke.
+pub(crate) fn tls_hint(error: &(dyn std::error::Error + 'static), spoke: Spoke) -> Option<String> {
+    let mut causes = String::new();
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = next {
+        causes.push_str(&format!("{e} {e:?} "));
+        next = e.source();
+    }
+    let has = |needle: &str| causes.contains(needle);
+    let closed = has("connection closed")
+        || has("onnection reset")
+        || has("broken pipe")
+        || has("Broken pipe")
+        || has("unexpected EOF");
+    let hint = if has("UnknownIssuer") || has("BadSignature") {
+        "the server's certificate is not signed by --tls-ca FILE: pass the CA that signed it"
+    } else if has("NotValidForName") {
+        "the server's certificate does not name the host of --server: pass --tls-server-name with a name it has"
+    } else if has("Expired") {
+        "the server's certificate has expired (or this machine's clock is wrong)"
+    } else if has("CertificateRequired") {
+        "the server wants a client certificate: pass --tls-cert and --tls-key"
+    } else if spoke != Spoke::Plain
+        && (has("InvalidContentType") || has("CorruptMessage") || has("InvalidMessage"))
+    {
+        "the server does not speak TLS there: drop --tls-ca, --tls-cert and --tls-key"
+    } else if spoke == Spoke::MutualTls
+        && (has("UnknownCA") || has("BadCertificate") || has("DecryptError") || closed)
+    {
+        "the server refused this client's certificate: --tls-cert must be signed by a CA in the server's [tls] client_ca"
+    } else if spoke == Spoke::Tls && closed {
+        "the server closed the connection after the TLS handshake; it likely wants a client certificate: pass --tls-cert and --tls-key"
+    } else if spoke == Spoke::Plain && (closed || has("frame") || has("protocol error")) {
+        "the server closed the connection; if it serves TLS, pass --tls-ca FILE (and --tls-cert and --tls-key for mutual TLS)"
+    } else {
+        return None;
+    };
+    Some(hint.to_owned())
 }
 
 pub(crate) async fn admin(
@@ -104,6 +228,9 @@ pub(crate) fn operator<T>(message: T) -> tonic::Request<T> {
 /// write it (`NOT_FOUND`, `INVALID_ARGUMENT`), then the server's message.
 pub(crate) fn call_error(status: tonic::Status) -> anyhow::Error {
     let code = code_name(status.code());
+    if let Some(hint) = std::error::Error::source(&status).and_then(|e| tls_hint(e, spoke())) {
+        return anyhow::anyhow!("{code}: {}: {hint}", status.message());
+    }
     match status.message() {
         "" => anyhow::anyhow!("{code}"),
         message => anyhow::anyhow!("{code}: {message}"),

@@ -3,7 +3,7 @@
 //! [`Rules`] and [`Limits`]; every error names the rule and the field (Y2).
 
 use std::num::NonZeroU64;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -24,6 +24,8 @@ pub struct ConfigFile {
     pub default: Option<PolicySpec>,
     /// Who may do what; without it, anyone who reaches the ports may.
     pub auth: Option<crate::auth::AuthSpec>,
+    /// TLS for the gRPC and HTTP ports.
+    pub tls: Option<TlsSpec>,
 }
 
 /// `[server]` as written.
@@ -47,6 +49,166 @@ pub struct ServerSpec {
     /// Host names the HTTP side answers to, besides loopback names and its
     /// listen address (checked against `Host` and `Origin`).
     pub http_hosts: Option<Vec<String>>,
+}
+
+/// `[tls]` as written.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSpec {
+    /// The server's certificate chain (PEM), leaf first.
+    pub cert: Option<String>,
+    /// The server's private key (PEM).
+    pub key: Option<String>,
+    /// The CAs that sign client certificates (PEM); set for mutual TLS.
+    pub client_ca: Option<String>,
+    /// `"required"` (the default with `client_ca`) or `"optional"`.
+    pub client_auth: Option<ClientAuth>,
+    /// Serve the HTTP port over TLS too (default true).
+    pub http: Option<bool>,
+}
+
+/// Whether a client must show a certificate (with `[tls] client_ca`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuth {
+    /// Connections without a client certificate signed by `client_ca` are refused.
+    #[default]
+    Required,
+    /// A client may connect without a certificate; one it shows must be
+    /// signed by `client_ca`.
+    Optional,
+}
+
+/// Validated `[tls]`, with the paths resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// The certificate chain file.
+    pub cert: PathBuf,
+    /// The private key file.
+    pub key: PathBuf,
+    /// The client CA bundle; `Some` means mutual TLS.
+    pub client_ca: Option<PathBuf>,
+    /// Whether clients must show a certificate (meaningful with `client_ca`).
+    pub client_auth: ClientAuth,
+    /// Serve the HTTP port over TLS too.
+    pub http: bool,
+}
+
+impl TlsSpec {
+    /// Validates `[tls]`; relative paths resolve against `base` (the config
+    /// file's directory). The files themselves are read when the server starts.
+    pub fn validate(&self, base: Option<&Path>) -> Result<TlsConfig, ConfigError> {
+        let invalid = |field: &str, problem: &str| ConfigError::Invalid {
+            rule: "[tls]".into(),
+            field: field.into(),
+            problem: problem.into(),
+        };
+        let path = |field: &str, value: &Option<String>| -> Result<Option<PathBuf>, ConfigError> {
+            match value.as_deref() {
+                None => Ok(None),
+                Some("") => Err(invalid(
+                    field,
+                    "must not be empty: give the path of a PEM file",
+                )),
+                Some(p) => Ok(Some(match base {
+                    Some(dir) if Path::new(p).is_relative() => dir.join(p),
+                    _ => PathBuf::from(p),
+                })),
+            }
+        };
+        let cert = path("cert", &self.cert)?.ok_or_else(|| {
+            invalid(
+                "cert",
+                "is missing: give the PEM file of the server's certificate chain",
+            )
+        })?;
+        let key = path("key", &self.key)?.ok_or_else(|| {
+            invalid(
+                "key",
+                "is missing: give the PEM file of the server's private key",
+            )
+        })?;
+        let client_ca = path("client_ca", &self.client_ca)?;
+        if self.client_auth.is_some() && client_ca.is_none() {
+            return Err(invalid(
+                "client_auth",
+                "needs client_ca (the PEM bundle of the CAs that sign client certificates); set client_ca or remove client_auth",
+            ));
+        }
+        Ok(TlsConfig {
+            cert,
+            key,
+            client_ca,
+            client_auth: self.client_auth.unwrap_or_default(),
+            http: self.http.unwrap_or(true),
+        })
+    }
+}
+
+impl TlsConfig {
+    /// `[tls]` of the config file at `path` (which [`Config::load`] has
+    /// accepted), then the `--tls-*` flags over it: a flag wins over its
+    /// field; `--tls-cert` and `--tls-key` without `[tls]` turn TLS on.
+    pub fn resolve(
+        path: Option<&Path>,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        client_ca: Option<PathBuf>,
+    ) -> Result<Option<TlsConfig>, ConfigError> {
+        let from_file = match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+                let file: ConfigFile = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                    path: path.display().to_string(),
+                    message: e.to_string().trim().replace('\n', " "),
+                })?;
+                file.tls.map(|t| t.validate(path.parent())).transpose()?
+            }
+            None => None,
+        };
+        let flag = |name: &str, problem: &str| ConfigError::Invalid {
+            rule: "the command line".into(),
+            field: name.into(),
+            problem: problem.into(),
+        };
+        match (from_file, cert, key) {
+            (None, None, None) if client_ca.is_some() => Err(flag(
+                "--tls-client-ca",
+                "needs TLS: pass --tls-cert and --tls-key too, or set [tls] in the config",
+            )),
+            (None, None, None) => Ok(None),
+            (None, Some(cert), Some(key)) => Ok(Some(TlsConfig {
+                cert,
+                key,
+                client_ca,
+                client_auth: ClientAuth::Required,
+                http: true,
+            })),
+            (None, Some(_), None) => Err(flag(
+                "--tls-cert",
+                "needs --tls-key (the server's private key)",
+            )),
+            (None, None, Some(_)) => Err(flag(
+                "--tls-key",
+                "needs --tls-cert (the server's certificate chain)",
+            )),
+            (Some(mut tls), cert, key) => {
+                if let Some(cert) = cert {
+                    tls.cert = cert;
+                }
+                if let Some(key) = key {
+                    tls.key = key;
+                }
+                if client_ca.is_some() {
+                    tls.client_ca = client_ca;
+                }
+                Ok(Some(tls))
+            }
+        }
+    }
 }
 
 /// One `[[rule]]` as written.
@@ -279,6 +441,11 @@ fn locate(text: &str) -> Option<ConfigError> {
                     return invalid("[auth]".into(), e);
                 }
             }
+            "tls" => {
+                if let Err(e) = TlsSpec::deserialize(value.clone()) {
+                    return invalid("[tls]".into(), e);
+                }
+            }
             "rule" => {
                 for (i, rule) in value.as_array()?.iter().enumerate() {
                     if let Err(e) = RuleSpec::deserialize(rule.clone()) {
@@ -295,7 +462,7 @@ fn locate(text: &str) -> Option<ConfigError> {
                     rule: format!("[{other}]"),
                     field: other.to_owned(),
                     problem:
-                        "is not a part of the config: use [server], [[rule]], [default] or [auth]"
+                        "is not a part of the config: use [server], [[rule]], [default], [auth] or [tls]"
                             .into(),
                 })
             }
@@ -363,6 +530,9 @@ impl ConfigFile {
             })?,
             None => Policy::default(),
         };
+        if let Some(tls) = &self.tls {
+            tls.validate(None)?;
+        }
         let defaults = Limits::default();
         let cap = |value: Option<u64>, field: &str, default: u64| match value {
             Some(0) => Err(ConfigError::Invalid {

@@ -22,7 +22,9 @@
 //! A key in a path is percent-encoded (`payments%2Fcharge`). API errors are
 //! `{"error": {"field": ..., "message": ...}}`. There is no authentication:
 //! like the gRPC Admin service, the port is for operators only (the default
-//! address is loopback).
+//! address is loopback). With `[tls]` (unless `http = false`) the port
+//! speaks TLS with the gRPC port's certificate ([`serve_tls`]), and with
+//! `client_ca` it asks for client certificates in the same way.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -216,6 +218,78 @@ pub async fn serve_with(
             tokio::time::sleep(SHUTDOWN_LINGER).await;
         })
         .await
+}
+
+/// Like [`serve`], over TLS: each connection is served after its TLS
+/// handshake (in a task of its own), with `ConnectInfo<SocketAddr>` and,
+/// with mutual TLS, the client's [`crate::tls::ClientIdentity`] in every
+/// request's extensions.
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    engine: Arc<Engine>,
+    acceptor: crate::tls::Acceptor,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let options = Options::of(&engine);
+    let app = router_with(engine, options);
+    let stop = async move {
+        shutdown.await;
+        tokio::time::sleep(SHUTDOWN_LINGER).await;
+    };
+    tokio::pin!(stop);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, most likely: wait a little
+                    // rather than spin.
+                    tracing::warn!("HTTP: cannot accept a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => return Ok(()),
+        };
+        let (app, acceptor) = (app.clone(), acceptor.clone());
+        tokio::spawn(async move {
+            let Ok(stream) = acceptor.accept(stream).await else {
+                return;
+            };
+            serve_connection(stream, peer, app).await;
+        });
+    }
+}
+
+/// Serves HTTP/1.1 on one TLS connection.
+async fn serve_connection(
+    stream: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+    peer: SocketAddr,
+    app: Router,
+) {
+    use tower::ServiceExt;
+    let identity = crate::tls::identity_of(stream.get_ref().1);
+    let service = hyper::service::service_fn(
+        move |mut request: axum::extract::Request<hyper::body::Incoming>| {
+            request
+                .extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+            if let Some(identity) = &identity {
+                request.extensions_mut().insert(identity.clone());
+            }
+            app.clone().oneshot(request)
+        },
+    );
+    let io = hyper_util::rt::TokioIo::new(stream);
+    if let Err(e) = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30))
+        .serve_connection(io, service)
+        .with_upgrades()
+        .await
+    {
+        tracing::debug!(%peer, "HTTP connection ended: {e}");
+    }
 }
 
 /// `GET /metrics`.

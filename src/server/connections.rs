@@ -12,30 +12,90 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_stream::{Stream, StreamExt};
-use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
+use tonic::transport::server::{Connected, TcpIncoming};
 
+use super::tls::{Acceptor, Conn, PeerInfo};
 use crate::engine::Engine;
 
-/// An accepted connection, counted while it is open.
-pub struct Counted {
-    stream: TcpStream,
-    engine: Arc<Engine>,
-}
+/// A place among the open connections, given back when dropped.
+struct Slot(Arc<Engine>);
 
-impl Drop for Counted {
+impl Drop for Slot {
     fn drop(&mut self) {
-        self.engine
+        self.0
             .counters()
             .connections
             .fetch_sub(1, Ordering::Relaxed);
     }
 }
 
-/// The accepted connections of `listener`, within the engine's cap.
+/// An accepted connection, counted while it is open.
+pub struct Counted {
+    stream: Conn,
+    _slot: Slot,
+}
+
+/// Accepted TLS handshakes waiting for the server to take them.
+const HANDSHAKED_BACKLOG: usize = 64;
+
+/// The accepted connections of `listener`, within the engine's cap; with
+/// `tls`, after the TLS handshake (each in a task of its own, so that a
+/// slow client holds up no other).
 pub fn incoming(
     listener: TcpListener,
     engine: Arc<Engine>,
-) -> impl Stream<Item = io::Result<Counted>> {
+    tls: Option<Acceptor>,
+) -> Pin<Box<dyn Stream<Item = io::Result<Counted>> + Send>> {
+    let counted = counted(listener, engine);
+    let Some(acceptor) = tls else {
+        return Box::pin(counted.map(|r| {
+            r.map(|(stream, slot)| Counted {
+                stream: Conn::Plain(stream),
+                _slot: slot,
+            })
+        }));
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(HANDSHAKED_BACKLOG);
+    tokio::spawn(async move {
+        tokio::pin!(counted);
+        loop {
+            let next = tokio::select! {
+                next = counted.next() => next,
+                () = tx.closed() => break,
+            };
+            match next {
+                None => break,
+                Some(Err(e)) => {
+                    if tx.send(Err(e)).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Ok((stream, slot))) => {
+                    let (tx, acceptor) = (tx.clone(), acceptor.clone());
+                    tokio::spawn(async move {
+                        // A failed handshake is logged by the acceptor; it
+                        // closes this connection only.
+                        if let Ok(stream) = Conn::accept(&acceptor, stream).await {
+                            let _ = tx
+                                .send(Ok(Counted {
+                                    stream,
+                                    _slot: slot,
+                                }))
+                                .await;
+                        }
+                    });
+                }
+            }
+        }
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// The accepted TCP connections of `listener` with their slots, within the engine's cap.
+fn counted(
+    listener: TcpListener,
+    engine: Arc<Engine>,
+) -> impl Stream<Item = io::Result<(TcpStream, Slot)>> + Send {
     let cap = engine.limits().max_connections;
     TcpIncoming::from(listener)
         .with_nodelay(Some(true))
@@ -57,15 +117,12 @@ pub fn incoming(
                 }
                 return None;
             }
-            Some(Ok(Counted {
-                stream,
-                engine: engine.clone(),
-            }))
+            Some(Ok((stream, Slot(engine.clone()))))
         })
 }
 
 impl Connected for Counted {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = PeerInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.stream.connect_info()

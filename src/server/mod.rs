@@ -21,6 +21,7 @@ use pb::fusebox_server::{Fusebox, FuseboxServer};
 
 mod connections;
 pub mod policy;
+pub mod tls;
 mod watch;
 
 /// Keys a ListKeys page reads between two yields to other requests.
@@ -140,20 +141,29 @@ pub fn key_state_of(engine: &Engine, r: &KeyReading) -> pb::KeyState {
 
 /// Who asked, for the record of an isolate or close: the credential's
 /// name when authentication is on (with the `x-fusebox-operator` header, if
-/// set, as the person behind it), else the header, else the peer's address.
+/// set, as the person behind it), else the header, else the peer's address;
+/// with mutual TLS, followed by the first name of the client's certificate
+/// unless that is the credential (`cli:ana (certificate ops-laptop)`).
 fn who<T>(request: &Request<T>, grant: Option<&Grant>) -> String {
     let header = request
         .metadata()
         .get("x-fusebox-operator")
         .and_then(|v| v.to_str().ok())
         .map(|s| s.chars().take(128).collect::<String>());
-    match (grant, header) {
+    let who = match (grant, header) {
         (Some(g), Some(h)) if h != g.name => format!("{h} via {}", g.name),
         (Some(g), _) => g.name.clone(),
         (None, Some(h)) => h,
-        (None, None) => request
-            .remote_addr()
-            .map_or_else(|| "unknown".to_owned(), |a| a.to_string()),
+        (None, None) => {
+            tls::remote_addr(request).map_or_else(|| "unknown".to_owned(), |a| a.to_string())
+        }
+    };
+    match tls::identity(request).and_then(|id| id.names.first()) {
+        Some(name) if grant.is_none_or(|g| &g.name != name) => format!(
+            "{who} (certificate {})",
+            name.chars().take(128).collect::<String>()
+        ),
+        _ => who,
     }
 }
 
@@ -245,8 +255,10 @@ impl Api {
 }
 
 /// The names of the client certificate of `request`'s connection (mTLS).
-fn client_names<T>(_request: &Request<T>) -> Vec<String> {
-    Vec::new()
+fn client_names<T>(request: &Request<T>) -> Vec<String> {
+    tls::identity(request)
+        .map(|id| id.names.clone())
+        .unwrap_or_default()
 }
 
 #[tonic::async_trait]
@@ -605,6 +617,16 @@ pub async fn run(
     engine: Arc<Engine>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    run_with_tls(listener, engine, None, shutdown).await
+}
+
+/// Like [`run`]; with `tls`, every connection is a TLS one (see [`tls`]).
+pub async fn run_with_tls(
+    listener: tokio::net::TcpListener,
+    engine: Arc<Engine>,
+    tls: Option<tls::Acceptor>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     let manual = engine.has_manual_clock();
     let served: Vec<&str> = SERVICES
         .iter()
@@ -630,7 +652,7 @@ pub async fn run(
     let api = Api::new(engine.clone());
     let timer = tokio::spawn(engine.clone().run_timer());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let incoming = connections::incoming(listener, engine.clone());
+    let incoming = connections::incoming(listener, engine.clone(), tls);
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(

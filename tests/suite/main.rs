@@ -18,6 +18,7 @@ mod reference;
 mod reload;
 mod scale;
 mod service;
+mod tls;
 mod tools;
 mod vectors;
 mod watch;

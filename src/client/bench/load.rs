@@ -87,10 +87,21 @@ pub(crate) struct Load {
     pub(crate) in_flight: usize,
 }
 
+/// The client side of TLS for `https://` targets (`--tls-ca` and the
+/// other `--tls-*` flags), set once at start.
+pub(crate) static TLS: std::sync::OnceLock<tonic::transport::ClientTlsConfig> =
+    std::sync::OnceLock::new();
+
 /// A new HTTP/2 connection to `url`.
 pub(crate) async fn connect(url: &str) -> anyhow::Result<Channel> {
-    Endpoint::from_shared(url.to_owned())
-        .with_context(|| format!("{url}: not an address"))?
+    let mut endpoint =
+        Endpoint::from_shared(url.to_owned()).with_context(|| format!("{url}: not an address"))?;
+    if let (Some(tls), true) = (TLS.get(), url.starts_with("https://")) {
+        endpoint = endpoint
+            .tls_config(tls.clone())
+            .context("the TLS settings cannot be used")?;
+    }
+    endpoint
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(5))
         .connect()

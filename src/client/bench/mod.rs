@@ -94,6 +94,20 @@ struct Options {
     /// starts one itself, on free ports, and stops it at the end.
     #[arg(long, global = true, value_name = "URL")]
     target: Option<String>,
+    /// Call the --target server over TLS, trusting the CAs in this PEM
+    /// file (its /metrics are read only over plain HTTP).
+    #[arg(long, global = true, value_name = "FILE", requires = "target")]
+    tls_ca: Option<PathBuf>,
+    /// With mutual TLS: the load generator's certificate chain (PEM).
+    #[arg(long, global = true, value_name = "FILE", requires = "tls_ca")]
+    tls_cert: Option<PathBuf>,
+    /// With mutual TLS: the load generator's private key (PEM).
+    #[arg(long, global = true, value_name = "FILE", requires = "tls_ca")]
+    tls_key: Option<PathBuf>,
+    /// The name the server's certificate must have, when it is not the
+    /// host of --target.
+    #[arg(long, global = true, value_name = "NAME", requires = "tls_ca")]
+    tls_server_name: Option<String>,
     /// The HTTP address of the --target server, to read its /metrics.
     #[arg(long, global = true, value_name = "ADDR", requires = "target")]
     http: Option<String>,
@@ -232,7 +246,19 @@ async fn run(args: BenchArgs, client_cpus: Option<Vec<usize>>) -> anyhow::Result
             );
         }
     }
+    if o.tls_ca.is_some() {
+        let tls = crate::client::tls_config_of(
+            o.tls_ca.as_deref(),
+            o.tls_cert.as_deref(),
+            o.tls_key.as_deref(),
+            o.tls_server_name.as_deref(),
+        )?;
+        let _ = load::TLS.set(tls);
+    }
     let mut target = match &o.target {
+        Some(url) if o.tls_ca.is_some() && !url.contains("://") => {
+            Target::existing(&format!("https://{url}"), o.http.as_deref())
+        }
         Some(url) => Target::existing(url, o.http.as_deref()),
         None => Target::start(o.config.as_deref(), o.server_cpus.as_deref()).await?,
     };

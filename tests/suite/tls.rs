@@ -1,0 +1,763 @@
+//! TLS and mutual TLS on the gRPC and HTTP ports, against a real server
+//! with certificates made at test time: who may connect, which certificate
+//! is served while the files are replaced, and the CLI's `--tls-*` flags.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fusebox::proto::v1 as pb;
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::harness::{by, eventually, Options, Server, BIN};
+
+/// How long a change may take to show.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A certificate authority made for one test.
+struct Ca {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+/// A certificate and its key, in PEM.
+struct Pair {
+    cert: String,
+    key: String,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let key = KeyPair::generate().expect("a CA key");
+        Ca {
+            issuer: CertifiedIssuer::self_signed(params, key).expect("a CA certificate"),
+        }
+    }
+
+    fn pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// A certificate for `cn` with subject alternative names `sans`
+    /// (addresses become IP names, the rest DNS or URI names).
+    fn issue(&self, cn: &str, sans: &[&str]) -> Pair {
+        let mut params =
+            CertificateParams::new(sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+                .expect("leaf params");
+        params.distinguished_name.push(DnType::CommonName, cn);
+        let key = KeyPair::generate().expect("a key");
+        let cert = params.signed_by(&key, &self.issuer).expect("a certificate");
+        Pair {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+
+    /// A server certificate for 127.0.0.1 and localhost, told apart by `tag`.
+    fn server(&self, tag: &str) -> Pair {
+        self.issue(tag, &["localhost", "127.0.0.1", tag])
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("file written");
+    path
+}
+
+/// Replaces `name` in one step (write aside, then rename), as deployment
+/// tools do.
+fn replace(dir: &Path, name: &str, text: &str) {
+    let aside = dir.join(format!(".{name}.new"));
+    std::fs::write(&aside, text).expect("file written");
+    std::fs::rename(&aside, dir.join(name)).expect("file renamed");
+}
+
+/// Starts a server with `--tls-cert`, `--tls-key` and `more` arguments.
+async fn start(dir: &Path, more: &[&str]) -> Server {
+    let cert = dir.join("server.pem").display().to_string();
+    let key = dir.join("server.key").display().to_string();
+    let mut args = vec!["--tls-cert", cert.as_str(), "--tls-key", key.as_str()];
+    args.extend_from_slice(more);
+    Server::start(Options {
+        args,
+        ..Options::default()
+    })
+    .await
+}
+
+/// A gRPC channel over TLS trusting `ca`, with `identity` if given.
+async fn channel(
+    server: &Server,
+    ca: &str,
+    identity: Option<&Pair>,
+) -> Result<Channel, tonic::transport::Error> {
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("localhost");
+    if let Some(pair) = identity {
+        tls = tls.identity(Identity::from_pem(&pair.cert, &pair.key));
+    }
+    Endpoint::from_shared(format!("https://{}", server.addr))
+        .expect("an address")
+        .tls_config(tls)
+        .expect("a TLS config")
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+}
+
+/// A GetKey over a new TLS connection: Ok when the server answers.
+async fn get_over_tls(server: &Server, ca: &str, identity: Option<&Pair>) -> Result<(), String> {
+    let channel = channel(server, ca, identity)
+        .await
+        .map_err(|e| format!("connect: {e:?}"))?;
+    get_on(channel).await
+}
+
+async fn get_on(channel: Channel) -> Result<(), String> {
+    pb::admin_client::AdminClient::new(channel)
+        .get_key(pb::GetKeyRequest {
+            key: "tls/k".into(),
+        })
+        .await
+        .map(|_| ())
+        .map_err(|s| format!("call: {s:?}"))
+}
+
+/// A rustls client trusting `ca`, offering `alpn`.
+fn connector(ca: &str, identity: Option<&Pair>, alpn: &[u8]) -> tokio_rustls::TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(cert.expect("a CA certificate")).expect("a root");
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_root_certificates(roots);
+    let mut config = match identity {
+        Some(pair) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(pair.cert.as_bytes())
+                    .collect::<Result<Vec<_>, _>>()
+                    .expect("a chain"),
+                PrivateKeyDer::from_pem_slice(pair.key.as_bytes()).expect("a key"),
+            )
+            .expect("a client identity"),
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![alpn.to_vec()];
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+/// The names of the certificate `addr` serves to a new connection.
+async fn served_names(addr: &str, ca: &str) -> Result<Vec<String>, String> {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let tls = connector(ca, None, b"h2")
+        .connect(ServerName::try_from("localhost").expect("a name"), tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let leaf = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .ok_or("no certificate")?;
+    Ok(fusebox::tls::names_of(leaf))
+}
+
+/// `GET path` over HTTPS on a new connection: the status line and the body.
+async fn https_get(addr: &str, ca: &str, path: &str) -> Result<String, String> {
+    https_get_as(addr, ca, None, path).await
+}
+
+/// [`https_get`] with a client certificate.
+async fn https_get_as(
+    addr: &str,
+    ca: &str,
+    identity: Option<&Pair>,
+    path: &str,
+) -> Result<String, String> {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut tls = connector(ca, identity, b"http/1.1")
+        .connect(ServerName::try_from("localhost").expect("a name"), tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    assert_eq!(
+        tls.get_ref().1.alpn_protocol(),
+        Some(&b"http/1.1"[..]),
+        "the HTTP port speaks HTTP/1.1"
+    );
+    tls.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut reply = String::new();
+    tls.read_to_string(&mut reply)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(reply)
+}
+
+/// Reads one HTTP/1.1 response with a Content-Length from `stream`: the
+/// head and the body.
+async fn response<S: tokio::io::AsyncRead + Unpin>(
+    stream: &mut S,
+) -> Result<(String, String), String> {
+    let mut bytes = Vec::new();
+    let mut byte = [0u8; 1];
+    while !bytes.ends_with(b"\r\n\r\n") {
+        let n = stream.read(&mut byte).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err(format!(
+                "closed after {:?}",
+                String::from_utf8_lossy(&bytes)
+            ));
+        }
+        bytes.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&bytes).into_owned();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().ok())?
+        })
+        .ok_or_else(|| format!("no content-length in {head}"))?;
+    let mut body = vec![0u8; length];
+    stream
+        .read_exact(&mut body)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((head, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// `GET path` over plain HTTP.
+async fn http_get(addr: &str, path: &str) -> Result<String, String> {
+    let mut tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    tcp.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut reply = Vec::new();
+    tcp.read_to_end(&mut reply)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(String::from_utf8_lossy(&reply).into_owned())
+}
+
+/// Writes a server pair signed by `ca` as server.pem and server.key.
+fn install(dir: &Path, pair: &Pair) {
+    write(dir, "server.key", &pair.key);
+    write(dir, "server.pem", &pair.cert);
+}
+
+#[tokio::test]
+async fn grpc_over_tls_answers_only_clients_that_trust_its_ca() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca = Ca::new("fusebox test CA");
+    let other = Ca::new("another CA");
+    install(dir.path(), &ca.server("server.fusebox.test"));
+    let server = start(dir.path(), &[]).await;
+
+    get_over_tls(&server, &ca.pem(), None)
+        .await
+        .expect("a client trusting the CA is answered");
+
+    let plain = async {
+        let channel = Endpoint::from_shared(format!("http://{}", server.addr))
+            .expect("an address")
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        get_on(channel).await
+    };
+    assert!(plain.await.is_err(), "a client without TLS is not answered");
+
+    let wrong = get_over_tls(&server, &other.pem(), None).await;
+    let Err(why) = wrong else {
+        panic!("a client trusting another CA must not be answered");
+    };
+    assert!(
+        why.contains("UnknownIssuer"),
+        "the client fails on the certificate: {why}"
+    );
+    let logs = server.logs();
+    assert!(logs.contains("TLS handshake failed"), "{logs}");
+    assert!(logs.contains("tls=on; HTTP over TLS too"), "{logs}");
+}
+
+#[tokio::test]
+async fn mutual_tls_requires_a_client_certificate_from_the_client_ca() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca = Ca::new("fusebox test CA");
+    let clients = Ca::new("client CA");
+    let strangers = Ca::new("stranger CA");
+    install(dir.path(), &ca.server("server.fusebox.test"));
+    let client_ca = write(dir.path(), "clients.pem", &clients.pem());
+    let client_ca = client_ca.display().to_string();
+    let server = start(dir.path(), &["--tls-client-ca", &client_ca]).await;
+    let known = clients.issue(
+        "billing",
+        &["billing.internal", "spiffe://fusebox.test/billing"],
+    );
+    let stranger = strangers.issue("billing", &["billing.internal"]);
+
+    get_over_tls(&server, &ca.pem(), Some(&known))
+        .await
+        .expect("a client certificate signed by the client CA is accepted");
+    let none = get_over_tls(&server, &ca.pem(), None).await;
+    assert!(none.is_err(), "no client certificate: refused");
+    let unknown = get_over_tls(&server, &ca.pem(), Some(&stranger)).await;
+    assert!(unknown.is_err(), "a certificate of another CA: refused");
+    let logs = server.logs();
+    assert!(
+        logs.contains("tls=on, mutual (client certificates required)"),
+        "{logs}"
+    );
+    assert!(logs.contains("TLS handshake failed"), "{logs}");
+
+    // The certificate's name reaches the services: an isolate records it,
+    // and the transitions read over HTTPS (mutual TLS there too) show it.
+    let channel = channel(&server, &ca.pem(), Some(&known))
+        .await
+        .expect("a connection");
+    pb::admin_client::AdminClient::new(channel)
+        .isolate(by(
+            "cli:ana",
+            pb::IsolateRequest {
+                key: "tls/isolated".into(),
+                reason: "drill".into(),
+            },
+        ))
+        .await
+        .expect("isolated");
+    let http = server.http_addr.clone().expect("an HTTP address");
+    assert!(
+        https_get(&http, &ca.pem(), "/healthz").await.is_err(),
+        "the HTTP port wants a client certificate too"
+    );
+    let reply = https_get_as(&http, &ca.pem(), Some(&known), "/api/transitions")
+        .await
+        .expect("HTTPS with a client certificate");
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(
+        reply.contains("cli:ana (certificate billing)"),
+        "the record names the certificate: {reply}"
+    );
+}
+
+#[tokio::test]
+async fn optional_client_auth_from_a_config_file_with_relative_paths() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca = Ca::new("fusebox test CA");
+    let clients = Ca::new("client CA");
+    let strangers = Ca::new("stranger CA");
+    install(dir.path(), &ca.server("server.fusebox.test"));
+    write(dir.path(), "clients.pem", &clients.pem());
+    let config = write(
+        dir.path(),
+        "fusebox.toml",
+        "[tls]\ncert = \"server.pem\"\nkey = \"server.key\"\nclient_ca = \"clients.pem\"\nclient_auth = \"optional\"\nhttp = false\n",
+    );
+    let config = config.display().to_string();
+    let server = Server::start(Options {
+        args: vec!["--config", &config],
+        ..Options::default()
+    })
+    .await;
+    get_over_tls(&server, &ca.pem(), None)
+        .await
+        .expect("optional: a client without a certificate is answered");
+    get_over_tls(&server, &ca.pem(), Some(&clients.issue("ops", &[])))
+        .await
+        .expect("optional: a client certificate of the client CA is accepted");
+    assert!(
+        get_over_tls(&server, &ca.pem(), Some(&strangers.issue("ops", &[])))
+            .await
+            .is_err(),
+        "optional: a certificate of another CA is still refused"
+    );
+    // http = false: the HTTP port stays plain.
+    let http = server.http_addr.clone().expect("an HTTP address");
+    let reply = http_get(&http, "/healthz").await.expect("plain HTTP");
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+}
+
+#[tokio::test]
+async fn a_bad_tls_setting_stops_the_start_naming_the_field_and_the_file() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let missing = dir.path().join("nowhere.pem").display().to_string();
+    let out = tokio::process::Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .args(["--tls-cert", &missing, "--tls-key", &missing])
+        .output()
+        .await
+        .expect("fusebox runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("[tls] cert: cannot read {missing}")),
+        "{err}"
+    );
+
+    let ca = Ca::new("fusebox test CA");
+    let a = ca.server("a.fusebox.test");
+    let b = ca.server("b.fusebox.test");
+    let cert = write(dir.path(), "a.pem", &a.cert).display().to_string();
+    let key = write(dir.path(), "b.key", &b.key).display().to_string();
+    let out = tokio::process::Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .args(["--tls-cert", &cert, "--tls-key", &key])
+        .output()
+        .await
+        .expect("fusebox runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("[tls] key:") && err.contains("is not the key of the certificate"),
+        "{err}"
+    );
+
+    let config = write(
+        dir.path(),
+        "fusebox.toml",
+        "[tls]\ncert = \"a.pem\"\nkey = \"b.key\"\nclient_auth = \"required\"\n",
+    )
+    .display()
+    .to_string();
+    let out = tokio::process::Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .args(["--config", &config])
+        .output()
+        .await
+        .expect("fusebox runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("[tls]: client_auth: needs client_ca"), "{err}");
+}
+
+#[tokio::test]
+async fn a_replaced_certificate_serves_new_connections_and_a_broken_one_is_refused() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca = Ca::new("fusebox test CA");
+    install(dir.path(), &ca.server("a.fusebox.test"));
+    let server = start(dir.path(), &[]).await;
+    let names = served_names(&server.addr, &ca.pem())
+        .await
+        .expect("a handshake");
+    assert!(names.contains(&"a.fusebox.test".to_owned()), "{names:?}");
+    let before = channel(&server, &ca.pem(), None)
+        .await
+        .expect("a connection before the change");
+    get_on(before.clone()).await.expect("answered");
+
+    let b = ca.server("b.fusebox.test");
+    replace(dir.path(), "server.key", &b.key);
+    replace(dir.path(), "server.pem", &b.cert);
+    eventually("new connections see certificate B", PATIENCE, || async {
+        let names = served_names(&server.addr, &ca.pem()).await.ok()?;
+        names.contains(&"b.fusebox.test".to_owned()).then_some(())
+    })
+    .await;
+    get_on(before.clone())
+        .await
+        .expect("the connection opened before the change still works");
+    let logs = server.logs();
+    assert!(
+        logs.contains("TLS certificate reloaded: subject CN=b.fusebox.test"),
+        "{logs}"
+    );
+
+    // A broken pair (a certificate that is not PEM) is refused; B stays.
+    replace(dir.path(), "server.pem", "not a certificate\n");
+    eventually("the broken certificate is reported", PATIENCE, || async {
+        server
+            .logs()
+            .contains("TLS certificate not reloaded, the running one stays: [tls] cert:")
+            .then_some(())
+    })
+    .await;
+    let names = served_names(&server.addr, &ca.pem())
+        .await
+        .expect("a handshake after the broken change");
+    assert!(names.contains(&"b.fusebox.test".to_owned()), "{names:?}");
+    get_over_tls(&server, &ca.pem(), None)
+        .await
+        .expect("new connections are still answered");
+
+    // A key that does not match: refused too; then a good pair is taken again.
+    let c = ca.server("c.fusebox.test");
+    replace(dir.path(), "server.pem", &c.cert);
+    eventually("the mismatched key is reported", PATIENCE, || async {
+        server
+            .logs()
+            .contains("is not the key of the certificate")
+            .then_some(())
+    })
+    .await;
+    let names = served_names(&server.addr, &ca.pem())
+        .await
+        .expect("a handshake");
+    assert!(names.contains(&"b.fusebox.test".to_owned()), "{names:?}");
+    replace(dir.path(), "server.key", &c.key);
+    eventually("new connections see certificate C", PATIENCE, || async {
+        let names = served_names(&server.addr, &ca.pem()).await.ok()?;
+        names.contains(&"c.fusebox.test".to_owned()).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_replaced_client_ca_bundle_decides_new_handshakes() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca = Ca::new("fusebox test CA");
+    let old = Ca::new("old client CA");
+    let new = Ca::new("new client CA");
+    install(dir.path(), &ca.server("server.fusebox.test"));
+    let bundle = write(dir.path(), "clients.pem", &old.pem())
+        .display()
+        .to_string();
+    let server = start(dir.path(), &["--tls-client-ca", &bundle]).await;
+    let old_client = old.issue("old", &[]);
+    let new_client = new.issue("new", &[]);
+    get_over_tls(&server, &ca.pem(), Some(&old_client))
+        .await
+        .expect("the old CA's client is accepted");
+    assert!(get_over_tls(&server, &ca.pem(), Some(&new_client))
+        .await
+        .is_err());
+    replace(dir.path(), "clients.pem", &new.pem());
+    eventually("the new CA's client is accepted", PATIENCE, || async {
+        get_over_tls(&server, &ca.pem(), Some(&new_client))
+            .await
+            .ok()
+    })
+    .await;
+    assert!(
+        get_over_tls(&server, &ca.pem(), Some(&old_client))
+            .await
+            .is_err(),
+        "the old CA's client is refused once the bundle is replaced"
+    );
+}
+
+#[tokio::test]
+async fn http_is_served_over_tls_with_the_same_certificate() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca = Ca::new("fusebox test CA");
+    install(dir.path(), &ca.server("server.fusebox.test"));
+    let server = start(dir.path(), &[]).await;
+    let http = server.http_addr.clone().expect("an HTTP address");
+    let reply = https_get(&http, &ca.pem(), "/healthz")
+        .await
+        .expect("HTTPS");
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.ends_with("ok\n"), "{reply}");
+    let reply = https_get(&http, &ca.pem(), "/metrics")
+        .await
+        .expect("HTTPS");
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("fusebox_"), "{reply}");
+    let plain = http_get(&http, "/healthz").await;
+    assert!(
+        !plain.as_deref().unwrap_or("").starts_with("HTTP/1.1 200"),
+        "plain HTTP is not answered on a TLS port: {plain:?}"
+    );
+
+    // A connection kept open across a certificate change goes on with the
+    // certificate it began with; new connections get the new one.
+    let tcp = tokio::net::TcpStream::connect(&http)
+        .await
+        .expect("connects");
+    let mut kept = connector(&ca.pem(), None, b"http/1.1")
+        .connect(ServerName::try_from("localhost").expect("a name"), tcp)
+        .await
+        .expect("a handshake");
+    let get = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    kept.write_all(get).await.expect("sent");
+    let (head, body) = response(&mut kept).await.expect("a response");
+    assert!(
+        head.starts_with("HTTP/1.1 200") && body == "ok\n",
+        "{head}{body}"
+    );
+    let b = ca.server("b.fusebox.test");
+    replace(dir.path(), "server.key", &b.key);
+    replace(dir.path(), "server.pem", &b.cert);
+    eventually("new connections see certificate B", PATIENCE, || async {
+        let names = served_names(&server.addr, &ca.pem()).await.ok()?;
+        names.contains(&"b.fusebox.test".to_owned()).then_some(())
+    })
+    .await;
+    kept.write_all(get).await.expect("sent again");
+    let (head, body) = response(&mut kept).await.expect("a second response");
+    assert!(
+        head.starts_with("HTTP/1.1 200") && body == "ok\n",
+        "{head}{body}"
+    );
+    let names = fusebox::tls::names_of(&kept.get_ref().1.peer_certificates().expect("certs")[0]);
+    assert!(
+        names.contains(&"server.fusebox.test".to_owned()),
+        "{names:?}"
+    );
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn sighup_does_not_stop_a_tls_server_without_a_config_file() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca = Ca::new("fusebox test CA");
+    install(dir.path(), &ca.server("a.fusebox.test"));
+    let server = start(dir.path(), &[]).await;
+    let pid = server.child.id().expect("running").to_string();
+    let b = ca.server("b.fusebox.test");
+    replace(dir.path(), "server.key", &b.key);
+    replace(dir.path(), "server.pem", &b.cert);
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    eventually("new connections see certificate B", PATIENCE, || async {
+        let names = served_names(&server.addr, &ca.pem()).await.ok()?;
+        names.contains(&"b.fusebox.test".to_owned()).then_some(())
+    })
+    .await;
+    get_over_tls(&server, &ca.pem(), None)
+        .await
+        .expect("the server still answers after SIGHUP");
+}
+
+/// Runs `fusebox ARGS`: success, standard output, standard error.
+async fn cli(args: &[&str]) -> (bool, String, String) {
+    let out = tokio::process::Command::new(BIN)
+        .args(args)
+        .env_remove("FUSEBOX_TLS_CA")
+        .env_remove("FUSEBOX_TLS_CERT")
+        .env_remove("FUSEBOX_TLS_KEY")
+        .env_remove("FUSEBOX_TLS_SERVER_NAME")
+        .output()
+        .await
+        .expect("fusebox runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_cli_calls_a_tls_server_with_its_tls_flags() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca = Ca::new("fusebox test CA");
+    let other = Ca::new("another CA");
+    let clients = Ca::new("client CA");
+    install(dir.path(), &ca.server("server.fusebox.test"));
+    let ca_file = write(dir.path(), "ca.pem", &ca.pem()).display().to_string();
+    let other_file = write(dir.path(), "other.pem", &other.pem())
+        .display()
+        .to_string();
+    let server = start(dir.path(), &[]).await;
+    let addr = server.addr.as_str();
+
+    let (ok, out, err) = cli(&["get", "tls/k", "--server", addr, "--tls-ca", &ca_file]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("tls/k"), "{out}");
+
+    let (ok, _, err) = cli(&["get", "tls/k", "--server", addr]).await;
+    assert!(!ok);
+    assert!(
+        err.contains("if it serves TLS, pass --tls-ca FILE"),
+        "{err}"
+    );
+
+    let (ok, _, err) = cli(&["get", "tls/k", "--server", addr, "--tls-ca", &other_file]).await;
+    assert!(!ok);
+    assert!(
+        err.contains("the server's certificate is not signed by --tls-ca FILE"),
+        "{err}"
+    );
+
+    // Mutual TLS: without a client certificate the CLI says what to pass.
+    let dir2 = tempfile::tempdir().expect("a temp dir");
+    install(dir2.path(), &ca.server("server.fusebox.test"));
+    let bundle = write(dir2.path(), "clients.pem", &clients.pem())
+        .display()
+        .to_string();
+    let mutual = start(dir2.path(), &["--tls-client-ca", &bundle]).await;
+    let (ok, _, err) = cli(&[
+        "get",
+        "tls/k",
+        "--server",
+        &mutual.addr,
+        "--tls-ca",
+        &ca_file,
+    ])
+    .await;
+    assert!(!ok);
+    assert!(
+        err.contains("client certificate: pass --tls-cert and --tls-key"),
+        "{err}"
+    );
+    let me = clients.issue("operator", &[]);
+    let cert = write(dir2.path(), "me.pem", &me.cert).display().to_string();
+    let key = write(dir2.path(), "me.key", &me.key).display().to_string();
+    let (ok, out, err) = cli(&[
+        "get",
+        "tls/k",
+        "--server",
+        &mutual.addr,
+        "--tls-ca",
+        &ca_file,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+    ])
+    .await;
+    assert!(ok, "{err}");
+    assert!(out.contains("tls/k"), "{out}");
+
+    let stranger = other.issue("operator", &[]);
+    let cert = write(dir2.path(), "stranger.pem", &stranger.cert)
+        .display()
+        .to_string();
+    let key = write(dir2.path(), "stranger.key", &stranger.key)
+        .display()
+        .to_string();
+    let (ok, _, err) = cli(&[
+        "get",
+        "tls/k",
+        "--server",
+        &mutual.addr,
+        "--tls-ca",
+        &ca_file,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+    ])
+    .await;
+    assert!(!ok);
+    assert!(
+        err.contains("the server refused this client's certificate"),
+        "{err}"
+    );
+}
