@@ -25,7 +25,6 @@
 //! address is loopback).
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +36,10 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use crate::engine::Engine;
+use crate::server::connections::{self, Plain, Upgrade};
+use axum::extract::ConnectInfo;
+use hyper::body::Incoming;
+use tower::ServiceExt;
 
 pub mod api;
 mod dashboard;
@@ -182,6 +185,8 @@ pub fn router_with(engine: Arc<Engine>, options: Options) -> Router {
         .route("/api/keys/{key}/isolate", post(api::isolate))
         .route("/api/keys/{key}/close", post(api::close))
         .fallback(not_found)
+        .layer(axum::extract::DefaultBodyLimit::max(api::MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(api::refuse_large_bodies))
         .with_state(state)
 }
 
@@ -204,13 +209,110 @@ pub async fn serve_with(
     options: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = router_with(engine, options).into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tokio::time::sleep(SHUTDOWN_LINGER).await;
-        })
-        .await
+    serve_upgraded(listener, engine, options, Plain, shutdown).await
+}
+
+/// Like [`serve_with`], each connection upgraded by `upgrade` (TLS) first.
+///
+/// Each connection takes one of `[server] max_http_connections` slots at
+/// accept (past the cap it is closed at once, counted); its upgrade and
+/// then each request's headers must arrive within `[server]
+/// handshake_timeout`, else it is closed.
+pub async fn serve_upgraded<U: Upgrade>(
+    listener: tokio::net::TcpListener,
+    engine: Arc<Engine>,
+    options: Options,
+    upgrade: U,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let limits = engine.limits();
+    let caps = connections::caps(&limits);
+    let timeout = Duration::from_millis(limits.handshake_timeout);
+    let router = router_with(engine, options);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let stop = async move {
+        shutdown.await;
+        tokio::time::sleep(SHUTDOWN_LINGER).await;
+    };
+    tokio::pin!(stop);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = connections::accept(&listener, "HTTP") => accepted,
+            () = &mut stop => break,
+        };
+        let Some(slot) = HttpSlot::take(caps.max_http_connections) else {
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let service = hyper_util::service::TowerToHyperService::new(router.clone().map_request(
+            move |mut request: axum::http::Request<Incoming>| {
+                request.extensions_mut().insert(ConnectInfo(peer));
+                request
+            },
+        ));
+        let upgrade = upgrade.clone();
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let stream = match tokio::time::timeout(timeout, upgrade.upgrade(tcp)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, "closing an HTTP connection whose handshake failed: {e}");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(timeout)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            if let Err(e) = watcher.watch(connection).await {
+                tracing::debug!(%peer, "an HTTP connection ended: {e}");
+            }
+        });
+    }
+    drop(listener);
+    // Event streams have ended; other answers get a moment to finish.
+    let _ = tokio::time::timeout(Duration::from_secs(1), graceful.shutdown()).await;
+    Ok(())
+}
+
+/// One of the `max_http_connections` slots, given back when dropped.
+struct HttpSlot;
+
+impl HttpSlot {
+    fn take(cap: u64) -> Option<HttpSlot> {
+        let figures = &connections::FIGURES;
+        let taken =
+            figures
+                .http_connections
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n < cap).then_some(n + 1)
+                });
+        if taken.is_ok() {
+            return Some(HttpSlot);
+        }
+        let n = figures
+            .http_connections_refused
+            .fetch_add(1, Ordering::Relaxed)
+            + 1;
+        if n.is_power_of_two() {
+            tracing::warn!(
+                cap,
+                refused = n,
+                "refusing an HTTP connection: [server] max_http_connections ({cap}) are open; raise it (and the open-file limit) if they are real viewers"
+            );
+        }
+        None
+    }
+}
+
+impl Drop for HttpSlot {
+    fn drop(&mut self) {
+        connections::FIGURES
+            .http_connections
+            .fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// `GET /metrics`.
