@@ -64,4 +64,28 @@ mod tests {
         }
         assert!(validate_key("\u{05D0}\u{05D1}/עברית").is_ok());
     }
+
+    const BIDI: [char; 12] = [
+        '\u{061C}', '\u{200E}', '\u{200F}', '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}',
+        '\u{202E}', '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}',
+    ];
+
+    proptest::proptest! {
+        #[test]
+        fn a_bidi_character_anywhere_in_a_key_is_refused(
+            before in "\\PC{0,40}",
+            after in "\\PC{0,40}",
+            which in 0..BIDI.len(),
+        ) {
+            let c = BIDI[which];
+            let key = format!("{before}{c}{after}");
+            let found = key.chars().find(|&c| is_control(c)).map(u32::from);
+            proptest::prop_assert_eq!(validate_key(&key), Err(KeyError::Control(found.unwrap())));
+        }
+
+        #[test]
+        fn printable_text_without_bidi_characters_is_a_key(key in "[^\\p{Cc}\\u{061C}\\u{200E}\\u{200F}\\u{202A}-\\u{202E}\\u{2066}-\\u{2069}]{1,64}") {
+            proptest::prop_assert_eq!(validate_key(&key), Ok(()));
+        }
+    }
 }

@@ -101,23 +101,27 @@ pub fn caps(limits: &Limits) -> Caps {
         };
         let caps = fit(limits, open_files);
         if let Some(n) = open_files {
-            if caps.max_http_connections < limits.max_http_connections
-                || caps.max_handshakes < limits.max_handshakes
-            {
+            let lowered = caps.max_http_connections < limits.max_http_connections
+                || caps.max_handshakes < limits.max_handshakes;
+            let grpc_fits = limits.max_connections + FD_RESERVE <= n;
+            if lowered || !grpc_fits {
+                let grpc = if grpc_fits {
+                    String::new()
+                } else {
+                    format!(
+                        "; max_connections ({}) does not fit either: past about {} gRPC connections, new ones wait until descriptors free up",
+                        limits.max_connections,
+                        n.saturating_sub(
+                            FD_RESERVE + caps.max_http_connections + caps.max_handshakes
+                        ),
+                    )
+                };
                 tracing::warn!(
-                    "the open-file limit is {n}: lowered [server] max_http_connections from {} to {} and max_handshakes from {} to {} so that they, max_connections ({}) and {FD_RESERVE} descriptors in reserve fit; raise the limit (ulimit -n, or LimitNOFILE= in a systemd unit) or lower max_connections",
+                    "the open-file limit is {n}: lowered [server] max_http_connections from {} to {} and max_handshakes from {} to {} to keep {FD_RESERVE} descriptors in reserve{grpc}; raise the limit (ulimit -n, or LimitNOFILE= in a systemd unit) or lower max_connections",
                     limits.max_http_connections,
                     caps.max_http_connections,
                     limits.max_handshakes,
                     caps.max_handshakes,
-                    limits.max_connections,
-                );
-            }
-            if limits.max_connections + FD_RESERVE > n {
-                tracing::warn!(
-                    "the open-file limit is {n}, below [server] max_connections ({}) plus {FD_RESERVE} in reserve: past about {} gRPC connections, new ones wait until descriptors free up; raise the limit (ulimit -n, or LimitNOFILE=) or lower max_connections",
-                    limits.max_connections,
-                    n.saturating_sub(FD_RESERVE + caps.max_http_connections + caps.max_handshakes),
                 );
             }
         }
