@@ -19,6 +19,11 @@
 //! rows from bounded reads ([`Engine::busiest`], [`Engine::list`] pages),
 //! and one sampler task ([`trends`]) serves every viewer.
 //!
+//! Connections are capped (`[server] max_http_connections`, lowered if
+//! need be to fit the open-file limit); one that does not send a request's
+//! headers within `[server] handshake_timeout` is closed; a body past
+//! [`api::MAX_BODY_BYTES`] is refused (413) before it is read.
+//!
 //! A key in a path is percent-encoded (`payments%2Fcharge`). API errors are
 //! `{"error": {"field": ..., "message": ...}}`. There is no authentication:
 //! like the gRPC Admin service, the port is for operators only (the default

@@ -453,7 +453,8 @@ const SERVICES: [&str; 3] = ["fusebox.v1.Fusebox", "fusebox.v1.Admin", "fusebox.
 
 /// Serves fusebox on `listener` until `shutdown` resolves, then reports
 /// NOT_SERVING, answers waiters, stops accepting, lets in-flight calls
-/// finish (up to [`SHUTDOWN_GRACE`]) and returns.
+/// finish (up to [`SHUTDOWN_GRACE`]) and returns: at once when no call is
+/// in flight, whatever idle connections are open.
 pub async fn run(
     listener: tokio::net::TcpListener,
     engine: Arc<Engine>,
