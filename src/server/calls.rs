@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -15,16 +15,18 @@ use tonic::{Code, Status};
 
 use super::connections::FIGURES;
 
-/// The calls in flight, with a way to wait until there are none.
+/// The calls in flight on one server, with a way to wait until there are
+/// none. (The process's gauge, for the metrics, counts them too.)
 #[derive(Debug, Default)]
 pub struct InFlight {
+    count: AtomicU64,
     idle: Notify,
 }
 
 impl InFlight {
     /// Calls in flight now.
     pub fn count(&self) -> u64 {
-        FIGURES.calls_in_flight.load(Ordering::Acquire)
+        self.count.load(Ordering::Acquire)
     }
 
     /// Resolves once no call is in flight.
@@ -46,14 +48,16 @@ struct Call(Arc<InFlight>);
 
 impl Call {
     fn start(calls: &Arc<InFlight>) -> Call {
-        FIGURES.calls_in_flight.fetch_add(1, Ordering::AcqRel);
+        calls.count.fetch_add(1, Ordering::AcqRel);
+        FIGURES.calls_in_flight.fetch_add(1, Ordering::Relaxed);
         Call(calls.clone())
     }
 }
 
 impl Drop for Call {
     fn drop(&mut self) {
-        if FIGURES.calls_in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+        FIGURES.calls_in_flight.fetch_sub(1, Ordering::Relaxed);
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.idle.notify_waiters();
         }
     }
