@@ -161,10 +161,11 @@ pub fn fit(limits: &Limits, open_files: Option<u64>) -> Caps {
     }
 }
 
-/// True for the accept errors that mean "out of descriptors".
+/// True for the accept errors that mean "out of descriptors" (or of
+/// kernel memory for sockets): retrying at once would spin.
 fn out_of_descriptors(e: &io::Error) -> bool {
-    // EMFILE (process) and ENFILE (system), as std names them.
-    matches!(e.raw_os_error(), Some(23 | 24))
+    // ENFILE (system), EMFILE (process), ENOMEM and ENOBUFS on Linux.
+    matches!(e.raw_os_error(), Some(23 | 24 | 12 | 105))
 }
 
 /// The next connection on `listener`. When descriptors run out it pauses
@@ -190,7 +191,7 @@ pub async fn accept(listener: &TcpListener, port: &'static str) -> (TcpStream, S
             // the next one may be fine.
             Err(e) => {
                 tracing::debug!(port, "accept failed: {e}");
-                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
         }
     }
