@@ -34,6 +34,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         .emit_rerun_if_changed(false)
+        // Decode errors name the field and are INVALID_ARGUMENT.
+        .codec_path("crate::proto::codec::Codec")
         .compile_fds(compiler.file_descriptor_set())?;
 
     Ok(())

@@ -20,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod connections;
 pub mod domain;
 pub mod engine;
 pub mod http;

@@ -534,12 +534,10 @@ async fn serve(
             .filter(|t| t.config().http)
             .map(|t| t.acceptor(fusebox::tls::ALPN_HTTP));
         tokio::spawn(async move {
-            let served = match acceptor {
-                Some(acceptor) => {
-                    fusebox::http::serve_tls(listener, engine, acceptor, stopped).await
-                }
-                None => fusebox::http::serve(listener, engine, stopped).await,
-            };
+            let options = fusebox::http::Options::of(&engine);
+            let upgrade = fusebox::connections::MaybeTls(acceptor);
+            let served =
+                fusebox::http::serve_upgraded(listener, engine, options, upgrade, stopped).await;
             if let Err(e) = served {
                 tracing::error!("the HTTP server stopped: {e}");
             }

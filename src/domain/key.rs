@@ -9,9 +9,23 @@ pub enum KeyError {
     /// The key is longer than 256 bytes.
     #[error("key: must be at most 256 bytes of UTF-8, not {0}")]
     TooLong(usize),
-    /// The key holds a control character.
+    /// The key holds a control character, or a bidirectional formatting
+    /// character that would make it read differently from what it is.
     #[error("key: must not contain control characters (found U+{0:04X})")]
     Control(u32),
+}
+
+/// True for the characters K1 refuses as control characters: the Unicode
+/// controls (Cc) and the bidirectional formatting characters (the marks
+/// U+200E, U+200F and U+061C, the embeddings and overrides U+202A to
+/// U+202E, the isolates U+2066 to U+2069), which make a key display as
+/// another key would.
+pub fn is_control(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'
+        )
 }
 
 /// The longest key, in bytes of UTF-8.
@@ -25,7 +39,7 @@ pub fn validate_key(key: &str) -> Result<(), KeyError> {
     if key.len() > MAX_KEY_BYTES {
         return Err(KeyError::TooLong(key.len()));
     }
-    if let Some(c) = key.chars().find(|c| c.is_control()) {
+    if let Some(c) = key.chars().find(|&c| is_control(c)) {
         return Err(KeyError::Control(u32::from(c)));
     }
     Ok(())
@@ -44,5 +58,34 @@ mod tests {
         assert_eq!(validate_key("a\nb"), Err(KeyError::Control(10)));
         assert_eq!(validate_key("a\u{7f}"), Err(KeyError::Control(0x7f)));
         assert!(validate_key("payments/eu-west/ünïcode").is_ok());
+        for c in ['\u{202E}', '\u{2066}', '\u{2069}', '\u{200F}', '\u{061C}'] {
+            let key = format!("pay{c}ments");
+            assert_eq!(validate_key(&key), Err(KeyError::Control(u32::from(c))));
+        }
+        assert!(validate_key("\u{05D0}\u{05D1}/עברית").is_ok());
+    }
+
+    const BIDI: [char; 12] = [
+        '\u{061C}', '\u{200E}', '\u{200F}', '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}',
+        '\u{202E}', '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}',
+    ];
+
+    proptest::proptest! {
+        #[test]
+        fn a_bidi_character_anywhere_in_a_key_is_refused(
+            before in "\\PC{0,40}",
+            after in "\\PC{0,40}",
+            which in 0..BIDI.len(),
+        ) {
+            let c = BIDI[which];
+            let key = format!("{before}{c}{after}");
+            let found = key.chars().find(|&c| is_control(c)).map(u32::from);
+            proptest::prop_assert_eq!(validate_key(&key), Err(KeyError::Control(found.unwrap())));
+        }
+
+        #[test]
+        fn printable_text_without_bidi_characters_is_a_key(key in "[^\\p{Cc}\\u{061C}\\u{200E}\\u{200F}\\u{202A}-\\u{202E}\\u{2066}-\\u{2069}]{1,64}") {
+            proptest::prop_assert_eq!(validate_key(&key), Ok(()));
+        }
     }
 }

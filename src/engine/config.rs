@@ -49,6 +49,13 @@ pub struct ServerSpec {
     /// Host names the HTTP side answers to, besides loopback names and its
     /// listen address (checked against `Host` and `Origin`).
     pub http_hosts: Option<Vec<String>>,
+    /// How long a new connection has to finish its handshake (the HTTP/2
+    /// preface on the gRPC port, the request headers on the HTTP port).
+    pub handshake_timeout: Option<DurationSpec>,
+    /// Cap on connections still in their handshake.
+    pub max_handshakes: Option<u64>,
+    /// Cap on open HTTP connections.
+    pub max_http_connections: Option<u64>,
 }
 
 /// `[tls]` as written.
@@ -353,7 +360,16 @@ pub struct Limits {
     pub max_event_streams: u64,
     /// How long a key at rest is kept.
     pub idle_after: Millis,
+    /// How long a new connection has to finish its handshake.
+    pub handshake_timeout: Millis,
+    /// Cap on connections still in their handshake.
+    pub max_handshakes: u64,
+    /// Cap on open HTTP connections.
+    pub max_http_connections: u64,
 }
+
+/// The longest `[server] handshake_timeout`.
+pub const MAX_HANDSHAKE_TIMEOUT: Millis = 60_000;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -365,6 +381,9 @@ impl Default for Limits {
             max_watch_streams: 256,
             max_event_streams: 64,
             idle_after: 600_000,
+            handshake_timeout: 5_000,
+            max_handshakes: 1_024,
+            max_http_connections: 256,
         }
     }
 }
@@ -571,6 +590,20 @@ impl ConfigFile {
                 problem: format!("{bad:?} is not a host name (write names such as \"fusebox.internal\", without scheme or port)"),
             });
         }
+        let handshake_timeout = match self.server.handshake_timeout {
+            Some(d) if d.0 == 0 || d.0 > MAX_HANDSHAKE_TIMEOUT => {
+                return Err(ConfigError::Invalid {
+                    rule: "[server]".into(),
+                    field: "handshake_timeout".into(),
+                    problem: format!(
+                        "must be longer than 0 ms and at most {} s, e.g. \"5s\"",
+                        MAX_HANDSHAKE_TIMEOUT / 1000
+                    ),
+                })
+            }
+            Some(d) => d.0,
+            None => defaults.handshake_timeout,
+        };
         Ok(Config {
             access,
             http_hosts,
@@ -595,6 +628,17 @@ impl ConfigFile {
                     defaults.max_event_streams,
                 )?,
                 idle_after,
+                handshake_timeout,
+                max_handshakes: cap(
+                    self.server.max_handshakes,
+                    "max_handshakes",
+                    defaults.max_handshakes,
+                )?,
+                max_http_connections: cap(
+                    self.server.max_http_connections,
+                    "max_http_connections",
+                    defaults.max_http_connections,
+                )?,
             },
         })
     }

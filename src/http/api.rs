@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -465,6 +466,19 @@ pub fn prefix_of(
             ),
         ));
     }
+    if let Some(c) = q
+        .prefix
+        .chars()
+        .find(|&c| crate::domain::key::is_control(c))
+    {
+        return Err(ApiError::invalid(
+            "prefix",
+            format!(
+                "must not contain control characters (found U+{:04X})",
+                u32::from(c)
+            ),
+        ));
+    }
     Ok(q.prefix)
 }
 
@@ -589,15 +603,70 @@ fn who(peer: SocketAddr, caller: &Caller) -> String {
     }
 }
 
+/// The key of a path, or the JSON error that says why it cannot be read
+/// (a bad percent-encoding, say).
+fn key_of(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    path.map(|Path(key)| key).map_err(|e| ApiError {
+        status: e.status(),
+        field: Some("key"),
+        message: format!(
+            "{}; percent-encode the key as UTF-8, e.g. payments%2Fcharge",
+            e.body_text()
+        ),
+    })
+}
+
+/// The body, or the JSON error that says why it cannot be read (too large).
+fn body_of(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| ApiError {
+        status: e.status(),
+        field: Some("body"),
+        message: if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            format!("is larger than {MAX_BODY_BYTES} bytes; send {{\"reason\": \"...\"}} only")
+        } else {
+            e.body_text()
+        },
+    })
+}
+
+/// The largest body the actions read, in bytes.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// Answers 413 (JSON) at once to a request that announces a body larger
+/// than [`MAX_BODY_BYTES`], without reading it.
+pub async fn refuse_large_bodies(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let announced = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match announced {
+        Some(n) if n > MAX_BODY_BYTES as u64 => ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            field: Some("body"),
+            message: format!(
+                "is {n} bytes, larger than {MAX_BODY_BYTES}; send {{\"reason\": \"...\"}} only"
+            ),
+        }
+        .into_response(),
+        _ => next.run(request).await,
+    }
+}
+
 /// `POST /api/keys/{key}/isolate` with `{"reason": "..."}`.
 pub async fn isolate(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Extension(caller): Extension<Caller>,
-    Path(key): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<KeyJson>, ApiError> {
+    let key = key_of(path)?;
+    let body = body_of(body)?;
     caller.may_steer(&key, "Isolate")?;
     steer(
         &state,
@@ -614,10 +683,12 @@ pub async fn close(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Extension(caller): Extension<Caller>,
-    Path(key): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<KeyJson>, ApiError> {
+    let key = key_of(path)?;
+    let body = body_of(body)?;
     caller.may_steer(&key, "Close")?;
     steer(
         &state,

@@ -106,8 +106,8 @@ pub async fn guard(State(state): State<AppState>, mut request: Request, next: Ne
         if let Some(role) = role_for(request.uri().path(), access.metrics_open) {
             let names: Vec<String> = request
                 .extensions()
-                .get::<ClientNames>()
-                .map(|n| n.0.clone())
+                .get::<crate::tls::ClientIdentity>()
+                .map(|n| n.names.clone())
                 .unwrap_or_default();
             let grant = access.authenticate(
                 request
@@ -136,10 +136,6 @@ pub async fn guard(State(state): State<AppState>, mut request: Request, next: Ne
     request.extensions_mut().insert(caller);
     next.run(request).await
 }
-
-/// The names of a TLS client certificate, when the connection has one.
-#[derive(Clone, Debug, Default)]
-pub struct ClientNames(pub Vec<String>);
 
 impl ApiError {
     /// 401 or 403 for a refusal of `[auth]`.

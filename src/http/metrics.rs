@@ -248,6 +248,72 @@ pub fn render(engine: &Engine, http: &HttpFigures) -> String {
         "gRPC connections closed at once because max_connections was reached.",
         counters.connections_refused.load(Ordering::Relaxed),
     );
+    let transport = &crate::connections::FIGURES;
+    let caps = crate::connections::caps(&limits);
+    for (name, kind, help, value) in [
+        (
+            "fusebox_handshakes",
+            "gauge",
+            "gRPC connections still in their handshake (they hold no max_connections slot).",
+            &transport.handshakes,
+        ),
+        (
+            "fusebox_handshakes_refused_total",
+            "counter",
+            "gRPC connections closed at once because max_handshakes were in their handshake.",
+            &transport.handshakes_refused,
+        ),
+        (
+            "fusebox_handshakes_timed_out_total",
+            "counter",
+            "gRPC connections closed because their handshake took longer than handshake_timeout.",
+            &transport.handshakes_timed_out,
+        ),
+        (
+            "fusebox_handshakes_failed_total",
+            "counter",
+            "gRPC connections closed because their handshake failed (not HTTP/2, or a failed upgrade).",
+            &transport.handshakes_failed,
+        ),
+        (
+            "fusebox_http_connections",
+            "gauge",
+            "Open HTTP connections.",
+            &transport.http_connections,
+        ),
+        (
+            "fusebox_http_connections_refused_total",
+            "counter",
+            "HTTP connections closed at once because max_http_connections were open.",
+            &transport.http_connections_refused,
+        ),
+        (
+            "fusebox_accept_backoffs_total",
+            "counter",
+            "Times accepting paused because the process was out of file descriptors.",
+            &transport.accept_backoffs,
+        ),
+        (
+            "fusebox_calls_in_flight",
+            "gauge",
+            "gRPC calls in flight.",
+            &transport.calls_in_flight,
+        ),
+    ] {
+        x.single(name, kind, help, value.load(Ordering::Relaxed));
+    }
+    x.single(
+        "fusebox_max_handshakes",
+        "gauge",
+        "Cap on gRPC connections in their handshake ([server] max_handshakes, lowered to fit the open-file limit).",
+        caps.max_handshakes,
+    );
+    x.single(
+        "fusebox_max_http_connections",
+        "gauge",
+        "Cap on open HTTP connections ([server] max_http_connections, lowered to fit the open-file limit).",
+        caps.max_http_connections,
+    );
     x.single(
         "fusebox_idle_after_seconds",
         "gauge",

@@ -19,6 +19,11 @@
 //! rows from bounded reads ([`Engine::busiest`], [`Engine::list`] pages),
 //! and one sampler task ([`trends`]) serves every viewer.
 //!
+//! Connections are capped (`[server] max_http_connections`, lowered if
+//! need be to fit the open-file limit); one that does not send a request's
+//! headers within `[server] handshake_timeout` is closed; a body past
+//! [`api::MAX_BODY_BYTES`] is refused (413) before it is read.
+//!
 //! A key in a path is percent-encoded (`payments%2Fcharge`). API errors are
 //! `{"error": {"field": ..., "message": ...}}`. There is no authentication:
 //! like the gRPC Admin service, the port is for operators only (the default
@@ -27,7 +32,6 @@
 //! `client_ca` it asks for client certificates in the same way.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,7 +42,11 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
 
+use crate::connections::{self, Plain, Upgrade};
 use crate::engine::Engine;
+use axum::extract::ConnectInfo;
+use hyper::body::Incoming;
+use tower::ServiceExt;
 
 pub mod api;
 mod dashboard;
@@ -185,6 +193,8 @@ pub fn router_with(engine: Arc<Engine>, options: Options) -> Router {
         .route("/api/keys/{key}/isolate", post(api::isolate))
         .route("/api/keys/{key}/close", post(api::close))
         .fallback(not_found)
+        .layer(axum::extract::DefaultBodyLimit::max(api::MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(api::refuse_large_bodies))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             guard::guard,
@@ -211,84 +221,116 @@ pub async fn serve_with(
     options: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = router_with(engine, options).into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tokio::time::sleep(SHUTDOWN_LINGER).await;
-        })
-        .await
+    serve_upgraded(listener, engine, options, Plain, shutdown).await
 }
 
-/// Like [`serve`], over TLS: each connection is served after its TLS
-/// handshake (in a task of its own), with `ConnectInfo<SocketAddr>` and,
-/// with mutual TLS, the client's [`crate::tls::ClientIdentity`] in every
-/// request's extensions.
-pub async fn serve_tls(
+/// Like [`serve_with`], each connection upgraded by `upgrade` (TLS) first.
+///
+/// Each connection takes one of `[server] max_http_connections` slots at
+/// accept (past the cap it is closed at once, counted); its upgrade and
+/// then each request's headers must arrive within `[server]
+/// handshake_timeout`, else it is closed.
+pub async fn serve_upgraded<U: Upgrade>(
     listener: tokio::net::TcpListener,
     engine: Arc<Engine>,
-    acceptor: crate::tls::Acceptor,
+    options: Options,
+    upgrade: U,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let options = Options::of(&engine);
-    let app = router_with(engine, options);
+    let limits = engine.limits();
+    let caps = connections::caps(&limits);
+    let timeout = Duration::from_millis(limits.handshake_timeout);
+    let router = router_with(engine, options);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let stop = async move {
         shutdown.await;
         tokio::time::sleep(SHUTDOWN_LINGER).await;
     };
     tokio::pin!(stop);
     loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of file descriptors, most likely: wait a little
-                    // rather than spin.
-                    tracing::warn!("HTTP: cannot accept a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            () = &mut stop => return Ok(()),
+        let (tcp, peer) = tokio::select! {
+            accepted = connections::accept(&listener, "HTTP") => accepted,
+            () = &mut stop => break,
         };
-        let (app, acceptor) = (app.clone(), acceptor.clone());
+        let Some(slot) = HttpSlot::take(caps.max_http_connections) else {
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let router = router.clone();
+        let upgrade = upgrade.clone();
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let Ok(stream) = acceptor.accept(stream).await else {
-                return;
+            let _slot = slot;
+            let stream = match tokio::time::timeout(timeout, upgrade.upgrade(tcp)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, "closing an HTTP connection whose handshake failed: {e}");
+                    return;
+                }
+                Err(_) => return,
             };
-            serve_connection(stream, peer, app).await;
+            // What every request knows of its connection: the peer and,
+            // with mutual TLS, the client certificate's names.
+            let identity = U::identity(&stream);
+            let service = hyper_util::service::TowerToHyperService::new(router.map_request(
+                move |mut request: axum::http::Request<Incoming>| {
+                    request.extensions_mut().insert(ConnectInfo(peer));
+                    if let Some(identity) = &identity {
+                        request.extensions_mut().insert(identity.clone());
+                    }
+                    request
+                },
+            ));
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(timeout)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            if let Err(e) = watcher.watch(connection).await {
+                tracing::debug!(%peer, "an HTTP connection ended: {e}");
+            }
         });
+    }
+    drop(listener);
+    // Event streams have ended; other answers get a moment to finish.
+    let _ = tokio::time::timeout(Duration::from_secs(1), graceful.shutdown()).await;
+    Ok(())
+}
+
+/// One of the `max_http_connections` slots, given back when dropped.
+struct HttpSlot;
+
+impl HttpSlot {
+    fn take(cap: u64) -> Option<HttpSlot> {
+        let figures = &connections::FIGURES;
+        let taken =
+            figures
+                .http_connections
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n < cap).then_some(n + 1)
+                });
+        if taken.is_ok() {
+            return Some(HttpSlot);
+        }
+        let n = figures
+            .http_connections_refused
+            .fetch_add(1, Ordering::Relaxed)
+            + 1;
+        if n.is_power_of_two() {
+            tracing::warn!(
+                cap,
+                refused = n,
+                "refusing an HTTP connection: [server] max_http_connections ({cap}) are open; raise it (and the open-file limit) if they are real viewers"
+            );
+        }
+        None
     }
 }
 
-/// Serves HTTP/1.1 on one TLS connection.
-async fn serve_connection(
-    stream: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
-    peer: SocketAddr,
-    app: Router,
-) {
-    use tower::ServiceExt;
-    let identity = crate::tls::identity_of(stream.get_ref().1);
-    let service = hyper::service::service_fn(
-        move |mut request: axum::extract::Request<hyper::body::Incoming>| {
-            request
-                .extensions_mut()
-                .insert(axum::extract::ConnectInfo(peer));
-            if let Some(identity) = &identity {
-                request.extensions_mut().insert(identity.clone());
-            }
-            app.clone().oneshot(request)
-        },
-    );
-    let io = hyper_util::rt::TokioIo::new(stream);
-    if let Err(e) = hyper::server::conn::http1::Builder::new()
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30))
-        .serve_connection(io, service)
-        .with_upgrades()
-        .await
-    {
-        tracing::debug!(%peer, "HTTP connection ended: {e}");
+impl Drop for HttpSlot {
+    fn drop(&mut self) {
+        connections::FIGURES
+            .http_connections
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 

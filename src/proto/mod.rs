@@ -6,6 +6,7 @@
 //! `tonic-prost-build`. `google.protobuf.Duration` maps to
 //! [`prost_types::Duration`].
 
+pub mod codec;
 pub mod wire;
 
 /// Package `fusebox.v1`: messages, enums, and the `Fusebox`, `Admin` and

@@ -19,7 +19,7 @@ use pb::admin_server::{Admin, AdminServer};
 use pb::clock_server::{Clock, ClockServer};
 use pb::fusebox_server::{Fusebox, FuseboxServer};
 
-mod connections;
+mod calls;
 pub mod policy;
 pub mod tls;
 mod watch;
@@ -38,6 +38,10 @@ pub const MAX_ADMIN_REPLY_BYTES: usize = 4 * 1024 * 1024;
 
 /// How long shutdown waits for in-flight calls before it exits anyway.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Once no call is in flight at shutdown, how long the server still has to
+/// flush the last answers and close its connections before it exits.
+pub const SHUTDOWN_FLUSH: Duration = Duration::from_millis(200);
 
 /// Turns an engine error into the gRPC status of SPEC section 5.
 pub fn status_of(e: EngineError) -> Status {
@@ -564,7 +568,7 @@ fn check_prefix(prefix: &str) -> Result<(), Status> {
     if prefix.len() > crate::domain::key::MAX_KEY_BYTES {
         return Err(invalid("prefix", "must be at most 256 bytes"));
     }
-    if prefix.chars().any(char::is_control) {
+    if prefix.chars().any(crate::domain::key::is_control) {
         return Err(invalid("prefix", "must not contain control characters"));
     }
     Ok(())
@@ -611,7 +615,8 @@ const SERVICES: [&str; 3] = ["fusebox.v1.Fusebox", "fusebox.v1.Admin", "fusebox.
 
 /// Serves fusebox on `listener` until `shutdown` resolves, then reports
 /// NOT_SERVING, answers waiters, stops accepting, lets in-flight calls
-/// finish (up to [`SHUTDOWN_GRACE`]) and returns.
+/// finish (up to [`SHUTDOWN_GRACE`]) and returns: at once when no call is
+/// in flight, whatever idle connections are open.
 pub async fn run(
     listener: tokio::net::TcpListener,
     engine: Arc<Engine>,
@@ -652,9 +657,12 @@ pub async fn run_with_tls(
     let api = Api::new(engine.clone());
     let timer = tokio::spawn(engine.clone().run_timer());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let incoming = connections::incoming(listener, engine.clone(), tls);
+    let incoming =
+        crate::connections::incoming(listener, engine.clone(), crate::connections::MaybeTls(tls));
+    let in_flight = Arc::new(calls::InFlight::default());
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .layer(calls::CallsLayer(in_flight.clone()))
         .add_service(
             FuseboxServer::new(api.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -695,15 +703,26 @@ pub async fn run_with_tls(
     }
     engine.shutdown();
     let _ = stop_tx.send(());
-    let finished = tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await;
-    timer.abort();
-    match finished {
-        Ok(result) => result?,
-        Err(_) => tracing::warn!(
-            "some calls were still open {} s after shutdown began; exiting anyway",
+    // Done when the server has closed every connection, or as soon as no
+    // call is in flight (idle connections are not waited for), or at the
+    // end of the grace.
+    let grace = tokio::time::sleep(SHUTDOWN_GRACE);
+    tokio::pin!(grace);
+    tokio::select! {
+        result = &mut server => result?,
+        () = in_flight.idle() => {
+            if let Ok(result) = tokio::time::timeout(SHUTDOWN_FLUSH, &mut server).await {
+                result?;
+            }
+        }
+        () = &mut grace => tracing::warn!(
+            calls = in_flight.count(),
+            "{} calls were still open {} s after shutdown began; exiting anyway",
+            in_flight.count(),
             SHUTDOWN_GRACE.as_secs()
         ),
     }
+    timer.abort();
     tracing::info!("stopped");
     Ok(())
 }

@@ -11,6 +11,7 @@ mod compose;
 mod dashboard;
 mod fleet;
 mod harness;
+mod hostile;
 mod http;
 mod properties;
 mod queues;

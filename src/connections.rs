@@ -1,0 +1,622 @@
+//! How connections come in, on both ports.
+//!
+//! A new gRPC connection first finishes its handshake: an upgrade step
+//! ([`Upgrade`]; today the plain TCP stream, TLS slots in here) and then the
+//! 24-byte HTTP/2 client preface, all within `[server] handshake_timeout`.
+//! Only then does it take one of the `[server] max_connections` slots and
+//! reach the gRPC server, so that connections that never speak cannot hold
+//! the slots of real clients. Connections still in their handshake are
+//! themselves capped (`[server] max_handshakes`) and counted.
+//!
+//! Every cap here must fit the process's open-file limit with a reserve for
+//! the store, config reloads and logs ([`caps`]); and when descriptors run
+//! out all the same, accepting backs off briefly ([`accept`]) instead of
+//! spinning and logging per attempt.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use crate::engine::config::Limits;
+use crate::engine::Engine;
+use crate::tls::{identity_of, Acceptor, ClientIdentity};
+
+/// The client preface every HTTP/2 connection starts with (RFC 9113 3.4).
+pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Descriptors kept back from the connection caps: the store's files,
+/// config reloads, logs, the listeners and the runtime's own.
+pub const FD_RESERVE: u64 = 64;
+
+/// How long accepting pauses when the process is out of descriptors.
+pub const FD_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Figures of both ports, for the metrics.
+#[derive(Debug, Default)]
+pub struct Figures {
+    /// gRPC connections in their handshake now.
+    pub handshakes: AtomicU64,
+    /// Connections closed because `max_handshakes` were in progress.
+    pub handshakes_refused: AtomicU64,
+    /// Connections closed because their handshake took too long.
+    pub handshakes_timed_out: AtomicU64,
+    /// Connections closed because their handshake was not HTTP/2 (or the
+    /// upgrade failed).
+    pub handshakes_failed: AtomicU64,
+    /// Open HTTP connections.
+    pub http_connections: AtomicU64,
+    /// HTTP connections closed at once because the cap was reached.
+    pub http_connections_refused: AtomicU64,
+    /// Times accepting paused because descriptors ran out.
+    pub accept_backoffs: AtomicU64,
+    /// gRPC calls in flight.
+    pub calls_in_flight: AtomicU64,
+}
+
+/// The process's figures (both ports serve one engine per process).
+pub static FIGURES: Figures = Figures {
+    handshakes: AtomicU64::new(0),
+    handshakes_refused: AtomicU64::new(0),
+    handshakes_timed_out: AtomicU64::new(0),
+    handshakes_failed: AtomicU64::new(0),
+    http_connections: AtomicU64::new(0),
+    http_connections_refused: AtomicU64::new(0),
+    accept_backoffs: AtomicU64::new(0),
+    calls_in_flight: AtomicU64::new(0),
+};
+
+/// The caps in force for the HTTP port and the handshakes: those of the
+/// config, lowered if need be to fit the open-file limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caps {
+    /// Open HTTP connections.
+    pub max_http_connections: u64,
+    /// Connections in their handshake.
+    pub max_handshakes: u64,
+    /// The open-file limit read at start (after raising it), if known.
+    pub open_files: Option<u64>,
+}
+
+static CAPS: OnceLock<Caps> = OnceLock::new();
+
+/// The caps in force, worked out once per process: raises the soft
+/// open-file limit to the hard one where allowed, then [`fit`]s the caps.
+pub fn caps(limits: &Limits) -> Caps {
+    *CAPS.get_or_init(|| {
+        let open_files = match rlimit::increase_nofile_limit(u64::MAX) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                tracing::warn!("cannot read the open-file limit ({e}); connection caps are as configured");
+                None
+            }
+        };
+        let caps = fit(limits, open_files);
+        if let Some(n) = open_files {
+            let lowered = caps.max_http_connections < limits.max_http_connections
+                || caps.max_handshakes < limits.max_handshakes;
+            let grpc_fits = limits.max_connections + FD_RESERVE <= n;
+            if lowered || !grpc_fits {
+                let grpc = if grpc_fits {
+                    String::new()
+                } else {
+                    format!(
+                        "; max_connections ({}) does not fit either: past about {} gRPC connections, new ones wait until descriptors free up",
+                        limits.max_connections,
+                        n.saturating_sub(
+                            FD_RESERVE + caps.max_http_connections + caps.max_handshakes
+                        ),
+                    )
+                };
+                tracing::warn!(
+                    "the open-file limit is {n}: lowered [server] max_http_connections from {} to {} and max_handshakes from {} to {} to keep {FD_RESERVE} descriptors in reserve{grpc}; raise the limit (ulimit -n, or LimitNOFILE= in a systemd unit) or lower max_connections",
+                    limits.max_http_connections,
+                    caps.max_http_connections,
+                    limits.max_handshakes,
+                    caps.max_handshakes,
+                );
+            }
+        }
+        caps
+    })
+}
+
+/// The caps of `limits` within `open_files` descriptors: gRPC connections,
+/// HTTP connections, handshakes and [`FD_RESERVE`] must fit. When they do
+/// not, the HTTP and handshake caps are lowered (never below 1) to share
+/// what gRPC leaves, or half the budget when gRPC alone would take it all.
+pub fn fit(limits: &Limits, open_files: Option<u64>) -> Caps {
+    let wanted = Caps {
+        max_http_connections: limits.max_http_connections,
+        max_handshakes: limits.max_handshakes,
+        open_files,
+    };
+    let Some(n) = open_files else {
+        return wanted;
+    };
+    let budget = n.saturating_sub(FD_RESERVE);
+    let others = limits.max_http_connections + limits.max_handshakes;
+    if limits.max_connections.saturating_add(others) <= budget {
+        return wanted;
+    }
+    let left = if limits.max_connections < budget / 2 {
+        budget - limits.max_connections
+    } else {
+        budget / 2
+    };
+    let http = limits.max_http_connections.min((left / 2).max(1));
+    let handshakes = limits.max_handshakes.min(left.saturating_sub(http).max(1));
+    Caps {
+        max_http_connections: http,
+        max_handshakes: handshakes,
+        open_files,
+    }
+}
+
+/// True for the accept errors that mean "out of descriptors" (or of
+/// kernel memory for sockets): retrying at once would spin.
+fn out_of_descriptors(e: &io::Error) -> bool {
+    // ENFILE (system), EMFILE (process), ENOMEM and ENOBUFS on Linux.
+    matches!(e.raw_os_error(), Some(23 | 24 | 12 | 105))
+}
+
+/// The next connection on `listener`. When descriptors run out it pauses
+/// [`FD_BACKOFF`] and tries again (the connection waits in the backlog),
+/// logging the first time and then at powers of two.
+pub async fn accept(listener: &TcpListener, port: &'static str) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(accepted) => return accepted,
+            Err(e) if out_of_descriptors(&e) => {
+                let n = FIGURES.accept_backoffs.fetch_add(1, Ordering::Relaxed) + 1;
+                if n.is_power_of_two() {
+                    tracing::warn!(
+                        port,
+                        times = n,
+                        "out of file descriptors ({e}): new {port} connections wait {} ms; raise the open-file limit (ulimit -n) or lower the connection caps",
+                        FD_BACKOFF.as_millis()
+                    );
+                }
+                tokio::time::sleep(FD_BACKOFF).await;
+            }
+            // The peer gave up before it was accepted, or a passing error:
+            // the next one may be fine.
+            Err(e) => {
+                tracing::debug!(port, "accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+}
+
+/// Turns an accepted TCP stream into the stream a port serves: the place
+/// for TLS. The plain upgrade ([`Plain`]) is the TCP stream itself.
+pub trait Upgrade: Clone + Send + Sync + 'static {
+    /// The stream served.
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// Upgrades `tcp` (a TLS handshake, say).
+    fn upgrade(&self, tcp: TcpStream) -> impl Future<Output = io::Result<Self::Stream>> + Send;
+    /// The client certificate's names on an upgraded stream (mutual TLS).
+    fn identity(_stream: &Self::Stream) -> Option<ClientIdentity> {
+        None
+    }
+}
+
+/// No upgrade: plain TCP.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Plain;
+
+impl Upgrade for Plain {
+    type Stream = TcpStream;
+
+    async fn upgrade(&self, tcp: TcpStream) -> io::Result<TcpStream> {
+        Ok(tcp)
+    }
+}
+
+/// A gauge held while a connection is in its handshake, if the cap allows.
+struct Handshaking;
+
+impl Handshaking {
+    fn start(cap: u64) -> Option<Handshaking> {
+        FIGURES
+            .handshakes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < cap).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Handshaking)
+    }
+}
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        FIGURES.handshakes.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Logs the first time and then at powers of two of a counter just bumped.
+fn seldom(n: u64) -> bool {
+    n.is_power_of_two()
+}
+
+/// The gRPC connections of `listener` that finished their handshake,
+/// each upgraded by `upgrade`, within the engine's cap. Accepting stops
+/// when the stream is dropped.
+pub fn incoming<U: Upgrade>(
+    listener: TcpListener,
+    engine: Arc<Engine>,
+    upgrade: U,
+) -> ReceiverStream<io::Result<Counted<Prefixed<U::Stream>>>> {
+    let limits = engine.limits();
+    let caps = caps(&limits);
+    let timeout = Duration::from_millis(limits.handshake_timeout);
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, remote) = tokio::select! {
+                accepted = accept(&listener, "gRPC") => accepted,
+                () = tx.closed() => return,
+            };
+            let Some(handshaking) = Handshaking::start(caps.max_handshakes) else {
+                let n = FIGURES.handshakes_refused.fetch_add(1, Ordering::Relaxed) + 1;
+                if seldom(n) {
+                    tracing::warn!(
+                        cap = caps.max_handshakes,
+                        refused = n,
+                        "refusing a gRPC connection: {} connections are still in their handshake ([server] max_handshakes); if they are clients, raise it",
+                        caps.max_handshakes
+                    );
+                }
+                continue;
+            };
+            let _ = tcp.set_nodelay(true);
+            let tcp_info = TcpConnectInfo {
+                local_addr: tcp.local_addr().ok(),
+                remote_addr: Some(remote),
+            };
+            let upgrade = upgrade.clone();
+            let engine = engine.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let shaken = tokio::time::timeout(timeout, handshake(tcp, &upgrade)).await;
+                drop(handshaking);
+                let stream = match shaken {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => {
+                        let n = FIGURES.handshakes_failed.fetch_add(1, Ordering::Relaxed) + 1;
+                        if seldom(n) {
+                            tracing::info!(%remote, failed = n, "closing a gRPC connection whose handshake failed: {e}");
+                        }
+                        return;
+                    }
+                    Err(_) => {
+                        let n = FIGURES.handshakes_timed_out.fetch_add(1, Ordering::Relaxed) + 1;
+                        if seldom(n) {
+                            tracing::info!(
+                                %remote,
+                                timed_out = n,
+                                "closing a gRPC connection that did not finish its handshake within {} ms ([server] handshake_timeout)",
+                                timeout.as_millis()
+                            );
+                        }
+                        return;
+                    }
+                };
+                let info = PeerInfo {
+                    tcp: tcp_info,
+                    identity: U::identity(&stream.inner),
+                };
+                if let Some(counted) = Counted::take(stream, info, engine) {
+                    let _ = tx.send(Ok(counted)).await;
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// Upgrades `tcp`, then reads the HTTP/2 preface, kept for replay.
+async fn handshake<U: Upgrade>(tcp: TcpStream, upgrade: &U) -> io::Result<Prefixed<U::Stream>> {
+    let mut stream = upgrade.upgrade(tcp).await?;
+    let mut preface = [0u8; PREFACE.len()];
+    stream.read_exact(&mut preface).await?;
+    if &preface != PREFACE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "it did not start with the HTTP/2 preface (is it a gRPC client?)",
+        ));
+    }
+    Ok(Prefixed {
+        prefix: preface,
+        read: 0,
+        inner: stream,
+    })
+}
+
+/// A stream whose first bytes, already read, are given again.
+#[derive(Debug)]
+pub struct Prefixed<S> {
+    prefix: [u8; PREFACE.len()],
+    read: usize,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.read < self.prefix.len() {
+            let n = (self.prefix.len() - self.read).min(buf.remaining());
+            let from = self.read;
+            buf.put_slice(&self.prefix[from..from + n]);
+            self.read += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// A connection past its handshake, holding one of the
+/// `max_connections` slots while it is open.
+pub struct Counted<S> {
+    stream: S,
+    info: PeerInfo,
+    engine: Arc<Engine>,
+}
+
+impl<S> Counted<S> {
+    /// Takes a slot for `stream`, or closes it (counted) when none is free.
+    fn take(stream: S, info: PeerInfo, engine: Arc<Engine>) -> Option<Counted<S>> {
+        let cap = engine.limits().max_connections;
+        let counters = engine.counters();
+        if counters.connections.fetch_add(1, Ordering::Relaxed) >= cap {
+            counters.connections.fetch_sub(1, Ordering::Relaxed);
+            let refused = counters.connections_refused.fetch_add(1, Ordering::Relaxed);
+            if refused.is_power_of_two() || refused == 0 {
+                tracing::warn!(
+                    cap,
+                    refused = refused + 1,
+                    "refusing a connection: [server] max_connections is reached; raise it or spread clients over more servers"
+                );
+            }
+            return None;
+        }
+        Some(Counted {
+            stream,
+            info,
+            engine,
+        })
+    }
+}
+
+impl<S> Drop for Counted<S> {
+    fn drop(&mut self) {
+        self.engine
+            .counters()
+            .connections
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl<S> Connected for Counted<S> {
+    type ConnectInfo = PeerInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.info.clone()
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// What every gRPC request knows of its connection (in its extensions, as
+/// tonic's `ConnectInfo`).
+#[derive(Clone, Debug)]
+pub struct PeerInfo {
+    /// The TCP addresses.
+    pub tcp: TcpConnectInfo,
+    /// With mutual TLS, the client certificate's names.
+    pub identity: Option<ClientIdentity>,
+}
+
+/// An accepted gRPC connection, plain or TLS.
+#[derive(Debug)]
+pub enum Conn {
+    /// Without TLS.
+    Plain(TcpStream),
+    /// After a TLS handshake.
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+macro_rules! both {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self.get_mut() {
+            Conn::Plain($s) => {
+                let $s = Pin::new($s);
+                $e
+            }
+            Conn::Tls($s) => {
+                let $s = Pin::new($s.as_mut());
+                $e
+            }
+        }
+    };
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        both!(self, s => s.poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        both!(self, s => s.poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        both!(self, s => s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        both!(self, s => s.poll_shutdown(cx))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        both!(self, s => s.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Conn::Plain(s) => s.is_write_vectored(),
+            Conn::Tls(s) => s.is_write_vectored(),
+        }
+    }
+}
+
+/// The upgrade of a port that may serve TLS: the handshake of its
+/// acceptor, or plain TCP without one.
+#[derive(Clone)]
+pub struct MaybeTls(pub Option<Acceptor>);
+
+impl Upgrade for MaybeTls {
+    type Stream = Conn;
+
+    async fn upgrade(&self, tcp: TcpStream) -> io::Result<Conn> {
+        match &self.0 {
+            Some(acceptor) => acceptor.accept(tcp).await.map(|s| Conn::Tls(Box::new(s))),
+            None => Ok(Conn::Plain(tcp)),
+        }
+    }
+
+    fn identity(stream: &Conn) -> Option<ClientIdentity> {
+        match stream {
+            Conn::Plain(_) => None,
+            Conn::Tls(s) => identity_of(s.get_ref().1),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caps_that_fit_the_open_file_limit_are_kept() {
+        let limits = Limits::default();
+        let caps = fit(&limits, Some(1 << 20));
+        assert_eq!(caps.max_http_connections, limits.max_http_connections);
+        assert_eq!(caps.max_handshakes, limits.max_handshakes);
+        assert_eq!(fit(&limits, None).max_handshakes, limits.max_handshakes);
+    }
+
+    #[test]
+    fn caps_past_the_open_file_limit_are_lowered_to_fit() {
+        let limits = Limits {
+            max_connections: 100,
+            ..Limits::default()
+        };
+        let caps = fit(&limits, Some(600));
+        assert!(
+            100 + caps.max_http_connections + caps.max_handshakes + FD_RESERVE <= 600,
+            "{caps:?}"
+        );
+        assert!(caps.max_http_connections >= 100, "{caps:?}");
+        // gRPC alone past the limit: the others share half of it.
+        let caps = fit(&Limits::default(), Some(600));
+        assert!(caps.max_http_connections + caps.max_handshakes <= 600 - FD_RESERVE);
+        assert!(caps.max_http_connections >= 1 && caps.max_handshakes >= 1);
+    }
+}

@@ -1,0 +1,189 @@
+//! A layer around every gRPC call: counts the calls in flight (so that
+//! shutdown can stop as soon as none is left) and answers an oversized
+//! request RESOURCE_EXHAUSTED with the limit, where tonic says OUT_OF_RANGE.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tokio::sync::Notify;
+use tonic::body::Body;
+use tonic::{Code, Status};
+
+use crate::connections::FIGURES;
+
+/// The calls in flight on one server, with a way to wait until there are
+/// none. (The process's gauge, for the metrics, counts them too.)
+#[derive(Debug, Default)]
+pub struct InFlight {
+    count: AtomicU64,
+    idle: Notify,
+}
+
+impl InFlight {
+    /// Calls in flight now.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// Resolves once no call is in flight.
+    pub async fn idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.count() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One call in flight, until its response body is dropped.
+struct Call(Arc<InFlight>);
+
+impl Call {
+    fn start(calls: &Arc<InFlight>) -> Call {
+        calls.count.fetch_add(1, Ordering::AcqRel);
+        FIGURES.calls_in_flight.fetch_add(1, Ordering::Relaxed);
+        Call(calls.clone())
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        FIGURES.calls_in_flight.fetch_sub(1, Ordering::Relaxed);
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// The layer: [`Calls`] around a service.
+#[derive(Clone, Debug)]
+pub struct CallsLayer(pub Arc<InFlight>);
+
+impl<S> tower::Layer<S> for CallsLayer {
+    type Service = Calls<S>;
+
+    fn layer(&self, inner: S) -> Calls<S> {
+        Calls {
+            inner,
+            calls: self.0.clone(),
+        }
+    }
+}
+
+/// A service whose calls are counted and whose size refusals say the limit.
+#[derive(Clone, Debug)]
+pub struct Calls<S> {
+    inner: S,
+    calls: Arc<InFlight>,
+}
+
+impl<S, B> tower::Service<Request<B>> for Calls<S>
+where
+    S: tower::Service<Request<B>, Response = Response<Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let call = Call::start(&self.calls);
+        let future = self.inner.call(request);
+        Box::pin(async move {
+            let mut response = future.await?;
+            oversize_as_exhausted(response.headers_mut());
+            Ok(response.map(|body| Body::new(Guarded { body, _call: call })))
+        })
+    }
+}
+
+/// A response body that holds its call in flight until it is dropped.
+struct Guarded {
+    body: Body,
+    _call: Call,
+}
+
+impl http_body::Body for Guarded {
+    type Data = bytes::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Rewrites tonic's OUT_OF_RANGE for a request past the decoding limit
+/// (answered at once, in the headers) as RESOURCE_EXHAUSTED that says the
+/// size and the limit.
+fn oversize_as_exhausted(headers: &mut http::HeaderMap) {
+    let Some(status) = Status::from_header_map(headers) else {
+        return;
+    };
+    if status.code() != Code::OutOfRange {
+        return;
+    }
+    let Some(message) = oversize_message(status.message()) else {
+        return;
+    };
+    headers.remove(Status::GRPC_STATUS);
+    headers.remove(Status::GRPC_MESSAGE);
+    let _ = Status::resource_exhausted(message).add_header(headers);
+}
+
+/// The words for tonic's "decoded message length too large: found N
+/// bytes, the limit is: M bytes", or `None` for another message.
+pub fn oversize_message(tonic: &str) -> Option<String> {
+    let rest = tonic.split("length too large: found ").nth(1)?;
+    let (found, rest) = rest.split_once(" bytes, the limit is: ")?;
+    let limit = rest.strip_suffix(" bytes")?;
+    let found: u64 = found.trim().parse().ok()?;
+    let limit: u64 = limit.trim().parse().ok()?;
+    let kib = if limit.is_multiple_of(1024) {
+        format!(" ({} KiB)", limit / 1024)
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "the request is {found} bytes; the limit is {limit} bytes{kib}: send a smaller request"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tonics_size_refusal_becomes_one_that_says_the_limit() {
+        assert_eq!(
+            oversize_message(
+                "Error, decoded message length too large: found 70000 bytes, the limit is: 65536 bytes"
+            )
+            .as_deref(),
+            Some("the request is 70000 bytes; the limit is 65536 bytes (64 KiB): send a smaller request")
+        );
+        assert_eq!(oversize_message("something else"), None);
+    }
+}

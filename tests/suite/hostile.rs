@@ -1,0 +1,609 @@
+//! Hostile and broken clients: connections that never speak, floods of
+//! idle sockets under a low open-file limit, bytes that are not UTF-8,
+//! oversized messages, idle connections at shutdown, malformed HTTP, and
+//! keys that would display as other keys. Each test runs a real server.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use fusebox::proto::v1 as pb;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tonic::transport::Channel;
+use tonic::Code;
+
+use crate::harness::{eventually, ms, Options, Server, BIN};
+use crate::http::{get, post_json, request};
+
+/// Safety net for conditions reached asynchronously.
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// The value of an unlabelled series in a `/metrics` text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+}
+
+async fn metrics(http: &str) -> String {
+    let reply = get(http, "/metrics").await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    reply.body
+}
+
+/// `n` TCP connections to `addr` that never send a byte.
+async fn silent(addr: &str, n: usize) -> Vec<TcpStream> {
+    let mut sockets = Vec::with_capacity(n);
+    for _ in 0..n {
+        sockets.push(TcpStream::connect(addr).await.expect("connects"));
+    }
+    sockets
+}
+
+/// A GetKey on a new connection, with a deadline of its own.
+async fn get_key(addr: &str, within: Duration) -> Result<pb::KeyState, tonic::Status> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("an address")
+        .connect_timeout(within)
+        .timeout(within)
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    pb::admin_client::AdminClient::new(channel)
+        .get_key(pb::GetKeyRequest { key: "k".into() })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+// ---------------------------------------------------------------------------
+// 1. A connection takes a slot only once its handshake is done.
+
+/// 50 connections that never send the HTTP/2 preface hold none of the 50
+/// slots of `max_connections = 50`: a real client is served at once.
+#[tokio::test]
+async fn connections_that_never_speak_hold_no_slot() {
+    let server = Server::start(Options {
+        config: Some("[server]\nmax_connections = 50\n"),
+        ..Options::default()
+    })
+    .await;
+    let _silent = silent(&server.addr, 50).await;
+    let http = server.http_addr.clone().expect("an HTTP address");
+    // Accepted after the 50 (the kernel queues connections in order).
+    let state = get_key(&server.addr, Duration::from_secs(3))
+        .await
+        .expect("a real client is served while 50 silent connections are open");
+    assert_eq!(state.key, "k");
+    eventually(
+        "the silent connections are in their handshake",
+        LIMIT,
+        || async { (metric(&metrics(&http).await, "fusebox_handshakes") == 50.0).then_some(()) },
+    )
+    .await;
+    let text = metrics(&http).await;
+    assert_eq!(metric(&text, "fusebox_connections_refused_total"), 0.0);
+}
+
+/// Connections in their handshake are closed after `handshake_timeout`
+/// (counted), are themselves capped (`max_handshakes`, counted), and one
+/// that does not speak HTTP/2 is closed at once (counted).
+#[tokio::test]
+async fn handshakes_time_out_and_are_capped() {
+    let server = Server::start(Options {
+        config: Some(
+            "[server]\nmax_connections = 50\nmax_handshakes = 20\nhandshake_timeout = \"300ms\"\n",
+        ),
+        ..Options::default()
+    })
+    .await;
+    let http = server.http_addr.clone().expect("an HTTP address");
+    let mut sockets = silent(&server.addr, 30).await;
+    let text = eventually("30 silent connections are seen", LIMIT, || async {
+        let text = metrics(&http).await;
+        let seen = metric(&text, "fusebox_handshakes")
+            + metric(&text, "fusebox_handshakes_refused_total")
+            + metric(&text, "fusebox_handshakes_timed_out_total");
+        (seen >= 30.0).then_some(text)
+    })
+    .await;
+    assert_eq!(metric(&text, "fusebox_max_handshakes"), 20.0);
+    assert!(metric(&text, "fusebox_handshakes") <= 20.0, "{text}");
+    assert!(
+        metric(&text, "fusebox_handshakes_refused_total") >= 10.0,
+        "{text}"
+    );
+    // Every silent connection is closed by the server: at once past the
+    // cap, after the timeout otherwise.
+    for socket in &mut sockets {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(LIMIT, socket.read(&mut byte))
+            .await
+            .expect("the server closes a silent connection");
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    }
+    let text = eventually("no handshake in progress", LIMIT, || async {
+        let text = metrics(&http).await;
+        (metric(&text, "fusebox_handshakes") == 0.0).then_some(text)
+    })
+    .await;
+    assert!(
+        metric(&text, "fusebox_handshakes_timed_out_total") >= 1.0,
+        "{text}"
+    );
+    // Not HTTP/2: closed without waiting for the timeout.
+    let mut http1 = TcpStream::connect(&server.addr).await.expect("connects");
+    http1
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("sent");
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(LIMIT, http1.read_to_end(&mut rest))
+        .await
+        .expect("closed");
+    eventually("the failed handshake is counted", LIMIT, || async {
+        (metric(&metrics(&http).await, "fusebox_handshakes_failed_total") == 1.0).then_some(())
+    })
+    .await;
+    // And real clients are served throughout.
+    get_key(&server.addr, Duration::from_secs(3))
+        .await
+        .expect("served");
+}
+
+#[test]
+fn handshake_settings_are_validated() {
+    use fusebox::engine::config::Config;
+    for (text, field) in [
+        (
+            "[server]\nhandshake_timeout = \"0s\"\n",
+            "handshake_timeout",
+        ),
+        (
+            "[server]\nhandshake_timeout = \"2m\"\n",
+            "handshake_timeout",
+        ),
+        ("[server]\nmax_handshakes = 0\n", "max_handshakes"),
+        (
+            "[server]\nmax_http_connections = 0\n",
+            "max_http_connections",
+        ),
+    ] {
+        let e = Config::parse(text, "test").expect_err(text).to_string();
+        assert!(e.contains(field), "{text}: {e}");
+    }
+    let limits = Config::parse("[server]\nhandshake_timeout = \"2s\"\n", "test")
+        .expect("valid")
+        .limits;
+    // (Read through Debug, so that this file builds against any Limits.)
+    assert!(
+        format!("{limits:?}").contains("handshake_timeout: 2000"),
+        "{limits:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 2. The HTTP port is capped and cannot starve the gRPC port.
+
+/// A server run as `sh -c 'ulimit -n 600; exec fusebox serve ...'`: its
+/// gRPC and HTTP addresses, and the process.
+async fn start_limited(open_files: u32) -> (tokio::process::Child, String, String) {
+    let mut child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -n {open_files} && exec \"$0\" \"$@\""))
+        .arg(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("sh starts");
+    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    let mut printed = Vec::new();
+    for _ in 0..2 {
+        printed.push(
+            tokio::time::timeout(LIMIT, lines.next_line())
+                .await
+                .expect("the server prints its addresses")
+                .expect("readable")
+                .expect("a line"),
+        );
+    }
+    let [grpc, http] = <[String; 2]>::try_from(printed).expect("two lines");
+    let grpc = grpc.strip_prefix("listening on ").expect("gRPC").to_owned();
+    let http = http.strip_prefix("http on ").expect("HTTP").to_owned();
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, grpc, http)
+}
+
+/// Under `ulimit -n 600`, 620 idle sockets on the HTTP port leave the
+/// gRPC port working; the refusals show in /metrics.
+#[tokio::test]
+async fn idle_http_sockets_cannot_starve_grpc() {
+    // This process holds 620 sockets too.
+    rlimit::increase_nofile_limit(u64::MAX).expect("the open-file limit");
+    let (_child, grpc, http) = start_limited(600).await;
+    let mut sockets = Vec::new();
+    for _ in 0..620 {
+        match tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(&http)).await {
+            Ok(Ok(s)) => sockets.push(s),
+            // The backlog is full: the flood is as big as it gets.
+            _ => break,
+        }
+    }
+    assert!(sockets.len() >= 600, "{} sockets", sockets.len());
+    let started = Instant::now();
+    let mut client = pb::fusebox_client::FuseboxClient::new(
+        tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
+            .expect("an address")
+            .timeout(Duration::from_secs(3))
+            .connect()
+            .await
+            .expect("the gRPC port accepts"),
+    );
+    let reply = client
+        .acquire(pb::AcquireRequest {
+            key: "k".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("Acquire answers while the HTTP port is flooded");
+    assert_eq!(reply.get_ref().decision, pb::Decision::Granted as i32);
+    assert!(started.elapsed() < Duration::from_secs(3));
+    drop(sockets);
+    let text = eventually("/metrics answers again", LIMIT, || async {
+        let mut stream = TcpStream::connect(&http).await.ok()?;
+        let head = format!("GET /metrics HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n");
+        stream.write_all(head.as_bytes()).await.ok()?;
+        let mut raw = Vec::new();
+        tokio::time::timeout(LIMIT, stream.read_to_end(&mut raw))
+            .await
+            .ok()?
+            .ok()?;
+        let text = String::from_utf8(raw).ok()?;
+        text.starts_with("HTTP/1.1 200").then_some(text)
+    })
+    .await;
+    assert!(
+        metric(&text, "fusebox_http_connections_refused_total") >= 1.0,
+        "{text}"
+    );
+    let cap = metric(&text, "fusebox_max_http_connections");
+    assert!((1.0..600.0).contains(&cap), "lowered to fit: {cap}");
+}
+
+// ---------------------------------------------------------------------------
+// 3. Bytes that are not UTF-8 are the sender's fault.
+
+/// `AcquireRequest` with `key` as raw bytes (the same field number).
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawKeyRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    key: Vec<u8>,
+}
+
+/// A unary call with a raw request to `path`.
+async fn raw_call(
+    channel: Channel,
+    path: &'static str,
+    message: RawKeyRequest,
+) -> Result<pb::AcquireResponse, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let codec = tonic_prost::ProstCodec::<RawKeyRequest, pb::AcquireResponse>::default();
+    grpc.unary(
+        tonic::Request::new(message),
+        http::uri::PathAndQuery::from_static(path),
+        codec,
+    )
+    .await
+    .map(tonic::Response::into_inner)
+}
+
+#[tokio::test]
+async fn invalid_utf8_in_a_key_is_invalid_argument_naming_the_field() {
+    let server = Server::start(Options::default()).await;
+    let channel = server.channel().await;
+    for bytes in [
+        &[0xff][..],
+        &[b'a', 0xc3],
+        &[0xed, 0xa0, 0x80],
+        &[b'k', 0xfe, b'x'],
+    ] {
+        for path in ["/fusebox.v1.Fusebox/Acquire", "/fusebox.v1.Admin/GetKey"] {
+            let status = raw_call(
+                channel.clone(),
+                path,
+                RawKeyRequest {
+                    key: bytes.to_vec(),
+                },
+            )
+            .await
+            .expect_err("refused");
+            assert_eq!(status.code(), Code::InvalidArgument, "{path}: {status:?}");
+            assert!(
+                status.message().starts_with("key: is not valid UTF-8"),
+                "{path}: {status:?}"
+            );
+        }
+    }
+    // Valid UTF-8 through the same raw path is served.
+    let reply = raw_call(
+        channel,
+        "/fusebox.v1.Fusebox/Acquire",
+        RawKeyRequest {
+            key: "ünï".as_bytes().to_vec(),
+        },
+    )
+    .await
+    .expect("served");
+    assert_eq!(reply.decision, pb::Decision::Granted as i32);
+}
+
+// ---------------------------------------------------------------------------
+// 4. Oversized messages: RESOURCE_EXHAUSTED with the limit.
+
+#[tokio::test]
+async fn oversized_requests_are_resource_exhausted_and_say_the_limit() {
+    let server = Server::start(Options::default()).await;
+    let mut client = server.fusebox().await;
+    for size in [70_000, 16 * 1024 * 1024] {
+        let started = Instant::now();
+        let request = pb::AcquireRequest {
+            key: "x".repeat(size),
+            ..Default::default()
+        };
+        let encoded = prost::Message::encoded_len(&request);
+        let status = client.acquire(request).await.expect_err("refused");
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        assert!(
+            status
+                .message()
+                .contains("the limit is 65536 bytes (64 KiB)"),
+            "{status:?}"
+        );
+        assert!(
+            status
+                .message()
+                .contains(&format!("the request is {encoded} bytes")),
+            "{status:?}"
+        );
+        assert!(started.elapsed() < LIMIT);
+    }
+    // The connection still serves.
+    client
+        .acquire(pb::AcquireRequest {
+            key: "x".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("served");
+}
+
+// ---------------------------------------------------------------------------
+// 5. Shutdown does not wait for idle connections.
+
+#[tokio::test]
+async fn sigterm_with_idle_connections_exits_at_once() {
+    let mut server = Server::start(Options::default()).await;
+    let mut idle = Vec::new();
+    for _ in 0..5 {
+        let mut admin = server.admin().await;
+        admin
+            .get_key(pb::GetKeyRequest { key: "k".into() })
+            .await
+            .expect("served");
+        idle.push(admin);
+    }
+    // And connections that never finished their handshake: silent ones,
+    // and one that sent the HTTP/2 preface and nothing more.
+    let _silent = silent(&server.addr, 3).await;
+    let mut preface = TcpStream::connect(&server.addr).await.expect("connects");
+    preface
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .expect("sent");
+    let started = Instant::now();
+    server.terminate();
+    let status = tokio::time::timeout(LIMIT, server.child.wait())
+        .await
+        .expect("exits")
+        .expect("wait works");
+    let took = started.elapsed();
+    let logs = server.all_logs().await;
+    assert!(status.success(), "{status:?}\n{logs}");
+    assert!(took < Duration::from_secs(2), "took {took:?}\n{logs}");
+    assert!(!logs.contains("still open"), "{logs}");
+    drop(idle);
+}
+
+#[tokio::test]
+async fn sigterm_answers_a_waiter_unavailable_and_exits_at_once() {
+    let mut server = Server::start(Options {
+        config: Some(
+            "[[rule]]\nmatch = \"q\"\nlimiter = { kind = \"concurrency\", permits = 1, queue_limit = 5 }\n",
+        ),
+        ..Options::default()
+    })
+    .await;
+    let mut c = server.fusebox().await;
+    let held = c
+        .acquire(pb::AcquireRequest {
+            key: "q".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("granted")
+        .into_inner();
+    assert_eq!(held.decision, pb::Decision::Granted as i32);
+    let mut waiting = server.fusebox().await;
+    let waiter = tokio::spawn(async move {
+        waiting
+            .acquire(pb::AcquireRequest {
+                key: "q".into(),
+                max_wait: Some(ms(60_000)),
+                ..Default::default()
+            })
+            .await
+    });
+    eventually("a waiter on q", LIMIT, || async {
+        (server.get("q").await.waiters == 1).then_some(())
+    })
+    .await;
+    let started = Instant::now();
+    server.terminate();
+    let answer = tokio::time::timeout(LIMIT, waiter)
+        .await
+        .expect("the waiter is answered")
+        .expect("the task ran")
+        .expect_err("UNAVAILABLE");
+    assert_eq!(answer.code(), Code::Unavailable, "{answer:?}");
+    let status = tokio::time::timeout(LIMIT, server.child.wait())
+        .await
+        .expect("exits")
+        .expect("wait works");
+    let took = started.elapsed();
+    let logs = server.all_logs().await;
+    assert!(status.success(), "{status:?}\n{logs}");
+    assert!(took < Duration::from_secs(2), "took {took:?}\n{logs}");
+    assert!(!logs.contains("still open"), "{logs}");
+}
+
+// ---------------------------------------------------------------------------
+// 6. HTTP errors are JSON.
+
+/// An HTTP/1.1 answer with a `Content-Length`, read without waiting for
+/// the connection to close.
+async fn answer_of(stream: &mut (impl AsyncReadExt + Unpin)) -> String {
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf).await.expect("read");
+        raw.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            if body.len() >= length {
+                return text;
+            }
+        }
+        assert!(n > 0, "closed early: {text}");
+    }
+}
+
+#[tokio::test]
+async fn http_errors_for_bad_paths_and_large_bodies_are_json() {
+    let server = Server::start(Options::default()).await;
+    let http = server.http_addr.clone().expect("an HTTP address");
+    let reply = post_json(&http, "/api/keys/%FF%FE/isolate", r#"{"reason":"x"}"#).await;
+    assert_eq!(reply.status, 400, "{reply:?}");
+    assert_eq!(reply.json()["error"]["field"], "key", "{reply:?}");
+    // A body larger than the limit, announced: refused before it is read.
+    let stream = TcpStream::connect(&http).await.expect("connects");
+    let (mut reader, mut writer) = stream.into_split();
+    let head = format!(
+        "POST /api/keys/k/isolate HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 3000000\r\n\r\n"
+    );
+    // The body is sent alongside; the server may answer and close before
+    // it has all been written.
+    let sender = tokio::spawn(async move {
+        let _ = writer.write_all(head.as_bytes()).await;
+        let _ = writer.write_all(&vec![b' '; 3_000_000]).await;
+        writer
+    });
+    let raw = tokio::time::timeout(LIMIT, answer_of(&mut reader))
+        .await
+        .expect("answered");
+    sender.abort();
+    assert!(raw.starts_with("HTTP/1.1 413"), "{raw}");
+    let (_, body) = raw.split_once("\r\n\r\n").expect("a body");
+    let json: serde_json::Value = serde_json::from_str(body).expect("JSON");
+    assert_eq!(json["error"]["field"], "body", "{raw}");
+    assert!(
+        json["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("65536")),
+        "{raw}"
+    );
+    // A body of the right size is still read.
+    let reply = request(
+        &http,
+        "POST",
+        "/api/keys/k/isolate",
+        &[("Content-Type", "application/json")],
+        br#"{"reason":"maintenance"}"#,
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+}
+
+// ---------------------------------------------------------------------------
+// 7. Bidirectional formatting characters are control characters (K1).
+
+const BIDI: [char; 12] = [
+    '\u{061C}', '\u{200E}', '\u{200F}', '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}', '\u{202E}',
+    '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}',
+];
+
+fn percent(text: &str) -> String {
+    text.bytes().map(|b| format!("%{b:02X}")).collect()
+}
+
+#[tokio::test]
+async fn bidi_overrides_in_keys_and_prefixes_are_refused() {
+    let server = Server::start(Options::default()).await;
+    let http = server.http_addr.clone().expect("an HTTP address");
+    let mut c = server.fusebox().await;
+    let mut admin = server.admin().await;
+    for (i, bidi) in BIDI.iter().enumerate() {
+        let key = format!("pay{bidi}ments{i}");
+        let code = format!("U+{:04X}", u32::from(*bidi));
+        let status = c
+            .acquire(pb::AcquireRequest {
+                key: key.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains("key"), "{status:?}");
+        assert!(status.message().contains(&code), "{status:?}");
+        let status = admin
+            .list_keys(pb::ListKeysRequest {
+                prefix: key.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains("prefix"), "{status:?}");
+
+        let reply = get(&http, &format!("/api/keys?prefix={}", percent(&key))).await;
+        assert_eq!(reply.status, 400, "{reply:?}");
+        assert_eq!(reply.json()["error"]["field"], "prefix", "{reply:?}");
+        let reply = post_json(
+            &http,
+            &format!("/api/keys/{}/isolate", percent(&key)),
+            r#"{"reason":"x"}"#,
+        )
+        .await;
+        assert_eq!(reply.status, 400, "{reply:?}");
+        assert_eq!(reply.json()["error"]["field"], "key", "{reply:?}");
+    }
+    // No such key was made.
+    let listed = admin
+        .list_keys(pb::ListKeysRequest::default())
+        .await
+        .expect("listed")
+        .into_inner();
+    assert!(listed.keys.is_empty(), "{listed:?}");
+}
