@@ -55,6 +55,11 @@ enum Command {
         /// (default 127.0.0.1:9090; port 0 picks a free port).
         #[arg(long)]
         http: Option<SocketAddr>,
+        /// Keep breakers, isolations and runtime policies in this directory
+        /// across restarts (made if missing; wins over `[server] data_dir`).
+        /// Without one, state is kept in memory only.
+        #[arg(long, value_name = "DIR")]
+        data_dir: Option<PathBuf>,
     },
     /// Ask for permits on a key; prints the decision and the ticket.
     Acquire {
@@ -173,7 +178,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             manual_clock,
             http,
-        } => serve(config, listen, manual_clock, http).await,
+            data_dir,
+        } => serve(config, listen, manual_clock, http, data_dir).await,
         Command::Acquire {
             key,
             permits,
@@ -306,6 +312,7 @@ async fn serve(
     listen: SocketAddr,
     manual_clock: bool,
     http: Option<SocketAddr>,
+    data_dir: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -321,11 +328,44 @@ async fn serve(
         None => Config::default(),
     };
     let rules = config.rules.rules.len();
+    let data_dir = match (data_dir, &config_path) {
+        (Some(dir), _) => Some(dir),
+        (None, Some(path)) => {
+            fusebox::engine::config::data_dir_of(path).context("the server did not start")?
+        }
+        (None, None) => None,
+    };
     let engine = Arc::new(if manual_clock {
         Engine::with_manual_clock(config)
     } else {
         Engine::with_system_clock(config)
     });
+    match &data_dir {
+        Some(dir) => {
+            let restored = engine
+                .open_data_dir(dir)
+                .context("the server did not start")?;
+            let [closed, open, half_open, isolated] = restored.by_phase;
+            tracing::info!(
+                data_dir = %dir.display(),
+                keys = restored.keys(),
+                open,
+                half_open,
+                isolated,
+                closed_with_failures = closed,
+                policy_changes = restored.policy_changes,
+                skipped = restored.skipped,
+                commit_window_ms = engine.limits().commit_window,
+                "state is kept in {}: restored {} keys ({open} open, {half_open} half-open, {isolated} isolated, {closed} closed with failures) and {} runtime policy changes",
+                dir.display(),
+                restored.keys(),
+                restored.policy_changes
+            );
+        }
+        None => tracing::info!(
+            "state is kept in memory only: pass --data-dir DIR to keep breakers, isolations and policies across restarts"
+        ),
+    }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}; is another server using it?"))?;
@@ -378,7 +418,10 @@ async fn serve(
             }
         });
     }
-    fusebox::server::run(listener, engine, shutdown_signal()).await
+    let served = fusebox::server::run(listener, engine.clone(), shutdown_signal()).await;
+    // The last breaker changes, before the process ends (logged on failure).
+    let _ = engine.save();
+    served
 }
 
 async fn shutdown_signal() {

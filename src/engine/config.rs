@@ -42,6 +42,10 @@ pub struct ServerSpec {
     pub max_event_streams: Option<u64>,
     /// How long a key at rest is kept (K2).
     pub idle_after: Option<DurationSpec>,
+    /// Where state is kept across restarts (`--data-dir` wins).
+    pub data_dir: Option<std::path::PathBuf>,
+    /// How long breaker changes may wait to be written together.
+    pub commit_window: Option<DurationSpec>,
 }
 
 /// One `[[rule]]` as written.
@@ -186,7 +190,14 @@ pub struct Limits {
     pub max_event_streams: u64,
     /// How long a key at rest is kept.
     pub idle_after: Millis,
+    /// How long breaker changes may wait before they are written to the
+    /// data dir, together (operator actions and policies never wait).
+    pub commit_window: Millis,
 }
+
+/// The longest `[server] commit_window`: changes older than this are on
+/// disk, so a crash loses at most this much of breaker history.
+pub const MAX_COMMIT_WINDOW: Millis = 1_000;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -198,6 +209,7 @@ impl Default for Limits {
             max_watch_streams: 256,
             max_event_streams: 64,
             idle_after: 600_000,
+            commit_window: 50,
         }
     }
 }
@@ -356,6 +368,31 @@ impl ConfigFile {
                 .get(),
             None => defaults.idle_after,
         };
+        let commit_window = match self.server.commit_window {
+            Some(DurationSpec(ms)) if !(1..=MAX_COMMIT_WINDOW).contains(&ms) => {
+                return Err(ConfigError::Invalid {
+                    rule: "[server]".into(),
+                    field: "commit_window".into(),
+                    problem: format!(
+                        "must be from 1ms to {MAX_COMMIT_WINDOW}ms, not {ms}ms: it is how much breaker history a crash may lose"
+                    ),
+                })
+            }
+            Some(DurationSpec(ms)) => ms,
+            None => defaults.commit_window,
+        };
+        if self
+            .server
+            .data_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            return Err(ConfigError::Invalid {
+                rule: "[server]".into(),
+                field: "data_dir".into(),
+                problem: "must not be empty: name a directory, or leave the field out to keep state in memory only".into(),
+            });
+        }
         Ok(Config {
             rules: Rules { rules, default },
             limits: Limits {
@@ -378,9 +415,25 @@ impl ConfigFile {
                     defaults.max_event_streams,
                 )?,
                 idle_after,
+                commit_window,
             },
         })
     }
+}
+
+/// The `[server] data_dir` of the config file at `path` (validated like
+/// the rest of the file), for the server's start-up: `--data-dir` wins.
+pub fn data_dir_of(path: &Path) -> Result<Option<std::path::PathBuf>, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Config::parse(&text, &path.display().to_string())?;
+    let file: ConfigFile = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    Ok(file.server.data_dir)
 }
 
 /// Parses a duration flag such as `--wait 2s`.

@@ -17,6 +17,7 @@
 
 pub mod clock;
 pub mod config;
+mod durable;
 pub mod error;
 mod events;
 mod observe;
@@ -39,6 +40,7 @@ use crate::domain::{
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Config, ConfigError, Limits, Rules};
+pub use durable::{Restored, StorageError, StorageFigures, FILE as DATA_FILE};
 use error::{check_key, check_reason, fuse_error, zero_lease};
 pub use error::{EngineError, MAX_REASON_BYTES};
 pub use events::{Event, EventKind, EVENT_BUFFER};
@@ -242,6 +244,8 @@ pub struct Engine {
     stopping: tokio::sync::watch::Sender<bool>,
     /// The wall-clock time at the engine clock's origin.
     origin: std::time::SystemTime,
+    /// The data dir, when state is kept across restarts.
+    storage: std::sync::OnceLock<durable::Storage>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -283,6 +287,7 @@ impl Engine {
             sweeps: observe::SweepCounters::default(),
             stopping: tokio::sync::watch::channel(false).0,
             origin: std::time::SystemTime::now(),
+            storage: std::sync::OnceLock::new(),
         }
     }
 
@@ -427,6 +432,7 @@ impl Engine {
                 .map_err(|err| EngineError::Internal(err.to_string()))?;
             slot.generation = rest.rules.generation;
         }
+        let kept_before = self.storage.get().map(|_| slot.fuse.durable());
         let tickets_before = slot.fuse.live_tickets();
         let waiters_before = slot.fuse.waiters();
         let (result, reserved) = {
@@ -443,6 +449,19 @@ impl Engine {
             (result, ctx.reserved)
         };
         self.handle_notices(slot, rest, now, access.actor, effects);
+        if let (Some(before), Some(storage)) = (kept_before, self.storage.get()) {
+            if access.actor.is_some() || before != slot.fuse.durable() {
+                let actor = access.actor.map(|(who, why)| {
+                    Box::new(durable::Actor {
+                        who: who.to_owned(),
+                        why: why.to_owned(),
+                        at_ms: durable::unix_ms(self.wall_time(now)),
+                    })
+                });
+                rest.mark_dirty(&slot.name, actor);
+                storage.note_pending();
+            }
+        }
         let tickets_delta = slot.fuse.live_tickets() as i64 - tickets_before as i64;
         let waiters_delta = slot.fuse.waiters() as i64 - waiters_before as i64;
         rest.tally.tickets = rest.tally.tickets.wrapping_add_signed(tickets_delta);
@@ -791,6 +810,8 @@ impl Engine {
             };
             done.map(|()| (fuse.view(now), now))
         })?;
+        // Durable before the reply (a no-op without a data dir).
+        self.save()?;
         match read {
             Some(r) => {
                 let (view, now) = r.map_err(fuse_error)?;
