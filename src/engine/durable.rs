@@ -231,20 +231,37 @@ pub(super) fn unix_ms(t: std::time::SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// The wall-clock time (Unix ms) of engine time `at`, given `(engine now,
+/// wall now)`.
+fn unix_ms_of((now, wall): (Millis, u64), at: Millis) -> u64 {
+    if at >= now {
+        wall.saturating_add(at - now)
+    } else {
+        wall.saturating_sub(now - at)
+    }
+}
+
+/// The engine time of wall-clock time `unix` (Unix ms), given `(engine
+/// now, wall now)`; a time before the engine's origin reads as 0.
+fn engine_time_of((now, wall): (Millis, u64), unix: u64) -> Millis {
+    if unix >= wall {
+        now.saturating_add(unix - wall)
+    } else {
+        now.saturating_sub(wall - unix)
+    }
+}
+
 fn phase_named(name: &str) -> Option<Phase> {
     Phase::ALL.into_iter().find(|p| p.as_str() == name)
 }
 
 impl Engine {
-    /// The wall-clock time (Unix ms) of a reading of the engine's clock.
-    fn unix_ms_of(&self, at: Millis) -> u64 {
-        unix_ms(self.wall_time(at))
-    }
-
-    /// The engine's time of a wall-clock time (Unix ms); a time before the
-    /// engine started reads as its start.
-    fn engine_time_of(&self, unix: u64) -> Millis {
-        unix.saturating_sub(unix_ms(self.wall_time(0)))
+    /// A pairing of the engine's clock with the wall clock, now: engine
+    /// times are stored as wall-clock times counted from it, so that a
+    /// time keeps its distance from "now" across a restart (on the system
+    /// clock and on a manual clock alike).
+    fn clocks_now(&self) -> (Millis, u64) {
+        (self.clock.now(), unix_ms(std::time::SystemTime::now()))
     }
 
     /// Opens (or makes) the data dir `dir`, brings back what it holds
@@ -264,7 +281,9 @@ impl Engine {
                 redb::DatabaseError::DatabaseAlreadyOpen => {
                     "another fusebox is using it: stop that server or pick another --data-dir"
                 }
-                redb::DatabaseError::Storage(redb::StorageError::Io(_)) => {
+                redb::DatabaseError::Storage(redb::StorageError::Io(ref io))
+                    if io.kind() != std::io::ErrorKind::InvalidData =>
+                {
                     "check that the server may read and write the directory and its file"
                 }
                 _ => "the file is damaged or not a fusebox data file: move it aside to start with empty state (what it held is lost), or pick another --data-dir",
@@ -320,6 +339,7 @@ impl Engine {
             }
         }
         restored.policy_changes = policies.len();
+        let clocks = self.clocks_now();
         for (key, record) in records {
             let Some(phase) = phase_named(&record.phase) else {
                 restored.skipped += 1;
@@ -331,8 +351,10 @@ impl Engine {
                 run: record.run,
                 attempts: record.attempts,
                 openings: record.openings,
-                open_until: record.open_until_ms.map_or(0, |t| self.engine_time_of(t)),
-                changed_at: self.engine_time_of(record.changed_at_ms),
+                open_until: record
+                    .open_until_ms
+                    .map_or(0, |t| engine_time_of(clocks, t)),
+                changed_at: engine_time_of(clocks, record.changed_at_ms),
             };
             let policy = self.policy_for(&key);
             let access = Access {
@@ -456,6 +478,7 @@ impl Engine {
                 taken.push((shard, name, kept, actor));
             }
         }
+        let clocks = self.clocks_now();
         let written = (|| {
             let stored = {
                 let mut table = txn.open_table(KEYS)?;
@@ -482,8 +505,8 @@ impl Engine {
                                 attempts: kept.attempts,
                                 openings: kept.openings,
                                 open_until_ms: (kept.phase == Phase::Open)
-                                    .then(|| self.unix_ms_of(kept.open_until)),
-                                changed_at_ms: self.unix_ms_of(kept.changed_at),
+                                    .then(|| unix_ms_of(clocks, kept.open_until)),
+                                changed_at_ms: unix_ms_of(clocks, kept.changed_at),
                                 isolated_by,
                             };
                             let bytes = serde_json::to_vec(&record).expect("a record serializes");
