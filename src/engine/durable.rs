@@ -478,6 +478,10 @@ impl Engine {
                 taken.push((shard, name, kept, actor));
             }
         }
+        if taken.is_empty() {
+            // Nothing to write (the keys were taken by an operator's commit).
+            return Ok(());
+        }
         let clocks = self.clocks_now();
         let written = (|| {
             let stored = {

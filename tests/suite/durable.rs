@@ -609,3 +609,58 @@ async fn fifty_crashes_lose_no_acknowledged_action_and_no_transition_older_than_
     );
     assert!(actions_checked > 0 && policies_checked > 0 && transitions_checked > 0);
 }
+
+#[tokio::test]
+async fn the_config_files_data_dir_is_used_when_no_flag_names_one_and_its_fields_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[server]\ndata_dir = {:?}\ncommit_window = \"20ms\"\n",
+        dir.path().join("state").to_str().unwrap()
+    );
+    let server = Server::manual(Some(&config)).await;
+    logged(&server, "state is kept in").await;
+    server
+        .admin()
+        .await
+        .isolate(by(
+            "bob",
+            pb::IsolateRequest {
+                key: "k".into(),
+                reason: "maintenance".into(),
+            },
+        ))
+        .await
+        .unwrap();
+    // Written before the reply: one commit at least, and the key stored.
+    assert!(metric(&server, "fusebox_storage_commits_total").await >= Some(1.0));
+    assert_eq!(metric(&server, "fusebox_storage_keys").await, Some(1.0));
+    crash(server).await;
+    let server = Server::manual(Some(&config)).await;
+    logged(&server, "1 isolated").await;
+    assert_eq!(server.get("k").await.phase(), pb::Phase::Isolated);
+    drop(server);
+    for (bad, says) in [
+        (
+            "commit_window = \"5s\"",
+            "commit_window: must be from 1ms to 1000ms",
+        ),
+        (
+            "commit_window = 0",
+            "commit_window: must be from 1ms to 1000ms",
+        ),
+        ("data_dir = \"\"", "data_dir: must not be empty"),
+    ] {
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, format!("[server]\n{bad}\n")).unwrap();
+        let out = tokio::process::Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .arg("--config")
+            .arg(&path)
+            .output()
+            .await
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad}: {err}");
+        assert!(err.contains(says), "{bad}: {err}");
+    }
+}
