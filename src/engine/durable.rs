@@ -38,6 +38,9 @@ const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const POLICIES: &str = "policies";
 
+/// The most memory redb may use to cache the file's pages.
+const CACHE_BYTES: usize = 64 << 20;
+
 /// Isolated keys named one by one in the start-up log; past this, a count.
 const NAMED_AT_START: usize = 20;
 
@@ -276,7 +279,10 @@ impl Engine {
                 "create it or pick another --data-dir where the server may write",
             )
         })?;
-        let db = Database::create(dir.join(FILE)).map_err(|e| {
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(dir.join(FILE))
+            .map_err(|e| {
             let hint = match e {
                 redb::DatabaseError::DatabaseAlreadyOpen => {
                     "another fusebox is using it: stop that server or pick another --data-dir"
