@@ -86,6 +86,11 @@ enum Command {
         /// PEM file; wins over [tls] client_ca.
         #[arg(long)]
         tls_client_ca: Option<PathBuf>,
+        /// Keep breakers, isolations and runtime policies in this directory
+        /// across restarts (made if missing; wins over `[server] data_dir`).
+        /// Without one, state is kept in memory only.
+        #[arg(long, value_name = "DIR")]
+        data_dir: Option<PathBuf>,
     },
     /// Make a new bearer token; prints it, and the [[auth.token]] entry
     /// (with its SHA-256 only) that the server's config takes.
@@ -222,13 +227,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tls_cert,
             tls_key,
             tls_client_ca,
+            data_dir,
         } => {
             let tls = TlsFlags {
                 cert: tls_cert,
                 key: tls_key,
                 client_ca: tls_client_ca,
             };
-            serve(config, listen, manual_clock, http, tls, insecure_no_auth).await
+            serve(
+                config,
+                listen,
+                manual_clock,
+                http,
+                tls,
+                insecure_no_auth,
+                data_dir,
+            )
+            .await
         }
         Command::Token {
             name,
@@ -397,6 +412,7 @@ async fn serve(
     http: Option<SocketAddr>,
     tls_flags: TlsFlags,
     insecure_no_auth: bool,
+    data_dir: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -448,11 +464,44 @@ async fn serve(
             tracing::info!(tokens, client_names, "[auth] is on: every call needs a credential");
         }
     }
+    let data_dir = match (data_dir, &config_path) {
+        (Some(dir), _) => Some(dir),
+        (None, Some(path)) => {
+            fusebox::engine::config::data_dir_of(path).context("the server did not start")?
+        }
+        (None, None) => None,
+    };
     let engine = Arc::new(if manual_clock {
         Engine::with_manual_clock(config)
     } else {
         Engine::with_system_clock(config)
     });
+    match &data_dir {
+        Some(dir) => {
+            let restored = engine
+                .open_data_dir(dir)
+                .context("the server did not start")?;
+            let [closed, open, half_open, isolated] = restored.by_phase;
+            tracing::info!(
+                data_dir = %dir.display(),
+                keys = restored.keys(),
+                open,
+                half_open,
+                isolated,
+                closed_with_failures = closed,
+                policy_changes = restored.policy_changes,
+                skipped = restored.skipped,
+                commit_window_ms = engine.limits().commit_window,
+                "state is kept in {}: restored {} keys ({open} open, {half_open} half-open, {isolated} isolated, {closed} closed with failures) and {} runtime policy changes",
+                dir.display(),
+                restored.keys(),
+                restored.policy_changes
+            );
+        }
+        None => tracing::info!(
+            "state is kept in memory only: pass --data-dir DIR to keep breakers, isolations and policies across restarts"
+        ),
+    }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}; is another server using it?"))?;
@@ -544,7 +593,11 @@ async fn serve(
         });
     }
     let acceptor = tls.map(|t| t.acceptor(fusebox::tls::ALPN_GRPC));
-    fusebox::server::run_with_tls(listener, engine, acceptor, shutdown_signal()).await
+    let served =
+        fusebox::server::run_with_tls(listener, engine.clone(), acceptor, shutdown_signal()).await;
+    // The last breaker changes, before the process ends (logged on failure).
+    let _ = engine.save();
+    served
 }
 
 /// `text` as a TOML basic string.

@@ -306,6 +306,73 @@ impl Breaker {
     }
 }
 
+/// What of a breaker outlives a restart (see [`Breaker::durable`]): its
+/// phase with the end of the break, the failure run, probe attempts,
+/// the backoff step and the epoch. Times are on the engine's clock; the
+/// engine turns them into wall-clock time to store them. The ratio mode's
+/// sampling window is not kept: it ages out within one window anyway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Durable {
+    /// The phase.
+    pub phase: Phase,
+    /// The epoch.
+    pub epoch: u64,
+    /// Failures in a row.
+    pub run: u32,
+    /// Probes admitted since the breaker last closed.
+    pub attempts: u32,
+    /// Openings since the last recovery (the backoff step).
+    pub openings: u32,
+    /// The end of the break, when open (0 otherwise).
+    pub open_until: Millis,
+    /// When the phase last changed.
+    pub changed_at: Millis,
+}
+
+impl Durable {
+    /// True when a fresh breaker would be the same: closed, no failure run,
+    /// no probe attempt. Such a breaker need not be stored.
+    pub fn is_at_rest(&self) -> bool {
+        self.phase == Phase::Closed && self.run == 0 && self.attempts == 0 && self.openings == 0
+    }
+}
+
+impl Breaker {
+    /// What of this breaker is to be kept across a restart.
+    pub fn durable(&self) -> Durable {
+        Durable {
+            phase: self.phase,
+            epoch: self.epoch,
+            run: self.run,
+            attempts: self.attempts,
+            openings: self.openings,
+            open_until: self.open_until().unwrap_or(0),
+            changed_at: self.changed_at,
+        }
+    }
+
+    /// A breaker brought back from what [`Breaker::durable`] kept. A
+    /// half-open breaker comes back with its probe slot free: the probe's
+    /// ticket did not survive, so the next request becomes the one probe
+    /// (B1). The epoch moves on by one, so it never repeats an epoch a
+    /// ticket was issued in before the restart (B3).
+    pub fn restore(kept: &Durable) -> Breaker {
+        Breaker {
+            phase: kept.phase,
+            epoch: kept.epoch.wrapping_add(1),
+            deadline: match kept.phase {
+                Phase::Open => kept.open_until,
+                _ => 0,
+            },
+            changed_at: kept.changed_at,
+            run: kept.run,
+            attempts: kept.attempts,
+            openings: kept.openings,
+            window: HealthWindow::default(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -448,5 +515,52 @@ mod tests {
         b.record(Some(&p), 0, false, Outcome::Failure, 0);
         assert_eq!(b.adopt(None, 5), Some((Phase::Open, Phase::Closed)));
         assert_eq!(b.admission(5), Admission::Normal);
+    }
+    #[test]
+    fn a_restored_breaker_keeps_its_phase_break_run_and_backoff() {
+        let p = consecutive(2, 1000);
+        let mut b = Breaker::new(0);
+        b.record(Some(&p), 0, false, Outcome::Failure, 5);
+        let closed = b.durable();
+        assert!(!closed.is_at_rest());
+        let r = Breaker::restore(&closed);
+        assert_eq!(r.consecutive_failures(), 1);
+        assert!(r.epoch() > b.epoch());
+        b.record(Some(&p), b.epoch(), false, Outcome::Failure, 10);
+        let open = b.durable();
+        assert_eq!(open.open_until, 1010);
+        let r = Breaker::restore(&open);
+        assert_eq!(r.phase(), Phase::Open);
+        assert_eq!(r.open_until(), Some(1010));
+        assert_eq!(
+            r.admission(500),
+            Admission::Blocked {
+                reason: Reason::Open,
+                retry_after: 510
+            }
+        );
+    }
+
+    #[test]
+    fn a_restored_half_open_breaker_has_its_probe_slot_free() {
+        let p = consecutive(1, 1000);
+        let mut b = Breaker::new(0);
+        b.record(Some(&p), 0, false, Outcome::Failure, 0);
+        b.begin_probe(1000, 2000);
+        assert!(matches!(b.admission(1500), Admission::Blocked { .. }));
+        let r = Breaker::restore(&b.durable());
+        assert_eq!(r.phase(), Phase::HalfOpen);
+        assert_eq!(r.half_open_attempts(), 1);
+        assert_eq!(r.admission(1500), Admission::Probe);
+    }
+
+    #[test]
+    fn a_fresh_or_reset_breaker_is_at_rest() {
+        let mut b = Breaker::new(0);
+        assert!(b.durable().is_at_rest());
+        b.isolate(1);
+        assert!(!b.durable().is_at_rest());
+        b.reset(2);
+        assert!(b.durable().is_at_rest());
     }
 }

@@ -1033,6 +1033,27 @@ impl Fuse {
             && self.limiter().is_none_or(|limiter| limiter.is_full(now))
     }
 
+    /// What of this key is to be kept across a restart (its breaker's).
+    pub fn durable(&self) -> super::breaker::Durable {
+        self.breaker.durable()
+    }
+
+    /// A key brought back after a restart under `policy` at `now`, from
+    /// what [`Fuse::durable`] kept: no ticket and no waiter survive, and the
+    /// limiter starts full. A policy with no breaker cannot end a break, so
+    /// an open or half-open key under one comes back closed (as Y4 does).
+    pub fn restore(
+        policy: impl Into<Arc<Policy>>,
+        kept: &super::breaker::Durable,
+        now: Millis,
+    ) -> Self {
+        let mut fuse = Fuse::new(policy, now);
+        fuse.breaker = Breaker::restore(kept);
+        let breaker = fuse.policy.breaker;
+        fuse.breaker.adopt(breaker.as_ref(), now);
+        fuse
+    }
+
     /// What a read shows at `now`. Changes nothing: an `OPEN` breaker past
     /// its deadline reads `OPEN` (B6). Call [`Fuse::advance`] first so that
     /// lease ends are settled.

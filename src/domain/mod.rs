@@ -23,7 +23,7 @@ pub mod limiter;
 pub mod policy;
 
 pub use book::{Book, Waiter};
-pub use breaker::{Admission, Breaker};
+pub use breaker::{Admission, Breaker, Durable};
 pub use fuse::{
     Ask, Cause, Completed, Decision, Fuse, FuseError, Grant, HeapParts, Notice, Stats, Ticket,
     TicketId, View,

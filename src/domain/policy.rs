@@ -473,6 +473,89 @@ impl PolicySpec {
     }
 }
 
+impl Policy {
+    /// The spec this policy validates from: `policy.spec().validate()`
+    /// gives the policy back. For keeping a policy set at run time.
+    pub fn spec(&self) -> PolicySpec {
+        let breaker = self.breaker.map(|b| {
+            let mut spec = BreakerSpec {
+                break_: Some(DurationSpec(b.break_ms.get())),
+                multiplier: Some(b.multiplier),
+                max_break: b.max_break.map(|m| DurationSpec(m.get())),
+                probe_lease: Some(DurationSpec(b.probe_lease.get())),
+                ..BreakerSpec::default()
+            };
+            match b.trip {
+                Trip::Consecutive { failures } => {
+                    spec.mode = "consecutive".into();
+                    spec.failures = Some(failures.get());
+                }
+                Trip::Ratio {
+                    failure_ratio,
+                    minimum_throughput,
+                    sampling_window,
+                } => {
+                    spec.mode = "ratio".into();
+                    spec.failure_ratio = Some(failure_ratio);
+                    spec.minimum_throughput = Some(minimum_throughput.get());
+                    spec.sampling_window = Some(DurationSpec(sampling_window));
+                }
+            }
+            spec
+        });
+        let limiter = self.limiter.map(|l| {
+            let mut spec = LimiterSpec {
+                kind: l.kind.name().into(),
+                queue_limit: Some(l.queue_limit),
+                order: Some(l.order.as_str().into()),
+                ..LimiterSpec::default()
+            };
+            match l.kind {
+                LimiterKind::Concurrency { permits } => spec.permits = Some(permits.get()),
+                LimiterKind::TokenBucket {
+                    capacity,
+                    refill,
+                    period,
+                } => {
+                    spec.capacity = Some(capacity.get());
+                    spec.refill = Some(refill.get());
+                    spec.period = Some(DurationSpec(period.get()));
+                }
+                LimiterKind::FixedWindow { permits, window } => {
+                    spec.permits = Some(permits.get());
+                    spec.window = Some(DurationSpec(window.get()));
+                }
+                LimiterKind::SlidingWindow {
+                    permits,
+                    window,
+                    segments,
+                } => {
+                    spec.permits = Some(permits.get());
+                    spec.window = Some(DurationSpec(window.get()));
+                    spec.segments = Some(segments.get());
+                }
+            }
+            spec
+        });
+        let lease = LeaseSpec {
+            default: Some(DurationSpec(self.lease.default.get())),
+            max: Some(DurationSpec(self.lease.max.get())),
+            expired_outcome: Some(
+                match self.lease.expired_outcome {
+                    Outcome::Failure => "FAILURE",
+                    _ => "IGNORED",
+                }
+                .into(),
+            ),
+        };
+        PolicySpec {
+            breaker,
+            limiter,
+            lease: Some(lease),
+        }
+    }
+}
+
 impl BreakerSpec {
     /// Checks every field of the breaker.
     pub fn validate(&self) -> Result<BreakerPolicy, PolicyError> {

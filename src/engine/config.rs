@@ -56,6 +56,10 @@ pub struct ServerSpec {
     pub max_handshakes: Option<u64>,
     /// Cap on open HTTP connections.
     pub max_http_connections: Option<u64>,
+    /// Where state is kept across restarts (`--data-dir` wins).
+    pub data_dir: Option<std::path::PathBuf>,
+    /// How long breaker changes may wait to be written together.
+    pub commit_window: Option<DurationSpec>,
 }
 
 /// `[tls]` as written.
@@ -366,10 +370,17 @@ pub struct Limits {
     pub max_handshakes: u64,
     /// Cap on open HTTP connections.
     pub max_http_connections: u64,
+    /// How long breaker changes may wait before they are written to the
+    /// data dir, together (operator actions and policies never wait).
+    pub commit_window: Millis,
 }
 
 /// The longest `[server] handshake_timeout`.
 pub const MAX_HANDSHAKE_TIMEOUT: Millis = 60_000;
+
+/// The longest `[server] commit_window`: changes older than this are on
+/// disk, so a crash loses at most this much of breaker history.
+pub const MAX_COMMIT_WINDOW: Millis = 1_000;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -384,6 +395,7 @@ impl Default for Limits {
             handshake_timeout: 5_000,
             max_handshakes: 1_024,
             max_http_connections: 256,
+            commit_window: 50,
         }
     }
 }
@@ -604,6 +616,31 @@ impl ConfigFile {
             Some(d) => d.0,
             None => defaults.handshake_timeout,
         };
+        let commit_window = match self.server.commit_window {
+            Some(DurationSpec(ms)) if !(1..=MAX_COMMIT_WINDOW).contains(&ms) => {
+                return Err(ConfigError::Invalid {
+                    rule: "[server]".into(),
+                    field: "commit_window".into(),
+                    problem: format!(
+                        "must be from 1ms to {MAX_COMMIT_WINDOW}ms, not {ms}ms: it is how much breaker history a crash may lose"
+                    ),
+                })
+            }
+            Some(DurationSpec(ms)) => ms,
+            None => defaults.commit_window,
+        };
+        if self
+            .server
+            .data_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            return Err(ConfigError::Invalid {
+                rule: "[server]".into(),
+                field: "data_dir".into(),
+                problem: "must not be empty: name a directory, or leave the field out to keep state in memory only".into(),
+            });
+        }
         Ok(Config {
             access,
             http_hosts,
@@ -639,9 +676,25 @@ impl ConfigFile {
                     "max_http_connections",
                     defaults.max_http_connections,
                 )?,
+                commit_window,
             },
         })
     }
+}
+
+/// The `[server] data_dir` of the config file at `path` (validated like
+/// the rest of the file), for the server's start-up: `--data-dir` wins.
+pub fn data_dir_of(path: &Path) -> Result<Option<std::path::PathBuf>, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Config::parse(&text, &path.display().to_string())?;
+    let file: ConfigFile = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    Ok(file.server.data_dir)
 }
 
 /// Parses a duration flag such as `--wait 2s`.

@@ -17,6 +17,7 @@
 
 pub mod clock;
 pub mod config;
+mod durable;
 pub mod error;
 mod events;
 mod observe;
@@ -39,6 +40,7 @@ use crate::domain::{
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Config, ConfigError, Limits, Rules};
+pub use durable::{Restored, StorageError, StorageFigures, FILE as DATA_FILE};
 use error::{check_key, check_reason, fuse_error, zero_lease};
 pub use error::{EngineError, MAX_REASON_BYTES};
 pub use events::{Event, EventKind, EVENT_BUFFER};
@@ -244,6 +246,8 @@ pub struct Engine {
     origin: std::time::SystemTime,
     access: RwLock<Option<Arc<crate::auth::Access>>>,
     http_hosts: Vec<String>,
+    /// The data dir, when state is kept across restarts.
+    storage: std::sync::OnceLock<durable::Storage>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -289,6 +293,7 @@ impl Engine {
             origin: std::time::SystemTime::now(),
             access,
             http_hosts,
+            storage: std::sync::OnceLock::new(),
         }
     }
 
@@ -449,6 +454,7 @@ impl Engine {
                 .map_err(|err| EngineError::Internal(err.to_string()))?;
             slot.generation = rest.rules.generation;
         }
+        let kept_before = self.storage.get().map(|_| slot.fuse.durable());
         let tickets_before = slot.fuse.live_tickets();
         let waiters_before = slot.fuse.waiters();
         let (result, reserved) = {
@@ -465,6 +471,19 @@ impl Engine {
             (result, ctx.reserved)
         };
         self.handle_notices(slot, rest, now, access.actor, effects);
+        if let (Some(before), Some(storage)) = (kept_before, self.storage.get()) {
+            if access.actor.is_some() || before != slot.fuse.durable() {
+                let actor = access.actor.map(|(who, why)| {
+                    Box::new(durable::Actor {
+                        who: who.to_owned(),
+                        why: why.to_owned(),
+                        at_ms: durable::unix_ms(self.wall_time(now)),
+                    })
+                });
+                rest.mark_dirty(&slot.name, actor);
+                storage.note_pending();
+            }
+        }
         let tickets_delta = slot.fuse.live_tickets() as i64 - tickets_before as i64;
         let waiters_delta = slot.fuse.waiters() as i64 - waiters_before as i64;
         rest.tally.tickets = rest.tally.tickets.wrapping_add_signed(tickets_delta);
@@ -813,6 +832,8 @@ impl Engine {
             };
             done.map(|()| (fuse.view(now), now))
         })?;
+        // Durable before the reply (a no-op without a data dir).
+        self.save()?;
         match read {
             Some(r) => {
                 let (view, now) = r.map_err(fuse_error)?;

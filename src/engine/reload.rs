@@ -30,7 +30,15 @@ impl Engine {
                     );
                 }
                 let rules = config.rules.rules.len();
-                self.set_rules(config.rules);
+                // A reload replaces every rule, those set at run time too:
+                // the data dir forgets them as well.
+                let _ = self.change_policies(
+                    || super::durable::PolicyChange::Reload,
+                    || {
+                        self.set_rules(config.rules);
+                        Ok(())
+                    },
+                );
                 self.set_access(config.access, path);
                 let counters = self.counters();
                 counters.reloads.fetch_add(1, Ordering::Relaxed);

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use super::config::{Rule, Rules};
+use super::durable::PolicyChange;
 use super::{Engine, EngineError};
 use crate::domain::Policy;
 
@@ -63,6 +64,12 @@ impl Engine {
     /// with the same match where it stands (Y4: keys adopt it at their next
     /// operation). Returns the rule's position.
     pub fn set_rule(&self, rule: Rule) -> usize {
+        let change = || PolicyChange::set(&rule);
+        self.change_policies(change, || Ok(self.set_rule_now(rule.clone())))
+            .expect("setting a rule cannot fail")
+    }
+
+    pub(super) fn set_rule_now(&self, rule: Rule) -> usize {
         let mut rules = (*self.rules()).clone();
         let position = match rules.rules.iter().position(|r| r.pattern == rule.pattern) {
             Some(i) => {
@@ -80,6 +87,17 @@ impl Engine {
 
     /// Replaces the default rule.
     pub fn set_default(&self, policy: Policy) {
+        let change = || PolicyChange::Default {
+            policy: policy.spec(),
+        };
+        self.change_policies(change, || {
+            self.set_default_now(policy);
+            Ok(())
+        })
+        .expect("setting the default cannot fail")
+    }
+
+    pub(super) fn set_default_now(&self, policy: Policy) {
         let mut rules = (*self.rules()).clone();
         rules.default = policy;
         self.set_rules(rules);
@@ -87,6 +105,13 @@ impl Engine {
 
     /// Removes the rule whose match is written `pattern`.
     pub fn delete_rule(&self, pattern: &str) -> Result<(), EngineError> {
+        let change = || PolicyChange::Delete {
+            pattern: pattern.to_owned(),
+        };
+        self.change_policies(change, || self.delete_rule_now(pattern))
+    }
+
+    pub(super) fn delete_rule_now(&self, pattern: &str) -> Result<(), EngineError> {
         let mut rules = (*self.rules()).clone();
         let before = rules.rules.len();
         rules.rules.retain(|r| r.pattern.text() != pattern);

@@ -178,6 +178,10 @@ pub(super) struct Rest {
     pub outbox: Vec<Event>,
     /// The rules in force.
     pub rules: Arc<Compiled>,
+    /// Keys whose durable state changed since the data dir was last
+    /// written, with the operator who acted on them, if one did (only
+    /// filled when the server has a data dir).
+    pub dirty: std::collections::HashMap<Arc<str>, Option<Box<super::durable::Actor>>>,
 }
 
 impl Rest {
@@ -227,6 +231,7 @@ impl Store {
                         hitters: Hitters::default(),
                         outbox: Vec::new(),
                         rules: rules.clone(),
+                        dirty: std::collections::HashMap::new(),
                     },
                 })
             })
@@ -272,6 +277,21 @@ impl ShardState {
 }
 
 impl Rest {
+    /// Notes that `name`'s durable state changed, by `actor` if an operator
+    /// acted: the data dir's writer picks it up.
+    pub fn mark_dirty(&mut self, name: &Arc<str>, actor: Option<Box<super::durable::Actor>>) {
+        match actor {
+            Some(actor) => {
+                self.dirty.insert(name.clone(), Some(actor));
+            }
+            None => {
+                if !self.dirty.contains_key(name) {
+                    self.dirty.insert(name.clone(), None);
+                }
+            }
+        }
+    }
+
     /// Drops the indexes' hold on a key at rest that was just removed from
     /// the table; `forgotten` counts it as forgotten by idleness (K2).
     pub fn forget(&mut self, hash: u64, key: &str, forgotten: bool) {

@@ -600,6 +600,33 @@ pub fn render(engine: &Engine, http: &HttpFigures) -> String {
         "The most keys one batch of idle forgetting has looked at.",
         largest_batch,
     );
+    // Only with a data dir (--data-dir): state kept across restarts.
+    if let Some(storage) = engine.storage_figures() {
+        x.single(
+            "fusebox_storage_commits_total",
+            "counter",
+            "Transactions committed to the data dir (each synced to disk).",
+            storage.commits,
+        );
+        x.single(
+            "fusebox_storage_write_failures_total",
+            "counter",
+            "Writes to the data dir that failed; decisions go on, but unwritten changes are lost at a restart.",
+            storage.write_failures,
+        );
+        x.single(
+            "fusebox_storage_keys",
+            "gauge",
+            "Keys stored in the data dir now (keys not at rest).",
+            storage.stored_keys,
+        );
+        x.single(
+            "fusebox_storage_keys_written_total",
+            "counter",
+            "Keys written to or deleted from the data dir.",
+            storage.keys_written,
+        );
+    }
     let counters = engine.counters();
     x.single(
         "fusebox_watch_streams",

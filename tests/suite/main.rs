@@ -9,6 +9,7 @@ mod cli_ops;
 mod command;
 mod compose;
 mod dashboard;
+mod durable;
 mod fleet;
 mod harness;
 mod hostile;

@@ -861,3 +861,29 @@ fn break_length_grows_by_the_multiplier_rounds_down_and_stops_at_max_break() {
     assert_eq!(p.break_length(u32::MAX), MAX_DURATION);
     assert_eq!(backoff(1, 2.0, Some(10)).break_length(u32::MAX), 10);
 }
+
+#[test]
+fn a_policy_kept_as_its_spec_validates_back_to_itself_through_json() {
+    let texts = [
+        r#"
+        breaker = { mode = "ratio", failure_ratio = 0.25, minimum_throughput = 20, sampling_window = "10s", break = "5s", multiplier = 1.5, max_break = "1m", probe_lease = "1s" }
+        limiter = { kind = "sliding_window", permits = 100, window = "1s", segments = 10, queue_limit = 5, order = "newest_first" }
+        lease = { default = "10s", max = "1m", expired_outcome = "FAILURE" }
+        "#,
+        r#"breaker = { mode = "consecutive", failures = 3, break = "1500ms" }"#,
+        r#"limiter = { kind = "token_bucket", capacity = 10, refill = 2, period = "100ms" }"#,
+        r#"limiter = { kind = "fixed_window", permits = 3, window = "1m" }"#,
+        r#"limiter = { kind = "concurrency", permits = 7 }"#,
+        "",
+    ];
+    for text in texts {
+        let policy = spec(text).validate().unwrap();
+        let json = serde_json::to_string(&policy.spec()).unwrap();
+        let back: PolicySpec = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.validate().unwrap(), policy, "{text}");
+    }
+    assert_eq!(
+        Policy::default().spec().validate().unwrap(),
+        Policy::default()
+    );
+}

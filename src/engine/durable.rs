@@ -1,0 +1,705 @@
+//! State kept across restarts in a data dir (`--data-dir`): runtime
+//! policy changes, isolations with who and why, and every breaker that is
+//! not at rest (open with the end of its break, half-open, isolated, or
+//! closed with a failure run), in one embedded, crash-safe file (redb).
+//!
+//! Operator actions and policy changes are written, with an fsync, before
+//! their reply. Breaker changes are not waited for: a key whose durable
+//! state changed is noted in its shard's dirty set under the lock the
+//! request already holds, and a writer thread commits every noted key in
+//! one transaction per commit window (`[server] commit_window`). A commit
+//! reads each key's state as it is at commit time, inside the write
+//! transaction, so commits (which redb runs one at a time) never write an
+//! older state over a newer one.
+//!
+//! Times are stored as wall-clock milliseconds since the Unix epoch, since
+//! the engine's clock starts again at each start. Keys at rest are not
+//! stored: a key that returns to rest, or is forgotten, is deleted.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, UNIX_EPOCH};
+
+use redb::{Database, Durability, ReadableTable, ReadableTableMetadata, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use super::config::Rule;
+use super::store::SHARDS;
+use super::{Access, Engine, EngineError};
+use crate::domain::{Durable, Fuse, Millis, Phase, PolicySpec};
+
+/// The file in the data dir.
+pub const FILE: &str = "fusebox.redb";
+
+/// Every key not at rest, by name.
+const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
+/// Everything else: the runtime policy changes under [`POLICIES`].
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+const POLICIES: &str = "policies";
+
+/// The most memory redb may use to cache the file's pages.
+const CACHE_BYTES: usize = 64 << 20;
+
+/// Isolated keys named one by one in the start-up log; past this, a count.
+const NAMED_AT_START: usize = 20;
+
+/// Who isolated or closed a key, why, and when (Unix ms).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Actor {
+    /// The operator.
+    pub who: String,
+    /// Their reason.
+    pub why: String,
+    /// When, in ms since the Unix epoch.
+    pub at_ms: u64,
+}
+
+/// A key as stored.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Record {
+    phase: String,
+    epoch: u64,
+    run: u32,
+    attempts: u32,
+    openings: u32,
+    /// The end of the break (Unix ms), when open.
+    open_until_ms: Option<u64>,
+    /// When the phase last changed (Unix ms).
+    changed_at_ms: u64,
+    /// Who isolated the key, when it is isolated.
+    isolated_by: Option<Actor>,
+}
+
+/// A policy change made at run time, as kept; replayed in order on top of
+/// the config file's rules at start-up.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub(super) enum PolicyChange {
+    /// `SetPolicy` of a rule.
+    Set {
+        /// The rule's match, as written.
+        pattern: String,
+        /// Its policy.
+        policy: PolicySpec,
+    },
+    /// `DeletePolicy`.
+    Delete {
+        /// The rule's match, as written.
+        pattern: String,
+    },
+    /// `SetPolicy` of the default rule.
+    Default {
+        /// The policy.
+        policy: PolicySpec,
+    },
+    /// A config reload: every rule comes from the file again.
+    Reload,
+}
+
+impl PolicyChange {
+    pub(super) fn set(rule: &Rule) -> PolicyChange {
+        PolicyChange::Set {
+            pattern: rule.pattern.text(),
+            policy: rule.policy.spec(),
+        }
+    }
+
+    /// Adds this change to the kept list, keeping it short: the list says
+    /// the same as every change made, in order, but holds at most a delete
+    /// and a set per match and one default.
+    fn fold_into(self, kept: &mut Vec<PolicyChange>) {
+        match self {
+            PolicyChange::Reload => kept.clear(),
+            PolicyChange::Default { .. } => {
+                kept.retain(|c| !matches!(c, PolicyChange::Default { .. }));
+                kept.push(self);
+            }
+            PolicyChange::Delete { ref pattern } => {
+                // Whatever came before for this match ends deleted.
+                kept.retain(|c| c.pattern() != Some(pattern));
+                kept.push(self);
+            }
+            PolicyChange::Set {
+                ref pattern,
+                ref policy,
+            } => {
+                // A set of a match whose last change was a set replaces it
+                // where it stands, as SetPolicy does with the rule.
+                let last = kept.iter_mut().rfind(|c| c.pattern() == Some(pattern));
+                match last {
+                    Some(PolicyChange::Set { policy: held, .. }) => *held = policy.clone(),
+                    _ => kept.push(self),
+                }
+            }
+        }
+    }
+
+    fn pattern(&self) -> Option<&String> {
+        match self {
+            PolicyChange::Set { pattern, .. } | PolicyChange::Delete { pattern } => Some(pattern),
+            PolicyChange::Default { .. } | PolicyChange::Reload => None,
+        }
+    }
+}
+
+/// Why the data dir could not be used at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The directory or its file could not be opened or read.
+    #[error("cannot use the data dir {dir}: {problem}; {hint}")]
+    Open {
+        /// The data dir.
+        dir: String,
+        /// What went wrong.
+        problem: String,
+        /// What to do.
+        hint: &'static str,
+    },
+}
+
+/// What was brought back from the data dir at start-up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Keys restored, by phase ([`Phase::index`]).
+    pub by_phase: [u64; 4],
+    /// Policy changes re-applied on top of the config file's rules.
+    pub policy_changes: usize,
+    /// Stored keys that could not be restored (key cap, unreadable record).
+    pub skipped: u64,
+}
+
+impl Restored {
+    /// Keys restored.
+    pub fn keys(&self) -> u64 {
+        self.by_phase.iter().sum()
+    }
+}
+
+/// Figures of the data dir, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StorageFigures {
+    /// Transactions committed.
+    pub commits: u64,
+    /// Commits that failed (the disk, the file).
+    pub write_failures: u64,
+    /// Keys stored now.
+    pub stored_keys: u64,
+    /// Keys written (stored or deleted) since start.
+    pub keys_written: u64,
+}
+
+/// The open data dir.
+pub(super) struct Storage {
+    db: Database,
+    dir: PathBuf,
+    window: Duration,
+    /// The runtime policy changes as kept; held while a change is made and
+    /// written, so that changes reach the file in the order they were made.
+    policies: Mutex<Vec<PolicyChange>>,
+    /// Some key was noted dirty since the last commit began.
+    pending: AtomicBool,
+    commits: AtomicU64,
+    write_failures: AtomicU64,
+    stored_keys: AtomicU64,
+    keys_written: AtomicU64,
+}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storage")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Storage {
+    pub(super) fn note_pending(&self) {
+        if !self.pending.load(Ordering::Relaxed) {
+            self.pending.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+fn open_error(dir: &Path, problem: impl std::fmt::Display, hint: &'static str) -> StorageError {
+    StorageError::Open {
+        dir: dir.display().to_string(),
+        problem: problem.to_string(),
+        hint,
+    }
+}
+
+pub(super) fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The wall-clock time (Unix ms) of engine time `at`, given `(engine now,
+/// wall now)`.
+fn unix_ms_of((now, wall): (Millis, u64), at: Millis) -> u64 {
+    if at >= now {
+        wall.saturating_add(at - now)
+    } else {
+        wall.saturating_sub(now - at)
+    }
+}
+
+/// The engine time of wall-clock time `unix` (Unix ms), given `(engine
+/// now, wall now)`; a time before the engine's origin reads as 0.
+fn engine_time_of((now, wall): (Millis, u64), unix: u64) -> Millis {
+    if unix >= wall {
+        now.saturating_add(unix - wall)
+    } else {
+        now.saturating_sub(wall - unix)
+    }
+}
+
+fn phase_named(name: &str) -> Option<Phase> {
+    Phase::ALL.into_iter().find(|p| p.as_str() == name)
+}
+
+impl Engine {
+    /// A pairing of the engine's clock with the wall clock, now: engine
+    /// times are stored as wall-clock times counted from it, so that a
+    /// time keeps its distance from "now" across a restart (on the system
+    /// clock and on a manual clock alike).
+    fn clocks_now(&self) -> (Millis, u64) {
+        (self.clock.now(), unix_ms(std::time::SystemTime::now()))
+    }
+
+    /// Opens (or makes) the data dir `dir`, brings back what it holds
+    /// (runtime policies first, then keys), and from then on keeps state
+    /// there, committing breaker changes every `[server] commit_window`.
+    /// Call once, before serving.
+    pub fn open_data_dir(self: &Arc<Self>, dir: &Path) -> Result<Restored, StorageError> {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            open_error(
+                dir,
+                e,
+                "create it or pick another --data-dir where the server may write",
+            )
+        })?;
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(dir.join(FILE))
+            .map_err(|e| {
+            let hint = match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => {
+                    "another fusebox is using it: stop that server or pick another --data-dir"
+                }
+                redb::DatabaseError::Storage(redb::StorageError::Io(ref io))
+                    if io.kind() != std::io::ErrorKind::InvalidData =>
+                {
+                    "check that the server may read and write the directory and its file"
+                }
+                _ => "the file is damaged or not a fusebox data file: move it aside to start with empty state (what it held is lost), or pick another --data-dir",
+            };
+            open_error(dir, format!("{}: {e}", dir.join(FILE).display()), hint)
+        })?;
+        let damaged = |e: &dyn std::fmt::Display| {
+            open_error(
+                dir,
+                e,
+                "the file is damaged: move it aside to start with empty state (what it held is lost)",
+            )
+        };
+        let mut restored = Restored::default();
+        let mut isolated = Vec::new();
+        let (policies, records) = {
+            let read = db.begin_read().map_err(|e| damaged(&e))?;
+            let policies: Vec<PolicyChange> = match read.open_table(META) {
+                Ok(meta) => match meta.get(POLICIES).map_err(|e| damaged(&e))? {
+                    Some(bytes) => {
+                        serde_json::from_slice(bytes.value()).map_err(|e| damaged(&e))?
+                    }
+                    None => Vec::new(),
+                },
+                Err(redb::TableError::TableDoesNotExist(_)) => Vec::new(),
+                Err(e) => return Err(damaged(&e)),
+            };
+            let mut records = Vec::new();
+            match read.open_table(KEYS) {
+                Ok(keys) => {
+                    for entry in keys.iter().map_err(|e| damaged(&e))? {
+                        let (key, value) = entry.map_err(|e| damaged(&e))?;
+                        match serde_json::from_slice::<Record>(value.value()) {
+                            Ok(record) => records.push((key.value().to_owned(), record)),
+                            Err(e) => {
+                                restored.skipped += 1;
+                                tracing::warn!(
+                                    key = key.value(),
+                                    "a stored key could not be read and starts fresh: {e}"
+                                );
+                            }
+                        }
+                    }
+                }
+                Err(redb::TableError::TableDoesNotExist(_)) => {}
+                Err(e) => return Err(damaged(&e)),
+            }
+            (policies, records)
+        };
+        for change in &policies {
+            if let Err(e) = self.apply_policy_change(change) {
+                tracing::warn!("a stored policy change no longer applies and is skipped: {e}");
+            }
+        }
+        restored.policy_changes = policies.len();
+        let clocks = self.clocks_now();
+        for (key, record) in records {
+            let Some(phase) = phase_named(&record.phase) else {
+                restored.skipped += 1;
+                continue;
+            };
+            let kept = Durable {
+                phase,
+                epoch: record.epoch,
+                run: record.run,
+                attempts: record.attempts,
+                openings: record.openings,
+                open_until: record
+                    .open_until_ms
+                    .map_or(0, |t| engine_time_of(clocks, t)),
+                changed_at: engine_time_of(clocks, record.changed_at_ms),
+            };
+            let policy = self.policy_for(&key);
+            let access = Access {
+                create: true,
+                request: false,
+                actor: None,
+                settling: false,
+            };
+            match self.with_fuse(&key, access, |fuse, ctx| {
+                *fuse = Fuse::restore(policy, &kept, ctx.now);
+                fuse.breaker().phase()
+            }) {
+                Ok(Some(phase)) => {
+                    restored.by_phase[phase.index()] += 1;
+                    if let (Phase::Isolated, Some(actor)) = (phase, record.isolated_by) {
+                        isolated.push((key, actor));
+                    }
+                }
+                Ok(None) | Err(_) => {
+                    restored.skipped += 1;
+                    tracing::warn!(key, "a stored key could not be restored (the key cap is reached); it starts fresh");
+                }
+            }
+        }
+        for (key, actor) in isolated.iter().take(NAMED_AT_START) {
+            let since = humantime_of(actor.at_ms);
+            tracing::info!(key, who = %actor.who, why = %actor.why, since = %since, "key stays isolated, as {} asked at {since}: {}", actor.who, actor.why);
+        }
+        if isolated.len() > NAMED_AT_START {
+            tracing::info!("and {} more isolated keys", isolated.len() - NAMED_AT_START);
+        }
+        let stored = {
+            let read = db.begin_read().map_err(|e| damaged(&e))?;
+            match read.open_table(KEYS) {
+                Ok(keys) => keys.len().map_err(|e| damaged(&e))?,
+                Err(_) => 0,
+            }
+        };
+        let storage = Storage {
+            db,
+            dir: dir.to_owned(),
+            window: Duration::from_millis(self.limits.commit_window),
+            policies: Mutex::new(policies),
+            pending: AtomicBool::new(false),
+            commits: AtomicU64::new(0),
+            write_failures: AtomicU64::new(0),
+            stored_keys: AtomicU64::new(stored),
+            keys_written: AtomicU64::new(0),
+        };
+        if self.storage.set(storage).is_err() {
+            return Err(open_error(
+                dir,
+                "the engine already keeps state in a data dir",
+                "open a data dir once, before serving",
+            ));
+        }
+        let weak = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("fusebox-storage".into())
+            .spawn(move || writer_loop(weak))
+            .map_err(|e| open_error(dir, e, "the server could not start its writer thread"))?;
+        Ok(restored)
+    }
+
+    /// True when state is kept in a data dir.
+    pub fn has_data_dir(&self) -> bool {
+        self.storage.get().is_some()
+    }
+
+    /// Figures of the data dir, when there is one.
+    pub fn storage_figures(&self) -> Option<StorageFigures> {
+        let s = self.storage.get()?;
+        Some(StorageFigures {
+            commits: s.commits.load(Ordering::Relaxed),
+            write_failures: s.write_failures.load(Ordering::Relaxed),
+            stored_keys: s.stored_keys.load(Ordering::Relaxed),
+            keys_written: s.keys_written.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Writes every key noted since the last commit, in one transaction,
+    /// synced to disk before this returns. A failure is logged and
+    /// counted, and the keys stay noted for the next commit. Does nothing
+    /// without a data dir.
+    pub fn save(&self) -> Result<(), EngineError> {
+        let Some(storage) = self.storage.get() else {
+            return Ok(());
+        };
+        self.commit(storage).map_err(|e| {
+            storage.write_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(dir = %storage.dir.display(), "could not write to the data dir; decisions go on, but changes since the last write are lost if the server stops now: {e}");
+            EngineError::Internal(format!(
+                "the change is in force but could not be written to the data dir {}: {e}; it will be lost at restart, check the disk",
+                storage.dir.display()
+            ))
+        })
+    }
+
+    // redb's error is large, but it is made only when a write fails.
+    #[allow(clippy::result_large_err)]
+    fn commit(&self, storage: &Storage) -> Result<(), redb::Error> {
+        let mut txn = storage.db.begin_write()?;
+        txn.set_durability(Durability::Immediate);
+        // Cleared before the dirty sets are taken: a key noted from now on
+        // sets it again and is written by the next commit.
+        storage.pending.store(false, Ordering::Relaxed);
+        let mut taken = Vec::new();
+        for shard in 0..SHARDS {
+            let mut guard = self.store.write(shard);
+            if guard.rest.dirty.is_empty() {
+                continue;
+            }
+            let state = &mut *guard;
+            let dirty = std::mem::take(&mut state.rest.dirty);
+            for (name, actor) in dirty {
+                let hash = self.store.hash(&name);
+                let kept = state
+                    .find(hash, &name)
+                    .map(|slot| slot.fuse.durable())
+                    .filter(|kept| !kept.is_at_rest());
+                taken.push((shard, name, kept, actor));
+            }
+        }
+        if taken.is_empty() {
+            // Nothing to write (the keys were taken by an operator's commit).
+            return Ok(());
+        }
+        let clocks = self.clocks_now();
+        let written = (|| {
+            let stored = {
+                let mut table = txn.open_table(KEYS)?;
+                for (_, name, kept, actor) in &taken {
+                    match kept {
+                        None => {
+                            table.remove(&**name)?;
+                        }
+                        Some(kept) => {
+                            let isolated_by = match (kept.phase, actor) {
+                                (Phase::Isolated, Some(actor)) => Some((**actor).clone()),
+                                (Phase::Isolated, None) => table
+                                    .get(&**name)?
+                                    .and_then(|old| {
+                                        serde_json::from_slice::<Record>(old.value()).ok()
+                                    })
+                                    .and_then(|old| old.isolated_by),
+                                _ => None,
+                            };
+                            let record = Record {
+                                phase: kept.phase.as_str().to_owned(),
+                                epoch: kept.epoch,
+                                run: kept.run,
+                                attempts: kept.attempts,
+                                openings: kept.openings,
+                                open_until_ms: (kept.phase == Phase::Open)
+                                    .then(|| unix_ms_of(clocks, kept.open_until)),
+                                changed_at_ms: unix_ms_of(clocks, kept.changed_at),
+                                isolated_by,
+                            };
+                            let bytes = serde_json::to_vec(&record).expect("a record serializes");
+                            table.insert(&**name, bytes.as_slice())?;
+                        }
+                    }
+                }
+                table.len()?
+            };
+            txn.commit()?;
+            Ok::<_, redb::Error>(stored)
+        })();
+        match written {
+            Ok(stored) => {
+                storage.commits.fetch_add(1, Ordering::Relaxed);
+                storage.stored_keys.store(stored, Ordering::Relaxed);
+                storage
+                    .keys_written
+                    .fetch_add(taken.len() as u64, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                // Noted again, so that the next commit writes them.
+                for (shard, name, _, actor) in taken {
+                    self.store.write(shard).rest.mark_dirty(&name, actor);
+                }
+                storage.note_pending();
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs a policy change and, with a data dir, keeps it there before
+    /// returning; changes are made and kept one at a time, in order.
+    #[allow(clippy::result_large_err)]
+    pub(super) fn change_policies<R>(
+        &self,
+        change: impl FnOnce() -> PolicyChange,
+        apply: impl FnOnce() -> Result<R, EngineError>,
+    ) -> Result<R, EngineError> {
+        let Some(storage) = self.storage.get() else {
+            return apply();
+        };
+        let mut kept = storage.policies.lock().expect("policies lock");
+        let result = apply()?;
+        let mut next = kept.clone();
+        change().fold_into(&mut next);
+        let written = (|| {
+            let mut txn = storage.db.begin_write()?;
+            txn.set_durability(Durability::Immediate);
+            {
+                let mut meta = txn.open_table(META)?;
+                let bytes = serde_json::to_vec(&next).expect("policy changes serialize");
+                meta.insert(POLICIES, bytes.as_slice())?;
+            }
+            txn.commit()?;
+            Ok::<_, redb::Error>(())
+        })();
+        match written {
+            Ok(()) => {
+                storage.commits.fetch_add(1, Ordering::Relaxed);
+                *kept = next;
+            }
+            Err(e) => {
+                storage.write_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(dir = %storage.dir.display(), "a policy change is in force but could not be written to the data dir; it will be lost at restart, check the disk: {e}");
+            }
+        }
+        Ok(result)
+    }
+
+    /// Applies a kept policy change at start-up (not kept again).
+    fn apply_policy_change(&self, change: &PolicyChange) -> Result<(), String> {
+        let policy_of = |spec: &PolicySpec| spec.validate().map_err(|e| e.to_string());
+        match change {
+            PolicyChange::Set { pattern, policy } => {
+                let rule = Rule {
+                    pattern: super::config::Pattern::parse(pattern)?,
+                    policy: policy_of(policy)?,
+                };
+                self.set_rule_now(rule);
+            }
+            PolicyChange::Delete { pattern } => {
+                self.delete_rule_now(pattern).map_err(|e| e.to_string())?
+            }
+            PolicyChange::Default { policy } => self.set_default_now(policy_of(policy)?),
+            PolicyChange::Reload => {}
+        }
+        Ok(())
+    }
+}
+
+/// A Unix time in ms as `YYYY-MM-DDTHH:MM:SSZ`, for the log.
+fn humantime_of(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// The writer: once per commit window, commits the keys noted dirty.
+/// Ends, after a last commit, when the engine shuts down or is dropped.
+fn writer_loop(engine: Weak<Engine>) {
+    loop {
+        let Some(engine) = engine.upgrade() else {
+            return;
+        };
+        let Some(storage) = engine.storage.get() else {
+            return;
+        };
+        let window = storage.window;
+        let stopping = engine.is_shutting_down();
+        if storage.pending.load(Ordering::Relaxed) || stopping {
+            // A failure is logged and counted by save; the keys stay noted.
+            let _ = engine.save();
+        }
+        if stopping {
+            return;
+        }
+        drop(engine);
+        std::thread::sleep(window);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(pattern: &str, failures: u32) -> PolicyChange {
+        PolicyChange::Set {
+            pattern: pattern.into(),
+            policy: PolicySpec {
+                breaker: Some(crate::domain::policy::BreakerSpec {
+                    mode: "consecutive".into(),
+                    failures: Some(failures),
+                    break_: Some(crate::domain::DurationSpec(1000)),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        }
+    }
+
+    fn delete(pattern: &str) -> PolicyChange {
+        PolicyChange::Delete {
+            pattern: pattern.into(),
+        }
+    }
+
+    #[test]
+    fn kept_policy_changes_stay_short_and_say_the_same() {
+        let mut kept = Vec::new();
+        for change in [set("a", 1), set("b", 1), set("a", 2)] {
+            change.fold_into(&mut kept);
+        }
+        // "a" replaced where it stood, ahead of "b", as SetPolicy does.
+        assert_eq!(kept, vec![set("a", 2), set("b", 1)]);
+        for change in [delete("a"), set("a", 3), delete("a"), set("a", 4)] {
+            change.fold_into(&mut kept);
+        }
+        assert_eq!(kept, vec![set("b", 1), delete("a"), set("a", 4)]);
+        PolicyChange::Reload.fold_into(&mut kept);
+        assert!(kept.is_empty());
+    }
+
+    #[test]
+    fn wall_times_are_written_as_utc() {
+        assert_eq!(humantime_of(0), "1970-01-01T00:00:00Z");
+        assert_eq!(humantime_of(1_709_251_199_000), "2024-02-29T23:59:59Z");
+    }
+}
