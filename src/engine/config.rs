@@ -283,6 +283,12 @@ impl Pattern {
         if text.is_empty() {
             return Err("must not be empty".into());
         }
+        if let Some(c) = text.chars().find(|&c| crate::domain::key::is_control(c)) {
+            return Err(format!(
+                "{text:?}: must not contain control or bidirectional formatting characters (found U+{:04X}), like keys (K1)",
+                u32::from(c)
+            ));
+        }
         match text.find('*') {
             None => Ok(Pattern::Exact(text.to_owned())),
             Some(i) if i == text.len() - 1 => Ok(Pattern::Prefix(text[..i].to_owned())),
@@ -700,4 +706,20 @@ pub fn data_dir_of(path: &Path) -> Result<Option<std::path::PathBuf>, ConfigErro
 /// Parses a duration flag such as `--wait 2s`.
 pub fn parse_duration_flag(text: &str) -> Result<Millis, String> {
     parse_duration(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_refuse_what_keys_refuse() {
+        assert_eq!(Pattern::parse("a/*"), Ok(Pattern::Prefix("a/".into())));
+        assert_eq!(Pattern::parse("a/b"), Ok(Pattern::Exact("a/b".into())));
+        for bad in ["", "a*b", "pay\u{202E}ments/*", "a\u{0}b", "x\u{2066}*"] {
+            assert!(Pattern::parse(bad).is_err(), "{bad:?}");
+        }
+        let e = Config::parse("[[rule]]\nmatch = \"a\u{202E}b/*\"\n", "test").unwrap_err();
+        assert!(e.to_string().contains("U+202E"), "{e}");
+    }
 }

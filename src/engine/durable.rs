@@ -583,6 +583,10 @@ impl Engine {
             Err(e) => {
                 storage.write_failures.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(dir = %storage.dir.display(), "a policy change is in force but could not be written to the data dir; it will be lost at restart, check the disk: {e}");
+                return Err(EngineError::Internal(format!(
+                    "the policy change is in force but could not be written to the data dir {}: {e}; it will be lost at restart, check the disk",
+                    storage.dir.display()
+                )));
             }
         }
         Ok(result)

@@ -62,11 +62,11 @@ impl Engine {
 
     /// Adds a rule at the end (before the default), or replaces the rule
     /// with the same match where it stands (Y4: keys adopt it at their next
-    /// operation). Returns the rule's position.
-    pub fn set_rule(&self, rule: Rule) -> usize {
+    /// operation). Returns the rule's position; fails only when the data
+    /// dir cannot keep the change (which is in force all the same).
+    pub fn set_rule(&self, rule: Rule) -> Result<usize, EngineError> {
         let change = || PolicyChange::set(&rule);
         self.change_policies(change, || Ok(self.set_rule_now(rule.clone())))
-            .expect("setting a rule cannot fail")
     }
 
     pub(super) fn set_rule_now(&self, rule: Rule) -> usize {
@@ -85,8 +85,9 @@ impl Engine {
         position
     }
 
-    /// Replaces the default rule.
-    pub fn set_default(&self, policy: Policy) {
+    /// Replaces the default rule; fails only when the data dir cannot
+    /// keep the change (which is in force all the same).
+    pub fn set_default(&self, policy: Policy) -> Result<(), EngineError> {
         let change = || PolicyChange::Default {
             policy: policy.spec(),
         };
@@ -94,7 +95,6 @@ impl Engine {
             self.set_default_now(policy);
             Ok(())
         })
-        .expect("setting the default cannot fail")
     }
 
     pub(super) fn set_default_now(&self, policy: Policy) {

@@ -491,7 +491,7 @@ impl Admin for Api {
             if !rule.r#match.is_empty() {
                 return Err(invalid("rule.match", "must be empty for the default rule"));
             }
-            self.engine.set_default(policy);
+            self.engine.set_default(policy).map_err(status_of)?;
             tracing::info!("default policy set at run time");
         } else {
             let pattern = crate::engine::config::Pattern::parse(&rule.r#match)
@@ -504,7 +504,8 @@ impl Admin for Api {
             })?;
             let position = self
                 .engine
-                .set_rule(crate::engine::config::Rule { pattern, policy });
+                .set_rule(crate::engine::config::Rule { pattern, policy })
+                .map_err(status_of)?;
             tracing::info!(r#match = %rule.r#match, position = position + 1, "policy set at run time");
         }
         Ok(Response::new(pb::PolicyRule {
