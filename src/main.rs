@@ -441,6 +441,7 @@ async fn serve(
         None => None,
     };
     if let Some(tls) = &tls {
+        fusebox::tls::serve_with(tls.clone());
         // Before the address is printed: a SIGHUP from then on reloads.
         tokio::spawn(tls.clone().watch());
     }

@@ -314,6 +314,35 @@ pub fn render(engine: &Engine, http: &HttpFigures) -> String {
         "Cap on open HTTP connections ([server] max_http_connections, lowered to fit the open-file limit).",
         caps.max_http_connections,
     );
+    if let Some(tls) = crate::tls::served() {
+        let (reloads, reload_failures, handshake_failures) = tls.figures();
+        x.single(
+            "fusebox_tls_reloads_total",
+            "counter",
+            "Certificate (or client CA) reloads taken since start.",
+            reloads,
+        );
+        x.single(
+            "fusebox_tls_reload_failures_total",
+            "counter",
+            "Changed certificate files that could not be used (the running certificate stayed).",
+            reload_failures,
+        );
+        x.single(
+            "fusebox_tls_handshake_failures_total",
+            "counter",
+            "TLS handshakes that failed (untrusted or missing client certificates, plain-text clients).",
+            handshake_failures,
+        );
+        if let Some(at) = tls.expires_at() {
+            x.single(
+                "fusebox_tls_certificate_expiry_seconds",
+                "gauge",
+                "When the served certificate expires, in seconds since the Unix epoch.",
+                at,
+            );
+        }
+    }
     x.single(
         "fusebox_idle_after_seconds",
         "gauge",

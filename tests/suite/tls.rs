@@ -523,6 +523,26 @@ async fn a_replaced_certificate_serves_new_connections_and_a_broken_one_is_refus
         names.contains(&"c.fusebox.test".to_owned()).then_some(())
     })
     .await;
+
+    // The metrics count both reloads taken and the refused changes, and
+    // show when the served certificate expires.
+    let http = server.http_addr.clone().expect("an HTTP address");
+    let metrics = https_get(&http, &ca.pem(), "/metrics")
+        .await
+        .expect("metrics over HTTPS");
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in /metrics: {metrics}"))
+    };
+    assert_eq!(value("fusebox_tls_reloads_total"), 2.0);
+    assert!(value("fusebox_tls_reload_failures_total") >= 1.0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(value("fusebox_tls_certificate_expiry_seconds") > now);
 }
 
 #[tokio::test]
