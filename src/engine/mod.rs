@@ -420,6 +420,11 @@ impl Engine {
             true => UNSCHEDULED,
             false => slot.fuse.next_deadline().unwrap_or(UNSCHEDULED),
         };
+        // Counted before a new policy is adopted: adopting one may answer
+        // waiters (a grant, or a denial above the new limit), and those
+        // changes count like the operation's own.
+        let tickets_before = slot.fuse.live_tickets();
+        let waiters_before = slot.fuse.waiters();
         if slot.generation != rest.rules.generation {
             let policy = rest.rules.policy_for(&slot.name).clone();
             slot.fuse
@@ -427,8 +432,6 @@ impl Engine {
                 .map_err(|err| EngineError::Internal(err.to_string()))?;
             slot.generation = rest.rules.generation;
         }
-        let tickets_before = slot.fuse.live_tickets();
-        let waiters_before = slot.fuse.waiters();
         let (result, reserved) = {
             let mut ctx = Ctx {
                 now,

@@ -9,6 +9,7 @@ mod command;
 mod compose;
 mod dashboard;
 mod fleet;
+mod fuzz;
 mod harness;
 mod http;
 mod properties;
