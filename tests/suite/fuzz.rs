@@ -12,16 +12,17 @@
 //! - random operation sequences on an engine with a manual clock (tickets,
 //!   waiters that give up, leases that end, isolate, close, policy changes).
 //!
-//! Case counts are small so that the module stays fast in CI. A long run
-//! gives every property a time budget instead:
+//! Case counts are small so that the module stays fast in CI (about 15 s in
+//! a debug build). A long run gives every property a time budget instead:
 //!
 //! ```text
-//! FUSEBOX_FUZZ_SECONDS=300 cargo test --release --test suite fuzz -- --test-threads 2
+//! FUSEBOX_FUZZ_SECONDS=160 cargo test --release --test suite fuzz -- --test-threads 2
 //! ```
 //!
-//! runs each property for 300 s (new random cases round after round). A
-//! failure is shrunk and saved under `tests/proptest-regressions/fuzz.txt`,
-//! which is committed: saved cases are replayed first on every run.
+//! runs each of the eight properties for 160 s (new random cases round after
+//! round), two at a time: about 11 minutes. A failure is shrunk and saved
+//! under `tests/proptest-regressions/fuzz.txt`, which is committed: saved
+//! cases are replayed first on every run.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -1801,4 +1802,27 @@ fn a_rule_change_that_answers_a_waiter_keeps_the_totals() {
     }
     let totals = engine.totals();
     assert_eq!((totals.tickets, totals.waiters), (0, 0), "totals at rest");
+}
+
+/// Found by the config fuzzer: `[server] idle_after` written as a bare
+/// number of milliseconds was taken beyond 365 days, the limit of every
+/// duration (and of the same value written with a unit), so that the
+/// config did not read back the same once written out.
+#[test]
+fn server_idle_after_is_at_most_365_days_like_every_duration() {
+    let year = fusebox::domain::policy::MAX_DURATION;
+    for text in [format!("{}", year + 1), "\"366d\"".to_owned()] {
+        let e = Config::parse(&format!("[server]\nidle_after = {text}\n"), "fuzz.toml")
+            .expect_err("more than 365 days is refused");
+        assert!(
+            matches!(&e, ConfigError::Invalid { rule, field, .. } if rule == "[server]" && field == "idle_after"),
+            "{text}: {e}"
+        );
+        assert!(e.to_string().contains("365 days"), "{e}");
+    }
+    for text in [format!("{year}"), "\"365d\"".to_owned()] {
+        let config = Config::parse(&format!("[server]\nidle_after = {text}\n"), "fuzz.toml")
+            .expect("365 days is accepted");
+        assert_eq!(config.limits.idle_after, year);
+    }
 }
