@@ -281,13 +281,16 @@ async fn worker(channel: Channel, shared: Arc<Shared>, mut rng: Rng) {
         };
         // Before this the lease surely has not ended: it began after the
         // request was sent, with this much left.
-        let mut lease_ends = sent + Duration::from_millis(millis(reply.lease));
+        let lease_left = Duration::from_millis(millis(reply.lease));
+        let mut lease_ends = sent + lease_left;
         if rng.chance(10) {
-            // Left to its lease.
+            // Left to its lease, which surely ends before this: it began
+            // before the reply was read (plus a millisecond of rounding).
             shared.ops.add("abandon");
+            let ended = Instant::now() + lease_left + Duration::from_millis(2);
             let mut list = shared.abandoned.lock().expect("abandoned");
             if list.len() < 1_000 {
-                list.push((ticket, lease_ends + Duration::from_millis(200)));
+                list.push((ticket, ended));
             }
             continue;
         }
