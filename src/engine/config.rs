@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::domain::policy::{parse_duration, BreakerSpec, LeaseSpec, LimiterSpec};
+use crate::domain::policy::{parse_duration, BreakerSpec, LeaseSpec, LimiterSpec, MAX_DURATION};
 use crate::domain::{DurationSpec, Millis, Policy, PolicySpec};
 
 /// The config file as written.
@@ -581,6 +581,15 @@ impl ConfigFile {
             None => Ok(default),
         };
         let idle_after = match self.server.idle_after {
+            // As for every other duration; a bare number of ms is not
+            // checked when it is read, as a string with a unit is.
+            Some(d) if d.0 > MAX_DURATION => {
+                return Err(ConfigError::Invalid {
+                    rule: "[server]".into(),
+                    field: "idle_after".into(),
+                    problem: "must be at most 365 days".into(),
+                })
+            }
             Some(d) => NonZeroU64::new(d.0)
                 .ok_or_else(|| ConfigError::Invalid {
                     rule: "[server]".into(),

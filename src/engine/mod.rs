@@ -447,6 +447,12 @@ impl Engine {
             true => UNSCHEDULED,
             false => slot.fuse.next_deadline().unwrap_or(UNSCHEDULED),
         };
+        // Counted before a new policy is adopted: adopting one may answer
+        // waiters (a grant, or a denial above the new limit), and those
+        // changes count like the operation's own.
+        let tickets_before = slot.fuse.live_tickets();
+        let waiters_before = slot.fuse.waiters();
+        let kept_before = self.storage.get().map(|_| slot.fuse.durable());
         if slot.generation != rest.rules.generation {
             let policy = rest.rules.policy_for(&slot.name).clone();
             slot.fuse
@@ -454,9 +460,6 @@ impl Engine {
                 .map_err(|err| EngineError::Internal(err.to_string()))?;
             slot.generation = rest.rules.generation;
         }
-        let kept_before = self.storage.get().map(|_| slot.fuse.durable());
-        let tickets_before = slot.fuse.live_tickets();
-        let waiters_before = slot.fuse.waiters();
         let (result, reserved) = {
             let mut ctx = Ctx {
                 now,

@@ -11,6 +11,7 @@ mod compose;
 mod dashboard;
 mod durable;
 mod fleet;
+mod fuzz;
 mod harness;
 mod hostile;
 mod http;

@@ -137,7 +137,8 @@ fn lease_spec() -> impl Strategy<Value = LeaseSpec> {
         })
 }
 
-fn policy_spec() -> impl Strategy<Value = PolicySpec> {
+/// A random valid policy as the config writes it (also used by the fuzz module).
+pub(crate) fn policy_spec() -> impl Strategy<Value = PolicySpec> {
     (
         prop::option::weighted(0.85, breaker_spec()),
         prop::option::weighted(0.8, limiter_spec()),
