@@ -162,7 +162,7 @@ async fn watch(
                     if read_all(&files).await != now {
                         continue; // still being written: look again at the next poll
                     }
-                    engine.reload(&path, "a file changed");
+                    engine.reload(&path, "the file changed");
                     // The token file may have been named or renamed.
                     seen = read_all(&engine.watched_files(&path)).await;
                 }
