@@ -665,17 +665,14 @@ pub async fn isolate(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<KeyJson>, ApiError> {
-    let key = key_of(path)?;
-    let body = body_of(body)?;
-    caller.may_steer(&key, "Isolate")?;
-    steer(
-        &state,
-        (peer, &caller),
-        &key,
-        &headers,
-        &body,
-        Engine::isolate,
-    )
+    let request = Steer {
+        peer,
+        caller,
+        path,
+        headers,
+        body,
+    };
+    steer(&state, request, "Isolate", Engine::isolate)
 }
 
 /// `POST /api/keys/{key}/close` with `{"reason": "..."}`.
@@ -687,31 +684,44 @@ pub async fn close(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<KeyJson>, ApiError> {
-    let key = key_of(path)?;
-    let body = body_of(body)?;
-    caller.may_steer(&key, "Close")?;
-    steer(
-        &state,
-        (peer, &caller),
-        &key,
-        &headers,
-        &body,
-        Engine::close,
-    )
+    let request = Steer {
+        peer,
+        caller,
+        path,
+        headers,
+        body,
+    };
+    steer(&state, request, "Close", Engine::close)
+}
+
+/// What an isolate or close request brings.
+struct Steer {
+    peer: SocketAddr,
+    caller: Caller,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
 }
 
 /// An operator's isolate or close from the dashboard, with its reason and
-/// who asked.
+/// who asked: the key and the body are read, the caller checked against
+/// the key, then `action` runs.
 fn steer(
     state: &AppState,
-    (peer, caller): (SocketAddr, &Caller),
-    key: &str,
-    headers: &HeaderMap,
-    body: &[u8],
+    request: Steer,
+    what: &str,
     action: fn(&Engine, &str, &str, &str) -> Result<KeyReading, EngineError>,
 ) -> Result<Json<KeyJson>, ApiError> {
-    let reason = reason_of(headers, body)?;
-    let r = action(&state.engine, key, &reason, &who(peer, caller))?;
+    let key = key_of(request.path)?;
+    let body = body_of(request.body)?;
+    request.caller.may_steer(&key, what)?;
+    let reason = reason_of(&request.headers, &body)?;
+    let r = action(
+        &state.engine,
+        &key,
+        &reason,
+        &who(request.peer, &request.caller),
+    )?;
     Ok(Json(KeyJson::of(&state.engine, &r)))
 }
 

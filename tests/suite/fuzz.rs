@@ -31,10 +31,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use fusebox::domain::policy::{BreakerSpec, LeaseSpec, LimiterSpec};
-use fusebox::domain::{
-    Decision, DurationSpec, LimiterKind, Outcome, Phase, Policy, PolicySpec, Trip,
-};
+use fusebox::domain::{Decision, Outcome, Phase, Policy, PolicySpec};
 use fusebox::engine::config::{Config, ConfigError, Pattern};
 use fusebox::engine::{AcquireArgs, AcquireReply, Engine, EngineError};
 use fusebox::proto::v1 as pb;
@@ -209,88 +206,6 @@ fn render(case: &ConfigCase) -> String {
     toml::to_string(&top).expect("a table renders")
 }
 
-/// The spec that writes `policy` out in full.
-fn spec_of(policy: &Policy) -> PolicySpec {
-    let ms = |v: u64| Some(DurationSpec(v));
-    let breaker = policy.breaker.map(|b| {
-        let mut spec = BreakerSpec {
-            break_: ms(b.break_ms.get()),
-            multiplier: Some(b.multiplier),
-            max_break: b.max_break.map(|m| DurationSpec(m.get())),
-            probe_lease: ms(b.probe_lease.get()),
-            ..BreakerSpec::default()
-        };
-        match b.trip {
-            Trip::Consecutive { failures } => {
-                spec.mode = "consecutive".into();
-                spec.failures = Some(failures.get());
-            }
-            Trip::Ratio {
-                failure_ratio,
-                minimum_throughput,
-                sampling_window,
-            } => {
-                spec.mode = "ratio".into();
-                spec.failure_ratio = Some(failure_ratio);
-                spec.minimum_throughput = Some(minimum_throughput.get());
-                spec.sampling_window = ms(sampling_window);
-            }
-        }
-        spec
-    });
-    let limiter = policy.limiter.map(|l| {
-        let mut spec = LimiterSpec {
-            kind: l.kind.name().into(),
-            queue_limit: Some(l.queue_limit),
-            order: Some(l.order.as_str().into()),
-            ..LimiterSpec::default()
-        };
-        match l.kind {
-            LimiterKind::Concurrency { permits } => spec.permits = Some(permits.get()),
-            LimiterKind::TokenBucket {
-                capacity,
-                refill,
-                period,
-            } => {
-                spec.capacity = Some(capacity.get());
-                spec.refill = Some(refill.get());
-                spec.period = ms(period.get());
-            }
-            LimiterKind::FixedWindow { permits, window } => {
-                spec.permits = Some(permits.get());
-                spec.window = ms(window.get());
-            }
-            LimiterKind::SlidingWindow {
-                permits,
-                window,
-                segments,
-            } => {
-                spec.permits = Some(permits.get());
-                spec.window = ms(window.get());
-                spec.segments = Some(segments.get());
-            }
-        }
-        spec
-    });
-    let lease = LeaseSpec {
-        default: ms(policy.lease.default.get()),
-        max: ms(policy.lease.max.get()),
-        expired_outcome: Some(
-            match policy.lease.expired_outcome {
-                Outcome::Success => "SUCCESS",
-                Outcome::Failure => "FAILURE",
-                Outcome::Ignored => "IGNORED",
-            }
-            .into(),
-        ),
-    };
-    PolicySpec {
-        breaker,
-        limiter,
-        lease: Some(lease),
-    }
-}
-
 /// The config that writes `config` out in full.
 fn case_of(config: &Config) -> ConfigCase {
     let l = config.limits;
@@ -308,9 +223,9 @@ fn case_of(config: &Config) -> ConfigCase {
             .rules
             .rules
             .iter()
-            .map(|r| (r.pattern.text(), spec_of(&r.policy)))
+            .map(|r| (r.pattern.text(), Policy::spec(&r.policy)))
             .collect(),
-        default: Some(spec_of(&config.rules.default)),
+        default: Some(Policy::spec(&config.rules.default)),
     }
 }
 
@@ -828,7 +743,7 @@ fn fuzz_policy_messages_are_validated_and_round_trip() {
                 let wire = wire_policy(&policy);
                 prop_assert_eq!(policy_of(wire).ok(), Some(policy), "{:?}", wire);
                 // The wire form is the config's: the same spec validates alike.
-                prop_assert_eq!(spec_of(&policy).validate(), Ok(policy));
+                prop_assert_eq!(Policy::spec(&policy).validate(), Ok(policy));
             }
             Err(status) => names_a_policy_field(&status)?,
         }
