@@ -781,3 +781,94 @@ async fn the_cli_calls_a_tls_server_with_its_tls_flags() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_client_certificate_name_stands_for_its_auth_grant() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca = Ca::new("fusebox test CA");
+    let clients = Ca::new("client CA");
+    install(dir.path(), &ca.server("server.fusebox.test"));
+    let client_ca = write(dir.path(), "clients.pem", &clients.pem());
+    let config = format!(
+        "[tls]\ncert = \"server.pem\"\nkey = \"server.key\"\nclient_ca = \"{}\"\nclient_auth = \"optional\"\n\
+         [auth]\n[[auth.client]]\nname = \"billing.internal\"\nrole = \"caller\"\nprefixes = [\"billing/*\"]\n\
+         [[auth.token]]\nname = \"oncall\"\nrole = \"operator\"\nsha256 = \"{}\"\n",
+        client_ca.display(),
+        fusebox::auth::hash_hex("oncall-token-0123456789")
+    );
+    let path = write(dir.path(), "fusebox.toml", &config);
+    let path = path.display().to_string();
+    let server = Server::start(Options {
+        args: vec!["--config", &path],
+        ..Options::default()
+    })
+    .await;
+    let billing = clients.issue("billing-7", &["billing.internal"]);
+    let stranger = clients.issue("someone", &["someone.internal"]);
+    let acquire = |key: &str| pb::AcquireRequest {
+        key: key.into(),
+        permits: Some(1),
+        max_wait: None,
+        lease: None,
+    };
+    let mut as_billing = pb::fusebox_client::FuseboxClient::new(
+        channel(&server, &ca.pem(), Some(&billing))
+            .await
+            .expect("connects"),
+    );
+    as_billing
+        .acquire(acquire("billing/charge"))
+        .await
+        .expect("the certificate's name is a caller on billing/*");
+    let other = as_billing
+        .acquire(acquire("payments/charge"))
+        .await
+        .unwrap_err();
+    assert_eq!(other.code(), tonic::Code::PermissionDenied, "{other:?}");
+    let isolate = pb::admin_client::AdminClient::new(
+        channel(&server, &ca.pem(), Some(&billing))
+            .await
+            .expect("connects"),
+    )
+    .isolate(pb::IsolateRequest {
+        key: "billing/charge".into(),
+        reason: "no".into(),
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(
+        isolate.code(),
+        tonic::Code::PermissionDenied,
+        "a caller may not isolate"
+    );
+    // A signed certificate without an entry is no credential at all.
+    let unknown = pb::fusebox_client::FuseboxClient::new(
+        channel(&server, &ca.pem(), Some(&stranger))
+            .await
+            .expect("connects"),
+    )
+    .acquire(acquire("billing/charge"))
+    .await
+    .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::Unauthenticated, "{unknown:?}");
+    assert!(unknown.message().contains("someone"), "{unknown:?}");
+    // A bearer token wins over the certificate.
+    let mut request = tonic::Request::new(pb::IsolateRequest {
+        key: "billing/charge".into(),
+        reason: "drill".into(),
+    });
+    request.metadata_mut().insert(
+        "authorization",
+        "Bearer oncall-token-0123456789".parse().unwrap(),
+    );
+    let state = pb::admin_client::AdminClient::new(
+        channel(&server, &ca.pem(), Some(&billing))
+            .await
+            .expect("connects"),
+    )
+    .isolate(request)
+    .await
+    .expect("the operator token isolates")
+    .into_inner();
+    assert_eq!(state.phase, pb::Phase::Isolated as i32);
+}
