@@ -563,11 +563,22 @@ async fn serve(
             }
         ),
     };
+    let state = match &data_dir {
+        Some(dir) => dir.display().to_string(),
+        None => "in memory only".to_owned(),
+    };
+    let auth = if engine.access().is_some() {
+        "on"
+    } else {
+        "off"
+    };
     tracing::info!(
         %addr,
         rules,
         manual_clock,
         tls = %security,
+        auth = %auth,
+        %state,
         "fusebox is serving"
     );
     if let Some(tls) = &tls {

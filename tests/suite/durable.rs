@@ -344,6 +344,16 @@ async fn without_a_data_dir_the_server_says_state_is_in_memory_only() {
         "{}",
         server.logs()
     );
+    let serving = server
+        .logs()
+        .lines()
+        .find(|l| l.contains("fusebox is serving"))
+        .map(str::to_owned)
+        .unwrap_or_default();
+    assert!(
+        serving.contains("state=in memory only"),
+        "the start-up line says it: {serving}"
+    );
     assert_eq!(metric(&server, "fusebox_storage_keys").await, None);
 }
 
