@@ -208,7 +208,7 @@ impl Api {
                     .metadata()
                     .get("authorization")
                     .map(|v| v.as_bytes()),
-                &client_names(request),
+                client_names(request),
             )
             .map(Some)
             .map_err(status_of_refusal)
@@ -259,10 +259,8 @@ impl Api {
 }
 
 /// The names of the client certificate of `request`'s connection (mTLS).
-fn client_names<T>(request: &Request<T>) -> Vec<String> {
-    tls::identity(request)
-        .map(|id| id.names.clone())
-        .unwrap_or_default()
+fn client_names<T>(request: &Request<T>) -> &[String] {
+    tls::identity(request).map_or(&[], |id| id.names.as_slice())
 }
 
 #[tonic::async_trait]
