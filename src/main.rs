@@ -416,6 +416,10 @@ async fn serve(
 ) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // A log reader that went away (`| head`) must not bring the server
+        // down: the subscriber's own report of a failed write would panic
+        // on the closed standard error.
+        .log_internal_errors(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FUSEBOX_LOG")

@@ -607,3 +607,55 @@ async fn bidi_overrides_in_keys_and_prefixes_are_refused() {
         .into_inner();
     assert!(listed.keys.is_empty(), "{listed:?}");
 }
+
+/// A log reader that goes away (`fusebox serve 2>&1 | head`) neither brings
+/// the server down nor keeps it from stopping on SIGTERM.
+#[tokio::test]
+async fn a_closed_log_pipe_neither_stops_the_server_nor_keeps_it_running() {
+    let mut child = tokio::process::Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("fusebox starts");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), out.next_line())
+        .await
+        .expect("the address within 30 s")
+        .expect("stdout readable")
+        .expect("a first line");
+    let addr = first
+        .strip_prefix("listening on ")
+        .expect("the address")
+        .to_owned();
+    // The readers go away: every later log line and output write fails.
+    drop(out);
+    drop(child.stderr.take());
+    let mut client = pb::fusebox_client::FuseboxClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connects");
+    for _ in 0..3 {
+        client
+            .acquire(pb::AcquireRequest {
+                key: "pipe/k".into(),
+                permits: Some(0),
+                max_wait: None,
+                lease: None,
+            })
+            .await
+            .expect("still serving with nobody reading its logs");
+    }
+    let pid = child.id().expect("running").to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    let exited = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("it stops within 10 s of SIGTERM")
+        .expect("an exit status");
+    assert_eq!(exited.code(), Some(0), "{exited:?}");
+}
