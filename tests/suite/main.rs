@@ -20,6 +20,7 @@ mod queues;
 mod reference;
 mod reload;
 mod scale;
+mod scenarios;
 mod service;
 mod tls;
 mod tools;
