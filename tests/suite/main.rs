@@ -12,6 +12,7 @@ mod dashboard;
 mod durable;
 mod fleet;
 mod fuzz;
+mod guard;
 mod harness;
 mod hostile;
 mod http;
