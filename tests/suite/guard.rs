@@ -132,3 +132,57 @@ async fn a_classifier_decides_what_an_error_counts_as() {
     assert!(matches!(answer, Err(GuardError::Call(_))));
     assert_eq!(server.get("svc/a").await.phase, pb::Phase::Open as i32);
 }
+
+/// A listener that accepts connections and never answers: a fusebox that
+/// hangs.
+async fn black_hole() -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let addr = listener.local_addr().expect("an address").to_string();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test]
+async fn a_fusebox_that_does_not_answer_costs_one_deadline_then_the_policy_applies() {
+    let (addr, task) = black_hole().await;
+    let guard =
+        Guard::connect(&format!("http://{addr}"), None, GuardOptions::default()).expect("a guard");
+    let started = std::time::Instant::now();
+    let answer: Result<u8, GuardError<String>> = guard
+        .run("svc/a", &CallOptions::default(), || async { Ok(1) })
+        .await;
+    assert_eq!(answer.expect("fail open runs the call"), 1);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "the deadline bounds the wait: {:?}",
+        started.elapsed()
+    );
+    let stats = guard.stats();
+    assert_eq!((stats.unavailable, stats.failed_open), (1, 1));
+
+    // Backing off: the next call does not wait for fusebox again, and a
+    // fail-closed call is refused with Unavailable.
+    let closed = CallOptions {
+        on_unavailable: Some(fusebox::guard::FailPolicy::Closed),
+        ..CallOptions::default()
+    };
+    let answer: Result<u8, GuardError<String>> =
+        guard.run("svc/a", &closed, || async { Ok(1) }).await;
+    assert!(
+        matches!(answer, Err(GuardError::Unavailable(_))),
+        "{answer:?}"
+    );
+    let stats = guard.stats();
+    assert_eq!(
+        (stats.unavailable, stats.failed_open, stats.failed_closed),
+        (2, 1, 1)
+    );
+    task.abort();
+}
