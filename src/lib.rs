@@ -14,6 +14,9 @@
 //! - [`http`]: metrics, health and the dashboard over HTTP.
 //! - [`tls`]: TLS and mutual TLS for the gRPC and HTTP ports, with
 //!   certificates reloaded when their files change.
+//! - [`guard`]: a client library for services that call through fusebox
+//!   (guard a call: acquire, run, complete; renewal, local short-circuit,
+//!   fail open or closed). It uses only [`proto`].
 //! - [`proto`]: the generated wire types, and the conversions ([`proto::wire`])
 //!   that the gRPC services, the HTTP side and the client commands share.
 #![forbid(unsafe_code)]
@@ -23,6 +26,7 @@ pub mod auth;
 pub mod connections;
 pub mod domain;
 pub mod engine;
+pub mod guard;
 pub mod http;
 pub mod proto;
 pub mod server;

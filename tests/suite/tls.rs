@@ -872,3 +872,53 @@ async fn a_client_certificate_name_stands_for_its_auth_grant() {
     .into_inner();
     assert_eq!(state.phase, pb::Phase::Isolated as i32);
 }
+
+#[tokio::test]
+async fn the_rust_guard_calls_over_tls_and_an_untrusted_server_counts_as_unavailable() {
+    use fusebox::guard::{CallOptions, FailPolicy, Guard, GuardError, GuardOptions};
+
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca = Ca::new("fusebox test CA");
+    let other = Ca::new("another CA");
+    install(dir.path(), &ca.server("server.fusebox.test"));
+    let server = start(dir.path(), &[]).await;
+    let options = GuardOptions {
+        // The first call makes the TLS handshake; a debug build on a busy
+        // machine may need more than the default 50 ms.
+        deadline: Duration::from_secs(5),
+        on_unavailable: FailPolicy::Closed,
+        ..GuardOptions::default()
+    };
+    let tls = |ca: &str| {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(ca))
+            .domain_name("localhost")
+    };
+    let url = format!("https://{}", server.addr);
+
+    let guard = Guard::connect(&url, Some(tls(&ca.pem())), options.clone()).expect("a guard");
+    let answer: Result<&str, GuardError<String>> = guard
+        .run("tls/k", &CallOptions::default(), || async { Ok("done") })
+        .await;
+    assert_eq!(answer.expect("granted over TLS"), "done");
+    assert_eq!(guard.stats().unavailable, 0);
+    let channel = channel(&server, &ca.pem(), None).await.expect("a channel");
+    let state = pb::admin_client::AdminClient::new(channel)
+        .get_key(pb::GetKeyRequest {
+            key: "tls/k".into(),
+        })
+        .await
+        .expect("GetKey answers")
+        .into_inner();
+    assert_eq!(state.stats.unwrap_or_default().successes, 1);
+
+    let untrusting = Guard::connect(&url, Some(tls(&other.pem())), options).expect("a guard");
+    let answer: Result<(), GuardError<String>> = untrusting
+        .run("tls/k", &CallOptions::default(), || async { Ok(()) })
+        .await;
+    assert!(
+        matches!(answer, Err(GuardError::Unavailable(_))),
+        "{answer:?}"
+    );
+    assert_eq!(untrusting.stats().failed_closed, 1);
+}

@@ -1,0 +1,762 @@
+//! A client-side guard around calls to a dependency, for any Rust service.
+//!
+//! [`Guard::run`] asks fusebox (`Acquire`) before the call, runs it, and
+//! reports how it went (`Complete`): SUCCESS when it returns `Ok`, FAILURE
+//! when it returns an error that the classifier counts, IGNORED when the
+//! caller drops the future (cancellation). Refusals come back typed
+//! ([`GuardError::Blocked`], [`GuardError::Refused`],
+//! [`GuardError::Denied`]), distinct from the call's own error
+//! ([`GuardError::Call`]).
+//!
+//! Also:
+//! - leases are renewed in the background every half of the granted lease,
+//!   and renewal stops the moment the call ends;
+//! - a key answered BLOCKED/open with a retry-after is remembered (a bounded
+//!   cache) and answered [`GuardError::Blocked`] locally, with `local: true`,
+//!   until then; the call after that goes to fusebox, so one probe per fleet
+//!   still holds;
+//! - every fusebox call has a deadline ([`GuardOptions::deadline`], 50 ms by
+//!   default); when fusebox is slow or down the guard fails open (runs the
+//!   call without a ticket, the default) or closed
+//!   ([`GuardError::Unavailable`]), logs it at most once per
+//!   [`GuardOptions::log_interval`], counts it ([`Guard::stats`]), and backs
+//!   off before asking again;
+//! - a bearer token and TLS ([`Guard::connect`]).
+//!
+//! Make one [`Guard`] per process and clone it: clones share the channel,
+//! the cache and the counters.
+//!
+//! This module talks to fusebox only through the wire types of
+//! [`crate::proto`].
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+
+use crate::proto::v1 as pb;
+
+/// What fusebox is told about a call that ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The call worked.
+    Success,
+    /// The call failed in a way that counts against the dependency.
+    Failure,
+    /// The call says nothing about the dependency.
+    Ignored,
+}
+
+impl Outcome {
+    fn wire(self) -> i32 {
+        match self {
+            Outcome::Success => pb::Outcome::Success as i32,
+            Outcome::Failure => pb::Outcome::Failure as i32,
+            Outcome::Ignored => pb::Outcome::Ignored as i32,
+        }
+    }
+}
+
+/// What to do when fusebox cannot answer within the deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailPolicy {
+    /// Run the call without a ticket (the default).
+    #[default]
+    Open,
+    /// Do not run it: [`GuardError::Unavailable`].
+    Closed,
+}
+
+/// Why a call was blocked or denied, as the contract names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The breaker is open.
+    Open,
+    /// The breaker's one probe is out.
+    ProbeInFlight,
+    /// No permits free and no waiting asked for.
+    NoPermits,
+    /// The queue is full.
+    QueueFull,
+    /// More permits than the limiter's limit.
+    ExceedsLimit,
+    /// Evicted from a newest-first queue.
+    Evicted,
+    /// The wait ended.
+    Timeout,
+    /// A reason this client does not know.
+    Other(i32),
+}
+
+impl Reason {
+    fn of(value: i32) -> Reason {
+        match pb::Reason::try_from(value) {
+            Ok(pb::Reason::Open) => Reason::Open,
+            Ok(pb::Reason::ProbeInFlight) => Reason::ProbeInFlight,
+            Ok(pb::Reason::NoPermits) => Reason::NoPermits,
+            Ok(pb::Reason::QueueFull) => Reason::QueueFull,
+            Ok(pb::Reason::ExceedsLimit) => Reason::ExceedsLimit,
+            Ok(pb::Reason::Evicted) => Reason::Evicted,
+            Ok(pb::Reason::Timeout) => Reason::Timeout,
+            _ => Reason::Other(value),
+        }
+    }
+
+    /// The lower-case name used in the contract (`open`, `no_permits`, ...).
+    pub fn name(&self) -> String {
+        match self {
+            Reason::Open => "open".into(),
+            Reason::ProbeInFlight => "probe_in_flight".into(),
+            Reason::NoPermits => "no_permits".into(),
+            Reason::QueueFull => "queue_full".into(),
+            Reason::ExceedsLimit => "exceeds_limit".into(),
+            Reason::Evicted => "evicted".into(),
+            Reason::Timeout => "timeout".into(),
+            Reason::Other(n) => format!("reason_{n}"),
+        }
+    }
+}
+
+/// A guarded call that did not give a value.
+#[derive(Debug, thiserror::Error)]
+pub enum GuardError<E> {
+    /// The breaker is open (or its probe is out): the call did not run.
+    #[error("blocked ({reason:?}, retry after {retry_after:?}, local: {local})")]
+    Blocked {
+        /// Why.
+        reason: Reason,
+        /// When to try again, if fusebox said.
+        retry_after: Option<Duration>,
+        /// Answered from the local cache, without asking fusebox.
+        local: bool,
+    },
+    /// The key is isolated by an operator: the call did not run.
+    #[error("refused: the key is isolated")]
+    Refused,
+    /// The permit book said no: the call did not run.
+    #[error("denied ({reason:?}, retry after {retry_after:?})")]
+    Denied {
+        /// Why.
+        reason: Reason,
+        /// When to try again, if fusebox said.
+        retry_after: Option<Duration>,
+    },
+    /// fusebox could not be asked in time and the policy is fail closed.
+    #[error("fusebox unavailable: {0}")]
+    Unavailable(tonic::Status),
+    /// fusebox rejected the request itself (a bad key, a bad lease, no
+    /// right to the key): the call did not run.
+    #[error("fusebox rejected the request: {0}")]
+    Rejected(tonic::Status),
+    /// The call's own error.
+    #[error("{0}")]
+    Call(E),
+}
+
+impl<E> GuardError<E> {
+    /// The call's own error, if that is what this is.
+    pub fn into_call(self) -> Option<E> {
+        match self {
+            GuardError::Call(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Options of one guarded call.
+#[derive(Debug, Clone, Default)]
+pub struct CallOptions {
+    /// Permits asked for; `None` means 1.
+    pub permits: Option<u32>,
+    /// How long the request may wait in the key's queue.
+    pub max_wait: Option<Duration>,
+    /// The lease asked for; `None` means the policy's default.
+    pub lease: Option<Duration>,
+    /// This call's policy when fusebox cannot answer; `None` means the
+    /// guard's.
+    pub on_unavailable: Option<FailPolicy>,
+}
+
+/// Options of a guard.
+#[derive(Debug, Clone)]
+pub struct GuardOptions {
+    /// The deadline of each call to fusebox (Acquire adds its `max_wait`).
+    pub deadline: Duration,
+    /// What to do when fusebox cannot answer in time.
+    pub on_unavailable: FailPolicy,
+    /// Sent as `authorization: Bearer TOKEN`.
+    pub token: Option<String>,
+    /// Keys remembered as open at most.
+    pub cache_capacity: usize,
+    /// At most one warning per interval when fusebox is unavailable.
+    pub log_interval: Duration,
+    /// The first wait before asking fusebox again after it was
+    /// unavailable; it doubles up to [`GuardOptions::max_backoff`].
+    pub backoff: Duration,
+    /// The longest wait between tries while fusebox is unavailable.
+    pub max_backoff: Duration,
+}
+
+impl Default for GuardOptions {
+    fn default() -> Self {
+        GuardOptions {
+            deadline: Duration::from_millis(50),
+            on_unavailable: FailPolicy::Open,
+            token: None,
+            cache_capacity: 4096,
+            log_interval: Duration::from_secs(10),
+            backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Counters of a guard (shared by its clones).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GuardStats {
+    /// Calls answered Blocked from the local cache.
+    pub local_blocked: u64,
+    /// Times fusebox could not be asked (down, slow, or backing off).
+    pub unavailable: u64,
+    /// Calls run without a ticket because fusebox was unavailable.
+    pub failed_open: u64,
+    /// Calls not run because fusebox was unavailable.
+    pub failed_closed: u64,
+    /// Leases renewed.
+    pub renewals: u64,
+    /// Renewals that failed.
+    pub renew_failures: u64,
+    /// Completes that could not be delivered.
+    pub complete_failures: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    local_blocked: AtomicU64,
+    unavailable: AtomicU64,
+    failed_open: AtomicU64,
+    failed_closed: AtomicU64,
+    renewals: AtomicU64,
+    renew_failures: AtomicU64,
+    complete_failures: AtomicU64,
+}
+
+/// Keys known open, until a real-time instant; bounded.
+struct OpenCache {
+    capacity: usize,
+    until: HashMap<String, Instant>,
+}
+
+impl OpenCache {
+    fn get(&mut self, key: &str, now: Instant) -> Option<Duration> {
+        match self.until.get(key) {
+            Some(&t) if t > now => Some(t - now),
+            Some(_) => {
+                self.until.remove(key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn put(&mut self, key: &str, until: Instant, now: Instant) {
+        if self.capacity == 0 {
+            return;
+        }
+        if self.until.len() >= self.capacity && !self.until.contains_key(key) {
+            self.until.retain(|_, t| *t > now);
+            if self.until.len() >= self.capacity {
+                // Evict the entry that ends first.
+                if let Some(first) = self
+                    .until
+                    .iter()
+                    .min_by_key(|(_, t)| **t)
+                    .map(|(k, _)| k.clone())
+                {
+                    self.until.remove(&first);
+                }
+            }
+        }
+        self.until.insert(key.to_owned(), until);
+    }
+}
+
+struct Backoff {
+    /// No call to fusebox before this.
+    until: Option<Instant>,
+    next: Duration,
+    last_logged: Option<Instant>,
+}
+
+struct Inner {
+    client: pb::fusebox_client::FuseboxClient<Channel>,
+    options: GuardOptions,
+    authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    cache: Mutex<OpenCache>,
+    backoff: Mutex<Backoff>,
+    counters: Counters,
+}
+
+/// A guard: cheap to clone, one per process.
+#[derive(Clone)]
+pub struct Guard {
+    inner: Arc<Inner>,
+}
+
+/// An error making a guard.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The address or TLS settings are not usable.
+    #[error("{0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The token is not a valid header value.
+    #[error("the token is not a valid header value")]
+    Token,
+}
+
+fn sanitize_duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: d.as_secs().min(i64::MAX as u64) as i64,
+        nanos: d.subsec_nanos() as i32,
+    }
+}
+
+fn duration_from(d: Option<prost_types::Duration>) -> Option<Duration> {
+    let d = d?;
+    if d.seconds < 0 || d.nanos < 0 {
+        return Some(Duration::ZERO);
+    }
+    Some(Duration::new(d.seconds as u64, d.nanos as u32))
+}
+
+fn is_unavailable(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Unknown
+            | tonic::Code::Internal
+            | tonic::Code::ResourceExhausted
+            | tonic::Code::Cancelled
+    )
+}
+
+/// The default classifier: every error counts as a failure.
+pub fn count_every_error<E>(_: &E) -> Outcome {
+    Outcome::Failure
+}
+
+enum Admission {
+    Ticket(Ticket),
+    WithoutTicket,
+}
+
+/// A ticket held for a running call. Dropped without being completed (the
+/// caller dropped the future), it reports IGNORED in the background.
+struct Ticket {
+    guard: Guard,
+    id: Option<String>,
+    renewal: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Ticket {
+    async fn complete(mut self, outcome: Outcome) {
+        if let Some(r) = self.renewal.take() {
+            r.abort();
+        }
+        if let Some(id) = self.id.take() {
+            self.guard.complete(id, outcome).await;
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some(r) = self.renewal.take() {
+            r.abort();
+        }
+        if let Some(id) = self.id.take() {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                let guard = self.guard.clone();
+                handle.spawn(async move { guard.complete(id, Outcome::Ignored).await });
+            }
+        }
+    }
+}
+
+impl Guard {
+    /// A guard on a new lazily connected channel to `url`
+    /// (`http://HOST:PORT`, or `https://` with `tls`). The channel
+    /// reconnects by itself; it is the one to share in the process.
+    pub fn connect(
+        url: &str,
+        tls: Option<ClientTlsConfig>,
+        options: GuardOptions,
+    ) -> Result<Guard, ConnectError> {
+        let mut endpoint = Endpoint::from_shared(url.to_owned())?
+            .connect_timeout(Duration::from_secs(1))
+            .tcp_nodelay(true);
+        if let Some(tls) = tls {
+            endpoint = endpoint.tls_config(tls)?;
+        }
+        Guard::new(endpoint.connect_lazy(), options)
+    }
+
+    /// A guard on an existing channel.
+    pub fn new(channel: Channel, options: GuardOptions) -> Result<Guard, ConnectError> {
+        let authorization = match &options.token {
+            Some(token) => Some(
+                format!("Bearer {token}")
+                    .parse()
+                    .map_err(|_| ConnectError::Token)?,
+            ),
+            None => None,
+        };
+        let cache = OpenCache {
+            capacity: options.cache_capacity,
+            until: HashMap::new(),
+        };
+        let backoff = Backoff {
+            until: None,
+            next: options.backoff,
+            last_logged: None,
+        };
+        Ok(Guard {
+            inner: Arc::new(Inner {
+                client: pb::fusebox_client::FuseboxClient::new(channel),
+                options,
+                authorization,
+                cache: Mutex::new(cache),
+                backoff: Mutex::new(backoff),
+                counters: Counters::default(),
+            }),
+        })
+    }
+
+    /// The guard's counters.
+    pub fn stats(&self) -> GuardStats {
+        let c = &self.inner.counters;
+        GuardStats {
+            local_blocked: c.local_blocked.load(Ordering::Relaxed),
+            unavailable: c.unavailable.load(Ordering::Relaxed),
+            failed_open: c.failed_open.load(Ordering::Relaxed),
+            failed_closed: c.failed_closed.load(Ordering::Relaxed),
+            renewals: c.renewals.load(Ordering::Relaxed),
+            renew_failures: c.renew_failures.load(Ordering::Relaxed),
+            complete_failures: c.complete_failures.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Forgets that `key` is known open: its next call asks fusebox.
+    pub fn forget(&self, key: &str) {
+        self.inner
+            .cache
+            .lock()
+            .expect("cache lock")
+            .until
+            .remove(key);
+    }
+
+    /// Guards `call` on `key`, counting every error as a failure.
+    pub async fn run<T, E, F, Fut>(
+        &self,
+        key: &str,
+        options: &CallOptions,
+        call: F,
+    ) -> Result<T, GuardError<E>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.run_classified(key, options, count_every_error, call)
+            .await
+    }
+
+    /// Guards `call` on `key`; `classify` says what an error means.
+    pub async fn run_classified<T, E, F, Fut, C>(
+        &self,
+        key: &str,
+        options: &CallOptions,
+        classify: C,
+        call: F,
+    ) -> Result<T, GuardError<E>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        C: FnOnce(&E) -> Outcome,
+    {
+        let admission = self.admit(key, options).await?;
+        let result = call().await;
+        if let Admission::Ticket(ticket) = admission {
+            let outcome = match &result {
+                Ok(_) => Outcome::Success,
+                Err(e) => classify(e),
+            };
+            ticket.complete(outcome).await;
+        }
+        result.map_err(GuardError::Call)
+    }
+
+    fn request<T>(&self, message: T, timeout: Duration) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(timeout);
+        if let Some(value) = &self.inner.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        request
+    }
+
+    async fn admit<E>(&self, key: &str, options: &CallOptions) -> Result<Admission, GuardError<E>> {
+        let now = Instant::now();
+        if let Some(left) = self.inner.cache.lock().expect("cache lock").get(key, now) {
+            self.inner
+                .counters
+                .local_blocked
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(GuardError::Blocked {
+                reason: Reason::Open,
+                retry_after: Some(left),
+                local: true,
+            });
+        }
+        let policy = options
+            .on_unavailable
+            .unwrap_or(self.inner.options.on_unavailable);
+        if let Some(status) = self.backing_off(now) {
+            return self.unavailable(policy, status);
+        }
+        let deadline = self.inner.options.deadline + options.max_wait.unwrap_or_default();
+        let message = pb::AcquireRequest {
+            key: key.to_owned(),
+            permits: options.permits,
+            max_wait: options.max_wait.map(sanitize_duration),
+            lease: options.lease.map(sanitize_duration),
+        };
+        let mut client = self.inner.client.clone();
+        let answer =
+            tokio::time::timeout(deadline, client.acquire(self.request(message, deadline)))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(tonic::Status::deadline_exceeded(
+                        "fusebox did not answer in time",
+                    ))
+                });
+        let reply = match answer {
+            Ok(reply) => {
+                self.reachable();
+                reply.into_inner()
+            }
+            Err(status) if is_unavailable(&status) => {
+                self.unreachable(&status);
+                return self.unavailable(policy, status);
+            }
+            Err(status) => return Err(GuardError::Rejected(status)),
+        };
+        let retry_after = duration_from(reply.retry_after);
+        match pb::Decision::try_from(reply.decision) {
+            Ok(pb::Decision::Granted) | Ok(pb::Decision::Probe) => {
+                if reply.ticket.is_empty() {
+                    return Ok(Admission::WithoutTicket);
+                }
+                let renewal = duration_from(reply.lease)
+                    .filter(|l| !l.is_zero())
+                    .map(|lease| {
+                        self.renew_in_background(reply.ticket.clone(), lease, options.lease)
+                    });
+                Ok(Admission::Ticket(Ticket {
+                    guard: self.clone(),
+                    id: Some(reply.ticket),
+                    renewal,
+                }))
+            }
+            Ok(pb::Decision::Blocked) => {
+                let reason = Reason::of(reply.reason);
+                if reason == Reason::Open {
+                    if let Some(left) = retry_after.filter(|d| !d.is_zero()) {
+                        self.inner
+                            .cache
+                            .lock()
+                            .expect("cache lock")
+                            .put(key, now + left, now);
+                    }
+                }
+                Err(GuardError::Blocked {
+                    reason,
+                    retry_after,
+                    local: false,
+                })
+            }
+            Ok(pb::Decision::Refused) => Err(GuardError::Refused),
+            Ok(pb::Decision::Denied) => Err(GuardError::Denied {
+                reason: Reason::of(reply.reason),
+                retry_after,
+            }),
+            _ => Err(GuardError::Rejected(tonic::Status::internal(format!(
+                "unknown decision {}",
+                reply.decision
+            )))),
+        }
+    }
+
+    fn unavailable<E>(
+        &self,
+        policy: FailPolicy,
+        status: tonic::Status,
+    ) -> Result<Admission, GuardError<E>> {
+        let c = &self.inner.counters;
+        c.unavailable.fetch_add(1, Ordering::Relaxed);
+        match policy {
+            FailPolicy::Open => {
+                c.failed_open.fetch_add(1, Ordering::Relaxed);
+                Ok(Admission::WithoutTicket)
+            }
+            FailPolicy::Closed => {
+                c.failed_closed.fetch_add(1, Ordering::Relaxed);
+                Err(GuardError::Unavailable(status))
+            }
+        }
+    }
+
+    /// While backing off, the status to answer with instead of asking.
+    fn backing_off(&self, now: Instant) -> Option<tonic::Status> {
+        let b = self.inner.backoff.lock().expect("backoff lock");
+        match b.until {
+            Some(until) if until > now => Some(tonic::Status::unavailable(
+                "fusebox was unavailable; backing off before asking again",
+            )),
+            _ => None,
+        }
+    }
+
+    fn reachable(&self) {
+        let mut b = self.inner.backoff.lock().expect("backoff lock");
+        if b.until.is_some() {
+            tracing::info!("fusebox answers again");
+        }
+        b.until = None;
+        b.next = self.inner.options.backoff;
+    }
+
+    fn unreachable(&self, status: &tonic::Status) {
+        let now = Instant::now();
+        let mut b = self.inner.backoff.lock().expect("backoff lock");
+        b.until = Some(now + b.next);
+        b.next = (b.next * 2).min(self.inner.options.max_backoff);
+        let due = b
+            .last_logged
+            .is_none_or(|t| now.duration_since(t) >= self.inner.options.log_interval);
+        if due {
+            b.last_logged = Some(now);
+            tracing::warn!(
+                code = ?status.code(),
+                message = status.message(),
+                policy = ?self.inner.options.on_unavailable,
+                unavailable_so_far = self.inner.counters.unavailable.load(Ordering::Relaxed) + 1,
+                "fusebox unavailable; applying the guard's policy"
+            );
+        }
+    }
+
+    fn renew_in_background(
+        &self,
+        ticket: String,
+        granted: Duration,
+        asked: Option<Duration>,
+    ) -> tokio::task::JoinHandle<()> {
+        let guard = self.clone();
+        tokio::spawn(async move {
+            let mut lease = granted;
+            loop {
+                tokio::time::sleep(lease / 2).await;
+                let deadline = guard.inner.options.deadline;
+                let message = pb::RenewRequest {
+                    ticket: ticket.clone(),
+                    lease: asked.map(sanitize_duration),
+                };
+                let mut client = guard.inner.client.clone();
+                let answer =
+                    tokio::time::timeout(deadline, client.renew(guard.request(message, deadline)))
+                        .await;
+                match answer {
+                    Ok(Ok(reply)) => {
+                        guard
+                            .inner
+                            .counters
+                            .renewals
+                            .fetch_add(1, Ordering::Relaxed);
+                        if let Some(l) =
+                            duration_from(reply.into_inner().lease).filter(|l| !l.is_zero())
+                        {
+                            lease = l;
+                        }
+                    }
+                    Ok(Err(status)) if status.code() == tonic::Code::NotFound => {
+                        // The ticket is gone (expired or completed): stop.
+                        guard
+                            .inner
+                            .counters
+                            .renew_failures
+                            .fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    _ => {
+                        guard
+                            .inner
+                            .counters
+                            .renew_failures
+                            .fetch_add(1, Ordering::Relaxed);
+                        // Try again sooner: what is left of the lease halves.
+                        lease /= 2;
+                        if lease < Duration::from_millis(2) {
+                            return;
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    async fn complete(&self, ticket: String, outcome: Outcome) {
+        let deadline = self.inner.options.deadline;
+        let message = pb::CompleteRequest {
+            ticket,
+            outcome: outcome.wire(),
+        };
+        let mut client = self.inner.client.clone();
+        let answer =
+            tokio::time::timeout(deadline, client.complete(self.request(message, deadline))).await;
+        if !matches!(answer, Ok(Ok(_))) {
+            self.inner
+                .counters
+                .complete_failures
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_open_cache_is_bounded_and_forgets_what_ended() {
+        let now = Instant::now();
+        let mut cache = OpenCache {
+            capacity: 2,
+            until: HashMap::new(),
+        };
+        cache.put("a", now + Duration::from_secs(1), now);
+        cache.put("b", now + Duration::from_secs(3), now);
+        cache.put("c", now + Duration::from_secs(2), now);
+        assert_eq!(cache.until.len(), 2);
+        assert!(cache.get("a", now).is_none(), "the first to end is evicted");
+        assert!(cache.get("b", now).is_some());
+        assert!(cache.get("c", now + Duration::from_secs(2)).is_none());
+        assert!(!cache.until.contains_key("c"));
+    }
+}
