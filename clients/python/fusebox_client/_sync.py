@@ -83,6 +83,10 @@ class FuseboxClient:
                      self.fail_open if fail_open is None else fail_open,
                      self.deadline if deadline is None else deadline)
 
+    def forget(self, key: str) -> None:
+        """Drops the local short-circuit entry for key (the next guard asks fusebox)."""
+        self.cache.forget(key)
+
     def call(self, key: str, fn: Callable, *args, **kwargs):
         """Runs fn(*args, **kwargs) under a guard with default options."""
         with self.guard(key):
@@ -106,6 +110,7 @@ class _Renewer(threading.Thread):
             try:
                 resp = g.client.stub.Renew(req, timeout=g.deadline, metadata=g.client.metadata)
                 g.client.counters.add("renewals")
+                g.renewals += 1
                 if resp.HasField("lease"):
                     self.lease = max(resp.lease.ToMilliseconds() / 1000.0, 0.002)
             except grpc.RpcError as err:
@@ -138,6 +143,7 @@ class Guard:
         self.ticket: Optional[str] = None
         self.degraded = False
         self.outcome: Optional[c.Outcome] = None
+        self.renewals = 0
         self._renewer: Optional[_Renewer] = None
 
     def _fresh(self) -> "Guard":

@@ -77,6 +77,10 @@ class AsyncFuseboxClient:
                           self.fail_open if fail_open is None else fail_open,
                           self.deadline if deadline is None else deadline)
 
+    def forget(self, key: str) -> None:
+        """Drops the local short-circuit entry for key (the next guard asks fusebox)."""
+        self.cache.forget(key)
+
     async def call(self, key: str, fn: Callable[..., Awaitable], *args, **kwargs):
         async with self.guard(key):
             return await fn(*args, **kwargs)
@@ -131,6 +135,7 @@ class AsyncGuard(_SyncGuard):
             try:
                 resp = await cl.stub.Renew(req, timeout=self.deadline, metadata=cl.metadata)
                 cl.counters.add("renewals")
+                self.renewals += 1
                 if resp.HasField("lease"):
                     lease = max(resp.lease.ToMilliseconds() / 1000.0, 0.002)
             except grpc.RpcError as err:
