@@ -23,8 +23,8 @@ OUT = os.path.join(HERE, "fusebox_client", "_gen")
 
 
 def generate(proto: str = PROTO, out_root: str = HERE) -> None:
-    from grpc_tools import protoc  # build-time dependency only
     import grpc_tools
+    from grpc_tools import protoc  # build-time dependency only
 
     if not os.path.exists(proto):
         raise SystemExit(f"fusebox proto not found at {proto}")

@@ -37,8 +37,13 @@ def default_classifier(exc: BaseException) -> Outcome:
     """Errors count as failures; cancellations and interrupts are IGNORED."""
     if isinstance(
         exc,
-        (asyncio.CancelledError, concurrent.futures.CancelledError, KeyboardInterrupt,
-         GeneratorExit, SystemExit),
+        (
+            asyncio.CancelledError,
+            concurrent.futures.CancelledError,
+            KeyboardInterrupt,
+            GeneratorExit,
+            SystemExit,
+        ),
     ):
         return Outcome.IGNORED
     return Outcome.FAILURE
@@ -60,8 +65,9 @@ class Blocked(FuseboxRefusal):
     """The breaker is OPEN (or a probe is in flight). `retry_after` in seconds or None.
     `local` is True when answered from the local short-circuit cache."""
 
-    def __init__(self, key: str, retry_after: Optional[float], reason: str = "open",
-                 local: bool = False):
+    def __init__(
+        self, key: str, retry_after: Optional[float], reason: str = "open", local: bool = False
+    ):
         super().__init__(key, f"blocked ({reason}), retry after {retry_after}s")
         self.retry_after = retry_after
         self.reason = reason
@@ -203,7 +209,7 @@ class OpenCache:
     def __init__(self, size: int = 1024, clock: Callable[[], float] = time.monotonic):
         self.size = size
         self.clock = clock
-        self._until: "OrderedDict[str, float]" = OrderedDict()
+        self._until: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
 
     def mark_open(self, key: str, retry_after: float) -> None:
@@ -245,8 +251,12 @@ class TLS:
     server_name: Optional[str] = None
 
     @staticmethod
-    def from_files(ca: Optional[str] = None, cert: Optional[str] = None,
-                   key: Optional[str] = None, server_name: Optional[str] = None) -> "TLS":
+    def from_files(
+        ca: Optional[str] = None,
+        cert: Optional[str] = None,
+        key: Optional[str] = None,
+        server_name: Optional[str] = None,
+    ) -> TLS:
         def read(p):
             if p is None:
                 return None

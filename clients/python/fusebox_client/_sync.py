@@ -77,11 +77,18 @@ class FuseboxClient:
         classifier: Optional[c.Classifier] = None,
         fail_open: Optional[bool] = None,
         deadline: Optional[float] = None,
-    ) -> "Guard":
+    ) -> Guard:
         """A context manager (and decorator) that runs its body under a ticket."""
-        return Guard(self, key, permits, max_wait, lease, classifier,
-                     self.fail_open if fail_open is None else fail_open,
-                     self.deadline if deadline is None else deadline)
+        return Guard(
+            self,
+            key,
+            permits,
+            max_wait,
+            lease,
+            classifier,
+            self.fail_open if fail_open is None else fail_open,
+            self.deadline if deadline is None else deadline,
+        )
 
     def forget(self, key: str) -> None:
         """Drops the local short-circuit entry for key (the next guard asks fusebox)."""
@@ -96,7 +103,7 @@ class FuseboxClient:
 class _Renewer(threading.Thread):
     """Renews a ticket every half lease until stopped."""
 
-    def __init__(self, guard: "Guard", ticket: str, lease: float):
+    def __init__(self, guard: Guard, ticket: str, lease: float):
         super().__init__(name=f"fusebox-renew-{guard.key}", daemon=True)
         self.guard = guard
         self.ticket = ticket
@@ -146,9 +153,17 @@ class Guard:
         self.renewals = 0
         self._renewer: Optional[_Renewer] = None
 
-    def _fresh(self) -> "Guard":
-        return Guard(self.client, self.key, self.permits, self.max_wait, self.lease,
-                     self.classifier, self.fail_open, self.deadline)
+    def _fresh(self) -> Guard:
+        return Guard(
+            self.client,
+            self.key,
+            self.permits,
+            self.max_wait,
+            self.lease,
+            self.classifier,
+            self.fail_open,
+            self.deadline,
+        )
 
     def __call__(self, fn: Callable) -> Callable:
         @functools.wraps(fn)
@@ -168,15 +183,16 @@ class Guard:
             req.lease.CopyFrom(c.dur(self.lease))
         return req
 
-    def __enter__(self) -> "Guard":
+    def __enter__(self) -> Guard:
         cl = self.client
         left = cl.cache.remaining(self.key)
         if left is not None:
             cl.counters.add("short_circuited")
             raise c.Blocked(self.key, left, "open", local=True)
         try:
-            resp = cl.stub.Acquire(self._request(), timeout=self.deadline + (self.max_wait or 0),
-                                   metadata=cl.metadata)
+            resp = cl.stub.Acquire(
+                self._request(), timeout=self.deadline + (self.max_wait or 0), metadata=cl.metadata
+            )
         except grpc.RpcError as err:
             if not c.is_outage(err):
                 cl.counters.add("fusebox_errors")
@@ -184,20 +200,22 @@ class Guard:
             return self._outage(err)
         return self._decide(resp)
 
-    def _outage(self, err: grpc.RpcError) -> "Guard":
+    def _outage(self, err: grpc.RpcError) -> Guard:
         cl = self.client
         if self.fail_open:
             cl.counters.add("fail_open")
-            cl.outage_log.warn("fusebox unreachable (%s); failing open for %r",
-                               err.code().name, self.key)
+            cl.outage_log.warn(
+                "fusebox unreachable (%s); failing open for %r", err.code().name, self.key
+            )
             self.degraded = True
             return self
         cl.counters.add("fail_closed")
-        cl.outage_log.warn("fusebox unreachable (%s); failing closed for %r",
-                           err.code().name, self.key)
+        cl.outage_log.warn(
+            "fusebox unreachable (%s); failing closed for %r", err.code().name, self.key
+        )
         raise c.Unavailable(self.key, err) from None
 
-    def _decide(self, resp: pb.AcquireResponse) -> "Guard":
+    def _decide(self, resp: pb.AcquireResponse) -> Guard:
         cl = self.client
         self.decision = pb.Decision.Name(resp.decision)
         d = resp.decision
@@ -247,8 +265,11 @@ class Guard:
     def _complete(self) -> None:
         cl = self.client
         try:
-            cl.stub.Complete(pb.CompleteRequest(ticket=self.ticket, outcome=int(self.outcome)),
-                             timeout=self.deadline, metadata=cl.metadata)
+            cl.stub.Complete(
+                pb.CompleteRequest(ticket=self.ticket, outcome=int(self.outcome)),
+                timeout=self.deadline,
+                metadata=cl.metadata,
+            )
             cl.counters.add("completes")
         except grpc.RpcError as err:
             cl.counters.add("complete_failures")

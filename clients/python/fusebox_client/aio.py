@@ -72,10 +72,17 @@ class AsyncFuseboxClient:
         classifier: Optional[c.Classifier] = None,
         fail_open: Optional[bool] = None,
         deadline: Optional[float] = None,
-    ) -> "AsyncGuard":
-        return AsyncGuard(self, key, permits, max_wait, lease, classifier,
-                          self.fail_open if fail_open is None else fail_open,
-                          self.deadline if deadline is None else deadline)
+    ) -> AsyncGuard:
+        return AsyncGuard(
+            self,
+            key,
+            permits,
+            max_wait,
+            lease,
+            classifier,
+            self.fail_open if fail_open is None else fail_open,
+            self.deadline if deadline is None else deadline,
+        )
 
     def forget(self, key: str) -> None:
         """Drops the local short-circuit entry for key (the next guard asks fusebox)."""
@@ -91,9 +98,17 @@ class AsyncGuard(_SyncGuard):
 
     _task: Optional[asyncio.Task] = None
 
-    def _fresh(self) -> "AsyncGuard":
-        return AsyncGuard(self.client, self.key, self.permits, self.max_wait, self.lease,
-                          self.classifier, self.fail_open, self.deadline)
+    def _fresh(self) -> AsyncGuard:
+        return AsyncGuard(
+            self.client,
+            self.key,
+            self.permits,
+            self.max_wait,
+            self.lease,
+            self.classifier,
+            self.fail_open,
+            self.deadline,
+        )
 
     def __call__(self, fn):
         @functools.wraps(fn)
@@ -106,16 +121,16 @@ class AsyncGuard(_SyncGuard):
     def __enter__(self):
         raise TypeError("use `async with` with the asyncio client")
 
-    async def __aenter__(self) -> "AsyncGuard":
+    async def __aenter__(self) -> AsyncGuard:
         cl = self.client
         left = cl.cache.remaining(self.key)
         if left is not None:
             cl.counters.add("short_circuited")
             raise c.Blocked(self.key, left, "open", local=True)
         try:
-            resp = await cl.stub.Acquire(self._request(),
-                                         timeout=self.deadline + (self.max_wait or 0),
-                                         metadata=cl.metadata)
+            resp = await cl.stub.Acquire(
+                self._request(), timeout=self.deadline + (self.max_wait or 0), metadata=cl.metadata
+            )
         except grpc.RpcError as err:
             if not c.is_outage(err):
                 cl.counters.add("fusebox_errors")
@@ -170,9 +185,11 @@ class AsyncGuard(_SyncGuard):
     async def _complete_async(self) -> None:
         cl = self.client
         try:
-            await cl.stub.Complete(pb.CompleteRequest(ticket=self.ticket,
-                                                      outcome=int(self.outcome)),
-                                   timeout=self.deadline, metadata=cl.metadata)
+            await cl.stub.Complete(
+                pb.CompleteRequest(ticket=self.ticket, outcome=int(self.outcome)),
+                timeout=self.deadline,
+                metadata=cl.metadata,
+            )
             cl.counters.add("completes")
         except grpc.RpcError as err:
             cl.counters.add("complete_failures")

@@ -39,8 +39,9 @@ class Server:
         args = [BIN, "serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--manual-clock"]
         if config:
             args += ["--config", config]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True)
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
         line = self.proc.stdout.readline().strip()
         if not line.startswith("listening on "):
             self.proc.kill()
@@ -57,8 +58,9 @@ class Server:
         return self.admin.GetKey(pb.GetKeyRequest(key=key))
 
     def rule(self, match: str, **policy) -> None:
-        self.admin.SetPolicy(pb.SetPolicyRequest(rule=pb.PolicyRule(match=match,
-                                                                   policy=pb.Policy(**policy))))
+        self.admin.SetPolicy(
+            pb.SetPolicyRequest(rule=pb.PolicyRule(match=match, policy=pb.Policy(**policy)))
+        )
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -101,7 +101,7 @@ async def test_renewal_stops_when_call_ends(server):
 async def test_fail_open_and_closed():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
-    addr = "127.0.0.1:%d" % s.getsockname()[1]
+    addr = f"127.0.0.1:{s.getsockname()[1]}"
     s.close()
     client = AsyncFuseboxClient(addr, deadline=0.05)
     async with client.guard("down") as g:

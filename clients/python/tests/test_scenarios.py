@@ -19,17 +19,45 @@ from conftest import ROOT, Server, pb
 from fusebox_client import FuseboxRefusal, Unavailable
 from fusebox_client.aio import AsyncFuseboxClient
 
-SCENARIOS = os.environ.get("FUSEBOX_SCENARIOS",
-                           os.path.normpath(os.path.join(ROOT, "..", "scenarios")))
+SCENARIOS = os.environ.get(
+    "FUSEBOX_SCENARIOS", os.path.normpath(os.path.join(ROOT, "..", "scenarios"))
+)
 FILES = sorted(glob.glob(os.path.join(SCENARIOS, "*.json")))
 WAIT = 5.0
 
-GUARD_FIELDS = {"key", "call", "id", "background", "permits", "max_wait_ms", "lease_ms",
-                "on_unavailable"}
-EXPECT_FIELDS = {"ran", "refusal", "reason", "retry_after_ms", "local", "error", "cancelled",
-                 "unavailable"}
-ACTIONS = {"guard", "await", "release", "cancel", "wait_renewed", "advance_ms", "isolate",
-           "close", "forget_local", "stop_server", "expect_key"}
+GUARD_FIELDS = {
+    "key",
+    "call",
+    "id",
+    "background",
+    "permits",
+    "max_wait_ms",
+    "lease_ms",
+    "on_unavailable",
+}
+EXPECT_FIELDS = {
+    "ran",
+    "refusal",
+    "reason",
+    "retry_after_ms",
+    "local",
+    "error",
+    "cancelled",
+    "unavailable",
+}
+ACTIONS = {
+    "guard",
+    "await",
+    "release",
+    "cancel",
+    "wait_renewed",
+    "advance_ms",
+    "isolate",
+    "close",
+    "forget_local",
+    "stop_server",
+    "expect_key",
+}
 
 
 class CallFailed(Exception):
@@ -47,8 +75,7 @@ class Running:
 
 
 async def run_guard(client, spec, r: Running) -> dict:
-    res = {"ran": False, "refusal": None, "error": False, "cancelled": False,
-           "unavailable": False}
+    res = {"ran": False, "refusal": None, "error": False, "cancelled": False, "unavailable": False}
     opts = {}
     if "permits" in spec:
         opts["permits"] = spec["permits"]
@@ -101,8 +128,12 @@ def check(expect: dict | None, got: dict, where: str) -> None:
         assert got.get(k) == v, f"{where}: {k} expected {v!r}, got {got.get(k)!r} in {got}"
 
 
-PHASES = {"CLOSED": pb.PHASE_CLOSED, "OPEN": pb.PHASE_OPEN, "HALF_OPEN": pb.PHASE_HALF_OPEN,
-          "ISOLATED": pb.PHASE_ISOLATED}
+PHASES = {
+    "CLOSED": pb.PHASE_CLOSED,
+    "OPEN": pb.PHASE_OPEN,
+    "HALF_OPEN": pb.PHASE_HALF_OPEN,
+    "ISOLATED": pb.PHASE_ISOLATED,
+}
 
 
 def key_mismatch(state, want: dict) -> list:
@@ -184,8 +215,10 @@ async def replay(scenario: dict, tmp_path) -> None:
             elif action == "wait_renewed":
                 r = running[arg]
                 base = r.guard.renewals if r.guard else 0
-                await until(lambda: r.guard is not None and r.guard.renewals > base,
-                            f"{where}: renewal of {arg}")
+                await until(
+                    lambda r=r, base=base: r.guard is not None and r.guard.renewals > base,
+                    f"{where}: renewal of {arg}",
+                )
             elif action == "advance_ms":
                 server.advance(arg)
             elif action == "isolate":
@@ -200,9 +233,9 @@ async def replay(scenario: dict, tmp_path) -> None:
             elif action == "expect_key":
                 last: list = []
 
-                def matches():
+                def matches(want=arg):
                     nonlocal last
-                    last = key_mismatch(server.key(arg["key"]), arg)
+                    last = key_mismatch(server.key(want["key"]), want)
                     return not last
 
                 try:

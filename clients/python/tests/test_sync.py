@@ -140,7 +140,7 @@ def test_long_call_is_renewed_and_renewal_stops(server):
 def free_port_addr():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
-    addr = "127.0.0.1:%d" % s.getsockname()[1]
+    addr = f"127.0.0.1:{s.getsockname()[1]}"
     s.close()
     return addr
 
@@ -182,9 +182,7 @@ def test_token_is_sent(tmp_path):
 
     digest = hashlib.sha256(token.encode()).hexdigest()
     cfg = tmp_path / "auth.toml"
-    cfg.write_text(
-        f'[auth]\n[[auth.token]]\nname = "t"\nsha256 = "{digest}"\nrole = "admin"\n'
-    )
+    cfg.write_text(f'[auth]\n[[auth.token]]\nname = "t"\nsha256 = "{digest}"\nrole = "admin"\n')
     try:
         s = Server(str(cfg))
     except RuntimeError as e:
