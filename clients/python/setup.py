@@ -1,4 +1,7 @@
-"""Setuptools hook: build_py generates the gRPC stubs before packaging."""
+"""Setuptools hook: the gRPC stubs are generated from
+../../proto/fusebox/v1/fusebox.proto with grpcio-tools before anything is
+packaged (metadata, wheel, editable install). An sdist carries the generated
+fusebox_client/_gen/, so it builds without the proto."""
 
 import os
 import sys
@@ -6,15 +9,24 @@ import sys
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import build_stubs  # noqa: E402
+
+
+def stubs() -> None:
+    if os.path.exists(build_stubs.PROTO):
+        build_stubs.generate()
+    elif not os.path.exists(os.path.join(build_stubs.OUT, "fusebox_pb2_grpc.py")):
+        raise SystemExit(f"neither {build_stubs.PROTO} nor generated stubs found")
 
 
 class BuildWithStubs(build_py):
     def run(self):
-        import build_stubs
-
-        build_stubs.generate()
+        stubs()
         super().run()
 
 
+stubs()
 setup(cmdclass={"build_py": BuildWithStubs})
