@@ -11,7 +11,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, fields
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import grpc
 
@@ -272,7 +272,7 @@ class TLS:
 # Reconnection: grpc's own backoff, bounded so a restarted fusebox is found
 # quickly. Calls never wait for the channel to be ready (wait_for_ready=False),
 # so a down fusebox costs at most the deadline.
-CHANNEL_OPTIONS: Tuple[Tuple[str, int], ...] = (
+CHANNEL_OPTIONS: Tuple[Tuple[str, Any], ...] = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 5000),
@@ -281,7 +281,7 @@ CHANNEL_OPTIONS: Tuple[Tuple[str, int], ...] = (
 
 
 def channel_options(tls: Optional[TLS]):
-    opts = list(CHANNEL_OPTIONS)
+    opts: list[tuple[str, Any]] = list(CHANNEL_OPTIONS)
     if tls is not None and tls.server_name:
         opts.append(("grpc.ssl_target_name_override", tls.server_name))
     return opts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple, TypeVar
 
 import grpc
 
@@ -15,6 +15,12 @@ from ._gen import fusebox_pb2_grpc as pbg
 
 _channels: Dict[Tuple[str, Optional[c.TLS]], grpc.Channel] = {}
 _channels_lock = threading.Lock()
+G = TypeVar("G", bound="Guard")
+_OUTCOMES = {
+    c.Outcome.SUCCESS: pb.OUTCOME_SUCCESS,
+    c.Outcome.FAILURE: pb.OUTCOME_FAILURE,
+    c.Outcome.IGNORED: pb.OUTCOME_IGNORED,
+}
 
 
 def shared_channel(target: str, tls: Optional[c.TLS] = None) -> grpc.Channel:
@@ -200,7 +206,7 @@ class Guard:
             return self._outage(err)
         return self._decide(resp)
 
-    def _outage(self, err: grpc.RpcError) -> Guard:
+    def _outage(self: G, err: grpc.RpcError) -> G:
         cl = self.client
         if self.fail_open:
             cl.counters.add("fail_open")
@@ -215,7 +221,7 @@ class Guard:
         )
         raise c.Unavailable(self.key, err) from None
 
-    def _decide(self, resp: pb.AcquireResponse) -> Guard:
+    def _decide(self: G, resp: pb.AcquireResponse) -> G:
         cl = self.client
         self.decision = pb.Decision.Name(resp.decision)
         d = resp.decision
@@ -241,13 +247,17 @@ class Guard:
         cl.counters.add("fusebox_errors")
         raise c.FuseboxError(f"{self.key}: unexpected decision {self.decision}")
 
+    def _outcome_pb(self) -> pb.Outcome:
+        assert self.outcome is not None
+        return _OUTCOMES[self.outcome]
+
     def _start_renewer(self, lease: float) -> None:
         if lease <= 0:
             return
-        self._renewer = _Renewer(self, self.ticket, lease)
+        self._renewer = _Renewer(self, self.ticket or "", lease)
         self._renewer.start()
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
         if self._renewer is not None:
             self._renewer.stop()
         if exc is None:
@@ -260,13 +270,12 @@ class Guard:
                 self.outcome = c.Outcome.FAILURE
         if self.ticket:
             self._complete()
-        return False
 
     def _complete(self) -> None:
         cl = self.client
         try:
             cl.stub.Complete(
-                pb.CompleteRequest(ticket=self.ticket, outcome=int(self.outcome)),
+                pb.CompleteRequest(ticket=self.ticket, outcome=self._outcome_pb()),
                 timeout=self.deadline,
                 metadata=cl.metadata,
             )

@@ -159,7 +159,7 @@ class AsyncGuard(_SyncGuard):
                 if err.code() == grpc.StatusCode.NOT_FOUND:
                     return
 
-    async def __aexit__(self, exc_type, exc, tb) -> bool:
+    async def __aexit__(self, exc_type, exc, tb) -> None:
         if self._task is not None:
             self._task.cancel()
             try:
@@ -177,7 +177,6 @@ class AsyncGuard(_SyncGuard):
         if self.ticket:
             # Report even when our task is being cancelled.
             await asyncio.shield(self._complete_async())
-        return False
 
     def renewing(self) -> bool:
         return self._task is not None and not self._task.done()
@@ -186,7 +185,7 @@ class AsyncGuard(_SyncGuard):
         cl = self.client
         try:
             await cl.stub.Complete(
-                pb.CompleteRequest(ticket=self.ticket, outcome=int(self.outcome)),
+                pb.CompleteRequest(ticket=self.ticket, outcome=self._outcome_pb()),
                 timeout=self.deadline,
                 metadata=cl.metadata,
             )
