@@ -35,10 +35,11 @@ def ms(n: int) -> Duration:
 
 
 class Server:
-    def __init__(self, config: str | None = None):
+    def __init__(self, config: str | None = None, extra: list[str] | None = None, creds=None):
         args = [BIN, "serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--manual-clock"]
         if config:
             args += ["--config", config]
+        args += extra or []
         self.proc = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
         )
@@ -47,7 +48,9 @@ class Server:
             self.proc.kill()
             raise RuntimeError(f"fusebox did not start: {line!r}")
         self.addr = line.removeprefix("listening on ")
-        self.channel = grpc.insecure_channel(self.addr)
+        self.channel = (
+            creds and grpc.secure_channel(self.addr, creds) or grpc.insecure_channel(self.addr)
+        )
         self.admin = pbg.AdminStub(self.channel)
         self.clock = pbg.ClockStub(self.channel)
 

@@ -200,3 +200,34 @@ def test_token_is_sent(tmp_path):
         assert e.value.code.name == "UNAUTHENTICATED"
     finally:
         s.stop()
+
+
+def test_tls(tmp_path):
+    import subprocess
+
+    from conftest import Server
+
+    from fusebox_client import TLS
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+         "-nodes", "-days", "1", "-subj", "/CN=fusebox.test", "-addext",
+         "subjectAltName=DNS:fusebox.test", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    tls = TLS.from_files(ca=str(cert), server_name="fusebox.test")
+    import grpc
+
+    s = Server(extra=["--tls-cert", str(cert), "--tls-key", str(key)],
+               creds=grpc.ssl_channel_credentials(tls.ca))  # fmt: skip
+    try:
+        client = FuseboxClient(s.addr, tls=tls, deadline=2)
+        with client.guard("tls") as g:
+            assert g.ticket and not g.degraded
+        plain = FuseboxClient(s.addr, deadline=0.5, fail_open=False)
+        with pytest.raises(Unavailable):
+            with plain.guard("tls"):
+                pass
+    finally:
+        s.stop()
