@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+import weakref
 from typing import Awaitable, Callable, Dict, Optional, Tuple
 
 import grpc
@@ -16,20 +17,23 @@ from ._gen import fusebox_pb2 as pb
 from ._gen import fusebox_pb2_grpc as pbg
 from ._sync import Guard as _SyncGuard
 
-# grpc.aio channels belong to an event loop: one per (loop, target, TLS).
-_channels: Dict[Tuple[int, str, Optional[c.TLS]], grpc.aio.Channel] = {}
+# grpc.aio channels belong to an event loop: one per (loop, target, TLS), and
+# forgotten with their loop.
+_channels: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, Dict[Tuple[str, Optional[c.TLS]], grpc.aio.Channel]
+] = weakref.WeakKeyDictionary()
 
 
 def shared_channel(target: str, tls: Optional[c.TLS] = None) -> grpc.aio.Channel:
     """One asyncio channel per (event loop, target, TLS) per process."""
-    k = (id(asyncio.get_running_loop()), target, tls)
-    ch = _channels.get(k)
+    per_loop = _channels.setdefault(asyncio.get_running_loop(), {})
+    ch = per_loop.get((target, tls))
     if ch is None:
         if tls is None:
             ch = grpc.aio.insecure_channel(target, options=c.channel_options(None))
         else:
             ch = grpc.aio.secure_channel(target, tls.credentials(), c.channel_options(tls))
-        _channels[k] = ch
+        per_loop[(target, tls)] = ch
     return ch
 
 
