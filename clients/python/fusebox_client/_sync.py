@@ -23,6 +23,10 @@ _OUTCOMES = {
 }
 
 
+def _ignore_state(_state: grpc.ChannelConnectivity) -> None:
+    pass
+
+
 def shared_channel(target: str, tls: Optional[c.TLS] = None) -> grpc.Channel:
     """One channel per (target, TLS) per process, shared by every client."""
     with _channels_lock:
@@ -32,6 +36,9 @@ def shared_channel(target: str, tls: Optional[c.TLS] = None) -> grpc.Channel:
                 ch = grpc.insecure_channel(target, options=c.channel_options(None))
             else:
                 ch = grpc.secure_channel(target, tls.credentials(), c.channel_options(tls))
+            # Connect now, so the first guard's small deadline is not spent on
+            # the TCP (and TLS) handshake.
+            ch.subscribe(_ignore_state, try_to_connect=True)
             _channels[(target, tls)] = ch
         return ch
 

@@ -33,6 +33,7 @@ def shared_channel(target: str, tls: Optional[c.TLS] = None) -> grpc.aio.Channel
             ch = grpc.aio.insecure_channel(target, options=c.channel_options(None))
         else:
             ch = grpc.aio.secure_channel(target, tls.credentials(), c.channel_options(tls))
+        ch.get_state(try_to_connect=True)  # connect now, not within the first deadline
         per_loop[(target, tls)] = ch
     return ch
 
