@@ -1,0 +1,292 @@
+"""The synchronous client: `with client.guard(key): ...` or `@client.guard(key)`."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from typing import Callable, Dict, Optional, Tuple, TypeVar
+
+import grpc
+
+from . import _common as c
+from ._gen import fusebox_pb2 as pb
+from ._gen import fusebox_pb2_grpc as pbg
+
+_channels: Dict[Tuple[str, Optional[c.TLS]], grpc.Channel] = {}
+_channels_lock = threading.Lock()
+G = TypeVar("G", bound="Guard")
+_OUTCOMES = {
+    c.Outcome.SUCCESS: pb.OUTCOME_SUCCESS,
+    c.Outcome.FAILURE: pb.OUTCOME_FAILURE,
+    c.Outcome.IGNORED: pb.OUTCOME_IGNORED,
+}
+
+
+def _ignore_state(_state: grpc.ChannelConnectivity) -> None:
+    pass
+
+
+def shared_channel(target: str, tls: Optional[c.TLS] = None) -> grpc.Channel:
+    """One channel per (target, TLS) per process, shared by every client."""
+    with _channels_lock:
+        ch = _channels.get((target, tls))
+        if ch is None:
+            if tls is None:
+                ch = grpc.insecure_channel(target, options=c.channel_options(None))
+            else:
+                ch = grpc.secure_channel(target, tls.credentials(), c.channel_options(tls))
+            # Connect now, so the first guard's small deadline is not spent on
+            # the TCP (and TLS) handshake.
+            ch.subscribe(_ignore_state, try_to_connect=True)
+            _channels[(target, tls)] = ch
+        return ch
+
+
+class FuseboxClient:
+    """Guards calls with fusebox.
+
+    deadline: seconds allowed for each call to fusebox (default 50 ms).
+    fail_open: when fusebox is slow or down, run the call without a ticket
+      (True, the default) or raise `Unavailable` (False).
+    classifier: maps an exception raised by a guarded call to an Outcome.
+    cache_size: keys remembered OPEN for the local short-circuit (0 disables).
+    log_interval: outage warnings are logged at most once per this many seconds.
+    clock: the monotonic clock used by the short-circuit cache and logging.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: Optional[str] = None,
+        tls: Optional[c.TLS] = None,
+        deadline: float = c.DEFAULT_DEADLINE,
+        fail_open: bool = True,
+        classifier: c.Classifier = c.default_classifier,
+        cache_size: int = 1024,
+        log_interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        channel: Optional[grpc.Channel] = None,
+    ):
+        self.target = target
+        self.channel = channel if channel is not None else shared_channel(target, tls)
+        self.stub = pbg.FuseboxStub(self.channel)
+        self.metadata = c.metadata(token)
+        self.deadline = deadline
+        self.fail_open = fail_open
+        self.classifier = classifier
+        self.cache = c.OpenCache(cache_size, clock)
+        self.counters = c.Counters()
+        self.outage_log = c.RateLimitedLog(log_interval, clock)
+
+    def guard(
+        self,
+        key: str,
+        *,
+        permits: Optional[int] = None,
+        max_wait: Optional[float] = None,
+        lease: Optional[float] = None,
+        classifier: Optional[c.Classifier] = None,
+        fail_open: Optional[bool] = None,
+        deadline: Optional[float] = None,
+    ) -> Guard:
+        """A context manager (and decorator) that runs its body under a ticket."""
+        return Guard(
+            self,
+            key,
+            permits,
+            max_wait,
+            lease,
+            classifier,
+            self.fail_open if fail_open is None else fail_open,
+            self.deadline if deadline is None else deadline,
+        )
+
+    def forget(self, key: str) -> None:
+        """Drops the local short-circuit entry for key (the next guard asks fusebox)."""
+        self.cache.forget(key)
+
+    def call(self, key: str, fn: Callable, *args, **kwargs):
+        """Runs fn(*args, **kwargs) under a guard with default options."""
+        with self.guard(key):
+            return fn(*args, **kwargs)
+
+
+class _Renewer(threading.Thread):
+    """Renews a ticket every half lease until stopped."""
+
+    def __init__(self, guard: Guard, ticket: str, lease: float):
+        super().__init__(name=f"fusebox-renew-{guard.key}", daemon=True)
+        self.guard = guard
+        self.ticket = ticket
+        self.lease = lease
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        g = self.guard
+        req = pb.RenewRequest(ticket=self.ticket, lease=c.dur(g.lease))
+        while not self.stopped.wait(self.lease / 2):
+            try:
+                resp = g.client.stub.Renew(req, timeout=g.deadline, metadata=g.client.metadata)
+                g.client.counters.add("renewals")
+                g.renewals += 1
+                if resp.HasField("lease"):
+                    self.lease = max(resp.lease.ToMilliseconds() / 1000.0, 0.002)
+            except grpc.RpcError as err:
+                g.client.counters.add("renew_failures")
+                g.client.outage_log.warn("fusebox: renew for %r failed: %s", g.key, err.code())
+                if err.code() == grpc.StatusCode.NOT_FOUND:
+                    return
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if threading.current_thread() is not self:
+            self.join()
+
+
+class Guard:
+    """One guarded call. Attributes after entering: `decision` (a
+    fusebox.v1.Decision name or None), `ticket`, `degraded` (True when fusebox
+    could not be asked and the call runs without a ticket), `outcome`."""
+
+    def __init__(self, client, key, permits, max_wait, lease, classifier, fail_open, deadline):
+        self.client = client
+        self.key = key
+        self.permits = permits
+        self.max_wait = max_wait
+        self.lease = lease
+        self.classifier = classifier or client.classifier
+        self.fail_open = fail_open
+        self.deadline = deadline
+        self.decision: Optional[str] = None
+        self.ticket: Optional[str] = None
+        self.degraded = False
+        self.outcome: Optional[c.Outcome] = None
+        self.renewals = 0
+        self._renewer: Optional[_Renewer] = None
+
+    def _fresh(self) -> Guard:
+        return Guard(
+            self.client,
+            self.key,
+            self.permits,
+            self.max_wait,
+            self.lease,
+            self.classifier,
+            self.fail_open,
+            self.deadline,
+        )
+
+    def __call__(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with self._fresh():
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    def _request(self) -> pb.AcquireRequest:
+        req = pb.AcquireRequest(key=self.key)
+        if self.permits is not None:
+            req.permits = self.permits
+        if self.max_wait:
+            req.max_wait.CopyFrom(c.dur(self.max_wait))
+        if self.lease is not None:
+            req.lease.CopyFrom(c.dur(self.lease))
+        return req
+
+    def __enter__(self) -> Guard:
+        cl = self.client
+        left = cl.cache.remaining(self.key)
+        if left is not None:
+            cl.counters.add("short_circuited")
+            raise c.Blocked(self.key, left, "open", local=True)
+        try:
+            resp = cl.stub.Acquire(
+                self._request(), timeout=self.deadline + (self.max_wait or 0), metadata=cl.metadata
+            )
+        except grpc.RpcError as err:
+            if not c.is_outage(err):
+                cl.counters.add("fusebox_errors")
+                raise c.CallError(self.key, err) from None
+            return self._outage(err)
+        return self._decide(resp)
+
+    def _outage(self: G, err: grpc.RpcError) -> G:
+        cl = self.client
+        if self.fail_open:
+            cl.counters.add("fail_open")
+            cl.outage_log.warn(
+                "fusebox unreachable (%s); failing open for %r", err.code().name, self.key
+            )
+            self.degraded = True
+            return self
+        cl.counters.add("fail_closed")
+        cl.outage_log.warn(
+            "fusebox unreachable (%s); failing closed for %r", err.code().name, self.key
+        )
+        raise c.Unavailable(self.key, err) from None
+
+    def _decide(self: G, resp: pb.AcquireResponse) -> G:
+        cl = self.client
+        self.decision = pb.Decision.Name(resp.decision)
+        d = resp.decision
+        if d in (pb.DECISION_GRANTED, pb.DECISION_PROBE):
+            cl.counters.add("probes" if d == pb.DECISION_PROBE else "acquired")
+            cl.cache.forget(self.key)
+            self.ticket = resp.ticket or None
+            if self.ticket and resp.HasField("lease"):
+                self._start_renewer(resp.lease.ToMilliseconds() / 1000.0)
+            return self
+        retry = c.secs(resp.retry_after, resp.HasField("retry_after"))
+        if d == pb.DECISION_BLOCKED:
+            cl.counters.add("blocked")
+            if resp.reason == pb.REASON_OPEN and retry:
+                cl.cache.mark_open(self.key, retry)
+            raise c.Blocked(self.key, retry, c.reason_name(resp.reason))
+        if d == pb.DECISION_REFUSED:
+            cl.counters.add("refused")
+            raise c.Refused(self.key)
+        if d == pb.DECISION_DENIED:
+            cl.counters.add("denied")
+            raise c.Denied(self.key, c.reason_name(resp.reason), retry)
+        cl.counters.add("fusebox_errors")
+        raise c.FuseboxError(f"{self.key}: unexpected decision {self.decision}")
+
+    def _outcome_pb(self) -> pb.Outcome:
+        assert self.outcome is not None
+        return _OUTCOMES[self.outcome]
+
+    def _start_renewer(self, lease: float) -> None:
+        if lease <= 0:
+            return
+        self._renewer = _Renewer(self, self.ticket or "", lease)
+        self._renewer.start()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._renewer is not None:
+            self._renewer.stop()
+        if exc is None:
+            self.outcome = c.Outcome.SUCCESS
+        else:
+            try:
+                self.outcome = c.Outcome(self.classifier(exc))
+            except Exception:  # a broken classifier must not hide the call's error
+                c.log.exception("fusebox: classifier failed; reporting FAILURE")
+                self.outcome = c.Outcome.FAILURE
+        if self.ticket:
+            self._complete()
+
+    def _complete(self) -> None:
+        cl = self.client
+        try:
+            cl.stub.Complete(
+                pb.CompleteRequest(ticket=self.ticket, outcome=self._outcome_pb()),
+                timeout=self.deadline,
+                metadata=cl.metadata,
+            )
+            cl.counters.add("completes")
+        except grpc.RpcError as err:
+            cl.counters.add("complete_failures")
+            cl.outage_log.warn("fusebox: complete for %r failed: %s", self.key, err.code().name)

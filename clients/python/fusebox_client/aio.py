@@ -1,0 +1,200 @@
+"""The asyncio client: `async with client.guard(key): ...` or `@client.guard(key)`
+on a coroutine function. Cancelling the guarded task reports IGNORED."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import weakref
+from typing import Awaitable, Callable, Dict, Optional, Tuple
+
+import grpc
+import grpc.aio
+
+from . import _common as c
+from ._gen import fusebox_pb2 as pb
+from ._gen import fusebox_pb2_grpc as pbg
+from ._sync import Guard as _SyncGuard
+
+# grpc.aio channels belong to an event loop: one per (loop, target, TLS), and
+# forgotten with their loop.
+_channels: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, Dict[Tuple[str, Optional[c.TLS]], grpc.aio.Channel]
+] = weakref.WeakKeyDictionary()
+
+
+def shared_channel(target: str, tls: Optional[c.TLS] = None) -> grpc.aio.Channel:
+    """One asyncio channel per (event loop, target, TLS) per process."""
+    per_loop = _channels.setdefault(asyncio.get_running_loop(), {})
+    ch = per_loop.get((target, tls))
+    if ch is None:
+        if tls is None:
+            ch = grpc.aio.insecure_channel(target, options=c.channel_options(None))
+        else:
+            ch = grpc.aio.secure_channel(target, tls.credentials(), c.channel_options(tls))
+        ch.get_state(try_to_connect=True)  # connect now, not within the first deadline
+        per_loop[(target, tls)] = ch
+    return ch
+
+
+class AsyncFuseboxClient:
+    """The asyncio twin of `FuseboxClient`, with the same options. Create it
+    inside the running event loop."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: Optional[str] = None,
+        tls: Optional[c.TLS] = None,
+        deadline: float = c.DEFAULT_DEADLINE,
+        fail_open: bool = True,
+        classifier: c.Classifier = c.default_classifier,
+        cache_size: int = 1024,
+        log_interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        channel: Optional[grpc.aio.Channel] = None,
+    ):
+        self.target = target
+        self.channel = channel if channel is not None else shared_channel(target, tls)
+        self.stub = pbg.FuseboxStub(self.channel)
+        self.metadata = c.metadata(token)
+        self.deadline = deadline
+        self.fail_open = fail_open
+        self.classifier = classifier
+        self.cache = c.OpenCache(cache_size, clock)
+        self.counters = c.Counters()
+        self.outage_log = c.RateLimitedLog(log_interval, clock)
+
+    def guard(
+        self,
+        key: str,
+        *,
+        permits: Optional[int] = None,
+        max_wait: Optional[float] = None,
+        lease: Optional[float] = None,
+        classifier: Optional[c.Classifier] = None,
+        fail_open: Optional[bool] = None,
+        deadline: Optional[float] = None,
+    ) -> AsyncGuard:
+        return AsyncGuard(
+            self,
+            key,
+            permits,
+            max_wait,
+            lease,
+            classifier,
+            self.fail_open if fail_open is None else fail_open,
+            self.deadline if deadline is None else deadline,
+        )
+
+    def forget(self, key: str) -> None:
+        """Drops the local short-circuit entry for key (the next guard asks fusebox)."""
+        self.cache.forget(key)
+
+    async def call(self, key: str, fn: Callable[..., Awaitable], *args, **kwargs):
+        async with self.guard(key):
+            return await fn(*args, **kwargs)
+
+
+class AsyncGuard(_SyncGuard):
+    """One guarded call in asyncio; same attributes as the sync `Guard`."""
+
+    _task: Optional[asyncio.Task] = None
+
+    def _fresh(self) -> AsyncGuard:
+        return AsyncGuard(
+            self.client,
+            self.key,
+            self.permits,
+            self.max_wait,
+            self.lease,
+            self.classifier,
+            self.fail_open,
+            self.deadline,
+        )
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        async def wrapper(*args, **kwargs):
+            async with self._fresh():
+                return await fn(*args, **kwargs)
+
+        return wrapper
+
+    def __enter__(self):
+        raise TypeError("use `async with` with the asyncio client")
+
+    async def __aenter__(self) -> AsyncGuard:
+        cl = self.client
+        left = cl.cache.remaining(self.key)
+        if left is not None:
+            cl.counters.add("short_circuited")
+            raise c.Blocked(self.key, left, "open", local=True)
+        try:
+            resp = await cl.stub.Acquire(
+                self._request(), timeout=self.deadline + (self.max_wait or 0), metadata=cl.metadata
+            )
+        except grpc.RpcError as err:
+            if not c.is_outage(err):
+                cl.counters.add("fusebox_errors")
+                raise c.CallError(self.key, err) from None
+            return self._outage(err)
+        return self._decide(resp)
+
+    def _start_renewer(self, lease: float) -> None:
+        if lease > 0:
+            self._task = asyncio.get_running_loop().create_task(self._renew(lease))
+
+    async def _renew(self, lease: float) -> None:
+        cl = self.client
+        req = pb.RenewRequest(ticket=self.ticket, lease=c.dur(self.lease))
+        while True:
+            await asyncio.sleep(lease / 2)  # the renewal period, not synchronisation
+            try:
+                resp = await cl.stub.Renew(req, timeout=self.deadline, metadata=cl.metadata)
+                cl.counters.add("renewals")
+                self.renewals += 1
+                if resp.HasField("lease"):
+                    lease = max(resp.lease.ToMilliseconds() / 1000.0, 0.002)
+            except grpc.RpcError as err:
+                cl.counters.add("renew_failures")
+                cl.outage_log.warn("fusebox: renew for %r failed: %s", self.key, err.code())
+                if err.code() == grpc.StatusCode.NOT_FOUND:
+                    return
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if exc is None:
+            self.outcome = c.Outcome.SUCCESS
+        else:
+            try:
+                self.outcome = c.Outcome(self.classifier(exc))
+            except Exception:
+                c.log.exception("fusebox: classifier failed; reporting FAILURE")
+                self.outcome = c.Outcome.FAILURE
+        if self.ticket:
+            # Report even when our task is being cancelled.
+            await asyncio.shield(self._complete_async())
+
+    def renewing(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def _complete_async(self) -> None:
+        cl = self.client
+        try:
+            await cl.stub.Complete(
+                pb.CompleteRequest(ticket=self.ticket, outcome=self._outcome_pb()),
+                timeout=self.deadline,
+                metadata=cl.metadata,
+            )
+            cl.counters.add("completes")
+        except grpc.RpcError as err:
+            cl.counters.add("complete_failures")
+            cl.outage_log.warn("fusebox: complete for %r failed: %s", self.key, err.code().name)

@@ -1,0 +1,436 @@
+"""Replays the shared scenarios (clients/scenarios/*.json, format in its
+README.md) twice, with the asyncio client and with the sync client, one real
+--manual-clock server per file and run.
+
+Sync Python has no cancellation of a running call; the sync replay stands a
+KeyboardInterrupt raised inside the call for the caller cancelling it.
+
+The folder is found at ../../scenarios from clients/python, or at
+$FUSEBOX_SCENARIOS. When it does not exist yet on this branch the runner
+reports one skipped test saying so."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import json
+import os
+import queue
+import threading
+import time
+
+import pytest
+from conftest import ROOT, Server, pb
+
+from fusebox_client import FuseboxClient, FuseboxRefusal, Unavailable
+from fusebox_client.aio import AsyncFuseboxClient
+
+SCENARIOS = os.environ.get(
+    "FUSEBOX_SCENARIOS", os.path.normpath(os.path.join(ROOT, "..", "scenarios"))
+)
+FILES = sorted(glob.glob(os.path.join(SCENARIOS, "*.json")))
+WAIT = 5.0
+
+GUARD_FIELDS = {
+    "key",
+    "call",
+    "id",
+    "background",
+    "permits",
+    "max_wait_ms",
+    "lease_ms",
+    "on_unavailable",
+}
+EXPECT_FIELDS = {
+    "ran",
+    "refusal",
+    "reason",
+    "retry_after_ms",
+    "local",
+    "error",
+    "cancelled",
+    "unavailable",
+}
+ACTIONS = {
+    "guard",
+    "await",
+    "release",
+    "cancel",
+    "wait_renewed",
+    "advance_ms",
+    "isolate",
+    "close",
+    "forget_local",
+    "stop_server",
+    "expect_key",
+}
+
+
+class CallFailed(Exception):
+    """The guarded call's own error."""
+
+
+class Running:
+    def __init__(self, spec, expect):
+        self.spec = spec
+        self.expect = expect
+        self.started = asyncio.Event()
+        self.release: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.guard = None
+        self.task: asyncio.Task | None = None
+
+
+def guard_opts(spec) -> dict:
+    opts = {}
+    if "permits" in spec:
+        opts["permits"] = spec["permits"]
+    if "max_wait_ms" in spec:
+        opts["max_wait"] = spec["max_wait_ms"] / 1000
+    if "lease_ms" in spec:
+        opts["lease"] = spec["lease_ms"] / 1000
+    if "on_unavailable" in spec:
+        opts["fail_open"] = {"open": True, "closed": False}[spec["on_unavailable"]]
+    return opts
+
+
+def refusal(res: dict, e: Exception) -> None:
+    if isinstance(e, Unavailable):
+        res["refusal"] = "unavailable"
+        res["unavailable"] = True
+        return
+    res["refusal"] = type(e).__name__.lower()
+    res["reason"] = getattr(e, "reason", None)
+    ra = getattr(e, "retry_after", None)
+    res["retry_after_ms"] = None if ra is None else round(ra * 1000)
+    res["local"] = getattr(e, "local", False)
+
+
+def new_result() -> dict:
+    return {"ran": False, "refusal": None, "error": False, "cancelled": False,
+            "unavailable": False}  # fmt: skip
+
+
+async def run_guard(client, spec, r: Running) -> dict:
+    res = new_result()
+    opts = guard_opts(spec)
+    try:
+        async with client.guard(spec["key"], **opts) as g:
+            r.guard = g
+            res["ran"] = True
+            res["unavailable"] = g.degraded
+            r.started.set()
+            call = spec["call"]
+            if call == "fail":
+                raise CallFailed()
+            if call == "hang":
+                if await r.release == "fail":
+                    raise CallFailed()
+            elif call == "cancel":
+                await asyncio.get_running_loop().create_future()  # until cancelled
+            elif call != "succeed":
+                raise AssertionError(f"unknown call {call!r}")
+    except (FuseboxRefusal, Unavailable) as e:
+        refusal(res, e)
+    except CallFailed:
+        res["error"] = True
+    except asyncio.CancelledError:
+        res["cancelled"] = True
+    finally:
+        r.started.set()
+    return res
+
+
+def check(expect: dict | None, got: dict, where: str) -> None:
+    if not expect:
+        return
+    unknown = set(expect) - EXPECT_FIELDS
+    assert not unknown, f"{where}: unknown expect fields {unknown}"
+    for k, v in expect.items():
+        assert got.get(k) == v, f"{where}: {k} expected {v!r}, got {got.get(k)!r} in {got}"
+
+
+PHASES = {
+    "CLOSED": pb.PHASE_CLOSED,
+    "OPEN": pb.PHASE_OPEN,
+    "HALF_OPEN": pb.PHASE_HALF_OPEN,
+    "ISOLATED": pb.PHASE_ISOLATED,
+}
+
+
+def key_mismatch(state, want: dict) -> list:
+    bad = []
+    for k, v in want.items():
+        if k == "key":
+            continue
+        if k == "phase":
+            if state.phase != PHASES[v]:
+                bad.append((k, v, pb.Phase.Name(state.phase)))
+        elif k == "stats":
+            for sk, sv in v.items():
+                if getattr(state.stats, sk) != sv:
+                    bad.append((f"stats.{sk}", sv, getattr(state.stats, sk)))
+        elif getattr(state, k) != v:
+            bad.append((k, v, getattr(state, k)))
+    return bad
+
+
+async def until(pred, what: str):
+    end = time.monotonic() + WAIT
+    while not pred():
+        if time.monotonic() > end:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)  # polling a condition, bounded by WAIT
+
+
+async def replay(scenario: dict, tmp_path) -> None:
+    cfg = None
+    if "config" in scenario:
+        cfg = tmp_path / "fusebox.toml"
+        cfg.write_text(scenario["config"])
+    server = Server(str(cfg) if cfg else None)
+    try:
+        client = AsyncFuseboxClient(server.addr)
+        running: dict[str, Running] = {}
+        for i, step in enumerate(scenario["steps"]):
+            where = f"{scenario['name']} step {i}"
+            actions = set(step) & ACTIONS
+            extra = set(step) - ACTIONS - {"expect", "as"}
+            assert len(actions) == 1 and not extra, f"{where}: bad step {step}"
+            (action,) = actions
+            arg = step[action]
+            expect = step.get("expect")
+            if action == "guard":
+                assert set(arg) <= GUARD_FIELDS, f"{where}: unknown guard fields {arg}"
+                r = Running(arg, expect)
+                if "id" not in arg:
+                    if arg["call"] == "cancel":
+                        r.task = asyncio.create_task(run_guard(client, arg, r))
+                        await asyncio.wait_for(r.started.wait(), WAIT)
+                        r.task.cancel()
+                        got = await asyncio.wait_for(r.task, WAIT)
+                    else:
+                        assert arg["call"] != "hang", f"{where}: hang needs an id"
+                        got = await asyncio.wait_for(run_guard(client, arg, r), WAIT)
+                    check(expect, got, where)
+                    continue
+                running[arg["id"]] = r
+                r.task = asyncio.create_task(run_guard(client, arg, r))
+                if not arg.get("background"):
+                    await asyncio.wait_for(r.started.wait(), WAIT)
+                    if arg["call"] == "cancel":
+                        r.task.cancel()
+            elif action == "await":
+                r = running[arg]
+                got = await asyncio.wait_for(asyncio.shield(r.task), WAIT)
+                check(expect or r.expect, got, where)
+            elif action == "release":
+                r = running[arg]
+                r.release.set_result(step.get("as", "succeed"))
+                got = await asyncio.wait_for(asyncio.shield(r.task), WAIT)
+                check(r.expect, got, where)
+            elif action == "cancel":
+                r = running[arg]
+                r.task.cancel()
+                got = await asyncio.wait_for(asyncio.shield(r.task), WAIT)
+                check(expect or r.expect, got, where)
+            elif action == "wait_renewed":
+                r = running[arg]
+                base = r.guard.renewals if r.guard else 0
+                await until(
+                    lambda r=r, base=base: r.guard is not None and r.guard.renewals > base,
+                    f"{where}: renewal of {arg}",
+                )
+            elif action == "advance_ms":
+                server.advance(arg)
+            elif action == "isolate":
+                server.admin.Isolate(pb.IsolateRequest(key=arg, reason="scenario"))
+            elif action == "close":
+                server.admin.Close(pb.CloseRequest(key=arg, reason="scenario"))
+            elif action == "forget_local":
+                client.forget(arg)
+            elif action == "stop_server":
+                server.proc.kill()
+                server.proc.wait(10)
+            elif action == "expect_key":
+                last: list = []
+
+                def matches(want=arg):
+                    nonlocal last
+                    last = key_mismatch(server.key(want["key"]), want)
+                    return not last
+
+                try:
+                    await until(matches, f"{where}: key state")
+                except BaseException:
+                    pytest.fail(f"{where}: key {arg['key']} mismatched (field, want, got): {last}")
+        for r in running.values():
+            if r.task and not r.task.done():
+                r.task.cancel()
+    finally:
+        server.stop()
+
+
+if FILES:
+
+    @pytest.mark.parametrize("path", FILES, ids=[os.path.basename(f)[:-5] for f in FILES])
+    async def test_scenario(path, tmp_path):
+        with open(path) as f:
+            await replay(json.load(f), tmp_path)
+
+else:
+
+    def test_scenario():
+        pytest.skip(f"no shared scenarios at {SCENARIOS} (set FUSEBOX_SCENARIOS)")
+
+
+class SyncRunning:
+    def __init__(self, spec, expect):
+        self.spec = spec
+        self.expect = expect
+        self.started = threading.Event()
+        self.release: queue.Queue[str] = queue.Queue(1)
+        self.guard = None
+        self.result: dict | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self, client) -> None:
+        self.thread = threading.Thread(target=self.run, args=(client,), daemon=True)
+        self.thread.start()
+
+    def run(self, client) -> None:
+        self.result = run_guard_sync(client, self.spec, self)
+
+    def join(self, where: str) -> dict:
+        assert self.thread is not None
+        self.thread.join(WAIT)
+        assert not self.thread.is_alive(), f"{where}: guard did not end"
+        assert self.result is not None
+        return self.result
+
+
+def run_guard_sync(client, spec, r: SyncRunning) -> dict:
+    res = new_result()
+    try:
+        with client.guard(spec["key"], **guard_opts(spec)) as g:
+            r.guard = g
+            res["ran"] = True
+            res["unavailable"] = g.degraded
+            r.started.set()
+            call = spec["call"]
+            if call == "fail":
+                raise CallFailed()
+            if call in ("hang", "cancel"):
+                how = r.release.get(timeout=60)
+                if how == "fail":
+                    raise CallFailed()
+                if how == "cancel":
+                    raise KeyboardInterrupt()  # sync Python's cancellation
+            elif call != "succeed":
+                raise AssertionError(f"unknown call {call!r}")
+    except (FuseboxRefusal, Unavailable) as e:
+        refusal(res, e)
+    except CallFailed:
+        res["error"] = True
+    except KeyboardInterrupt:
+        res["cancelled"] = True
+    finally:
+        r.started.set()
+    return res
+
+
+def until_sync(pred, what: str) -> None:
+    end = time.monotonic() + WAIT
+    tick = threading.Event()
+    while not pred():
+        if time.monotonic() > end:
+            pytest.fail(f"timed out waiting for {what}")
+        tick.wait(0.005)  # polling a condition, bounded by WAIT
+
+
+def replay_sync(scenario: dict, tmp_path) -> None:
+    cfg = None
+    if "config" in scenario:
+        cfg = tmp_path / "fusebox.toml"
+        cfg.write_text(scenario["config"])
+    server = Server(str(cfg) if cfg else None)
+    running: dict[str, SyncRunning] = {}
+    try:
+        client = FuseboxClient(server.addr)
+        for i, step in enumerate(scenario["steps"]):
+            where = f"{scenario['name']} (sync) step {i}"
+            actions = set(step) & ACTIONS
+            extra = set(step) - ACTIONS - {"expect", "as"}
+            assert len(actions) == 1 and not extra, f"{where}: bad step {step}"
+            (action,) = actions
+            arg = step[action]
+            expect = step.get("expect")
+            if action == "guard":
+                assert set(arg) <= GUARD_FIELDS, f"{where}: unknown guard fields {arg}"
+                r = SyncRunning(arg, expect)
+                if "id" not in arg:
+                    assert arg["call"] != "hang", f"{where}: hang needs an id"
+                    r.start(client)
+                    if arg["call"] == "cancel":
+                        assert r.started.wait(WAIT)
+                        r.release.put("cancel")
+                    check(expect, r.join(where), where)
+                    continue
+                running[arg["id"]] = r
+                r.start(client)
+                if not arg.get("background"):
+                    assert r.started.wait(WAIT), f"{where}: guard did not start"
+                    if arg["call"] == "cancel":
+                        r.release.put("cancel")
+            elif action == "await":
+                check(expect or running[arg].expect, running[arg].join(where), where)
+            elif action == "release":
+                r = running[arg]
+                r.release.put(step.get("as", "succeed"))
+                check(r.expect, r.join(where), where)
+            elif action == "cancel":
+                r = running[arg]
+                r.release.put("cancel")
+                check(expect or r.expect, r.join(where), where)
+            elif action == "wait_renewed":
+                r = running[arg]
+                base = r.guard.renewals if r.guard else 0
+                until_sync(
+                    lambda r=r, base=base: r.guard is not None and r.guard.renewals > base,
+                    f"{where}: renewal of {arg}",
+                )
+            elif action == "advance_ms":
+                server.advance(arg)
+            elif action == "isolate":
+                server.admin.Isolate(pb.IsolateRequest(key=arg, reason="scenario"))
+            elif action == "close":
+                server.admin.Close(pb.CloseRequest(key=arg, reason="scenario"))
+            elif action == "forget_local":
+                client.forget(arg)
+            elif action == "stop_server":
+                server.proc.kill()
+                server.proc.wait(10)
+            elif action == "expect_key":
+                last: list = []
+
+                def matches(want=arg):
+                    nonlocal last
+                    last = key_mismatch(server.key(want["key"]), want)
+                    return not last
+
+                try:
+                    until_sync(matches, f"{where}: key state")
+                except BaseException:
+                    pytest.fail(f"{where}: key {arg['key']} mismatched (field, want, got): {last}")
+    finally:
+        for r in running.values():
+            if r.thread is not None and r.thread.is_alive() and r.release.empty():
+                r.release.put("cancel")
+        server.stop()
+
+
+if FILES:
+
+    @pytest.mark.parametrize("path", FILES, ids=[os.path.basename(f)[:-5] for f in FILES])
+    def test_scenario_sync(path, tmp_path):
+        with open(path) as f:
+            replay_sync(json.load(f), tmp_path)
