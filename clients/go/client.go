@@ -254,4 +254,3 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 // RequireTransportSecurity is false so that a token also goes over a
 // plaintext connection to a server on loopback; use WithTLS elsewhere.
 func (b bearer) RequireTransportSecurity() bool { return false }
-

@@ -25,9 +25,9 @@ type Stats struct {
 }
 
 type counters struct {
-	granted, probes, blocked, blockedLocal, refused, denied       atomic.Uint64
+	granted, probes, blocked, blockedLocal, refused, denied      atomic.Uint64
 	unavailable, failedOpen, failedClosed, renewals, renewErrors atomic.Uint64
-	completed, completeErrs                                       atomic.Uint64
+	completed, completeErrs                                      atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
