@@ -80,3 +80,7 @@ func (c *openCache) len() int {
 	defer c.mu.Unlock()
 	return len(c.until)
 }
+
+// Forget drops the local short-circuit entry for key: the next guard asks
+// the server again.
+func (c *Client) Forget(key string) { c.cache.forget(key) }
