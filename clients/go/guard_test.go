@@ -236,3 +236,16 @@ func TestCacheIsBounded(t *testing.T) {
 		t.Fatal("an ended entry is dropped")
 	}
 }
+
+func TestSharedIsOneClientPerTarget(t *testing.T) {
+	s := startServer(t)
+	a, err := Shared(s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, _ := Shared(s.addr, WithToken("ignored"))
+	if a != b || a.Conn() != b.Conn() {
+		t.Fatal("Shared made a second client")
+	}
+}
