@@ -1,0 +1,256 @@
+// Package fusebox is a Go client for the fusebox circuit-breaker and
+// permit-book service.
+//
+// Make one Client per process (or use Shared) and wrap each call to a
+// dependency in Guard:
+//
+//	err := c.Guard(ctx, "payments/charge", func(ctx context.Context) error {
+//		return charge(ctx, order)
+//	})
+//	var blocked *fusebox.BlockedError
+//	if errors.As(err, &blocked) { retryLater(blocked.RetryAfter) }
+package fusebox
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/fusebox/fusebox/clients/go/fuseboxpb"
+)
+
+// DefaultDeadline is how long a guard waits for fusebox itself (Acquire,
+// Complete, Renew) before treating it as unavailable.
+const DefaultDeadline = 50 * time.Millisecond
+
+// DefaultCacheSize bounds the local short-circuit cache (keys known OPEN).
+const DefaultCacheSize = 1024
+
+// DefaultLogInterval is the least time between two log lines about the
+// same kind of trouble (fusebox unavailable, a failed Complete or Renew).
+const DefaultLogInterval = 10 * time.Second
+
+// Client talks to one fusebox server over one shared *grpc.ClientConn.
+// It is safe for concurrent use.
+type Client struct {
+	conn     *grpc.ClientConn
+	ownsConn bool
+	fusebox  pb.FuseboxClient
+	admin    pb.AdminClient
+
+	defaults guardConfig
+	now      func() time.Time
+	cache    *openCache
+	logs     *logLimiter
+	stats    counters
+}
+
+type clientConfig struct {
+	token       string
+	tlsConfig   *tls.Config
+	conn        *grpc.ClientConn
+	dialOptions []grpc.DialOption
+	defaults    []GuardOption
+	logger      *slog.Logger
+	logInterval time.Duration
+	cacheSize   int
+	now         func() time.Time
+}
+
+// Option configures a Client.
+type Option func(*clientConfig)
+
+// WithToken sends `authorization: Bearer TOKEN` on every call.
+func WithToken(token string) Option { return func(c *clientConfig) { c.token = token } }
+
+// WithTLS connects with TLS using this configuration (nil means the
+// system roots). Without it the connection is plaintext.
+func WithTLS(cfg *tls.Config) Option {
+	return func(c *clientConfig) {
+		if cfg == nil {
+			cfg = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		c.tlsConfig = cfg
+	}
+}
+
+// WithConn uses an existing connection instead of dialing; Close then
+// leaves it open.
+func WithConn(conn *grpc.ClientConn) Option { return func(c *clientConfig) { c.conn = conn } }
+
+// WithDialOptions adds grpc dial options (interceptors, keepalive, ...).
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return func(c *clientConfig) { c.dialOptions = append(c.dialOptions, opts...) }
+}
+
+// WithGuardDefaults sets options applied to every Guard before its own.
+func WithGuardDefaults(opts ...GuardOption) Option {
+	return func(c *clientConfig) { c.defaults = append(c.defaults, opts...) }
+}
+
+// WithLogger sets where trouble is logged (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *clientConfig) { c.logger = l } }
+
+// WithLogInterval sets the least time between two log lines about the
+// same kind of trouble (default DefaultLogInterval).
+func WithLogInterval(d time.Duration) Option { return func(c *clientConfig) { c.logInterval = d } }
+
+// WithCacheSize bounds the local short-circuit cache; 0 disables it.
+func WithCacheSize(n int) Option { return func(c *clientConfig) { c.cacheSize = n } }
+
+// WithClock replaces time.Now for the local short-circuit cache (tests
+// against a server with a manual clock move both together).
+func WithClock(now func() time.Time) Option { return func(c *clientConfig) { c.now = now } }
+
+// TLSFromFiles builds a TLS configuration: caFile (PEM) is the roots to
+// trust (empty: the system's), certFile and keyFile a client certificate
+// for mutual TLS (both empty: none), serverName overrides the name checked
+// in the server's certificate.
+func TLSFromFiles(caFile, certFile, keyFile, serverName string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("fusebox: reading CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("fusebox: no certificate in %s", caFile)
+		}
+		cfg.RootCAs = pool
+	}
+	if certFile != "" || keyFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("fusebox: reading client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+// New makes a client for the server at target (host:port, or any grpc-go
+// target). The connection is made lazily and re-made with backoff after a
+// failure; New does not wait for the server.
+func New(target string, opts ...Option) (*Client, error) {
+	cfg := clientConfig{logInterval: DefaultLogInterval, cacheSize: DefaultCacheSize}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.Default()
+	}
+	if cfg.now == nil {
+		cfg.now = time.Now
+	}
+	c := &Client{now: cfg.now, logs: newLogLimiter(cfg.logger, cfg.logInterval)}
+	c.defaults = defaultGuardConfig()
+	for _, o := range cfg.defaults {
+		o(&c.defaults)
+	}
+	if cfg.cacheSize > 0 {
+		c.cache = newOpenCache(cfg.cacheSize)
+	}
+	conn := cfg.conn
+	if conn == nil {
+		dial := []grpc.DialOption{
+			grpc.WithConnectParams(grpc.ConnectParams{
+				Backoff: backoff.Config{
+					BaseDelay:  100 * time.Millisecond,
+					Multiplier: 1.6,
+					Jitter:     0.2,
+					MaxDelay:   5 * time.Second,
+				},
+				MinConnectTimeout: time.Second,
+			}),
+		}
+		if cfg.tlsConfig != nil {
+			dial = append(dial, grpc.WithTransportCredentials(credentials.NewTLS(cfg.tlsConfig)))
+		} else {
+			dial = append(dial, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		}
+		if cfg.token != "" {
+			dial = append(dial, grpc.WithPerRPCCredentials(bearer{token: cfg.token, secure: cfg.tlsConfig != nil}))
+		}
+		dial = append(dial, cfg.dialOptions...)
+		var err error
+		conn, err = grpc.NewClient(target, dial...)
+		if err != nil {
+			return nil, fmt.Errorf("fusebox: %w", err)
+		}
+		c.ownsConn = true
+	}
+	c.conn = conn
+	c.fusebox = pb.NewFuseboxClient(conn)
+	c.admin = pb.NewAdminClient(conn)
+	return c, nil
+}
+
+var (
+	sharedMu      sync.Mutex
+	sharedClients = map[string]*Client{}
+)
+
+// Shared returns the process's client for target, making it with opts on
+// first use; later calls for the same target get the same client (and the
+// same connection) and ignore their opts.
+func Shared(target string, opts ...Option) (*Client, error) {
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if c, ok := sharedClients[target]; ok {
+		return c, nil
+	}
+	c, err := New(target, opts...)
+	if err != nil {
+		return nil, err
+	}
+	sharedClients[target] = c
+	return c, nil
+}
+
+// Close closes the connection (unless it was given with WithConn).
+func (c *Client) Close() error {
+	sharedMu.Lock()
+	for t, s := range sharedClients {
+		if s == c {
+			delete(sharedClients, t)
+		}
+	}
+	sharedMu.Unlock()
+	if c.ownsConn {
+		return c.conn.Close()
+	}
+	return nil
+}
+
+// Conn is the client's connection, for the generated Admin and Clock stubs.
+func (c *Client) Conn() *grpc.ClientConn { return c.conn }
+
+// Admin is the operator API on the client's connection.
+func (c *Client) Admin() pb.AdminClient { return c.admin }
+
+// Stats is a snapshot of the client's counters.
+func (c *Client) Stats() Stats { return c.stats.snapshot() }
+
+type bearer struct {
+	token  string
+	secure bool
+}
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.token}, nil
+}
+
+// RequireTransportSecurity is false so that a token also goes over a
+// plaintext connection to a server on loopback; use WithTLS elsewhere.
+func (b bearer) RequireTransportSecurity() bool { return false }

@@ -1,0 +1,311 @@
+package fusebox
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "github.com/fusebox/fusebox/clients/go/fuseboxpb"
+)
+
+// Outcome is how a guarded call went, as reported to fusebox.
+type Outcome int
+
+const (
+	// Success: the dependency worked.
+	Success Outcome = Outcome(pb.Outcome_OUTCOME_SUCCESS)
+	// Failure: the dependency failed; counts toward tripping the breaker.
+	Failure Outcome = Outcome(pb.Outcome_OUTCOME_FAILURE)
+	// Ignored: says nothing about the dependency (a cancellation).
+	Ignored Outcome = Outcome(pb.Outcome_OUTCOME_IGNORED)
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Success:
+		return "success"
+	case Failure:
+		return "failure"
+	case Ignored:
+		return "ignored"
+	}
+	return "unspecified"
+}
+
+// Classifier maps the error a guarded call returned (never nil) to the
+// outcome reported for it.
+type Classifier func(err error) Outcome
+
+// DefaultClassifier counts every error as a Failure except cancellations
+// (context.Canceled, or a gRPC status with code Canceled), which are
+// Ignored. A deadline that passed counts: a slow dependency is failing.
+func DefaultClassifier(err error) Outcome {
+	if errors.Is(err, context.Canceled) {
+		return Ignored
+	}
+	if s, ok := status.FromError(err); ok && s.Code() == codes.Canceled {
+		return Ignored
+	}
+	return Failure
+}
+
+// UnavailablePolicy says what a guard does when fusebox cannot be asked in
+// time.
+type UnavailablePolicy int
+
+const (
+	// FailOpen runs the call without a ticket (the default).
+	FailOpen UnavailablePolicy = iota
+	// FailClosed returns an *UnavailableError without running the call.
+	FailClosed
+)
+
+type guardConfig struct {
+	permits     *uint32
+	maxWait     time.Duration
+	lease       time.Duration
+	classifier  Classifier
+	deadline    time.Duration
+	unavailable UnavailablePolicy
+	renew       bool
+}
+
+func defaultGuardConfig() guardConfig {
+	return guardConfig{classifier: DefaultClassifier, deadline: DefaultDeadline, renew: true}
+}
+
+// GuardOption configures one Guard (or, with WithGuardDefaults, every one).
+type GuardOption func(*guardConfig)
+
+// Permits asks for n permits (default 1). Zero is a status check: the call
+// runs when a permit is free, without a ticket and without reporting.
+func Permits(n uint32) GuardOption { return func(g *guardConfig) { g.permits = &n } }
+
+// MaxWait lets the request wait in the key's queue up to d for permits.
+// The Acquire's deadline is then the guard's deadline plus d.
+func MaxWait(d time.Duration) GuardOption { return func(g *guardConfig) { g.maxWait = d } }
+
+// Lease asks for a ticket lease of d (default: the policy's).
+func Lease(d time.Duration) GuardOption { return func(g *guardConfig) { g.lease = d } }
+
+// WithClassifier replaces DefaultClassifier for this guard.
+func WithClassifier(c Classifier) GuardOption { return func(g *guardConfig) { g.classifier = c } }
+
+// Deadline bounds each call to fusebox itself (default DefaultDeadline).
+func Deadline(d time.Duration) GuardOption { return func(g *guardConfig) { g.deadline = d } }
+
+// OnUnavailable sets what happens when fusebox cannot be asked in time
+// (default FailOpen).
+func OnUnavailable(p UnavailablePolicy) GuardOption {
+	return func(g *guardConfig) { g.unavailable = p }
+}
+
+// NoRenew turns off background lease renewal for this guard.
+func NoRenew() GuardOption { return func(g *guardConfig) { g.renew = false } }
+
+// Admission tells a guarded call how it was let in; read it with
+// AdmissionFrom(ctx).
+type Admission struct {
+	Key string
+	// Ticket is empty when the call runs without one (status check, or
+	// fusebox unavailable and failing open).
+	Ticket string
+	// Probe is true for the single half-open probe.
+	Probe bool
+	// FailedOpen is true when fusebox could not be asked and the call runs
+	// anyway; Err is why.
+	FailedOpen bool
+	Err        error
+}
+
+type admissionKey struct{}
+
+// AdmissionFrom returns the admission of the guarded call running with ctx.
+func AdmissionFrom(ctx context.Context) (Admission, bool) {
+	a, ok := ctx.Value(admissionKey{}).(Admission)
+	return a, ok
+}
+
+// Guard asks fusebox before running call for key, runs it when admitted and
+// reports how it went: Success when it returns nil, the classifier's
+// outcome for an error (Failure by default), Ignored when ctx is cancelled.
+// A panic in call is reported as Failure and goes on.
+//
+// When fusebox answers no, Guard returns a *BlockedError, *RefusedError or
+// *DeniedError (all Refusal) without running call. When fusebox is down or
+// slow, the call runs without a ticket (FailOpen) or Guard returns an
+// *UnavailableError (FailClosed). A request fusebox rejects as invalid or
+// unauthorized gives a *RequestError. Otherwise Guard returns call's error
+// unchanged.
+func (c *Client) Guard(ctx context.Context, key string, call func(ctx context.Context) error, opts ...GuardOption) error {
+	cfg := c.defaults
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if left := c.cache.blockedFor(key, c.now()); left > 0 {
+		c.stats.blockedLocal.Add(1)
+		return &BlockedError{Key: key, Reason: "open", RetryAfter: left, Local: true}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+
+	req := &pb.AcquireRequest{Key: key, Permits: cfg.permits}
+	if cfg.maxWait > 0 {
+		req.MaxWait = durationpb.New(cfg.maxWait)
+	}
+	if cfg.lease > 0 {
+		req.Lease = durationpb.New(cfg.lease)
+	}
+	actx, cancel := context.WithTimeout(ctx, cfg.deadline+cfg.maxWait)
+	resp, err := c.fusebox.Acquire(actx, req)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !isUnavailable(err) {
+			return &RequestError{Key: key, Err: err}
+		}
+		c.stats.unavailable.Add(1)
+		if cfg.unavailable == FailClosed {
+			c.stats.failedClosed.Add(1)
+			c.logs.warn("unavailable", "fusebox unavailable; failing closed", "key", key, "err", err)
+			return &UnavailableError{Key: key, Err: err}
+		}
+		c.stats.failedOpen.Add(1)
+		c.logs.warn("unavailable", "fusebox unavailable; failing open", "key", key, "err", err)
+		adm := Admission{Key: key, FailedOpen: true, Err: err}
+		return call(context.WithValue(ctx, admissionKey{}, adm))
+	}
+
+	switch resp.GetDecision() {
+	case pb.Decision_DECISION_GRANTED, pb.Decision_DECISION_PROBE:
+		probe := resp.GetDecision() == pb.Decision_DECISION_PROBE
+		c.stats.granted.Add(1)
+		if probe {
+			c.stats.probes.Add(1)
+		}
+		c.cache.forget(key)
+		adm := Admission{Key: key, Ticket: resp.GetTicket(), Probe: probe}
+		return c.run(ctx, adm, resp.GetLease().AsDuration(), cfg, call)
+	case pb.Decision_DECISION_BLOCKED:
+		c.stats.blocked.Add(1)
+		retry := resp.GetRetryAfter().AsDuration()
+		if resp.GetReason() == pb.Reason_REASON_OPEN && retry > 0 {
+			now := c.now()
+			c.cache.put(key, now.Add(retry), now)
+		}
+		return &BlockedError{Key: key, Reason: reasonOf(resp.GetReason()), RetryAfter: retry}
+	case pb.Decision_DECISION_REFUSED:
+		c.stats.refused.Add(1)
+		return &RefusedError{Key: key}
+	case pb.Decision_DECISION_DENIED:
+		c.stats.denied.Add(1)
+		return &DeniedError{Key: key, Reason: reasonOf(resp.GetReason()), RetryAfter: resp.GetRetryAfter().AsDuration()}
+	}
+	return &RequestError{Key: key, Err: errors.New("unknown decision " + resp.GetDecision().String())}
+}
+
+func isUnavailable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted, codes.Internal, codes.Unknown:
+		return true
+	}
+	return false
+}
+
+// run makes the call under an admission, renews its lease in the
+// background, and reports the outcome.
+func (c *Client) run(ctx context.Context, adm Admission, lease time.Duration, cfg guardConfig, call func(context.Context) error) (err error) {
+	if adm.Ticket == "" { // a status check: nothing to renew or report
+		return call(context.WithValue(ctx, admissionKey{}, adm))
+	}
+	stop := make(chan struct{})
+	renewDone := make(chan struct{})
+	if cfg.renew && lease > 0 {
+		go c.renewLoop(adm.Ticket, lease, cfg, stop, renewDone)
+	} else {
+		close(renewDone)
+	}
+	finished := false
+	defer func() {
+		close(stop)
+		<-renewDone
+		var outcome Outcome
+		switch {
+		case !finished: // call panicked
+			outcome = Failure
+		case err != nil && errors.Is(ctx.Err(), context.Canceled):
+			outcome = Ignored // the caller cancelled
+		case err == nil:
+			outcome = Success
+		default:
+			outcome = cfg.classifier(err)
+		}
+		c.complete(ctx, adm, outcome, cfg)
+	}()
+	err = call(context.WithValue(ctx, admissionKey{}, adm))
+	finished = true
+	return err
+}
+
+func (c *Client) complete(ctx context.Context, adm Admission, outcome Outcome, cfg guardConfig) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.deadline)
+	defer cancel()
+	_, err := c.fusebox.Complete(cctx, &pb.CompleteRequest{Ticket: adm.Ticket, Outcome: pb.Outcome(outcome)})
+	if err != nil {
+		c.stats.completeErrs.Add(1)
+		c.logs.warn("complete", "fusebox: could not report an outcome", "key", adm.Key, "outcome", outcome.String(), "err", err)
+		return
+	}
+	c.stats.completed.Add(1)
+}
+
+// renewLoop renews the ticket each time half its lease has passed, until
+// stop is closed or the ticket is gone.
+func (c *Client) renewLoop(ticket string, lease time.Duration, cfg guardConfig, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	timer := time.NewTimer(lease / 2)
+	defer timer.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-timer.C:
+		}
+		req := &pb.RenewRequest{Ticket: ticket}
+		if cfg.lease > 0 {
+			req.Lease = durationpb.New(cfg.lease)
+		}
+		rctx, cancel := context.WithTimeout(context.Background(), cfg.deadline)
+		resp, err := c.fusebox.Renew(rctx, req)
+		cancel()
+		next := lease / 2
+		if err != nil {
+			c.stats.renewErrors.Add(1)
+			c.logs.warn("renew", "fusebox: could not renew a lease", "err", err)
+			if status.Code(err) == codes.NotFound {
+				return // completed, expired or stale: nothing left to renew
+			}
+			next = lease / 4 // try again before the lease ends
+		} else {
+			c.stats.renewals.Add(1)
+			if l := resp.GetLease().AsDuration(); l > 0 {
+				lease = l
+				next = l / 2
+			}
+		}
+		if renewHook != nil {
+			renewHook(ticket, err)
+		}
+		timer.Reset(next)
+	}
+}
+
+// renewHook, when set (by tests), is told of every renewal attempt.
+var renewHook func(ticket string, err error)

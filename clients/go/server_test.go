@@ -1,0 +1,127 @@
+package fusebox
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "github.com/fusebox/fusebox/clients/go/fuseboxpb"
+)
+
+// server is a real fusebox started with --manual-clock on port 0.
+type server struct {
+	t     *testing.T
+	cmd   *exec.Cmd
+	addr  string
+	admin pb.AdminClient
+	clock pb.ClockClient
+	c     *Client // an extra client for the admin and clock services
+	once  sync.Once
+}
+
+// fuseboxBin is $FUSEBOX_BIN, else ../../target/debug/fusebox; without
+// either the test is skipped.
+func fuseboxBin(t *testing.T) string {
+	if b := os.Getenv("FUSEBOX_BIN"); b != "" {
+		return b
+	}
+	for _, b := range []string{"../../target/debug/fusebox"} {
+		if _, err := os.Stat(b); err == nil {
+			abs, _ := filepath.Abs(b)
+			return abs
+		}
+	}
+	t.Skip("no fusebox binary: build it with `cargo build` or set FUSEBOX_BIN")
+	return ""
+}
+
+func startServer(t *testing.T, args ...string) *server {
+	t.Helper()
+	all := append([]string{"serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--manual-clock"}, args...)
+	cmd := exec.Command(fuseboxBin(t), all...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "listening on ") {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("fusebox did not start: %q %v", line, err)
+	}
+	s := &server{t: t, cmd: cmd, addr: strings.TrimSpace(strings.TrimPrefix(line, "listening on "))}
+	s.c, err = New(s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.admin = s.c.Admin()
+	s.clock = pb.NewClockClient(s.c.Conn())
+	t.Cleanup(func() { s.c.Close(); s.stop() })
+	return s
+}
+
+func (s *server) stop() {
+	s.once.Do(func() {
+		s.cmd.Process.Kill()
+		s.cmd.Wait()
+	})
+}
+
+func (s *server) setPolicy(match string, p *pb.Policy) {
+	s.t.Helper()
+	if _, err := s.admin.SetPolicy(context.Background(), &pb.SetPolicyRequest{Rule: &pb.PolicyRule{Match: match, Policy: p}}); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+func (s *server) key(k string) *pb.KeyState {
+	s.t.Helper()
+	st, err := s.admin.GetKey(context.Background(), &pb.GetKeyRequest{Key: k})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return st
+}
+
+func (s *server) advance(d time.Duration) {
+	s.t.Helper()
+	if _, err := s.clock.Advance(context.Background(), &pb.AdvanceRequest{By: durationpb.New(d)}); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// testClock is a local clock that the tests move along with the server's
+// manual clock.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *testClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func breaker(failures uint32, brk time.Duration) *pb.Policy {
+	return &pb.Policy{Breaker: &pb.Breaker{
+		Mode:          &pb.Breaker_Consecutive{Consecutive: &pb.Consecutive{Failures: failures}},
+		BreakDuration: durationpb.New(brk),
+	}}
+}
+
+func concurrency(permits uint32) *pb.Policy {
+	return &pb.Policy{Limiter: &pb.Limiter{Kind: &pb.Limiter_Concurrency{Concurrency: &pb.Concurrency{Permits: permits}}}}
+}
