@@ -213,7 +213,7 @@ func (c *Client) Guard(ctx context.Context, key string, call func(ctx context.Co
 
 func isUnavailable(err error) bool {
 	switch status.Code(err) {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted, codes.Internal, codes.Unknown:
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted, codes.Internal, codes.Unknown, codes.ResourceExhausted:
 		return true
 	}
 	return false

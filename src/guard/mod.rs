@@ -206,7 +206,7 @@ impl Default for GuardOptions {
             deadline: Duration::from_millis(50),
             on_unavailable: FailPolicy::Open,
             token: None,
-            cache_capacity: 4096,
+            cache_capacity: 1024,
             log_interval: Duration::from_secs(10),
             backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
@@ -341,6 +341,7 @@ fn is_unavailable(status: &tonic::Status) -> bool {
             | tonic::Code::Internal
             | tonic::Code::ResourceExhausted
             | tonic::Code::Cancelled
+            | tonic::Code::Aborted
     )
 }
 

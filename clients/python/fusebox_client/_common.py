@@ -119,6 +119,7 @@ OUTAGE_CODES = frozenset(
         grpc.StatusCode.UNKNOWN,
         grpc.StatusCode.INTERNAL,
         grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
     }
 )
 
