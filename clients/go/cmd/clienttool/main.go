@@ -252,12 +252,13 @@ func worker(target, token string, stdin io.Reader, stdout io.Writer) int {
 		out.emit(map[string]string{"event": "error", "message": err.Error()})
 		return 1
 	}
-	defer c.Close()
 	out.emit(map[string]string{"event": "ready", "lang": "go"})
 
 	// Every id a guard command started: its release channel, nil once used.
 	releases := map[string]chan struct{}{}
 	var wg sync.WaitGroup
+	// After an error the process exits at once: guards still running are
+	// left as they are.
 	fail := func(message string) int {
 		out.emit(map[string]string{"event": "error", "message": message})
 		return 1
@@ -311,6 +312,7 @@ func worker(target, token string, stdin io.Reader, stdout io.Writer) int {
 		}
 	}
 	wg.Wait()
+	c.Close()
 	return 0
 }
 
