@@ -13,7 +13,8 @@
 //! no-op on the same channel, and writes one line of medians and p99s.
 //!
 //! Build: `cargo build --example client_tool`; the binary is
-//! `target/<profile>/examples/client_tool`.
+//! `target/<profile>/examples/client_tool`. Logs go to standard error
+//! (`RUST_LOG`, default `info`).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -69,6 +70,16 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    // The guard's warnings (fusebox unavailable) on standard error, as the
+    // other languages' tools log theirs; standard output is the protocol's.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
