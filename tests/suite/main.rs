@@ -6,6 +6,7 @@ mod bad_input;
 mod bench;
 mod cli;
 mod cli_ops;
+mod client_tool;
 mod command;
 mod compose;
 mod dashboard;

@@ -93,3 +93,28 @@ pub fn tmux(test: &str) -> bool {
     runs(Path::new("tmux"), &["-V"])
         || missing::<()>(test, "no tmux on PATH (apt-get install tmux)").is_some()
 }
+
+/// The Rust client tool, `examples/client_tool.rs`, as cargo built it next
+/// to this test binary (`target/<profile>/examples/client_tool`): `cargo
+/// test` builds the examples, `cargo test --test suite` does not.
+pub fn client_tool(test: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test binary is in target/<profile>/deps");
+    let tool = profile
+        .join("examples/client_tool")
+        .with_extension(std::env::consts::EXE_EXTENSION);
+    if tool.exists() {
+        Some(tool)
+    } else {
+        missing(
+            test,
+            &format!(
+                "no client tool at {} (cargo build --example client_tool, or a plain cargo test)",
+                tool.display()
+            ),
+        )
+    }
+}
