@@ -21,7 +21,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use fusebox::guard::{CallOptions, Guard, GuardError, GuardOptions};
+use fusebox::guard::{admitted, Admitted, CallOptions, Guard, GuardError, GuardOptions};
 use fusebox::proto::v1 as pb;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
@@ -277,13 +277,12 @@ fn start(
     let (release, released) = oneshot::channel::<()>();
     let guard = guard.clone();
     let task = tokio::spawn(async move {
-        let before = guard.stats().failed_open;
         let mut ran = false;
         let mut failed_open = false;
         let result = guard
             .run(&key, &CallOptions::default(), || {
                 ran = true;
-                failed_open = guard.stats().failed_open > before;
+                failed_open = admitted() == Some(Admitted::FailedOpen);
                 emit(json!({"event": "running", "id": id}));
                 async move {
                     match call {

@@ -351,8 +351,33 @@ pub fn count_every_error<E>(_: &E) -> Outcome {
 }
 
 enum Admission {
-    Ticket(Ticket),
-    WithoutTicket,
+    Ticket(Ticket, Admitted),
+    WithoutTicket(Admitted),
+}
+
+/// How a running guarded call was let through, as [`admitted`] tells it
+/// from inside the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admitted {
+    /// fusebox granted a ticket.
+    Granted,
+    /// The call is the breaker's probe: its outcome decides recovery.
+    Probe,
+    /// fusebox granted without a ticket (a status check with no permits).
+    Unticketed,
+    /// fusebox could not be asked in time and the policy is fail open: the
+    /// call runs without a ticket and nothing will be reported.
+    FailedOpen,
+}
+
+tokio::task_local! {
+    static ADMITTED: Admitted;
+}
+
+/// Inside a guarded call, how it was let through (for example to log or
+/// count the calls that ran while fusebox was unavailable); `None` outside.
+pub fn admitted() -> Option<Admitted> {
+    ADMITTED.try_with(|a| *a).ok()
 }
 
 /// A ticket held for a running call. Dropped without being completed (the
@@ -490,8 +515,13 @@ impl Guard {
         C: FnOnce(&E) -> Outcome,
     {
         let admission = self.admit(key, options).await?;
-        let result = call().await;
-        if let Admission::Ticket(ticket) = admission {
+        let how = match &admission {
+            Admission::Ticket(_, how) | Admission::WithoutTicket(how) => *how,
+        };
+        // Both the closure and the future it returns see `admitted()`.
+        let future = ADMITTED.sync_scope(how, call);
+        let result = ADMITTED.scope(how, future).await;
+        if let Admission::Ticket(ticket, _) = admission {
             let outcome = match &result {
                 Ok(_) => Outcome::Success,
                 Err(e) => classify(e),
@@ -560,20 +590,28 @@ impl Guard {
         };
         let retry_after = duration_from(reply.retry_after);
         match pb::Decision::try_from(reply.decision) {
-            Ok(pb::Decision::Granted) | Ok(pb::Decision::Probe) => {
+            Ok(decision @ (pb::Decision::Granted | pb::Decision::Probe)) => {
                 if reply.ticket.is_empty() {
-                    return Ok(Admission::WithoutTicket);
+                    return Ok(Admission::WithoutTicket(Admitted::Unticketed));
                 }
+                let how = if decision == pb::Decision::Probe {
+                    Admitted::Probe
+                } else {
+                    Admitted::Granted
+                };
                 let renewal = duration_from(reply.lease)
                     .filter(|l| !l.is_zero())
                     .map(|lease| {
                         self.renew_in_background(reply.ticket.clone(), lease, options.lease)
                     });
-                Ok(Admission::Ticket(Ticket {
-                    guard: self.clone(),
-                    id: Some(reply.ticket),
-                    renewal,
-                }))
+                Ok(Admission::Ticket(
+                    Ticket {
+                        guard: self.clone(),
+                        id: Some(reply.ticket),
+                        renewal,
+                    },
+                    how,
+                ))
             }
             Ok(pb::Decision::Blocked) => {
                 let reason = Reason::of(reply.reason);
@@ -614,7 +652,7 @@ impl Guard {
         match policy {
             FailPolicy::Open => {
                 c.failed_open.fetch_add(1, Ordering::Relaxed);
-                Ok(Admission::WithoutTicket)
+                Ok(Admission::WithoutTicket(Admitted::FailedOpen))
             }
             FailPolicy::Closed => {
                 c.failed_closed.fetch_add(1, Ordering::Relaxed);

@@ -4,9 +4,13 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use fusebox::guard::{CallOptions, FailPolicy, Guard, GuardError, GuardOptions};
+use fusebox::guard::{
+    admitted, Admitted, CallOptions, FailPolicy, Guard, GuardError, GuardOptions,
+};
 use fusebox::proto::v1 as pb;
 use serde_json::{Map, Value};
 use tokio::sync::{oneshot, watch};
@@ -33,7 +37,7 @@ struct Running {
     release: Option<oneshot::Sender<bool>>,
     task: tokio::task::JoinHandle<Seen>,
     ran: watch::Receiver<bool>,
-    unavailable_before: u64,
+    failed_open: Arc<AtomicBool>,
 }
 
 fn scenarios_dir() -> PathBuf {
@@ -52,12 +56,8 @@ fn check_known(obj: &Map<String, Value>, known: &[&str], what: &str) {
     }
 }
 
-fn seen_of(result: Result<(), GuardError<String>>, ran: bool, unavailable: bool) -> Seen {
-    let mut seen = Seen {
-        ran,
-        unavailable,
-        ..Seen::default()
-    };
+fn seen_of(result: Result<(), GuardError<String>>) -> Seen {
+    let mut seen = Seen::default();
     match result {
         Ok(()) => {}
         Err(GuardError::Call(_)) => seen.error = true,
@@ -80,7 +80,10 @@ fn seen_of(result: Result<(), GuardError<String>>, ran: bool, unavailable: bool)
             seen.reason = Some(reason.name());
             seen.retry_after_ms = retry_after.map(|d| d.as_millis() as u64);
         }
-        Err(GuardError::Unavailable(_)) => seen.refusal = Some("unavailable".into()),
+        Err(GuardError::Unavailable(_)) => {
+            seen.refusal = Some("unavailable".into());
+            seen.unavailable = true;
+        }
         Err(GuardError::Rejected(status)) => panic!("fusebox rejected the request: {status}"),
     }
     seen
@@ -167,10 +170,12 @@ fn start(guard: &Guard, g: &Value, expect: Option<Value>, what: &str) -> Running
     };
     let (ran_tx, ran_rx) = watch::channel(false);
     let (release_tx, release_rx) = oneshot::channel::<bool>();
-    let unavailable_before = guard.stats().unavailable;
+    let failed_open = Arc::new(AtomicBool::new(false));
+    let flag = failed_open.clone();
     let g2 = guard.clone();
     let task = tokio::spawn(async move {
         let body = move || async move {
+            flag.store(admitted() == Some(Admitted::FailedOpen), Ordering::SeqCst);
             let _ = ran_tx.send(true);
             match call.as_str() {
                 "succeed" => Ok(()),
@@ -184,31 +189,24 @@ fn start(guard: &Guard, g: &Value, expect: Option<Value>, what: &str) -> Running
             }
         };
         let result = g2.run(&key, &options, body).await;
-        let unavailable = g2.stats().unavailable > unavailable_before;
-        seen_of(result, false, unavailable)
+        seen_of(result)
     });
     Running {
         expect,
         release: Some(release_tx),
         task,
         ran: ran_rx,
-        unavailable_before,
+        failed_open,
     }
 }
 
 /// Waits for a running guard to end and checks what it gave.
-async fn finish(
-    guard: &Guard,
-    running: Running,
-    expect: Option<&Value>,
-    cancelled: bool,
-    what: &str,
-) {
+async fn finish(running: Running, expect: Option<&Value>, cancelled: bool, what: &str) {
     let Running {
         expect: started_with,
         task,
         ran,
-        unavailable_before,
+        failed_open,
         ..
     } = running;
     let mut seen = if cancelled {
@@ -216,7 +214,6 @@ async fn finish(
         let _ = task.await;
         Seen {
             cancelled: true,
-            unavailable: guard.stats().unavailable > unavailable_before,
             ..Seen::default()
         }
     } else {
@@ -226,6 +223,7 @@ async fn finish(
             .expect("the guard task ends without panicking")
     };
     seen.ran = *ran.borrow();
+    seen.unavailable |= failed_open.load(Ordering::SeqCst);
     check_seen(what, &seen, expect.or(started_with.as_ref()));
 }
 
@@ -359,10 +357,10 @@ async fn replay(path: PathBuf) {
                 }
                 (None, "cancel") => {
                     wait_running(&r, &what).await;
-                    finish(&guard, r, None, true, &what).await;
+                    finish(r, None, true, &what).await;
                 }
                 (None, "hang") => panic!("{what}: hang needs an id"),
-                (None, _) => finish(&guard, r, None, false, &what).await,
+                (None, _) => finish(r, None, false, &what).await,
             }
         } else if let Some(id) = obj.get("release").and_then(Value::as_str) {
             let mut r = running
@@ -374,17 +372,17 @@ async fn replay(path: PathBuf) {
                 other => panic!("{what}: release as {other:?}"),
             };
             let _ = r.release.take().expect("not released yet").send(ok);
-            finish(&guard, r, expect.as_ref(), false, &what).await;
+            finish(r, expect.as_ref(), false, &what).await;
         } else if let Some(id) = obj.get("cancel").and_then(Value::as_str) {
             let r = running
                 .remove(id)
                 .unwrap_or_else(|| panic!("{what}: no guard {id}"));
-            finish(&guard, r, expect.as_ref(), true, &what).await;
+            finish(r, expect.as_ref(), true, &what).await;
         } else if let Some(id) = obj.get("await").and_then(Value::as_str) {
             let r = running
                 .remove(id)
                 .unwrap_or_else(|| panic!("{what}: no guard {id}"));
-            finish(&guard, r, expect.as_ref(), false, &what).await;
+            finish(r, expect.as_ref(), false, &what).await;
         } else if let Some(id) = obj.get("wait_renewed").and_then(Value::as_str) {
             assert!(running.contains_key(id), "{what}: no guard {id}");
             // Renewals are counted per guard; in a scenario one call at a

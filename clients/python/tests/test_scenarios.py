@@ -189,7 +189,8 @@ async def replay(scenario: dict, tmp_path) -> None:
         cfg.write_text(scenario["config"])
     server = Server(str(cfg) if cfg else None)
     try:
-        client = AsyncFuseboxClient(server.addr)
+        # The scenarios' deadline on fusebox calls (clients/scenarios/README.md).
+        client = AsyncFuseboxClient(server.addr, deadline=2.0)
         running: dict[str, Running] = {}
         for i, step in enumerate(scenario["steps"]):
             where = f"{scenario['name']} step {i}"
@@ -355,7 +356,7 @@ def replay_sync(scenario: dict, tmp_path) -> None:
     server = Server(str(cfg) if cfg else None)
     running: dict[str, SyncRunning] = {}
     try:
-        client = FuseboxClient(server.addr)
+        client = FuseboxClient(server.addr, deadline=2.0)
         for i, step in enumerate(scenario["steps"]):
             where = f"{scenario['name']} (sync) step {i}"
             actions = set(step) & ACTIONS
