@@ -66,7 +66,9 @@ final class TestServer implements AutoCloseable {
     cmd.addAll(List.of(extra));
     ProcessBuilder pb = new ProcessBuilder(cmd);
     pb.environment().putAll(env);
-    pb.redirectError(ProcessBuilder.Redirect.DISCARD);
+    File log = File.createTempFile("fusebox-", ".log");
+    log.deleteOnExit();
+    pb.redirectError(log);
     Process p = pb.start();
     BufferedReader out = new BufferedReader(new InputStreamReader(p.getInputStream(), StandardCharsets.UTF_8));
     CompletableFuture<String> first = CompletableFuture.supplyAsync(() -> {
@@ -81,12 +83,12 @@ final class TestServer implements AutoCloseable {
       line = first.get(60, TimeUnit.SECONDS);
     } catch (Exception e) {
       p.destroyForcibly().waitFor();
-      throw new IllegalStateException("fusebox did not start", e);
+      throw new IllegalStateException("fusebox did not start: " + Files.readString(log.toPath()), e);
     }
     int at = line == null ? -1 : line.indexOf("listening on ");
     if (at < 0) {
       p.destroyForcibly().waitFor();
-      throw new IllegalStateException("fusebox did not start: " + line);
+      throw new IllegalStateException("fusebox did not start: " + line + "\n" + Files.readString(log.toPath()));
     }
     Thread drain = new Thread(() -> {
       try {
