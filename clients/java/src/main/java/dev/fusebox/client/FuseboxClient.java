@@ -42,7 +42,7 @@ import java.util.logging.Logger;
  * <pre>{@code
  * FuseboxClient client = FuseboxClient.builder("127.0.0.1:7700").token(System.getenv("FUSEBOX_TOKEN")).build();
  * try {
- *   Receipt r = client.guard("payments/charge", () -> charge(order));
+ *   String receipt = client.guard("payments/charge", () -> charge(order));
  * } catch (BlockedException e) {
  *   retryLater(e.retryAfter()); // the call was not made
  * }
