@@ -64,9 +64,10 @@ public final class GuardOptions {
     return new GuardOptions(permits, positive(d), lease, classifier, deadline, onUnavailable, noRenew);
   }
 
-  /** Asks for a ticket lease of {@code d} (default: the policy's). */
+  /** Asks for a ticket lease of {@code d} (default, or zero: the policy's). */
   public GuardOptions lease(Duration d) {
-    return new GuardOptions(permits, maxWait, positive(d), classifier, deadline, onUnavailable, noRenew);
+    Duration l = positive(d).isZero() ? null : d;
+    return new GuardOptions(permits, maxWait, l, classifier, deadline, onUnavailable, noRenew);
   }
 
   /** Replaces the classifier ({@link Classifier#DEFAULT}) for this guard. */
@@ -77,7 +78,10 @@ public final class GuardOptions {
 
   /** Bounds each call to fusebox itself (default: the client's, 50 ms unless set). */
   public GuardOptions deadline(Duration d) {
-    return new GuardOptions(permits, maxWait, lease, classifier, positive(d), onUnavailable, noRenew);
+    if (positive(d).isZero()) {
+      throw new IllegalArgumentException("deadline must be positive");
+    }
+    return new GuardOptions(permits, maxWait, lease, classifier, d, onUnavailable, noRenew);
   }
 
   /** What happens when fusebox cannot be asked in time (default: the client's, OPEN unless set). */

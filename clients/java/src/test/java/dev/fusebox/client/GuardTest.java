@@ -380,7 +380,7 @@ class GuardTest {
     });
     assertTrue(started.await(10, TimeUnit.SECONDS));
     assertTrue(f.cancel(true));
-    assertTrue(inner.isCancelled(), "cancelling the guard cancels the call");
+    ScenarioTest.waitFor("cancelling the guard cancels the call", inner::isCancelled);
     ScenarioTest.waitFor("the outcome", () -> s.key("k").getStats().getIgnored() == 1);
     KeyState st = s.key("k");
     assertEquals(0, st.getStats().getFailures());
