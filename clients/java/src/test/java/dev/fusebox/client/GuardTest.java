@@ -245,6 +245,21 @@ class GuardTest {
   }
 
   @Test
+  void renewalStopsWhenTheTicketIsGone() throws Exception {
+    TestServer s = server();
+    FuseboxClient c = client(s);
+    c.guard("k", GuardOptions.defaults().lease(java.time.Duration.ofMillis(400)), () -> {
+      s.advance(java.time.Duration.ofSeconds(1)); // the lease ends on the server
+      ScenarioTest.waitFor("a renewal answered NOT_FOUND", () -> c.stats().renewErrors() == 1);
+      // Another error would be retried after a quarter lease (100 ms); NOT_FOUND is not.
+      assertFalse(new CountDownLatch(1).await(500, TimeUnit.MILLISECONDS));
+      assertEquals(1, c.stats().renewErrors());
+      return null;
+    });
+    assertEquals(1, s.key("k").getStats().getExpired());
+  }
+
+  @Test
   void noRenewSendsNoRenewal() throws Exception {
     TestServer s = server();
     FuseboxClient c = client(s);
