@@ -36,6 +36,6 @@ final class LogLimiter {
     if (unlogged > 0) {
       message += " (" + unlogged + " more since the last report)";
     }
-    logger.log(Level.WARNING, message);
+    logger.logp(Level.WARNING, FuseboxClient.class.getName(), kind, message);
   }
 }
