@@ -1,0 +1,104 @@
+package dev.fusebox.client;
+
+import java.time.Duration;
+import java.util.Objects;
+
+/**
+ * Options of one guard; immutable, each method returns a changed copy. Unset options take the
+ * client's (deadline, fail policy, classifier) or the server's (lease) defaults.
+ *
+ * <pre>{@code
+ * GuardOptions opts = GuardOptions.defaults().lease(Duration.ofSeconds(10)).maxWait(Duration.ofMillis(200));
+ * }</pre>
+ */
+public final class GuardOptions {
+  private static final GuardOptions DEFAULTS =
+      new GuardOptions(null, Duration.ZERO, null, null, null, null, false);
+
+  final Integer permits;
+  final Duration maxWait;
+  final Duration lease;
+  final Classifier classifier;
+  final Duration deadline;
+  final FailPolicy onUnavailable;
+  final boolean noRenew;
+
+  private GuardOptions(
+      Integer permits,
+      Duration maxWait,
+      Duration lease,
+      Classifier classifier,
+      Duration deadline,
+      FailPolicy onUnavailable,
+      boolean noRenew) {
+    this.permits = permits;
+    this.maxWait = maxWait;
+    this.lease = lease;
+    this.classifier = classifier;
+    this.deadline = deadline;
+    this.onUnavailable = onUnavailable;
+    this.noRenew = noRenew;
+  }
+
+  /** No option set. */
+  public static GuardOptions defaults() {
+    return DEFAULTS;
+  }
+
+  /**
+   * Asks for {@code n} permits (default 1). Zero is a status check: the call runs when a permit is
+   * free, without a ticket and without reporting an outcome.
+   */
+  public GuardOptions permits(int n) {
+    if (n < 0) {
+      throw new IllegalArgumentException("permits must not be negative");
+    }
+    return new GuardOptions(n, maxWait, lease, classifier, deadline, onUnavailable, noRenew);
+  }
+
+  /**
+   * Lets the request wait in the key's queue up to {@code d} for permits (default: no wait). The
+   * Acquire's deadline is then the guard's deadline plus {@code d}.
+   */
+  public GuardOptions maxWait(Duration d) {
+    return new GuardOptions(permits, positive(d), lease, classifier, deadline, onUnavailable, noRenew);
+  }
+
+  /** Asks for a ticket lease of {@code d} (default, or zero: the policy's). */
+  public GuardOptions lease(Duration d) {
+    Duration l = positive(d).isZero() ? null : d;
+    return new GuardOptions(permits, maxWait, l, classifier, deadline, onUnavailable, noRenew);
+  }
+
+  /** Replaces the classifier ({@link Classifier#DEFAULT}) for this guard. */
+  public GuardOptions classifier(Classifier c) {
+    return new GuardOptions(
+        permits, maxWait, lease, Objects.requireNonNull(c), deadline, onUnavailable, noRenew);
+  }
+
+  /** Bounds each call to fusebox itself (default: the client's, 50 ms unless set). */
+  public GuardOptions deadline(Duration d) {
+    if (positive(d).isZero()) {
+      throw new IllegalArgumentException("deadline must be positive");
+    }
+    return new GuardOptions(permits, maxWait, lease, classifier, d, onUnavailable, noRenew);
+  }
+
+  /** What happens when fusebox cannot be asked in time (default: the client's, OPEN unless set). */
+  public GuardOptions onUnavailable(FailPolicy p) {
+    return new GuardOptions(
+        permits, maxWait, lease, classifier, deadline, Objects.requireNonNull(p), noRenew);
+  }
+
+  /** Turns off the background renewal of the ticket's lease. */
+  public GuardOptions noRenew() {
+    return new GuardOptions(permits, maxWait, lease, classifier, deadline, onUnavailable, true);
+  }
+
+  private static Duration positive(Duration d) {
+    if (d == null || d.isNegative()) {
+      throw new IllegalArgumentException("a duration must not be null or negative");
+    }
+    return d;
+  }
+}
