@@ -36,7 +36,7 @@ clients_tools() {
   (cd clients/node && npm run --silent build && npm run --silent build:test)
   export FUSEBOX_TOOL_NODE="node $PWD/clients/node/dist-test/test/client-tool.js"
   if [ ! -f clients/java/target/tool.classpath ]; then
-    (cd clients/java && mvn -B -q -DskipTests verify)
+    (cd clients/java && mvn -B -q -ntp -DskipTests verify)
   fi
   export FUSEBOX_TOOL_JAVA="java -cp $(cat clients/java/target/tool.classpath) dev.fusebox.client.tool.ClientTool"
 }

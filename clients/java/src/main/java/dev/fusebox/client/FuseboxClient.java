@@ -391,6 +391,7 @@ public final class FuseboxClient implements AutoCloseable {
       case ABORTED:
       case INTERNAL:
       case UNKNOWN:
+      case RESOURCE_EXHAUSTED: // fusebox at one of its caps cannot serve
         return true;
       default:
         return false;
