@@ -1,5 +1,6 @@
 """The fleet test: eight OS processes, in every client language, guard one key
-through a trip, and after the break exactly one of them runs the probe.
+through a trip, and after the break exactly one of them runs the probe;
+three rounds.
 
 Each process is a library's client tool in `worker` mode (clients/README.md).
 The tools are named by environment variables holding a command line:
@@ -24,16 +25,16 @@ from typing import Any, Dict, List, Optional
 
 import grpc
 import pytest
-from google.protobuf.duration_pb2 import Duration
-
 from fusebox_client._gen import fusebox_pb2 as pb
 from fusebox_client._gen import fusebox_pb2_grpc as pbg
+from google.protobuf.duration_pb2 import Duration
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("FUSEBOX_BIN", os.path.join(ROOT, "target", "debug", "fusebox"))
 LANGS = ["rust", "go", "java", "python", "node"]
 SEATS = 8
 KEY = "fleet/payments"
+ROUNDS = 3
 # Three failures in a row trip the breaker for 30 s (of the server's manual clock).
 CONFIG = """
 [[rule]]
@@ -70,7 +71,7 @@ class Worker:
             text=True,
             bufsize=1,
         )
-        self.events: "queue.Queue[Optional[Dict[str, Any]]]" = queue.Queue()
+        self.events: queue.Queue[Optional[Dict[str, Any]]] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -104,7 +105,14 @@ class Worker:
     def guard(self, gid: str, call: str) -> Dict[str, Any]:
         """Guards one call to its end (not for `hang`)."""
         self.send(op="guard", id=gid, key=KEY, call=call)
-        return self.expect("done", id=gid)
+        event = self.next_event()
+        running = event.get("event") == "running"  # a call that runs says so first
+        if running:
+            assert event.get("id") == gid, f"{self.name}: {event}"
+            event = self.next_event()
+        assert event.get("event") == "done" and event.get("id") == gid, f"{self.name}: {event}"
+        assert event["ran"] == running, f"{self.name}: ran without running, or the reverse"
+        return event
 
     def finish(self) -> int:
         assert self.proc.stdin is not None
@@ -117,8 +125,17 @@ def server():
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(CONFIG)
     proc = subprocess.Popen(
-        [BIN, "serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--manual-clock",
-         "--config", f.name],
+        [
+            BIN,
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+            "--manual-clock",
+            "--config",
+            f.name,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -135,83 +152,98 @@ def server():
     os.unlink(f.name)
 
 
+def stats(admin) -> Any:
+    return admin.GetKey(pb.GetKeyRequest(key=KEY)).stats
+
+
+def fleet_round(r: int, workers: List[Worker], admin, clock) -> None:
+    """One trip, break and probe of the shared key (round `r`)."""
+    base = stats(admin)
+    # Three failures in a row from three processes (of different languages,
+    # a different three each round) trip the key.
+    for n in range(3):
+        w = workers[(3 * r + n) % SEATS]
+        done = w.guard(f"r{r}-fail{n}", "fail")
+        assert done["ran"] and done["error"] and done["refusal"] is None, done
+    state = admin.GetKey(pb.GetKeyRequest(key=KEY))
+    assert state.phase == pb.PHASE_OPEN, state
+    assert state.stats.failures == base.failures + 3, state
+
+    # Tripped: each process hears it from the server once (with the break's
+    # remaining time as retry-after), then answers from its local cache.
+    for i, w in enumerate(workers):
+        first = w.guard(f"r{r}-open{i}", "succeed")
+        assert not first["ran"] and first["refusal"] == "blocked", first
+        assert first["reason"] == "open" and not first["local"], first
+        assert first["retry_after_ms"] == 30_000, first
+        second = w.guard(f"r{r}-local{i}", "succeed")
+        assert not second["ran"] and second["refusal"] == "blocked", second
+        assert second["local"], f"{w.name}: the second call went to the server: {second}"
+    assert stats(admin).blocked == base.blocked + SEATS
+
+    # The break ends on the server; "forget" stands for the same real time
+    # passing on every client's local cache.
+    clock.Advance(pb.AdvanceRequest(by=Duration(seconds=30)))
+    for w in workers:
+        w.send(op="forget", key=KEY)
+        w.expect("forgotten", key=KEY)
+
+    # Every process asks at once; the probe call hangs until released.
+    for i, w in enumerate(workers):
+        w.send(op="guard", id=f"r{r}-probe{i}", key=KEY, call="hang")
+    running = []
+    for i, w in enumerate(workers):
+        event = w.next_event()
+        assert event.get("id") == f"r{r}-probe{i}", event
+        if event["event"] == "running":
+            running.append((i, w))
+        else:
+            assert event["event"] == "done" and not event["ran"], event
+            assert event["refusal"] == "blocked", event
+            assert event["reason"] == "probe_in_flight", event
+    names = [w.name for _, w in running]
+    assert len(running) == 1, f"round {r}: {len(running)} processes ran the probe: {names}"
+    i, prober = running[0]
+    state = admin.GetKey(pb.GetKeyRequest(key=KEY))
+    assert state.phase == pb.PHASE_HALF_OPEN, state
+    assert state.stats.probes == base.probes + 1, state
+
+    prober.send(op="release", id=f"r{r}-probe{i}")
+    done = prober.expect("done", id=f"r{r}-probe{i}")
+    assert done["ran"] and done["refusal"] is None and not done["error"], done
+    state = admin.GetKey(pb.GetKeyRequest(key=KEY))
+    assert state.phase == pb.PHASE_CLOSED, state
+    assert state.stats.probes == base.probes + 1, state
+
+    # Closed again: every process runs its calls, and fusebox hears of each.
+    for i, w in enumerate(workers):
+        done = w.guard(f"r{r}-after{i}", "succeed")
+        assert done["ran"] and done["refusal"] is None, done
+    deadline = time.monotonic() + WAIT
+    while stats(admin).successes < base.successes + 1 + SEATS:
+        assert time.monotonic() < deadline, "the fleet's successes did not reach fusebox"
+        time.sleep(0.01)
+
+
 def test_one_probe_for_a_fleet_of_mixed_languages(server):
     target, admin, clock = server
     found = tools()
     langs = list(found)
-    workers = [Worker(i, langs[i % len(langs)], found[langs[i % len(langs)]], target)
-               for i in range(SEATS)]
+    workers = [
+        Worker(i, langs[i % len(langs)], found[langs[i % len(langs)]], target) for i in range(SEATS)
+    ]
     try:
         for w in workers:
             w.expect("ready", lang=w.lang)
 
-        # Three failures from three processes of different languages trip the key.
-        for i, w in enumerate(workers[:3]):
-            done = w.guard(f"fail{i}", "fail")
-            assert done["ran"] and done["error"] and done["refusal"] is None, done
-        state = admin.GetKey(pb.GetKeyRequest(key=KEY))
-        assert state.phase == pb.PHASE_OPEN and state.stats.failures == 3
-
-        # Tripped: each process hears it from the server once (with the break's
-        # remaining time as retry-after), then answers from its local cache.
-        for i, w in enumerate(workers):
-            first = w.guard(f"open{i}", "succeed")
-            assert not first["ran"] and first["refusal"] == "blocked", first
-            assert first["reason"] == "open" and not first["local"], first
-            assert first["retry_after_ms"] == 30_000, first
-            second = w.guard(f"local{i}", "succeed")
-            assert not second["ran"] and second["refusal"] == "blocked", second
-            assert second["local"], f"{w.name}: the second call went to the server: {second}"
-        assert admin.GetKey(pb.GetKeyRequest(key=KEY)).stats.blocked == SEATS
-
-        # The break ends on the server; "forget" stands for the same real time
-        # passing on every client's local cache.
-        clock.Advance(pb.AdvanceRequest(by=Duration(seconds=30)))
-        for w in workers:
-            w.send(op="forget", key=KEY)
-            w.expect("forgotten", key=KEY)
-
-        # Every process asks at once; the probe call hangs until released.
-        for i, w in enumerate(workers):
-            w.send(op="guard", id=f"probe{i}", key=KEY, call="hang")
-        running, blocked = [], []
-        for i, w in enumerate(workers):
-            event = w.next_event()
-            assert event.get("id") == f"probe{i}", event
-            if event["event"] == "running":
-                running.append((i, w))
-            else:
-                assert event["event"] == "done" and not event["ran"], event
-                assert event["refusal"] == "blocked", event
-                assert event["reason"] == "probe_in_flight", event
-                blocked.append(w)
-        assert len(running) == 1, f"{len(running)} processes ran the probe: {running}"
-        assert len(blocked) == SEATS - 1
-        i, prober = running[0]
-        state = admin.GetKey(pb.GetKeyRequest(key=KEY))
-        assert state.phase == pb.PHASE_HALF_OPEN and state.stats.probes == 1, state
-
-        prober.send(op="release", id=f"probe{i}")
-        done = prober.expect("done", id=f"probe{i}")
-        assert done["ran"] and done["refusal"] is None and not done["error"], done
-        state = admin.GetKey(pb.GetKeyRequest(key=KEY))
-        assert state.phase == pb.PHASE_CLOSED, state
-        assert state.stats.probes == 1 and state.stats.successes == 1, state
-
-        # Closed again: every process runs its calls.
-        for i, w in enumerate(workers):
-            done = w.guard(f"after{i}", "succeed")
-            assert done["ran"] and done["refusal"] is None, done
-        deadline = time.monotonic() + WAIT
-        while admin.GetKey(pb.GetKeyRequest(key=KEY)).stats.successes < 1 + SEATS:
-            assert time.monotonic() < deadline, "the fleet's successes did not reach fusebox"
-            time.sleep(0.01)
+        for r in range(ROUNDS):
+            fleet_round(r, workers, admin, clock)
     finally:
         codes = []
         for w in workers:
             try:
                 codes.append(w.finish())
-            except Exception:  # a worker that does not end is killed; the test already failed
+            except subprocess.TimeoutExpired:  # killed; the test has failed already
                 w.proc.kill()
                 codes.append(None)
     assert codes == [0] * SEATS, f"tool exit codes: {codes}"
