@@ -336,7 +336,8 @@ export class FuseboxClient {
       }
       this.counters.failedOpen++;
       this.logs.warn('unavailable', 'fusebox unavailable; failing open', { key, err: String(err) });
-      return call({ key, admission: 'failed_open', ticket: null, signal: signal ?? NEVER_ABORTED, unavailableError: err });
+      const ctx = { key, admission: 'failed_open', ticket: null, signal: signal ?? NEVER_ABORTED, unavailableError: err } as const;
+      return runBare(ctx, call, signal);
     }
 
     switch (resp.decision) {
@@ -398,7 +399,7 @@ export class FuseboxClient {
   ): Promise<T> {
     const ticket = ctx.ticket;
     if (ticket === null) {
-      return call(ctx); // a status check: nothing to renew or report
+      return runBare(ctx, call, signal); // a status check: nothing to renew or report
     }
     const renewer = cfg.renew && leaseMs > 0 ? new Renewer(this, ticket, leaseMs, cfg) : null;
     let outcome: Outcome;
@@ -495,6 +496,20 @@ export class FuseboxClient {
       }
       return Math.max(leaseMs / 4, 1); // try again before the lease ends
     }
+  }
+}
+
+// Runs a call that has no ticket (failing open, or a status check): nothing
+// is reported, but a caller who aborted gets the abort reason as ever.
+async function runBare<T>(
+  ctx: GuardContext,
+  call: (ctx: GuardContext) => Promise<T> | T,
+  signal: AbortSignal | undefined,
+): Promise<T> {
+  try {
+    return await call(ctx);
+  } catch (err) {
+    throw signal?.aborted ? signal.reason : err;
   }
 }
 

@@ -237,6 +237,27 @@ void test('the lease is renewed in the background at half its length, and renewa
   assert.equal(c.stats().renewals, settled);
 });
 
+void test('a renewal answered NOT_FOUND (the lease ended) stops renewing; the late outcome is counted as not reported', async () => {
+  const key = freshKey();
+  const c = client();
+  await c.guard(
+    key,
+    async () => {
+      await waitFor('a first renewal', () => c.stats().renewals >= 1);
+      await server.advance(1000); // past the 100 ms lease on the server's clock
+      await waitFor('a renewal refused', () => c.stats().renewErrors >= 1);
+      const settled = c.stats();
+      await new Promise((r) => setTimeout(r, 150)); // three renewal periods: none may happen
+      assert.deepEqual([c.stats().renewals, c.stats().renewErrors], [settled.renewals, settled.renewErrors]);
+    },
+    { leaseMs: 100 },
+  );
+  const st = c.stats();
+  assert.equal(st.renewErrors, 1);
+  assert.deepEqual([st.completed, st.completeErrs], [0, 1]);
+  assert.equal((await server.key(key)).stats?.expired, '1');
+});
+
 void test('with fusebox down a guard fails open (the call knows) or closed, and both are counted and logged once', async () => {
   const down = await Server.start({ admin: false });
   const lines: string[] = [];
