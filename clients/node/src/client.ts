@@ -401,7 +401,7 @@ export class FuseboxClient {
     if (ticket === null) {
       return runBare(ctx, call, signal); // a status check: nothing to renew or report
     }
-    const renewer = cfg.renew && leaseMs > 0 ? new Renewer(this, ticket, leaseMs, cfg) : null;
+    const renewer = cfg.renew && leaseMs > 0 ? new Renewer(leaseMs, (lease) => this.renewOnce(ticket, lease, cfg)) : null;
     let outcome: Outcome;
     let value: T | undefined;
     let failed = false;
@@ -476,8 +476,8 @@ export class FuseboxClient {
     }
   }
 
-  /** One renewal; the delay before the next (null: stop). @internal */
-  async renewOnce(ticket: string, leaseMs: number, cfg: Resolved): Promise<number | null> {
+  // One renewal; the delay before the next (null: stop).
+  private async renewOnce(ticket: string, leaseMs: number, cfg: Resolved): Promise<number | null> {
     try {
       const resp = await new Promise<{ lease: ReturnType<typeof millis> }>((resolve, reject) => {
         this.stub.Renew(
@@ -521,10 +521,8 @@ class Renewer {
   private stopped = false;
 
   constructor(
-    private readonly client: FuseboxClient,
-    private readonly ticket: string,
     private leaseMs: number,
-    private readonly cfg: Resolved,
+    private readonly renew: (leaseMs: number) => Promise<number | null>,
   ) {
     this.schedule(leaseMs / 2);
   }
@@ -536,7 +534,7 @@ class Renewer {
 
   private fire(): void {
     this.timer = undefined;
-    this.inflight = this.client.renewOnce(this.ticket, this.leaseMs, this.cfg).then((next) => {
+    this.inflight = this.renew(this.leaseMs).then((next) => {
       this.inflight = undefined;
       if (next !== null && !this.stopped) {
         this.leaseMs = next * 2;
