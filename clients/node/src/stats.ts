@@ -51,10 +51,10 @@ export interface Logger {
   warn(message: string, fields: Record<string, unknown>): void;
 }
 
-/** Logs to standard error as `fusebox: message {fields}`. */
+/** Logs to standard error with console.warn. */
 export const consoleLogger: Logger = {
   warn(message, fields) {
-    console.warn(`fusebox: ${message}`, fields);
+    console.warn(message, fields);
   },
 };
 

@@ -195,6 +195,33 @@ void test("a call cancelled by its caller's signal is ignored, and the guard rej
   assert.equal((await server.key(key)).stats?.granted, '1');
 });
 
+void test('aborting a guard that waits in the queue withdraws the request; the call never runs', async () => {
+  const key = freshKey();
+  await server.setPolicy(key, { limiter: { concurrency: { permits: 1 }, queueLimit: 1 } });
+  const c = client();
+  const ac = new AbortController();
+  let ran = false;
+  await c.guard(key, async () => {
+    const waiting = rejection(
+      c.guard(
+        key,
+        () => {
+          ran = true;
+          return Promise.resolve();
+        },
+        { maxWaitMs: 60_000, signal: ac.signal },
+      ),
+    );
+    await waitFor('the request waits', async () => (await server.key(key)).waiters === 1);
+    ac.abort();
+    assert.equal(await waiting, ac.signal.reason);
+    // While the permit is still held, so that the waiter cannot be served first.
+    await waitFor('the waiter withdrawn', async () => (await server.key(key)).stats?.withdrawn === '1');
+  });
+  assert.equal(ran, false);
+  assert.equal(c.stats().unavailable, 0, 'the caller aborting is not an outage');
+});
+
 void test('the default classifier ignores an AbortError; a replaced classifier decides', async () => {
   const key = freshKey();
   await server.setPolicy(key, breaker(1, 10_000));
