@@ -318,6 +318,18 @@ void test('with fusebox down a guard fails open (the call knows) or closed, and 
   assert.deepEqual([st.unavailable, st.failedOpen, st.failedClosed], [4, 3, 1]);
   assert.deepEqual(lines, ['fusebox unavailable; failing open'], 'logged once per interval');
 
+  let now = 0;
+  const logged: Record<string, unknown>[] = [];
+  const timed = client({ clock: () => now, logIntervalMs: 1000, logger: { warn: (_, f) => logged.push(f) } }, down.addr);
+  for (let i = 0; i < 3; i++) {
+    await timed.guard('k', () => Promise.resolve());
+  }
+  now = 1000;
+  await timed.guard('k', () => Promise.resolve());
+  assert.equal(logged.length, 2);
+  assert.equal(logged[0].unloggedSinceLast, undefined);
+  assert.equal(logged[1].unloggedSinceLast, 2, 'the next line tells how many were left unlogged');
+
   const closed = client({ onUnavailable: 'closed' }, down.addr);
   assert.ok((await rejection(closed.guard('k', () => Promise.resolve()))) instanceof UnavailableError);
 });
