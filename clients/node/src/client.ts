@@ -283,8 +283,9 @@ export class FuseboxClient {
   /**
    * Asks fusebox before running `call` for `key`, runs it when admitted and
    * reports how it went: success when it resolves, the classifier's outcome
-   * when it rejects (failure by default), ignored when the caller's signal
-   * was aborted. Resolves with the call's value; rejects with the call's own
+   * when it rejects (failure by default), ignored when it rejects after the
+   * caller's signal was aborted (the guard then rejects with the abort
+   * reason). Resolves with the call's value; rejects with the call's own
    * error unchanged, or with a refusal (BlockedError, RefusedError,
    * DeniedError) without running it, an UnavailableError when fusebox cannot
    * be asked and the policy is fail closed, or a FuseboxRequestError when
