@@ -1,0 +1,557 @@
+import { readFileSync } from 'node:fs';
+import * as grpc from '@grpc/grpc-js';
+
+import { OpenCache } from './cache';
+import {
+  BlockedError,
+  DeniedError,
+  FuseboxRequestError,
+  RefusedError,
+  UnavailableError,
+  isServiceError,
+  reasonOf,
+} from './errors';
+import type { AcquireRequest, AcquireResponse, AdminStub, ClockStub, FuseboxStub } from './proto';
+import { duration, millis, proto } from './proto';
+import type { Logger, Stats } from './stats';
+import { LogLimiter, consoleLogger, emptyStats } from './stats';
+
+/** How long a guard waits for fusebox itself (Acquire, Complete, Renew), in ms. */
+export const DEFAULT_DEADLINE_MS = 50;
+/** The bound of the local short-circuit cache (keys known OPEN). */
+export const DEFAULT_CACHE_SIZE = 1024;
+/** The least time between two log lines about the same kind of trouble, in ms. */
+export const DEFAULT_LOG_INTERVAL_MS = 10_000;
+
+/** How a guarded call went, as reported to fusebox. */
+export type Outcome = 'success' | 'failure' | 'ignored';
+
+/** Maps the error a guarded call rejected with to the outcome reported for it. */
+export type Classifier = (err: unknown) => Outcome;
+
+/** What a guard does when fusebox cannot be asked in time. */
+export type UnavailablePolicy = 'open' | 'closed';
+
+/** How the guarded call was let in. */
+export type Admission = 'granted' | 'probe' | 'failed_open';
+
+/** What a guarded call is given. */
+export interface GuardContext {
+  readonly key: string;
+  /** `granted`, `probe` (the half-open probe), or `failed_open` (fusebox could not be asked). */
+  readonly admission: Admission;
+  /** The ticket; null for a status check (permits 0) or when failing open. */
+  readonly ticket: string | null;
+  /** Aborted when the caller aborts (the guard's `signal` option). */
+  readonly signal: AbortSignal;
+  /** With `failed_open`: why fusebox could not be asked. */
+  readonly unavailableError?: unknown;
+}
+
+/** Options of one guard. */
+export interface GuardOptions {
+  /** Permits asked for (default 1). 0 is a status check: no ticket, nothing reported. */
+  permits?: number;
+  /** How long the request may wait in the key's queue, in ms (default 0). */
+  maxWaitMs?: number;
+  /** The lease asked for, in ms (default: the policy's). */
+  leaseMs?: number;
+  /** Replaces the client's classifier (default `defaultClassifier`). */
+  classifier?: Classifier;
+  /** Deadline of each call to fusebox, in ms (Acquire gets `maxWaitMs` more). */
+  deadlineMs?: number;
+  /** What to do when fusebox cannot be asked in time. */
+  onUnavailable?: UnavailablePolicy;
+  /** Renew the lease in the background (default true). */
+  renew?: boolean;
+  /** The caller's cancellation: the call is then reported IGNORED and the guard rejects with the abort reason. */
+  signal?: AbortSignal;
+}
+
+/** TLS options: PEM text or bytes. */
+export interface TlsOptions {
+  /** The roots to trust (default: the system's). */
+  ca?: string | Buffer;
+  /** A client certificate for mutual TLS (with `key`). */
+  cert?: string | Buffer;
+  /** The client certificate's private key. */
+  key?: string | Buffer;
+  /** Overrides the name checked in the server's certificate. */
+  serverName?: string;
+}
+
+/** Reads TLS options from PEM files; an empty or absent path is skipped. */
+export function tlsFromFiles(files: { ca?: string; cert?: string; key?: string; serverName?: string }): TlsOptions {
+  const read = (p?: string): Buffer | undefined => (p ? readFileSync(p) : undefined);
+  return { ca: read(files.ca), cert: read(files.cert), key: read(files.key), serverName: files.serverName };
+}
+
+/** Options of a client. */
+export interface ClientOptions {
+  /** Sent as `authorization: Bearer TOKEN` on every call. */
+  token?: string;
+  /** Connect with TLS; without it the connection is plaintext. */
+  tls?: TlsOptions;
+  /** Default deadline of each call to fusebox, in ms (default 50). */
+  deadlineMs?: number;
+  /** Default policy when fusebox cannot be asked in time (default `open`). */
+  onUnavailable?: UnavailablePolicy;
+  /** Default classifier of every guard (default `defaultClassifier`). */
+  classifier?: Classifier;
+  /** Bound of the local short-circuit cache (default 1024; 0 turns it off). */
+  cacheSize?: number;
+  /** Least time between two log lines about one kind of trouble, in ms (default 10 000). */
+  logIntervalMs?: number;
+  /** Where trouble is logged (default: console.warn). */
+  logger?: Logger;
+  /** The monotonic clock of the local cache and the log limiter, in ms (default `performance.now`). */
+  clock?: () => number;
+  /** More grpc-js channel options. */
+  channelOptions?: grpc.ChannelOptions;
+}
+
+const CANCELLED = grpc.status.CANCELLED;
+
+/**
+ * Counts every error as a failure except cancellations (an `AbortError`, a
+ * gRPC status CANCELLED), which are ignored. A deadline that passed counts:
+ * a slow dependency is failing.
+ */
+export function defaultClassifier(err: unknown): Outcome {
+  if (err instanceof Error && err.name === 'AbortError') {
+    return 'ignored';
+  }
+  if (isServiceError(err) && err.code === CANCELLED) {
+    return 'ignored';
+  }
+  return 'failure';
+}
+
+// Status codes that mean fusebox is down or slow: the policy applies.
+const OUTAGE = new Set<number>([
+  grpc.status.UNAVAILABLE,
+  grpc.status.DEADLINE_EXCEEDED,
+  grpc.status.CANCELLED,
+  grpc.status.ABORTED,
+  grpc.status.INTERNAL,
+  grpc.status.UNKNOWN,
+]);
+
+function isUnavailable(err: unknown): boolean {
+  return !isServiceError(err) || OUTAGE.has(err.code);
+}
+
+const OUTCOME = { success: 'OUTCOME_SUCCESS', failure: 'OUTCOME_FAILURE', ignored: 'OUTCOME_IGNORED' } as const;
+
+const NEVER_ABORTED = new AbortController().signal;
+
+interface Resolved {
+  permits: number | undefined;
+  maxWaitMs: number;
+  leaseMs: number;
+  classifier: Classifier;
+  deadlineMs: number;
+  onUnavailable: UnavailablePolicy;
+  renew: boolean;
+}
+
+const shared = new Map<string, FuseboxClient>();
+
+/**
+ * A client of one fusebox server over one gRPC channel. Make one per process
+ * (or use `FuseboxClient.shared`) and wrap each call to a dependency in
+ * `guard`.
+ */
+export class FuseboxClient {
+  /** The generated Fusebox stub, on the client's channel. */
+  readonly stub: FuseboxStub;
+  private readonly opts: Required<Pick<ClientOptions, 'deadlineMs' | 'onUnavailable' | 'classifier'>>;
+  private readonly cache: OpenCache;
+  private readonly logs: LogLimiter;
+  private readonly now: () => number;
+  private readonly counters: Stats = emptyStats();
+  private readonly credentials: grpc.ChannelCredentials;
+  private readonly interceptors: grpc.Interceptor[];
+  private adminStub?: AdminStub;
+  private clockStub?: ClockStub;
+
+  constructor(
+    readonly target: string,
+    options: ClientOptions = {},
+  ) {
+    this.opts = {
+      deadlineMs: options.deadlineMs ?? DEFAULT_DEADLINE_MS,
+      onUnavailable: options.onUnavailable ?? 'open',
+      classifier: options.classifier ?? defaultClassifier,
+    };
+    this.now = options.clock ?? (() => performance.now());
+    this.cache = new OpenCache(options.cacheSize ?? DEFAULT_CACHE_SIZE);
+    this.logs = new LogLimiter(options.logger ?? consoleLogger, options.logIntervalMs ?? DEFAULT_LOG_INTERVAL_MS, this.now);
+
+    const channelOptions: grpc.ChannelOptions = {
+      'grpc.initial_reconnect_backoff_ms': 100,
+      'grpc.max_reconnect_backoff_ms': 5000,
+      ...options.channelOptions,
+    };
+    const tls = options.tls;
+    if (tls !== undefined) {
+      const buf = (v?: string | Buffer): Buffer | null => (v === undefined ? null : Buffer.from(v));
+      this.credentials = grpc.credentials.createSsl(buf(tls.ca), buf(tls.key), buf(tls.cert));
+      if (tls.serverName) {
+        channelOptions['grpc.ssl_target_name_override'] = tls.serverName;
+        channelOptions['grpc.default_authority'] = tls.serverName;
+      }
+    } else {
+      this.credentials = grpc.credentials.createInsecure();
+    }
+    this.interceptors = [];
+    const token = options.token;
+    if (token) {
+      this.interceptors.push(
+        (callOptions, next) =>
+          new grpc.InterceptingCall(next(callOptions), {
+            start(metadata, listener, start) {
+              metadata.set('authorization', `Bearer ${token}`);
+              start(metadata, listener);
+            },
+          }),
+      );
+    }
+    const { Fusebox } = proto().fusebox.v1;
+    this.stub = new Fusebox(target, this.credentials, { ...channelOptions, interceptors: this.interceptors });
+    // Start connecting now, so that the first guard's deadline is not spent
+    // on the handshake.
+    this.stub.getChannel().getConnectivityState(true);
+  }
+
+  /**
+   * The process's client for target, made with options on first use; later
+   * calls for the same target get the same client (and channel) and ignore
+   * their options.
+   */
+  static shared(target: string, options: ClientOptions = {}): FuseboxClient {
+    let c = shared.get(target);
+    if (c === undefined) {
+      c = new FuseboxClient(target, options);
+      shared.set(target, c);
+    }
+    return c;
+  }
+
+  /** Closes the channel (and forgets the client as the shared one of its target). */
+  close(): void {
+    if (shared.get(this.target) === this) {
+      shared.delete(this.target);
+    }
+    this.stub.close();
+  }
+
+  /** The operator API (generated Admin stub) on the client's channel. */
+  admin(): AdminStub {
+    if (this.adminStub === undefined) {
+      const { Admin } = proto().fusebox.v1;
+      this.adminStub = new Admin(this.target, this.credentials, {
+        channelOverride: this.stub.getChannel(),
+        interceptors: this.interceptors,
+      });
+    }
+    return this.adminStub;
+  }
+
+  /** The manual-clock testing hook (generated Clock stub) on the client's channel. */
+  clock(): ClockStub {
+    if (this.clockStub === undefined) {
+      const { Clock } = proto().fusebox.v1;
+      this.clockStub = new Clock(this.target, this.credentials, {
+        channelOverride: this.stub.getChannel(),
+        interceptors: this.interceptors,
+      });
+    }
+    return this.clockStub;
+  }
+
+  /** A snapshot of the client's counters. */
+  stats(): Stats {
+    return { ...this.counters };
+  }
+
+  /** Drops the local short-circuit entry for key: the next guard asks fusebox again. */
+  forget(key: string): void {
+    this.cache.forget(key);
+  }
+
+  /**
+   * Asks fusebox before running `call` for `key`, runs it when admitted and
+   * reports how it went: success when it resolves, the classifier's outcome
+   * when it rejects (failure by default), ignored when it rejects after the
+   * caller's signal was aborted (the guard then rejects with the abort
+   * reason). Resolves with the call's value; rejects with the call's own
+   * error unchanged, or with a refusal (BlockedError, RefusedError,
+   * DeniedError) without running it, an UnavailableError when fusebox cannot
+   * be asked and the policy is fail closed, or a FuseboxRequestError when
+   * fusebox rejects the request itself.
+   */
+  async guard<T>(key: string, call: (ctx: GuardContext) => Promise<T> | T, options: GuardOptions = {}): Promise<T> {
+    const cfg: Resolved = {
+      permits: options.permits,
+      maxWaitMs: options.maxWaitMs ?? 0,
+      leaseMs: options.leaseMs ?? 0,
+      classifier: options.classifier ?? this.opts.classifier,
+      deadlineMs: options.deadlineMs ?? this.opts.deadlineMs,
+      onUnavailable: options.onUnavailable ?? this.opts.onUnavailable,
+      renew: options.renew ?? true,
+    };
+    const signal = options.signal;
+    const left = this.cache.blockedFor(key, this.now());
+    if (left > 0) {
+      this.counters.blockedLocal++;
+      throw new BlockedError(key, 'open', Math.ceil(left), true);
+    }
+    signal?.throwIfAborted();
+
+    const req: AcquireRequest = { key };
+    if (cfg.permits !== undefined) {
+      req.permits = cfg.permits;
+    }
+    if (cfg.maxWaitMs > 0) {
+      req.maxWait = duration(cfg.maxWaitMs);
+    }
+    if (cfg.leaseMs > 0) {
+      req.lease = duration(cfg.leaseMs);
+    }
+    let resp: AcquireResponse;
+    try {
+      resp = await this.acquire(req, cfg.deadlineMs + cfg.maxWaitMs, signal);
+    } catch (err) {
+      if (signal?.aborted) {
+        throw signal.reason;
+      }
+      if (!isUnavailable(err)) {
+        throw new FuseboxRequestError(key, err);
+      }
+      this.counters.unavailable++;
+      if (cfg.onUnavailable === 'closed') {
+        this.counters.failedClosed++;
+        this.logs.warn('unavailable', 'fusebox unavailable; failing closed', { key, err: String(err) });
+        throw new UnavailableError(key, err);
+      }
+      this.counters.failedOpen++;
+      this.logs.warn('unavailable', 'fusebox unavailable; failing open', { key, err: String(err) });
+      const ctx = { key, admission: 'failed_open', ticket: null, signal: signal ?? NEVER_ABORTED, unavailableError: err } as const;
+      return runBare(ctx, call, signal);
+    }
+
+    switch (resp.decision) {
+      case 'DECISION_GRANTED':
+      case 'DECISION_PROBE': {
+        const probe = resp.decision === 'DECISION_PROBE';
+        this.counters.granted++;
+        if (probe) {
+          this.counters.probes++;
+        }
+        this.cache.forget(key);
+        const ctx: GuardContext = {
+          key,
+          admission: probe ? 'probe' : 'granted',
+          ticket: resp.ticket || null,
+          signal: signal ?? NEVER_ABORTED,
+        };
+        return this.run(ctx, millis(resp.lease) ?? 0, cfg, call, signal);
+      }
+      case 'DECISION_BLOCKED': {
+        this.counters.blocked++;
+        const retry = millis(resp.retryAfter);
+        if (resp.reason === 'REASON_OPEN' && retry !== null && retry > 0) {
+          const now = this.now();
+          this.cache.put(key, now + retry, now);
+        }
+        throw new BlockedError(key, reasonOf(resp.reason), retry);
+      }
+      case 'DECISION_REFUSED':
+        this.counters.refused++;
+        throw new RefusedError(key);
+      case 'DECISION_DENIED':
+        this.counters.denied++;
+        throw new DeniedError(key, reasonOf(resp.reason), millis(resp.retryAfter));
+      default:
+        throw new FuseboxRequestError(key, new Error(`unknown decision ${String(resp.decision)}`));
+    }
+  }
+
+  /**
+   * The higher-order form: a function that guards `fn` under `key` (a string,
+   * or a function of the arguments) each time it is called.
+   */
+  wrap<A extends unknown[], T>(
+    key: string | ((...args: A) => string),
+    fn: (...args: A) => Promise<T> | T,
+    options: GuardOptions = {},
+  ): (...args: A) => Promise<T> {
+    return (...args: A) => this.guard(typeof key === 'string' ? key : key(...args), () => fn(...args), options);
+  }
+
+  // Runs the call under a ticket, renews its lease and reports the outcome.
+  private async run<T>(
+    ctx: GuardContext,
+    leaseMs: number,
+    cfg: Resolved,
+    call: (ctx: GuardContext) => Promise<T> | T,
+    signal: AbortSignal | undefined,
+  ): Promise<T> {
+    const ticket = ctx.ticket;
+    if (ticket === null) {
+      return runBare(ctx, call, signal); // a status check: nothing to renew or report
+    }
+    const renewer = cfg.renew && leaseMs > 0 ? new Renewer(leaseMs, (lease) => this.renewOnce(ticket, lease, cfg)) : null;
+    let outcome: Outcome;
+    let value: T | undefined;
+    let failed = false;
+    let error: unknown;
+    try {
+      value = await call(ctx);
+      outcome = 'success';
+    } catch (err) {
+      failed = true;
+      error = err;
+      outcome = signal?.aborted ? 'ignored' : this.classify(cfg.classifier, err);
+    }
+    if (renewer !== null) {
+      await renewer.stop();
+    }
+    await this.complete(ctx.key, ticket, outcome, cfg.deadlineMs);
+    if (failed) {
+      throw signal?.aborted ? signal.reason : error;
+    }
+    return value as T;
+  }
+
+  private classify(classifier: Classifier, err: unknown): Outcome {
+    try {
+      const o = classifier(err);
+      if (o === 'success' || o === 'failure' || o === 'ignored') {
+        return o;
+      }
+    } catch (cerr) {
+      this.logs.warn('classifier', 'fusebox: the classifier failed; reporting failure', { err: String(cerr) });
+    }
+    return 'failure';
+  }
+
+  private acquire(req: AcquireRequest, deadlineMs: number, signal?: AbortSignal): Promise<AcquireResponse> {
+    return new Promise((resolve, reject) => {
+      let onAbort: (() => void) | undefined;
+      let call: grpc.ClientUnaryCall;
+      try {
+        call = this.stub.Acquire(req, { deadline: Date.now() + deadlineMs }, (err, res) => {
+          if (onAbort !== undefined) {
+            signal?.removeEventListener('abort', onAbort);
+          }
+          if (err !== null || res === undefined) {
+            reject(err ?? new Error('no response'));
+          } else {
+            resolve(res);
+          }
+        });
+      } catch (err) {
+        reject(err instanceof Error ? err : new Error(String(err))); // a closed channel throws
+        return;
+      }
+      if (signal !== undefined) {
+        onAbort = () => call.cancel();
+        signal.addEventListener('abort', onAbort, { once: true });
+      }
+    });
+  }
+
+  private async complete(key: string, ticket: string, outcome: Outcome, deadlineMs: number): Promise<void> {
+    try {
+      await new Promise<void>((resolve, reject) => {
+        this.stub.Complete({ ticket, outcome: OUTCOME[outcome] }, { deadline: Date.now() + deadlineMs }, (err) =>
+          err !== null ? reject(err) : resolve(),
+        );
+      });
+      this.counters.completed++;
+    } catch (err) {
+      this.counters.completeErrs++;
+      this.logs.warn('complete', 'fusebox: could not report an outcome', { key, outcome, err: String(err) });
+    }
+  }
+
+  // One renewal; the delay before the next (null: stop).
+  private async renewOnce(ticket: string, leaseMs: number, cfg: Resolved): Promise<number | null> {
+    try {
+      const resp = await new Promise<{ lease: ReturnType<typeof millis> }>((resolve, reject) => {
+        this.stub.Renew(
+          cfg.leaseMs > 0 ? { ticket, lease: duration(cfg.leaseMs) } : { ticket },
+          { deadline: Date.now() + cfg.deadlineMs },
+          (err, res) => (err !== null || res === undefined ? reject(err ?? new Error('no response')) : resolve({ lease: millis(res.lease) })),
+        );
+      });
+      this.counters.renewals++;
+      return Math.max((resp.lease ?? leaseMs) / 2, 1);
+    } catch (err) {
+      this.counters.renewErrors++;
+      this.logs.warn('renew', 'fusebox: could not renew a lease', { err: String(err) });
+      if (isServiceError(err) && err.code === grpc.status.NOT_FOUND) {
+        return null; // completed, expired or stale: nothing left to renew
+      }
+      return Math.max(leaseMs / 4, 1); // try again before the lease ends
+    }
+  }
+}
+
+// Runs a call that has no ticket (failing open, or a status check): nothing
+// is reported, but a caller who aborted gets the abort reason as ever.
+async function runBare<T>(
+  ctx: GuardContext,
+  call: (ctx: GuardContext) => Promise<T> | T,
+  signal: AbortSignal | undefined,
+): Promise<T> {
+  try {
+    return await call(ctx);
+  } catch (err) {
+    throw signal?.aborted ? signal.reason : err;
+  }
+}
+
+// Renews a ticket each time half its lease has passed, until stopped or the
+// ticket is gone. Its timers do not keep the process alive.
+class Renewer {
+  private timer: NodeJS.Timeout | undefined;
+  private inflight: Promise<void> | undefined;
+  private stopped = false;
+
+  constructor(
+    private leaseMs: number,
+    private readonly renew: (leaseMs: number) => Promise<number | null>,
+  ) {
+    this.schedule(leaseMs / 2);
+  }
+
+  private schedule(ms: number): void {
+    this.timer = setTimeout(() => this.fire(), ms);
+    this.timer.unref();
+  }
+
+  private fire(): void {
+    this.timer = undefined;
+    this.inflight = this.renew(this.leaseMs).then((next) => {
+      this.inflight = undefined;
+      if (next !== null && !this.stopped) {
+        this.leaseMs = next * 2;
+        this.schedule(next);
+      }
+    });
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.timer !== undefined) {
+      clearTimeout(this.timer);
+      this.timer = undefined;
+    }
+    if (this.inflight !== undefined) {
+      await this.inflight;
+    }
+  }
+}
