@@ -135,6 +135,7 @@ const OUTAGE = new Set<number>([
   grpc.status.ABORTED,
   grpc.status.INTERNAL,
   grpc.status.UNKNOWN,
+  grpc.status.RESOURCE_EXHAUSTED, // fusebox at one of its caps cannot serve
 ]);
 
 function isUnavailable(err: unknown): boolean {

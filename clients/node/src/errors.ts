@@ -85,8 +85,8 @@ export class UnavailableError extends Error {
 
 /**
  * fusebox rejected the request itself (a bad key or duration, a missing or
- * unknown token, a cap reached: INVALID_ARGUMENT, UNAUTHENTICATED,
- * PERMISSION_DENIED, RESOURCE_EXHAUSTED, ...). It is not a decision about
+ * unknown token, a ticket it does not know: INVALID_ARGUMENT,
+ * UNAUTHENTICATED, PERMISSION_DENIED, NOT_FOUND, ...). It is not a decision about
  * the dependency; the call was not made. `code` is the gRPC status code.
  */
 export class FuseboxRequestError extends Error {
