@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 import threading
 import time
-from typing import Callable, Dict, Optional, Tuple, TypeVar
+from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 import grpc
 
@@ -79,6 +81,7 @@ class FuseboxClient:
         self.cache = c.OpenCache(cache_size, clock)
         self.counters = c.Counters()
         self.outage_log = c.RateLimitedLog(log_interval, clock)
+        self.renewals = _Renewals()
 
     def guard(
         self,
@@ -113,20 +116,25 @@ class FuseboxClient:
             return fn(*args, **kwargs)
 
 
-class _Renewer(threading.Thread):
-    """Renews a ticket every half lease until stopped."""
+class _Renewal:
+    """The renewal of one running guard's ticket, every half lease until stopped."""
 
     def __init__(self, guard: Guard, ticket: str, lease: float):
-        super().__init__(name=f"fusebox-renew-{guard.key}", daemon=True)
         self.guard = guard
         self.ticket = ticket
         self.lease = lease
-        self.stopped = threading.Event()
+        self.stopped = False
+        # Held while a Renew is on the wire, so that stop() returns only when
+        # no renewal of this ticket is being sent or will be.
+        self.lock = threading.Lock()
 
-    def run(self) -> None:
-        g = self.guard
-        req = pb.RenewRequest(ticket=self.ticket, lease=c.dur(g.lease))
-        while not self.stopped.wait(self.lease / 2):
+    def renew(self) -> Optional[float]:
+        """Sends one Renew; returns the seconds until the next, or None to stop."""
+        with self.lock:
+            if self.stopped:
+                return None
+            g = self.guard
+            req = pb.RenewRequest(ticket=self.ticket, lease=c.dur(g.lease))
             try:
                 resp = g.client.stub.Renew(req, timeout=g.deadline, metadata=g.client.metadata)
                 g.client.counters.add("renewals")
@@ -137,12 +145,69 @@ class _Renewer(threading.Thread):
                 g.client.counters.add("renew_failures")
                 g.client.outage_log.warn("fusebox: renew for %r failed: %s", g.key, err.code())
                 if err.code() == grpc.StatusCode.NOT_FOUND:
-                    return
+                    return None
+            return self.lease / 2
 
     def stop(self) -> None:
-        self.stopped.set()
-        if threading.current_thread() is not self:
-            self.join()
+        with self.lock:
+            self.stopped = True
+
+
+class _Renewals:
+    """One daemon thread per client renews the tickets of every running guard
+    (a thread per guard would cost more than the guard's two calls)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._heap: List[Tuple[float, int, _Renewal]] = []
+        self._seq = itertools.count()
+        self._stopped = 0
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self, renewal: _Renewal) -> None:
+        self._push(renewal, time.monotonic() + renewal.lease / 2)
+
+    def stop(self, renewal: _Renewal) -> None:
+        renewal.stop()
+        with self._cv:
+            self._stopped += 1
+            # Stopped renewals leave the heap when due; compact it before they
+            # outnumber the running ones.
+            if self._stopped > 64 and self._stopped * 2 > len(self._heap):
+                self._heap = [e for e in self._heap if not e[2].stopped]
+                heapq.heapify(self._heap)
+                self._stopped = 0
+
+    def _push(self, renewal: _Renewal, due: float) -> None:
+        with self._cv:
+            heapq.heappush(self._heap, (due, next(self._seq), renewal))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="fusebox-renewals", daemon=True
+                )
+                self._thread.start()
+            self._cv.notify()
+
+    def _next_due(self) -> _Renewal:
+        with self._cv:
+            while True:
+                while self._heap and self._heap[0][2].stopped:
+                    heapq.heappop(self._heap)
+                    self._stopped = max(self._stopped - 1, 0)
+                if not self._heap:
+                    self._cv.wait()
+                    continue
+                wait = self._heap[0][0] - time.monotonic()
+                if wait <= 0:
+                    return heapq.heappop(self._heap)[2]
+                self._cv.wait(wait)
+
+    def _run(self) -> None:
+        while True:
+            renewal = self._next_due()
+            again = renewal.renew()
+            if again is not None:
+                self._push(renewal, time.monotonic() + again)
 
 
 class Guard:
@@ -164,7 +229,7 @@ class Guard:
         self.degraded = False
         self.outcome: Optional[c.Outcome] = None
         self.renewals = 0
-        self._renewer: Optional[_Renewer] = None
+        self._renewal: Optional[_Renewal] = None
 
     def _fresh(self) -> Guard:
         return Guard(
@@ -261,12 +326,12 @@ class Guard:
     def _start_renewer(self, lease: float) -> None:
         if lease <= 0:
             return
-        self._renewer = _Renewer(self, self.ticket or "", lease)
-        self._renewer.start()
+        self._renewal = _Renewal(self, self.ticket or "", lease)
+        self.client.renewals.start(self._renewal)
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self._renewer is not None:
-            self._renewer.stop()
+        if self._renewal is not None:
+            self.client.renewals.stop(self._renewal)
         if exc is None:
             self.outcome = c.Outcome.SUCCESS
         else:

@@ -222,15 +222,18 @@ async def replay(scenario: dict, tmp_path) -> None:
                         r.task.cancel()
             elif action == "await":
                 r = running[arg]
+                assert r.task is not None
                 got = await asyncio.wait_for(asyncio.shield(r.task), WAIT)
                 check(expect or r.expect, got, where)
             elif action == "release":
                 r = running[arg]
+                assert r.task is not None
                 r.release.set_result(step.get("as", "succeed"))
                 got = await asyncio.wait_for(asyncio.shield(r.task), WAIT)
                 check(r.expect, got, where)
             elif action == "cancel":
                 r = running[arg]
+                assert r.task is not None
                 r.task.cancel()
                 got = await asyncio.wait_for(asyncio.shield(r.task), WAIT)
                 check(expect or r.expect, got, where)
