@@ -24,7 +24,7 @@
 
 pub mod auth;
 pub mod connections;
-pub mod domain;
+pub use fusebox_domain as domain;
 pub mod engine;
 pub mod guard;
 pub mod http;

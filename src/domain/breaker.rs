@@ -376,8 +376,8 @@ impl Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::policy::BreakerSpec;
-    use crate::domain::DurationSpec;
+    use crate::policy::BreakerSpec;
+    use crate::DurationSpec;
 
     fn consecutive(failures: u32, break_ms: u64) -> BreakerPolicy {
         BreakerSpec {
@@ -502,10 +502,7 @@ mod tests {
         // 3, 4.5 -> 4, 6.75 -> 6: computed lengths are rounded down (T1).
         assert_eq!(odd.break_length(2), 4);
         assert_eq!(odd.break_length(3), 6);
-        assert_eq!(
-            odd.break_length(10_000),
-            crate::domain::policy::MAX_DURATION
-        );
+        assert_eq!(odd.break_length(10_000), crate::policy::MAX_DURATION);
     }
 
     #[test]

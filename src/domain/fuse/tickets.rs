@@ -9,7 +9,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::{PackedId, Ticket, TicketId};
-use crate::domain::Millis;
+use crate::Millis;
 
 /// The most tickets kept in a plain vector; beyond this they are indexed.
 pub const FEW: usize = 8;

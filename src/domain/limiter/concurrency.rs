@@ -3,8 +3,8 @@
 use std::num::NonZeroU32;
 
 use super::Algorithm;
-use crate::domain::policy::LimiterKind;
-use crate::domain::Millis;
+use crate::policy::LimiterKind;
+use crate::Millis;
 
 /// The settings of `concurrency`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,8 +6,8 @@ use std::collections::VecDeque;
 use std::num::{NonZeroU32, NonZeroU64};
 
 use super::Algorithm;
-use crate::domain::policy::LimiterKind;
-use crate::domain::Millis;
+use crate::policy::LimiterKind;
+use crate::Millis;
 
 /// The settings of `sliding_window`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,8 +4,8 @@
 use std::num::{NonZeroU32, NonZeroU64};
 
 use super::Algorithm;
-use crate::domain::policy::LimiterKind;
-use crate::domain::Millis;
+use crate::policy::LimiterKind;
+use crate::Millis;
 
 /// The settings of `token_bucket`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 //! The rules of fusebox as pure, deterministic state machines.
 //!
-//! Nothing in this module performs I/O, reads a clock or spawns a task: every
+//! Nothing in this crate performs I/O, reads a clock or spawns a task: every
 //! operation takes `now`, a count of milliseconds on the engine's monotonic
 //! clock (SPEC T0), and returns a value. The engine wraps these machines in a
 //! sharded map, reads the clock and sleeps until [`Fuse::next_deadline`].
@@ -13,6 +13,8 @@
 //! - [`fuse`]: everything kept for one key, and the one decision over breaker
 //!   and book (C1–C6), tickets and leases (L1–L4);
 //! - [`key`]: the key syntax of K1.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod book;
 pub mod breaker;
