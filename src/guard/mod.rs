@@ -292,6 +292,9 @@ struct Backoff {
 }
 
 struct Inner {
+    /// When a failed Renew and a failed Complete were last logged.
+    renew_log: Mutex<Option<Instant>>,
+    complete_log: Mutex<Option<Instant>>,
     client: pb::fusebox_client::FuseboxClient<Channel>,
     options: GuardOptions,
     authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
@@ -345,9 +348,21 @@ fn is_unavailable(status: &tonic::Status) -> bool {
     )
 }
 
-/// The default classifier: every error counts as a failure.
+/// A classifier for which every error counts as a failure.
 pub fn count_every_error<E>(_: &E) -> Outcome {
     Outcome::Failure
+}
+
+/// The default classifier: an error counts as a failure unless it is a
+/// cancellation (a gRPC status CANCELLED, as a dependency called over gRPC
+/// answers when the call was cancelled), which is IGNORED, as in every
+/// fusebox client library.
+pub fn count_errors_not_cancellations<E: 'static>(e: &E) -> Outcome {
+    let any: &dyn std::any::Any = e;
+    match any.downcast_ref::<tonic::Status>() {
+        Some(status) if status.code() == tonic::Code::Cancelled => Outcome::Ignored,
+        _ => Outcome::Failure,
+    }
 }
 
 enum Admission {
@@ -394,7 +409,11 @@ impl Ticket {
             r.abort();
         }
         if let Some(id) = self.id.take() {
-            self.guard.complete(id, outcome).await;
+            // A task of its own: a caller that drops the future while the
+            // outcome is on its way (a timeout just after the call returned)
+            // does not lose it.
+            let guard = self.guard.clone();
+            let _ = tokio::spawn(async move { guard.complete(id, outcome).await }).await;
         }
     }
 }
@@ -405,9 +424,16 @@ impl Drop for Ticket {
             r.abort();
         }
         if let Some(id) = self.id.take() {
+            // Dropped by a caller that went away: IGNORED. Dropped while the
+            // call panics: the call failed.
+            let outcome = if std::thread::panicking() {
+                Outcome::Failure
+            } else {
+                Outcome::Ignored
+            };
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
                 let guard = self.guard.clone();
-                handle.spawn(async move { guard.complete(id, Outcome::Ignored).await });
+                handle.spawn(async move { guard.complete(id, outcome).await });
             }
         }
     }
@@ -458,6 +484,8 @@ impl Guard {
                 cache: Mutex::new(cache),
                 backoff: Mutex::new(backoff),
                 counters: Counters::default(),
+                renew_log: Mutex::new(None),
+                complete_log: Mutex::new(None),
             }),
         })
     }
@@ -486,8 +514,9 @@ impl Guard {
             .remove(key);
     }
 
-    /// Guards `call` on `key`, counting every error as a failure.
-    pub async fn run<T, E, F, Fut>(
+    /// Guards `call` on `key`; an error counts as a failure unless it is a
+    /// cancellation ([`count_errors_not_cancellations`]).
+    pub async fn run<T, E: 'static, F, Fut>(
         &self,
         key: &str,
         options: &CallOptions,
@@ -497,7 +526,7 @@ impl Guard {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.run_classified(key, options, count_every_error, call)
+        self.run_classified(key, options, count_errors_not_cancellations, call)
             .await
     }
 
@@ -569,14 +598,9 @@ impl Guard {
             lease: options.lease.map(sanitize_duration),
         };
         let mut client = self.inner.client.clone();
-        let answer =
-            tokio::time::timeout(deadline, client.acquire(self.request(message, deadline)))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(tonic::Status::deadline_exceeded(
-                        "fusebox did not answer in time",
-                    ))
-                });
+        let answer = answer_of(
+            tokio::time::timeout(deadline, client.acquire(self.request(message, deadline))).await,
+        );
         let reply = match answer {
             Ok(reply) => {
                 self.reachable();
@@ -586,7 +610,11 @@ impl Guard {
                 self.unreachable(&status);
                 return self.unavailable(policy, status);
             }
-            Err(status) => return Err(GuardError::Rejected(status)),
+            Err(status) => {
+                // fusebox answered (and said no): it is reachable.
+                self.reachable();
+                return Err(GuardError::Rejected(status));
+            }
         };
         let retry_after = duration_from(reply.retry_after);
         match pb::Decision::try_from(reply.decision) {
@@ -684,8 +712,12 @@ impl Guard {
     fn unreachable(&self, status: &tonic::Status) {
         let now = Instant::now();
         let mut b = self.inner.backoff.lock().expect("backoff lock");
-        b.until = Some(now + b.next);
-        b.next = (b.next * 2).min(self.inner.options.max_backoff);
+        // Calls in flight when fusebox went away fail together: they open
+        // one backoff window, not one doubling each.
+        if b.until.is_none_or(|until| until <= now) {
+            b.until = Some(now + b.next);
+            b.next = (b.next * 2).min(self.inner.options.max_backoff);
+        }
         let due = b
             .last_logged
             .is_none_or(|t| now.duration_since(t) >= self.inner.options.log_interval);
@@ -741,14 +773,26 @@ impl Guard {
                             .counters
                             .renew_failures
                             .fetch_add(1, Ordering::Relaxed);
+                        guard.warn_once(
+                            &guard.inner.renew_log,
+                            "fusebox no longer knows a running call's ticket; renewal stops",
+                            &status,
+                        );
                         return;
                     }
-                    _ => {
+                    other => {
                         guard
                             .inner
                             .counters
                             .renew_failures
                             .fetch_add(1, Ordering::Relaxed);
+                        if let Err(trouble) = answer_of(other) {
+                            guard.warn_once(
+                                &guard.inner.renew_log,
+                                "fusebox did not renew a running call's lease; trying again sooner",
+                                &trouble,
+                            );
+                        }
                         // Try again sooner: what is left of the lease halves.
                         lease /= 2;
                         if lease < Duration::from_millis(2) {
@@ -769,18 +813,58 @@ impl Guard {
         let mut client = self.inner.client.clone();
         let answer =
             tokio::time::timeout(deadline, client.complete(self.request(message, deadline))).await;
-        if !matches!(answer, Ok(Ok(_))) {
+        if let Err(trouble) = answer_of(answer) {
             self.inner
                 .counters
                 .complete_failures
                 .fetch_add(1, Ordering::Relaxed);
+            self.warn_once(
+                &self.inner.complete_log,
+                "fusebox did not take an outcome; the ticket's lease will end on the server",
+                &trouble,
+            );
         }
     }
+
+    /// Warns at most once per `log_interval` for one kind of trouble.
+    fn warn_once(&self, last: &Mutex<Option<Instant>>, what: &str, trouble: &tonic::Status) {
+        let now = Instant::now();
+        let mut last = last.lock().expect("log lock");
+        if last.is_none_or(|t| now.duration_since(t) >= self.inner.options.log_interval) {
+            *last = Some(now);
+            tracing::warn!(code = ?trouble.code(), message = trouble.message(), "{what}");
+        }
+    }
+}
+
+/// A call to fusebox under the guard's own deadline, as one status.
+fn answer_of<T>(
+    answer: Result<Result<T, tonic::Status>, tokio::time::error::Elapsed>,
+) -> Result<T, tonic::Status> {
+    answer.unwrap_or_else(|_| {
+        Err(tonic::Status::deadline_exceeded(
+            "fusebox did not answer in time",
+        ))
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn failures_in_one_blip_open_one_backoff_window() {
+        let guard = Guard::connect("http://127.0.0.1:1", None, GuardOptions::default())
+            .expect("a lazy channel");
+        let down = tonic::Status::unavailable("down");
+        for _ in 0..8 {
+            guard.unreachable(&down);
+        }
+        let b = guard.inner.backoff.lock().expect("backoff lock");
+        let defaults = GuardOptions::default();
+        assert_eq!(b.next, defaults.backoff * 2, "one doubling, not eight");
+        assert!(b.until.expect("backing off") <= Instant::now() + defaults.backoff);
+    }
 
     #[test]
     fn the_open_cache_is_bounded_and_forgets_what_ended() {

@@ -186,3 +186,55 @@ async fn a_fusebox_that_does_not_answer_costs_one_deadline_then_the_policy_appli
     );
     task.abort();
 }
+
+/// A call that panics failed; a call that ends with a gRPC CANCELLED (its
+/// dependency cancelled it) is IGNORED by the default classifier, like a
+/// caller that goes away; any other error is a failure.
+#[tokio::test]
+async fn a_panicking_call_is_a_failure_and_a_cancelled_one_is_ignored() {
+    let config = config();
+    let server = Server::manual(Some(&config)).await;
+    let g = guard(&server, Some(CALLER));
+
+    let task = tokio::spawn({
+        let g = g.clone();
+        async move {
+            let _: Result<(), GuardError<String>> = g
+                .run("a/panics", &CallOptions::default(), || async {
+                    panic!("the call's own panic")
+                })
+                .await;
+        }
+    });
+    assert!(task.await.expect_err("the panic goes on").is_panic());
+
+    let cancelled: Result<(), GuardError<tonic::Status>> = g
+        .run("a/panics", &CallOptions::default(), || async {
+            Err(tonic::Status::cancelled(
+                "the dependency cancelled the call",
+            ))
+        })
+        .await;
+    assert!(matches!(cancelled, Err(GuardError::Call(_))));
+    let failed: Result<(), GuardError<tonic::Status>> = g
+        .run("a/panics", &CallOptions::default(), || async {
+            Err(tonic::Status::unavailable("the dependency is down"))
+        })
+        .await;
+    assert!(matches!(failed, Err(GuardError::Call(_))));
+
+    // Outcomes of dropped tickets are sent in the background: wait for them.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let st = stats(&server, "a/panics").await;
+        if st.failures + st.ignored == 3 {
+            assert_eq!((st.failures, st.ignored), (2, 1), "{st:?}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "outcomes never arrived: {st:?}"
+        );
+        tokio::task::yield_now().await;
+    }
+}
