@@ -183,6 +183,11 @@ class AsyncGuard(_SyncGuard):
                 await asyncio.wait([self._task])
             except asyncio.CancelledError:
                 cancelled = True  # our own task: report first, then go on cancelling
+            task = self._task
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                self.client.renew_log.warn(
+                    "fusebox: renewal for %r ended: %r", self.key, task.exception()
+                )
         if exc is None:
             self.outcome = c.Outcome.SUCCESS
         else:

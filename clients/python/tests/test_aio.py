@@ -199,3 +199,30 @@ async def test_exit_reports_even_when_the_renewal_task_failed():
     await asyncio.wait([g._task])
     await g.__aexit__(None, None, None)
     assert stub.completes == 1
+
+
+async def test_exit_cancelled_while_stopping_renewal_reports_and_stays_cancelled():
+    client = AsyncFuseboxClient(free_addr(), deadline=0.05)
+    stub = client.stub = RecordingStub()  # type: ignore[assignment]
+    started, stopping, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def slow_to_stop():
+        started.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            stopping.set()
+            await release.wait()
+
+    g = client.guard("k")
+    g.ticket = "ticket"
+    g._task = asyncio.get_running_loop().create_task(slow_to_stop())
+    await started.wait()
+    exiting = asyncio.get_running_loop().create_task(g.__aexit__(None, None, None))
+    await stopping.wait()
+    exiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await exiting
+    assert stub.completes == 1
+    release.set()
+    await asyncio.wait([g._task])
