@@ -54,7 +54,8 @@ class FuseboxClient:
       (True, the default) or raise `Unavailable` (False).
     classifier: maps an exception raised by a guarded call to an Outcome.
     cache_size: keys remembered OPEN for the local short-circuit (0 disables).
-    log_interval: outage warnings are logged at most once per this many seconds.
+    log_interval: each kind of trouble (fusebox unavailable, a failed renewal or
+      Complete) is logged at most once per this many seconds.
     clock: the monotonic clock used by the short-circuit cache and logging.
     """
 
