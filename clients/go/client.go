@@ -53,6 +53,50 @@ type Client struct {
 	cache    *openCache
 	logs     *logLimiter
 	stats    counters
+	backoff  outageBackoff
+}
+
+// Outage backoff: after fusebox was unavailable, guards do not ask it
+// again for a while (100 ms, doubling to 5 s, reset by the next answer).
+const (
+	initialBackoff = 100 * time.Millisecond
+	maxBackoff     = 5 * time.Second
+)
+
+type outageBackoff struct {
+	mu    sync.Mutex
+	until time.Time // zero: not backing off
+	next  time.Duration
+}
+
+// backingOff reports whether guards answer without asking fusebox.
+func (b *outageBackoff) backingOff(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return now.Before(b.until)
+}
+
+// outage starts a backoff window unless one is running, so that a burst
+// of failures in one outage counts as one step.
+func (b *outageBackoff) outage(now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.until.After(now) {
+		return
+	}
+	if b.next == 0 {
+		b.next = initialBackoff
+	}
+	b.until = now.Add(b.next)
+	b.next = min(b.next*2, maxBackoff)
+}
+
+// answered resets the backoff: fusebox answers again.
+func (b *outageBackoff) answered() {
+	b.mu.Lock()
+	b.until = time.Time{}
+	b.next = initialBackoff
+	b.mu.Unlock()
 }
 
 type clientConfig struct {

@@ -161,13 +161,24 @@ func (c *Client) Guard(ctx context.Context, key string, call func(ctx context.Co
 	if cfg.lease > 0 {
 		req.Lease = durationpb.New(cfg.lease)
 	}
-	actx, cancel := context.WithTimeout(ctx, cfg.deadline+cfg.maxWait)
-	resp, err := c.fusebox.Acquire(actx, req)
-	cancel()
-	if err != nil {
-		if ctx.Err() != nil {
+	var resp *pb.AcquireResponse
+	var err error
+	if c.backoff.backingOff(time.Now()) {
+		err = status.Error(codes.Unavailable, "fusebox was unavailable; backing off before asking again")
+	} else {
+		actx, cancel := context.WithTimeout(ctx, cfg.deadline+cfg.maxWait)
+		resp, err = c.fusebox.Acquire(actx, req)
+		cancel()
+		if err != nil && ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if err == nil || !isUnavailable(err) {
+			c.backoff.answered()
+		} else {
+			c.backoff.outage(time.Now())
+		}
+	}
+	if err != nil {
 		if !isUnavailable(err) {
 			return &RequestError{Key: key, Err: err}
 		}

@@ -3,8 +3,12 @@ package fusebox
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
 
 	pb "github.com/fusebox/fusebox/clients/go/fuseboxpb"
 )
@@ -247,5 +251,67 @@ func TestSharedIsOneClientPerTarget(t *testing.T) {
 	b, _ := Shared(s.addr, WithToken("ignored"))
 	if a != b || a.Conn() != b.Conn() {
 		t.Fatal("Shared made a second client")
+	}
+}
+
+func TestOutageBacksOffBeforeAskingAgain(t *testing.T) {
+	s := startServer(t)
+	var acquires atomic.Int32
+	count := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if strings.HasSuffix(method, "/Acquire") {
+			acquires.Add(1)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+	c := newClient(t, s, WithDialOptions(count))
+	if err := c.Guard(context.Background(), "k", ok); err != nil {
+		t.Fatal(err)
+	}
+	s.stop()
+	for range 3 {
+		var adm Admission
+		err := c.Guard(context.Background(), "k", func(ctx context.Context) error {
+			adm, _ = AdmissionFrom(ctx)
+			return nil
+		})
+		if err != nil || !adm.FailedOpen {
+			t.Fatalf("want the call run without a ticket, got %v %+v", err, adm)
+		}
+	}
+	if n := acquires.Load(); n != 2 {
+		t.Fatalf("fusebox was asked %d times, want 2 (the later guards back off)", n)
+	}
+	if st := c.Stats(); st.Unavailable != 3 || st.FailedOpen != 3 {
+		t.Fatalf("stats %+v", st)
+	}
+	c.backoff.mu.Lock()
+	next := c.backoff.next
+	c.backoff.mu.Unlock()
+	if next != 2*initialBackoff {
+		t.Fatalf("one outage doubled the backoff to %v", next)
+	}
+}
+
+func TestOutageBackoffDoublesOncePerWindow(t *testing.T) {
+	var b outageBackoff
+	now := time.Unix(0, 0)
+	b.outage(now)
+	b.outage(now.Add(time.Millisecond)) // same window: no step
+	if b.until != now.Add(initialBackoff) || b.next != 2*initialBackoff {
+		t.Fatalf("%+v", b.until)
+	}
+	for range 10 {
+		now = b.until
+		b.outage(now)
+	}
+	if b.next != maxBackoff || b.until != now.Add(maxBackoff) {
+		t.Fatalf("backoff %v until %v", b.next, b.until.Sub(now))
+	}
+	if !b.backingOff(now) {
+		t.Fatal("want backing off")
+	}
+	b.answered()
+	if b.backingOff(now) || b.next != initialBackoff {
+		t.Fatal("an answer resets the backoff")
 	}
 }

@@ -142,6 +142,45 @@ function isUnavailable(err: unknown): boolean {
   return !isServiceError(err) || OUTAGE.has(err.code);
 }
 
+/** The first outage backoff and its bound, in ms. */
+const INITIAL_BACKOFF_MS = 100;
+const MAX_BACKOFF_MS = 5000;
+
+/**
+ * After an outage the client's guards do not ask fusebox for a while: 100 ms,
+ * doubling to 5 s, reset by the next answer. A window is started only when
+ * none is running, so a burst of failures in one blip counts as one step.
+ */
+class OutageBackoff {
+  private until: number | null = null;
+  private next = INITIAL_BACKOFF_MS;
+
+  backingOff(now: number): boolean {
+    return this.until !== null && now < this.until;
+  }
+
+  outage(now: number): void {
+    if (this.until === null || this.until <= now) {
+      this.until = now + this.next;
+      this.next = Math.min(this.next * 2, MAX_BACKOFF_MS);
+    }
+  }
+
+  answered(): void {
+    this.until = null;
+    this.next = INITIAL_BACKOFF_MS;
+  }
+}
+
+/** The outage a guard answers with, without asking, while backing off. */
+class BackingOffError extends Error {
+  readonly code = grpc.status.UNAVAILABLE;
+  constructor() {
+    super('fusebox was unavailable; backing off before asking again');
+    this.name = 'BackingOffError';
+  }
+}
+
 const OUTCOME = { success: 'OUTCOME_SUCCESS', failure: 'OUTCOME_FAILURE', ignored: 'OUTCOME_IGNORED' } as const;
 
 const NEVER_ABORTED = new AbortController().signal;
@@ -171,6 +210,7 @@ export class FuseboxClient {
   private readonly logs: LogLimiter;
   private readonly now: () => number;
   private readonly counters: Stats = emptyStats();
+  private readonly backoff = new OutageBackoff();
   private readonly credentials: grpc.ChannelCredentials;
   private readonly interceptors: grpc.Interceptor[];
   private adminStub?: AdminStub;
@@ -322,13 +362,21 @@ export class FuseboxClient {
     }
     let resp: AcquireResponse;
     try {
+      if (this.backoff.backingOff(performance.now())) {
+        throw new BackingOffError();
+      }
       resp = await this.acquire(req, cfg.deadlineMs + cfg.maxWaitMs, signal);
+      this.backoff.answered();
     } catch (err) {
       if (signal?.aborted) {
         throw signal.reason;
       }
       if (!isUnavailable(err)) {
+        this.backoff.answered();
         throw new FuseboxRequestError(key, err);
+      }
+      if (!(err instanceof BackingOffError)) {
+        this.backoff.outage(performance.now());
       }
       this.counters.unavailable++;
       if (cfg.onUnavailable === 'closed') {

@@ -422,3 +422,30 @@ void test('the local cache is bounded: ended entries go first, then the one endi
   none.put('a', 1000, 0);
   assert.equal(none.size, 0, 'size 0 turns the cache off');
 });
+
+void test('after an outage the guards back off before asking fusebox again, and apply the policy meanwhile', async () => {
+  const down = await Server.start({ admin: false });
+  const addr = down.addr;
+  await down.close();
+  const c = client({ deadlineMs: 50 }, addr);
+  let acquires = 0;
+  const stub = c.stub as unknown as { Acquire: (...args: unknown[]) => unknown };
+  const acquire = stub.Acquire.bind(c.stub);
+  stub.Acquire = (...args: unknown[]) => {
+    acquires++;
+    return acquire(...args);
+  };
+  for (let i = 0; i < 3; i++) {
+    let admission: string | undefined;
+    await c.guard('k', (ctx) => {
+      admission = ctx.admission;
+      return Promise.resolve();
+    });
+    assert.equal(admission, 'failed_open');
+  }
+  const err = await rejection(c.guard('k', () => Promise.resolve(), { onUnavailable: 'closed' }));
+  assert.ok(err instanceof UnavailableError);
+  assert.equal(acquires, 1, 'the later guards are answered by the backoff');
+  const st = c.stats();
+  assert.deepEqual([st.unavailable, st.failedOpen, st.failedClosed], [4, 3, 1]);
+});

@@ -9,7 +9,6 @@ import enum
 import logging
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -34,7 +33,10 @@ Classifier = Callable[[BaseException], Outcome]
 
 
 def default_classifier(exc: BaseException) -> Outcome:
-    """Errors count as failures; cancellations and interrupts are IGNORED."""
+    """Errors count as failures; cancellations (including a gRPC status
+    CANCELLED) and interrupts are IGNORED."""
+    if isinstance(exc, grpc.RpcError) and _code(exc) == grpc.StatusCode.CANCELLED:
+        return Outcome.IGNORED
     if isinstance(
         exc,
         (
@@ -124,8 +126,62 @@ OUTAGE_CODES = frozenset(
 )
 
 
+def _code(err: grpc.RpcError) -> Optional[grpc.StatusCode]:
+    code = getattr(err, "code", None)
+    try:
+        return code() if callable(code) else None
+    except Exception:
+        return None
+
+
 def is_outage(err: grpc.RpcError) -> bool:
     return err.code() in OUTAGE_CODES
+
+
+class BackingOff(grpc.RpcError):
+    """The outage a guard answers with, without asking fusebox, while the
+    client backs off after fusebox was unavailable."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "fusebox was unavailable; backing off before asking again"
+
+    def __str__(self) -> str:
+        return self.details()
+
+
+INITIAL_BACKOFF = 0.1  # seconds
+MAX_BACKOFF = 5.0
+
+
+class OutageBackoff:
+    """After an outage, guards do not ask fusebox for a while: 100 ms, doubling
+    to 5 s, reset by the next answer. One step per outage window, so a burst of
+    concurrent failures in one blip does not climb to 5 s at once."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.until: Optional[float] = None
+        self.next = INITIAL_BACKOFF
+        self._lock = threading.Lock()
+
+    def backing_off(self) -> bool:
+        with self._lock:
+            return self.until is not None and self.clock() < self.until
+
+    def outage(self) -> None:
+        with self._lock:
+            now = self.clock()
+            if self.until is None or self.until <= now:
+                self.until = now + self.next
+                self.next = min(self.next * 2, MAX_BACKOFF)
+
+    def answered(self) -> None:
+        with self._lock:
+            self.until = None
+            self.next = INITIAL_BACKOFF
 
 
 def reason_name(reason: int) -> str:
@@ -202,7 +258,8 @@ class RateLimitedLog:
 
 
 class OpenCache:
-    """Bounded LRU of keys known OPEN until a local monotonic time.
+    """Bounded map of keys known OPEN until a local monotonic time; when full,
+    the expired entries go, then the one that ends first.
 
     Only REASON_OPEN with a retry hint is cached: when it ends the next
     Acquire goes to the server, which admits one probe for the whole fleet."""
@@ -210,17 +267,20 @@ class OpenCache:
     def __init__(self, size: int = 1024, clock: Callable[[], float] = time.monotonic):
         self.size = size
         self.clock = clock
-        self._until: OrderedDict[str, float] = OrderedDict()
+        self._until: Dict[str, float] = {}
         self._lock = threading.Lock()
 
     def mark_open(self, key: str, retry_after: float) -> None:
         if self.size <= 0:
             return
         with self._lock:
-            self._until[key] = self.clock() + retry_after
-            self._until.move_to_end(key)
-            while len(self._until) > self.size:
-                self._until.popitem(last=False)
+            now = self.clock()
+            if key not in self._until and len(self._until) >= self.size:
+                for k in [k for k, t in self._until.items() if t <= now]:
+                    del self._until[k]
+                if len(self._until) >= self.size:
+                    del self._until[min(self._until, key=self._until.__getitem__)]
+            self._until[key] = now + retry_after
 
     def remaining(self, key: str) -> Optional[float]:
         with self._lock:

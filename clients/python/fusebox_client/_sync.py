@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import inspect
 import itertools
 import threading
 import time
@@ -53,7 +54,8 @@ class FuseboxClient:
       (True, the default) or raise `Unavailable` (False).
     classifier: maps an exception raised by a guarded call to an Outcome.
     cache_size: keys remembered OPEN for the local short-circuit (0 disables).
-    log_interval: outage warnings are logged at most once per this many seconds.
+    log_interval: each kind of trouble (fusebox unavailable, a failed renewal or
+      Complete) is logged at most once per this many seconds.
     clock: the monotonic clock used by the short-circuit cache and logging.
     """
 
@@ -80,7 +82,11 @@ class FuseboxClient:
         self.classifier = classifier
         self.cache = c.OpenCache(cache_size, clock)
         self.counters = c.Counters()
+        # One rate-limited log per kind of trouble, so that one does not hide another.
         self.outage_log = c.RateLimitedLog(log_interval, clock)
+        self.renew_log = c.RateLimitedLog(log_interval, clock)
+        self.complete_log = c.RateLimitedLog(log_interval, clock)
+        self.backoff = c.OutageBackoff()
         self.renewals = _Renewals()
 
     def guard(
@@ -143,9 +149,10 @@ class _Renewal:
                     self.lease = max(resp.lease.ToMilliseconds() / 1000.0, 0.002)
             except grpc.RpcError as err:
                 g.client.counters.add("renew_failures")
-                g.client.outage_log.warn("fusebox: renew for %r failed: %s", g.key, err.code())
+                g.client.renew_log.warn("fusebox: renew for %r failed: %s", g.key, err.code())
                 if err.code() == grpc.StatusCode.NOT_FOUND:
                     return None
+                return self.lease / 4  # try again before the lease ends
             return self.lease / 2
 
     def stop(self) -> None:
@@ -203,9 +210,16 @@ class _Renewals:
                 self._cv.wait(wait)
 
     def _run(self) -> None:
+        # The one renewal thread of the client: nothing may end it.
         while True:
             renewal = self._next_due()
-            again = renewal.renew()
+            try:
+                again = renewal.renew()
+            except Exception as err:  # e.g. ValueError on a closed channel
+                g = renewal.guard
+                g.client.counters.add("renew_failures")
+                g.client.renew_log.warn("fusebox: renew for %r failed: %r", g.key, err)
+                again = renewal.lease / 4
             if again is not None:
                 self._push(renewal, time.monotonic() + again)
 
@@ -244,6 +258,12 @@ class Guard:
         )
 
     def __call__(self, fn: Callable) -> Callable:
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError(
+                f"{fn.__qualname__} is a coroutine function: the sync guard would report"
+                " before it runs; use fusebox_client.aio.AsyncFuseboxClient"
+            )
+
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             with self._fresh():
@@ -267,16 +287,25 @@ class Guard:
         if left is not None:
             cl.counters.add("short_circuited")
             raise c.Blocked(self.key, left, "open", local=True)
+        if cl.backoff.backing_off():
+            return self._outage(c.BackingOff())
         try:
             resp = cl.stub.Acquire(
                 self._request(), timeout=self.deadline + (self.max_wait or 0), metadata=cl.metadata
             )
         except grpc.RpcError as err:
-            if not c.is_outage(err):
-                cl.counters.add("fusebox_errors")
-                raise c.CallError(self.key, err) from None
-            return self._outage(err)
+            return self._acquire_failed(err)
+        cl.backoff.answered()
         return self._decide(resp)
+
+    def _acquire_failed(self: G, err: grpc.RpcError) -> G:
+        cl = self.client
+        if not c.is_outage(err):
+            cl.backoff.answered()
+            cl.counters.add("fusebox_errors")
+            raise c.CallError(self.key, err) from None
+        cl.backoff.outage()
+        return self._outage(err)
 
     def _outage(self: G, err: grpc.RpcError) -> G:
         cl = self.client
@@ -354,4 +383,4 @@ class Guard:
             cl.counters.add("completes")
         except grpc.RpcError as err:
             cl.counters.add("complete_failures")
-            cl.outage_log.warn("fusebox: complete for %r failed: %s", self.key, err.code().name)
+            cl.complete_log.warn("fusebox: complete for %r failed: %s", self.key, err.code().name)

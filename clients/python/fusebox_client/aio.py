@@ -65,7 +65,11 @@ class AsyncFuseboxClient:
         self.classifier = classifier
         self.cache = c.OpenCache(cache_size, clock)
         self.counters = c.Counters()
+        # One rate-limited log per kind of trouble, so that one does not hide another.
         self.outage_log = c.RateLimitedLog(log_interval, clock)
+        self.renew_log = c.RateLimitedLog(log_interval, clock)
+        self.complete_log = c.RateLimitedLog(log_interval, clock)
+        self.backoff = c.OutageBackoff()
 
     def guard(
         self,
@@ -132,15 +136,15 @@ class AsyncGuard(_SyncGuard):
         if left is not None:
             cl.counters.add("short_circuited")
             raise c.Blocked(self.key, left, "open", local=True)
+        if cl.backoff.backing_off():
+            return self._outage(c.BackingOff())
         try:
             resp = await cl.stub.Acquire(
                 self._request(), timeout=self.deadline + (self.max_wait or 0), metadata=cl.metadata
             )
         except grpc.RpcError as err:
-            if not c.is_outage(err):
-                cl.counters.add("fusebox_errors")
-                raise c.CallError(self.key, err) from None
-            return self._outage(err)
+            return self._acquire_failed(err)
+        cl.backoff.answered()
         return self._decide(resp)
 
     def _start_renewer(self, lease: float) -> None:
@@ -150,27 +154,40 @@ class AsyncGuard(_SyncGuard):
     async def _renew(self, lease: float) -> None:
         cl = self.client
         req = pb.RenewRequest(ticket=self.ticket, lease=c.dur(self.lease))
+        wait = lease / 2
         while True:
-            await asyncio.sleep(lease / 2)  # the renewal period, not synchronisation
+            await asyncio.sleep(wait)  # the renewal period, not synchronisation
+            wait = lease / 4  # unless renewed: try again before the lease ends
             try:
                 resp = await cl.stub.Renew(req, timeout=self.deadline, metadata=cl.metadata)
                 cl.counters.add("renewals")
                 self.renewals += 1
                 if resp.HasField("lease"):
                     lease = max(resp.lease.ToMilliseconds() / 1000.0, 0.002)
+                wait = lease / 2
             except grpc.RpcError as err:
                 cl.counters.add("renew_failures")
-                cl.outage_log.warn("fusebox: renew for %r failed: %s", self.key, err.code())
+                cl.renew_log.warn("fusebox: renew for %r failed: %s", self.key, err.code())
                 if err.code() == grpc.StatusCode.NOT_FOUND:
                     return
+            except Exception as err:  # e.g. a closed channel: keep renewing
+                cl.counters.add("renew_failures")
+                cl.renew_log.warn("fusebox: renew for %r failed: %r", self.key, err)
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
+        cancelled = False
         if self._task is not None:
             self._task.cancel()
             try:
-                await self._task
+                # Waits for the renewal to end without taking on its result.
+                await asyncio.wait([self._task])
             except asyncio.CancelledError:
-                pass
+                cancelled = True  # our own task: report first, then go on cancelling
+            task = self._task
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                self.client.renew_log.warn(
+                    "fusebox: renewal for %r ended: %r", self.key, task.exception()
+                )
         if exc is None:
             self.outcome = c.Outcome.SUCCESS
         else:
@@ -182,6 +199,8 @@ class AsyncGuard(_SyncGuard):
         if self.ticket:
             # Report even when our task is being cancelled.
             await asyncio.shield(self._complete_async())
+        if cancelled:
+            raise asyncio.CancelledError()
 
     def renewing(self) -> bool:
         return self._task is not None and not self._task.done()
@@ -197,4 +216,4 @@ class AsyncGuard(_SyncGuard):
             cl.counters.add("completes")
         except grpc.RpcError as err:
             cl.counters.add("complete_failures")
-            cl.outage_log.warn("fusebox: complete for %r failed: %s", self.key, err.code().name)
+            cl.complete_log.warn("fusebox: complete for %r failed: %s", self.key, err.code().name)

@@ -4,7 +4,9 @@ import socket
 import pytest
 from conftest import FakeClock, breaker, concurrency
 
-from fusebox_client import Blocked, Denied, Outcome
+from fusebox_client import Blocked, Denied, Outcome, aio
+from fusebox_client._common import BackingOff
+from fusebox_client._gen import fusebox_pb2 as pb
 from fusebox_client.aio import AsyncFuseboxClient
 
 
@@ -112,3 +114,115 @@ async def test_fail_open_and_closed():
     with pytest.raises(Unavailable):
         async with client.guard("down", fail_open=False):
             pass
+
+
+class CountingStub:
+    def __init__(self, stub):
+        self.stub = stub
+        self.acquires = 0
+
+    def Acquire(self, *args, **kwargs):
+        self.acquires += 1
+        return self.stub.Acquire(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.stub, name)
+
+
+def free_addr() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    addr = f"127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    return addr
+
+
+async def test_outage_backs_off_before_asking_again():
+    client = AsyncFuseboxClient(free_addr(), deadline=0.05)
+    stub = client.stub = CountingStub(client.stub)
+    for _ in range(3):
+        async with client.guard("down") as g:
+            pass
+        assert g.degraded
+    assert stub.acquires == 1
+    assert client.counters.snapshot()["fail_open"] == 3
+
+
+class RecordingStub:
+    """Renew fails with UNAVAILABLE; Complete is recorded."""
+
+    def __init__(self):
+        self.completes = 0
+
+    async def Renew(self, req, timeout=None, metadata=None):
+        raise BackingOff()
+
+    async def Complete(self, req, timeout=None, metadata=None):
+        self.completes += 1
+        return pb.CompleteResponse()
+
+
+async def test_a_failed_renewal_is_retried_at_a_quarter_of_the_lease(monkeypatch):
+    client = AsyncFuseboxClient(free_addr(), deadline=0.05)
+    client.stub = RecordingStub()  # type: ignore[assignment]
+    waits: list = []
+    real_sleep = asyncio.sleep
+    enough = asyncio.Event()
+
+    async def sleep(seconds, *args):
+        waits.append(seconds)
+        if len(waits) >= 3:
+            enough.set()
+            await real_sleep(3600)
+        await real_sleep(0)
+
+    monkeypatch.setattr(aio.asyncio, "sleep", sleep)
+    g = client.guard("k")
+    g.ticket = "ticket"
+    g._start_renewer(0.2)
+    await enough.wait()
+    monkeypatch.undo()
+    await g.__aexit__(None, None, None)
+    assert waits[:3] == [0.1, 0.05, 0.05]
+
+
+async def test_exit_reports_even_when_the_renewal_task_failed():
+    client = AsyncFuseboxClient(free_addr(), deadline=0.05)
+    stub = client.stub = RecordingStub()  # type: ignore[assignment]
+
+    async def broken():
+        raise RuntimeError("renewal broke")
+
+    g = client.guard("k")
+    g.ticket = "ticket"
+    g._task = asyncio.get_running_loop().create_task(broken())
+    await asyncio.wait([g._task])
+    await g.__aexit__(None, None, None)
+    assert stub.completes == 1
+
+
+async def test_exit_cancelled_while_stopping_renewal_reports_and_stays_cancelled():
+    client = AsyncFuseboxClient(free_addr(), deadline=0.05)
+    stub = client.stub = RecordingStub()  # type: ignore[assignment]
+    started, stopping, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def slow_to_stop():
+        started.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            stopping.set()
+            await release.wait()
+
+    g = client.guard("k")
+    g.ticket = "ticket"
+    g._task = asyncio.get_running_loop().create_task(slow_to_stop())
+    await started.wait()
+    exiting = asyncio.get_running_loop().create_task(g.__aexit__(None, None, None))
+    await stopping.wait()
+    exiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await exiting
+    assert stub.completes == 1
+    release.set()
+    await asyncio.wait([g._task])

@@ -13,6 +13,8 @@ from fusebox_client import (
     Refused,
     Unavailable,
 )
+from fusebox_client._gen import fusebox_pb2 as pb
+from fusebox_client._sync import _Renewal
 
 
 class Boom(Exception):
@@ -233,3 +235,77 @@ def test_tls(tmp_path):
                 pass
     finally:
         s.stop()
+
+
+class CountingStub:
+    """The client's stub, counting the Acquires that reach the channel."""
+
+    def __init__(self, stub):
+        self.stub = stub
+        self.acquires = 0
+
+    def Acquire(self, *args, **kwargs):
+        self.acquires += 1
+        return self.stub.Acquire(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.stub, name)
+
+
+def test_outage_backs_off_before_asking_again():
+    client = FuseboxClient(free_port_addr(), deadline=0.05, fail_open=False)
+    stub = client.stub = CountingStub(client.stub)
+    for _ in range(3):
+        with pytest.raises(Unavailable):
+            with client.guard("down"):
+                pytest.fail("must not run")
+    assert stub.acquires == 1  # the later guards are answered by the backoff
+    assert client.counters.snapshot()["fail_closed"] == 3
+    assert client.backoff.next == 0.2  # one outage, one step
+
+
+def test_renew_and_outage_warnings_are_logged_apart(caplog):
+    client = FuseboxClient(free_port_addr(), deadline=0.05, log_interval=60)
+    client.renew_log.warn("fusebox: renew for %r failed: %s", "k", "UNAVAILABLE")
+    with client.guard("down") as g:
+        assert g.degraded
+    assert len([r for r in caplog.records if "failing open" in r.getMessage()]) == 1
+
+
+def test_a_failed_renewal_is_retried_at_a_quarter_of_the_lease():
+    client = FuseboxClient(free_port_addr(), deadline=0.05)
+    renewal = _Renewal(client.guard("k"), "ticket", 0.2)
+    assert renewal.renew() == pytest.approx(0.05)
+
+
+class FlakyRenewStub:
+    """Renew raises ValueError (as on a closed channel) once, then succeeds."""
+
+    def __init__(self):
+        self.calls = 0
+        self.renewed = threading.Event()
+
+    def Renew(self, req, timeout=None, metadata=None):
+        self.calls += 1
+        if self.calls == 1:
+            raise ValueError("Cannot invoke RPC on closed channel!")
+        self.renewed.set()
+        return pb.RenewResponse()
+
+
+def test_renewal_thread_survives_an_unexpected_error():
+    client = FuseboxClient(free_port_addr(), deadline=0.05, log_interval=60)
+    stub = client.stub = FlakyRenewStub()  # type: ignore[assignment]
+    client.renewals.start(_Renewal(client.guard("k"), "ticket", 0.02))
+    assert stub.renewed.wait(10), "the renewal thread died"
+    assert client.counters.snapshot()["renew_failures"] == 1
+
+
+def test_sync_guard_refuses_to_decorate_a_coroutine_function():
+    client = FuseboxClient(free_port_addr())
+
+    async def call():
+        pass
+
+    with pytest.raises(TypeError, match="AsyncFuseboxClient"):
+        client.guard("k")(call)

@@ -70,6 +70,7 @@ public final class FuseboxClient implements AutoCloseable {
   private final OpenCache cache;
   private final LongSupplier ticker;
   private final Reconnector reconnector;
+  final OutageBackoff backoff = new OutageBackoff();
   final LogLimiter logs;
   final Counters counters = new Counters();
 
@@ -83,6 +84,9 @@ public final class FuseboxClient implements AutoCloseable {
       Metadata md = new Metadata();
       md.put(Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER), "Bearer " + b.token);
       cb.intercept(MetadataUtils.newAttachHeadersInterceptor(md));
+    }
+    if (b.interceptor != null) {
+      cb.intercept(b.interceptor);
     }
     this.channel = cb.build();
     this.deadlineNanos = b.deadline.toNanos();
@@ -205,7 +209,9 @@ public final class FuseboxClient implements AutoCloseable {
    * how its future ended (SUCCESS, the classifier's outcome, IGNORED when cancelled). The returned
    * future fails with the refusals of {@link #guard(String, GuardOptions, Callable)} or the call's
    * own exception; cancelling it cancels the call's future and reports IGNORED. {@code call} runs
-   * on a gRPC executor thread, where {@link #admission()} is set.
+   * on a gRPC executor thread (on the caller's when answered without asking fusebox), where {@link
+   * #admission()} is set. The returned future is never completed on gRPC's network threads, so
+   * its dependent stages may block.
    */
   public <T> CompletableFuture<T> guardAsync(
       String key, GuardOptions opts, Supplier<? extends CompletableFuture<T>> call) {
@@ -269,12 +275,12 @@ public final class FuseboxClient implements AutoCloseable {
           inner.whenComplete(
               (v, e) -> {
                 if (e == null) {
-                  t.completeAsync(Outcome.SUCCESS).whenComplete((x, y) -> result.complete(v));
+                  t.completeAsync(Outcome.SUCCESS, null).whenComplete((x, y) -> result.complete(v));
                   return;
                 }
                 Throwable cause = unwrap(e);
                 Outcome o = result.isCancelled() ? Outcome.IGNORED : t.outcomeOf(cause);
-                t.completeAsync(o).whenComplete((x, y) -> result.completeExceptionally(cause));
+                t.completeAsync(o, null).whenComplete((x, y) -> result.completeExceptionally(cause));
               });
         });
     return result;
@@ -301,6 +307,9 @@ public final class FuseboxClient implements AutoCloseable {
   }
 
   private CompletableFuture<AcquireResponse> startAcquire(String key, GuardOptions opts, java.util.concurrent.Executor executor) {
+    if (backoff.backingOff(System.nanoTime())) {
+      return CompletableFuture.failedFuture(new BackingOffException());
+    }
     AcquireRequest.Builder req = AcquireRequest.newBuilder().setKey(key);
     if (opts.permits != null) {
       req.setPermits(opts.permits);
@@ -321,11 +330,15 @@ public final class FuseboxClient implements AutoCloseable {
     if (err != null) {
       Status.Code code = Status.fromThrowable(err).getCode();
       if (!isUnavailable(code)) {
+        backoff.answered();
         counters.requestErrors.increment();
         throw new FuseboxRequestException(key, err);
       }
       counters.unavailable.increment();
-      reconnector.trouble();
+      if (!(err instanceof BackingOffException)) {
+        backoff.outage(System.nanoTime());
+        reconnector.trouble();
+      }
       FailPolicy p = opts.onUnavailable != null ? opts.onUnavailable : failPolicy;
       if (p == FailPolicy.CLOSED) {
         counters.failedClosed.increment();
@@ -336,6 +349,7 @@ public final class FuseboxClient implements AutoCloseable {
       logs.warn("unavailable", "fusebox unavailable (" + code + "); failing open for \"" + key + "\"");
       return new Ticket(this, new Admission(key, null, false, true, err), opts, deadline, 0);
     }
+    backoff.answered();
     switch (resp.getDecision()) {
       case DECISION_GRANTED:
       case DECISION_PROBE:
@@ -408,6 +422,50 @@ public final class FuseboxClient implements AutoCloseable {
 
   static long nanos(Duration d) {
     return TimeUnit.SECONDS.toNanos(d.getSeconds()) + d.getNanos();
+  }
+
+  /** The outage a guard answers with, without asking fusebox, while backing off. */
+  static final class BackingOffException extends io.grpc.StatusRuntimeException {
+    private static final long serialVersionUID = 1L;
+
+    BackingOffException() {
+      super(Status.UNAVAILABLE.withDescription("fusebox was unavailable; backing off before asking again"));
+    }
+  }
+
+  /**
+   * After an outage the client's guards do not ask fusebox for a while: 100 ms, doubling to 5 s,
+   * reset by the next answer. A window starts only when none is running, so a burst of failures
+   * in one blip counts as one step.
+   */
+  static final class OutageBackoff {
+    static final long FIRST = TimeUnit.MILLISECONDS.toNanos(100);
+    static final long MAX = TimeUnit.SECONDS.toNanos(5);
+
+    private boolean backingOff;
+    private long until;
+    private long next = FIRST;
+
+    synchronized boolean backingOff(long now) {
+      return backingOff && now - until < 0;
+    }
+
+    synchronized void outage(long now) {
+      if (!backingOff || now - until >= 0) {
+        backingOff = true;
+        until = now + next;
+        next = Math.min(next * 2, MAX);
+      }
+    }
+
+    synchronized void answered() {
+      backingOff = false;
+      next = FIRST;
+    }
+
+    synchronized long next() {
+      return next;
+    }
   }
 
   /** The client's counters. */
@@ -519,6 +577,7 @@ public final class FuseboxClient implements AutoCloseable {
     private java.time.Duration logInterval = DEFAULT_LOG_INTERVAL;
     private Logger logger = LOG;
     private LongSupplier ticker = System::nanoTime;
+    private io.grpc.ClientInterceptor interceptor;
 
     private Builder(String target) {
       this.target = Objects.requireNonNull(target, "target");
@@ -596,6 +655,12 @@ public final class FuseboxClient implements AutoCloseable {
     /** Replaces {@link System#nanoTime()} for the local short-circuit cache (tests). */
     Builder ticker(LongSupplier t) {
       this.ticker = t;
+      return this;
+    }
+
+    /** Adds an interceptor to the client's channel (tests). */
+    Builder interceptor(io.grpc.ClientInterceptor i) {
+      this.interceptor = i;
       return this;
     }
 

@@ -96,6 +96,14 @@ public final class Ticket implements AutoCloseable {
 
   /** Stops the renewal and reports {@code outcome}; the future ends when fusebox answered. */
   CompletableFuture<Void> completeAsync(Outcome outcome) {
+    return completeAsync(outcome, Rpc.DIRECT);
+  }
+
+  /**
+   * As {@link #completeAsync(Outcome)}, with the report's future completed on {@code executor}
+   * (null: gRPC's default executor, never its network threads).
+   */
+  CompletableFuture<Void> completeAsync(Outcome outcome, java.util.concurrent.Executor executor) {
     if (!done.compareAndSet(false, true)) {
       return CompletableFuture.completedFuture(null);
     }
@@ -110,7 +118,7 @@ public final class Ticket implements AutoCloseable {
         .thenCompose(
             v ->
                 Rpc.<CompleteRequest, CompleteResponse>call(
-                    client.channel(), FuseboxGrpc.getCompleteMethod(), req, deadlineNanos, Rpc.DIRECT))
+                    client.channel(), FuseboxGrpc.getCompleteMethod(), req, deadlineNanos, executor))
         .handle(
             (r, e) -> {
               if (e == null) {

@@ -383,6 +383,86 @@ class GuardTest {
   }
 
   @Test
+  void asyncGuardCompletesOffTheNetworkThreads() throws Exception {
+    TestServer s = server();
+    FuseboxClient c = client(s);
+    CompletableFuture<String> inner = new CompletableFuture<>();
+    CountDownLatch started = new CountDownLatch(1);
+    CompletableFuture<String> f = c.guardAsync("k", GuardOptions.defaults(), () -> {
+      started.countDown();
+      return inner;
+    });
+    assertTrue(started.await(10, TimeUnit.SECONDS));
+    // A dependent stage that blocks on fusebox: on a network thread it would stall the answer.
+    CompletableFuture<Admission> nested =
+        f.thenApply(
+            v -> {
+              assertFalse(Thread.currentThread().getName().contains("ELG"), Thread.currentThread().getName());
+              try {
+                return c.guard("k2", () -> FuseboxClient.admission().orElseThrow());
+              } catch (Exception e) {
+                throw new java.util.concurrent.CompletionException(e);
+              }
+            });
+    inner.complete("ok");
+    Admission a = nested.get(30, TimeUnit.SECONDS);
+    assertFalse(a.failedOpen(), "a guard in a dependent stage was answered");
+    assertEquals(1, s.key("k").getStats().getSuccesses());
+  }
+
+  @Test
+  void outageBacksOffBeforeAskingAgain() throws Exception {
+    TestServer s = server();
+    java.util.concurrent.atomic.AtomicInteger acquires = new java.util.concurrent.atomic.AtomicInteger();
+    io.grpc.ClientInterceptor count =
+        new io.grpc.ClientInterceptor() {
+          @Override
+          public <Q, R> io.grpc.ClientCall<Q, R> interceptCall(
+              io.grpc.MethodDescriptor<Q, R> method, io.grpc.CallOptions options, io.grpc.Channel next) {
+            if (method.getFullMethodName().endsWith("/Acquire")) {
+              acquires.incrementAndGet();
+            }
+            return next.newCall(method, options);
+          }
+        };
+    FuseboxClient c = client(FuseboxClient.builder(s.addr).deadline(java.time.Duration.ofSeconds(2)).interceptor(count));
+    assertEquals("ok", c.guard("k", GuardTest::ok));
+    s.stop();
+    for (int i = 0; i < 3; i++) {
+      assertTrue(c.guard("k", () -> FuseboxClient.admission().orElseThrow()).failedOpen());
+    }
+    assertThrows(
+        UnavailableException.class,
+        () -> c.guard("k", GuardOptions.defaults().onUnavailable(FailPolicy.CLOSED), GuardTest::ok));
+    assertEquals(2, acquires.get(), "the guards after the outage are answered by the backoff");
+    Stats st = c.stats();
+    assertEquals(4, st.unavailable());
+    assertEquals(3, st.failedOpen());
+    assertEquals(1, st.failedClosed());
+    assertEquals(TimeUnit.MILLISECONDS.toNanos(200), c.backoff.next(), "one outage, one step");
+  }
+
+  @Test
+  void outageBackoffDoublesOncePerWindowAndResets() {
+    FuseboxClient.OutageBackoff b = new FuseboxClient.OutageBackoff();
+    long ms = TimeUnit.MILLISECONDS.toNanos(1);
+    b.outage(0);
+    b.outage(ms); // the same blip: no second step
+    assertTrue(b.backingOff(99 * ms));
+    assertFalse(b.backingOff(100 * ms));
+    assertEquals(200 * ms, b.next());
+    long now = 100 * ms;
+    for (int i = 0; i < 10; i++) {
+      b.outage(now);
+      now += b.next();
+    }
+    assertEquals(5000 * ms, b.next());
+    b.answered();
+    assertFalse(b.backingOff(now));
+    assertEquals(100 * ms, b.next());
+  }
+
+  @Test
   void cancelledAsyncGuardIsIgnored() throws Exception {
     TestServer s = server();
     s.setPolicy("k", breaker(1, 1));
