@@ -15,8 +15,12 @@ import (
 
 var errBoom = errors.New("boom")
 
+// newClient makes a client whose calls to fusebox may take 2 s, so that a
+// debug server on a busy test machine is not taken for an outage; tests of
+// the deadline itself pass their own.
 func newClient(t *testing.T, s *server, opts ...Option) *Client {
 	t.Helper()
+	opts = append([]Option{WithGuardDefaults(Deadline(2 * time.Second))}, opts...)
 	c, err := New(s.addr, opts...)
 	if err != nil {
 		t.Fatal(err)
