@@ -4,9 +4,7 @@
 //!
 //! Errors are `ERR <field>: <what to do>`, like the contract's messages.
 
-use redis_module::{
-    Context, KeyType, NextArg, RedisError, RedisResult, RedisString, RedisValue,
-};
+use redis_module::{Context, KeyType, RedisError, RedisResult, RedisString, RedisValue};
 
 use crate::state;
 
@@ -46,9 +44,8 @@ pub fn keycheck(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 
 /// Checks a key name against SPEC K1, as the contract's `key` field.
 pub fn check_key_name(name: &[u8]) -> Result<&str, RedisError> {
-    let name = std::str::from_utf8(name).map_err(|_| {
-        RedisError::Str("ERR key: must be UTF-8; send the key's UTF-8 bytes")
-    })?;
+    let name = std::str::from_utf8(name)
+        .map_err(|_| RedisError::Str("ERR key: must be UTF-8; send the key's UTF-8 bytes"))?;
     fusebox_domain::validate_key(name).map_err(|e| err(&e))?;
     Ok(name)
 }
@@ -56,17 +53,4 @@ pub fn check_key_name(name: &[u8]) -> Result<&str, RedisError> {
 /// An error reply `ERR <message>`.
 fn err(e: &dyn std::fmt::Display) -> RedisError {
     RedisError::String(format!("ERR {e}"))
-}
-
-/// Reads the next argument as a `u64`, with an error that names `field`.
-#[allow(dead_code)]
-pub(crate) fn next_u64(
-    args: &mut impl Iterator<Item = RedisString>,
-    field: &str,
-) -> Result<u64, RedisError> {
-    args.next_u64().map_err(|_| {
-        RedisError::String(format!(
-            "ERR {field}: must be a whole number from 0 to 18446744073709551615"
-        ))
-    })
 }

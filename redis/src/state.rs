@@ -87,6 +87,8 @@ mod tests {
         assert_eq!(decode(b"FBX\x00"), Err(StateError::NotFusebox));
         assert_eq!(decode(b"hello"), Err(StateError::NotFusebox));
         assert_eq!(decode(b"FBX\x02x"), Err(StateError::NewerEncoding(2)));
-        assert!(StateError::NewerEncoding(2).to_string().starts_with("state: "));
+        assert!(StateError::NewerEncoding(2)
+            .to_string()
+            .starts_with("state: "));
     }
 }
