@@ -275,6 +275,9 @@ pub struct Cluster {
     pub nodes: Vec<Server>,
     /// How long it took from the first spawn to a healthy cluster.
     pub start_time: Duration,
+    /// When each step ended, from the first spawn: six servers answer PING,
+    /// `--cluster create` returned, `cluster_state:ok`, replicas linked.
+    pub steps: Vec<(&'static str, Duration)>,
     _dir: tempfile::TempDir,
 }
 
@@ -302,6 +305,7 @@ impl Cluster {
         let nodes: Vec<Server> = (0..6)
             .map(|_| Server::start(&tools, dir.path(), &args, true))
             .collect();
+        let mut steps = vec![("six servers up", started.elapsed())];
         let mut create = Command::new(&tools.cli);
         create.args(["--cluster", "create"]);
         create.args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
@@ -317,9 +321,11 @@ impl Cluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        steps.push(("cluster created", started.elapsed()));
         let mut cluster = Cluster {
             nodes,
             start_time: Duration::ZERO,
+            steps,
             _dir: dir,
         };
         wait_for(
@@ -336,6 +342,7 @@ impl Cluster {
                     .then_some(())
             },
         );
+        cluster.steps.push(("cluster_state:ok", started.elapsed()));
         wait_for(
             "three replicas with master_link_status:up",
             Duration::from_secs(30),
@@ -353,6 +360,7 @@ impl Cluster {
             },
         );
         cluster.start_time = started.elapsed();
+        cluster.steps.push(("replicas linked", cluster.start_time));
         Some(cluster)
     }
 

@@ -159,8 +159,8 @@ fn in_a_cluster_each_key_is_answered_by_its_slot_owner_and_moved_elsewhere() {
         return;
     };
     println!(
-        "cluster of 3 primaries and 3 replicas healthy after {:?}",
-        cluster.start_time
+        "cluster of 3 primaries and 3 replicas healthy after {:?} ({:?})",
+        cluster.start_time, cluster.steps
     );
     let primaries = cluster.primaries();
     let replicas = cluster.replicas();
