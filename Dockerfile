@@ -16,8 +16,10 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
 COPY src ./src
-# Cargo.toml names the benchmark target, so its source must be present too.
+# Cargo.toml names the benchmark target, so its source must be present too,
+# and the workspace's other member (the Redis module, not built here).
 COPY benches ./benches
+COPY redis ./redis
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked \

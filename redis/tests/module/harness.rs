@@ -1,0 +1,386 @@
+//! Real Redis servers with the module loaded, on free loopback ports: one
+//! standalone server, or a 3-primary, 3-replica cluster. Every server is
+//! stopped (kill, then wait) when its handle is dropped.
+//!
+//! Tools: `redis-server` from `FUSEBOX_REDIS_SERVER` or `PATH`, `redis-cli`
+//! from `FUSEBOX_REDIS_CLI`, beside `redis-server`, or `PATH`; the module
+//! from `FUSEBOX_REDIS_MODULE` or beside the test binary
+//! (`target/<profile>/deps/libfusebox_redis.so`: `cargo test` builds the
+//! cdylib with the rlib the tests link, but copies it up to
+//! `target/<profile>/` only on `cargo build`). Without the tools a test is skipped, saying so,
+//! unless `FUSEBOX_TEST_REQUIRE_TOOLS=1` (as `./scripts/test` sets), under
+//! which it fails.
+
+use std::ffi::OsString;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use crate::resp::{Conn, Reply};
+
+/// True when a missing tool must fail the test (`FUSEBOX_TEST_REQUIRE_TOOLS=1`).
+fn required() -> bool {
+    std::env::var("FUSEBOX_TEST_REQUIRE_TOOLS").is_ok_and(|v| v == "1")
+}
+
+/// `None` after saying why `test` is skipped, or a panic when tools are required.
+fn missing<T>(test: &str, why: &str) -> Option<T> {
+    assert!(
+        !required(),
+        "{test}: {why} (FUSEBOX_TEST_REQUIRE_TOOLS=1: missing tools fail the test; \
+         ./scripts/test installs them)"
+    );
+    println!("SKIPPED {test}: {why}; ./scripts/test installs what it needs");
+    None
+}
+
+/// `program` when it is a path, else the first match on `PATH`.
+fn find_program(program: &Path) -> Option<PathBuf> {
+    if program.components().count() > 1 {
+        return program.is_file().then(|| program.to_owned());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
+fn env_path(var: &str) -> Option<PathBuf> {
+    std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// What a test needs to start servers: `redis-server`, `redis-cli` and the
+/// module.
+#[derive(Clone, Debug)]
+pub struct Tools {
+    /// `redis-server`.
+    pub server: PathBuf,
+    /// `redis-cli`.
+    pub cli: PathBuf,
+    /// The module, `libfusebox_redis.so`.
+    pub module: PathBuf,
+}
+
+impl Tools {
+    /// The tools, or `None` (the test is skipped) when one is missing.
+    pub fn find(test: &str) -> Option<Tools> {
+        let server_name = env_path("FUSEBOX_REDIS_SERVER").unwrap_or("redis-server".into());
+        let Some(server) = find_program(&server_name) else {
+            return missing(
+                test,
+                &format!(
+                    "no {} (set FUSEBOX_REDIS_SERVER, or: apt-get install redis-server)",
+                    server_name.display()
+                ),
+            );
+        };
+        let cli = env_path("FUSEBOX_REDIS_CLI")
+            .and_then(|p| find_program(&p))
+            .or_else(|| find_program(&server.with_file_name("redis-cli")))
+            .or_else(|| find_program(Path::new("redis-cli")));
+        let Some(cli) = cli else {
+            return missing(
+                test,
+                "no redis-cli (set FUSEBOX_REDIS_CLI, or: apt-get install redis-tools)",
+            );
+        };
+        let module = module_path();
+        assert!(
+            module.is_file(),
+            "{test}: the module is not at {} (build it with `cargo build -p fusebox-redis`, \
+             or set FUSEBOX_REDIS_MODULE)",
+            module.display()
+        );
+        Some(Tools {
+            server,
+            cli,
+            module,
+        })
+    }
+}
+
+/// `FUSEBOX_REDIS_MODULE`, else `libfusebox_redis.so` beside this test
+/// binary (`target/<profile>/deps/`, where `cargo test` builds the cdylib
+/// along with the rlib the tests link, from the same sources), else in the
+/// profile directory (where `cargo build -p fusebox-redis` puts it).
+fn module_path() -> PathBuf {
+    if let Some(p) = env_path("FUSEBOX_REDIS_MODULE") {
+        return p;
+    }
+    let file = format!(
+        "{}fusebox_redis{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let deps = exe.parent().expect("target/<profile>/deps");
+    let beside = deps.join(&file);
+    if beside.is_file() {
+        return beside;
+    }
+    deps.parent().unwrap_or(deps).join(file)
+}
+
+/// A free loopback port, as the kernel hands one out. Released before it
+/// is returned, so another process may take it first: callers retry.
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local address").port()
+}
+
+/// A running `redis-server` with the module loaded.
+pub struct Server {
+    /// Its client port on 127.0.0.1.
+    pub port: u16,
+    /// Its working directory (RDB, AOF, nodes.conf, the log).
+    pub dir: PathBuf,
+    child: Child,
+}
+
+impl Server {
+    /// Starts `redis-server` on a free port with the module and `extra`
+    /// arguments, in `dir` (created), and waits until it answers PING.
+    /// Retries on a new port when the server exits (a port taken meanwhile).
+    /// `cluster`: also give it a free port for the cluster bus.
+    pub fn start(tools: &Tools, dir: &Path, extra: &[&str], cluster: bool) -> Server {
+        let mut last_log = String::new();
+        for _attempt in 0..5 {
+            let port = free_port();
+            let node_dir = dir.join(port.to_string());
+            std::fs::create_dir_all(&node_dir).expect("create the server's directory");
+            let log = node_dir.join("redis.log");
+            let mut args: Vec<OsString> = vec![
+                "--port".into(),
+                port.to_string().into(),
+                "--bind".into(),
+                "127.0.0.1".into(),
+                "--dir".into(),
+                node_dir.clone().into(),
+                "--logfile".into(),
+                log.clone().into(),
+                "--daemonize".into(),
+                "no".into(),
+                "--loadmodule".into(),
+                tools.module.clone().into(),
+            ];
+            if cluster {
+                // The bus port is explicit: port + 10000 may be past 65535.
+                args.extend(["--cluster-port".into(), free_port().to_string().into()]);
+            }
+            args.extend(extra.iter().map(OsString::from));
+            let child = Command::new(&tools.server)
+                .args(&args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("start {}: {e}", tools.server.display()));
+            let mut server = Server {
+                port,
+                dir: node_dir,
+                child,
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = server.child.try_wait() {
+                    break; // exited: most likely the port was taken
+                }
+                if let Ok(mut conn) = Conn::connect(port) {
+                    if matches!(conn.call(&["PING"]), Ok(Reply::Simple(ref s)) if s == "PONG") {
+                        return server;
+                    }
+                }
+                sleep(Duration::from_millis(10));
+            }
+            last_log = std::fs::read_to_string(&log).unwrap_or_default();
+            drop(server);
+        }
+        panic!("redis-server did not start in 5 attempts; its last log:\n{last_log}");
+    }
+
+    /// A new connection to the server.
+    pub fn conn(&self) -> Conn {
+        Conn::connect(self.port)
+            .unwrap_or_else(|e| panic!("connect to redis on port {}: {e}", self.port))
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A standalone server for unit-like tests: no RDB snapshots, no AOF.
+pub struct Standalone {
+    /// The server.
+    pub server: Server,
+    _dir: tempfile::TempDir,
+}
+
+impl Standalone {
+    /// Starts one server, or `None` (skipped) without the tools.
+    pub fn start(test: &str) -> Option<Standalone> {
+        let tools = Tools::find(test)?;
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let server = Server::start(
+            &tools,
+            dir.path(),
+            &["--save", "", "--appendonly", "no"],
+            false,
+        );
+        Some(Standalone { server, _dir: dir })
+    }
+}
+
+/// The fields of an INFO or CLUSTER INFO reply.
+pub fn info_field(info: &Reply, field: &str) -> Option<String> {
+    info.text().lines().find_map(|l| {
+        l.trim_end()
+            .strip_prefix(field)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .map(str::to_owned)
+    })
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, or panics with
+/// `what` after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        sleep(Duration::from_millis(20));
+    }
+}
+
+/// A Redis Cluster of three primaries and three replicas, each with the
+/// module, AOF on, in a temporary directory; stopped when dropped.
+pub struct Cluster {
+    /// The six servers, in the order given to `redis-cli --cluster create`.
+    pub nodes: Vec<Server>,
+    /// How long it took from the first spawn to a healthy cluster.
+    pub start_time: Duration,
+    /// When each step ended, from the first spawn: six servers answer PING,
+    /// `--cluster create` returned, `cluster_state:ok`, replicas linked.
+    pub steps: Vec<(&'static str, Duration)>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts six servers, joins them with `redis-cli --cluster create
+    /// --cluster-replicas 1`, and waits until every node says
+    /// `cluster_state:ok` and every replica's link to its primary is up.
+    /// `None` (skipped) without the tools.
+    pub fn start(test: &str) -> Option<Cluster> {
+        let tools = Tools::find(test)?;
+        let started = Instant::now();
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+            "--repl-diskless-sync-delay",
+            "0",
+            "--appendonly",
+            "yes",
+        ];
+        let nodes: Vec<Server> = (0..6)
+            .map(|_| Server::start(&tools, dir.path(), &args, true))
+            .collect();
+        let mut steps = vec![("six servers up", started.elapsed())];
+        let mut create = Command::new(&tools.cli);
+        create.args(["--cluster", "create"]);
+        create.args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
+        create.args(["--cluster-replicas", "1", "--cluster-yes"]);
+        let out = create
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("run {}: {e}", tools.cli.display()));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        steps.push(("cluster created", started.elapsed()));
+        let mut cluster = Cluster {
+            nodes,
+            start_time: Duration::ZERO,
+            steps,
+            _dir: dir,
+        };
+        wait_for(
+            "cluster_state:ok on all six nodes",
+            Duration::from_secs(30),
+            || {
+                cluster
+                    .nodes
+                    .iter()
+                    .all(|n| {
+                        let info = n.conn().cmd(&["CLUSTER", "INFO"]);
+                        info_field(&info, "cluster_state").as_deref() == Some("ok")
+                    })
+                    .then_some(())
+            },
+        );
+        cluster.steps.push(("cluster_state:ok", started.elapsed()));
+        wait_for(
+            "three replicas with master_link_status:up",
+            Duration::from_secs(30),
+            || {
+                let up = cluster
+                    .nodes
+                    .iter()
+                    .filter(|n| {
+                        let info = n.conn().cmd(&["INFO", "replication"]);
+                        info_field(&info, "role").as_deref() == Some("slave")
+                            && info_field(&info, "master_link_status").as_deref() == Some("up")
+                    })
+                    .count();
+                (up == 3).then_some(())
+            },
+        );
+        cluster.start_time = started.elapsed();
+        cluster.steps.push(("replicas linked", cluster.start_time));
+        Some(cluster)
+    }
+
+    /// The primaries.
+    pub fn primaries(&self) -> Vec<&Server> {
+        self.with_role("master")
+    }
+
+    /// The replicas.
+    pub fn replicas(&self) -> Vec<&Server> {
+        self.with_role("slave")
+    }
+
+    fn with_role(&self, role: &str) -> Vec<&Server> {
+        self.nodes
+            .iter()
+            .filter(|n| {
+                let info = n.conn().cmd(&["INFO", "replication"]);
+                info_field(&info, "role").as_deref() == Some(role)
+            })
+            .collect()
+    }
+}
