@@ -14,7 +14,11 @@
 //! order, no map iteration order anywhere. Ticket ids are written as 32
 //! lower-case hex digits. Like the policy spec it embeds (whose durations
 //! read as numbers or strings), it needs a self-describing format (JSON,
-//! CBOR, MessagePack...).
+//! CBOR, MessagePack...). The policy's two floats (`failure_ratio`,
+//! `multiplier`) come back bit for bit only from a reader that parses floats
+//! exactly (serde_json does with its `float_roundtrip` feature; without it,
+//! a float of 17 significant digits may come back one unit in the last
+//! place away).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -83,7 +87,7 @@ pub struct BreakerState {
     pub attempts: u32,
     /// Openings since the last recovery (the backoff step).
     pub openings: u32,
-    /// The ratio mode's sampling window, oldest bucket first.
+    /// The ratio mode's sampling window, in the order its buckets were made.
     pub window: Vec<WindowBucket>,
 }
 
@@ -291,8 +295,8 @@ pub enum StateError {
         /// The deadline found.
         deadline: Millis,
     },
-    /// The sampling window's buckets are out of order or empty.
-    #[error("breaker.window: buckets must start in increasing order and each hold an outcome")]
+    /// A bucket of the sampling window holds no outcome.
+    #[error("breaker.window: every bucket must hold an outcome")]
     Window,
     /// The sliding window's segments are out of order.
     #[error("limiter.taken: segments must be in increasing order")]
@@ -498,13 +502,13 @@ impl Breaker {
                 deadline: s.deadline,
             });
         }
-        let mut previous = None;
+        // Buckets are in recording order; their starts need not increase,
+        // since a changed sampling window aligns new buckets to another width.
         for b in &s.window {
             at_most("breaker.window.start", b.start, last_now)?;
-            if previous.is_some_and(|p| p >= b.start) || (b.successes, b.failures) == (0, 0) {
+            if (b.successes, b.failures) == (0, 0) {
                 return Err(StateError::Window);
             }
-            previous = Some(b.start);
         }
         let buckets: VecDeque<_> = s
             .window
