@@ -202,7 +202,7 @@ impl PartialEq for Queue {
 /// A limiter and its waiters, oldest first.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Book {
-    limiter: Option<Limiter>,
+    pub(crate) limiter: Option<Limiter>,
     queue: Queue,
     /// Permits asked for by all waiters.
     queued: u64,
@@ -261,6 +261,11 @@ impl Book {
             Queue::Few(v) => v.iter().any(|q| q.id == id),
             Queue::Many(m) => m.arrival.contains_key(&id),
         }
+    }
+
+    /// Every waiter, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = Waiter> + '_ {
+        self.queue.iter().map(|&q| q.into())
     }
 
     /// Adds a waiter at the back.

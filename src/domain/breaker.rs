@@ -58,20 +58,20 @@ pub struct Recorded {
 /// One key's breaker.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Breaker {
-    epoch: u64,
+    pub(crate) epoch: u64,
     /// One deadline serves both timed phases: when open, the end of the
     /// break; when half-open, the end of the probe slot, 0 when the slot is
     /// free (a slot that ended and a free one admit alike). 0 otherwise.
-    deadline: Millis,
-    changed_at: Millis,
+    pub(crate) deadline: Millis,
+    pub(crate) changed_at: Millis,
     /// Failures in a row, in every trip mode.
-    run: u32,
+    pub(crate) run: u32,
     /// Probes admitted since the breaker last closed.
-    attempts: u32,
+    pub(crate) attempts: u32,
     /// Openings since the last recovery: the k of the backoff rule.
-    openings: u32,
-    phase: Phase,
-    window: HealthWindow,
+    pub(crate) openings: u32,
+    pub(crate) phase: Phase,
+    pub(crate) window: HealthWindow,
 }
 
 impl Breaker {

@@ -8,6 +8,8 @@
 
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 use super::book::{Book, Waiter};
 use super::breaker::{Admission, Breaker};
 use super::limiter::Limiter;
@@ -81,7 +83,8 @@ impl Default for Ask {
 }
 
 /// A ticket handed out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Grant {
     /// The ticket.
     pub ticket: TicketId,
@@ -90,7 +93,8 @@ pub struct Grant {
 }
 
 /// The answer to a request (SPEC B1, P2–P6, E1). Decisions are values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Decision {
     /// Admitted; `None` for a status check, which gets no ticket.
     Granted(Option<Grant>),
@@ -137,7 +141,8 @@ pub struct Completed {
 }
 
 /// Why a phase changed, in words for operators.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Cause {
     /// The trip condition was reached while closed.
     Tripped,
@@ -171,7 +176,8 @@ impl Cause {
 }
 
 /// Something that happened inside an operation that the engine must pass on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Notice {
     /// A waiter got its final answer: granted, blocked, refused or denied.
     Answered {
@@ -1081,7 +1087,13 @@ impl Fuse {
     }
 }
 
+mod state;
 mod tickets;
+
+pub use state::{
+    BreakerState, CounterState, FuseState, LimiterState, ReasonCounts, StateError, TicketState,
+    WaiterState, WindowBucket, STATE_VERSION,
+};
 
 #[cfg(test)]
 mod tests;

@@ -26,7 +26,7 @@ pub struct HealthWindow {
         reason = "one word inline instead of four for every key; the second \
                   allocation is paid only by ratio-mode keys with outcomes in the window"
     )]
-    buckets: Option<Box<VecDeque<(Millis, u32, u32)>>>,
+    pub(crate) buckets: Option<Box<VecDeque<(Millis, u32, u32)>>>,
 }
 
 fn width(window: Millis) -> Millis {

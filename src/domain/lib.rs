@@ -11,7 +11,8 @@
 //! - [`limiter`]: the four limiter kinds of SPEC section 2, one file each;
 //! - [`book`]: the permit book, a limiter with its wait queue (P1–P8);
 //! - [`fuse`]: everything kept for one key, and the one decision over breaker
-//!   and book (C1–C6), tickets and leases (L1–L4);
+//!   and book (C1–C6), tickets and leases (L1–L4); [`FuseState`] is a key's
+//!   exact, versioned, serde-able snapshot;
 //! - [`key`]: the key syntax of K1.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -27,8 +28,9 @@ pub mod policy;
 pub use book::{Book, Waiter};
 pub use breaker::{Admission, Breaker, Durable};
 pub use fuse::{
-    Ask, Cause, Completed, Decision, Fuse, FuseError, Grant, HeapParts, Notice, Stats, Ticket,
-    TicketId, View,
+    Ask, BreakerState, Cause, Completed, CounterState, Decision, Fuse, FuseError, FuseState, Grant,
+    HeapParts, LimiterState, Notice, ReasonCounts, StateError, Stats, Ticket, TicketId,
+    TicketState, View, WaiterState, WindowBucket, STATE_VERSION,
 };
 pub use key::{validate_key, KeyError};
 pub use policy::{
@@ -41,7 +43,8 @@ pub use policy::{
 pub type Millis = u64;
 
 /// The breaker's phase (SPEC section 1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Phase {
     /// Requests are admitted and outcomes are recorded for the trip mode.
     Closed,
@@ -103,7 +106,8 @@ impl Outcome {
 }
 
 /// Why a request was blocked or denied.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Reason {
     /// The breaker is open and its break has not ended.
     Open,

@@ -163,6 +163,15 @@ impl Tickets {
         }
     }
 
+    /// Every live ticket with its id, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (TicketId, Ticket)> + '_ {
+        let (few, many) = match self {
+            Tickets::Few(v) => (Some(v.iter().map(|s| (s.id.into(), s.ticket))), None),
+            Tickets::Many(m) => (None, Some(m.by_id.iter().map(|(&id, &t)| (id.into(), t)))),
+        };
+        few.into_iter().flatten().chain(many.into_iter().flatten())
+    }
+
     /// Marks every ticket's permits as not to be returned (the limiter they
     /// came from was remade or dropped).
     pub fn forget_holds(&mut self) {

@@ -17,7 +17,7 @@ pub struct ConcurrencySettings {
 /// lets a lowered limit apply at once without losing a held permit (Y4).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Concurrency {
-    held: u64,
+    pub(crate) held: u64,
 }
 
 impl Concurrency {

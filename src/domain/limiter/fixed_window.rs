@@ -19,8 +19,8 @@ pub struct FixedWindowSettings {
 /// Permits used in one window.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FixedWindow {
-    index: u64,
-    used: u32,
+    pub(crate) index: u64,
+    pub(crate) used: u32,
 }
 
 impl FixedWindow {

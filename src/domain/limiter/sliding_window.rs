@@ -29,7 +29,7 @@ impl SlidingWindowSettings {
 /// Permits taken per segment, oldest first; at most `segments` entries count.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SlidingWindow {
-    taken: VecDeque<(u64, u32)>,
+    pub(crate) taken: VecDeque<(u64, u32)>,
 }
 
 impl SlidingWindow {

@@ -21,9 +21,9 @@ pub struct TokenBucketSettings {
 /// Tokens, as of the last refill tick counted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenBucket {
-    tokens: u32,
+    pub(crate) tokens: u32,
     /// The index of the last tick counted: ticks happen at `tick * period`.
-    tick: u64,
+    pub(crate) tick: u64,
 }
 
 impl TokenBucket {

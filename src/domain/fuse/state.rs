@@ -1,0 +1,761 @@
+//! A key's whole state as plain, versioned data: what a store that keeps
+//! each key as one value (and runs one step per command: load, step, store)
+//! writes between steps.
+//!
+//! [`Fuse::state`] takes the snapshot; [`Fuse::from_state`] checks it and
+//! rebuilds the fuse through the same code paths the fuse itself uses (the
+//! policy through [`PolicySpec::validate`], tickets through their table,
+//! waiters through the book's queue, the limiter from a fresh one of the
+//! policy's kind), so a restored fuse is indistinguishable from the
+//! original: equal to it, and giving the same decisions, views and notices
+//! from then on.
+//!
+//! The snapshot is deterministic: tickets sorted by id, waiters in queue
+//! order, no map iteration order anywhere. Ticket ids are written as 32
+//! lower-case hex digits. Like the policy spec it embeds (whose durations
+//! read as numbers or strings), it needs a self-describing format (JSON,
+//! CBOR, MessagePack...). The policy's two floats (`failure_ratio`,
+//! `multiplier`) come back bit for bit only from a reader that parses floats
+//! exactly (serde_json does with its `float_roundtrip` feature; without it,
+//! a float of 17 significant digits may come back one unit in the last
+//! place away).
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::{Counters, Fuse, Live, MoreCounters, Notice, Ticket, TicketId};
+use crate::book::Waiter;
+use crate::breaker::Breaker;
+use crate::health::HealthWindow;
+use crate::limiter::{Concurrency, FixedWindow, Limiter, SlidingWindow, TokenBucket};
+use crate::policy::{LimiterKind, PolicyError, PolicySpec};
+use crate::{Millis, Phase, Reason};
+
+/// The version of [`FuseState`] this build writes and reads.
+pub const STATE_VERSION: u32 = 1;
+
+/// The largest time, count or epoch a state may hold: 2^53, far beyond
+/// anything a key reaches (285,000 years of milliseconds, or 2^53 events),
+/// so that no later step of a restored key can overflow.
+const LIMIT: u64 = 1 << 53;
+
+/// Everything fusebox keeps for one key, as plain data (see the module
+/// documentation). Made by [`Fuse::state`], read by [`Fuse::from_state`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FuseState {
+    /// The layout's version: [`STATE_VERSION`].
+    pub version: u32,
+    /// The policy in force, as the spec it validates from ([`crate::Policy::spec`]).
+    pub policy: PolicySpec,
+    /// The last time the key saw.
+    pub last_now: Millis,
+    /// The breaker.
+    pub breaker: BreakerState,
+    /// The limiter's state; present exactly when the policy has a limiter,
+    /// of the same kind, under the policy's settings.
+    pub limiter: Option<LimiterState>,
+    /// Live tickets, sorted by id.
+    pub tickets: Vec<TicketState>,
+    /// Waiters in queue order, oldest first.
+    pub waiters: Vec<WaiterState>,
+    /// Statistics.
+    pub counters: CounterState,
+    /// Notices not yet drained, oldest first.
+    pub notices: Vec<Notice>,
+}
+
+/// A breaker's state.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerState {
+    /// The phase.
+    pub phase: Phase,
+    /// The epoch: it changes at every phase change and probe admission.
+    pub epoch: u64,
+    /// When open, the end of the break; when half-open, the end of the
+    /// probe slot (0 when the slot is free); 0 when closed or isolated.
+    pub deadline: Millis,
+    /// When the phase last changed.
+    pub changed_at: Millis,
+    /// Failures in a row.
+    pub run: u32,
+    /// Probes admitted since the breaker last closed.
+    pub attempts: u32,
+    /// Openings since the last recovery (the backoff step).
+    pub openings: u32,
+    /// The ratio mode's sampling window, in the order its buckets were made.
+    pub window: Vec<WindowBucket>,
+}
+
+/// One bucket of the ratio mode's sampling window.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct WindowBucket {
+    /// When the bucket starts.
+    pub start: Millis,
+    /// Successes recorded in it.
+    pub successes: u32,
+    /// Failures recorded in it.
+    pub failures: u32,
+}
+
+/// A limiter's state, of one of the four kinds; its settings are the policy's.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum LimiterState {
+    /// Permits held by live tickets.
+    Concurrency {
+        /// Permits held.
+        held: u64,
+    },
+    /// Tokens as of the last refill tick counted.
+    TokenBucket {
+        /// Tokens.
+        tokens: u32,
+        /// The last tick counted: ticks happen at `tick * period`.
+        tick: u64,
+    },
+    /// Permits used in one window.
+    FixedWindow {
+        /// The window's index: it starts at `index * window`.
+        index: u64,
+        /// Permits used in it.
+        used: u32,
+    },
+    /// Permits taken per segment.
+    SlidingWindow {
+        /// `[segment index, permits taken]`, oldest first.
+        taken: Vec<(u64, u32)>,
+    },
+}
+
+impl LimiterState {
+    fn name(&self) -> &'static str {
+        match self {
+            LimiterState::Concurrency { .. } => "concurrency",
+            LimiterState::TokenBucket { .. } => "token_bucket",
+            LimiterState::FixedWindow { .. } => "fixed_window",
+            LimiterState::SlidingWindow { .. } => "sliding_window",
+        }
+    }
+}
+
+/// A live ticket.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TicketState {
+    /// The ticket's id.
+    pub id: TicketId,
+    /// The breaker epoch it was issued in.
+    pub epoch: u64,
+    /// Permits it asked for.
+    pub permits: u32,
+    /// True when it is the probe.
+    pub probe: bool,
+    /// When its lease ends.
+    pub lease_end: Millis,
+    /// True when its permits are concurrency permits that must come back.
+    pub holds: bool,
+}
+
+/// A waiting request.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct WaiterState {
+    /// The ticket it gets when served.
+    pub id: TicketId,
+    /// Permits it asks for (at least 1).
+    pub permits: u32,
+    /// When its `max_wait` ends.
+    pub until: Millis,
+    /// The lease it asked for; `None` = the policy's default.
+    pub lease: Option<Millis>,
+}
+
+/// The key's statistics, as totals; what [`crate::Stats`] derives from
+/// them (blocked, denied, evicted, timed out, failed) is not stored.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CounterState {
+    /// Tickets granted as ordinary requests.
+    pub granted: u64,
+    /// Probes admitted.
+    pub probes: u64,
+    /// Requests refused while isolated.
+    pub refused: u64,
+    /// Blocked and denied requests by reason.
+    pub by_reason: ReasonCounts,
+    /// Requests that waited in the queue.
+    pub queued: u64,
+    /// Waiters withdrawn.
+    pub withdrawn: u64,
+    /// Outcomes recorded as successes.
+    pub successes: u64,
+    /// Outcomes recorded as failures.
+    pub failures: u64,
+    /// Outcomes reported as ignored.
+    pub ignored: u64,
+    /// Outcomes that arrived stale.
+    pub stale: u64,
+    /// Tickets whose lease ended.
+    pub expired: u64,
+}
+
+/// Blocked and denied requests, by [`Reason`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ReasonCounts {
+    /// [`Reason::Open`].
+    pub open: u64,
+    /// [`Reason::ProbeInFlight`].
+    pub probe_in_flight: u64,
+    /// [`Reason::NoPermits`].
+    pub no_permits: u64,
+    /// [`Reason::QueueFull`].
+    pub queue_full: u64,
+    /// [`Reason::ExceedsLimit`].
+    pub exceeds_limit: u64,
+    /// [`Reason::Evicted`].
+    pub evicted: u64,
+    /// [`Reason::Timeout`].
+    pub timeout: u64,
+}
+
+impl From<[u64; 7]> for ReasonCounts {
+    fn from(c: [u64; 7]) -> Self {
+        let at = |r: Reason| c[r as usize];
+        ReasonCounts {
+            open: at(Reason::Open),
+            probe_in_flight: at(Reason::ProbeInFlight),
+            no_permits: at(Reason::NoPermits),
+            queue_full: at(Reason::QueueFull),
+            exceeds_limit: at(Reason::ExceedsLimit),
+            evicted: at(Reason::Evicted),
+            timeout: at(Reason::Timeout),
+        }
+    }
+}
+
+impl From<ReasonCounts> for [u64; 7] {
+    fn from(c: ReasonCounts) -> Self {
+        let mut all = [0; 7];
+        for (r, n) in [
+            (Reason::Open, c.open),
+            (Reason::ProbeInFlight, c.probe_in_flight),
+            (Reason::NoPermits, c.no_permits),
+            (Reason::QueueFull, c.queue_full),
+            (Reason::ExceedsLimit, c.exceeds_limit),
+            (Reason::Evicted, c.evicted),
+            (Reason::Timeout, c.timeout),
+        ] {
+            all[r as usize] = n;
+        }
+        all
+    }
+}
+
+/// Why a state was refused; nothing is built from a refused state.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StateError {
+    /// The layout's version is not one this build reads.
+    #[error("version: {0} is not a state version this build reads (it reads {STATE_VERSION})")]
+    UnknownVersion(u32),
+    /// The policy does not validate.
+    #[error("policy.{0}")]
+    Policy(#[from] PolicyError),
+    /// The limiter's state is missing, unexpected, or of another kind than
+    /// the policy's limiter.
+    #[error("limiter: the state is for {state} but the policy's limiter is {policy}")]
+    LimiterKind {
+        /// The state's kind, or "none".
+        state: &'static str,
+        /// The policy's kind, or "none".
+        policy: &'static str,
+    },
+    /// A value is beyond what any key reaches, or later than `last_now`
+    /// where it cannot be.
+    #[error("{field}: {value} is out of range (at most {max})")]
+    OutOfRange {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+        /// The largest value it may have here.
+        max: u64,
+    },
+    /// A closed or isolated breaker has a deadline.
+    #[error("breaker.deadline: must be 0 while {phase}, not {deadline}")]
+    Deadline {
+        /// The phase.
+        phase: Phase,
+        /// The deadline found.
+        deadline: Millis,
+    },
+    /// A bucket of the sampling window holds no outcome.
+    #[error("breaker.window: every bucket must hold an outcome")]
+    Window,
+    /// The sliding window's segments are out of order.
+    #[error("limiter.taken: segments must be in increasing order")]
+    Segments,
+    /// Tickets are not sorted by id, or an id appears twice.
+    #[error("tickets: must be in increasing id order without repeats; {0} is out of place")]
+    TicketOrder(TicketId),
+    /// More than one ticket is flagged as the probe.
+    #[error("tickets: more than one ticket is the probe")]
+    TwoProbes,
+    /// A ticket was issued in an epoch the breaker has not reached.
+    #[error("tickets: {id} has epoch {epoch}, after the breaker's {current}")]
+    FutureEpoch {
+        /// The ticket.
+        id: TicketId,
+        /// Its epoch.
+        epoch: u64,
+        /// The breaker's epoch.
+        current: u64,
+    },
+    /// A ticket holds permits that no concurrency limiter takes back.
+    #[error("tickets: {0} holds permits, but the limiter is not a concurrency limiter")]
+    HoldsWithoutConcurrency(TicketId),
+    /// The concurrency limiter's held permits are not those of the tickets.
+    #[error("limiter.held: {held} permits, but live tickets hold {tickets}")]
+    HeldPermits {
+        /// The limiter's count.
+        held: u64,
+        /// The tickets' sum.
+        tickets: u64,
+    },
+    /// A waiter's id appears twice, or is also a live ticket's.
+    #[error("waiters: {0} appears twice, or is also a live ticket")]
+    DuplicateWaiter(TicketId),
+    /// A waiter asks for no permits.
+    #[error("waiters: {0} asks for 0 permits")]
+    WaiterWithoutPermits(TicketId),
+    /// A waiter asks for a lease of 0, which is refused before anyone waits.
+    #[error("waiters: {0} asks for a lease of 0 ms")]
+    WaiterZeroLease(TicketId),
+    /// A waiter asks for more permits than the limit.
+    #[error("waiters: {id} asks for {permits} permits, above the limit of {limit}")]
+    WaiterAboveLimit {
+        /// The waiter.
+        id: TicketId,
+        /// Permits it asks for.
+        permits: u32,
+        /// The limiter's limit.
+        limit: u32,
+    },
+    /// Waiters with no limiter, or while the breaker does not admit normally.
+    #[error("waiters: none may wait without a limiter or while the breaker is not CLOSED (here {phase}, limiter {limiter})")]
+    WaitersNotAllowed {
+        /// The breaker's phase.
+        phase: Phase,
+        /// The policy's limiter kind, or "none".
+        limiter: &'static str,
+    },
+}
+
+impl fmt::Display for TicketId {
+    /// 32 lower-case hex digits.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl Serialize for TicketId {
+    /// As 32 lower-case hex digits: exact in every format, `u128` or not.
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for TicketId {
+    /// From 1 to 32 hex digits.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        let hex =
+            !text.is_empty() && text.len() <= 32 && text.bytes().all(|b| b.is_ascii_hexdigit());
+        hex.then(|| u128::from_str_radix(&text, 16).ok())
+            .flatten()
+            .map(TicketId)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!("ticket id {text:?} is not 1 to 32 hex digits"))
+            })
+    }
+}
+
+fn at_most(field: &'static str, value: u64, max: u64) -> Result<(), StateError> {
+    if value > max {
+        return Err(StateError::OutOfRange { field, value, max });
+    }
+    Ok(())
+}
+
+fn limiter_name(kind: Option<&LimiterKind>) -> &'static str {
+    kind.map_or("none", LimiterKind::name)
+}
+
+/// Splits a total into the inline 32 bits and what carried past them.
+fn split(total: u64) -> (u32, u64) {
+    let inline = total as u32;
+    (inline, total - u64::from(inline))
+}
+
+impl Counters {
+    fn state(&self) -> CounterState {
+        let zero = MoreCounters::default();
+        let more = self.more.as_deref().unwrap_or(&zero);
+        CounterState {
+            granted: more.granted + u64::from(self.granted),
+            probes: more.probes,
+            refused: more.refused,
+            by_reason: more.by_reason.into(),
+            queued: more.queued,
+            withdrawn: more.withdrawn,
+            successes: more.successes + u64::from(self.successes),
+            failures: more.failures + u64::from(self.failures),
+            ignored: more.ignored,
+            stale: more.stale,
+            expired: more.expired,
+        }
+    }
+
+    /// The counters that count `s`: the rarer counts are boxed exactly when
+    /// one of them is not zero, as counting makes them.
+    fn from_state(s: &CounterState) -> Result<Counters, StateError> {
+        let by_reason: [u64; 7] = s.by_reason.into();
+        for (field, value) in [
+            ("counters.granted", s.granted),
+            ("counters.probes", s.probes),
+            ("counters.refused", s.refused),
+            ("counters.queued", s.queued),
+            ("counters.withdrawn", s.withdrawn),
+            ("counters.successes", s.successes),
+            ("counters.failures", s.failures),
+            ("counters.ignored", s.ignored),
+            ("counters.stale", s.stale),
+            ("counters.expired", s.expired),
+        ] {
+            at_most(field, value, LIMIT)?;
+        }
+        for count in by_reason {
+            at_most("counters.by_reason", count, LIMIT)?;
+        }
+        let (granted, more_granted) = split(s.granted);
+        let (successes, more_successes) = split(s.successes);
+        let (failures, more_failures) = split(s.failures);
+        let more = MoreCounters {
+            granted: more_granted,
+            successes: more_successes,
+            failures: more_failures,
+            probes: s.probes,
+            refused: s.refused,
+            by_reason,
+            queued: s.queued,
+            withdrawn: s.withdrawn,
+            ignored: s.ignored,
+            stale: s.stale,
+            expired: s.expired,
+        };
+        Ok(Counters {
+            granted,
+            successes,
+            failures,
+            more: (more != MoreCounters::default()).then(|| Box::new(more)),
+        })
+    }
+}
+
+impl Breaker {
+    fn state(&self) -> BreakerState {
+        BreakerState {
+            phase: self.phase,
+            epoch: self.epoch,
+            deadline: self.deadline,
+            changed_at: self.changed_at,
+            run: self.run,
+            attempts: self.attempts,
+            openings: self.openings,
+            window: self
+                .window
+                .buckets
+                .iter()
+                .flat_map(|b| b.iter())
+                .map(|&(start, successes, failures)| WindowBucket {
+                    start,
+                    successes,
+                    failures,
+                })
+                .collect(),
+        }
+    }
+
+    fn from_state(s: &BreakerState, last_now: Millis) -> Result<Breaker, StateError> {
+        at_most("breaker.epoch", s.epoch, LIMIT)?;
+        at_most("breaker.deadline", s.deadline, LIMIT)?;
+        at_most("breaker.changed_at", s.changed_at, LIMIT)?;
+        if matches!(s.phase, Phase::Closed | Phase::Isolated) && s.deadline != 0 {
+            return Err(StateError::Deadline {
+                phase: s.phase,
+                deadline: s.deadline,
+            });
+        }
+        // Buckets are in recording order; their starts need not increase,
+        // since a changed sampling window aligns new buckets to another width.
+        for b in &s.window {
+            at_most("breaker.window.start", b.start, last_now)?;
+            if (b.successes, b.failures) == (0, 0) {
+                return Err(StateError::Window);
+            }
+        }
+        let buckets: VecDeque<_> = s
+            .window
+            .iter()
+            .map(|b| (b.start, b.successes, b.failures))
+            .collect();
+        Ok(Breaker {
+            epoch: s.epoch,
+            deadline: s.deadline,
+            changed_at: s.changed_at,
+            run: s.run,
+            attempts: s.attempts,
+            openings: s.openings,
+            phase: s.phase,
+            window: HealthWindow {
+                buckets: (!buckets.is_empty()).then(|| Box::new(buckets)),
+            },
+        })
+    }
+}
+
+impl Limiter {
+    fn state(&self) -> LimiterState {
+        match self {
+            Limiter::Concurrency(t) => LimiterState::Concurrency { held: t.state.held },
+            Limiter::TokenBucket(t) => LimiterState::TokenBucket {
+                tokens: t.state.tokens,
+                tick: t.state.tick,
+            },
+            Limiter::FixedWindow(t) => LimiterState::FixedWindow {
+                index: t.state.index,
+                used: t.state.used,
+            },
+            Limiter::SlidingWindow(t) => LimiterState::SlidingWindow {
+                taken: t.state.taken.iter().copied().collect(),
+            },
+        }
+    }
+
+    /// A fresh limiter of `kind`, as the fuse makes one, given the state `s`.
+    /// Windows and ticks are counted no later than `last_now`'s.
+    fn from_state(
+        kind: &LimiterKind,
+        s: &LimiterState,
+        last_now: Millis,
+    ) -> Result<Limiter, StateError> {
+        let mut limiter = Limiter::new(kind, last_now);
+        match (&mut limiter, s) {
+            (Limiter::Concurrency(t), &LimiterState::Concurrency { held }) => {
+                t.state = Concurrency { held };
+            }
+            (Limiter::TokenBucket(t), &LimiterState::TokenBucket { tokens, tick }) => {
+                at_most("limiter.tick", tick, last_now / t.settings.period.get())?;
+                t.state = TokenBucket { tokens, tick };
+            }
+            (Limiter::FixedWindow(t), &LimiterState::FixedWindow { index, used }) => {
+                at_most("limiter.index", index, last_now / t.settings.window.get())?;
+                t.state = FixedWindow { index, used };
+            }
+            (Limiter::SlidingWindow(t), LimiterState::SlidingWindow { taken }) => {
+                let segment =
+                    (t.settings.window.get() / u64::from(t.settings.segments.get())).max(1);
+                let mut previous = None;
+                for &(index, _) in taken {
+                    at_most("limiter.taken", index, last_now / segment)?;
+                    if previous.is_some_and(|p| p >= index) {
+                        return Err(StateError::Segments);
+                    }
+                    previous = Some(index);
+                }
+                t.state = SlidingWindow {
+                    taken: taken.iter().copied().collect(),
+                };
+            }
+            (_, s) => {
+                return Err(StateError::LimiterKind {
+                    state: s.name(),
+                    policy: kind.name(),
+                })
+            }
+        }
+        Ok(limiter)
+    }
+}
+
+impl Fuse {
+    /// This key's whole state, as plain data: [`Fuse::from_state`] gives
+    /// back a fuse equal to this one. Tickets are sorted by id, waiters in
+    /// queue order.
+    pub fn state(&self) -> FuseState {
+        let live = self.live.as_deref();
+        let mut tickets: Vec<TicketState> = live
+            .into_iter()
+            .flat_map(|l| l.tickets.iter())
+            .map(|(id, t)| TicketState {
+                id,
+                epoch: t.epoch,
+                permits: t.permits,
+                probe: t.probe,
+                lease_end: t.lease_end,
+                holds: t.holds,
+            })
+            .collect();
+        tickets.sort_by_key(|t| t.id);
+        let waiters = live
+            .into_iter()
+            .flat_map(|l| l.book.iter())
+            .map(|w| WaiterState {
+                id: w.id,
+                permits: w.permits,
+                until: w.until,
+                lease: w.lease,
+            })
+            .collect();
+        FuseState {
+            version: STATE_VERSION,
+            policy: self.policy.spec(),
+            last_now: self.last_now,
+            breaker: self.breaker.state(),
+            limiter: self.limiter().map(Limiter::state),
+            tickets,
+            waiters,
+            counters: self.counters.state(),
+            notices: live.map_or_else(Vec::new, |l| l.notices.clone()),
+        }
+    }
+
+    /// The fuse whose state is `s`, after checking it: a known version, a
+    /// valid policy (validated as any spec is), a limiter of the policy's
+    /// kind, tickets sorted by id with one probe at most and epochs the
+    /// breaker reached, concurrency permits held exactly by the tickets
+    /// that hold them, waiters with unique ids, permits within the limit,
+    /// only while the breaker is closed, and times, epochs and counts in
+    /// range. Tickets, waiters and the limiter are rebuilt through the
+    /// fuse's own tables, so the result is indistinguishable from the fuse
+    /// the state was taken from.
+    pub fn from_state(s: FuseState) -> Result<Fuse, StateError> {
+        if s.version != STATE_VERSION {
+            return Err(StateError::UnknownVersion(s.version));
+        }
+        let policy = Arc::new(s.policy.validate()?);
+        let last_now = s.last_now;
+        at_most("last_now", last_now, LIMIT)?;
+        let breaker = Breaker::from_state(&s.breaker, last_now)?;
+        let counters = Counters::from_state(&s.counters)?;
+        let kind = policy.limiter.map(|lp| lp.kind);
+        let limiter = match (&kind, &s.limiter) {
+            (Some(kind), Some(state)) => Some(Limiter::from_state(kind, state, last_now)?),
+            (None, None) => None,
+            (kind, state) => {
+                return Err(StateError::LimiterKind {
+                    state: state.as_ref().map_or("none", LimiterState::name),
+                    policy: limiter_name(kind.as_ref()),
+                })
+            }
+        };
+        let mut live = Live::default();
+        live.book.limiter = limiter;
+        let mut probes = 0;
+        let mut held = 0u64;
+        let mut previous = None;
+        for t in &s.tickets {
+            if previous.is_some_and(|p| p >= t.id) {
+                return Err(StateError::TicketOrder(t.id));
+            }
+            previous = Some(t.id);
+            if t.epoch > breaker.epoch {
+                return Err(StateError::FutureEpoch {
+                    id: t.id,
+                    epoch: t.epoch,
+                    current: breaker.epoch,
+                });
+            }
+            at_most("tickets.lease_end", t.lease_end, LIMIT)?;
+            probes += usize::from(t.probe);
+            if t.holds {
+                if !matches!(kind, Some(LimiterKind::Concurrency { .. })) {
+                    return Err(StateError::HoldsWithoutConcurrency(t.id));
+                }
+                held += u64::from(t.permits);
+            }
+            live.tickets.insert(
+                t.id,
+                Ticket {
+                    epoch: t.epoch,
+                    permits: t.permits,
+                    probe: t.probe,
+                    lease_end: t.lease_end,
+                    holds: t.holds,
+                },
+            );
+        }
+        if probes > 1 {
+            return Err(StateError::TwoProbes);
+        }
+        if let Some(LimiterState::Concurrency { held: in_use }) = s.limiter {
+            if in_use != held {
+                return Err(StateError::HeldPermits {
+                    held: in_use,
+                    tickets: held,
+                });
+            }
+        }
+        if !s.waiters.is_empty() && (kind.is_none() || breaker.phase != Phase::Closed) {
+            return Err(StateError::WaitersNotAllowed {
+                phase: breaker.phase,
+                limiter: limiter_name(kind.as_ref()),
+            });
+        }
+        for w in &s.waiters {
+            if live.tickets.contains(w.id) || live.book.contains(w.id) {
+                return Err(StateError::DuplicateWaiter(w.id));
+            }
+            if w.permits == 0 {
+                return Err(StateError::WaiterWithoutPermits(w.id));
+            }
+            if w.lease == Some(0) {
+                return Err(StateError::WaiterZeroLease(w.id));
+            }
+            let limit = kind.map_or(0, |k| k.limit());
+            if w.permits > limit {
+                return Err(StateError::WaiterAboveLimit {
+                    id: w.id,
+                    permits: w.permits,
+                    limit,
+                });
+            }
+            at_most("waiters.until", w.until, LIMIT)?;
+            live.book.enqueue(Waiter {
+                id: w.id,
+                permits: w.permits,
+                until: w.until,
+                lease: w.lease,
+            });
+        }
+        live.notices = s.notices;
+        let mut fuse = Fuse {
+            policy,
+            breaker,
+            live: Some(Box::new(live)),
+            counters,
+            last_now,
+        };
+        fuse.tidy();
+        Ok(fuse)
+    }
+}
+
+#[cfg(test)]
+mod tests;
