@@ -57,6 +57,12 @@ mod entry {
             // [name, handler, flags, first key, last key, key step, ACL categories]
             ["fb.version", commands::version, "readonly fast", 0, 0, 0, ""],
             ["fb.keycheck", commands::keycheck, "readonly fast", 1, 1, 1, ""],
+            ["fb.acquire", commands::acquire, "write deny-oom", 1, 1, 1, ""],
+            ["fb.complete", commands::complete, "write", 1, 1, 1, ""],
+            ["fb.renew", commands::renew, "write", 1, 1, 1, ""],
+            ["fb.isolate", commands::isolate, "write", 1, 1, 1, ""],
+            ["fb.close", commands::close, "write", 1, 1, 1, ""],
+            ["fb.get", commands::get, "readonly", 1, 1, 1, ""],
         ],
     }
 }

@@ -10,8 +10,16 @@
 //! then the payload (the domain state's own encoding). A reader refuses a
 //! string without the header (the key belongs to something else) and a
 //! newer version (a node runs an older module than the one that wrote it).
+//!
+//! The payload of version 1 is the domain's [`FuseState`] as JSON
+//! (serde_json): the state embeds a policy spec whose durations read as
+//! numbers or strings, so it needs a self-describing format. The JSON is
+//! deterministic (tickets by id, waiters in order, no maps), so a replica
+//! or an AOF replay that runs the same command writes the same bytes.
 
 use std::fmt;
+
+use fusebox_domain::{Fuse, FuseState};
 
 /// The first bytes of every value the module writes.
 pub const MAGIC: &[u8; 3] = b"FBX";
@@ -20,12 +28,15 @@ pub const MAGIC: &[u8; 3] = b"FBX";
 pub const ENCODING_VERSION: u8 = 1;
 
 /// Why a string value is not readable as fusebox state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StateError {
     /// The value does not start with the fusebox header.
     NotFusebox,
     /// The value was written by a newer module, with this encoding version.
     NewerEncoding(u8),
+    /// The header is fusebox's but the payload is not a state the domain
+    /// accepts (damaged JSON, or a state it could not have produced).
+    Damaged(String),
 }
 
 impl fmt::Display for StateError {
@@ -40,6 +51,11 @@ impl fmt::Display for StateError {
                 f,
                 "state: the key holds fusebox state of encoding {v}, newer than this \
                  module's {ENCODING_VERSION}; load the same module version on every node"
+            ),
+            StateError::Damaged(why) => write!(
+                f,
+                "state: the key holds damaged fusebox state ({why}); \
+                 delete the key to start it afresh"
             ),
         }
     }
@@ -67,6 +83,22 @@ pub fn decode(value: &[u8]) -> Result<(u8, &[u8]), StateError> {
     }
 }
 
+/// The value to store for `fuse`: the header, then its [`FuseState`] as JSON.
+/// Notices still in the fuse are kept; the commands drain them first.
+pub fn encode_fuse(fuse: &Fuse) -> Vec<u8> {
+    let json = serde_json::to_vec(&fuse.state())
+        .expect("a FuseState always serializes: plain data, string keys only");
+    encode(&json)
+}
+
+/// The fuse a stored value holds, checked by [`Fuse::from_state`].
+pub fn decode_fuse(value: &[u8]) -> Result<Fuse, StateError> {
+    let (_version, payload) = decode(value)?;
+    let state: FuseState =
+        serde_json::from_slice(payload).map_err(|e| StateError::Damaged(e.to_string()))?;
+    Fuse::from_state(state).map_err(|e| StateError::Damaged(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,5 +122,37 @@ mod tests {
         assert!(StateError::NewerEncoding(2)
             .to_string()
             .starts_with("state: "));
+    }
+
+    #[test]
+    fn a_fuse_round_trips_through_its_stored_value() {
+        use fusebox_domain::{Ask, PolicySpec, TicketId};
+        let spec: PolicySpec = serde_json::from_str(
+            r#"{"breaker":{"mode":"ratio","failure_ratio":0.1,"minimum_throughput":3,
+                "sampling_window":"10s","break":"1s","multiplier":1.7},
+                "limiter":{"kind":"concurrency","permits":2,"queue_limit":2}}"#,
+        )
+        .unwrap();
+        let mut fuse = Fuse::new(spec.validate().unwrap(), 5);
+        fuse.acquire(&Ask::default(), TicketId(7), 10).unwrap();
+        let value = encode_fuse(&fuse);
+        assert!(value.starts_with(b"FBX\x01{"));
+        let back = decode_fuse(&value).unwrap();
+        assert_eq!(back, fuse);
+        assert_eq!(encode_fuse(&back), value);
+    }
+
+    #[test]
+    fn a_damaged_payload_is_refused_naming_the_state() {
+        for value in [&b"FBX\x01"[..], b"FBX\x01{}", b"FBX\x01not json"] {
+            let Err(StateError::Damaged(_)) = decode_fuse(value) else {
+                panic!("{value:?} must be refused as damaged");
+            };
+        }
+        let e = decode_fuse(b"FBX\x01{}").unwrap_err().to_string();
+        assert!(
+            e.starts_with("state: ") && e.contains("delete the key"),
+            "{e}"
+        );
     }
 }

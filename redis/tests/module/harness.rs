@@ -230,14 +230,17 @@ pub struct Standalone {
 impl Standalone {
     /// Starts one server, or `None` (skipped) without the tools.
     pub fn start(test: &str) -> Option<Standalone> {
+        Standalone::start_with(test, &[])
+    }
+
+    /// Starts one server with `extra` arguments after the defaults (a later
+    /// setting wins), or `None` (skipped) without the tools.
+    pub fn start_with(test: &str, extra: &[&str]) -> Option<Standalone> {
         let tools = Tools::find(test)?;
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let server = Server::start(
-            &tools,
-            dir.path(),
-            &["--save", "", "--appendonly", "no"],
-            false,
-        );
+        let mut args = vec!["--save", "", "--appendonly", "no"];
+        args.extend_from_slice(extra);
+        let server = Server::start(&tools, dir.path(), &args, false);
         Some(Standalone { server, _dir: dir })
     }
 }

@@ -2,6 +2,7 @@
 //! 3-primary, 3-replica Redis Cluster. See `harness.rs` for what the tests
 //! need and how they find it.
 
+mod commands;
 mod harness;
 mod resp;
 

@@ -1,0 +1,577 @@
+//! The domain commands (`FB.ACQUIRE`, `FB.COMPLETE`, `FB.RENEW`,
+//! `FB.ISOLATE`, `FB.CLOSE`, `FB.GET`) against a real `redis-server`.
+
+use crate::harness::Standalone;
+use crate::resp::{Conn, Reply};
+
+/// Consecutive mode, 2 failures, a 1 s break: the worked example of SPEC
+/// section 6.
+const TRIP_2: &str = r#"{"breaker":{"mode":"consecutive","failures":2,"break":1000}}"#;
+
+fn bulk(text: &str) -> Reply {
+    Reply::Bulk(Some(text.as_bytes().to_vec()))
+}
+
+fn nil() -> Reply {
+    Reply::Bulk(None)
+}
+
+fn int(n: i64) -> Reply {
+    Reply::Int(n)
+}
+
+fn array(items: Vec<Reply>) -> Reply {
+    Reply::Array(Some(items))
+}
+
+/// A ticket id as the module writes it: 32 lower-case hex digits.
+fn hex(id: u128) -> String {
+    format!("{id:032x}")
+}
+
+fn granted(id: u128, lease: i64) -> Reply {
+    array(vec![
+        bulk("granted"),
+        nil(),
+        bulk(&hex(id)),
+        int(lease),
+        nil(),
+    ])
+}
+
+fn completed(stale: bool, phase: &str) -> Reply {
+    array(vec![
+        bulk("stale"),
+        int(i64::from(stale)),
+        bulk("phase"),
+        bulk(phase),
+    ])
+}
+
+fn error(text: &str) -> Reply {
+    Reply::Error(text.to_owned())
+}
+
+/// `FB.GET` parsed, or `None` for nil.
+fn view(conn: &mut Conn, key: &str, now: u64) -> Option<serde_json::Value> {
+    match conn.cmd(&["FB.GET", key, &now.to_string()]) {
+        Reply::Bulk(None) => None,
+        Reply::Bulk(Some(json)) => Some(serde_json::from_slice(&json).expect("FB.GET gives JSON")),
+        other => panic!("FB.GET {key}: {other:?}"),
+    }
+}
+
+fn raw(conn: &mut Conn, key: &str) -> Reply {
+    conn.cmd(&["GET", key])
+}
+
+#[test]
+fn a_breaker_trips_after_its_failures_blocks_with_retry_after_then_probes_and_closes() {
+    let Some(redis) = Standalone::start("a_breaker_trips_after_its_failures") else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    assert_eq!(view(&mut c, "dep", 0), None);
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "dep", "0", "1", TRIP_2]),
+        granted(1, 30_000)
+    );
+    assert_eq!(
+        c.cmd(&["FB.COMPLETE", "dep", "0", "1", "failure"]),
+        completed(false, "CLOSED")
+    );
+    let v = view(&mut c, "dep", 0).expect("the key holds state");
+    assert_eq!(
+        (v["phase"].as_str(), v["consecutive_failures"].as_u64()),
+        (Some("CLOSED"), Some(1))
+    );
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "dep", "10", "2", TRIP_2]),
+        granted(2, 30_000)
+    );
+    assert_eq!(
+        c.cmd(&["FB.COMPLETE", "dep", "10", "2", "FAILURE"]),
+        completed(false, "OPEN")
+    );
+    let v = view(&mut c, "dep", 10).unwrap();
+    assert_eq!(v["phase"], "OPEN");
+    assert_eq!(v["open_until"], 1010);
+    assert_eq!(v["consecutive_failures"], 2);
+
+    // Blocked, with the time left of the break; a blocked request changes
+    // nothing (B1), so the next one is blocked alike.
+    let blocked = |retry| {
+        array(vec![
+            bulk("blocked"),
+            bulk("open"),
+            nil(),
+            nil(),
+            int(retry),
+        ])
+    };
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "dep", "500", "3", TRIP_2]),
+        blocked(510)
+    );
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "dep", "1009", "3", TRIP_2]),
+        blocked(1)
+    );
+    assert_eq!(view(&mut c, "dep", 1009).unwrap()["stats"]["blocked"], 2);
+
+    // At the deadline, one probe; others wait for its slot (the break).
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "dep", "1010", "4", TRIP_2]),
+        array(vec![
+            bulk("probe"),
+            nil(),
+            bulk(&hex(4)),
+            int(30_000),
+            nil()
+        ])
+    );
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "dep", "1020", "5", TRIP_2]),
+        array(vec![
+            bulk("blocked"),
+            bulk("probe_in_flight"),
+            nil(),
+            nil(),
+            int(990)
+        ])
+    );
+    assert_eq!(view(&mut c, "dep", 1020).unwrap()["phase"], "HALF_OPEN");
+    assert_eq!(
+        c.cmd(&["FB.COMPLETE", "dep", "1030", "4", "success"]),
+        completed(false, "CLOSED")
+    );
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "dep", "1040", "5", TRIP_2]),
+        granted(5, 30_000)
+    );
+    let v = view(&mut c, "dep", 1040).unwrap();
+    assert_eq!(v["stats"]["probes"], 1);
+    assert_eq!(v["stats"]["granted"], 3);
+    assert_eq!(v["live_tickets"], 1);
+}
+
+#[test]
+fn a_failed_probe_opens_a_new_break() {
+    let Some(redis) = Standalone::start("a_failed_probe_opens_a_new_break") else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    let policy = r#"{"breaker":{"mode":"consecutive","failures":1,"break":"1s"}}"#;
+    c.cmd(&["FB.ACQUIRE", "k", "0", "a", policy]);
+    assert_eq!(
+        c.cmd(&["FB.COMPLETE", "k", "0", "a", "failure"]),
+        completed(false, "OPEN")
+    );
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "1000", "b", policy]).items()[0],
+        bulk("probe")
+    );
+    assert_eq!(
+        c.cmd(&["FB.COMPLETE", "k", "1100", "b", "failure"]),
+        completed(false, "OPEN")
+    );
+    assert_eq!(view(&mut c, "k", 1100).unwrap()["open_until"], 2100);
+}
+
+#[test]
+fn stale_unknown_and_expired_tickets_are_told_apart() {
+    let Some(redis) = Standalone::start("stale_unknown_and_expired_tickets_are_told_apart") else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    let not_found =
+        error("ERR ticket: not found; it is unknown, already completed, or its lease ended");
+    // No key at all: the ticket is unknown.
+    assert_eq!(c.cmd(&["FB.COMPLETE", "k", "0", "1", "success"]), not_found);
+    assert_eq!(c.cmd(&["FB.RENEW", "k", "0", "1"]), not_found);
+    assert_eq!(view(&mut c, "k", 0), None, "a refused command makes no key");
+
+    let policy = r#"{"breaker":{"mode":"consecutive","failures":1,"break":1000}}"#;
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "0", "1", policy]),
+        granted(1, 30_000)
+    );
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "0", "2", policy]),
+        granted(2, 30_000)
+    );
+    assert_eq!(c.cmd(&["FB.COMPLETE", "k", "0", "9", "success"]), not_found);
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "0", "1", policy]),
+        error("ERR ticket: the id is already in use at this key; send a new random id")
+    );
+    // Ticket 2 was issued before the trip: its outcome is stale (B3).
+    assert_eq!(
+        c.cmd(&["FB.COMPLETE", "k", "5", "1", "failure"]),
+        completed(false, "OPEN")
+    );
+    assert_eq!(
+        c.cmd(&["FB.COMPLETE", "k", "6", "2", "success"]),
+        completed(true, "OPEN")
+    );
+    // Completed once: unknown the second time.
+    assert_eq!(c.cmd(&["FB.COMPLETE", "k", "7", "2", "success"]), not_found);
+    assert_eq!(view(&mut c, "k", 7).unwrap()["stats"]["stale"], 1);
+
+    // A lease renewed, then ended: the ticket is gone.
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "l", "0", "a", TRIP_2, "LEASE", "100"]),
+        granted(0xa, 100)
+    );
+    assert_eq!(
+        c.cmd(&["FB.RENEW", "l", "50", "a", "LEASE", "200"]),
+        int(200)
+    );
+    assert_eq!(c.cmd(&["FB.RENEW", "l", "60", "A"]), int(30_000));
+    assert_eq!(
+        c.cmd(&["FB.COMPLETE", "l", "30060", "a", "ignored"]),
+        not_found
+    );
+    let v = view(&mut c, "l", 30_060).unwrap();
+    assert_eq!(
+        (v["live_tickets"].as_u64(), v["stats"]["expired"].as_u64()),
+        (Some(0), Some(1))
+    );
+}
+
+#[test]
+fn isolate_refuses_everything_until_close() {
+    let Some(redis) = Standalone::start("isolate_refuses_everything_until_close") else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    assert_eq!(
+        c.cmd(&["FB.ISOLATE", "k", "0"]),
+        error(
+            "ERR key: holds no fusebox state, so no policy to isolate under; \
+             FB.ACQUIRE on it first (PERMITS 0 is a status check that takes nothing)"
+        )
+    );
+    assert!(
+        c.cmd(&["FB.CLOSE", "k", "0"]).is_ok(),
+        "an empty key is closed"
+    );
+    assert_eq!(c.cmd(&["EXISTS", "k"]), int(0));
+
+    let status = c.cmd(&["FB.ACQUIRE", "k", "0", "1", TRIP_2, "PERMITS", "0"]);
+    assert_eq!(
+        status,
+        array(vec![bulk("granted"), nil(), nil(), nil(), nil()])
+    );
+    assert_eq!(view(&mut c, "k", 0).unwrap()["stats"]["granted"], 0);
+
+    assert!(c.cmd(&["FB.ISOLATE", "k", "10"]).is_ok());
+    let refused = array(vec![bulk("refused"), nil(), nil(), nil(), nil()]);
+    assert_eq!(c.cmd(&["FB.ACQUIRE", "k", "20", "2", TRIP_2]), refused);
+    let v = view(&mut c, "k", 20).unwrap();
+    assert_eq!(
+        (v["phase"].as_str(), v["stats"]["refused"].as_u64()),
+        (Some("ISOLATED"), Some(1))
+    );
+
+    assert!(c.cmd(&["FB.CLOSE", "k", "30"]).is_ok());
+    assert_eq!(view(&mut c, "k", 30).unwrap()["phase"], "CLOSED");
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "40", "2", TRIP_2]),
+        granted(2, 30_000)
+    );
+}
+
+#[test]
+fn permits_are_denied_or_queued_by_the_limiter() {
+    let Some(redis) = Standalone::start("permits_are_denied_or_queued_by_the_limiter") else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    let policy = r#"{"limiter":{"kind":"concurrency","permits":1,"queue_limit":1}}"#;
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "0", "1", policy]),
+        granted(1, 30_000)
+    );
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "1", "2", policy]),
+        array(vec![
+            bulk("denied"),
+            bulk("no_permits"),
+            nil(),
+            nil(),
+            nil()
+        ])
+    );
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "2", "3", policy, "maxwait", "100"]),
+        array(vec![bulk("queued"), nil(), nil(), nil(), nil()])
+    );
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "3", "4", policy, "MAXWAIT", "100"]),
+        array(vec![
+            bulk("denied"),
+            bulk("queue_full"),
+            nil(),
+            nil(),
+            nil()
+        ])
+    );
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "4", "5", policy, "PERMITS", "2"]),
+        array(vec![
+            bulk("denied"),
+            bulk("exceeds_limit"),
+            nil(),
+            nil(),
+            nil()
+        ])
+    );
+    let v = view(&mut c, "k", 4).unwrap();
+    assert_eq!(
+        (
+            v["waiters"].as_u64(),
+            v["free"].as_u64(),
+            v["limit"].as_u64()
+        ),
+        (Some(1), Some(0), Some(1))
+    );
+    // The waiter's wait ends at 102; it is answered (timeout) and gone.
+    let v = view(&mut c, "k", 102).unwrap();
+    assert_eq!(
+        (v["waiters"].as_u64(), v["stats"]["timed_out"].as_u64()),
+        (Some(0), Some(1))
+    );
+
+    // A changed policy is applied to the key before the request (Y4).
+    let wider = r#"{"limiter":{"kind":"concurrency","permits":2}}"#;
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "200", "6", wider]),
+        granted(6, 30_000)
+    );
+    let v = view(&mut c, "k", 200).unwrap();
+    assert_eq!(v["limit"], 2);
+    assert_eq!(v["policy"]["limiter"]["permits"], 2);
+}
+
+#[test]
+fn a_bad_argument_is_refused_naming_it_and_changes_nothing() {
+    let Some(redis) = Standalone::start("a_bad_argument_is_refused_naming_it") else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "100", "1", TRIP_2]),
+        granted(1, 30_000)
+    );
+    let before = raw(&mut c, "k");
+    let Reply::Bulk(Some(bytes)) = &before else {
+        panic!("{before:?}");
+    };
+    assert!(bytes.starts_with(b"FBX\x01{"), "{before:?}");
+
+    let long_ticket = "f".repeat(33);
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["FB.ACQUIRE", "k", "-1", "2", TRIP_2], "ERR now_ms: "),
+        (vec!["FB.ACQUIRE", "k", "1e3", "2", TRIP_2], "ERR now_ms: "),
+        (
+            vec!["FB.ACQUIRE", "k", "9007199254740993", "2", TRIP_2],
+            "ERR now_ms: ",
+        ),
+        (vec!["FB.ACQUIRE", "k", "99", "2", TRIP_2], "ERR now ("),
+        (
+            vec!["FB.ACQUIRE", "k", "200", "xyz", TRIP_2],
+            "ERR ticket: ",
+        ),
+        (
+            vec!["FB.ACQUIRE", "k", "200", &long_ticket, TRIP_2],
+            "ERR ticket: ",
+        ),
+        (vec!["FB.ACQUIRE", "k", "200", "2", "{"], "ERR policy: "),
+        (
+            vec!["FB.ACQUIRE", "k", "200", "2", r#"{"brakes":{}}"#],
+            "ERR policy: ",
+        ),
+        (
+            vec![
+                "FB.ACQUIRE",
+                "k",
+                "200",
+                "2",
+                r#"{"breaker":{"mode":"consecutive","failures":0,"break":1000}}"#,
+            ],
+            "ERR policy.breaker.failures: ",
+        ),
+        (
+            vec!["FB.ACQUIRE", "k", "200", "2", TRIP_2, "PERMITS"],
+            "ERR permits: ",
+        ),
+        (
+            vec!["FB.ACQUIRE", "k", "200", "2", TRIP_2, "PERMITS", "-1"],
+            "ERR permits: ",
+        ),
+        (
+            vec![
+                "FB.ACQUIRE",
+                "k",
+                "200",
+                "2",
+                TRIP_2,
+                "PERMITS",
+                "1",
+                "PERMITS",
+                "1",
+            ],
+            "ERR permits: ",
+        ),
+        (
+            vec!["FB.ACQUIRE", "k", "200", "2", TRIP_2, "LEASE", "0"],
+            "ERR lease: ",
+        ),
+        (
+            vec![
+                "FB.ACQUIRE",
+                "k",
+                "200",
+                "2",
+                TRIP_2,
+                "LEASE",
+                "31536000001",
+            ],
+            "ERR lease: ",
+        ),
+        (
+            vec!["FB.ACQUIRE", "k", "200", "2", TRIP_2, "MAXWAIT", "soon"],
+            "ERR maxwait: ",
+        ),
+        (
+            vec!["FB.ACQUIRE", "k", "200", "2", TRIP_2, "WAIT", "1"],
+            "ERR option: ",
+        ),
+        (vec!["FB.ACQUIRE", "", "200", "2", TRIP_2], "ERR key: "),
+        (
+            vec!["FB.COMPLETE", "k", "200", "1", "maybe"],
+            "ERR outcome: ",
+        ),
+        (vec!["FB.COMPLETE", "k", "200", "1", ""], "ERR outcome: "),
+        (
+            vec!["FB.RENEW", "k", "200", "1", "LEASE", "0"],
+            "ERR lease: ",
+        ),
+        (
+            vec!["FB.RENEW", "k", "200", "1", "TTL", "5"],
+            "ERR option: ",
+        ),
+        (vec!["FB.ISOLATE", "k", "now"], "ERR now_ms: "),
+        (vec!["FB.CLOSE", "k", "99"], "ERR now ("),
+        (vec!["FB.GET", "k", "x"], "ERR now_ms: "),
+        (
+            vec!["FB.ACQUIRE", "k", "200", "2"],
+            "ERR wrong number of arguments",
+        ),
+        (
+            vec!["FB.COMPLETE", "k", "200", "1"],
+            "ERR wrong number of arguments",
+        ),
+        (vec!["FB.ISOLATE", "k"], "ERR wrong number of arguments"),
+    ];
+    for (args, prefix) in &cases {
+        let reply = c.cmd(args);
+        let Reply::Error(e) = &reply else {
+            panic!("{args:?} must be refused, got {reply:?}");
+        };
+        assert!(
+            e.starts_with(prefix),
+            "{args:?}: {e:?} should start with {prefix:?}"
+        );
+        assert!(
+            e.len() > prefix.len() + 10,
+            "{args:?}: {e:?} should say what to do"
+        );
+        assert_eq!(raw(&mut c, "k"), before, "{args:?} changed the key");
+    }
+
+    // A string that is not fusebox state is refused, not overwritten.
+    assert!(c.cmd(&["SET", "other", "hello"]).is_ok());
+    let Reply::Error(e) = c.cmd(&["FB.ACQUIRE", "other", "0", "1", TRIP_2]) else {
+        panic!("a foreign string must be refused");
+    };
+    assert!(e.starts_with("ERR state: "), "{e}");
+    assert_eq!(raw(&mut c, "other"), bulk("hello"));
+    // Damaged state is refused, naming the state, and left for the operator.
+    assert!(c.cmd(&["SET", "bad", "FBX\u{1}{\"version\":1}"]).is_ok());
+    let Reply::Error(e) = c.cmd(&["FB.GET", "bad", "0"]) else {
+        panic!("damaged state must be refused");
+    };
+    assert!(
+        e.starts_with("ERR state: ") && e.contains("delete the key"),
+        "{e}"
+    );
+    assert_eq!(c.cmd(&["HSET", "h", "a", "b"]), int(1));
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "h", "0", "1", TRIP_2]),
+        error("WRONGTYPE Operation against a key holding the wrong kind of value")
+    );
+}
+
+#[test]
+fn the_same_commands_write_the_same_bytes() {
+    let Some(redis) = Standalone::start("the_same_commands_write_the_same_bytes") else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    let policy = r#"{"breaker":{"mode":"ratio","failure_ratio":0.5,"minimum_throughput":2,
+        "sampling_window":"10s","break":"1s","multiplier":1.5},
+        "limiter":{"kind":"token_bucket","capacity":3,"refill":1,"period":"100ms","queue_limit":2}}"#;
+    for key in ["a", "b"] {
+        for (i, now) in [0u64, 5, 10, 20].into_iter().enumerate() {
+            c.cmd(&[
+                "FB.ACQUIRE",
+                key,
+                &now.to_string(),
+                &format!("{}", i + 1),
+                policy,
+            ]);
+        }
+        c.cmd(&["FB.COMPLETE", key, "30", "1", "failure"]);
+        c.cmd(&["FB.COMPLETE", key, "31", "2", "success"]);
+        c.cmd(&["FB.ACQUIRE", key, "40", "9", policy, "MAXWAIT", "500"]);
+    }
+    let (a, b) = (raw(&mut c, "a"), raw(&mut c, "b"));
+    assert_eq!(a, b);
+    assert_eq!(view(&mut c, "a", 40), view(&mut c, "b", 40));
+}
+
+#[test]
+fn state_survives_an_rdb_round_trip() {
+    let Some(redis) = Standalone::start_with(
+        "state_survives_an_rdb_round_trip",
+        &["--enable-debug-command", "yes"],
+    ) else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    let policy = r#"{"breaker":{"mode":"consecutive","failures":1,"break":1000},
+        "limiter":{"kind":"concurrency","permits":2}}"#;
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "0", "1", policy]),
+        granted(1, 30_000)
+    );
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "0", "2", policy]),
+        granted(2, 30_000)
+    );
+    c.cmd(&["FB.COMPLETE", "k", "5", "1", "failure"]);
+    let before = (raw(&mut c, "k"), view(&mut c, "k", 10));
+    assert!(c.cmd(&["DEBUG", "RELOAD"]).is_ok());
+    assert_eq!((raw(&mut c, "k"), view(&mut c, "k", 10)), before);
+    // The key goes on from where it was: open, ticket 2 live and stale.
+    assert_eq!(
+        c.cmd(&["FB.COMPLETE", "k", "20", "2", "success"]),
+        completed(true, "OPEN")
+    );
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "1005", "3", policy]).items()[0],
+        bulk("probe")
+    );
+}
