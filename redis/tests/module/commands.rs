@@ -1,7 +1,9 @@
 //! The domain commands (`FB.ACQUIRE`, `FB.COMPLETE`, `FB.RENEW`,
 //! `FB.ISOLATE`, `FB.CLOSE`, `FB.GET`) against a real `redis-server`.
 
-use crate::harness::Standalone;
+use std::time::Duration;
+
+use crate::harness::{info_field, wait_for, Server, Standalone, Tools};
 use crate::resp::{Conn, Reply};
 
 /// Consecutive mode, 2 failures, a 1 s break: the worked example of SPEC
@@ -572,6 +574,91 @@ fn state_survives_an_rdb_round_trip() {
     );
     assert_eq!(
         c.cmd(&["FB.ACQUIRE", "k", "1005", "3", policy]).items()[0],
+        bulk("probe")
+    );
+}
+
+/// A few steps at `key` on `c`: grants, a trip, a blocked request, a renewal.
+fn some_steps(c: &mut Conn, key: &str) {
+    let policy = r#"{"breaker":{"mode":"consecutive","failures":1,"break":"2s"},
+        "limiter":{"kind":"sliding_window","permits":5,"window":"1s","segments":4}}"#;
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", key, "0", "1", policy]),
+        granted(1, 30_000)
+    );
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", key, "3", "2", policy, "PERMITS", "2"]),
+        granted(2, 30_000)
+    );
+    assert_eq!(
+        c.cmd(&["FB.RENEW", key, "4", "2", "LEASE", "5000"]),
+        int(5000)
+    );
+    assert_eq!(
+        c.cmd(&["FB.COMPLETE", key, "10", "1", "failure"]),
+        completed(false, "OPEN")
+    );
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", key, "11", "3", policy]).items()[0],
+        bulk("blocked")
+    );
+}
+
+#[test]
+fn a_replica_holds_the_same_bytes_as_its_primary() {
+    let test = "a_replica_holds_the_same_bytes_as_its_primary";
+    let Some(tools) = Tools::find(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let quiet = [
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--repl-diskless-sync-delay",
+        "0",
+    ];
+    let primary = Server::start(&tools, dir.path(), &quiet, false);
+    let port = primary.port.to_string();
+    let mut args = quiet.to_vec();
+    args.extend(["--replicaof", "127.0.0.1", &port]);
+    let replica = Server::start(&tools, dir.path(), &args, false);
+    wait_for(
+        "the replica's link to its primary",
+        Duration::from_secs(30),
+        || {
+            let info = replica.conn().cmd(&["INFO", "replication"]);
+            (info_field(&info, "master_link_status").as_deref() == Some("up")).then_some(())
+        },
+    );
+    let mut p = primary.conn();
+    some_steps(&mut p, "k");
+    assert_eq!(p.cmd(&["WAIT", "1", "5000"]), int(1));
+    let mut r = replica.conn();
+    assert_eq!(raw(&mut r, "k"), raw(&mut p, "k"));
+    assert_eq!(view(&mut r, "k", 20), view(&mut p, "k", 20));
+    let Reply::Error(e) = r.cmd(&["FB.CLOSE", "k", "30"]) else {
+        panic!("a replica must refuse a write");
+    };
+    assert!(e.starts_with("READONLY"), "{e}");
+}
+
+#[test]
+fn an_aof_replay_writes_the_same_bytes() {
+    let Some(redis) = Standalone::start_with(
+        "an_aof_replay_writes_the_same_bytes",
+        &["--appendonly", "yes", "--enable-debug-command", "yes"],
+    ) else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    some_steps(&mut c, "k");
+    let before = raw(&mut c, "k");
+    assert!(c.cmd(&["DEBUG", "LOADAOF"]).is_ok());
+    assert_eq!(raw(&mut c, "k"), before);
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "2010", "4", TRIP_2]).items()[0],
         bulk("probe")
     );
 }
