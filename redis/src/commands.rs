@@ -65,9 +65,11 @@ fn err(e: &dyn std::fmt::Display) -> RedisError {
 // stores nothing, so a command that fails changes nothing (SPEC E3).
 // ---------------------------------------------------------------------------
 
-/// The largest `now_ms` a command takes: 2^53, the largest time a stored
-/// state may hold (decisions item 63).
-pub const MAX_NOW: Millis = 1 << 53;
+/// The largest `now_ms` a command takes: 2^53 (the largest time a stored
+/// state may hold, decisions item 63) less 365 days (the longest lease,
+/// wait, break or probe slot), so that every deadline a command sets still
+/// reads back.
+pub const MAX_NOW: Millis = (1 << 53) - MAX_DURATION;
 
 fn arg_text<'a>(arg: &'a RedisString, field: &str, what: &str) -> Result<&'a str, RedisError> {
     std::str::from_utf8(arg.as_slice())
@@ -93,7 +95,7 @@ pub fn parse_now(arg: &RedisString) -> Result<Millis, RedisError> {
         arg,
         "now_ms",
         MAX_NOW,
-        "a whole number of milliseconds from 0 to 9007199254740992 (2^53); \
+        "a whole number of milliseconds from 0 to 9007167718740992 (2^53 less 365 days); \
          send the caller's monotonic clock",
     )
 }
@@ -159,14 +161,16 @@ fn parse_options<'a>(
         };
         let Some(value) = rest.next() else {
             return Err(RedisError::String(format!(
-                "ERR {}: the option needs a value",
-                names[at].to_ascii_lowercase()
+                "ERR {}: {} needs a value after it",
+                names[at].to_ascii_lowercase(),
+                names[at]
             )));
         };
         if values[at].replace(value).is_some() {
             return Err(RedisError::String(format!(
-                "ERR {}: give the option once",
-                names[at].to_ascii_lowercase()
+                "ERR {}: {} is given twice; give it once",
+                names[at].to_ascii_lowercase(),
+                names[at]
             )));
         }
     }

@@ -377,7 +377,11 @@ fn a_bad_argument_is_refused_naming_it_and_changes_nothing() {
         (vec!["FB.ACQUIRE", "k", "-1", "2", TRIP_2], "ERR now_ms: "),
         (vec!["FB.ACQUIRE", "k", "1e3", "2", TRIP_2], "ERR now_ms: "),
         (
-            vec!["FB.ACQUIRE", "k", "9007199254740993", "2", TRIP_2],
+            vec!["FB.ACQUIRE", "k", "9007199254740992", "2", TRIP_2],
+            "ERR now_ms: ",
+        ),
+        (
+            vec!["FB.ACQUIRE", "k", "9007167718740993", "2", TRIP_2],
             "ERR now_ms: ",
         ),
         (vec!["FB.ACQUIRE", "k", "99", "2", TRIP_2], "ERR now ("),
@@ -661,4 +665,44 @@ fn an_aof_replay_writes_the_same_bytes() {
         c.cmd(&["FB.ACQUIRE", "k", "2010", "4", TRIP_2]).items()[0],
         bulk("probe")
     );
+}
+
+#[test]
+fn the_latest_time_taken_still_reads_back() {
+    let Some(redis) = Standalone::start("the_latest_time_taken_still_reads_back") else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    let last = fusebox_redis::commands::MAX_NOW;
+    assert_eq!(last, 9_007_167_718_740_992);
+    let now = last.to_string();
+    let longest = r#"{"breaker":{"mode":"consecutive","failures":1,"break":"365d"},
+        "limiter":{"kind":"concurrency","permits":2,"queue_limit":2},
+        "lease":{"default":"365d","max":"365d"}}"#;
+    let year = 31_536_000_000;
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", &now, "1", longest]),
+        granted(1, year)
+    );
+    assert_eq!(
+        c.cmd(&[
+            "FB.ACQUIRE",
+            "k",
+            &now,
+            "2",
+            longest,
+            "PERMITS",
+            "2",
+            "MAXWAIT",
+            "31536000000"
+        ]),
+        array(vec![bulk("queued"), nil(), nil(), nil(), nil()])
+    );
+    assert_eq!(c.cmd(&["FB.RENEW", "k", &now, "1"]), int(year));
+    assert_eq!(
+        c.cmd(&["FB.COMPLETE", "k", &now, "1", "failure"]),
+        completed(false, "OPEN")
+    );
+    let v = view(&mut c, "k", last).expect("the state reads back");
+    assert_eq!(v["open_until"].as_u64(), Some(last + year as u64));
 }
