@@ -4,6 +4,7 @@
 
 mod commands;
 mod harness;
+mod notices;
 mod resp;
 
 use harness::{Cluster, Standalone};

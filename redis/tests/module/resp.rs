@@ -95,6 +95,11 @@ impl Conn {
             .unwrap_or_else(|e| panic!("{name}: no reply from Redis: {e}"))
     }
 
+    /// Reads one more reply (a pub/sub message on a subscribed connection).
+    pub fn read(&mut self) -> io::Result<Reply> {
+        self.read_reply()
+    }
+
     fn line(&mut self) -> io::Result<String> {
         let mut line = String::new();
         if self.reader.read_line(&mut line)? == 0 {

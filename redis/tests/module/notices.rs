@@ -1,0 +1,374 @@
+//! Time `*`, the notices published on `fusebox:answers` and
+//! `fusebox:events`, `FB.SETTLE`, `FB.WITHDRAW` and the settler timer,
+//! against a real `redis-server`.
+
+use std::time::Duration;
+
+use crate::harness::{info_field, wait_for, Server, Standalone, Tools};
+use crate::resp::{Conn, Reply};
+
+/// One permit, a queue of 4, and a breaker that trips on 1 failure.
+const ONE: &str = r#"{"breaker":{"mode":"consecutive","failures":1,"break":1000},
+    "limiter":{"kind":"concurrency","permits":1,"queue_limit":4}}"#;
+
+fn bulk(text: &str) -> Reply {
+    Reply::Bulk(Some(text.as_bytes().to_vec()))
+}
+
+fn nil() -> Reply {
+    Reply::Bulk(None)
+}
+
+fn int(n: i64) -> Reply {
+    Reply::Int(n)
+}
+
+fn hex(id: u128) -> String {
+    format!("{id:032x}")
+}
+
+fn json(reply: &Reply) -> serde_json::Value {
+    serde_json::from_str(&reply.text()).expect("JSON")
+}
+
+/// A connection subscribed to both channels.
+fn subscriber(server: &Server) -> Conn {
+    let mut s = server.conn();
+    s.cmd(&["SUBSCRIBE", "fusebox:answers", "fusebox:events"]);
+    s.read().expect("the second subscription");
+    s
+}
+
+/// The next message on a subscribed connection: `(channel, JSON)`.
+fn message(s: &mut Conn) -> (String, serde_json::Value) {
+    let m = s.read().expect("a message within the read timeout");
+    let items = m.items();
+    assert_eq!(items[0].text(), "message", "{m:?}");
+    let text = items[2].text();
+    (
+        items[1].text(),
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[test]
+fn a_star_time_is_the_servers_clock_and_replicates_as_a_number() {
+    let test = "a_star_time_is_the_servers_clock_and_replicates_as_a_number";
+    let Some(tools) = Tools::find(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let base = [
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--repl-diskless-sync-delay",
+        "0",
+    ];
+    let primary = Server::start(&tools, dir.path(), &base, false);
+    let port = primary.port.to_string();
+    let mut args = base.to_vec();
+    args.extend(["--replicaof", "127.0.0.1", &port]);
+    let replica = Server::start(&tools, dir.path(), &args, false);
+    wait_for("the replica's link", Duration::from_secs(30), || {
+        let info = replica.conn().cmd(&["INFO", "replication"]);
+        (info_field(&info, "master_link_status").as_deref() == Some("up")).then_some(())
+    });
+    let mut p = primary.conn();
+    let before = wall_ms();
+    let reply = p.cmd(&["FB.ACQUIRE", "k", "*", "1", ONE]);
+    let after = wall_ms();
+    let items = reply.items();
+    assert_eq!(items.len(), 7, "{reply:?}");
+    assert_eq!(items[0], bulk("granted"));
+    assert_eq!(items[5], bulk("closed"));
+    let Reply::Int(now) = items[6] else {
+        panic!("now_ms: {reply:?}");
+    };
+    let now = now as u64;
+    assert!((before..=after).contains(&now), "{before} {now} {after}");
+    // An explicit time earlier than the key's is refused; * never goes back.
+    let Reply::Error(e) = p.cmd(&["FB.COMPLETE", "k", "5", "1", "success"]) else {
+        panic!("an earlier time must be refused");
+    };
+    assert!(e.starts_with("ERR now (5 ms) is earlier"), "{e}");
+    let later = now + 20_000;
+    let got = p.cmd(&["FB.GET", "k", &later.to_string()]);
+    assert_eq!(json(&got)["now_ms"], later);
+    assert!(p
+        .cmd(&["FB.RENEW", "k", &later.to_string(), "1"])
+        .eq(&int(30_000)));
+    let star = p.cmd(&["FB.COMPLETE", "k", "*", "1", "success"]);
+    assert_eq!(star.items()[3], bulk("closed"));
+    assert_eq!(
+        json(&p.cmd(&["FB.GET", "k", "*"]))["last_now"],
+        later,
+        "* is raised to the key's last time seen"
+    );
+
+    assert_eq!(p.cmd(&["WAIT", "1", "5000"]), int(1));
+    let mut r = replica.conn();
+    assert_eq!(r.cmd(&["GET", "k"]), p.cmd(&["GET", "k"]));
+    // The AOF holds the number used, never *.
+    let aof_dir = primary.dir.join("appendonlydir");
+    let aof: Vec<u8> = wait_for("the AOF holding the step", Duration::from_secs(10), || {
+        let mut all = Vec::new();
+        for entry in std::fs::read_dir(&aof_dir).ok()? {
+            let path = entry.ok()?.path();
+            if path.to_string_lossy().ends_with(".incr.aof") {
+                all.extend(std::fs::read(path).ok()?);
+            }
+        }
+        let text = String::from_utf8_lossy(&all).to_lowercase();
+        text.contains("fb.complete").then_some(all)
+    });
+    let text = String::from_utf8_lossy(&aof);
+    assert!(
+        text.contains(&format!("\r\n{now}\r\n")),
+        "the AOF must hold {now}:\n{text}"
+    );
+    assert!(!text.contains("\r\n$1\r\n*\r\n"), "{text}");
+}
+
+#[test]
+fn a_status_check_on_an_empty_key_makes_no_key() {
+    let Some(redis) = Standalone::start("a_status_check_on_an_empty_key_makes_no_key") else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    let reply = c.cmd(&["FB.ACQUIRE", "k", "*", "1", ONE, "PERMITS", "0"]);
+    assert_eq!(
+        reply.items()[..6],
+        [bulk("granted"), nil(), nil(), nil(), nil(), bulk("closed")]
+    );
+    assert_eq!(c.cmd(&["EXISTS", "k"]), int(0));
+    assert_eq!(
+        c.cmd(&["FB.SETTLE", "k", "*"]),
+        Reply::Array(Some(vec![nil(), nil()]))
+    );
+    assert_eq!(c.cmd(&["FB.WITHDRAW", "k", "*", "1"]), bulk("unknown"));
+    assert_eq!(c.cmd(&["EXISTS", "k"]), int(0));
+}
+
+#[test]
+fn answers_and_events_are_published_and_settle_reports_a_waiter() {
+    let Some(redis) =
+        Standalone::start("answers_and_events_are_published_and_settle_reports_a_waiter")
+    else {
+        return;
+    };
+    let mut s = subscriber(&redis.server);
+    let mut c = redis.server.conn();
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "0", "1", ONE]).items()[0],
+        bulk("granted")
+    );
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "1", "2", ONE, "MAXWAIT", "1000"])
+            .items()[0],
+        bulk("queued")
+    );
+    let settled = c.cmd(&["FB.SETTLE", "k", "2", "WAITER", "2"]);
+    assert_eq!(settled.items()[0], int(1001), "the wait's end is next");
+    assert_eq!(settled.items()[1].items()[0], bulk("queued"));
+
+    // The completion serves the waiter: its answer is published.
+    assert_eq!(
+        c.cmd(&["FB.COMPLETE", "k", "3", "1", "success"]).items()[3],
+        bulk("closed")
+    );
+    let (channel, answer) = message(&mut s);
+    assert_eq!(channel, "fusebox:answers");
+    assert_eq!(
+        answer,
+        serde_json::json!({"key": "k", "waiter": hex(2), "decision": "granted",
+            "reason": null, "ticket": hex(2), "lease_ms": 30_000, "retry_after_ms": null,
+            "phase": "closed", "now_ms": 3})
+    );
+    // SETTLE tells of the served waiter by its ticket, and of an unknown one.
+    let settled = c.cmd(&["FB.SETTLE", "k", "4", "WAITER", "2"]);
+    assert_eq!(
+        settled.items()[1],
+        Reply::Array(Some(vec![
+            bulk("granted"),
+            nil(),
+            bulk(&hex(2)),
+            int(29_999),
+            nil(),
+            bulk("closed"),
+            int(4)
+        ]))
+    );
+    assert_eq!(
+        c.cmd(&["FB.SETTLE", "k", "4", "WAITER", "99"]).items()[1],
+        nil()
+    );
+
+    // A failure trips the breaker: an event.
+    c.cmd(&["FB.COMPLETE", "k", "5", "2", "failure"]);
+    let (channel, event) = message(&mut s);
+    assert_eq!(channel, "fusebox:events");
+    assert_eq!(
+        (&event["key"], &event["from"], &event["to"], &event["at_ms"]),
+        (&"k".into(), &"closed".into(), &"open".into(), &5.into())
+    );
+    assert_eq!(event["cause"], "failures reached the trip condition");
+    assert_eq!(
+        (&event["who"], &event["why"]),
+        (&serde_json::Value::Null, &serde_json::Value::Null)
+    );
+    assert_eq!(event["view"]["phase"], "open");
+
+    // An operator's isolation carries who and why.
+    let view = json(&c.cmd(&["FB.ISOLATE", "k", "6", "BY", "alice", "WHY", "db upgrade"]));
+    assert_eq!(view["phase"], "isolated");
+    let (channel, event) = message(&mut s);
+    assert_eq!(channel, "fusebox:events");
+    assert_eq!(
+        (&event["to"], &event["who"], &event["why"], &event["view"]),
+        (
+            &"isolated".into(),
+            &"alice".into(),
+            &"db upgrade".into(),
+            &view
+        )
+    );
+    let Reply::Error(e) = c.cmd(&["FB.CLOSE", "k", "7", "BY", &"x".repeat(257)]) else {
+        panic!("a long BY must be refused");
+    };
+    assert!(e.starts_with("ERR by: "), "{e}");
+
+    // SETTLE reports the answer it gave itself: a wait that timed out.
+    c.cmd(&["FB.CLOSE", "k", "8"]);
+    assert_eq!(message(&mut s).1["to"], "closed");
+    assert_eq!(
+        c.cmd(&["FB.ACQUIRE", "k", "9", "3", ONE]).items()[0],
+        bulk("granted")
+    );
+    c.cmd(&["FB.ACQUIRE", "k", "9", "4", ONE, "MAXWAIT", "10"]);
+    let settled = c.cmd(&["FB.SETTLE", "k", "50", "WAITER", "4"]);
+    assert_eq!(
+        settled.items()[1].items()[..2],
+        [bulk("denied"), bulk("timeout")]
+    );
+    assert_eq!(message(&mut s).1["decision"], "denied");
+}
+
+#[test]
+fn withdraw_tells_withdrawn_released_and_unknown_apart() {
+    let Some(redis) = Standalone::start("withdraw_tells_withdrawn_released_and_unknown_apart")
+    else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    c.cmd(&["FB.ACQUIRE", "w", "0", "1", ONE]);
+    c.cmd(&["FB.ACQUIRE", "w", "1", "2", ONE, "MAXWAIT", "1000"]);
+    assert_eq!(c.cmd(&["FB.WITHDRAW", "w", "2", "2"]), bulk("withdrawn"));
+    assert_eq!(c.cmd(&["FB.WITHDRAW", "w", "3", "1"]), bulk("released"));
+    assert_eq!(c.cmd(&["FB.WITHDRAW", "w", "4", "1"]), bulk("unknown"));
+    let v = json(&c.cmd(&["FB.GET", "w", "4"]));
+    assert_eq!(
+        (
+            v["free"].as_u64(),
+            v["live_tickets"].as_u64(),
+            v["waiters"].as_u64()
+        ),
+        (Some(1), Some(0), Some(0))
+    );
+    assert_eq!(
+        (
+            v["stats"]["withdrawn"].as_u64(),
+            v["stats"]["ignored"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+}
+
+#[test]
+fn a_replica_does_not_publish() {
+    let Some(tools) = Tools::find("a_replica_does_not_publish") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let base = [
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--repl-diskless-sync-delay",
+        "0",
+    ];
+    let primary = Server::start(&tools, dir.path(), &base, false);
+    let port = primary.port.to_string();
+    let mut args = base.to_vec();
+    args.extend(["--replicaof", "127.0.0.1", &port]);
+    let replica = Server::start(&tools, dir.path(), &args, false);
+    wait_for("the replica's link", Duration::from_secs(30), || {
+        let info = replica.conn().cmd(&["INFO", "replication"]);
+        (info_field(&info, "master_link_status").as_deref() == Some("up")).then_some(())
+    });
+    let mut on_primary = subscriber(&primary);
+    let mut on_replica = subscriber(&replica);
+    let mut p = primary.conn();
+    p.cmd(&["FB.ACQUIRE", "k", "0", "1", ONE]);
+    p.cmd(&["FB.COMPLETE", "k", "1", "1", "failure"]);
+    assert_eq!(p.cmd(&["WAIT", "1", "5000"]), int(1));
+    assert_eq!(message(&mut on_primary).1["to"], "open");
+    // The replica ran the same commands; the first message its subscriber
+    // sees is a marker published after them.
+    replica.conn().cmd(&["PUBLISH", "fusebox:events", "marker"]);
+    assert_eq!(message(&mut on_replica).1, "marker");
+}
+
+#[test]
+fn the_timer_settles_an_ended_lease_on_the_servers_clock() {
+    let Some(redis) = Standalone::start("the_timer_settles_an_ended_lease_on_the_servers_clock")
+    else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    let reply = c.cmd(&["FB.ACQUIRE", "t", "*", "1", ONE, "LEASE", "50"]);
+    assert_eq!(reply.items()[0], bulk("granted"));
+    // Read the stored bytes, not FB.GET (which settles on a copy): only the
+    // timer writes the key.
+    wait_for(
+        "the timer to settle the lease",
+        Duration::from_secs(10),
+        || {
+            let Reply::Bulk(Some(value)) = c.cmd(&["GET", "t"]) else {
+                panic!("the key is there");
+            };
+            let fuse = fusebox_redis::state::decode_fuse(&value).expect("fusebox state");
+            (fuse.live_tickets() == 0 && fuse.stats().expired == 1).then_some(())
+        },
+    );
+    let v = json(&c.cmd(&["FB.GET", "t", "*"]));
+    assert_eq!(
+        (v["live_tickets"].as_u64(), v["free"].as_u64()),
+        (Some(0), Some(1))
+    );
+    // A key on a caller's own clock is left alone until touched.
+    c.cmd(&["FB.ACQUIRE", "m", "1000", "1", ONE, "LEASE", "50"]);
+    let before = c.cmd(&["GET", "m"]);
+    wait_for(
+        "another settled key, after m's lease",
+        Duration::from_secs(10),
+        || {
+            c.cmd(&["FB.ACQUIRE", "u", "*", "2", ONE, "LEASE", "1"]);
+            let Reply::Bulk(Some(value)) = c.cmd(&["GET", "u"]) else {
+                return None;
+            };
+            let fuse = fusebox_redis::state::decode_fuse(&value).ok()?;
+            (fuse.stats().expired >= 1).then_some(())
+        },
+    );
+    assert_eq!(c.cmd(&["GET", "m"]), before);
+}
