@@ -372,3 +372,64 @@ fn the_timer_settles_an_ended_lease_on_the_servers_clock() {
     );
     assert_eq!(c.cmd(&["GET", "m"]), before);
 }
+
+#[test]
+fn in_a_cluster_each_notice_is_published_once_and_the_timers_step_replicates() {
+    let Some(cluster) = crate::harness::Cluster::start(
+        "in_a_cluster_each_notice_is_published_once_and_the_timers_step_replicates",
+    ) else {
+        return;
+    };
+    let key = "fuse/{a}";
+    let owner = cluster
+        .primaries()
+        .into_iter()
+        .find(|n| n.conn().cmd(&["FB.KEYCHECK", key]).is_ok())
+        .expect("a primary owns the key");
+    let mut subscribers: Vec<(u16, Conn)> = cluster
+        .nodes
+        .iter()
+        .map(|n| (n.port, subscriber(n)))
+        .collect();
+    let mut p = owner.conn();
+    p.cmd(&["FB.ACQUIRE", key, "0", "1", ONE]);
+    p.cmd(&["FB.COMPLETE", key, "1", "1", "failure"]);
+    assert_eq!(p.cmd(&["WAIT", "1", "5000"]), int(1));
+    p.cmd(&["PUBLISH", "fusebox:events", "marker"]);
+    // Every node's subscriber hears the event once, then the marker.
+    for (port, s) in &mut subscribers {
+        let (channel, event) = message(s);
+        assert_eq!(
+            (channel.as_str(), &event["to"]),
+            ("fusebox:events", &"open".into()),
+            "{port}"
+        );
+        assert_eq!(message(s).1, "marker", "node {port} heard the event twice");
+    }
+
+    // The timer's step on the primary reaches the replica.
+    let timed = "fuse/{a}/timed";
+    p.cmd(&["FB.ACQUIRE", timed, "*", "1", ONE, "LEASE", "50"]);
+    let replica = cluster
+        .replicas()
+        .into_iter()
+        .find(|r| {
+            let info = r.conn().cmd(&["INFO", "replication"]);
+            info_field(&info, "master_port").as_deref() == Some(&owner.port.to_string())
+        })
+        .expect("the owner's replica");
+    let mut r = replica.conn();
+    r.cmd(&["READONLY"]);
+    wait_for(
+        "the replica to hold the settled key",
+        Duration::from_secs(10),
+        || {
+            let Reply::Bulk(Some(value)) = r.cmd(&["GET", timed]) else {
+                return None;
+            };
+            let fuse = fusebox_redis::state::decode_fuse(&value).ok()?;
+            (fuse.stats().expired == 1).then_some(())
+        },
+    );
+    assert_eq!(r.cmd(&["GET", timed]), p.cmd(&["GET", timed]));
+}
