@@ -148,10 +148,16 @@ fn settle_key(ctx: &Context, key_name: &RedisString, wall: Millis) -> Result<(),
     let Some(mut fuse) = commands::load(ctx, key_name).map_err(|e| e.to_string())? else {
         return Ok(());
     };
-    if deadline_of(&fuse, wall).is_none() {
-        return Ok(());
-    }
     let now = wall.min(commands::MAX_NOW).max(fuse.last_now());
+    match deadline_of(&fuse, wall) {
+        None => return Ok(()),
+        // Not due after all (the key was written another way): wait for it.
+        Some(at) if at > now => {
+            index().set(key_name.as_slice(), Some(at));
+            return Ok(());
+        }
+        Some(_) => {}
+    }
     fuse.advance(now).map_err(|e| e.to_string())?;
     let key = key_name.as_slice().to_vec();
     commands::persist(
