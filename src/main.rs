@@ -89,8 +89,14 @@ enum Command {
         /// Keep breakers, isolations and runtime policies in this directory
         /// across restarts (made if missing; wins over `[server] data_dir`).
         /// Without one, state is kept in memory only.
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", conflicts_with = "store")]
         data_dir: Option<PathBuf>,
+        /// Keep every key's state in Redis instead, through the fusebox
+        /// module (see README, "Running a fleet of fusebox servers"):
+        /// redis://HOST:PORT, or redis-cluster://HOST:PORT,HOST:PORT,...
+        /// for a Redis Cluster. Any number of servers may share it.
+        #[arg(long, value_name = "URL", value_parser = fusebox::engine::shared::StoreUrl::parse)]
+        store: Option<fusebox::engine::shared::StoreUrl>,
     },
     /// Make a new bearer token; prints it, and the [[auth.token]] entry
     /// (with its SHA-256 only) that the server's config takes.
@@ -228,6 +234,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tls_key,
             tls_client_ca,
             data_dir,
+            store,
         } => {
             let tls = TlsFlags {
                 cert: tls_cert,
@@ -241,7 +248,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 http,
                 tls,
                 insecure_no_auth,
-                data_dir,
+                StateFlags { data_dir, store },
             )
             .await
         }
@@ -398,6 +405,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// Where `serve` keeps state: `--data-dir` or `--store`.
+struct StateFlags {
+    data_dir: Option<PathBuf>,
+    store: Option<fusebox::engine::shared::StoreUrl>,
+}
+
 /// `serve`'s `--tls-*` flags.
 struct TlsFlags {
     cert: Option<PathBuf>,
@@ -412,8 +425,9 @@ async fn serve(
     http: Option<SocketAddr>,
     tls_flags: TlsFlags,
     insecure_no_auth: bool,
-    data_dir: Option<PathBuf>,
+    state: StateFlags,
 ) -> anyhow::Result<()> {
+    let StateFlags { data_dir, store } = state;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         // A log reader that went away (`| head`) must not bring the server
@@ -471,6 +485,7 @@ async fn serve(
     }
     let data_dir = match (data_dir, &config_path) {
         (Some(dir), _) => Some(dir),
+        (None, _) if store.is_some() => None,
         (None, Some(path)) => {
             fusebox::engine::config::data_dir_of(path).context("the server did not start")?
         }
@@ -481,8 +496,18 @@ async fn serve(
     } else {
         Engine::with_system_clock(config)
     });
-    match &data_dir {
-        Some(dir) => {
+    match (&data_dir, &store) {
+        (_, Some(url)) => {
+            engine
+                .use_store(url)
+                .await
+                .context("the server did not start")?;
+            tracing::info!(
+                store = %url,
+                "state is kept in Redis at {url}: every fusebox server on it shares the same breakers, permits and policies"
+            );
+        }
+        (Some(dir), None) => {
             let restored = engine
                 .open_data_dir(dir)
                 .context("the server did not start")?;
@@ -503,7 +528,7 @@ async fn serve(
                 restored.policy_changes
             );
         }
-        None => tracing::info!(
+        (None, None) => tracing::info!(
             "state is kept in memory only: pass --data-dir DIR to keep breakers, isolations and policies across restarts"
         ),
     }
@@ -567,9 +592,10 @@ async fn serve(
             }
         ),
     };
-    let state = match &data_dir {
-        Some(dir) => dir.display().to_string(),
-        None => "in memory only".to_owned(),
+    let state = match (&data_dir, &store) {
+        (_, Some(url)) => url.to_string(),
+        (Some(dir), None) => dir.display().to_string(),
+        (None, None) => "in memory only".to_owned(),
     };
     let auth = if engine.access().is_some() {
         "on"

@@ -551,8 +551,21 @@ impl Engine {
 
     /// Runs a policy change and, with a data dir, keeps it there before
     /// returning; changes are made and kept one at a time, in order.
-    #[allow(clippy::result_large_err)]
     pub(super) fn change_policies<R>(
+        &self,
+        change: impl FnOnce() -> PolicyChange,
+        apply: impl FnOnce() -> Result<R, EngineError>,
+    ) -> Result<R, EngineError> {
+        let result = self.keep_policy_change(change, apply);
+        if result.is_ok() {
+            // With state in Redis, every server takes the change.
+            super::shared::policies::publish(self);
+        }
+        result
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn keep_policy_change<R>(
         &self,
         change: impl FnOnce() -> PolicyChange,
         apply: impl FnOnce() -> Result<R, EngineError>,

@@ -35,6 +35,10 @@ pub enum EngineError {
         /// The match asked for.
         pattern: String,
     },
+    /// The Redis store cannot be reached, or its slot is moving:
+    /// `UNAVAILABLE`.
+    #[error("the state store is unavailable: {0}; the call changed nothing that was reported, retry with backoff")]
+    StoreUnavailable(String),
     /// The server is shutting down: `UNAVAILABLE`.
     #[error("fusebox is shutting down; retry against another instance")]
     ShuttingDown,

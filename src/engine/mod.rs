@@ -24,6 +24,7 @@ mod observe;
 mod quota;
 pub mod reload;
 mod rules;
+pub mod shared;
 mod store;
 mod tickets;
 mod timer;
@@ -248,6 +249,8 @@ pub struct Engine {
     http_hosts: Vec<String>,
     /// The data dir, when state is kept across restarts.
     storage: std::sync::OnceLock<durable::Storage>,
+    /// The Redis store, when state is kept there (`--store`).
+    shared: std::sync::OnceLock<Arc<shared::Shared>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -294,6 +297,7 @@ impl Engine {
             access,
             http_hosts,
             storage: std::sync::OnceLock::new(),
+            shared: std::sync::OnceLock::new(),
         }
     }
 
@@ -310,6 +314,9 @@ impl Engine {
 
     /// The key a live ticket belongs to; NOT_FOUND when there is none (L4).
     pub fn ticket_key(&self, token: &str) -> Result<Arc<str>, EngineError> {
+        if self.shared.get().is_some() {
+            return shared::ticket_and_key(token).map(|(_, key)| Arc::from(key));
+        }
         self.ticket_and_key(token).map(|(_, key)| key)
     }
 
@@ -344,7 +351,11 @@ impl Engine {
 
     /// The wall-clock time of a reading of the engine's clock.
     pub fn wall_time(&self, at: Millis) -> std::time::SystemTime {
-        self.origin + std::time::Duration::from_millis(at)
+        match (self.shared.get(), &self.manual) {
+            // The store's clock: Unix time in ms on the primary Redis server.
+            (Some(_), None) => std::time::UNIX_EPOCH + std::time::Duration::from_millis(at),
+            _ => self.origin + std::time::Duration::from_millis(at),
+        }
     }
 
     /// A receiver of every event published from now on (bounded: a receiver
@@ -610,6 +621,9 @@ impl Engine {
         }
         if self.is_shutting_down() {
             return Err(EngineError::ShuttingDown);
+        }
+        if let Some(shared) = self.shared.get() {
+            return shared.acquire(self, args).await;
         }
         if args.permits == 0 {
             return self.status_check(&args);

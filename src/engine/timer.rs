@@ -188,6 +188,12 @@ impl Engine {
         let manual = self.manual.as_ref()?;
         let _one_at_a_time = self.advancing.lock().await;
         let now = manual.advance(by);
+        if let Some(shared) = self.shared.get() {
+            if let Err(e) = shared.settle_known(now).await {
+                tracing::warn!("the store could not settle what is due at {now} ms: {e}");
+            }
+            return Some(now);
+        }
         self.settle_due(now);
         self.forget_idle(now);
         Some(now)
@@ -235,6 +241,9 @@ impl Engine {
     pub fn shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
         self.stopping.send_replace(true);
+        if let Some(shared) = self.shared.get() {
+            shared.drop_waiters();
+        }
         let ids: Vec<_> = self.waiters.iter().map(|w| *w.key()).collect();
         for id in ids {
             if let Some((_, tx)) = self.waiters.remove(&id) {

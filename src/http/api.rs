@@ -419,7 +419,9 @@ impl From<EngineError> for ApiError {
                 (StatusCode::NOT_FOUND, None)
             }
             EngineError::Exhausted { .. } => (StatusCode::TOO_MANY_REQUESTS, None),
-            EngineError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, None),
+            EngineError::ShuttingDown | EngineError::StoreUnavailable(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, None)
+            }
             EngineError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, None),
         };
         ApiError {
@@ -672,7 +674,7 @@ pub async fn isolate(
         headers,
         body,
     };
-    steer(&state, request, "Isolate", Engine::isolate)
+    steer(&state, request, true).await
 }
 
 /// `POST /api/keys/{key}/close` with `{"reason": "..."}`.
@@ -691,7 +693,7 @@ pub async fn close(
         headers,
         body,
     };
-    steer(&state, request, "Close", Engine::close)
+    steer(&state, request, false).await
 }
 
 /// What an isolate or close request brings.
@@ -703,25 +705,20 @@ struct Steer {
     body: Result<Bytes, BytesRejection>,
 }
 
-/// An operator's isolate or close from the dashboard, with its reason and
-/// who asked: the key and the body are read, the caller checked against
-/// the key, then `action` runs.
-fn steer(
-    state: &AppState,
-    request: Steer,
-    what: &str,
-    action: fn(&Engine, &str, &str, &str) -> Result<KeyReading, EngineError>,
-) -> Result<Json<KeyJson>, ApiError> {
+/// An operator's isolate (`isolate`) or close from the dashboard, with
+/// its reason and who asked: the key and the body are read, the caller
+/// checked against the key, then the action runs.
+async fn steer(state: &AppState, request: Steer, isolate: bool) -> Result<Json<KeyJson>, ApiError> {
+    let what = if isolate { "Isolate" } else { "Close" };
     let key = key_of(request.path)?;
     let body = body_of(request.body)?;
     request.caller.may_steer(&key, what)?;
     let reason = reason_of(&request.headers, &body)?;
-    let r = action(
-        &state.engine,
-        &key,
-        &reason,
-        &who(request.peer, &request.caller),
-    )?;
+    let who = who(request.peer, &request.caller);
+    let r = match isolate {
+        true => state.engine.isolate_async(&key, &reason, &who).await?,
+        false => state.engine.close_async(&key, &reason, &who).await?,
+    };
     Ok(Json(KeyJson::of(&state.engine, &r)))
 }
 

@@ -656,6 +656,41 @@ pub fn render(engine: &Engine, http: &HttpFigures) -> String {
             storage.keys_written,
         );
     }
+    // Only with state in Redis (--store).
+    if let Some(shared) = engine.shared() {
+        let f = &shared.figures;
+        let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        x.single(
+            "fusebox_store_commands_total",
+            "counter",
+            "Commands sent to the Redis store.",
+            n(&f.commands),
+        );
+        x.single(
+            "fusebox_store_unavailable_total",
+            "counter",
+            "Store commands that failed because Redis could not be reached, timed out, or was failing over; each call answered UNAVAILABLE.",
+            n(&f.unavailable),
+        );
+        x.single(
+            "fusebox_store_moved_total",
+            "counter",
+            "Store commands that met a hash slot on the move (MOVED, ASK, TRYAGAIN) and still failed after the cluster client followed it.",
+            n(&f.moved),
+        );
+        x.single(
+            "fusebox_store_subscriptions_total",
+            "counter",
+            "Times this server subscribed to the store's answers, events and policy changes (more than 1: the subscription was lost and made again).",
+            n(&f.subscriptions),
+        );
+        x.single(
+            "fusebox_store_unconfirmed_actions_total",
+            "counter",
+            "Operator actions (isolate, close) that no replica confirmed within 1 s (WAIT); they took effect, but a failover right after may lose them.",
+            n(&f.unconfirmed),
+        );
+    }
     let counters = engine.counters();
     x.single(
         "fusebox_watch_streams",

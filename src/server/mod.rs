@@ -52,7 +52,9 @@ pub fn status_of(e: EngineError) -> Status {
             Status::not_found(message)
         }
         EngineError::Exhausted { .. } => Status::resource_exhausted(message),
-        EngineError::ShuttingDown => Status::unavailable(message),
+        EngineError::ShuttingDown | EngineError::StoreUnavailable(_) => {
+            Status::unavailable(message)
+        }
         EngineError::Internal(_) => Status::internal(message),
     }
 }
@@ -316,7 +318,8 @@ impl Fusebox for Api {
         let outcome = outcome_of(req.outcome)?;
         let done = self
             .engine
-            .complete(&req.ticket, outcome)
+            .complete_async(&req.ticket, outcome)
+            .await
             .map_err(status_of)?;
         Ok(Response::new(pb::CompleteResponse {
             stale: done.stale,
@@ -331,7 +334,11 @@ impl Fusebox for Api {
         self.allow_ticket(&request, "Renew", &request.get_ref().ticket)?;
         let req = request.into_inner();
         let lease = millis_of("lease", req.lease)?;
-        let left = self.engine.renew(&req.ticket, lease).map_err(status_of)?;
+        let left = self
+            .engine
+            .renew_async(&req.ticket, lease)
+            .await
+            .map_err(status_of)?;
         Ok(Response::new(pb::RenewResponse {
             lease: Some(duration_of(left)),
         }))
@@ -352,7 +359,8 @@ impl Admin for Api {
         )?;
         let reading = self
             .engine
-            .get(&request.into_inner().key)
+            .get_async(&request.into_inner().key)
+            .await
             .map_err(status_of)?;
         Ok(Response::new(key_state_of(&self.engine, &reading)))
     }
@@ -371,7 +379,8 @@ impl Admin for Api {
         let req = request.into_inner();
         let reading = self
             .engine
-            .isolate(&req.key, &req.reason, &who)
+            .isolate_async(&req.key, &req.reason, &who)
+            .await
             .map_err(status_of)?;
         Ok(Response::new(key_state_of(&self.engine, &reading)))
     }
@@ -390,7 +399,8 @@ impl Admin for Api {
         let req = request.into_inner();
         let reading = self
             .engine
-            .close(&req.key, &req.reason, &who)
+            .close_async(&req.key, &req.reason, &who)
+            .await
             .map_err(status_of)?;
         Ok(Response::new(key_state_of(&self.engine, &reading)))
     }
@@ -429,7 +439,9 @@ impl Admin for Api {
             let slice = (page_size - keys.len()).min(LIST_SLICE);
             let part = self
                 .engine
-                .list_page(&req.prefix, &phases, cursor.as_deref(), slice);
+                .list_page_async(&req.prefix, &phases, cursor.as_deref(), slice)
+                .await
+                .map_err(status_of)?;
             more = part.more;
             cursor = part.readings.last().map(|r| r.key.clone()).or(cursor);
             keys.extend(part.readings.iter().map(|r| key_state_of(&self.engine, r)));

@@ -165,7 +165,10 @@ async fn snapshot(engine: &Engine, prefix: &str, tx: &Sink) -> Option<()> {
         let (keys, more) = {
             let _turn = SNAPSHOT_TURN.acquire().await.ok()?;
             let started = std::time::Instant::now();
-            let page = engine.list_page(prefix, &[], after.as_deref(), SNAPSHOT_CHUNK);
+            let page = engine
+                .list_page_async(prefix, &[], after.as_deref(), SNAPSHOT_CHUNK)
+                .await
+                .ok()?;
             after = page.readings.last().map(|r| r.key.clone());
             let keys: Vec<pb::KeyState> = page
                 .readings

@@ -19,11 +19,19 @@ mod hostile;
 mod http;
 mod properties;
 mod queues;
+// The Redis module's harness (real redis-servers with the module loaded).
+#[path = "../../redis/tests/module/harness.rs"]
+#[allow(dead_code)]
+mod redis_harness;
 mod reference;
 mod reload;
+#[path = "../../redis/tests/module/resp.rs"]
+#[allow(dead_code)]
+mod resp;
 mod scale;
 mod scenarios;
 mod service;
+mod store;
 mod tls;
 mod tools;
 mod vectors;

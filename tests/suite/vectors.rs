@@ -684,38 +684,88 @@ pub fn config_with_default(policy: &PolicySpec) -> String {
     text
 }
 
-/// A real server on a manual clock, driven over gRPC.
-pub struct GrpcTarget {
-    // Dropped last: the server process is killed when the target goes.
+/// One server's clients.
+struct End {
     fusebox: pb::fusebox_client::FuseboxClient<Channel>,
     admin: pb::admin_client::AdminClient<Channel>,
     clock: pb::clock_client::ClockClient<Channel>,
+}
+
+impl End {
+    async fn of(server: &Server) -> End {
+        let channel = server.channel().await;
+        End {
+            fusebox: pb::fusebox_client::FuseboxClient::new(channel.clone()),
+            admin: pb::admin_client::AdminClient::new(channel.clone()),
+            clock: pb::clock_client::ClockClient::new(channel),
+        }
+    }
+}
+
+/// Real servers on manual clocks, driven over gRPC: one server, or several
+/// sharing their state in Redis, the steps taking turns between them.
+pub struct GrpcTarget {
+    // Dropped last: the server processes are killed when the target goes.
+    ends: Vec<End>,
+    turn: usize,
     now: u64,
     tickets: HashMap<String, String>,
     waiting: Waiting,
     key: Option<String>,
-    _server: Server,
+    _servers: Vec<Server>,
 }
 
 impl GrpcTarget {
     pub async fn start(policy: &PolicySpec) -> Self {
         let config = config_with_default(policy);
         let server = Server::manual(Some(&config)).await;
-        let channel = server.channel().await;
+        GrpcTarget::over(vec![server]).await
+    }
+
+    /// `count` servers on the store at `store` (a URL for `--store`), each
+    /// with the vector's policy as its default rule.
+    pub async fn shared(policy: &PolicySpec, store: &str, count: usize) -> Self {
+        let config = config_with_default(policy);
+        let mut servers = Vec::with_capacity(count);
+        for _ in 0..count {
+            servers.push(
+                Server::start(crate::harness::Options {
+                    config: Some(&config),
+                    manual_clock: true,
+                    args: vec!["--store", store],
+                })
+                .await,
+            );
+        }
+        GrpcTarget::over(servers).await
+    }
+
+    async fn over(servers: Vec<Server>) -> Self {
+        let mut ends = Vec::with_capacity(servers.len());
+        for server in &servers {
+            ends.push(End::of(server).await);
+        }
         GrpcTarget {
-            fusebox: pb::fusebox_client::FuseboxClient::new(channel.clone()),
-            admin: pb::admin_client::AdminClient::new(channel.clone()),
-            clock: pb::clock_client::ClockClient::new(channel),
+            ends,
+            turn: 0,
             now: 0,
             tickets: HashMap::new(),
             waiting: Waiting::default(),
             key: None,
-            _server: server,
+            _servers: servers,
         }
     }
 
+    /// The server whose turn it is; the next step goes to the next one.
+    fn next(&mut self) -> &mut End {
+        let at = self.turn % self.ends.len();
+        self.turn += 1;
+        &mut self.ends[at]
+    }
+
     async fn get(&mut self, key: &str) -> pb::KeyState {
-        self.admin
+        self.next()
+            .admin
             .get_key(pb::GetKeyRequest { key: key.into() })
             .await
             .expect("GetKey answers")
@@ -726,7 +776,7 @@ impl GrpcTarget {
         let Some(key) = self.key.clone() else {
             return;
         };
-        let admin = self.admin.clone();
+        let admin = self.next().admin.clone();
         self.waiting
             .quiesce(|| {
                 let mut admin = admin.clone();
@@ -806,19 +856,22 @@ impl Target for GrpcTarget {
     async fn advance_to(&mut self, now: u64) {
         assert!(now >= self.now, "the clock only moves forward");
         if now > self.now {
-            let reading = self
-                .clock
-                .advance(pb::AdvanceRequest {
-                    by: Some(ms(now - self.now)),
-                })
-                .await
-                .expect("Clock.Advance answers")
-                .into_inner();
-            assert_eq!(
-                millis(reading.now),
-                Some(now),
-                "the server's clock reads the step's time"
-            );
+            // Every server's clock moves alike.
+            for end in &mut self.ends {
+                let reading = end
+                    .clock
+                    .advance(pb::AdvanceRequest {
+                        by: Some(ms(now - self.now)),
+                    })
+                    .await
+                    .expect("Clock.Advance answers")
+                    .into_inner();
+                assert_eq!(
+                    millis(reading.now),
+                    Some(now),
+                    "the server's clock reads the step's time"
+                );
+            }
             self.now = now;
         }
     }
@@ -832,7 +885,7 @@ impl Target for GrpcTarget {
             lease: step.lease.map(ms),
         };
         if step.max_wait.unwrap_or(0) == 0 {
-            let (answer, ticket) = grpc_sent(self.fusebox.acquire(request).await);
+            let (answer, ticket) = grpc_sent(self.next().fusebox.acquire(request).await);
             if let Some(label) = &step.label {
                 self.tickets
                     .insert(label.clone(), ticket.unwrap_or_default());
@@ -841,7 +894,7 @@ impl Target for GrpcTarget {
         }
         self.key = Some(key);
         let label = self.waiting.label(step);
-        let mut client = self.fusebox.clone();
+        let mut client = self.next().fusebox.clone();
         self.waiting.spawn(label.clone(), async move {
             grpc_sent(client.acquire(request).await)
         });
@@ -859,7 +912,8 @@ impl Target for GrpcTarget {
             Outcome::Failure => pb::Outcome::Failure,
             Outcome::Ignored => pb::Outcome::Ignored,
         };
-        self.fusebox
+        self.next()
+            .fusebox
             .complete(pb::CompleteRequest {
                 ticket,
                 outcome: outcome as i32,
@@ -892,7 +946,8 @@ impl Target for GrpcTarget {
     }
 
     async fn isolate(&mut self, key: &str) {
-        self.admin
+        self.next()
+            .admin
             .isolate(pb::IsolateRequest {
                 key: key.into(),
                 reason: "vector step".into(),
@@ -902,7 +957,8 @@ impl Target for GrpcTarget {
     }
 
     async fn close(&mut self, key: &str) {
-        self.admin
+        self.next()
+            .admin
             .close(pb::CloseRequest {
                 key: key.into(),
                 reason: "vector step".into(),

@@ -1,0 +1,144 @@
+//! The rules, shared through Redis: every server serves the same policies.
+//! They are kept as JSON at the Redis key `fusebox:policies`; a server that
+//! changes them (SetPolicy, DeletePolicy, a config reload) writes the key
+//! and publishes on the `fusebox:policies` channel, and every server reads
+//! the key again when it hears that (and when it subscribes again after a
+//! lost connection). At start-up a server adopts the rules Redis holds, or
+//! writes its own when there are none yet.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::super::config::{Pattern, Rule, Rules};
+use super::super::{Engine, EngineError};
+use super::listen::POLICIES;
+use crate::domain::PolicySpec;
+
+/// The Redis key of the shared rules.
+pub const POLICIES_KEY: &str = "fusebox:policies";
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Shared {
+    rules: Vec<SharedRule>,
+    default: PolicySpec,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SharedRule {
+    #[serde(rename = "match")]
+    pattern: String,
+    policy: PolicySpec,
+}
+
+/// The rules as JSON.
+pub fn to_json(rules: &Rules) -> String {
+    let shared = Shared {
+        rules: rules
+            .rules
+            .iter()
+            .map(|r| SharedRule {
+                pattern: r.pattern.text(),
+                policy: r.policy.spec(),
+            })
+            .collect(),
+        default: rules.default.spec(),
+    };
+    serde_json::to_string(&shared).expect("rules serialize")
+}
+
+/// Rules from their JSON, every policy validated.
+pub fn from_json(text: &[u8]) -> Result<Rules, String> {
+    let shared: Shared = serde_json::from_slice(text).map_err(|e| e.to_string())?;
+    let rules = shared
+        .rules
+        .into_iter()
+        .map(|r| {
+            Ok(Rule {
+                pattern: Pattern::parse(&r.pattern)?,
+                policy: r.policy.validate().map_err(|e| e.to_string())?,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(Rules {
+        rules,
+        default: shared.default.validate().map_err(|e| e.to_string())?,
+    })
+}
+
+/// At start-up: adopts the rules Redis holds, or writes this server's.
+pub async fn start(engine: &Arc<Engine>) -> Result<(), EngineError> {
+    let shared = engine.shared().expect("a store").clone();
+    let mut get = redis::cmd("GET");
+    get.arg(POLICIES_KEY);
+    match shared.conn.query(&get).await? {
+        redis::Value::Nil => {
+            let mut set = redis::cmd("SET");
+            set.arg(POLICIES_KEY)
+                .arg(to_json(&engine.rules()))
+                .arg("NX");
+            shared.conn.query(&set).await?;
+            tracing::info!("the store held no policies: this server's config is now the fleet's");
+            // Another server may have written first (NX): read what won.
+            load(engine).await;
+        }
+        _ => load(engine).await,
+    }
+    Ok(())
+}
+
+/// Reads the shared rules and puts them in force (logged when they fail
+/// to read: the running rules stay).
+pub async fn load(engine: &Arc<Engine>) {
+    let Some(shared) = engine.shared().cloned() else {
+        return;
+    };
+    let mut get = redis::cmd("GET");
+    get.arg(POLICIES_KEY);
+    match shared.conn.query(&get).await {
+        Ok(redis::Value::BulkString(bytes)) => match from_json(&bytes) {
+            Ok(rules) => {
+                if *engine.rules() != rules {
+                    let count = rules.rules.len();
+                    engine.set_rules(rules);
+                    tracing::info!(rules = count, "the fleet's policies changed in the store: keys adopt them at their next operation");
+                }
+            }
+            Err(e) => tracing::error!(
+                "the policies in the store ({POLICIES_KEY}) do not read: {e}; the running ones stay"
+            ),
+        },
+        Ok(redis::Value::Nil) => {}
+        Ok(other) => {
+            tracing::error!("{POLICIES_KEY} holds {other:?}, not policies; the running ones stay")
+        }
+        Err(e) => tracing::warn!(
+            "cannot read the fleet's policies from the store: {e}; the running ones stay"
+        ),
+    }
+}
+
+/// After a change on this server: writes the rules to Redis and tells the
+/// other servers. Spawned: the change is in force here already.
+pub fn publish(engine: &Engine) {
+    let Some(shared) = engine.shared().cloned() else {
+        return;
+    };
+    let json = to_json(&engine.rules());
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    handle.spawn(async move {
+        let mut set = redis::cmd("SET");
+        set.arg(POLICIES_KEY).arg(&json);
+        let mut publish = redis::cmd("PUBLISH");
+        publish.arg(POLICIES).arg("changed");
+        let written = match shared.conn.query(&set).await {
+            Ok(_) => shared.conn.query(&publish).await.map(drop),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            tracing::error!("a policy change is in force on this server but could not be shared through the store: {e}; other servers keep the old policies until the next change");
+        }
+    });
+}
