@@ -270,12 +270,24 @@ pub(crate) fn persist(
     }
     let value = String::from_utf8(state::encode_fuse(fuse))
         .map_err(|_| RedisError::Str("ERR state: the encoding is not UTF-8 (a module bug)"))?;
-    ctx.open_key_writable(key_name).write(&value)?;
+    let key = ctx.open_key_writable(key_name);
+    key.write(&value)?;
+    if fuse.is_at_rest(now) {
+        // K2: a key at rest is forgotten once it stays so for IDLE_AFTER
+        // (Redis's own expiry, on the primary's clock; writing the value
+        // again above clears it).
+        key.set_expire(std::time::Duration::from_millis(IDLE_AFTER))?;
+    }
     replicate(ctx);
     settler::note(key_name.as_slice(), fuse);
     notices::publish(ctx, key_name.as_slice(), fuse, now, &drained, note);
     Ok(drained)
 }
+
+/// How long a key at rest (closed, no failures counted, no ticket, no
+/// waiter) is kept before Redis forgets it (SPEC K2): the embedded
+/// engine's default `idle_after`.
+pub const IDLE_AFTER: Millis = 600_000;
 
 /// Stores `fuse` as a command's step: replicated as the command came, with
 /// `now_ms` (argument 2) written as the number used.

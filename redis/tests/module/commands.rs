@@ -745,3 +745,30 @@ fn the_latest_time_taken_still_reads_back() {
     let v = view(&mut c, "k", last).expect("the state reads back");
     assert_eq!(v["open_until"].as_u64(), Some(last + year as u64));
 }
+
+/// K2: a key at rest expires after the idle time (Redis forgets it); a key
+/// with something to remember (a live ticket, a failure counted) does not.
+#[test]
+fn a_key_at_rest_expires_and_a_key_with_state_does_not() {
+    let Some(redis) = Standalone::start("a_key_at_rest_expires") else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    let ttl = |c: &mut Conn| match c.cmd(&["PTTL", "idle"]) {
+        Reply::Int(n) => n,
+        other => panic!("PTTL answers a number, not {other:?}"),
+    };
+    c.acq5(&["FB.ACQUIRE", "idle", "0", "1", TRIP_2]);
+    assert_eq!(ttl(&mut c), -1, "a live ticket keeps the key");
+    c.cmd(&["FB.COMPLETE", "idle", "1", "1", "failure"]);
+    assert_eq!(ttl(&mut c), -1, "a failure counted keeps the key");
+    c.acq5(&["FB.ACQUIRE", "idle", "2", "2", TRIP_2]);
+    c.cmd(&["FB.COMPLETE", "idle", "3", "2", "success"]);
+    let left = ttl(&mut c);
+    assert!(
+        left > 0 && left <= fusebox_redis::commands::IDLE_AFTER as i64,
+        "at rest, the key expires within the idle time: PTTL {left}"
+    );
+    c.acq5(&["FB.ACQUIRE", "idle", "4", "3", TRIP_2]);
+    assert_eq!(ttl(&mut c), -1, "touched again and holding a ticket");
+}
