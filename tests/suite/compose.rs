@@ -27,6 +27,8 @@ struct Compose {
 
 #[derive(Debug, Deserialize)]
 struct Service {
+    #[serde(default)]
+    profiles: Vec<String>,
     build: Option<Build>,
     #[serde(default)]
     command: Vec<String>,
@@ -111,21 +113,68 @@ impl Volume {
     }
 }
 
-/// The one service of the compose file, by name.
-fn service() -> (String, Service) {
+/// The compose file's services.
+fn services() -> BTreeMap<String, Service> {
     let path = root().join("docker-compose.yml");
     let text = std::fs::read_to_string(&path).expect("docker-compose.yml at the repository root");
     let compose: Compose = serde_norway::from_str(&text)
         .unwrap_or_else(|e| panic!("docker-compose.yml is a compose file: {e}"));
-    let mut services = compose.services.into_iter();
+    compose.services
+}
+
+/// The one service that `docker compose up` runs (no profile), by name.
+fn service() -> (String, Service) {
+    let mut services = services()
+        .into_iter()
+        .filter(|(_, s)| s.profiles.is_empty());
     let first = services
         .next()
         .expect("docker-compose.yml defines a service");
     assert!(
         services.next().is_none(),
-        "docker-compose.yml runs one service, fusebox"
+        "docker-compose.yml runs one service by default, fusebox"
     );
     first
+}
+
+/// The `fleet` profile: Redis nodes built with the module, and fusebox
+/// servers whose `--store` names every one of them.
+#[test]
+fn the_fleet_profile_runs_fusebox_servers_on_a_cluster_of_its_redis_nodes() {
+    let fleet: Vec<(String, Service)> = services()
+        .into_iter()
+        .filter(|(_, s)| s.profiles.iter().any(|p| p == "fleet"))
+        .collect();
+    let redis: Vec<&Service> = fleet
+        .iter()
+        .filter(|(name, _)| name.starts_with("redis-") && name != "redis-cluster")
+        .map(|(_, s)| s)
+        .collect();
+    assert_eq!(redis.len(), 6, "three primaries and three replicas");
+    for node in &redis {
+        match &node.build {
+            Some(Build::Long {
+                dockerfile: Some(file),
+                ..
+            }) => assert!(root().join(file).is_file(), "{file} exists"),
+            other => panic!("a Redis node builds redis/Dockerfile, not {other:?}"),
+        }
+    }
+    let servers: Vec<&(String, Service)> = fleet
+        .iter()
+        .filter(|(name, _)| name.starts_with("fusebox-"))
+        .collect();
+    assert!(servers.len() >= 2, "at least two fusebox servers");
+    for (name, server) in servers {
+        let what = format!("docker-compose.yml service {name:?}");
+        let flags = serve_command(&what, &server.command);
+        let store = flag(&flags, "--store").unwrap_or_else(|| panic!("{what} passes --store"));
+        let url = fusebox::engine::shared::StoreUrl::parse(store)
+            .unwrap_or_else(|e| panic!("{what}: --store {store}: {e}"));
+        assert!(url.cluster && url.nodes.len() == 6, "{what}: {url}");
+        listen(&what, &flags);
+        http_port(&what, &flags);
+    }
 }
 
 /// `--flag value` pairs of a `serve` command line; a flag followed by

@@ -97,6 +97,7 @@ async fn subscribe(
             }
             EVENTS => {
                 if let Some(event) = event_of(payload) {
+                    tracing::info!(key = %event.key, from = %event.from, to = %event.to, at_ms = event.at, "breaker {} -> {}: {}", event.from, event.to, event.cause);
                     engine.publish_shared(event);
                 }
             }
