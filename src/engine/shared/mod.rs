@@ -185,6 +185,16 @@ impl Shared {
         }
         let mut waiting = None;
         if args.max_wait > 0 && args.permits > 0 {
+            // K3: this server's waiters are capped; keys and tickets are
+            // bounded by Redis's memory (decisions item 69).
+            let limit = engine.limits().max_waiters;
+            if self.waiters.len() as u64 >= limit {
+                return Err(EngineError::Exhausted {
+                    what: "waiters",
+                    cap: "max_waiters",
+                    limit,
+                });
+            }
             cmd.arg("MAXWAIT").arg(args.max_wait);
             // Registered before the request goes: the answer may be
             // published before the reply to this command arrives.
