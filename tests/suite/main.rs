@@ -11,6 +11,7 @@ mod command;
 mod compose;
 mod dashboard;
 mod durable;
+mod failover;
 mod fleet;
 mod fuzz;
 mod guard;

@@ -138,6 +138,12 @@ pub struct Server {
     /// Its working directory (RDB, AOF, nodes.conf, the log).
     pub dir: PathBuf,
     child: Child,
+    /// The program and arguments it was started with, to restart it in
+    /// place (the fusebox suite does; these tests do not).
+    #[allow(dead_code)]
+    program: PathBuf,
+    #[allow(dead_code)]
+    args: Vec<OsString>,
 }
 
 impl Server {
@@ -182,6 +188,8 @@ impl Server {
                 port,
                 dir: node_dir,
                 child,
+                program: tools.server.clone(),
+                args,
             };
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline {
@@ -210,6 +218,90 @@ impl Server {
     /// The server's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
+    }
+}
+
+/// Stopping and restarting a server, for the fusebox suite's failover tests
+/// (these tests do not use them).
+#[allow(dead_code)]
+impl Server {
+    /// True while the process has not exited.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Kills the process with SIGKILL (no shutdown, no AOF flush) and reaps
+    /// it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        self.child.wait().expect("reap the killed redis-server");
+    }
+
+    /// Sends `SHUTDOWN` with `modifiers` (e.g. `NOSAVE`) and waits up to
+    /// `timeout` for the process to exit; panics if it answers with an
+    /// error or does not exit.
+    pub fn shutdown(&mut self, modifiers: &[&str], timeout: Duration) {
+        let mut args = vec!["SHUTDOWN"];
+        args.extend_from_slice(modifiers);
+        // On success the server closes the connection without a reply.
+        if let Ok(reply) = self.conn().call(&args) {
+            panic!(
+                "SHUTDOWN on port {} answered {reply:?}; its log:\n{}",
+                self.port,
+                self.log()
+            );
+        }
+        let port = self.port;
+        let status = wait_for(
+            &format!("redis-server on port {port} to exit after SHUTDOWN"),
+            timeout,
+            || self.child.try_wait().expect("try_wait"),
+        );
+        assert!(
+            status.success(),
+            "redis-server on port {port} exited with {status} after SHUTDOWN"
+        );
+    }
+
+    /// Starts the server again after it exited: the same program, port,
+    /// directory and arguments (the cluster bus port too, so `nodes.conf`
+    /// still describes the cluster), and waits until it answers PING (its
+    /// data loaded). Panics if the port was taken meanwhile or it does not
+    /// come up in `timeout`.
+    pub fn restart(&mut self, timeout: Duration) {
+        assert!(
+            !self.is_running(),
+            "restart: redis-server on port {} is still running",
+            self.port
+        );
+        self.child = Command::new(&self.program)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("restart {}: {e}", self.program.display()));
+        let port = self.port;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "redis-server restarted on port {port} exited ({status}); its log:\n{}",
+                    self.log()
+                );
+            }
+            if let Ok(mut conn) = Conn::connect(port) {
+                if matches!(conn.call(&["PING"]), Ok(Reply::Simple(ref s)) if s == "PONG") {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server restarted on port {port} did not answer PING within {timeout:?}; its log:\n{}",
+                self.log()
+            );
+            sleep(Duration::from_millis(10));
+        }
     }
 }
 
@@ -376,7 +468,47 @@ impl Cluster {
     pub fn replicas(&self) -> Vec<&Server> {
         self.with_role("slave")
     }
+}
 
+/// Crashing and waiting on nodes, for the fusebox suite's failover tests
+/// (these tests do not use them).
+#[allow(dead_code)]
+impl Cluster {
+    /// The node on `port`.
+    pub fn node_mut(&mut self, port: u16) -> &mut Server {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .unwrap_or_else(|| panic!("no node of the cluster on port {port}"))
+    }
+
+    /// Kills the node on `port` with SIGKILL, as a crash would.
+    pub fn kill(&mut self, port: u16) {
+        self.node_mut(port).kill();
+    }
+
+    /// Waits until every node in `ports` says `cluster_state:ok`.
+    pub fn wait_ok(&self, ports: &[u16], timeout: Duration) {
+        wait_for(
+            &format!("cluster_state:ok on nodes {ports:?}"),
+            timeout,
+            || {
+                ports
+                    .iter()
+                    .all(|&port| {
+                        Conn::connect(port)
+                            .and_then(|mut c| c.call(&["CLUSTER", "INFO"]))
+                            .is_ok_and(|info| {
+                                info_field(&info, "cluster_state").as_deref() == Some("ok")
+                            })
+                    })
+                    .then_some(())
+            },
+        );
+    }
+}
+
+impl Cluster {
     fn with_role(&self, role: &str) -> Vec<&Server> {
         self.nodes
             .iter()

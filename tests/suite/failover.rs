@@ -1,0 +1,621 @@
+//! The store survives its own failures: a primary of the Redis Cluster
+//! killed under load fails over to its replica, and a whole cluster stopped
+//! and started again from its AOF, with breakers and isolations kept.
+//!
+//! Without redis-server these tests are skipped, saying so, unless
+//! `FUSEBOX_TEST_REQUIRE_TOOLS=1`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fusebox::proto::v1 as pb;
+use tonic::transport::Channel;
+use tonic::Code;
+
+use crate::harness::{eventually, millis, Options, Server};
+use crate::redis_harness::{info_field, wait_for, Cluster};
+use crate::resp::{Conn, Reply};
+
+type Client = pb::fusebox_client::FuseboxClient<Channel>;
+
+const CONFIG: &str = r#"
+[default]
+breaker = { mode = "consecutive", failures = 1, break = "10m" }
+"#;
+
+/// What every UNAVAILABLE from a store fault says.
+const STORE_UNAVAILABLE: &str = "the state store is unavailable";
+
+/// The `--store` URL of a cluster, naming every node.
+fn store_of(cluster: &Cluster) -> String {
+    let nodes: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    format!("redis-cluster://{}", nodes.join(","))
+}
+
+/// The Redis key that holds a fusebox key's state.
+fn redis_key(key: &str) -> String {
+    format!("fusebox:k:{key}")
+}
+
+/// One line of `CLUSTER NODES`.
+#[derive(Debug, Clone)]
+struct Node {
+    id: String,
+    port: u16,
+    flags: Vec<String>,
+    /// The primary's id, for a replica.
+    primary: Option<String>,
+    /// Slot ranges served, inclusive.
+    slots: Vec<(u16, u16)>,
+}
+
+impl Node {
+    fn is_primary(&self) -> bool {
+        self.flags.iter().any(|f| f == "master")
+    }
+
+    fn failed(&self) -> bool {
+        self.flags.iter().any(|f| f == "fail" || f == "fail?")
+    }
+
+    fn serves(&self, slot: u16) -> bool {
+        self.slots.iter().any(|&(a, b)| a <= slot && slot <= b)
+    }
+}
+
+/// `CLUSTER NODES` as seen by the node on `port`.
+fn cluster_nodes(port: u16) -> Vec<Node> {
+    let reply = Conn::connect(port)
+        .expect("connect to redis")
+        .cmd(&["CLUSTER", "NODES"]);
+    reply
+        .text()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let addr = f[1].split('@').next().expect("ip:port@bus");
+            let port = addr
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("a port in {line:?}"));
+            let slots = f[8..]
+                .iter()
+                .filter(|s| !s.starts_with('['))
+                .map(|s| match s.split_once('-') {
+                    Some((a, b)) => (a.parse().expect("slot"), b.parse().expect("slot")),
+                    None => {
+                        let n = s.parse().expect("slot");
+                        (n, n)
+                    }
+                })
+                .collect();
+            Node {
+                id: f[0].to_owned(),
+                port,
+                flags: f[2].split(',').map(str::to_owned).collect(),
+                primary: (f[3] != "-").then(|| f[3].to_owned()),
+                slots,
+            }
+        })
+        .collect()
+}
+
+fn keyslot(port: u16, key: &str) -> u16 {
+    match Conn::connect(port).expect("connect to redis").cmd(&[
+        "CLUSTER",
+        "KEYSLOT",
+        &redis_key(key),
+    ]) {
+        Reply::Int(n) => u16::try_from(n).expect("a slot"),
+        other => panic!("CLUSTER KEYSLOT: {other:?}"),
+    }
+}
+
+async fn acquire(c: &mut Client, key: &str) -> pb::AcquireResponse {
+    c.acquire(pb::AcquireRequest {
+        key: key.into(),
+        permits: None,
+        max_wait: None,
+        lease: None,
+    })
+    .await
+    .unwrap_or_else(|s| panic!("Acquire {key}: {s:?}"))
+    .into_inner()
+}
+
+/// Trips `key`: one granted call that fails opens the breaker.
+async fn trip(c: &mut Client, key: &str) {
+    let a = acquire(c, key).await;
+    assert_eq!(a.decision, pb::Decision::Granted as i32, "{key}: {a:?}");
+    let done = c
+        .complete(pb::CompleteRequest {
+            ticket: a.ticket,
+            outcome: pb::Outcome::Failure as i32,
+        })
+        .await
+        .unwrap_or_else(|s| panic!("Complete {key}: {s:?}"))
+        .into_inner();
+    assert_eq!(done.phase, pb::Phase::Open as i32, "{key}: {done:?}");
+}
+
+async fn isolate(admin: &mut pb::admin_client::AdminClient<Channel>, key: &str) {
+    let state = admin
+        .isolate(pb::IsolateRequest {
+            key: key.into(),
+            reason: "failover test".into(),
+        })
+        .await
+        .unwrap_or_else(|s| panic!("Isolate {key}: {s:?}"))
+        .into_inner();
+    assert_eq!(state.phase, pb::Phase::Isolated as i32, "{key}: {state:?}");
+}
+
+/// Makes `count` keys `<prefix><n>`: a third tripped (OPEN), a third
+/// isolated, a third CLOSED (every other one of them with a live ticket).
+/// Returns each key's phase.
+async fn populate(server: &Server, prefix: &str, count: usize) -> BTreeMap<String, pb::Phase> {
+    let mut c = server.fusebox().await;
+    let mut admin = server.admin().await;
+    let mut phases = BTreeMap::new();
+    for n in 0..count {
+        let key = format!("{prefix}{n}");
+        let phase = match n % 3 {
+            0 => {
+                trip(&mut c, &key).await;
+                pb::Phase::Open
+            }
+            1 => {
+                isolate(&mut admin, &key).await;
+                pb::Phase::Isolated
+            }
+            _ => {
+                if n % 2 == 0 {
+                    let a = acquire(&mut c, &key).await;
+                    assert_eq!(a.decision, pb::Decision::Granted as i32, "{key}: {a:?}");
+                }
+                pb::Phase::Closed
+            }
+        };
+        phases.insert(key, phase);
+    }
+    for (key, &phase) in &phases {
+        let state = server.get(key).await;
+        assert_eq!(state.phase, phase as i32, "{key} before: {state:?}");
+    }
+    phases
+}
+
+/// Checks that every key reads back with its phase, an OPEN one with its
+/// break still running; returns the problems.
+async fn check_phases(server: &Server, phases: &BTreeMap<String, pb::Phase>) -> Vec<String> {
+    let mut admin = server.admin().await;
+    let mut problems = Vec::new();
+    for (key, &phase) in phases {
+        match admin.get_key(pb::GetKeyRequest { key: key.clone() }).await {
+            Ok(state) => {
+                let state = state.into_inner();
+                if state.phase != phase as i32 {
+                    problems.push(format!("{key}: expected {phase:?}, read {state:?}"));
+                } else if phase == pb::Phase::Open
+                    && millis(state.open_remaining).is_none_or(|ms| ms == 0)
+                {
+                    problems.push(format!("{key}: OPEN but its break is over: {state:?}"));
+                }
+            }
+            Err(s) => problems.push(format!("{key}: GetKey failed: {s:?}")),
+        }
+    }
+    problems
+}
+
+/// What the load saw.
+#[derive(Default)]
+struct Load {
+    /// Successful Acquire+Complete rounds, with when each ended, per task.
+    successes: Vec<Vec<Instant>>,
+    /// Every failed call: when, which task, the code and the message.
+    errors: Vec<(Instant, usize, Code, String)>,
+    /// Calls that did not answer within the call limit.
+    hung: Vec<(Instant, usize, String)>,
+}
+
+const CALL_LIMIT: Duration = Duration::from_secs(15);
+
+/// One Acquire (and Complete SUCCESS when granted) on `key`.
+async fn one_round(c: &mut Client, key: &str) -> Result<Result<(), tonic::Status>, String> {
+    let acquired = tokio::time::timeout(
+        CALL_LIMIT,
+        c.acquire(pb::AcquireRequest {
+            key: key.into(),
+            permits: None,
+            max_wait: None,
+            lease: None,
+        }),
+    )
+    .await
+    .map_err(|_| format!("Acquire {key} did not answer in {CALL_LIMIT:?}"))?;
+    let a = match acquired {
+        Ok(a) => a.into_inner(),
+        Err(s) => return Ok(Err(s)),
+    };
+    if a.decision != pb::Decision::Granted as i32 {
+        return Ok(Err(tonic::Status::unknown(format!(
+            "Acquire {key} answered, but not GRANTED: {a:?}"
+        ))));
+    }
+    let done = tokio::time::timeout(
+        CALL_LIMIT,
+        c.complete(pb::CompleteRequest {
+            ticket: a.ticket,
+            outcome: pb::Outcome::Success as i32,
+        }),
+    )
+    .await
+    .map_err(|_| format!("Complete {key} did not answer in {CALL_LIMIT:?}"))?;
+    Ok(done.map(|_| ()))
+}
+
+/// A primary killed under load: the store answers UNAVAILABLE (and nothing
+/// else) while its replica takes over, the load goes on after, and no key
+/// loses its phase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_primary_killed_under_load_fails_over_and_keys_keep_their_phase() {
+    const TEST: &str = "a_primary_killed_under_load_fails_over_and_keys_keep_their_phase";
+    let Some(mut cluster) = tokio::task::spawn_blocking(|| Cluster::start(TEST))
+        .await
+        .expect("the cluster starts")
+    else {
+        return;
+    };
+    let store = store_of(&cluster);
+    let server = Server::start(Options {
+        config: Some(CONFIG),
+        args: vec!["--store", &store],
+        ..Options::default()
+    })
+    .await;
+    let phases = populate(&server, "failover/", 60).await;
+
+    // The primary serving the most OPEN and ISOLATED keys.
+    let any = cluster.nodes[0].port;
+    let nodes = tokio::task::block_in_place(|| cluster_nodes(any));
+    let slots: BTreeMap<String, u16> = tokio::task::block_in_place(|| {
+        phases
+            .keys()
+            .map(|k| (k.clone(), keyslot(any, k)))
+            .collect()
+    });
+    let served = |node: &Node, phase: pb::Phase| {
+        phases
+            .iter()
+            .filter(|&(k, &p)| p == phase && node.serves(slots[k]))
+            .count()
+    };
+    let victim = nodes
+        .iter()
+        .filter(|n| n.is_primary())
+        .max_by_key(|n| served(n, pb::Phase::Open) + served(n, pb::Phase::Isolated))
+        .expect("a primary")
+        .clone();
+    let (open_on_victim, isolated_on_victim) = (
+        served(&victim, pb::Phase::Open),
+        served(&victim, pb::Phase::Isolated),
+    );
+    assert!(
+        open_on_victim > 0 && isolated_on_victim > 0,
+        "the primary on port {} serves {open_on_victim} OPEN and {isolated_on_victim} ISOLATED keys",
+        victim.port
+    );
+    // Its replica, once gossip has told the primary's view of the cluster.
+    let replica = tokio::task::block_in_place(|| {
+        wait_for(
+            &format!("the replica of {victim:?}"),
+            Duration::from_secs(10),
+            || {
+                cluster_nodes(victim.port)
+                    .into_iter()
+                    .find(|n| n.primary.as_deref() == Some(victim.id.as_str()))
+            },
+        )
+    });
+    // The trips were not waited for (only isolations are): before the kill,
+    // wait until the replica holds what the primary holds for each key.
+    tokio::task::block_in_place(|| {
+        let mut on_primary = Conn::connect(victim.port).expect("connect to the primary");
+        let mut on_replica = Conn::connect(replica.port).expect("connect to the replica");
+        assert!(on_replica.cmd(&["READONLY"]).is_ok());
+        for key in phases.keys().filter(|k| victim.serves(slots[*k])) {
+            let rkey = redis_key(key);
+            wait_for(
+                &format!("the replica to hold {rkey} as the primary does"),
+                Duration::from_secs(10),
+                || {
+                    let p = on_primary.cmd(&["GET", &rkey]);
+                    // A CLOSED key never given a ticket was never stored.
+                    assert!(
+                        matches!(p, Reply::Bulk(Some(_))) || phases[key] == pb::Phase::Closed,
+                        "{rkey}: {p:?}"
+                    );
+                    (on_replica.cmd(&["GET", &rkey]) == p).then_some(())
+                },
+            );
+        }
+    });
+
+    // The load: tasks looping Acquire + Complete SUCCESS over `load/<n>`.
+    const TASKS: usize = 4;
+    const LOAD_KEYS: usize = 30;
+    let load_keys: Vec<String> = (0..LOAD_KEYS).map(|n| format!("load/{n}")).collect();
+    let load_on_victim = tokio::task::block_in_place(|| {
+        load_keys
+            .iter()
+            .filter(|k| victim.serves(keyslot(any, k)))
+            .count()
+    });
+    assert!(load_on_victim > 0, "no load key on the victim's slots");
+    let load = Arc::new(Mutex::new(Load {
+        successes: vec![Vec::new(); TASKS],
+        ..Load::default()
+    }));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let mut c = server.fusebox().await;
+        let (load, stop, keys) = (load.clone(), stop.clone(), load_keys.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut i = t;
+            while !stop.load(Ordering::Relaxed) {
+                let key = &keys[i % keys.len()];
+                i += TASKS;
+                let result = one_round(&mut c, key).await;
+                let now = Instant::now();
+                let mut load = load.lock().expect("load lock");
+                match result {
+                    Ok(Ok(())) => load.successes[t].push(now),
+                    Ok(Err(s)) => load.errors.push((now, t, s.code(), s.message().to_owned())),
+                    Err(hung) => load.hung.push((now, t, hung)),
+                }
+            }
+        }));
+    }
+    // The load runs before the kill.
+    eventually(
+        "every load task to succeed",
+        Duration::from_secs(10),
+        || {
+            let ok = load
+                .lock()
+                .expect("load lock")
+                .successes
+                .iter()
+                .all(|s| s.len() >= 5);
+            async move { ok.then_some(()) }
+        },
+    )
+    .await;
+    assert!(
+        load.lock().expect("load lock").errors.is_empty(),
+        "errors before the kill"
+    );
+
+    // Kill the primary; wait for its replica to take over.
+    let killed_at = Instant::now();
+    tokio::task::block_in_place(|| cluster.kill(victim.port));
+    let live: Vec<u16> = cluster
+        .nodes
+        .iter()
+        .map(|n| n.port)
+        .filter(|&p| p != victim.port)
+        .collect();
+    let watcher = live
+        .iter()
+        .copied()
+        .find(|&p| p != replica.port)
+        .expect("another live node");
+    tokio::task::block_in_place(|| {
+        wait_for(
+            "the replica to be promoted and cluster_state:ok",
+            Duration::from_secs(30),
+            || {
+                let info = Conn::connect(watcher)
+                    .ok()?
+                    .call(&["CLUSTER", "INFO"])
+                    .ok()?;
+                if info_field(&info, "cluster_state").as_deref() != Some("ok") {
+                    return None;
+                }
+                let seen = cluster_nodes(watcher);
+                let promoted = seen.iter().find(|n| n.id == replica.id)?;
+                let dead = seen.iter().find(|n| n.id == victim.id)?;
+                (promoted.is_primary()
+                    && !promoted.failed()
+                    && dead.failed()
+                    && victim.slots.iter().all(|&(a, _)| promoted.serves(a)))
+                .then_some(())
+            },
+        )
+    });
+    let switched = killed_at.elapsed();
+    tokio::task::block_in_place(|| cluster.wait_ok(&live, Duration::from_secs(30)));
+    let cluster_ok = Instant::now();
+
+    // The load succeeds again: every task, after the switch.
+    eventually(
+        "every load task to succeed after the switch",
+        Duration::from_secs(15),
+        || {
+            let ok = load
+                .lock()
+                .expect("load lock")
+                .successes
+                .iter()
+                .all(|s| s.iter().filter(|&&at| at > cluster_ok).count() >= 5);
+            async move { ok.then_some(()) }
+        },
+    )
+    .await;
+    let recovered = killed_at.elapsed();
+    // And every load key, the victim's included, answers.
+    let mut c = server.fusebox().await;
+    for key in &load_keys {
+        let result = one_round(&mut c, key).await;
+        assert!(
+            matches!(result, Ok(Ok(()))),
+            "{key} after the switch: {result:?}"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("a load task");
+    }
+
+    let load = std::mem::take(&mut *load.lock().expect("load lock"));
+    let unavailable = load
+        .errors
+        .iter()
+        .filter(|(_, _, code, _)| *code == Code::Unavailable)
+        .count();
+    let last_error = load
+        .errors
+        .iter()
+        .map(|(at, ..)| at.duration_since(killed_at))
+        .max();
+    let rounds: usize = load.successes.iter().map(Vec::len).sum();
+    eprintln!(
+        "failover: killed the primary on port {} ({open_on_victim} OPEN, {isolated_on_victim} ISOLATED, \
+         {load_on_victim} load keys); replica on port {} promoted and cluster_state:ok after {switched:?}; \
+         every load task succeeding again after {recovered:?}; {unavailable} UNAVAILABLE answers \
+         (last {last_error:?} after the kill), {} other errors, {} calls hung, {rounds} successful rounds",
+        victim.port,
+        replica.port,
+        load.errors.len() - unavailable,
+        load.hung.len(),
+    );
+    let mut messages: Vec<&str> = load.errors.iter().map(|(.., m)| m.as_str()).collect();
+    messages.sort_unstable();
+    messages.dedup();
+    for message in messages.iter().take(5) {
+        eprintln!("failover: one of the errors: {message}");
+    }
+    assert!(
+        load.hung.is_empty(),
+        "calls that did not answer: {:?}",
+        load.hung
+    );
+    let wrong: Vec<_> = load
+        .errors
+        .iter()
+        .filter(|(_, _, code, message)| {
+            *code != Code::Unavailable || !message.contains(STORE_UNAVAILABLE)
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} of {} errors were not UNAVAILABLE saying the store was unavailable: {:?}",
+        wrong.len(),
+        load.errors.len(),
+        wrong.iter().take(10).collect::<Vec<_>>()
+    );
+
+    let problems = check_phases(&server, &phases).await;
+    assert!(
+        problems.is_empty(),
+        "{} keys changed phase across the failover:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
+
+/// The whole cluster shut down and started again on the same ports and
+/// directories: every node reloads its AOF, and a new fusebox server reads
+/// every breaker and isolation as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_cluster_restarted_from_its_aof_keeps_breakers_and_isolations() {
+    const TEST: &str = "a_whole_cluster_restarted_from_its_aof_keeps_breakers_and_isolations";
+    let Some(mut cluster) = tokio::task::spawn_blocking(|| Cluster::start(TEST))
+        .await
+        .expect("the cluster starts")
+    else {
+        return;
+    };
+    let store = store_of(&cluster);
+    let mut server = Server::start(Options {
+        config: Some(CONFIG),
+        args: vec!["--store", &store],
+        ..Options::default()
+    })
+    .await;
+    let phases = populate(&server, "restart/", 30).await;
+    server.terminate();
+    let status = tokio::time::timeout(Duration::from_secs(30), server.child.wait())
+        .await
+        .expect("fusebox exits on SIGTERM")
+        .expect("wait for fusebox");
+    assert!(status.success(), "fusebox exited with {status}");
+    drop(server);
+
+    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
+    tokio::task::block_in_place(|| {
+        // Every key is on a primary's AOF once SHUTDOWN returns: SHUTDOWN
+        // (NOSAVE too) writes and fsyncs the AOF before exiting; NOSAVE
+        // skips an RDB snapshot, which an AOF server does not load anyway.
+        // Replicas first, so that no replica can start a failover while
+        // its primary is already down.
+        let replicas: Vec<u16> = cluster.replicas().iter().map(|n| n.port).collect();
+        let primaries: Vec<u16> = cluster.primaries().iter().map(|n| n.port).collect();
+        assert_eq!((replicas.len(), primaries.len()), (3, 3));
+        for port in replicas.iter().chain(&primaries) {
+            cluster
+                .node_mut(*port)
+                .shutdown(&["NOSAVE"], Duration::from_secs(20));
+        }
+        for node in &cluster.nodes {
+            let aof = node.dir.join("appendonlydir");
+            let parts = std::fs::read_dir(&aof)
+                .unwrap_or_else(|e| panic!("{}: {e}", aof.display()))
+                .count();
+            assert!(parts >= 2, "{}: {parts} files", aof.display());
+        }
+        for port in &ports {
+            cluster.node_mut(*port).restart(Duration::from_secs(30));
+        }
+        cluster.wait_ok(&ports, Duration::from_secs(30));
+        // The same topology: the same three primaries.
+        let again: Vec<u16> = cluster.primaries().iter().map(|n| n.port).collect();
+        assert_eq!(again, primaries, "the primaries after the restart");
+    });
+
+    let server = Server::start(Options {
+        config: Some(CONFIG),
+        args: vec!["--store", &store],
+        ..Options::default()
+    })
+    .await;
+    let problems = check_phases(&server, &phases).await;
+    assert!(
+        problems.is_empty(),
+        "{} keys lost their phase across the restart:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+    // And the server works on the reloaded cluster: an OPEN key blocks,
+    // an ISOLATED one refuses, a new key is granted.
+    let mut c = server.fusebox().await;
+    for (key, &phase) in phases.iter().take(3) {
+        let a = acquire(&mut c, key).await;
+        let expected = match phase {
+            pb::Phase::Closed => pb::Decision::Granted,
+            pb::Phase::Isolated => pb::Decision::Refused,
+            _ => pb::Decision::Blocked,
+        };
+        assert_eq!(a.decision, expected as i32, "{key} ({phase:?}): {a:?}");
+    }
+}
