@@ -326,17 +326,19 @@ pub struct Page {
 }
 
 /// The page of `limit` keys that start with `prefix` and come after the
-/// cursor `after` (a `next` of an earlier page of the same prefix).
-pub fn page(
-    state: &AppState,
-    prefix: &str,
-    after: Option<&str>,
+/// cursor `after` (a `next` of an earlier page of the same prefix). With
+/// state in Redis the keys are read from there; otherwise off the async
+/// workers.
+pub async fn page(
+    state: AppState,
+    prefix: String,
+    after: Option<String>,
     limit: usize,
 ) -> Result<Page, ApiError> {
-    let filter = filter_of(prefix, &[]);
+    let filter = filter_of(&prefix, &[]);
     let after = after
         .map(|token| {
-            page_after(token, &filter).map_err(|_| {
+            page_after(&token, &filter).map_err(|_| {
                 ApiError::invalid(
                     "after",
                     "is not the `next` of an earlier page with the same prefix",
@@ -344,7 +346,24 @@ pub fn page(
             })
         })
         .transpose()?;
-    let (readings, more) = state.engine.list(prefix, &[], after.as_deref(), limit);
+    let (readings, more) = match state.engine.shared() {
+        Some(_) => {
+            let page = state
+                .engine
+                .list_page_async(&prefix, &[], after.as_deref(), limit)
+                .await?;
+            (page.readings, page.more)
+        }
+        None => {
+            let state = state.clone();
+            let prefix = prefix.clone();
+            tokio::task::spawn_blocking(move || {
+                state.engine.list(&prefix, &[], after.as_deref(), limit)
+            })
+            .await
+            .map_err(|e| ApiError::from(EngineError::Internal(e.to_string())))?
+        }
+    };
     let next = match (more, readings.last()) {
         (true, Some(last)) => Some(page_token(&filter, &last.key)),
         _ => None,
@@ -352,7 +371,7 @@ pub fn page(
     let keys = || readings.iter().map(|r| r.key.as_str());
     state.trends.show(keys());
     Ok(Page {
-        prefix: prefix.to_owned(),
+        prefix,
         trends: state.trends.of(keys()),
         keys: readings
             .iter()
@@ -517,11 +536,7 @@ pub async fn keys(
         }
     };
     let after = q.after.filter(|a| !a.is_empty());
-    // A page read: off the async workers.
-    tokio::task::spawn_blocking(move || page(&state, &prefix, after.as_deref(), limit))
-        .await
-        .map_err(|e| ApiError::from(EngineError::Internal(e.to_string())))?
-        .map(Json)
+    page(state, prefix, after, limit).await.map(Json)
 }
 
 /// `GET /api/overview?prefix=`: what the dashboard shows above its pages.

@@ -554,8 +554,11 @@ impl WaitGuard<'_> {
         loop {
             tokio::select! {
                 answer = &mut rx => {
+                    // A dropped sender: shutting down; the guard withdraws
+                    // the waiter as it goes.
+                    let answer = answer.map_err(|_| EngineError::ShuttingDown)?;
                     self.answered = true;
-                    return answer.map_err(|_| EngineError::ShuttingDown);
+                    return Ok(answer);
                 }
                 () = &mut stopping => {
                     return Err(EngineError::ShuttingDown);
