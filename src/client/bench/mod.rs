@@ -13,9 +13,13 @@
 //!   p99 while listings run.
 //! - `growth`: `pair` latency on 1,000 keys, before and after filling the
 //!   server up to N keys.
+//! - `redis-cpu`: the fusebox Redis module against a Lua script doing the
+//!   same work, straight on a Redis or Redis Cluster (no fusebox server):
+//!   decisions/s, latency and Redis CPU per decision.
 
 mod fill;
 mod load;
+mod redis_cpu;
 mod spread;
 mod target;
 
@@ -56,7 +60,7 @@ pub(crate) struct BenchArgs {
 }
 
 /// What to measure; without a mode, the arms over the spreads.
-#[derive(clap::Subcommand, Debug, Clone, Copy)]
+#[derive(clap::Subcommand, Debug, Clone)]
 enum Mode {
     /// Create N live keys (`fill/<n>`, each by Acquire + Complete FAILURE)
     /// as fast as the server takes them; report RSS growth per key, then
@@ -84,6 +88,21 @@ enum Mode {
         /// How many live keys to reach.
         #[arg(long, default_value_t = 1_000_000)]
         keys: u64,
+    },
+    /// The fusebox Redis module (FB.ACQUIRE + FB.COMPLETE) against a Lua
+    /// script doing the same breaker and limiter work (EVALSHA), straight
+    /// on Redis: decisions/s, pair latency and Redis CPU per decision
+    /// (INFO cpu of every primary), interleaved, medians across runs and
+    /// the ratios module/lua. Starts no fusebox server.
+    RedisCpu {
+        /// redis://HOST:PORT, or redis-cluster://H1:P1,H2:P2,... (some
+        /// nodes of a cluster; every primary is found with CLUSTER NODES).
+        #[arg(long, value_name = "URL")]
+        store: String,
+        /// Permits of the concurrency limiter in the policy; more than the
+        /// callers (connections x in flight), so that none is denied.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+        permits: u32,
     },
 }
 
@@ -260,6 +279,11 @@ async fn run(args: BenchArgs, client_cpus: Option<Vec<usize>>) -> anyhow::Result
         )?;
         let _ = load::TLS.set(tls);
     }
+    if let Some(Mode::RedisCpu { store, permits }) = &args.mode {
+        let (mode, text, figures) =
+            redis_cpu::redis_cpu_mode(o, store, *permits, &mut warnings).await?;
+        return report(o, None, mode, &text, figures, &warnings);
+    }
     let mut target = match &o.target {
         Some(url) => {
             let scheme = if o.tls_ca.is_some() { "https" } else { "http" };
@@ -298,6 +322,7 @@ async fn run(args: BenchArgs, client_cpus: Option<Vec<usize>>) -> anyhow::Result
             fill_mode(o, &mut target, keys, prefix, listing, &mut warnings).await
         }
         Some(Mode::Growth { keys }) => growth_mode(o, &mut target, keys, &mut warnings).await,
+        Some(Mode::RedisCpu { .. }) => unreachable!("measured above, without a server"),
     };
     let stopped = target.stop().await;
     let (mode, text, figures) = outcome?;
