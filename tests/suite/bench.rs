@@ -184,3 +184,54 @@ async fn fusebox_keys(server: &Server, prefix: &str) -> Vec<String> {
         page_token = page.next_page_token;
     }
 }
+
+#[tokio::test]
+async fn a_list_of_targets_shares_the_connections_and_sums_the_metrics() {
+    let (a, b) = tokio::join!(
+        Server::start(Options::default()),
+        Server::start(Options::default())
+    );
+    let http = |s: &Server| s.http_addr.clone().expect("an HTTP address");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let json = dir.path().join("fill.json");
+    let targets = format!("http://{},http://{}", a.addr, b.addr);
+    let https = format!("{},{}", http(&a), http(&b));
+    let run = fusebox(&[
+        "bench",
+        "fill",
+        "--keys",
+        "300",
+        "--no-listing",
+        "--target",
+        &targets,
+        "--http",
+        &https,
+        "--connections",
+        "2",
+        "--in-flight",
+        "2",
+        "--json",
+        json.to_str().expect("a UTF-8 path"),
+    ])
+    .await;
+    assert_eq!(run.code, Some(0), "bench fill succeeds: {}", run.stderr);
+    let doc = read_json(&json);
+    let targets_json = &doc["settings"]["targets"];
+    assert_eq!(targets_json.as_array().map(Vec::len), Some(2), "{doc}");
+    let fill = &doc["figures"]["fill"];
+    assert_eq!(fill["created"], 300);
+    assert_eq!(fill["errors"], 0);
+    // Memory and keys are summed over both servers.
+    assert_eq!(fill["before"]["keys"], 0);
+    assert_eq!(fill["after"]["keys"], 300);
+    // One connection went to each server, and each created some keys.
+    let (on_a, on_b) = (
+        fusebox_keys(&a, "fill/").await.len(),
+        fusebox_keys(&b, "fill/").await.len(),
+    );
+    assert_eq!(on_a + on_b, 300);
+    assert!(
+        on_a > 0 && on_b > 0,
+        "{on_a} keys on one, {on_b} on the other"
+    );
+}

@@ -114,15 +114,17 @@ pub(crate) async fn connect(url: &str) -> anyhow::Result<Channel> {
 }
 
 impl Load {
-    /// Opens `connections` connections to `url`.
+    /// Opens `connections` connections, to the `urls` in turn
+    /// (round-robin: with 3 servers and 6 connections, 2 to each).
     pub(crate) async fn open(
-        url: &str,
+        urls: &[String],
         connections: usize,
         in_flight: usize,
     ) -> anyhow::Result<Load> {
+        anyhow::ensure!(!urls.is_empty(), "no server address to connect to");
         let mut channels = Vec::with_capacity(connections);
-        for _ in 0..connections {
-            channels.push(connect(url).await?);
+        for i in 0..connections {
+            channels.push(connect(&urls[i % urls.len()]).await?);
         }
         Ok(Load {
             channels,

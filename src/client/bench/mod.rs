@@ -13,9 +13,13 @@
 //!   p99 while listings run.
 //! - `growth`: `pair` latency on 1,000 keys, before and after filling the
 //!   server up to N keys.
+//! - `redis-cpu`: the fusebox Redis module against a Lua script doing the
+//!   same work, straight on a Redis or Redis Cluster (no fusebox server):
+//!   decisions/s, latency and Redis CPU per decision.
 
 mod fill;
 mod load;
+mod redis_cpu;
 mod spread;
 mod target;
 
@@ -56,7 +60,7 @@ pub(crate) struct BenchArgs {
 }
 
 /// What to measure; without a mode, the arms over the spreads.
-#[derive(clap::Subcommand, Debug, Clone, Copy)]
+#[derive(clap::Subcommand, Debug, Clone)]
 enum Mode {
     /// Create N live keys (`fill/<n>`, each by Acquire + Complete FAILURE)
     /// as fast as the server takes them; report RSS growth per key, then
@@ -85,13 +89,30 @@ enum Mode {
         #[arg(long, default_value_t = 1_000_000)]
         keys: u64,
     },
+    /// The fusebox Redis module (FB.ACQUIRE + FB.COMPLETE) against a Lua
+    /// script doing the same breaker and limiter work (EVALSHA), straight
+    /// on Redis: decisions/s, pair latency and Redis CPU per decision
+    /// (INFO cpu of every primary), interleaved, medians across runs and
+    /// the ratios module/lua. Starts no fusebox server.
+    RedisCpu {
+        /// redis://HOST:PORT, or redis-cluster://H1:P1,H2:P2,... (some
+        /// nodes of a cluster; every primary is found with CLUSTER NODES).
+        #[arg(long, value_name = "URL")]
+        store: String,
+        /// Permits of the concurrency limiter in the policy; more than the
+        /// callers (connections x in flight), so that none is denied.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+        permits: u32,
+    },
 }
 
 /// Settings every mode shares.
 #[derive(clap::Args, Debug, Clone)]
 struct Options {
-    /// A running server's gRPC address (http://ADDR); by default the tool
-    /// starts one itself, on free ports, and stops it at the end.
+    /// A running server's gRPC address (http://ADDR), or several, comma
+    /// separated (http://A,http://B): the --connections are spread over
+    /// them round-robin. By default the tool starts one server itself, on
+    /// free ports, and stops it at the end.
     #[arg(long, global = true, value_name = "URL")]
     target: Option<String>,
     /// Call the --target server over TLS, trusting the CAs in this PEM
@@ -108,7 +129,10 @@ struct Options {
     /// host of --target.
     #[arg(long, global = true, value_name = "NAME", requires = "tls_ca")]
     tls_server_name: Option<String>,
-    /// The HTTP address of the --target server, to read its /metrics.
+    /// The HTTP address of the --target server, to read its /metrics; with
+    /// several servers, a comma-separated list: memory and live keys are
+    /// summed over them, while the fill mode's /metrics scrape, listings
+    /// and stalled watchers use the first server only.
     #[arg(long, global = true, value_name = "ADDR", requires = "target")]
     http: Option<String>,
     /// A config file for the server the tool starts (default: the
@@ -255,17 +279,26 @@ async fn run(args: BenchArgs, client_cpus: Option<Vec<usize>>) -> anyhow::Result
         )?;
         let _ = load::TLS.set(tls);
     }
+    if let Some(Mode::RedisCpu { store, permits }) = &args.mode {
+        let (mode, text, figures) =
+            redis_cpu::redis_cpu_mode(o, store, *permits, &mut warnings).await?;
+        return report(o, None, mode, &text, figures, &warnings);
+    }
     let mut target = match &o.target {
-        Some(url) if o.tls_ca.is_some() && !url.contains("://") => {
-            Target::existing(&format!("https://{url}"), o.http.as_deref())
+        Some(url) => {
+            let scheme = if o.tls_ca.is_some() { "https" } else { "http" };
+            Target::existing(url, o.http.as_deref(), scheme)
         }
-        Some(url) => Target::existing(url, o.http.as_deref()),
         None => Target::start(o.config.as_deref(), o.server_cpus.as_deref()).await?,
     };
     eprintln!(
         "bench: server {} (http {}){}",
-        target.grpc,
-        target.http.as_deref().unwrap_or("unknown"),
+        target.grpcs.join(", "),
+        if target.https.is_empty() {
+            "unknown".to_owned()
+        } else {
+            target.https.join(", ")
+        },
         if target.pid.is_some() {
             " started by the tool"
         } else {
@@ -289,12 +322,25 @@ async fn run(args: BenchArgs, client_cpus: Option<Vec<usize>>) -> anyhow::Result
             fill_mode(o, &mut target, keys, prefix, listing, &mut warnings).await
         }
         Some(Mode::Growth { keys }) => growth_mode(o, &mut target, keys, &mut warnings).await,
+        Some(Mode::RedisCpu { .. }) => unreachable!("measured above, without a server"),
     };
     let stopped = target.stop().await;
     let (mode, text, figures) = outcome?;
     stopped?;
+    report(o, Some(&target), mode, &text, figures, &warnings)
+}
+
+/// Prints a mode's report and warnings, and writes `--json`.
+fn report(
+    o: &Options,
+    target: Option<&Target>,
+    mode: &str,
+    text: &str,
+    figures: Value,
+    warnings: &[String],
+) -> anyhow::Result<()> {
     println!("{text}");
-    for w in &warnings {
+    for w in warnings {
         println!("warning: {w}");
     }
     if let Some(path) = &o.json {
@@ -305,7 +351,7 @@ async fn run(args: BenchArgs, client_cpus: Option<Vec<usize>>) -> anyhow::Result
             "command_line": std::env::args().collect::<Vec<_>>(),
             "git_commit": git_commit(),
             "started_at": super::now_s(),
-            "settings": settings_json(o, &target),
+            "settings": settings_json(o, target),
             "warnings": warnings,
             "figures": figures,
         });
@@ -319,11 +365,12 @@ async fn run(args: BenchArgs, client_cpus: Option<Vec<usize>>) -> anyhow::Result
 /// A mode's name, its report for people, and its figures for `--json`.
 type Report = (&'static str, String, Value);
 
-fn settings_json(o: &Options, target: &Target) -> Value {
+fn settings_json(o: &Options, target: Option<&Target>) -> Value {
     json!({
-        "target": target.grpc,
-        "http": target.http,
-        "server_started_by_tool": o.target.is_none(),
+        "target": target.map(|t| t.grpcs.join(",")),
+        "targets": target.map(|t| &t.grpcs),
+        "http": target.map(|t| t.https.join(",")).filter(|h| !h.is_empty()),
+        "server_started_by_tool": target.is_some() && o.target.is_none(),
         "config": o.config,
         "server_cpus": o.server_cpus,
         "client_cpus": o.client_cpus,
@@ -365,9 +412,9 @@ fn load_open(
     o: &Options,
     target: &Target,
 ) -> impl std::future::Future<Output = anyhow::Result<Load>> {
-    let url = target.grpc.clone();
+    let urls = target.grpcs.clone();
     let (connections, in_flight) = (usize::from(o.connections), usize::from(o.in_flight));
-    async move { Load::open(&url, connections, in_flight).await }
+    async move { Load::open(&urls, connections, in_flight).await }
 }
 
 fn ms(ms: u64) -> Duration {

@@ -27,10 +27,15 @@ const LOG_LINES: usize = 40;
 
 /// The server under test.
 pub(crate) struct Target {
-    /// `http://ADDR` of its gRPC port.
+    /// `http://ADDR` of its gRPC port (of the first server, with several).
     pub(crate) grpc: String,
-    /// `ADDR` of its HTTP port (metrics), when known.
+    /// `ADDR` of its HTTP port (metrics), when known (the first server's).
     pub(crate) http: Option<String>,
+    /// The gRPC address of every server: one, or the list `--target`
+    /// gives; a load spreads its connections over them round-robin.
+    pub(crate) grpcs: Vec<String>,
+    /// The HTTP address of every server whose metrics are read (summed).
+    pub(crate) https: Vec<String>,
     /// Its process, when the tool started it.
     child: Option<Child>,
     /// Its process id, when the tool started it.
@@ -42,20 +47,38 @@ pub(crate) struct Target {
 }
 
 impl Target {
-    /// A server that is already running.
-    pub(crate) fn existing(grpc: &str, http: Option<&str>) -> Target {
-        let grpc = if grpc.contains("://") {
-            grpc.to_owned()
-        } else {
-            format!("http://{grpc}")
-        };
-        Target {
-            grpc,
-            http: http.map(|h| {
+    /// Servers that are already running: `grpc` and `http` are one
+    /// address or a comma-separated list; an address without a scheme gets
+    /// `scheme` (`http` or `https`).
+    pub(crate) fn existing(grpc: &str, http: Option<&str>, scheme: &str) -> Target {
+        let grpcs: Vec<String> = grpc
+            .split(',')
+            .map(str::trim)
+            .filter(|g| !g.is_empty())
+            .map(|g| {
+                if g.contains("://") {
+                    g.to_owned()
+                } else {
+                    format!("{scheme}://{g}")
+                }
+            })
+            .collect();
+        let https: Vec<String> = http
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(|h| {
                 h.trim_start_matches("http://")
                     .trim_end_matches('/')
                     .to_owned()
-            }),
+            })
+            .collect();
+        Target {
+            grpc: grpcs.first().cloned().unwrap_or_default(),
+            http: https.first().cloned(),
+            grpcs,
+            https,
             child: None,
             pid: None,
             log: Arc::default(),
@@ -121,6 +144,8 @@ impl Target {
         let mut target = Target {
             grpc: String::new(),
             http: None,
+            grpcs: Vec::new(),
+            https: Vec::new(),
             child: None,
             pid,
             log,
@@ -148,6 +173,8 @@ impl Target {
         target.grpc = format!("http://{grpc}");
         let second = next().await.unwrap_or_default();
         target.http = second.strip_prefix("http on ").map(str::to_owned);
+        target.grpcs = vec![target.grpc.clone()];
+        target.https = target.http.iter().cloned().collect();
         // Nothing more is expected; keep reading so the server never blocks.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Ok(target)
@@ -199,17 +226,27 @@ impl Target {
     }
 
     /// The server's memory and live keys: from `/metrics` when the HTTP
-    /// port is known, the resident set from `/proc/PID/status` when the
-    /// metrics do not have it and the tool started the server.
+    /// port is known (with several servers, each figure summed over them,
+    /// and unknown unless every one gives it), the resident set from
+    /// `/proc/PID/status` when the metrics do not have it and the tool
+    /// started the server.
     pub(crate) async fn memory(&self) -> Memory {
         let mut memory = Memory::default();
-        if let Some(http) = &self.http {
-            if let Ok(text) = http_get(http, "/metrics").await {
-                memory.keys = metric(&text, "fusebox_keys");
-                if let Some(rss) = metric(&text, "process_resident_memory_bytes") {
-                    memory.rss_bytes = Some(rss);
-                    memory.rss_source = Some("metrics");
-                }
+        let mut keys = Some(0);
+        let mut rss = Some(0);
+        for http in &self.https {
+            let text = http_get(http, "/metrics").await.ok();
+            let read = |name| text.as_deref().and_then(|t| metric(t, name));
+            keys = keys.zip(read("fusebox_keys")).map(|(a, b)| a + b);
+            rss = rss
+                .zip(read("process_resident_memory_bytes"))
+                .map(|(a, b)| a + b);
+        }
+        if !self.https.is_empty() {
+            memory.keys = keys;
+            if let Some(rss) = rss {
+                memory.rss_bytes = Some(rss);
+                memory.rss_source = Some("metrics");
             }
         }
         if memory.rss_bytes.is_none() {
