@@ -17,6 +17,8 @@ use tonic::Code;
 use crate::harness::{eventually, millis, Options, Server};
 use crate::redis_harness::{info_field, wait_for, Cluster};
 use crate::resp::{Conn, Reply};
+use crate::store::store_of;
+use fusebox::engine::shared::redis_key;
 
 type Client = pb::fusebox_client::FuseboxClient<Channel>;
 
@@ -27,21 +29,6 @@ breaker = { mode = "consecutive", failures = 1, break = "10m" }
 
 /// What every UNAVAILABLE from a store fault says.
 const STORE_UNAVAILABLE: &str = "the state store is unavailable";
-
-/// The `--store` URL of a cluster, naming every node.
-fn store_of(cluster: &Cluster) -> String {
-    let nodes: Vec<String> = cluster
-        .nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect();
-    format!("redis-cluster://{}", nodes.join(","))
-}
-
-/// The Redis key that holds a fusebox key's state.
-fn redis_key(key: &str) -> String {
-    format!("fusebox:k:{key}")
-}
 
 /// One line of `CLUSTER NODES`.
 #[derive(Debug, Clone)]

@@ -76,7 +76,7 @@ async fn every_vector_passes_over_two_servers_on_a_cluster() {
 }
 
 /// The `--store` URL of a cluster, naming every node.
-fn store_of(cluster: &Cluster) -> String {
+pub fn store_of(cluster: &Cluster) -> String {
     let nodes: Vec<String> = cluster
         .nodes
         .iter()
