@@ -824,15 +824,7 @@ impl Engine {
         who: &str,
         isolate: bool,
     ) -> Result<KeyReading, EngineError> {
-        check_key(key)?;
-        check_reason(reason)?;
-        let why = if reason.is_empty() {
-            "no reason given"
-        } else {
-            reason
-        };
-        let action = if isolate { "isolated" } else { "closed" };
-        tracing::info!(key, who, why, "{action} by an operator");
+        let why = operator_action(key, reason, who, isolate)?;
         // Closing a key that does not exist would make a fresh key: nothing to do.
         let access = Access {
             create: isolate,
@@ -863,6 +855,26 @@ impl Engine {
             None => self.get(key),
         }
     }
+}
+
+/// Checks an operator's isolate (`isolate`) or close of `key` and logs
+/// it; returns the reason to record (B5).
+fn operator_action<'a>(
+    key: &str,
+    reason: &'a str,
+    who: &str,
+    isolate: bool,
+) -> Result<&'a str, EngineError> {
+    check_key(key)?;
+    check_reason(reason)?;
+    let why = if reason.is_empty() {
+        "no reason given"
+    } else {
+        reason
+    };
+    let action = if isolate { "isolated" } else { "closed" };
+    tracing::info!(key, who, why, "{action} by an operator");
+    Ok(why)
 }
 
 fn reply(decision: Decision, phase: Phase, now: Millis) -> AcquireReply {

@@ -95,6 +95,22 @@ fn cluster_nodes(port: u16) -> Vec<Node> {
         .collect()
 }
 
+/// A cluster and one fusebox server on it (with its `--store` URL), or
+/// `None` (skipped) without redis-server.
+async fn on_a_cluster(test: &'static str) -> Option<(Cluster, String, Server)> {
+    let cluster = tokio::task::spawn_blocking(move || Cluster::start(test))
+        .await
+        .expect("the cluster starts")?;
+    let store = store_of(&cluster);
+    let server = Server::start(Options {
+        config: Some(CONFIG),
+        args: vec!["--store", &store],
+        ..Options::default()
+    })
+    .await;
+    Some((cluster, store, server))
+}
+
 fn keyslot(port: u16, key: &str) -> u16 {
     match Conn::connect(port).expect("connect to redis").cmd(&[
         "CLUSTER",
@@ -256,19 +272,9 @@ async fn one_round(c: &mut Client, key: &str) -> Result<Result<(), tonic::Status
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_primary_killed_under_load_fails_over_and_keys_keep_their_phase() {
     const TEST: &str = "a_primary_killed_under_load_fails_over_and_keys_keep_their_phase";
-    let Some(mut cluster) = tokio::task::spawn_blocking(|| Cluster::start(TEST))
-        .await
-        .expect("the cluster starts")
-    else {
+    let Some((mut cluster, _, server)) = on_a_cluster(TEST).await else {
         return;
     };
-    let store = store_of(&cluster);
-    let server = Server::start(Options {
-        config: Some(CONFIG),
-        args: vec!["--store", &store],
-        ..Options::default()
-    })
-    .await;
     let phases = populate(&server, "failover/", 60).await;
 
     // The primary serving the most OPEN and ISOLATED keys.
@@ -527,19 +533,10 @@ async fn a_primary_killed_under_load_fails_over_and_keys_keep_their_phase() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whole_cluster_restarted_from_its_aof_keeps_breakers_and_isolations() {
     const TEST: &str = "a_whole_cluster_restarted_from_its_aof_keeps_breakers_and_isolations";
-    let Some(mut cluster) = tokio::task::spawn_blocking(|| Cluster::start(TEST))
-        .await
-        .expect("the cluster starts")
-    else {
+    let Some((mut cluster, store, server)) = on_a_cluster(TEST).await else {
         return;
     };
-    let store = store_of(&cluster);
-    let mut server = Server::start(Options {
-        config: Some(CONFIG),
-        args: vec!["--store", &store],
-        ..Options::default()
-    })
-    .await;
+    let mut server = server;
     let phases = populate(&server, "restart/", 30).await;
     server.terminate();
     let status = tokio::time::timeout(Duration::from_secs(30), server.child.wait())

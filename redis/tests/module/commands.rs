@@ -1,9 +1,7 @@
 //! The domain commands (`FB.ACQUIRE`, `FB.COMPLETE`, `FB.RENEW`,
 //! `FB.ISOLATE`, `FB.CLOSE`, `FB.GET`) against a real `redis-server`.
 
-use std::time::Duration;
-
-use crate::harness::{info_field, wait_for, Server, Standalone, Tools};
+use crate::harness::{Replicated, Standalone};
 use crate::resp::{Conn, Reply};
 
 /// Consecutive mode, 2 failures, a 1 s break: the worked example of SPEC
@@ -650,31 +648,12 @@ fn some_steps(c: &mut Conn, key: &str) {
 #[test]
 fn a_replica_holds_the_same_bytes_as_its_primary() {
     let test = "a_replica_holds_the_same_bytes_as_its_primary";
-    let Some(tools) = Tools::find(test) else {
+    let Some(Replicated {
+        primary, replica, ..
+    }) = Replicated::start(test, false)
+    else {
         return;
     };
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let quiet = [
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--repl-diskless-sync-delay",
-        "0",
-    ];
-    let primary = Server::start(&tools, dir.path(), &quiet, false);
-    let port = primary.port.to_string();
-    let mut args = quiet.to_vec();
-    args.extend(["--replicaof", "127.0.0.1", &port]);
-    let replica = Server::start(&tools, dir.path(), &args, false);
-    wait_for(
-        "the replica's link to its primary",
-        Duration::from_secs(30),
-        || {
-            let info = replica.conn().cmd(&["INFO", "replication"]);
-            (info_field(&info, "master_link_status").as_deref() == Some("up")).then_some(())
-        },
-    );
     let mut p = primary.conn();
     some_steps(&mut p, "k");
     assert_eq!(p.cmd(&["WAIT", "1", "5000"]), int(1));

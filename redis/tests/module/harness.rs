@@ -337,6 +337,51 @@ impl Standalone {
     }
 }
 
+/// A standalone primary and its replica, linked, with the AOF on or off
+/// and no RDB snapshots.
+pub struct Replicated {
+    /// The primary.
+    pub primary: Server,
+    /// Its replica (`--replicaof`), whose link is up.
+    pub replica: Server,
+    _dir: tempfile::TempDir,
+}
+
+impl Replicated {
+    /// Starts both and waits for the replica's link, or `None` (skipped)
+    /// without the tools.
+    pub fn start(test: &str, aof: bool) -> Option<Replicated> {
+        let tools = Tools::find(test)?;
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let base = [
+            "--save",
+            "",
+            "--appendonly",
+            if aof { "yes" } else { "no" },
+            "--repl-diskless-sync-delay",
+            "0",
+        ];
+        let primary = Server::start(&tools, dir.path(), &base, false);
+        let port = primary.port.to_string();
+        let mut args = base.to_vec();
+        args.extend(["--replicaof", "127.0.0.1", &port]);
+        let replica = Server::start(&tools, dir.path(), &args, false);
+        wait_for(
+            "the replica's link to its primary",
+            Duration::from_secs(30),
+            || {
+                let info = replica.conn().cmd(&["INFO", "replication"]);
+                (info_field(&info, "master_link_status").as_deref() == Some("up")).then_some(())
+            },
+        );
+        Some(Replicated {
+            primary,
+            replica,
+            _dir: dir,
+        })
+    }
+}
+
 /// The fields of an INFO or CLUSTER INFO reply.
 pub fn info_field(info: &Reply, field: &str) -> Option<String> {
     info.text().lines().find_map(|l| {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::harness::{info_field, wait_for, Server, Standalone, Tools};
+use crate::harness::{info_field, wait_for, Replicated, Server, Standalone};
 use crate::resp::{Conn, Reply};
 
 /// One permit, a queue of 4, and a breaker that trips on 1 failure.
@@ -61,27 +61,12 @@ fn wall_ms() -> u64 {
 #[test]
 fn a_star_time_is_the_servers_clock_and_replicates_as_a_number() {
     let test = "a_star_time_is_the_servers_clock_and_replicates_as_a_number";
-    let Some(tools) = Tools::find(test) else {
+    let Some(Replicated {
+        primary, replica, ..
+    }) = Replicated::start(test, true)
+    else {
         return;
     };
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let base = [
-        "--save",
-        "",
-        "--appendonly",
-        "yes",
-        "--repl-diskless-sync-delay",
-        "0",
-    ];
-    let primary = Server::start(&tools, dir.path(), &base, false);
-    let port = primary.port.to_string();
-    let mut args = base.to_vec();
-    args.extend(["--replicaof", "127.0.0.1", &port]);
-    let replica = Server::start(&tools, dir.path(), &args, false);
-    wait_for("the replica's link", Duration::from_secs(30), || {
-        let info = replica.conn().cmd(&["INFO", "replication"]);
-        (info_field(&info, "master_link_status").as_deref() == Some("up")).then_some(())
-    });
     let mut p = primary.conn();
     let before = wall_ms();
     let reply = p.cmd(&["FB.ACQUIRE", "k", "*", "1", ONE]);
@@ -294,27 +279,12 @@ fn withdraw_tells_withdrawn_released_and_unknown_apart() {
 
 #[test]
 fn a_replica_does_not_publish() {
-    let Some(tools) = Tools::find("a_replica_does_not_publish") else {
+    let Some(Replicated {
+        primary, replica, ..
+    }) = Replicated::start("a_replica_does_not_publish", false)
+    else {
         return;
     };
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let base = [
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--repl-diskless-sync-delay",
-        "0",
-    ];
-    let primary = Server::start(&tools, dir.path(), &base, false);
-    let port = primary.port.to_string();
-    let mut args = base.to_vec();
-    args.extend(["--replicaof", "127.0.0.1", &port]);
-    let replica = Server::start(&tools, dir.path(), &args, false);
-    wait_for("the replica's link", Duration::from_secs(30), || {
-        let info = replica.conn().cmd(&["INFO", "replication"]);
-        (info_field(&info, "master_link_status").as_deref() == Some("up")).then_some(())
-    });
     let mut on_primary = subscriber(&primary);
     let mut on_replica = subscriber(&replica);
     let mut p = primary.conn();

@@ -25,7 +25,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 use tokio::sync::oneshot;
 
-use super::error::{check_key, check_reason, invalid, zero_lease};
+use super::error::{check_key, invalid, zero_lease};
 use super::tickets::random_ticket;
 use super::{AcquireArgs, AcquireReply, CompleteReply, Engine, EngineError, KeyReading, Page};
 use crate::domain::{Decision, Millis, Outcome, Phase, TicketId};
@@ -307,15 +307,7 @@ impl Shared {
         who: &str,
         isolate: bool,
     ) -> Result<KeyReading, EngineError> {
-        check_key(key)?;
-        check_reason(reason)?;
-        let why = if reason.is_empty() {
-            "no reason given"
-        } else {
-            reason
-        };
-        let action = if isolate { "isolated" } else { "closed" };
-        tracing::info!(key, who, why, "{action} by an operator");
+        let why = super::operator_action(key, reason, who, isolate)?;
         let rk = redis_key(key);
         let mut cmd = redis::cmd(if isolate { "FB.ISOLATE" } else { "FB.CLOSE" });
         cmd.arg(&rk).arg(self.now_arg());
