@@ -228,3 +228,273 @@ breaker = { mode = "consecutive", failures = 1, break = "50ms", probe_lease = "3
         assert_eq!(done.phase, pb::Phase::Open as i32, "round {round}");
     }
 }
+
+/// Two servers on a cluster, each with `config`, and the `--store` URL.
+async fn two_servers_on_a_cluster(
+    test: &'static str,
+    config: &str,
+) -> Option<(Cluster, Server, Server)> {
+    let cluster = tokio::task::spawn_blocking(move || Cluster::start(test))
+        .await
+        .expect("the cluster starts")?;
+    let store = store_of(&cluster);
+    let mut servers = Vec::new();
+    for _ in 0..2 {
+        servers.push(
+            Server::start(Options {
+                config: Some(config),
+                args: vec!["--store", &store],
+                ..Options::default()
+            })
+            .await,
+        );
+    }
+    let b = servers.pop().expect("two servers");
+    let a = servers.pop().expect("two servers");
+    Some((cluster, a, b))
+}
+
+const ONE_FAILURE_TRIPS: &str = r#"
+[default]
+breaker = { mode = "consecutive", failures = 1, break = "10m" }
+"#;
+
+async fn trip(client: &mut Client, key: &str) {
+    let a = client
+        .acquire(pb::AcquireRequest {
+            key: key.into(),
+            ..ask(None)
+        })
+        .await
+        .expect("Acquire")
+        .into_inner();
+    assert_eq!(a.decision, pb::Decision::Granted as i32, "{key}: {a:?}");
+    let done = client
+        .complete(pb::CompleteRequest {
+            ticket: a.ticket,
+            outcome: pb::Outcome::Failure as i32,
+        })
+        .await
+        .expect("Complete")
+        .into_inner();
+    assert_eq!(done.phase, pb::Phase::Open as i32, "{key}");
+}
+
+/// ListKeys walks every primary: keys made through one server (spread
+/// over the cluster's slots) are listed, in key order, page by page, by
+/// the other, with their phases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_keys_walks_every_primary_of_the_cluster() {
+    let Some((_cluster, a, b)) = two_servers_on_a_cluster(
+        "list_keys_walks_every_primary_of_the_cluster",
+        ONE_FAILURE_TRIPS,
+    )
+    .await
+    else {
+        return;
+    };
+    let mut client = a.fusebox().await;
+    let mut expected: Vec<String> = (0..30).map(|i| format!("listed/{i:02}")).collect();
+    for key in &expected {
+        trip(&mut client, key).await;
+    }
+    trip(&mut client, "other/x").await;
+    let mut admin = b.admin().await;
+    let listed = crate::admin::list_all(&mut admin, "listed/", &[], 7).await;
+    expected.sort();
+    assert_eq!(listed, expected);
+    let open = crate::admin::list_all(&mut admin, "", &[pb::Phase::Open], 100).await;
+    assert_eq!(open.len(), 31, "{open:?}");
+    let closed = crate::admin::list_all(&mut admin, "", &[pb::Phase::Closed], 100).await;
+    assert!(closed.is_empty(), "{closed:?}");
+}
+
+/// A policy set through one server is the fleet's: the other server
+/// decides under it (after hearing of it), and lists it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_set_on_one_server_is_used_by_the_others() {
+    let Some((_cluster, a, b)) = two_servers_on_a_cluster(
+        "a_policy_set_on_one_server_is_used_by_the_others",
+        ONE_FAILURE_TRIPS,
+    )
+    .await
+    else {
+        return;
+    };
+    let mut admin_a = a.admin().await;
+    crate::admin::set_policy(
+        &mut admin_a,
+        crate::admin::rule("single/*", None, Some(crate::admin::concurrency(1))),
+    )
+    .await
+    .expect("SetPolicy answers");
+    let admin_b = b.admin().await;
+    eventually(
+        "the other server to hear of the rule",
+        Duration::from_secs(10),
+        || {
+            let mut admin = admin_b.clone();
+            async move {
+                let rules = crate::admin::policies(&mut admin).await.rules;
+                rules.iter().any(|r| r.r#match == "single/*").then_some(())
+            }
+        },
+    )
+    .await;
+    let mut client = b.fusebox().await;
+    let request = || pb::AcquireRequest {
+        key: "single/db".into(),
+        ..ask(None)
+    };
+    let first = client
+        .acquire(request())
+        .await
+        .expect("Acquire")
+        .into_inner();
+    assert_eq!(first.decision, pb::Decision::Granted as i32, "{first:?}");
+    let second = client
+        .acquire(request())
+        .await
+        .expect("Acquire")
+        .into_inner();
+    assert_eq!(
+        (second.decision, second.reason),
+        (pb::Decision::Denied as i32, pb::Reason::NoPermits as i32),
+        "one permit under the shared rule: {second:?}"
+    );
+}
+
+/// A watcher on one server sees what happens on another: a trip, an
+/// isolate with who and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_on_one_server_sees_transitions_made_on_another() {
+    let Some((_cluster, a, b)) = two_servers_on_a_cluster(
+        "a_watcher_on_one_server_sees_transitions_made_on_another",
+        ONE_FAILURE_TRIPS,
+    )
+    .await
+    else {
+        return;
+    };
+    let mut watch = a
+        .admin()
+        .await
+        .watch(pb::WatchRequest {
+            prefix: "watched/".into(),
+        })
+        .await
+        .expect("Watch answers")
+        .into_inner();
+    // The snapshot first: the stream is live from here on.
+    let first = tokio::time::timeout(Duration::from_secs(10), watch.message())
+        .await
+        .expect("a snapshot in time")
+        .expect("the stream")
+        .expect("an event");
+    assert!(
+        matches!(first.event, Some(pb::watch_event::Event::Snapshot(_))),
+        "{first:?}"
+    );
+    trip(&mut b.fusebox().await, "watched/payments").await;
+    b.admin()
+        .await
+        .isolate(pb::IsolateRequest {
+            key: "watched/payments".into(),
+            reason: "provider incident".into(),
+        })
+        .await
+        .expect("Isolate answers");
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let event = tokio::time::timeout(Duration::from_secs(10), watch.message())
+            .await
+            .expect("a transition in time")
+            .expect("the stream")
+            .expect("an event");
+        if let Some(pb::watch_event::Event::Transition(t)) = event.event {
+            seen.push(t);
+        }
+    }
+    assert_eq!(
+        (seen[0].key.as_str(), seen[0].from, seen[0].to),
+        (
+            "watched/payments",
+            pb::Phase::Closed as i32,
+            pb::Phase::Open as i32
+        ),
+        "{seen:?}"
+    );
+    assert_eq!(
+        (seen[1].from, seen[1].to, seen[1].reason.as_str()),
+        (
+            pb::Phase::Open as i32,
+            pb::Phase::Isolated as i32,
+            "provider incident"
+        ),
+        "{seen:?}"
+    );
+    assert!(!seen[1].who.is_empty(), "{seen:?}");
+}
+
+/// P6 across servers: a waiter whose caller goes away leaves the queue,
+/// and the permit freed later goes to the next waiter on the other server,
+/// in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_goes_away_leaves_the_queue_and_the_next_is_served() {
+    let Some((_cluster, a, b)) = two_servers_on_a_cluster(
+        "a_waiter_that_goes_away_leaves_the_queue_and_the_next_is_served",
+        r#"
+[default]
+limiter = { kind = "concurrency", permits = 1, queue_limit = 10 }
+"#,
+    )
+    .await
+    else {
+        return;
+    };
+    const KEY: &str = "queued/db";
+    let wait = |max_wait: u64| pb::AcquireRequest {
+        key: KEY.into(),
+        permits: None,
+        max_wait: Some(crate::harness::ms(max_wait)),
+        lease: None,
+    };
+    let mut holder = a.fusebox().await;
+    let held = holder.acquire(wait(0)).await.expect("Acquire").into_inner();
+    assert_eq!(held.decision, pb::Decision::Granted as i32, "{held:?}");
+    // A waiter on server A that goes away, then one on server B that stays.
+    let mut leaving = a.fusebox().await;
+    let gone = tokio::spawn(async move { leaving.acquire(wait(60_000)).await });
+    let waiters = |n: u32| {
+        let b = &b;
+        async move {
+            eventually(&format!("{n} waiters"), Duration::from_secs(10), || async {
+                (b.get(KEY).await.waiters == n).then_some(())
+            })
+            .await
+        }
+    };
+    waiters(1).await;
+    let mut staying = b.fusebox().await;
+    let stays = tokio::spawn(async move { staying.acquire(wait(60_000)).await });
+    waiters(2).await;
+    gone.abort();
+    waiters(1).await;
+    holder
+        .complete(pb::CompleteRequest {
+            ticket: held.ticket,
+            outcome: pb::Outcome::Success as i32,
+        })
+        .await
+        .expect("Complete answers");
+    let served = tokio::time::timeout(Duration::from_secs(10), stays)
+        .await
+        .expect("the waiter is served in time")
+        .expect("the task")
+        .expect("Acquire answers")
+        .into_inner();
+    assert_eq!(served.decision, pb::Decision::Granted as i32, "{served:?}");
+    let state = a.get(KEY).await;
+    assert_eq!((state.waiters, state.live_tickets), (0, 1), "{state:?}");
+    assert_eq!(state.stats.expect("stats").withdrawn, 1);
+}
