@@ -344,7 +344,10 @@ pub struct Replicated {
     pub primary: Server,
     /// Its replica (`--replicaof`), whose link is up.
     pub replica: Server,
-    _dir: tempfile::TempDir,
+    /// The directory holding both servers' files, deleted when dropped: a
+    /// test that takes the servers apart keeps it (`dir: _dir`), or the
+    /// files (AOF, RDB) are gone while the servers run.
+    pub dir: tempfile::TempDir,
 }
 
 impl Replicated {
@@ -377,7 +380,7 @@ impl Replicated {
         Some(Replicated {
             primary,
             replica,
-            _dir: dir,
+            dir,
         })
     }
 }

@@ -62,7 +62,9 @@ fn wall_ms() -> u64 {
 fn a_star_time_is_the_servers_clock_and_replicates_as_a_number() {
     let test = "a_star_time_is_the_servers_clock_and_replicates_as_a_number";
     let Some(Replicated {
-        primary, replica, ..
+        primary,
+        replica,
+        dir: _dir,
     }) = Replicated::start(test, true)
     else {
         return;
@@ -280,7 +282,9 @@ fn withdraw_tells_withdrawn_released_and_unknown_apart() {
 #[test]
 fn a_replica_does_not_publish() {
     let Some(Replicated {
-        primary, replica, ..
+        primary,
+        replica,
+        dir: _dir,
     }) = Replicated::start("a_replica_does_not_publish", false)
     else {
         return;
