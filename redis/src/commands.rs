@@ -665,6 +665,109 @@ pub fn withdraw(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     Ok(name(reply))
 }
 
+/// `FB.POLICY key now_ms policy_json`: the key takes `policy_json` from
+/// `now_ms` on (SPEC Y4: the breaker keeps its phase, deadline, run and
+/// epoch; held permits stay held; waiters that ask for more than a new
+/// limit are denied), and is stored, replicated and its notices published
+/// like every write. A key already under that very policy is settled to
+/// `now_ms` and stored, as `FB.SETTLE` would. Replies the key's view as
+/// JSON; an empty key is not written and replies nil (a key never used
+/// starts under the policy its first `FB.ACQUIRE` sends).
+pub fn policy(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    if args.len() != 4 {
+        return Err(RedisError::WrongArity);
+    }
+    let when = parse_now(&args[2])?;
+    let policy = parse_policy(&args[3])?;
+    let Some(mut fuse) = load(ctx, &args[1])? else {
+        return Ok(RedisValue::Null);
+    };
+    let now = when.resolve(Some(fuse.last_now()));
+    if fuse.policy().spec() != policy.spec() {
+        fuse.set_policy(policy, now).map_err(fuse_err)?;
+    } else {
+        fuse.advance(now).map_err(fuse_err)?;
+    }
+    store(ctx, &args, &mut fuse, now, &Note::default())?;
+    Ok(view_reply(&fuse, now))
+}
+
+/// The most keys `FB.LIST` asks one `SCAN` step for.
+pub const LIST_MAX_COUNT: u64 = 10_000;
+
+/// `FB.LIST cursor now_ms [MATCH pattern] [COUNT n]`: one step of `SCAN
+/// cursor MATCH pattern COUNT n TYPE string` on this node, keeping the
+/// keys that hold fusebox state (other strings, and fusebox strings this
+/// module cannot read, are skipped), each read at `now_ms` on a copy as
+/// `FB.GET` reads it; nothing is written. A key whose last time seen is
+/// later than `now_ms` is read at that time (its view's `now_ms` says so),
+/// so one key touched by a clock ahead of the caller's does not fail the
+/// listing. Replies `[next_cursor, [key, view_json, key, view_json, ...]]`;
+/// `next_cursor` is `0` when the pass is over. Keyless: in Redis Cluster a
+/// caller sends it to each primary.
+pub fn list(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    if args.len() < 3 {
+        return Err(RedisError::WrongArity);
+    }
+    let cursor = parse_number(
+        &args[1],
+        "cursor",
+        u64::MAX,
+        "a whole number: 0 to start, then the cursor the last FB.LIST replied",
+    )?;
+    let when = parse_now(&args[2])?;
+    let options = parse_options(&args[3..], &["MATCH", "COUNT"])?;
+    let count = options[1]
+        .map(|a| parse_number(a, "count", LIST_MAX_COUNT, "a whole number from 1 to 10000"))
+        .transpose()?
+        .unwrap_or(100);
+    if count == 0 {
+        return Err(RedisError::Str(
+            "ERR count: must be a whole number from 1 to 10000",
+        ));
+    }
+    let cursor = cursor.to_string();
+    let count = count.to_string();
+    let mut scan: Vec<&[u8]> = vec![cursor.as_bytes()];
+    if let Some(pattern) = options[0] {
+        scan.extend([&b"MATCH"[..], pattern.as_slice()]);
+    }
+    scan.extend([&b"COUNT"[..], count.as_bytes(), b"TYPE", b"string"]);
+    let reply = ctx.call("SCAN", scan.as_slice())?;
+    let RedisValue::Array(parts) = reply else {
+        return Err(RedisError::Str(
+            "ERR list: SCAN gave no array (a module bug)",
+        ));
+    };
+    let mut parts = parts.into_iter();
+    let next = parts.next().map(settler::bytes).unwrap_or_default();
+    let keys = match parts.next() {
+        Some(RedisValue::Array(keys)) => keys,
+        _ => Vec::new(),
+    };
+    let mut items = Vec::new();
+    for key in keys.into_iter().map(settler::bytes) {
+        let key_name = ctx.create_string(key.as_slice());
+        let redis_key = ctx.open_key(&key_name);
+        let Ok(Some(value)) = redis_key.read() else {
+            continue;
+        };
+        let Ok(mut fuse) = state::decode_fuse(value) else {
+            continue;
+        };
+        let now = when.resolve(Some(fuse.last_now())).max(fuse.last_now());
+        if fuse.advance(now).is_err() {
+            continue;
+        }
+        items.push(RedisValue::StringBuffer(key));
+        items.push(view_reply(&fuse, now));
+    }
+    Ok(RedisValue::Array(vec![
+        RedisValue::StringBuffer(if next.is_empty() { b"0".to_vec() } else { next }),
+        RedisValue::Array(items),
+    ]))
+}
+
 /// `FB.GET key now_ms`: what a read of the key shows at `now_ms` (SPEC
 /// section 8), as JSON, or nil for an empty key. Lease ends and waits due
 /// by `now_ms` are settled on a copy; nothing is written.

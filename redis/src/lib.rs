@@ -79,6 +79,8 @@ mod entry {
             ["fb.settle", commands::settle, "write", 1, 1, 1, ""],
             ["fb.withdraw", commands::withdraw, "write", 1, 1, 1, ""],
             ["fb.get", commands::get, "readonly", 1, 1, 1, ""],
+            ["fb.policy", commands::policy, "write", 1, 1, 1, ""],
+            ["fb.list", commands::list, "readonly", 0, 0, 0, ""],
         ],
     }
 }

@@ -229,7 +229,8 @@ fn scan_step(ctx: &Context) {
     }
 }
 
-fn bytes(v: RedisValue) -> Vec<u8> {
+/// The bytes of a string in a `ctx.call` reply (empty for anything else).
+pub(crate) fn bytes(v: RedisValue) -> Vec<u8> {
     match v {
         RedisValue::SimpleString(s) | RedisValue::BulkString(s) => s.into_bytes(),
         RedisValue::StringBuffer(b) => b,

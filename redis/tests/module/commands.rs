@@ -1,5 +1,6 @@
 //! The domain commands (`FB.ACQUIRE`, `FB.COMPLETE`, `FB.RENEW`,
-//! `FB.ISOLATE`, `FB.CLOSE`, `FB.GET`) against a real `redis-server`.
+//! `FB.ISOLATE`, `FB.CLOSE`, `FB.GET`, `FB.POLICY`, `FB.LIST`) against a real
+//! `redis-server`.
 
 use crate::harness::{Replicated, Standalone};
 use crate::resp::{Conn, Reply};
@@ -649,7 +650,9 @@ fn some_steps(c: &mut Conn, key: &str) {
 fn a_replica_holds_the_same_bytes_as_its_primary() {
     let test = "a_replica_holds_the_same_bytes_as_its_primary";
     let Some(Replicated {
-        primary, replica, ..
+        primary,
+        replica,
+        dir: _dir,
     }) = Replicated::start(test, false)
     else {
         return;
@@ -750,4 +753,195 @@ fn a_key_at_rest_expires_and_a_key_with_state_does_not() {
     );
     c.acq5(&["FB.ACQUIRE", "idle", "4", "3", TRIP_2]);
     assert_eq!(ttl(&mut c), -1, "touched again and holding a ticket");
+}
+
+/// One `FB.LIST` step: the next cursor, and the keys with their views.
+fn list_step(conn: &mut Conn, args: &[&str]) -> (String, Vec<(String, serde_json::Value)>) {
+    let reply = conn.cmd(args);
+    let items = reply.items();
+    assert_eq!(
+        items.len(),
+        2,
+        "FB.LIST replies [cursor, entries]: {reply:?}"
+    );
+    let entries = items[1].items();
+    assert_eq!(entries.len() % 2, 0, "key, view pairs: {reply:?}");
+    let pairs = entries
+        .chunks(2)
+        .map(|kv| {
+            let json = serde_json::from_str(&kv[1].text()).expect("a view as JSON");
+            (kv[0].text(), json)
+        })
+        .collect();
+    (items[0].text(), pairs)
+}
+
+#[test]
+fn fb_list_pages_through_the_fusebox_keys_matching_a_pattern() {
+    let Some(redis) =
+        Standalone::start("fb_list_pages_through_the_fusebox_keys_matching_a_pattern")
+    else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    let keys: Vec<String> = (0..7).map(|i| format!("svc:{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        let ticket = format!("{:x}", i + 1);
+        assert_eq!(
+            c.acq5(&["FB.ACQUIRE", key, "1000", &ticket, TRIP_2])
+                .items()[0],
+            bulk("granted")
+        );
+    }
+    // Not listed: another prefix, a plain string, a hash, a string that
+    // looks like fusebox state from a newer module.
+    assert_eq!(
+        c.acq5(&["FB.ACQUIRE", "other:0", "1000", "1", TRIP_2])
+            .items()[0],
+        bulk("granted")
+    );
+    assert!(c.cmd(&["SET", "svc:plain", "hello"]).is_ok());
+    assert_eq!(c.cmd(&["HSET", "svc:hash", "f", "v"]), int(1));
+    assert!(c.cmd(&["SET", "svc:newer", "FBX\x02{}"]).is_ok());
+    let before: Vec<Reply> = keys.iter().map(|k| raw(&mut c, k)).collect();
+
+    let mut cursor = "0".to_owned();
+    let mut steps = 0;
+    let mut listed = Vec::new();
+    loop {
+        let (next, pairs) = list_step(
+            &mut c,
+            &["FB.LIST", &cursor, "1500", "MATCH", "svc:*", "COUNT", "2"],
+        );
+        steps += 1;
+        listed.extend(pairs);
+        cursor = next;
+        if cursor == "0" {
+            break;
+        }
+        assert!(steps < 100, "the pass must end");
+    }
+    assert!(steps > 1, "COUNT 2 over 10 keys takes several steps");
+    listed.sort_by(|a, b| a.0.cmp(&b.0));
+    let names: Vec<&str> = listed.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(names, keys.iter().map(String::as_str).collect::<Vec<_>>());
+    for (key, json) in &listed {
+        assert_eq!(Some(json), view(&mut c, key, 1500).as_ref(), "{key}");
+        assert_eq!(
+            (json["now_ms"].as_u64(), json["live_tickets"].as_u64()),
+            (Some(1500), Some(1))
+        );
+    }
+    // Read on a copy: nothing written.
+    let after: Vec<Reply> = keys.iter().map(|k| raw(&mut c, k)).collect();
+    assert_eq!(after, before);
+
+    // No MATCH: every fusebox key; a time before a key's last is raised to it.
+    let (next, all) = list_step(&mut c, &["FB.LIST", "0", "10", "COUNT", "10000"]);
+    assert_eq!(next, "0");
+    assert_eq!(all.len(), 8, "{all:?}");
+    assert!(all.iter().all(|(_, v)| v["now_ms"] == 1000));
+    let (_, star) = list_step(&mut c, &["FB.LIST", "0", "*", "MATCH", "svc:1"]);
+    assert_eq!(star.len(), 1);
+    assert!(star[0].1["now_ms"].as_u64().unwrap() > 1_000_000_000_000);
+
+    assert_eq!(
+        c.cmd(&["FB.LIST", "0"]),
+        error("ERR wrong number of arguments for 'fb.list' command")
+    );
+    for (args, field) in [
+        (&["FB.LIST", "x", "10"][..], "ERR cursor: "),
+        (&["FB.LIST", "0", "-1"], "ERR now_ms: "),
+        (&["FB.LIST", "0", "10", "COUNT", "0"], "ERR count: "),
+        (&["FB.LIST", "0", "10", "COUNT", "10001"], "ERR count: "),
+        (&["FB.LIST", "0", "10", "COUNT"], "ERR count: "),
+        (&["FB.LIST", "0", "10", "TYPE", "hash"], "ERR option: "),
+    ] {
+        let Reply::Error(e) = c.cmd(args) else {
+            panic!("{args:?} must be refused");
+        };
+        assert!(e.starts_with(field), "{args:?}: {e}");
+    }
+}
+
+#[test]
+fn fb_policy_gives_a_key_a_new_policy_and_leaves_an_empty_key_empty() {
+    let test = "fb_policy_gives_a_key_a_new_policy_and_leaves_an_empty_key_empty";
+    let Some(Replicated {
+        primary,
+        replica,
+        dir: _dir,
+    }) = Replicated::start(test, false)
+    else {
+        return;
+    };
+    const TRIP_5: &str = r#"{"breaker":{"mode":"consecutive","failures":5,"break":2000}}"#;
+    let mut p = primary.conn();
+    assert_eq!(p.cmd(&["FB.POLICY", "empty", "10", TRIP_5]), nil());
+    assert_eq!(p.cmd(&["EXISTS", "empty"]), int(0));
+    let Reply::Error(e) = p.cmd(&["FB.POLICY", "empty", "10", r#"{"breaker":{"mode":"x"}}"#])
+    else {
+        panic!("a bad policy must be refused");
+    };
+    assert!(e.starts_with("ERR policy"), "{e}");
+    assert_eq!(
+        p.cmd(&["FB.POLICY", "empty", "10"]),
+        error("ERR wrong number of arguments for 'fb.policy' command")
+    );
+
+    // One failure under TRIP_2; the new policy needs 5, so a second
+    // failure leaves the breaker closed.
+    assert_eq!(
+        p.acq5(&["FB.ACQUIRE", "k", "1000", "1", TRIP_2]),
+        granted(1, 30000)
+    );
+    assert_eq!(
+        p.cmd(&["FB.COMPLETE", "k", "1001", "1", "failure"]),
+        completed(false, "closed")
+    );
+    let before = view(&mut p, "k", 1002).unwrap();
+    let reply = p.cmd(&["FB.POLICY", "k", "1100", TRIP_5]).text();
+    let changed: serde_json::Value = serde_json::from_str(&reply).unwrap();
+    assert_eq!(changed["now_ms"], 1100);
+    assert_eq!(changed["policy"]["breaker"]["failures"], 5);
+    assert_ne!(changed["policy"], before["policy"]);
+    assert_eq!(changed["consecutive_failures"], 1);
+    assert_eq!(view(&mut p, "k", 1100).as_ref(), Some(&changed));
+    assert_eq!(
+        p.acq5(&["FB.ACQUIRE", "k", "1200", "2", TRIP_5]),
+        granted(2, 30000)
+    );
+    assert_eq!(
+        p.cmd(&["FB.COMPLETE", "k", "1201", "2", "failure"]),
+        completed(false, "closed")
+    );
+    // The same policy again: settled and stored, nothing else changes.
+    let again: serde_json::Value =
+        serde_json::from_str(&p.cmd(&["FB.POLICY", "k", "1300", TRIP_5]).text()).unwrap();
+    assert_eq!(
+        (
+            again["policy"].clone(),
+            again["consecutive_failures"].clone()
+        ),
+        (changed["policy"].clone(), 2.into())
+    );
+    assert_eq!(
+        p.cmd(&["FB.POLICY", "k", "1299", TRIP_2]),
+        error("ERR now (1299 ms) is earlier than the last time seen (1300 ms)")
+    );
+
+    // `*` is replicated as the number used: the replica holds the same bytes.
+    assert_eq!(
+        p.acq5(&["FB.ACQUIRE", "w", "*", "1", TRIP_2]).items()[0],
+        bulk("granted")
+    );
+    assert!(p
+        .cmd(&["FB.POLICY", "w", "*", TRIP_5])
+        .text()
+        .contains("\"failures\":5"));
+    assert_eq!(p.cmd(&["WAIT", "1", "5000"]), int(1));
+    let mut r = replica.conn();
+    for key in ["k", "w", "empty"] {
+        assert_eq!(raw(&mut r, key), raw(&mut p, key), "{key}");
+    }
 }
