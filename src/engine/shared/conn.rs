@@ -274,12 +274,18 @@ impl Conn {
         }
     }
 
-    /// Every Redis key starting with `prefix`, from every primary.
-    pub(super) async fn scan_keys(&self, prefix: &str) -> Result<Vec<String>, EngineError> {
+    /// Every key holding fusebox state whose Redis key starts with
+    /// `prefix`, from every primary, each with its view at `now` as the
+    /// module writes it (`FB.LIST`, a SCAN step at a time).
+    pub(super) async fn list(
+        &self,
+        prefix: &str,
+        now: &str,
+    ) -> Result<Vec<(String, Value)>, EngineError> {
         let pattern = format!("{}*", glob_escape(prefix));
-        let mut names = Vec::new();
+        let mut found = Vec::new();
         match &self.conn {
-            Link::Single(c) => scan_node(&mut c.clone(), &pattern, &mut names)
+            Link::Single(c) => list_node(&mut c.clone(), &pattern, now, &mut found)
                 .await
                 .map_err(|e| self.error_of(&e))?,
             Link::Cluster(_) => {
@@ -290,13 +296,13 @@ impl Conn {
                         .get_multiplexed_async_connection()
                         .await
                         .map_err(|e| self.error_of(&e))?;
-                    scan_node(&mut conn, &pattern, &mut names)
+                    list_node(&mut conn, &pattern, now, &mut found)
                         .await
                         .map_err(|e| self.error_of(&e))?;
                 }
             }
         }
-        Ok(names)
+        Ok(found)
     }
 
     /// `HOST:PORT` of every primary of the cluster that is not failing.
@@ -326,25 +332,30 @@ impl Conn {
     }
 }
 
-async fn scan_node(
+async fn list_node(
     conn: &mut impl redis::aio::ConnectionLike,
     pattern: &str,
-    names: &mut Vec<String>,
+    now: &str,
+    found: &mut Vec<(String, Value)>,
 ) -> Result<(), RedisError> {
-    let mut cursor: u64 = 0;
+    let mut cursor = "0".to_owned();
     loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
+        let (next, batch): (String, Vec<Value>) = redis::cmd("FB.LIST")
+            .arg(&cursor)
+            .arg(now)
             .arg("MATCH")
             .arg(pattern)
             .arg("COUNT")
             .arg(1000)
-            .arg("TYPE")
-            .arg("string")
             .query_async(conn)
             .await?;
-        names.extend(batch);
-        if next == 0 {
+        let mut items = batch.into_iter();
+        while let (Some(name), Some(view)) = (items.next(), items.next()) {
+            if let Value::BulkString(name) = name {
+                found.push((String::from_utf8_lossy(&name).into_owned(), view));
+            }
+        }
+        if next == "0" {
             return Ok(());
         }
         cursor = next;

@@ -209,16 +209,9 @@ impl Shared {
             });
         }
         self.remember(&args.key);
-        let value = match self.conn.query(&cmd).await {
-            Ok(v) => v,
-            Err(e) => {
-                if let Some(w) = waiting.as_mut() {
-                    w.answered = true;
-                    self.waiters.remove(&id);
-                }
-                return Err(e);
-            }
-        };
+        // On an error the guard, dropped, withdraws the waiter: the store
+        // may have queued it before the reply was lost.
+        let value = self.conn.query(&cmd).await?;
         let answer = decision_of(&value)?;
         let reply = match (answer.decision, waiting) {
             (Decision::Queued, Some(mut guard)) => guard.wait(engine, args.max_wait).await?,
@@ -329,40 +322,44 @@ impl Shared {
         }
     }
 
-    /// A page of keys in key order, from every primary (a walk of the
-    /// whole keyspace with SCAN: listing costs grow with the key count).
+    /// A page of keys in key order, from every primary: a walk of the
+    /// whole keyspace (`FB.LIST`, which reads each key where it lies), so
+    /// a listing's cost grows with the keys in Redis.
     pub async fn list_page(
         &self,
-        engine: &Engine,
         prefix: &str,
         phases: &[Phase],
         after: Option<&str>,
         limit: usize,
     ) -> Result<Page, EngineError> {
-        let names = self
+        let found = self
             .conn
-            .scan_keys(&format!("{KEY_PREFIX}{prefix}"))
+            .list(&format!("{KEY_PREFIX}{prefix}"), &self.now_arg())
             .await?;
-        let mut names: Vec<String> = names
-            .into_iter()
-            .filter_map(|n| n.strip_prefix(KEY_PREFIX).map(str::to_owned))
-            .filter(|n| n.starts_with(prefix) && after.is_none_or(|a| n.as_str() > a))
-            .collect();
-        names.sort();
-        names.dedup();
-        let mut page = Page::default();
-        for name in names {
-            page.visited += 1;
-            if page.readings.len() == limit {
-                page.more = true;
-                break;
+        let mut readings = Vec::new();
+        for (name, view) in found {
+            let Some(key) = name.strip_prefix(KEY_PREFIX) else {
+                continue;
+            };
+            if !key.starts_with(prefix) || after.is_some_and(|a| key <= a) {
+                continue;
             }
-            let reading = self.get(engine, &name).await?;
-            if phases.is_empty() || phases.contains(&reading.view.phase) {
-                page.readings.push(reading);
+            if let Some(reading) = reading_of(key, &view)? {
+                if phases.is_empty() || phases.contains(&reading.view.phase) {
+                    readings.push(reading);
+                }
             }
         }
-        Ok(page)
+        readings.sort_by(|a, b| a.key.cmp(&b.key));
+        readings.dedup_by(|a, b| a.key == b.key);
+        let more = readings.len() > limit;
+        let visited = readings.len();
+        readings.truncate(limit);
+        Ok(Page {
+            readings,
+            more,
+            visited,
+        })
     }
 
     /// Settles every key this server touched at the manual clock's `now`
@@ -499,7 +496,7 @@ impl Engine {
         limit: usize,
     ) -> Result<Page, EngineError> {
         match self.shared.get() {
-            Some(shared) => shared.list_page(self, prefix, phases, after, limit).await,
+            Some(shared) => shared.list_page(prefix, phases, after, limit).await,
             None => Ok(self.list_page(prefix, phases, after, limit)),
         }
     }
