@@ -62,6 +62,19 @@ pub struct Figures {
     pub accept_backoffs: AtomicU64,
     /// gRPC calls in flight.
     pub calls_in_flight: AtomicU64,
+    /// `Decide` streams open.
+    pub decide_streams: AtomicU64,
+    /// `Decide` streams refused: the connection had the most open.
+    pub decide_streams_refused: AtomicU64,
+    /// Frames received on `Decide` streams.
+    pub decide_frames: AtomicU64,
+    /// Frames answered RESOURCE_EXHAUSTED at a stream's limits (per message,
+    /// unanswered).
+    pub decide_frames_refused: AtomicU64,
+    /// Answers sent on `Decide` streams.
+    pub decide_answers: AtomicU64,
+    /// Items of AcquireBatch and CompleteBatch calls.
+    pub batch_items: AtomicU64,
 }
 
 /// The process's figures (both ports serve one engine per process).
@@ -74,6 +87,12 @@ pub static FIGURES: Figures = Figures {
     http_connections_refused: AtomicU64::new(0),
     accept_backoffs: AtomicU64::new(0),
     calls_in_flight: AtomicU64::new(0),
+    decide_streams: AtomicU64::new(0),
+    decide_streams_refused: AtomicU64::new(0),
+    decide_frames: AtomicU64::new(0),
+    decide_frames_refused: AtomicU64::new(0),
+    decide_answers: AtomicU64::new(0),
+    batch_items: AtomicU64::new(0),
 };
 
 /// The caps in force for the HTTP port and the handshakes: those of the

@@ -20,6 +20,7 @@ use pb::clock_server::{Clock, ClockServer};
 use pb::fusebox_server::{Fusebox, FuseboxServer};
 
 mod calls;
+pub mod decide;
 pub mod policy;
 pub mod tls;
 mod watch;
@@ -239,25 +240,6 @@ impl Api {
         .map_err(status_of_refusal)?;
         Ok(Some(grant))
     }
-
-    /// Checks that the caller may settle `ticket`: a ticket is completed or
-    /// renewed only by a credential allowed on its key. Who is checked
-    /// first, so that an unknown caller learns nothing about tickets.
-    fn allow_ticket<T>(
-        &self,
-        request: &Request<T>,
-        what: &str,
-        ticket: &str,
-    ) -> Result<(), Status> {
-        let Some(grant) = self.grant(request)? else {
-            return Ok(());
-        };
-        grant.needs(Role::Caller, what).map_err(status_of_refusal)?;
-        let key = self.engine.ticket_key(ticket).map_err(status_of)?;
-        grant
-            .on_key(Role::Caller, what, &key)
-            .map_err(status_of_refusal)
-    }
 }
 
 /// The names of the client certificate of `request`'s connection (mTLS).
@@ -271,13 +253,73 @@ impl Fusebox for Api {
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
-        self.allow(
-            &request,
-            Role::Caller,
-            "Acquire",
-            On::Key(&request.get_ref().key),
-        )?;
-        let req = request.into_inner();
+        let grant = self.grant(&request)?;
+        self.acquire_as(grant.as_deref(), request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn complete(
+        &self,
+        request: Request<pb::CompleteRequest>,
+    ) -> Result<Response<pb::CompleteResponse>, Status> {
+        let grant = self.grant(&request)?;
+        self.complete_as(grant.as_deref(), request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn renew(
+        &self,
+        request: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::RenewResponse>, Status> {
+        let grant = self.grant(&request)?;
+        self.renew_as(grant.as_deref(), request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type DecideStream = decide::Answers;
+
+    async fn decide(
+        &self,
+        request: Request<tonic::Streaming<pb::DecideRequest>>,
+    ) -> Result<Response<Self::DecideStream>, Status> {
+        decide::open(self, request).map(Response::new)
+    }
+
+    async fn acquire_batch(
+        &self,
+        request: Request<pb::AcquireBatchRequest>,
+    ) -> Result<Response<pb::AcquireBatchResponse>, Status> {
+        decide::acquire_batch(self, request)
+            .await
+            .map(Response::new)
+    }
+
+    async fn complete_batch(
+        &self,
+        request: Request<pb::CompleteBatchRequest>,
+    ) -> Result<Response<pb::CompleteBatchResponse>, Status> {
+        decide::complete_batch(self, request)
+            .await
+            .map(Response::new)
+    }
+}
+
+impl Api {
+    /// Acquire, by `grant` (`None`: authentication is off): the unary
+    /// call's and every stream or batch frame's.
+    pub(crate) async fn acquire_as(
+        &self,
+        grant: Option<&Grant>,
+        req: pb::AcquireRequest,
+    ) -> Result<pb::AcquireResponse, Status> {
+        if let Some(grant) = grant {
+            grant
+                .on_key(Role::Caller, "Acquire", &req.key)
+                .map_err(status_of_refusal)?;
+        }
         let args = AcquireArgs {
             key: req.key,
             permits: req.permits.unwrap_or(1),
@@ -299,49 +341,64 @@ impl Fusebox for Api {
             } => (pb::Decision::Denied, Some(reason), retry_after),
             Decision::Queued => return Err(Status::internal("a queued request was not answered")),
         };
-        Ok(Response::new(pb::AcquireResponse {
+        Ok(pb::AcquireResponse {
             decision: decision as i32,
             ticket: reply.ticket.unwrap_or_default(),
             reason: reason.map_or(pb::Reason::Unspecified, reason_of) as i32,
             retry_after: retry_after.map(duration_of),
             lease: reply.lease_left.map(duration_of),
             phase: phase_of(reply.phase) as i32,
-        }))
+        })
     }
 
-    async fn complete(
+    /// Checks that `grant` may settle `ticket`: a ticket is completed or
+    /// renewed only by a credential allowed on its key.
+    fn allow_ticket(&self, grant: Option<&Grant>, what: &str, ticket: &str) -> Result<(), Status> {
+        let Some(grant) = grant else {
+            return Ok(());
+        };
+        grant.needs(Role::Caller, what).map_err(status_of_refusal)?;
+        let key = self.engine.ticket_key(ticket).map_err(status_of)?;
+        grant
+            .on_key(Role::Caller, what, &key)
+            .map_err(status_of_refusal)
+    }
+
+    /// Complete, by `grant`.
+    pub(crate) async fn complete_as(
         &self,
-        request: Request<pb::CompleteRequest>,
-    ) -> Result<Response<pb::CompleteResponse>, Status> {
-        self.allow_ticket(&request, "Complete", &request.get_ref().ticket)?;
-        let req = request.into_inner();
+        grant: Option<&Grant>,
+        req: pb::CompleteRequest,
+    ) -> Result<pb::CompleteResponse, Status> {
+        self.allow_ticket(grant, "Complete", &req.ticket)?;
         let outcome = outcome_of(req.outcome)?;
         let done = self
             .engine
             .complete_async(&req.ticket, outcome)
             .await
             .map_err(status_of)?;
-        Ok(Response::new(pb::CompleteResponse {
+        Ok(pb::CompleteResponse {
             stale: done.stale,
             phase: phase_of(done.phase) as i32,
-        }))
+        })
     }
 
-    async fn renew(
+    /// Renew, by `grant`.
+    pub(crate) async fn renew_as(
         &self,
-        request: Request<pb::RenewRequest>,
-    ) -> Result<Response<pb::RenewResponse>, Status> {
-        self.allow_ticket(&request, "Renew", &request.get_ref().ticket)?;
-        let req = request.into_inner();
+        grant: Option<&Grant>,
+        req: pb::RenewRequest,
+    ) -> Result<pb::RenewResponse, Status> {
+        self.allow_ticket(grant, "Renew", &req.ticket)?;
         let lease = millis_of("lease", req.lease)?;
         let left = self
             .engine
             .renew_async(&req.ticket, lease)
             .await
             .map_err(status_of)?;
-        Ok(Response::new(pb::RenewResponse {
+        Ok(pb::RenewResponse {
             lease: Some(duration_of(left)),
-        }))
+        })
     }
 }
 
