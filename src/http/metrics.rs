@@ -299,6 +299,42 @@ pub fn render(engine: &Engine, http: &HttpFigures) -> String {
             "gRPC calls in flight.",
             &transport.calls_in_flight,
         ),
+        (
+            "fusebox_decide_streams",
+            "gauge",
+            "Decide streams open.",
+            &transport.decide_streams,
+        ),
+        (
+            "fusebox_decide_streams_refused_total",
+            "counter",
+            "Decide streams refused RESOURCE_EXHAUSTED because their connection had 16 open.",
+            &transport.decide_streams_refused,
+        ),
+        (
+            "fusebox_decide_frames_total",
+            "counter",
+            "Frames received on Decide streams.",
+            &transport.decide_frames,
+        ),
+        (
+            "fusebox_decide_frames_refused_total",
+            "counter",
+            "Decide frames answered RESOURCE_EXHAUSTED at a stream's limits (1,000 frames per message, 10,000 unanswered).",
+            &transport.decide_frames_refused,
+        ),
+        (
+            "fusebox_decide_answers_total",
+            "counter",
+            "Answers sent on Decide streams.",
+            &transport.decide_answers,
+        ),
+        (
+            "fusebox_batch_items_total",
+            "counter",
+            "Items of AcquireBatch and CompleteBatch calls.",
+            &transport.batch_items,
+        ),
     ] {
         x.single(name, kind, help, value.load(Ordering::Relaxed));
     }
