@@ -2844,6 +2844,802 @@ func (x *ClockReading) GetNow() *durationpb.Duration {
 	return nil
 }
 
+// One message of a Fusebox.Decide stream, from the caller.
+type DecideRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The frames, 1 to 1,000.
+	Frames        []*DecideFrame `protobuf:"bytes,1,rep,name=frames,proto3" json:"frames,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecideRequest) Reset() {
+	*x = DecideRequest{}
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecideRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecideRequest) ProtoMessage() {}
+
+func (x *DecideRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecideRequest.ProtoReflect.Descriptor instead.
+func (*DecideRequest) Descriptor() ([]byte, []int) {
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *DecideRequest) GetFrames() []*DecideFrame {
+	if x != nil {
+		return x.Frames
+	}
+	return nil
+}
+
+// One request inside a Decide stream.
+type DecideFrame struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The caller's correlation id; the answer carries it back. Distinct among
+	// the stream's unanswered frames.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// What is asked; exactly one.
+	//
+	// Types that are valid to be assigned to Request:
+	//
+	//	*DecideFrame_Acquire
+	//	*DecideFrame_Complete
+	//	*DecideFrame_Renew
+	//	*DecideFrame_Cancel
+	Request       isDecideFrame_Request `protobuf_oneof:"request"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecideFrame) Reset() {
+	*x = DecideFrame{}
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecideFrame) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecideFrame) ProtoMessage() {}
+
+func (x *DecideFrame) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecideFrame.ProtoReflect.Descriptor instead.
+func (*DecideFrame) Descriptor() ([]byte, []int) {
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *DecideFrame) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *DecideFrame) GetRequest() isDecideFrame_Request {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *DecideFrame) GetAcquire() *AcquireRequest {
+	if x != nil {
+		if x, ok := x.Request.(*DecideFrame_Acquire); ok {
+			return x.Acquire
+		}
+	}
+	return nil
+}
+
+func (x *DecideFrame) GetComplete() *CompleteRequest {
+	if x != nil {
+		if x, ok := x.Request.(*DecideFrame_Complete); ok {
+			return x.Complete
+		}
+	}
+	return nil
+}
+
+func (x *DecideFrame) GetRenew() *RenewRequest {
+	if x != nil {
+		if x, ok := x.Request.(*DecideFrame_Renew); ok {
+			return x.Renew
+		}
+	}
+	return nil
+}
+
+func (x *DecideFrame) GetCancel() *CancelRequest {
+	if x != nil {
+		if x, ok := x.Request.(*DecideFrame_Cancel); ok {
+			return x.Cancel
+		}
+	}
+	return nil
+}
+
+type isDecideFrame_Request interface {
+	isDecideFrame_Request()
+}
+
+type DecideFrame_Acquire struct {
+	Acquire *AcquireRequest `protobuf:"bytes,2,opt,name=acquire,proto3,oneof"`
+}
+
+type DecideFrame_Complete struct {
+	Complete *CompleteRequest `protobuf:"bytes,3,opt,name=complete,proto3,oneof"`
+}
+
+type DecideFrame_Renew struct {
+	Renew *RenewRequest `protobuf:"bytes,4,opt,name=renew,proto3,oneof"`
+}
+
+type DecideFrame_Cancel struct {
+	// Withdraws the waiting Acquire whose frame id is this frame's `id`;
+	// it is answered CANCELLED. Canceling an id that is not waiting does
+	// nothing and gets no answer.
+	Cancel *CancelRequest `protobuf:"bytes,5,opt,name=cancel,proto3,oneof"`
+}
+
+func (*DecideFrame_Acquire) isDecideFrame_Request() {}
+
+func (*DecideFrame_Complete) isDecideFrame_Request() {}
+
+func (*DecideFrame_Renew) isDecideFrame_Request() {}
+
+func (*DecideFrame_Cancel) isDecideFrame_Request() {}
+
+// Cancels a waiting Acquire of the same stream.
+type CancelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelRequest) Reset() {
+	*x = CancelRequest{}
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelRequest) ProtoMessage() {}
+
+func (x *CancelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
+func (*CancelRequest) Descriptor() ([]byte, []int) {
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{37}
+}
+
+// One message of a Fusebox.Decide stream, from the server.
+type DecideResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The answers that were ready together.
+	Results       []*DecideResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecideResponse) Reset() {
+	*x = DecideResponse{}
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecideResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecideResponse) ProtoMessage() {}
+
+func (x *DecideResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecideResponse.ProtoReflect.Descriptor instead.
+func (*DecideResponse) Descriptor() ([]byte, []int) {
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *DecideResponse) GetResults() []*DecideResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// The answer to one frame.
+type DecideResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The frame's id.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The answer; exactly one.
+	//
+	// Types that are valid to be assigned to Result:
+	//
+	//	*DecideResult_Acquire
+	//	*DecideResult_Complete
+	//	*DecideResult_Renew
+	//	*DecideResult_Error
+	Result        isDecideResult_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecideResult) Reset() {
+	*x = DecideResult{}
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecideResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecideResult) ProtoMessage() {}
+
+func (x *DecideResult) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecideResult.ProtoReflect.Descriptor instead.
+func (*DecideResult) Descriptor() ([]byte, []int) {
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *DecideResult) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *DecideResult) GetResult() isDecideResult_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *DecideResult) GetAcquire() *AcquireResponse {
+	if x != nil {
+		if x, ok := x.Result.(*DecideResult_Acquire); ok {
+			return x.Acquire
+		}
+	}
+	return nil
+}
+
+func (x *DecideResult) GetComplete() *CompleteResponse {
+	if x != nil {
+		if x, ok := x.Result.(*DecideResult_Complete); ok {
+			return x.Complete
+		}
+	}
+	return nil
+}
+
+func (x *DecideResult) GetRenew() *RenewResponse {
+	if x != nil {
+		if x, ok := x.Result.(*DecideResult_Renew); ok {
+			return x.Renew
+		}
+	}
+	return nil
+}
+
+func (x *DecideResult) GetError() *Error {
+	if x != nil {
+		if x, ok := x.Result.(*DecideResult_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isDecideResult_Result interface {
+	isDecideResult_Result()
+}
+
+type DecideResult_Acquire struct {
+	Acquire *AcquireResponse `protobuf:"bytes,2,opt,name=acquire,proto3,oneof"`
+}
+
+type DecideResult_Complete struct {
+	Complete *CompleteResponse `protobuf:"bytes,3,opt,name=complete,proto3,oneof"`
+}
+
+type DecideResult_Renew struct {
+	Renew *RenewResponse `protobuf:"bytes,4,opt,name=renew,proto3,oneof"`
+}
+
+type DecideResult_Error struct {
+	// The error the unary call would have failed with.
+	Error *Error `protobuf:"bytes,5,opt,name=error,proto3,oneof"`
+}
+
+func (*DecideResult_Acquire) isDecideResult_Result() {}
+
+func (*DecideResult_Complete) isDecideResult_Result() {}
+
+func (*DecideResult_Renew) isDecideResult_Result() {}
+
+func (*DecideResult_Error) isDecideResult_Result() {}
+
+// An error answering one item of a batch or one frame of a stream: the
+// gRPC status code and message the unary call would have returned.
+type Error struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A google.rpc.Code value (3 INVALID_ARGUMENT, 5 NOT_FOUND, ...).
+	Code int32 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	// What went wrong, naming the field, and what to do.
+	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Error) Reset() {
+	*x = Error{}
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Error) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Error) ProtoMessage() {}
+
+func (x *Error) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Error.ProtoReflect.Descriptor instead.
+func (*Error) Descriptor() ([]byte, []int) {
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *Error) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *Error) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+// Request of Fusebox.AcquireBatch.
+type AcquireBatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Acquires, 1 to 1,000; none may wait.
+	Items         []*AcquireRequest `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireBatchRequest) Reset() {
+	*x = AcquireBatchRequest{}
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireBatchRequest) ProtoMessage() {}
+
+func (x *AcquireBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireBatchRequest.ProtoReflect.Descriptor instead.
+func (*AcquireBatchRequest) Descriptor() ([]byte, []int) {
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *AcquireBatchRequest) GetItems() []*AcquireRequest {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+// Reply to Fusebox.AcquireBatch.
+type AcquireBatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per item, in order.
+	Results       []*AcquireResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireBatchResponse) Reset() {
+	*x = AcquireBatchResponse{}
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireBatchResponse) ProtoMessage() {}
+
+func (x *AcquireBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireBatchResponse.ProtoReflect.Descriptor instead.
+func (*AcquireBatchResponse) Descriptor() ([]byte, []int) {
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *AcquireBatchResponse) GetResults() []*AcquireResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// The answer to one Acquire of a batch.
+type AcquireResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one.
+	//
+	// Types that are valid to be assigned to Result:
+	//
+	//	*AcquireResult_Response
+	//	*AcquireResult_Error
+	Result        isAcquireResult_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireResult) Reset() {
+	*x = AcquireResult{}
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireResult) ProtoMessage() {}
+
+func (x *AcquireResult) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireResult.ProtoReflect.Descriptor instead.
+func (*AcquireResult) Descriptor() ([]byte, []int) {
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *AcquireResult) GetResult() isAcquireResult_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *AcquireResult) GetResponse() *AcquireResponse {
+	if x != nil {
+		if x, ok := x.Result.(*AcquireResult_Response); ok {
+			return x.Response
+		}
+	}
+	return nil
+}
+
+func (x *AcquireResult) GetError() *Error {
+	if x != nil {
+		if x, ok := x.Result.(*AcquireResult_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isAcquireResult_Result interface {
+	isAcquireResult_Result()
+}
+
+type AcquireResult_Response struct {
+	Response *AcquireResponse `protobuf:"bytes,1,opt,name=response,proto3,oneof"`
+}
+
+type AcquireResult_Error struct {
+	Error *Error `protobuf:"bytes,2,opt,name=error,proto3,oneof"`
+}
+
+func (*AcquireResult_Response) isAcquireResult_Result() {}
+
+func (*AcquireResult_Error) isAcquireResult_Result() {}
+
+// Request of Fusebox.CompleteBatch.
+type CompleteBatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Completes, 1 to 1,000.
+	Items         []*CompleteRequest `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteBatchRequest) Reset() {
+	*x = CompleteBatchRequest{}
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteBatchRequest) ProtoMessage() {}
+
+func (x *CompleteBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteBatchRequest.ProtoReflect.Descriptor instead.
+func (*CompleteBatchRequest) Descriptor() ([]byte, []int) {
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *CompleteBatchRequest) GetItems() []*CompleteRequest {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+// Reply to Fusebox.CompleteBatch.
+type CompleteBatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per item, in order.
+	Results       []*CompleteResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteBatchResponse) Reset() {
+	*x = CompleteBatchResponse{}
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteBatchResponse) ProtoMessage() {}
+
+func (x *CompleteBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteBatchResponse.ProtoReflect.Descriptor instead.
+func (*CompleteBatchResponse) Descriptor() ([]byte, []int) {
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *CompleteBatchResponse) GetResults() []*CompleteResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// The answer to one Complete of a batch.
+type CompleteResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one.
+	//
+	// Types that are valid to be assigned to Result:
+	//
+	//	*CompleteResult_Response
+	//	*CompleteResult_Error
+	Result        isCompleteResult_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteResult) Reset() {
+	*x = CompleteResult{}
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteResult) ProtoMessage() {}
+
+func (x *CompleteResult) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteResult.ProtoReflect.Descriptor instead.
+func (*CompleteResult) Descriptor() ([]byte, []int) {
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *CompleteResult) GetResult() isCompleteResult_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *CompleteResult) GetResponse() *CompleteResponse {
+	if x != nil {
+		if x, ok := x.Result.(*CompleteResult_Response); ok {
+			return x.Response
+		}
+	}
+	return nil
+}
+
+func (x *CompleteResult) GetError() *Error {
+	if x != nil {
+		if x, ok := x.Result.(*CompleteResult_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isCompleteResult_Result interface {
+	isCompleteResult_Result()
+}
+
+type CompleteResult_Response struct {
+	Response *CompleteResponse `protobuf:"bytes,1,opt,name=response,proto3,oneof"`
+}
+
+type CompleteResult_Error struct {
+	Error *Error `protobuf:"bytes,2,opt,name=error,proto3,oneof"`
+}
+
+func (*CompleteResult_Response) isCompleteResult_Result() {}
+
+func (*CompleteResult_Error) isCompleteResult_Result() {}
+
 var File_fusebox_v1_fusebox_proto protoreflect.FileDescriptor
 
 const file_fusebox_v1_fusebox_proto_rawDesc = "" +
@@ -3021,7 +3817,45 @@ const file_fusebox_v1_fusebox_proto_rawDesc = "" +
 	"\x0eAdvanceRequest\x12)\n" +
 	"\x02by\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x02by\";\n" +
 	"\fClockReading\x12+\n" +
-	"\x03now\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03now*\x8f\x01\n" +
+	"\x03now\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03now\"@\n" +
+	"\rDecideRequest\x12/\n" +
+	"\x06frames\x18\x01 \x03(\v2\x17.fusebox.v1.DecideFrameR\x06frames\"\x82\x02\n" +
+	"\vDecideFrame\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x126\n" +
+	"\aacquire\x18\x02 \x01(\v2\x1a.fusebox.v1.AcquireRequestH\x00R\aacquire\x129\n" +
+	"\bcomplete\x18\x03 \x01(\v2\x1b.fusebox.v1.CompleteRequestH\x00R\bcomplete\x120\n" +
+	"\x05renew\x18\x04 \x01(\v2\x18.fusebox.v1.RenewRequestH\x00R\x05renew\x123\n" +
+	"\x06cancel\x18\x05 \x01(\v2\x19.fusebox.v1.CancelRequestH\x00R\x06cancelB\t\n" +
+	"\arequest\"\x0f\n" +
+	"\rCancelRequest\"D\n" +
+	"\x0eDecideResponse\x122\n" +
+	"\aresults\x18\x01 \x03(\v2\x18.fusebox.v1.DecideResultR\aresults\"\xfb\x01\n" +
+	"\fDecideResult\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x127\n" +
+	"\aacquire\x18\x02 \x01(\v2\x1b.fusebox.v1.AcquireResponseH\x00R\aacquire\x12:\n" +
+	"\bcomplete\x18\x03 \x01(\v2\x1c.fusebox.v1.CompleteResponseH\x00R\bcomplete\x121\n" +
+	"\x05renew\x18\x04 \x01(\v2\x19.fusebox.v1.RenewResponseH\x00R\x05renew\x12)\n" +
+	"\x05error\x18\x05 \x01(\v2\x11.fusebox.v1.ErrorH\x00R\x05errorB\b\n" +
+	"\x06result\"5\n" +
+	"\x05Error\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"G\n" +
+	"\x13AcquireBatchRequest\x120\n" +
+	"\x05items\x18\x01 \x03(\v2\x1a.fusebox.v1.AcquireRequestR\x05items\"K\n" +
+	"\x14AcquireBatchResponse\x123\n" +
+	"\aresults\x18\x01 \x03(\v2\x19.fusebox.v1.AcquireResultR\aresults\"\x7f\n" +
+	"\rAcquireResult\x129\n" +
+	"\bresponse\x18\x01 \x01(\v2\x1b.fusebox.v1.AcquireResponseH\x00R\bresponse\x12)\n" +
+	"\x05error\x18\x02 \x01(\v2\x11.fusebox.v1.ErrorH\x00R\x05errorB\b\n" +
+	"\x06result\"I\n" +
+	"\x14CompleteBatchRequest\x121\n" +
+	"\x05items\x18\x01 \x03(\v2\x1b.fusebox.v1.CompleteRequestR\x05items\"M\n" +
+	"\x15CompleteBatchResponse\x124\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.fusebox.v1.CompleteResultR\aresults\"\x81\x01\n" +
+	"\x0eCompleteResult\x12:\n" +
+	"\bresponse\x18\x01 \x01(\v2\x1c.fusebox.v1.CompleteResponseH\x00R\bresponse\x12)\n" +
+	"\x05error\x18\x02 \x01(\v2\x11.fusebox.v1.ErrorH\x00R\x05errorB\b\n" +
+	"\x06result*\x8f\x01\n" +
 	"\bDecision\x12\x18\n" +
 	"\x14DECISION_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10DECISION_GRANTED\x10\x01\x12\x12\n" +
@@ -3059,11 +3893,14 @@ const file_fusebox_v1_fusebox_proto_rawDesc = "" +
 	"\x05Order\x12\x15\n" +
 	"\x11ORDER_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12ORDER_OLDEST_FIRST\x10\x01\x12\x16\n" +
-	"\x12ORDER_NEWEST_FIRST\x10\x022\xd2\x01\n" +
+	"\x12ORDER_NEWEST_FIRST\x10\x022\xc0\x03\n" +
 	"\aFusebox\x12B\n" +
 	"\aAcquire\x12\x1a.fusebox.v1.AcquireRequest\x1a\x1b.fusebox.v1.AcquireResponse\x12E\n" +
 	"\bComplete\x12\x1b.fusebox.v1.CompleteRequest\x1a\x1c.fusebox.v1.CompleteResponse\x12<\n" +
-	"\x05Renew\x12\x18.fusebox.v1.RenewRequest\x1a\x19.fusebox.v1.RenewResponse2\x9b\x04\n" +
+	"\x05Renew\x12\x18.fusebox.v1.RenewRequest\x1a\x19.fusebox.v1.RenewResponse\x12C\n" +
+	"\x06Decide\x12\x19.fusebox.v1.DecideRequest\x1a\x1a.fusebox.v1.DecideResponse(\x010\x01\x12Q\n" +
+	"\fAcquireBatch\x12\x1f.fusebox.v1.AcquireBatchRequest\x1a .fusebox.v1.AcquireBatchResponse\x12T\n" +
+	"\rCompleteBatch\x12 .fusebox.v1.CompleteBatchRequest\x1a!.fusebox.v1.CompleteBatchResponse2\x9b\x04\n" +
 	"\x05Admin\x129\n" +
 	"\x06GetKey\x12\x19.fusebox.v1.GetKeyRequest\x1a\x14.fusebox.v1.KeyState\x12;\n" +
 	"\aIsolate\x12\x1a.fusebox.v1.IsolateRequest\x1a\x14.fusebox.v1.KeyState\x127\n" +
@@ -3089,7 +3926,7 @@ func file_fusebox_v1_fusebox_proto_rawDescGZIP() []byte {
 }
 
 var file_fusebox_v1_fusebox_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_fusebox_v1_fusebox_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_fusebox_v1_fusebox_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_fusebox_v1_fusebox_proto_goTypes = []any{
 	(Decision)(0),                 // 0: fusebox.v1.Decision
 	(Reason)(0),                   // 1: fusebox.v1.Reason
@@ -3132,28 +3969,40 @@ var file_fusebox_v1_fusebox_proto_goTypes = []any{
 	(*ListPoliciesResponse)(nil),  // 38: fusebox.v1.ListPoliciesResponse
 	(*AdvanceRequest)(nil),        // 39: fusebox.v1.AdvanceRequest
 	(*ClockReading)(nil),          // 40: fusebox.v1.ClockReading
-	nil,                           // 41: fusebox.v1.KeyStats.ByReasonEntry
-	(*durationpb.Duration)(nil),   // 42: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 43: google.protobuf.Timestamp
-	(*emptypb.Empty)(nil),         // 44: google.protobuf.Empty
+	(*DecideRequest)(nil),         // 41: fusebox.v1.DecideRequest
+	(*DecideFrame)(nil),           // 42: fusebox.v1.DecideFrame
+	(*CancelRequest)(nil),         // 43: fusebox.v1.CancelRequest
+	(*DecideResponse)(nil),        // 44: fusebox.v1.DecideResponse
+	(*DecideResult)(nil),          // 45: fusebox.v1.DecideResult
+	(*Error)(nil),                 // 46: fusebox.v1.Error
+	(*AcquireBatchRequest)(nil),   // 47: fusebox.v1.AcquireBatchRequest
+	(*AcquireBatchResponse)(nil),  // 48: fusebox.v1.AcquireBatchResponse
+	(*AcquireResult)(nil),         // 49: fusebox.v1.AcquireResult
+	(*CompleteBatchRequest)(nil),  // 50: fusebox.v1.CompleteBatchRequest
+	(*CompleteBatchResponse)(nil), // 51: fusebox.v1.CompleteBatchResponse
+	(*CompleteResult)(nil),        // 52: fusebox.v1.CompleteResult
+	nil,                           // 53: fusebox.v1.KeyStats.ByReasonEntry
+	(*durationpb.Duration)(nil),   // 54: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 55: google.protobuf.Timestamp
+	(*emptypb.Empty)(nil),         // 56: google.protobuf.Empty
 }
 var file_fusebox_v1_fusebox_proto_depIdxs = []int32{
-	42, // 0: fusebox.v1.AcquireRequest.max_wait:type_name -> google.protobuf.Duration
-	42, // 1: fusebox.v1.AcquireRequest.lease:type_name -> google.protobuf.Duration
+	54, // 0: fusebox.v1.AcquireRequest.max_wait:type_name -> google.protobuf.Duration
+	54, // 1: fusebox.v1.AcquireRequest.lease:type_name -> google.protobuf.Duration
 	0,  // 2: fusebox.v1.AcquireResponse.decision:type_name -> fusebox.v1.Decision
 	1,  // 3: fusebox.v1.AcquireResponse.reason:type_name -> fusebox.v1.Reason
-	42, // 4: fusebox.v1.AcquireResponse.retry_after:type_name -> google.protobuf.Duration
-	42, // 5: fusebox.v1.AcquireResponse.lease:type_name -> google.protobuf.Duration
+	54, // 4: fusebox.v1.AcquireResponse.retry_after:type_name -> google.protobuf.Duration
+	54, // 5: fusebox.v1.AcquireResponse.lease:type_name -> google.protobuf.Duration
 	3,  // 6: fusebox.v1.AcquireResponse.phase:type_name -> fusebox.v1.Phase
 	2,  // 7: fusebox.v1.CompleteRequest.outcome:type_name -> fusebox.v1.Outcome
 	3,  // 8: fusebox.v1.CompleteResponse.phase:type_name -> fusebox.v1.Phase
-	42, // 9: fusebox.v1.RenewRequest.lease:type_name -> google.protobuf.Duration
-	42, // 10: fusebox.v1.RenewResponse.lease:type_name -> google.protobuf.Duration
+	54, // 9: fusebox.v1.RenewRequest.lease:type_name -> google.protobuf.Duration
+	54, // 10: fusebox.v1.RenewResponse.lease:type_name -> google.protobuf.Duration
 	3,  // 11: fusebox.v1.KeyState.phase:type_name -> fusebox.v1.Phase
-	42, // 12: fusebox.v1.KeyState.open_remaining:type_name -> google.protobuf.Duration
+	54, // 12: fusebox.v1.KeyState.open_remaining:type_name -> google.protobuf.Duration
 	16, // 13: fusebox.v1.KeyState.stats:type_name -> fusebox.v1.KeyStats
-	43, // 14: fusebox.v1.KeyState.phase_changed_at:type_name -> google.protobuf.Timestamp
-	41, // 15: fusebox.v1.KeyStats.by_reason:type_name -> fusebox.v1.KeyStats.ByReasonEntry
+	55, // 14: fusebox.v1.KeyState.phase_changed_at:type_name -> google.protobuf.Timestamp
+	53, // 15: fusebox.v1.KeyStats.by_reason:type_name -> fusebox.v1.KeyStats.ByReasonEntry
 	3,  // 16: fusebox.v1.ListKeysRequest.phases:type_name -> fusebox.v1.Phase
 	15, // 17: fusebox.v1.ListKeysResponse.keys:type_name -> fusebox.v1.KeyState
 	21, // 18: fusebox.v1.WatchEvent.snapshot:type_name -> fusebox.v1.Snapshot
@@ -3163,63 +4012,87 @@ var file_fusebox_v1_fusebox_proto_depIdxs = []int32{
 	4,  // 22: fusebox.v1.Transition.kind:type_name -> fusebox.v1.TransitionKind
 	3,  // 23: fusebox.v1.Transition.from:type_name -> fusebox.v1.Phase
 	3,  // 24: fusebox.v1.Transition.to:type_name -> fusebox.v1.Phase
-	43, // 25: fusebox.v1.Transition.at:type_name -> google.protobuf.Timestamp
+	55, // 25: fusebox.v1.Transition.at:type_name -> google.protobuf.Timestamp
 	15, // 26: fusebox.v1.Transition.state:type_name -> fusebox.v1.KeyState
 	25, // 27: fusebox.v1.Policy.breaker:type_name -> fusebox.v1.Breaker
 	28, // 28: fusebox.v1.Policy.limiter:type_name -> fusebox.v1.Limiter
 	33, // 29: fusebox.v1.Policy.lease:type_name -> fusebox.v1.Lease
 	26, // 30: fusebox.v1.Breaker.consecutive:type_name -> fusebox.v1.Consecutive
 	27, // 31: fusebox.v1.Breaker.ratio:type_name -> fusebox.v1.Ratio
-	42, // 32: fusebox.v1.Breaker.break_duration:type_name -> google.protobuf.Duration
-	42, // 33: fusebox.v1.Breaker.max_break:type_name -> google.protobuf.Duration
-	42, // 34: fusebox.v1.Breaker.probe_lease:type_name -> google.protobuf.Duration
-	42, // 35: fusebox.v1.Ratio.sampling_window:type_name -> google.protobuf.Duration
+	54, // 32: fusebox.v1.Breaker.break_duration:type_name -> google.protobuf.Duration
+	54, // 33: fusebox.v1.Breaker.max_break:type_name -> google.protobuf.Duration
+	54, // 34: fusebox.v1.Breaker.probe_lease:type_name -> google.protobuf.Duration
+	54, // 35: fusebox.v1.Ratio.sampling_window:type_name -> google.protobuf.Duration
 	29, // 36: fusebox.v1.Limiter.concurrency:type_name -> fusebox.v1.Concurrency
 	30, // 37: fusebox.v1.Limiter.token_bucket:type_name -> fusebox.v1.TokenBucket
 	31, // 38: fusebox.v1.Limiter.fixed_window:type_name -> fusebox.v1.FixedWindow
 	32, // 39: fusebox.v1.Limiter.sliding_window:type_name -> fusebox.v1.SlidingWindow
 	5,  // 40: fusebox.v1.Limiter.order:type_name -> fusebox.v1.Order
-	42, // 41: fusebox.v1.TokenBucket.period:type_name -> google.protobuf.Duration
-	42, // 42: fusebox.v1.FixedWindow.window:type_name -> google.protobuf.Duration
-	42, // 43: fusebox.v1.SlidingWindow.window:type_name -> google.protobuf.Duration
-	42, // 44: fusebox.v1.Lease.default_lease:type_name -> google.protobuf.Duration
-	42, // 45: fusebox.v1.Lease.max_lease:type_name -> google.protobuf.Duration
+	54, // 41: fusebox.v1.TokenBucket.period:type_name -> google.protobuf.Duration
+	54, // 42: fusebox.v1.FixedWindow.window:type_name -> google.protobuf.Duration
+	54, // 43: fusebox.v1.SlidingWindow.window:type_name -> google.protobuf.Duration
+	54, // 44: fusebox.v1.Lease.default_lease:type_name -> google.protobuf.Duration
+	54, // 45: fusebox.v1.Lease.max_lease:type_name -> google.protobuf.Duration
 	2,  // 46: fusebox.v1.Lease.expired_outcome:type_name -> fusebox.v1.Outcome
 	24, // 47: fusebox.v1.PolicyRule.policy:type_name -> fusebox.v1.Policy
 	34, // 48: fusebox.v1.SetPolicyRequest.rule:type_name -> fusebox.v1.PolicyRule
 	34, // 49: fusebox.v1.ListPoliciesResponse.rules:type_name -> fusebox.v1.PolicyRule
 	34, // 50: fusebox.v1.ListPoliciesResponse.default:type_name -> fusebox.v1.PolicyRule
-	42, // 51: fusebox.v1.AdvanceRequest.by:type_name -> google.protobuf.Duration
-	42, // 52: fusebox.v1.ClockReading.now:type_name -> google.protobuf.Duration
-	6,  // 53: fusebox.v1.Fusebox.Acquire:input_type -> fusebox.v1.AcquireRequest
-	8,  // 54: fusebox.v1.Fusebox.Complete:input_type -> fusebox.v1.CompleteRequest
-	10, // 55: fusebox.v1.Fusebox.Renew:input_type -> fusebox.v1.RenewRequest
-	12, // 56: fusebox.v1.Admin.GetKey:input_type -> fusebox.v1.GetKeyRequest
-	13, // 57: fusebox.v1.Admin.Isolate:input_type -> fusebox.v1.IsolateRequest
-	14, // 58: fusebox.v1.Admin.Close:input_type -> fusebox.v1.CloseRequest
-	17, // 59: fusebox.v1.Admin.ListKeys:input_type -> fusebox.v1.ListKeysRequest
-	19, // 60: fusebox.v1.Admin.Watch:input_type -> fusebox.v1.WatchRequest
-	35, // 61: fusebox.v1.Admin.SetPolicy:input_type -> fusebox.v1.SetPolicyRequest
-	36, // 62: fusebox.v1.Admin.DeletePolicy:input_type -> fusebox.v1.DeletePolicyRequest
-	37, // 63: fusebox.v1.Admin.ListPolicies:input_type -> fusebox.v1.ListPoliciesRequest
-	39, // 64: fusebox.v1.Clock.Advance:input_type -> fusebox.v1.AdvanceRequest
-	7,  // 65: fusebox.v1.Fusebox.Acquire:output_type -> fusebox.v1.AcquireResponse
-	9,  // 66: fusebox.v1.Fusebox.Complete:output_type -> fusebox.v1.CompleteResponse
-	11, // 67: fusebox.v1.Fusebox.Renew:output_type -> fusebox.v1.RenewResponse
-	15, // 68: fusebox.v1.Admin.GetKey:output_type -> fusebox.v1.KeyState
-	15, // 69: fusebox.v1.Admin.Isolate:output_type -> fusebox.v1.KeyState
-	15, // 70: fusebox.v1.Admin.Close:output_type -> fusebox.v1.KeyState
-	18, // 71: fusebox.v1.Admin.ListKeys:output_type -> fusebox.v1.ListKeysResponse
-	20, // 72: fusebox.v1.Admin.Watch:output_type -> fusebox.v1.WatchEvent
-	34, // 73: fusebox.v1.Admin.SetPolicy:output_type -> fusebox.v1.PolicyRule
-	44, // 74: fusebox.v1.Admin.DeletePolicy:output_type -> google.protobuf.Empty
-	38, // 75: fusebox.v1.Admin.ListPolicies:output_type -> fusebox.v1.ListPoliciesResponse
-	40, // 76: fusebox.v1.Clock.Advance:output_type -> fusebox.v1.ClockReading
-	65, // [65:77] is the sub-list for method output_type
-	53, // [53:65] is the sub-list for method input_type
-	53, // [53:53] is the sub-list for extension type_name
-	53, // [53:53] is the sub-list for extension extendee
-	0,  // [0:53] is the sub-list for field type_name
+	54, // 51: fusebox.v1.AdvanceRequest.by:type_name -> google.protobuf.Duration
+	54, // 52: fusebox.v1.ClockReading.now:type_name -> google.protobuf.Duration
+	42, // 53: fusebox.v1.DecideRequest.frames:type_name -> fusebox.v1.DecideFrame
+	6,  // 54: fusebox.v1.DecideFrame.acquire:type_name -> fusebox.v1.AcquireRequest
+	8,  // 55: fusebox.v1.DecideFrame.complete:type_name -> fusebox.v1.CompleteRequest
+	10, // 56: fusebox.v1.DecideFrame.renew:type_name -> fusebox.v1.RenewRequest
+	43, // 57: fusebox.v1.DecideFrame.cancel:type_name -> fusebox.v1.CancelRequest
+	45, // 58: fusebox.v1.DecideResponse.results:type_name -> fusebox.v1.DecideResult
+	7,  // 59: fusebox.v1.DecideResult.acquire:type_name -> fusebox.v1.AcquireResponse
+	9,  // 60: fusebox.v1.DecideResult.complete:type_name -> fusebox.v1.CompleteResponse
+	11, // 61: fusebox.v1.DecideResult.renew:type_name -> fusebox.v1.RenewResponse
+	46, // 62: fusebox.v1.DecideResult.error:type_name -> fusebox.v1.Error
+	6,  // 63: fusebox.v1.AcquireBatchRequest.items:type_name -> fusebox.v1.AcquireRequest
+	49, // 64: fusebox.v1.AcquireBatchResponse.results:type_name -> fusebox.v1.AcquireResult
+	7,  // 65: fusebox.v1.AcquireResult.response:type_name -> fusebox.v1.AcquireResponse
+	46, // 66: fusebox.v1.AcquireResult.error:type_name -> fusebox.v1.Error
+	8,  // 67: fusebox.v1.CompleteBatchRequest.items:type_name -> fusebox.v1.CompleteRequest
+	52, // 68: fusebox.v1.CompleteBatchResponse.results:type_name -> fusebox.v1.CompleteResult
+	9,  // 69: fusebox.v1.CompleteResult.response:type_name -> fusebox.v1.CompleteResponse
+	46, // 70: fusebox.v1.CompleteResult.error:type_name -> fusebox.v1.Error
+	6,  // 71: fusebox.v1.Fusebox.Acquire:input_type -> fusebox.v1.AcquireRequest
+	8,  // 72: fusebox.v1.Fusebox.Complete:input_type -> fusebox.v1.CompleteRequest
+	10, // 73: fusebox.v1.Fusebox.Renew:input_type -> fusebox.v1.RenewRequest
+	41, // 74: fusebox.v1.Fusebox.Decide:input_type -> fusebox.v1.DecideRequest
+	47, // 75: fusebox.v1.Fusebox.AcquireBatch:input_type -> fusebox.v1.AcquireBatchRequest
+	50, // 76: fusebox.v1.Fusebox.CompleteBatch:input_type -> fusebox.v1.CompleteBatchRequest
+	12, // 77: fusebox.v1.Admin.GetKey:input_type -> fusebox.v1.GetKeyRequest
+	13, // 78: fusebox.v1.Admin.Isolate:input_type -> fusebox.v1.IsolateRequest
+	14, // 79: fusebox.v1.Admin.Close:input_type -> fusebox.v1.CloseRequest
+	17, // 80: fusebox.v1.Admin.ListKeys:input_type -> fusebox.v1.ListKeysRequest
+	19, // 81: fusebox.v1.Admin.Watch:input_type -> fusebox.v1.WatchRequest
+	35, // 82: fusebox.v1.Admin.SetPolicy:input_type -> fusebox.v1.SetPolicyRequest
+	36, // 83: fusebox.v1.Admin.DeletePolicy:input_type -> fusebox.v1.DeletePolicyRequest
+	37, // 84: fusebox.v1.Admin.ListPolicies:input_type -> fusebox.v1.ListPoliciesRequest
+	39, // 85: fusebox.v1.Clock.Advance:input_type -> fusebox.v1.AdvanceRequest
+	7,  // 86: fusebox.v1.Fusebox.Acquire:output_type -> fusebox.v1.AcquireResponse
+	9,  // 87: fusebox.v1.Fusebox.Complete:output_type -> fusebox.v1.CompleteResponse
+	11, // 88: fusebox.v1.Fusebox.Renew:output_type -> fusebox.v1.RenewResponse
+	44, // 89: fusebox.v1.Fusebox.Decide:output_type -> fusebox.v1.DecideResponse
+	48, // 90: fusebox.v1.Fusebox.AcquireBatch:output_type -> fusebox.v1.AcquireBatchResponse
+	51, // 91: fusebox.v1.Fusebox.CompleteBatch:output_type -> fusebox.v1.CompleteBatchResponse
+	15, // 92: fusebox.v1.Admin.GetKey:output_type -> fusebox.v1.KeyState
+	15, // 93: fusebox.v1.Admin.Isolate:output_type -> fusebox.v1.KeyState
+	15, // 94: fusebox.v1.Admin.Close:output_type -> fusebox.v1.KeyState
+	18, // 95: fusebox.v1.Admin.ListKeys:output_type -> fusebox.v1.ListKeysResponse
+	20, // 96: fusebox.v1.Admin.Watch:output_type -> fusebox.v1.WatchEvent
+	34, // 97: fusebox.v1.Admin.SetPolicy:output_type -> fusebox.v1.PolicyRule
+	56, // 98: fusebox.v1.Admin.DeletePolicy:output_type -> google.protobuf.Empty
+	38, // 99: fusebox.v1.Admin.ListPolicies:output_type -> fusebox.v1.ListPoliciesResponse
+	40, // 100: fusebox.v1.Clock.Advance:output_type -> fusebox.v1.ClockReading
+	86, // [86:101] is the sub-list for method output_type
+	71, // [71:86] is the sub-list for method input_type
+	71, // [71:71] is the sub-list for extension type_name
+	71, // [71:71] is the sub-list for extension extendee
+	0,  // [0:71] is the sub-list for field type_name
 }
 
 func init() { file_fusebox_v1_fusebox_proto_init() }
@@ -3244,13 +4117,33 @@ func file_fusebox_v1_fusebox_proto_init() {
 		(*Limiter_FixedWindow)(nil),
 		(*Limiter_SlidingWindow)(nil),
 	}
+	file_fusebox_v1_fusebox_proto_msgTypes[36].OneofWrappers = []any{
+		(*DecideFrame_Acquire)(nil),
+		(*DecideFrame_Complete)(nil),
+		(*DecideFrame_Renew)(nil),
+		(*DecideFrame_Cancel)(nil),
+	}
+	file_fusebox_v1_fusebox_proto_msgTypes[39].OneofWrappers = []any{
+		(*DecideResult_Acquire)(nil),
+		(*DecideResult_Complete)(nil),
+		(*DecideResult_Renew)(nil),
+		(*DecideResult_Error)(nil),
+	}
+	file_fusebox_v1_fusebox_proto_msgTypes[43].OneofWrappers = []any{
+		(*AcquireResult_Response)(nil),
+		(*AcquireResult_Error)(nil),
+	}
+	file_fusebox_v1_fusebox_proto_msgTypes[46].OneofWrappers = []any{
+		(*CompleteResult_Response)(nil),
+		(*CompleteResult_Error)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fusebox_v1_fusebox_proto_rawDesc), len(file_fusebox_v1_fusebox_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   36,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -32,9 +32,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Fusebox_Acquire_FullMethodName  = "/fusebox.v1.Fusebox/Acquire"
-	Fusebox_Complete_FullMethodName = "/fusebox.v1.Fusebox/Complete"
-	Fusebox_Renew_FullMethodName    = "/fusebox.v1.Fusebox/Renew"
+	Fusebox_Acquire_FullMethodName       = "/fusebox.v1.Fusebox/Acquire"
+	Fusebox_Complete_FullMethodName      = "/fusebox.v1.Fusebox/Complete"
+	Fusebox_Renew_FullMethodName         = "/fusebox.v1.Fusebox/Renew"
+	Fusebox_Decide_FullMethodName        = "/fusebox.v1.Fusebox/Decide"
+	Fusebox_AcquireBatch_FullMethodName  = "/fusebox.v1.Fusebox/AcquireBatch"
+	Fusebox_CompleteBatch_FullMethodName = "/fusebox.v1.Fusebox/CompleteBatch"
 )
 
 // FuseboxClient is the client API for Fusebox service.
@@ -66,6 +69,36 @@ type FuseboxClient interface {
 	// probe ticket extends the ticket, not the probe slot (B1). An unknown,
 	// completed or expired ticket fails with NOT_FOUND (L4).
 	Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error)
+	// Many decisions over one stream, for callers with a high rate (a
+	// gateway, a sidecar, a client library under load): each request message
+	// carries frames (Acquire, Complete, Renew, or Cancel of a waiting
+	// Acquire), each with a correlation id the caller chooses; each answer
+	// carries the id of its frame and comes as soon as it is made, several in
+	// one response message when they are ready together. Every frame means
+	// exactly what the unary call means (same checks, same errors, same
+	// decisions); frames of one key are decided in the order they arrive,
+	// frames of different keys may be answered in any order. An Acquire that
+	// waits (`max_wait`) waits inside the stream without holding up the
+	// frames after it; a Cancel frame naming its id withdraws it (P6) and its
+	// answer is the error CANCELLED.
+	//
+	// Limits: at most 1,000 frames per message and 10,000 frames unanswered
+	// per stream (a frame past either is answered RESOURCE_EXHAUSTED and
+	// changes nothing); at most 16 streams per connection (the stream past it
+	// fails RESOURCE_EXHAUSTED). Ids of unanswered frames must be distinct
+	// (a duplicate is answered INVALID_ARGUMENT). When the stream ends, its
+	// waiting Acquires are withdrawn; tickets it was granted live on until
+	// they are completed (on any stream or call) or their leases end.
+	Decide(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[DecideRequest, DecideResponse], error)
+	// Several Acquires in one unary call, for callers that cannot hold a
+	// stream: one result per item, in the items' order, each a response or
+	// the error the unary call would have answered. Items do not wait: a
+	// nonzero `max_wait` is refused for that item (INVALID_ARGUMENT); use
+	// Acquire or Decide to wait. At most 1,000 items.
+	AcquireBatch(ctx context.Context, in *AcquireBatchRequest, opts ...grpc.CallOption) (*AcquireBatchResponse, error)
+	// Several Completes in one unary call: one result per item, in order.
+	// At most 1,000 items.
+	CompleteBatch(ctx context.Context, in *CompleteBatchRequest, opts ...grpc.CallOption) (*CompleteBatchResponse, error)
 }
 
 type fuseboxClient struct {
@@ -106,6 +139,39 @@ func (c *fuseboxClient) Renew(ctx context.Context, in *RenewRequest, opts ...grp
 	return out, nil
 }
 
+func (c *fuseboxClient) Decide(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[DecideRequest, DecideResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Fusebox_ServiceDesc.Streams[0], Fusebox_Decide_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[DecideRequest, DecideResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Fusebox_DecideClient = grpc.BidiStreamingClient[DecideRequest, DecideResponse]
+
+func (c *fuseboxClient) AcquireBatch(ctx context.Context, in *AcquireBatchRequest, opts ...grpc.CallOption) (*AcquireBatchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AcquireBatchResponse)
+	err := c.cc.Invoke(ctx, Fusebox_AcquireBatch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fuseboxClient) CompleteBatch(ctx context.Context, in *CompleteBatchRequest, opts ...grpc.CallOption) (*CompleteBatchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CompleteBatchResponse)
+	err := c.cc.Invoke(ctx, Fusebox_CompleteBatch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // FuseboxServer is the server API for Fusebox service.
 // All implementations must embed UnimplementedFuseboxServer
 // for forward compatibility.
@@ -135,6 +201,36 @@ type FuseboxServer interface {
 	// probe ticket extends the ticket, not the probe slot (B1). An unknown,
 	// completed or expired ticket fails with NOT_FOUND (L4).
 	Renew(context.Context, *RenewRequest) (*RenewResponse, error)
+	// Many decisions over one stream, for callers with a high rate (a
+	// gateway, a sidecar, a client library under load): each request message
+	// carries frames (Acquire, Complete, Renew, or Cancel of a waiting
+	// Acquire), each with a correlation id the caller chooses; each answer
+	// carries the id of its frame and comes as soon as it is made, several in
+	// one response message when they are ready together. Every frame means
+	// exactly what the unary call means (same checks, same errors, same
+	// decisions); frames of one key are decided in the order they arrive,
+	// frames of different keys may be answered in any order. An Acquire that
+	// waits (`max_wait`) waits inside the stream without holding up the
+	// frames after it; a Cancel frame naming its id withdraws it (P6) and its
+	// answer is the error CANCELLED.
+	//
+	// Limits: at most 1,000 frames per message and 10,000 frames unanswered
+	// per stream (a frame past either is answered RESOURCE_EXHAUSTED and
+	// changes nothing); at most 16 streams per connection (the stream past it
+	// fails RESOURCE_EXHAUSTED). Ids of unanswered frames must be distinct
+	// (a duplicate is answered INVALID_ARGUMENT). When the stream ends, its
+	// waiting Acquires are withdrawn; tickets it was granted live on until
+	// they are completed (on any stream or call) or their leases end.
+	Decide(grpc.BidiStreamingServer[DecideRequest, DecideResponse]) error
+	// Several Acquires in one unary call, for callers that cannot hold a
+	// stream: one result per item, in the items' order, each a response or
+	// the error the unary call would have answered. Items do not wait: a
+	// nonzero `max_wait` is refused for that item (INVALID_ARGUMENT); use
+	// Acquire or Decide to wait. At most 1,000 items.
+	AcquireBatch(context.Context, *AcquireBatchRequest) (*AcquireBatchResponse, error)
+	// Several Completes in one unary call: one result per item, in order.
+	// At most 1,000 items.
+	CompleteBatch(context.Context, *CompleteBatchRequest) (*CompleteBatchResponse, error)
 	mustEmbedUnimplementedFuseboxServer()
 }
 
@@ -153,6 +249,15 @@ func (UnimplementedFuseboxServer) Complete(context.Context, *CompleteRequest) (*
 }
 func (UnimplementedFuseboxServer) Renew(context.Context, *RenewRequest) (*RenewResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Renew not implemented")
+}
+func (UnimplementedFuseboxServer) Decide(grpc.BidiStreamingServer[DecideRequest, DecideResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method Decide not implemented")
+}
+func (UnimplementedFuseboxServer) AcquireBatch(context.Context, *AcquireBatchRequest) (*AcquireBatchResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method AcquireBatch not implemented")
+}
+func (UnimplementedFuseboxServer) CompleteBatch(context.Context, *CompleteBatchRequest) (*CompleteBatchResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CompleteBatch not implemented")
 }
 func (UnimplementedFuseboxServer) mustEmbedUnimplementedFuseboxServer() {}
 func (UnimplementedFuseboxServer) testEmbeddedByValue()                 {}
@@ -229,6 +334,49 @@ func _Fusebox_Renew_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Fusebox_Decide_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(FuseboxServer).Decide(&grpc.GenericServerStream[DecideRequest, DecideResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Fusebox_DecideServer = grpc.BidiStreamingServer[DecideRequest, DecideResponse]
+
+func _Fusebox_AcquireBatch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AcquireBatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FuseboxServer).AcquireBatch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Fusebox_AcquireBatch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FuseboxServer).AcquireBatch(ctx, req.(*AcquireBatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Fusebox_CompleteBatch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CompleteBatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FuseboxServer).CompleteBatch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Fusebox_CompleteBatch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FuseboxServer).CompleteBatch(ctx, req.(*CompleteBatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Fusebox_ServiceDesc is the grpc.ServiceDesc for Fusebox service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -248,8 +396,23 @@ var Fusebox_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Renew",
 			Handler:    _Fusebox_Renew_Handler,
 		},
+		{
+			MethodName: "AcquireBatch",
+			Handler:    _Fusebox_AcquireBatch_Handler,
+		},
+		{
+			MethodName: "CompleteBatch",
+			Handler:    _Fusebox_CompleteBatch_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Decide",
+			Handler:       _Fusebox_Decide_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "fusebox/v1/fusebox.proto",
 }
 
