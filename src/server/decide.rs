@@ -86,8 +86,8 @@ impl Drop for Counted {
 }
 
 /// An error answer: the status the unary call would have failed with.
-fn error_of(status: &Status) -> pb::Error {
-    pb::Error {
+fn error_of(status: &Status) -> pb::ItemError {
+    pb::ItemError {
         code: status.code() as i32,
         message: status.message().to_owned(),
     }

@@ -3192,7 +3192,7 @@ func (x *DecideResult) GetRenew() *RenewResponse {
 	return nil
 }
 
-func (x *DecideResult) GetError() *Error {
+func (x *DecideResult) GetError() *ItemError {
 	if x != nil {
 		if x, ok := x.Result.(*DecideResult_Error); ok {
 			return x.Error
@@ -3219,7 +3219,7 @@ type DecideResult_Renew struct {
 
 type DecideResult_Error struct {
 	// The error the unary call would have failed with.
-	Error *Error `protobuf:"bytes,5,opt,name=error,proto3,oneof"`
+	Error *ItemError `protobuf:"bytes,5,opt,name=error,proto3,oneof"`
 }
 
 func (*DecideResult_Acquire) isDecideResult_Result() {}
@@ -3232,7 +3232,7 @@ func (*DecideResult_Error) isDecideResult_Result() {}
 
 // An error answering one item of a batch or one frame of a stream: the
 // gRPC status code and message the unary call would have returned.
-type Error struct {
+type ItemError struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A google.rpc.Code value (3 INVALID_ARGUMENT, 5 NOT_FOUND, ...).
 	Code int32 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
@@ -3242,20 +3242,20 @@ type Error struct {
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *Error) Reset() {
-	*x = Error{}
+func (x *ItemError) Reset() {
+	*x = ItemError{}
 	mi := &file_fusebox_v1_fusebox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *Error) String() string {
+func (x *ItemError) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*Error) ProtoMessage() {}
+func (*ItemError) ProtoMessage() {}
 
-func (x *Error) ProtoReflect() protoreflect.Message {
+func (x *ItemError) ProtoReflect() protoreflect.Message {
 	mi := &file_fusebox_v1_fusebox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -3267,19 +3267,19 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use Error.ProtoReflect.Descriptor instead.
-func (*Error) Descriptor() ([]byte, []int) {
+// Deprecated: Use ItemError.ProtoReflect.Descriptor instead.
+func (*ItemError) Descriptor() ([]byte, []int) {
 	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{40}
 }
 
-func (x *Error) GetCode() int32 {
+func (x *ItemError) GetCode() int32 {
 	if x != nil {
 		return x.Code
 	}
 	return 0
 }
 
-func (x *Error) GetMessage() string {
+func (x *ItemError) GetMessage() string {
 	if x != nil {
 		return x.Message
 	}
@@ -3438,7 +3438,7 @@ func (x *AcquireResult) GetResponse() *AcquireResponse {
 	return nil
 }
 
-func (x *AcquireResult) GetError() *Error {
+func (x *AcquireResult) GetError() *ItemError {
 	if x != nil {
 		if x, ok := x.Result.(*AcquireResult_Error); ok {
 			return x.Error
@@ -3456,7 +3456,7 @@ type AcquireResult_Response struct {
 }
 
 type AcquireResult_Error struct {
-	Error *Error `protobuf:"bytes,2,opt,name=error,proto3,oneof"`
+	Error *ItemError `protobuf:"bytes,2,opt,name=error,proto3,oneof"`
 }
 
 func (*AcquireResult_Response) isAcquireResult_Result() {}
@@ -3615,7 +3615,7 @@ func (x *CompleteResult) GetResponse() *CompleteResponse {
 	return nil
 }
 
-func (x *CompleteResult) GetError() *Error {
+func (x *CompleteResult) GetError() *ItemError {
 	if x != nil {
 		if x, ok := x.Result.(*CompleteResult_Error); ok {
 			return x.Error
@@ -3633,7 +3633,7 @@ type CompleteResult_Response struct {
 }
 
 type CompleteResult_Error struct {
-	Error *Error `protobuf:"bytes,2,opt,name=error,proto3,oneof"`
+	Error *ItemError `protobuf:"bytes,2,opt,name=error,proto3,oneof"`
 }
 
 func (*CompleteResult_Response) isCompleteResult_Result() {}
@@ -3829,32 +3829,32 @@ const file_fusebox_v1_fusebox_proto_rawDesc = "" +
 	"\arequest\"\x0f\n" +
 	"\rCancelRequest\"D\n" +
 	"\x0eDecideResponse\x122\n" +
-	"\aresults\x18\x01 \x03(\v2\x18.fusebox.v1.DecideResultR\aresults\"\xfb\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x18.fusebox.v1.DecideResultR\aresults\"\xff\x01\n" +
 	"\fDecideResult\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x127\n" +
 	"\aacquire\x18\x02 \x01(\v2\x1b.fusebox.v1.AcquireResponseH\x00R\aacquire\x12:\n" +
 	"\bcomplete\x18\x03 \x01(\v2\x1c.fusebox.v1.CompleteResponseH\x00R\bcomplete\x121\n" +
-	"\x05renew\x18\x04 \x01(\v2\x19.fusebox.v1.RenewResponseH\x00R\x05renew\x12)\n" +
-	"\x05error\x18\x05 \x01(\v2\x11.fusebox.v1.ErrorH\x00R\x05errorB\b\n" +
-	"\x06result\"5\n" +
-	"\x05Error\x12\x12\n" +
+	"\x05renew\x18\x04 \x01(\v2\x19.fusebox.v1.RenewResponseH\x00R\x05renew\x12-\n" +
+	"\x05error\x18\x05 \x01(\v2\x15.fusebox.v1.ItemErrorH\x00R\x05errorB\b\n" +
+	"\x06result\"9\n" +
+	"\tItemError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"G\n" +
 	"\x13AcquireBatchRequest\x120\n" +
 	"\x05items\x18\x01 \x03(\v2\x1a.fusebox.v1.AcquireRequestR\x05items\"K\n" +
 	"\x14AcquireBatchResponse\x123\n" +
-	"\aresults\x18\x01 \x03(\v2\x19.fusebox.v1.AcquireResultR\aresults\"\x7f\n" +
+	"\aresults\x18\x01 \x03(\v2\x19.fusebox.v1.AcquireResultR\aresults\"\x83\x01\n" +
 	"\rAcquireResult\x129\n" +
-	"\bresponse\x18\x01 \x01(\v2\x1b.fusebox.v1.AcquireResponseH\x00R\bresponse\x12)\n" +
-	"\x05error\x18\x02 \x01(\v2\x11.fusebox.v1.ErrorH\x00R\x05errorB\b\n" +
+	"\bresponse\x18\x01 \x01(\v2\x1b.fusebox.v1.AcquireResponseH\x00R\bresponse\x12-\n" +
+	"\x05error\x18\x02 \x01(\v2\x15.fusebox.v1.ItemErrorH\x00R\x05errorB\b\n" +
 	"\x06result\"I\n" +
 	"\x14CompleteBatchRequest\x121\n" +
 	"\x05items\x18\x01 \x03(\v2\x1b.fusebox.v1.CompleteRequestR\x05items\"M\n" +
 	"\x15CompleteBatchResponse\x124\n" +
-	"\aresults\x18\x01 \x03(\v2\x1a.fusebox.v1.CompleteResultR\aresults\"\x81\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.fusebox.v1.CompleteResultR\aresults\"\x85\x01\n" +
 	"\x0eCompleteResult\x12:\n" +
-	"\bresponse\x18\x01 \x01(\v2\x1c.fusebox.v1.CompleteResponseH\x00R\bresponse\x12)\n" +
-	"\x05error\x18\x02 \x01(\v2\x11.fusebox.v1.ErrorH\x00R\x05errorB\b\n" +
+	"\bresponse\x18\x01 \x01(\v2\x1c.fusebox.v1.CompleteResponseH\x00R\bresponse\x12-\n" +
+	"\x05error\x18\x02 \x01(\v2\x15.fusebox.v1.ItemErrorH\x00R\x05errorB\b\n" +
 	"\x06result*\x8f\x01\n" +
 	"\bDecision\x12\x18\n" +
 	"\x14DECISION_UNSPECIFIED\x10\x00\x12\x14\n" +
@@ -3974,7 +3974,7 @@ var file_fusebox_v1_fusebox_proto_goTypes = []any{
 	(*CancelRequest)(nil),         // 43: fusebox.v1.CancelRequest
 	(*DecideResponse)(nil),        // 44: fusebox.v1.DecideResponse
 	(*DecideResult)(nil),          // 45: fusebox.v1.DecideResult
-	(*Error)(nil),                 // 46: fusebox.v1.Error
+	(*ItemError)(nil),             // 46: fusebox.v1.ItemError
 	(*AcquireBatchRequest)(nil),   // 47: fusebox.v1.AcquireBatchRequest
 	(*AcquireBatchResponse)(nil),  // 48: fusebox.v1.AcquireBatchResponse
 	(*AcquireResult)(nil),         // 49: fusebox.v1.AcquireResult
@@ -4049,15 +4049,15 @@ var file_fusebox_v1_fusebox_proto_depIdxs = []int32{
 	7,  // 59: fusebox.v1.DecideResult.acquire:type_name -> fusebox.v1.AcquireResponse
 	9,  // 60: fusebox.v1.DecideResult.complete:type_name -> fusebox.v1.CompleteResponse
 	11, // 61: fusebox.v1.DecideResult.renew:type_name -> fusebox.v1.RenewResponse
-	46, // 62: fusebox.v1.DecideResult.error:type_name -> fusebox.v1.Error
+	46, // 62: fusebox.v1.DecideResult.error:type_name -> fusebox.v1.ItemError
 	6,  // 63: fusebox.v1.AcquireBatchRequest.items:type_name -> fusebox.v1.AcquireRequest
 	49, // 64: fusebox.v1.AcquireBatchResponse.results:type_name -> fusebox.v1.AcquireResult
 	7,  // 65: fusebox.v1.AcquireResult.response:type_name -> fusebox.v1.AcquireResponse
-	46, // 66: fusebox.v1.AcquireResult.error:type_name -> fusebox.v1.Error
+	46, // 66: fusebox.v1.AcquireResult.error:type_name -> fusebox.v1.ItemError
 	8,  // 67: fusebox.v1.CompleteBatchRequest.items:type_name -> fusebox.v1.CompleteRequest
 	52, // 68: fusebox.v1.CompleteBatchResponse.results:type_name -> fusebox.v1.CompleteResult
 	9,  // 69: fusebox.v1.CompleteResult.response:type_name -> fusebox.v1.CompleteResponse
-	46, // 70: fusebox.v1.CompleteResult.error:type_name -> fusebox.v1.Error
+	46, // 70: fusebox.v1.CompleteResult.error:type_name -> fusebox.v1.ItemError
 	6,  // 71: fusebox.v1.Fusebox.Acquire:input_type -> fusebox.v1.AcquireRequest
 	8,  // 72: fusebox.v1.Fusebox.Complete:input_type -> fusebox.v1.CompleteRequest
 	10, // 73: fusebox.v1.Fusebox.Renew:input_type -> fusebox.v1.RenewRequest
