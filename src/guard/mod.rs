@@ -39,6 +39,8 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::proto::v1 as pb;
 
+mod stream;
+
 /// What fusebox is told about a call that ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -198,6 +200,21 @@ pub struct GuardOptions {
     pub backoff: Duration,
     /// The longest wait between tries while fusebox is unavailable.
     pub max_backoff: Duration,
+    /// How calls reach fusebox: one unary call each (the default), or
+    /// frames of one `Decide` stream per guard.
+    pub transport: Transport,
+}
+
+/// How a guard's calls reach fusebox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// One unary call per Acquire, Complete and Renew.
+    #[default]
+    Unary,
+    /// Every call a frame of one `Decide` stream per guard, the frames ready
+    /// together sent in one message: fewer messages for a busy process.
+    /// The stream is opened on the first call and again after it ends.
+    Stream,
 }
 
 impl Default for GuardOptions {
@@ -210,6 +227,7 @@ impl Default for GuardOptions {
             log_interval: Duration::from_secs(10),
             backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
+            transport: Transport::Unary,
         }
     }
 }
@@ -296,6 +314,8 @@ struct Inner {
     renew_log: Mutex<Option<Instant>>,
     complete_log: Mutex<Option<Instant>>,
     client: pb::fusebox_client::FuseboxClient<Channel>,
+    /// The `Decide` stream, with [`Transport::Stream`].
+    mux: Option<stream::Mux>,
     options: GuardOptions,
     authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     cache: Mutex<OpenCache>,
@@ -476,9 +496,13 @@ impl Guard {
             next: options.backoff,
             last_logged: None,
         };
+        let client = pb::fusebox_client::FuseboxClient::new(channel);
+        let mux = (options.transport == Transport::Stream)
+            .then(|| stream::Mux::new(client.clone(), authorization.clone()));
         Ok(Guard {
             inner: Arc::new(Inner {
-                client: pb::fusebox_client::FuseboxClient::new(channel),
+                client,
+                mux,
                 options,
                 authorization,
                 cache: Mutex::new(cache),
@@ -571,6 +595,72 @@ impl Guard {
         request
     }
 
+    /// Acquire, unary or as a stream frame, within `deadline`.
+    async fn call_acquire(
+        &self,
+        message: pb::AcquireRequest,
+        deadline: Duration,
+    ) -> Result<pb::AcquireResponse, tonic::Status> {
+        use pb::decide_result::Result as Answer;
+        let Some(mux) = &self.inner.mux else {
+            let mut client = self.inner.client.clone();
+            let call = client.acquire(self.request(message, deadline));
+            return answer_of(tokio::time::timeout(deadline, call).await).map(|r| r.into_inner());
+        };
+        match mux
+            .call(pb::decide_frame::Request::Acquire(message), deadline)
+            .await?
+        {
+            Answer::Acquire(reply) => Ok(reply),
+            Answer::Error(error) => Err(stream::status_of(error)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Complete, unary or as a stream frame, within `deadline`.
+    async fn call_complete(
+        &self,
+        message: pb::CompleteRequest,
+        deadline: Duration,
+    ) -> Result<pb::CompleteResponse, tonic::Status> {
+        use pb::decide_result::Result as Answer;
+        let Some(mux) = &self.inner.mux else {
+            let mut client = self.inner.client.clone();
+            let call = client.complete(self.request(message, deadline));
+            return answer_of(tokio::time::timeout(deadline, call).await).map(|r| r.into_inner());
+        };
+        match mux
+            .call(pb::decide_frame::Request::Complete(message), deadline)
+            .await?
+        {
+            Answer::Complete(reply) => Ok(reply),
+            Answer::Error(error) => Err(stream::status_of(error)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Renew, unary or as a stream frame, within `deadline`.
+    async fn call_renew(
+        &self,
+        message: pb::RenewRequest,
+        deadline: Duration,
+    ) -> Result<pb::RenewResponse, tonic::Status> {
+        use pb::decide_result::Result as Answer;
+        let Some(mux) = &self.inner.mux else {
+            let mut client = self.inner.client.clone();
+            let call = client.renew(self.request(message, deadline));
+            return answer_of(tokio::time::timeout(deadline, call).await).map(|r| r.into_inner());
+        };
+        match mux
+            .call(pb::decide_frame::Request::Renew(message), deadline)
+            .await?
+        {
+            Answer::Renew(reply) => Ok(reply),
+            Answer::Error(error) => Err(stream::status_of(error)),
+            other => Err(unexpected(other)),
+        }
+    }
+
     async fn admit<E>(&self, key: &str, options: &CallOptions) -> Result<Admission, GuardError<E>> {
         let now = Instant::now();
         if let Some(left) = self.inner.cache.lock().expect("cache lock").get(key, now) {
@@ -597,14 +687,10 @@ impl Guard {
             max_wait: options.max_wait.map(sanitize_duration),
             lease: options.lease.map(sanitize_duration),
         };
-        let mut client = self.inner.client.clone();
-        let answer = answer_of(
-            tokio::time::timeout(deadline, client.acquire(self.request(message, deadline))).await,
-        );
-        let reply = match answer {
+        let reply = match self.call_acquire(message, deadline).await {
             Ok(reply) => {
                 self.reachable();
-                reply.into_inner()
+                reply
             }
             Err(status) if is_unavailable(&status) => {
                 self.unreachable(&status);
@@ -749,24 +835,18 @@ impl Guard {
                     ticket: ticket.clone(),
                     lease: asked.map(sanitize_duration),
                 };
-                let mut client = guard.inner.client.clone();
-                let answer =
-                    tokio::time::timeout(deadline, client.renew(guard.request(message, deadline)))
-                        .await;
-                match answer {
-                    Ok(Ok(reply)) => {
+                match guard.call_renew(message, deadline).await {
+                    Ok(reply) => {
                         guard
                             .inner
                             .counters
                             .renewals
                             .fetch_add(1, Ordering::Relaxed);
-                        if let Some(l) =
-                            duration_from(reply.into_inner().lease).filter(|l| !l.is_zero())
-                        {
+                        if let Some(l) = duration_from(reply.lease).filter(|l| !l.is_zero()) {
                             lease = l;
                         }
                     }
-                    Ok(Err(status)) if status.code() == tonic::Code::NotFound => {
+                    Err(status) if status.code() == tonic::Code::NotFound => {
                         // The ticket is gone (expired or completed): stop.
                         guard
                             .inner
@@ -780,19 +860,17 @@ impl Guard {
                         );
                         return;
                     }
-                    other => {
+                    Err(trouble) => {
                         guard
                             .inner
                             .counters
                             .renew_failures
                             .fetch_add(1, Ordering::Relaxed);
-                        if let Err(trouble) = answer_of(other) {
-                            guard.warn_once(
-                                &guard.inner.renew_log,
-                                "fusebox did not renew a running call's lease; trying again sooner",
-                                &trouble,
-                            );
-                        }
+                        guard.warn_once(
+                            &guard.inner.renew_log,
+                            "fusebox did not renew a running call's lease; trying again sooner",
+                            &trouble,
+                        );
                         // Try again sooner: what is left of the lease halves.
                         lease /= 2;
                         if lease < Duration::from_millis(2) {
@@ -810,10 +888,7 @@ impl Guard {
             ticket,
             outcome: outcome.wire(),
         };
-        let mut client = self.inner.client.clone();
-        let answer =
-            tokio::time::timeout(deadline, client.complete(self.request(message, deadline))).await;
-        if let Err(trouble) = answer_of(answer) {
+        if let Err(trouble) = self.call_complete(message, deadline).await {
             self.inner
                 .counters
                 .complete_failures
@@ -838,6 +913,13 @@ impl Guard {
 }
 
 /// A call to fusebox under the guard's own deadline, as one status.
+/// A stream answer of the wrong kind for its frame.
+fn unexpected(answer: pb::decide_result::Result) -> tonic::Status {
+    tonic::Status::internal(format!(
+        "fusebox answered a frame with {answer:?}, not the answer of its kind"
+    ))
+}
+
 fn answer_of<T>(
     answer: Result<Result<T, tonic::Status>, tokio::time::error::Elapsed>,
 ) -> Result<T, tonic::Status> {

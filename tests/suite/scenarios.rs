@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fusebox::guard::{
-    admitted, Admitted, CallOptions, FailPolicy, Guard, GuardError, GuardOptions,
+    admitted, Admitted, CallOptions, FailPolicy, Guard, GuardError, GuardOptions, Transport,
 };
 use fusebox::proto::v1 as pb;
 use serde_json::{Map, Value};
@@ -298,7 +298,7 @@ fn key_mismatch(k: &Map<String, Value>, state: &pb::KeyState) -> Option<String> 
     (!wrong.is_empty()).then(|| wrong.join("; "))
 }
 
-async fn replay(path: PathBuf) {
+async fn replay(path: PathBuf, transport: Transport) {
     let text = std::fs::read_to_string(&path).expect("a scenario file");
     let scenario: Value = serde_json::from_str(&text).expect("a JSON scenario");
     let name = scenario["name"].as_str().expect("name").to_owned();
@@ -312,6 +312,7 @@ async fn replay(path: PathBuf) {
     // answer from a debug server on a busy machine is not an outage.
     let options = GuardOptions {
         deadline: Duration::from_millis(2000),
+        transport,
         ..GuardOptions::default()
     };
     let guard = Guard::connect(&format!("http://{}", server.addr), None, options).expect("a guard");
@@ -456,8 +457,7 @@ async fn replay(path: PathBuf) {
     }
 }
 
-#[tokio::test]
-async fn every_shared_scenario_passes_with_the_rust_guard() {
+fn scenario_files() -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(scenarios_dir())
         .expect("clients/scenarios exists")
         .map(|e| e.expect("a dir entry").path())
@@ -465,8 +465,22 @@ async fn every_shared_scenario_passes_with_the_rust_guard() {
         .collect();
     files.sort();
     assert!(files.len() >= 8, "the shared scenarios are there");
-    for file in files {
+    files
+}
+
+#[tokio::test]
+async fn every_shared_scenario_passes_with_the_rust_guard() {
+    for file in scenario_files() {
         eprintln!("scenario {}", file.display());
-        replay(file).await;
+        replay(file, Transport::Unary).await;
+    }
+}
+
+/// The same with the guard's calls as frames of one Decide stream.
+#[tokio::test]
+async fn every_shared_scenario_passes_with_the_rust_guard_over_a_decide_stream() {
+    for file in scenario_files() {
+        eprintln!("scenario {} (Decide stream)", file.display());
+        replay(file, Transport::Stream).await;
     }
 }

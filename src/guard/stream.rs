@@ -1,0 +1,171 @@
+//! The guard's calls multiplexed over one `Decide` stream per guard
+//! ([`Transport::Stream`](super::Transport)): each call is a frame with an
+//! id of its own, the frames ready together go out in one message, and each
+//! answer is handed to its caller by id. The stream is opened on the first
+//! call and again after it ends (the calls in flight on it fail
+//! `UNAVAILABLE`, as a broken unary call would).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+use tonic::Status;
+
+use crate::proto::v1 as pb;
+
+/// Frames queued for the stream at most (a caller past it waits).
+const QUEUE: usize = 10_000;
+
+/// Frames sent in one message at most (the server's limit).
+const FRAMES_PER_MESSAGE: usize = 1_000;
+
+type Answer = pb::decide_result::Result;
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;
+
+/// One guard's `Decide` stream, opened on demand.
+pub(super) struct Mux {
+    client: pb::fusebox_client::FuseboxClient<Channel>,
+    authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    /// The open stream's frame queue and the callers waiting for its
+    /// answers; `None` until opened.
+    open: tokio::sync::Mutex<Option<(mpsc::Sender<pb::DecideFrame>, Pending)>>,
+    next_id: AtomicU64,
+}
+
+impl Mux {
+    pub(super) fn new(
+        client: pb::fusebox_client::FuseboxClient<Channel>,
+        authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    ) -> Mux {
+        Mux {
+            client,
+            authorization,
+            open: tokio::sync::Mutex::new(None),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// The open stream's frame queue and pending answers, opening the
+    /// stream if need be.
+    async fn stream(
+        &self,
+        deadline: Duration,
+    ) -> Result<(mpsc::Sender<pb::DecideFrame>, Pending), Status> {
+        let mut open = self.open.lock().await;
+        if let Some((tx, pending)) = open.as_ref().filter(|(tx, _)| !tx.is_closed()) {
+            return Ok((tx.clone(), pending.clone()));
+        }
+        let (tx, rx) = mpsc::channel::<pb::DecideFrame>(QUEUE);
+        let (messages_tx, messages_rx) = mpsc::channel::<pb::DecideRequest>(16);
+        let mut request =
+            tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(messages_rx));
+        if let Some(value) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        let mut client = self.client.clone();
+        let answers = tokio::time::timeout(deadline, client.decide(request))
+            .await
+            .map_err(|_| {
+                Status::deadline_exceeded("fusebox did not open the Decide stream in time")
+            })??
+            .into_inner();
+        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        tokio::spawn(batch(rx, messages_tx));
+        tokio::spawn(deliver(answers, pending.clone()));
+        *open = Some((tx.clone(), pending.clone()));
+        Ok((tx, pending))
+    }
+
+    /// Sends `request` as a frame and waits for its answer, at most
+    /// `deadline`; a waiting Acquire whose deadline passes is cancelled.
+    pub(super) async fn call(
+        &self,
+        request: pb::decide_frame::Request,
+        deadline: Duration,
+    ) -> Result<Answer, Status> {
+        let cancellable = matches!(request, pb::decide_frame::Request::Acquire(_));
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let sent = async {
+            let (frames, pending) = self.stream(deadline).await?;
+            pending.lock().expect("pending lock").insert(id, tx);
+            let frame = pb::DecideFrame {
+                id,
+                request: Some(request),
+            };
+            if frames.send(frame).await.is_err() {
+                pending.lock().expect("pending lock").remove(&id);
+                return Err(Status::unavailable("the Decide stream ended"));
+            }
+            Ok::<_, Status>((frames, pending))
+        };
+        let (frames, pending) = match tokio::time::timeout(deadline, sent).await {
+            Ok(sent) => sent?,
+            Err(_) => return Err(Status::deadline_exceeded("fusebox did not answer in time")),
+        };
+        match tokio::time::timeout(deadline, rx).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(_)) => Err(Status::unavailable(
+                "the Decide stream ended before fusebox answered",
+            )),
+            Err(_) => {
+                pending.lock().expect("pending lock").remove(&id);
+                if cancellable {
+                    let _ = frames.try_send(pb::DecideFrame {
+                        id,
+                        request: Some(pb::decide_frame::Request::Cancel(pb::CancelRequest {})),
+                    });
+                }
+                Err(Status::deadline_exceeded("fusebox did not answer in time"))
+            }
+        }
+    }
+}
+
+/// Puts the frames ready together into one message.
+async fn batch(
+    mut frames: mpsc::Receiver<pb::DecideFrame>,
+    messages: mpsc::Sender<pb::DecideRequest>,
+) {
+    while let Some(first) = frames.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < FRAMES_PER_MESSAGE {
+            match frames.try_recv() {
+                Ok(frame) => batch.push(frame),
+                Err(_) => break,
+            }
+        }
+        if messages
+            .send(pb::DecideRequest { frames: batch })
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Hands each answer to its caller; when the stream ends, the callers
+/// still waiting get `UNAVAILABLE` (their senders are dropped).
+async fn deliver(mut answers: tonic::Streaming<pb::DecideResponse>, pending: Pending) {
+    while let Some(Ok(message)) = answers.next().await {
+        let mut pending = pending.lock().expect("pending lock");
+        for result in message.results {
+            if let (Some(tx), Some(answer)) = (pending.remove(&result.id), result.result) {
+                let _ = tx.send(answer);
+            }
+        }
+    }
+    pending.lock().expect("pending lock").clear();
+}
+
+/// An error answer as the status the unary call would have failed with.
+pub(super) fn status_of(error: pb::ItemError) -> Status {
+    Status::new(tonic::Code::from(error.code), error.message)
+}
