@@ -15,6 +15,9 @@ import type { AcquireRequest, AcquireResponse, AdminStub, ClockStub, FuseboxStub
 import { duration, millis, proto } from './proto';
 import type { Logger, Stats } from './stats';
 import { LogLimiter, consoleLogger, emptyStats } from './stats';
+import { DecideMux, statusError } from './stream';
+import type { DecideResult__Output } from './generated/fusebox/v1/DecideResult';
+import type { RenewResponse__Output } from './generated/fusebox/v1/RenewResponse';
 
 /** How long a guard waits for fusebox itself (Acquire, Complete, Renew), in ms. */
 export const DEFAULT_DEADLINE_MS = 50;
@@ -108,6 +111,12 @@ export interface ClientOptions {
   clock?: () => number;
   /** More grpc-js channel options. */
   channelOptions?: grpc.ChannelOptions;
+  /**
+   * How calls reach fusebox: 'unary' (default), one call each; or 'stream',
+   * every Acquire, Complete and Renew a frame of one Decide stream per
+   * client, the frames of one event-loop turn sent in one message.
+   */
+  transport?: 'unary' | 'stream';
 }
 
 const CANCELLED = grpc.status.CANCELLED;
@@ -215,6 +224,7 @@ export class FuseboxClient {
   private readonly interceptors: grpc.Interceptor[];
   private adminStub?: AdminStub;
   private clockStub?: ClockStub;
+  private readonly mux: DecideMux | undefined;
 
   constructor(
     readonly target: string,
@@ -263,6 +273,7 @@ export class FuseboxClient {
     // Start connecting now, so that the first guard's deadline is not spent
     // on the handshake.
     this.stub.getChannel().getConnectivityState(true);
+    this.mux = options.transport === 'stream' ? new DecideMux(this.stub) : undefined;
   }
 
   /**
@@ -284,6 +295,7 @@ export class FuseboxClient {
     if (shared.get(this.target) === this) {
       shared.delete(this.target);
     }
+    this.mux?.close();
     this.stub.close();
   }
 
@@ -486,7 +498,22 @@ export class FuseboxClient {
     return 'failure';
   }
 
-  private acquire(req: AcquireRequest, deadlineMs: number, signal?: AbortSignal): Promise<AcquireResponse> {
+  // A stream answer as the unary call's result (or error).
+  private static answer<T>(result: DecideResult__Output, kind: 'acquire' | 'complete' | 'renew'): T {
+    if (result.error) {
+      throw statusError(result.error.code, result.error.message);
+    }
+    const reply = result[kind];
+    if (reply === undefined || reply === null) {
+      throw statusError(grpc.status.INTERNAL, `fusebox answered a ${kind} frame with ${result.result ?? 'nothing'}`);
+    }
+    return reply as T;
+  }
+
+  private async acquire(req: AcquireRequest, deadlineMs: number, signal?: AbortSignal): Promise<AcquireResponse> {
+    if (this.mux !== undefined) {
+      return FuseboxClient.answer(await this.mux.request({ acquire: req }, deadlineMs, signal), 'acquire');
+    }
     return new Promise((resolve, reject) => {
       let onAbort: (() => void) | undefined;
       let call: grpc.ClientUnaryCall;
@@ -514,11 +541,16 @@ export class FuseboxClient {
 
   private async complete(key: string, ticket: string, outcome: Outcome, deadlineMs: number): Promise<void> {
     try {
-      await new Promise<void>((resolve, reject) => {
-        this.stub.Complete({ ticket, outcome: OUTCOME[outcome] }, { deadline: Date.now() + deadlineMs }, (err) =>
-          err !== null ? reject(err) : resolve(),
-        );
-      });
+      const message = { ticket, outcome: OUTCOME[outcome] };
+      if (this.mux !== undefined) {
+        FuseboxClient.answer(await this.mux.request({ complete: message }, deadlineMs), 'complete');
+      } else {
+        await new Promise<void>((resolve, reject) => {
+          this.stub.Complete(message, { deadline: Date.now() + deadlineMs }, (err) =>
+            err !== null ? reject(err) : resolve(),
+          );
+        });
+      }
       this.counters.completed++;
     } catch (err) {
       this.counters.completeErrs++;
@@ -529,13 +561,20 @@ export class FuseboxClient {
   // One renewal; the delay before the next (null: stop).
   private async renewOnce(ticket: string, leaseMs: number, cfg: Resolved): Promise<number | null> {
     try {
-      const resp = await new Promise<{ lease: ReturnType<typeof millis> }>((resolve, reject) => {
-        this.stub.Renew(
-          cfg.leaseMs > 0 ? { ticket, lease: duration(cfg.leaseMs) } : { ticket },
-          { deadline: Date.now() + cfg.deadlineMs },
-          (err, res) => (err !== null || res === undefined ? reject(err ?? new Error('no response')) : resolve({ lease: millis(res.lease) })),
-        );
-      });
+      const message = cfg.leaseMs > 0 ? { ticket, lease: duration(cfg.leaseMs) } : { ticket };
+      const mux = this.mux;
+      const resp =
+        mux !== undefined
+          ? {
+              lease: millis(
+                FuseboxClient.answer<RenewResponse__Output>(await mux.request({ renew: message }, cfg.deadlineMs), 'renew').lease,
+              ),
+            }
+          : await new Promise<{ lease: ReturnType<typeof millis> }>((resolve, reject) => {
+              this.stub.Renew(message, { deadline: Date.now() + cfg.deadlineMs }, (err, res) =>
+                err !== null || res === undefined ? reject(err ?? new Error('no response')) : resolve({ lease: millis(res.lease) }),
+              );
+            });
       this.counters.renewals++;
       return Math.max((resp.lease ?? leaseMs) / 2, 1);
     } catch (err) {

@@ -286,9 +286,9 @@ function load(file: string): Scenario {
   };
 }
 
-async function runScenario(sc: Scenario): Promise<void> {
+async function runScenario(sc: Scenario, transport: 'unary' | 'stream'): Promise<void> {
   const server = await Server.start({ config: sc.config });
-  const client = new FuseboxClient(server.addr, { deadlineMs: 2000, logger: { warn() {} } });
+  const client = new FuseboxClient(server.addr, { deadlineMs: 2000, logger: { warn() {} }, transport });
   const guards = new Map<string, Running>();
   const get = (id: Json | undefined, where: string): Running => {
     const name = str(id, `${where}: id`);
@@ -381,5 +381,6 @@ void test('the scenario folder has scenarios', () => {
 
 for (const file of files) {
   const sc = load(file);
-  void test(sc.name, () => runScenario(sc));
+  void test(sc.name, () => runScenario(sc, 'unary'));
+  void test(`${sc.name} (Decide stream)`, () => runScenario(sc, 'stream'));
 }
