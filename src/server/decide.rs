@@ -18,7 +18,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use tokio::sync::mpsc;
-use tokio::task::{AbortHandle, JoinSet};
+use tokio::sync::oneshot;
+use tokio::task::JoinSet;
 use tonic::{Request, Status, Streaming};
 
 use super::{status_of_refusal, Api};
@@ -121,7 +122,7 @@ pub fn open(api: &Api, request: Request<Streaming<pb::DecideRequest>>) -> Result
         grant,
         tx,
         waiting: JoinSet::new(),
-        aborts: HashMap::new(),
+        cancels: HashMap::new(),
         _counted: counted,
     };
     tokio::spawn(stream.serve(frames));
@@ -137,8 +138,8 @@ struct Stream {
     tx: mpsc::Sender<Result<pb::DecideResponse, Status>>,
     /// Acquires that wait, each on a task.
     waiting: JoinSet<Waited>,
-    /// How to withdraw each waiting Acquire, by frame id.
-    aborts: HashMap<u64, AbortHandle>,
+    /// How to cancel each waiting Acquire, by frame id (taken once used).
+    cancels: HashMap<u64, Option<oneshot::Sender<()>>>,
     _counted: Counted,
 }
 
@@ -155,14 +156,10 @@ impl Stream {
                             break;
                         }
                     }
-                    // The caller closed its side: answer what still waits.
+                    // The caller closed its sending side: it still reads, so
+                    // what waits is answered, unless it goes away too.
                     Ok(None) => {
-                        while let Some(done) = self.waiting.join_next().await {
-                            let results = self.waited(done).into_iter().collect();
-                            if !self.send(results).await {
-                                break;
-                            }
-                        }
+                        self.drain().await;
                         break;
                     }
                     Err(_) => break,
@@ -183,6 +180,23 @@ impl Stream {
         self.waiting.abort_all();
     }
 
+    /// Answers the Acquires still waiting as they are served, until none
+    /// is left or the caller stops reading (then they are withdrawn).
+    async fn drain(&mut self) {
+        loop {
+            tokio::select! {
+                () = self.tx.closed() => return,
+                done = self.waiting.join_next() => {
+                    let Some(done) = done else { return };
+                    let results = self.waited(done).into_iter().collect();
+                    if !self.send(results).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
     async fn send(&self, results: Vec<pb::DecideResult>) -> bool {
         if results.is_empty() {
             return true;
@@ -200,7 +214,7 @@ impl Stream {
     /// was cancelled (its CANCELLED answer went when the Cancel came).
     fn waited(&mut self, done: Result<Waited, tokio::task::JoinError>) -> Option<pb::DecideResult> {
         let (id, result) = done.ok()?;
-        self.aborts.remove(&id);
+        self.cancels.remove(&id);
         Some(match result {
             Ok(response) => answer(id, pb::decide_result::Result::Acquire(response)),
             Err(status) => failed(id, &status),
@@ -246,12 +260,12 @@ impl Stream {
         use pb::decide_result::Result as Answer;
         let frame = match request {
             Some(Frame::Cancel(_)) => {
-                let abort = self.aborts.remove(&id)?;
-                abort.abort();
-                return Some(failed(
-                    id,
-                    &Status::cancelled("the caller cancelled this Acquire; it left the queue"),
-                ));
+                // The Acquire answers CANCELLED itself, unless its answer is
+                // already there (then the answer goes, and this does nothing).
+                if let Some(cancel) = self.cancels.get_mut(&id).and_then(Option::take) {
+                    let _ = cancel.send(());
+                }
+                return None;
             }
             Some(frame) => frame,
             None => {
@@ -263,7 +277,7 @@ impl Stream {
                 ))
             }
         };
-        if self.aborts.contains_key(&id) {
+        if self.cancels.contains_key(&id) {
             return Some(failed(
                 id,
                 &Status::invalid_argument(format!(
@@ -298,8 +312,18 @@ impl Stream {
                         Err(status) => failed(id, &status),
                     },
                     () = std::future::ready(()) => {
-                        let abort = self.waiting.spawn(async move { (id, acquire.await) });
-                        self.aborts.insert(id, abort);
+                        let (cancel, cancelled) = oneshot::channel::<()>();
+                        self.waiting.spawn(async move {
+                            tokio::select! {
+                                // An answer already made wins over a Cancel.
+                                biased;
+                                result = &mut acquire => (id, result),
+                                _ = cancelled => (id, Err(Status::cancelled(
+                                    "the caller cancelled this Acquire; it left the queue",
+                                ))),
+                            }
+                        });
+                        self.cancels.insert(id, Some(cancel));
                         return None;
                     }
                 }
