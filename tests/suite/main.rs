@@ -10,6 +10,7 @@ mod client_tool;
 mod command;
 mod compose;
 mod dashboard;
+mod decide;
 mod durable;
 mod failover;
 mod fleet;

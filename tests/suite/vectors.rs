@@ -404,32 +404,32 @@ use tonic::transport::Channel;
 use crate::harness::{millis, ms, Server};
 
 /// What a sent acquire came back with: the answer and the ticket's token.
-type Sent = (Answer, Option<String>);
+pub type Sent = (Answer, Option<String>);
 
 /// The longest the runner waits for a target to settle: a safety net only,
 /// never a synchronisation.
 const SETTLE_LIMIT: Duration = Duration::from_secs(20);
 
 /// A token no ticket has: completing it answers `NOT_FOUND`.
-const UNKNOWN_TICKET: &str = "0123456789abcdef0123456789abcdef";
+pub const UNKNOWN_TICKET: &str = "0123456789abcdef0123456789abcdef";
 
 /// Acquires that may wait, each in its own task, by label.
 #[derive(Default)]
-struct Waiting {
+pub struct Waiting {
     running: Vec<(String, JoinHandle<Sent>)>,
     done: HashMap<String, Sent>,
     unlabelled: usize,
 }
 
 impl Waiting {
-    fn label(&mut self, step: &Step) -> String {
+    pub fn label(&mut self, step: &Step) -> String {
         step.label.clone().unwrap_or_else(|| {
             self.unlabelled += 1;
             format!("#unlabelled-{}", self.unlabelled)
         })
     }
 
-    fn spawn(&mut self, label: String, request: impl Future<Output = Sent> + Send + 'static) {
+    pub fn spawn(&mut self, label: String, request: impl Future<Output = Sent> + Send + 'static) {
         self.done.remove(&label);
         self.running.push((label, tokio::spawn(request)));
     }
@@ -451,7 +451,7 @@ impl Waiting {
     }
 
     /// Waits until every task still running is a waiter the target counts.
-    async fn quiesce<F, Fut>(&mut self, mut waiters: F)
+    pub async fn quiesce<F, Fut>(&mut self, mut waiters: F)
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = usize>,
@@ -475,7 +475,7 @@ impl Waiting {
 
     /// The answer of `label` after [`Waiting::quiesce`]: `QUEUED` while its
     /// task runs. `None` when no waiting request has that label.
-    fn answer(&self, label: &str) -> Option<Answer> {
+    pub fn answer(&self, label: &str) -> Option<Answer> {
         if self.running.iter().any(|(l, _)| l == label) {
             return Some(answer_of(&Decision::Queued));
         }
@@ -484,7 +484,7 @@ impl Waiting {
 
     /// The ticket of a finished waiting request; `Some(None)` when it is still
     /// waiting or got no ticket; `None` when no waiting request has that label.
-    fn ticket(&self, label: &str) -> Option<Option<String>> {
+    pub fn ticket(&self, label: &str) -> Option<Option<String>> {
         if self.running.iter().any(|(l, _)| l == label) {
             return Some(None);
         }
@@ -500,12 +500,12 @@ impl Drop for Waiting {
     }
 }
 
-fn outcome_of(outcome: &str) -> Outcome {
+pub fn outcome_of(outcome: &str) -> Outcome {
     serde_json::from_value(serde_json::json!(outcome)).expect("an outcome")
 }
 
 /// An error where an answer was expected, written so that it fails the check.
-fn error_answer(what: String) -> Answer {
+pub fn error_answer(what: String) -> Answer {
     Answer {
         decision: format!("error: {what}"),
         reason: None,
@@ -803,7 +803,7 @@ impl GrpcTarget {
 }
 
 /// The vectors' name of a wire enum value: its name without the prefix.
-fn wire_name(name: &str, prefix: &str) -> String {
+pub fn wire_name(name: &str, prefix: &str) -> String {
     name.strip_prefix(prefix).unwrap_or(name).to_owned()
 }
 
