@@ -1001,13 +1001,30 @@ async fn a_stream_that_goes_away_withdraws_its_waiters_and_keeps_its_tickets() {
 }
 
 #[tokio::test]
-async fn closing_the_request_side_withdraws_the_waiters_and_keeps_the_tickets() {
+async fn closing_only_the_request_side_still_answers_the_waiters() {
+    // The caller sends no more frames but still reads: its waiter stays in
+    // the queue, is served when the permit comes back, and the stream ends
+    // once that answer is out.
     let server = Server::manual(Some(LIMITS_CONFIG)).await;
-    let key = "wait/closed";
+    let admin = server.admin().await;
+    let key = "wait/half-closed";
     let (mut stream, ticket) = holder_and_waiter(&server, key).await;
-    stream.close_requests(); // The answers are still read.
-    ticket_outlives_its_stream(&server, key, ticket).await;
-    // The stream ends, with no answer left to give.
+    stream.close_requests();
+    let done = server
+        .fusebox()
+        .await
+        .complete(pb::CompleteRequest {
+            ticket,
+            outcome: pb::Outcome::Success as i32,
+        })
+        .await
+        .expect("the holder completes")
+        .into_inner();
+    assert!(!done.stale);
+    let state = until_waiters(&admin, key, 0).await;
+    assert_eq!(state.live_tickets, 1, "the waiter was served: {state:?}");
+    let stats = state.stats.expect("stats");
+    assert_eq!((stats.granted, stats.withdrawn), (2, 0), "{stats:?}");
     let ended = tokio::time::timeout(LIMIT, &mut stream.reader)
         .await
         .expect("the stream ends");
