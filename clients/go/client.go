@@ -54,6 +54,7 @@ type Client struct {
 	logs     *logLimiter
 	stats    counters
 	backoff  outageBackoff
+	mux      *mux // the Decide stream, with TransportStream; nil otherwise
 }
 
 // Outage backoff: after fusebox was unavailable, guards do not ask it
@@ -109,6 +110,7 @@ type clientConfig struct {
 	logInterval time.Duration
 	cacheSize   int
 	now         func() time.Time
+	transport   Transport
 }
 
 // Option configures a Client.
@@ -155,6 +157,11 @@ func WithCacheSize(n int) Option { return func(c *clientConfig) { c.cacheSize = 
 // WithClock replaces time.Now for the local short-circuit cache (tests
 // against a server with a manual clock move both together).
 func WithClock(now func() time.Time) Option { return func(c *clientConfig) { c.now = now } }
+
+// WithTransport sets how the client's Acquire, Complete and Renew reach
+// fusebox: TransportUnary (the default), one unary call each, or
+// TransportStream, frames of one Decide stream per client.
+func WithTransport(t Transport) Option { return func(c *clientConfig) { c.transport = t } }
 
 // TLSFromFiles builds a TLS configuration: caFile (PEM) is the roots to
 // trust (empty: the system's), certFile and keyFile a client certificate
@@ -237,6 +244,9 @@ func New(target string, opts ...Option) (*Client, error) {
 	c.conn = conn
 	c.fusebox = pb.NewFuseboxClient(conn)
 	c.admin = pb.NewAdminClient(conn)
+	if cfg.transport == TransportStream {
+		c.mux = newMux(c.fusebox)
+	}
 	return c, nil
 }
 
@@ -262,7 +272,8 @@ func Shared(target string, opts ...Option) (*Client, error) {
 	return c, nil
 }
 
-// Close closes the connection (unless it was given with WithConn).
+// Close ends the client's Decide stream, if any, and closes the
+// connection (unless it was given with WithConn).
 func (c *Client) Close() error {
 	sharedMu.Lock()
 	for t, s := range sharedClients {
@@ -271,6 +282,9 @@ func (c *Client) Close() error {
 		}
 	}
 	sharedMu.Unlock()
+	if c.mux != nil {
+		c.mux.close()
+	}
 	if c.ownsConn {
 		return c.conn.Close()
 	}
@@ -298,3 +312,48 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 // RequireTransportSecurity is false so that a token also goes over a
 // plaintext connection to a server on loopback; use WithTLS elsewhere.
 func (b bearer) RequireTransportSecurity() bool { return false }
+
+// acquire is the Acquire call, unary or as a frame of the Decide stream.
+func (c *Client) acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.AcquireResponse, error) {
+	if c.mux == nil {
+		return c.fusebox.Acquire(ctx, req)
+	}
+	r, err := c.mux.call(ctx, &pb.DecideFrame{Request: &pb.DecideFrame_Acquire{Acquire: req}})
+	if err != nil {
+		return nil, err
+	}
+	if resp := r.GetAcquire(); resp != nil {
+		return resp, nil
+	}
+	return nil, unexpected(r)
+}
+
+// completeCall is the Complete call, unary or as a frame of the Decide stream.
+func (c *Client) completeCall(ctx context.Context, req *pb.CompleteRequest) (*pb.CompleteResponse, error) {
+	if c.mux == nil {
+		return c.fusebox.Complete(ctx, req)
+	}
+	r, err := c.mux.call(ctx, &pb.DecideFrame{Request: &pb.DecideFrame_Complete{Complete: req}})
+	if err != nil {
+		return nil, err
+	}
+	if resp := r.GetComplete(); resp != nil {
+		return resp, nil
+	}
+	return nil, unexpected(r)
+}
+
+// renew is the Renew call, unary or as a frame of the Decide stream.
+func (c *Client) renew(ctx context.Context, req *pb.RenewRequest) (*pb.RenewResponse, error) {
+	if c.mux == nil {
+		return c.fusebox.Renew(ctx, req)
+	}
+	r, err := c.mux.call(ctx, &pb.DecideFrame{Request: &pb.DecideFrame_Renew{Renew: req}})
+	if err != nil {
+		return nil, err
+	}
+	if resp := r.GetRenew(); resp != nil {
+		return resp, nil
+	}
+	return nil, unexpected(r)
+}

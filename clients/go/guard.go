@@ -167,7 +167,7 @@ func (c *Client) Guard(ctx context.Context, key string, call func(ctx context.Co
 		err = status.Error(codes.Unavailable, "fusebox was unavailable; backing off before asking again")
 	} else {
 		actx, cancel := context.WithTimeout(ctx, cfg.deadline+cfg.maxWait)
-		resp, err = c.fusebox.Acquire(actx, req)
+		resp, err = c.acquire(actx, req)
 		cancel()
 		if err != nil && ctx.Err() != nil {
 			return ctx.Err()
@@ -268,7 +268,7 @@ func (c *Client) run(ctx context.Context, adm Admission, lease time.Duration, cf
 func (c *Client) complete(ctx context.Context, adm Admission, outcome Outcome, cfg guardConfig) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.deadline)
 	defer cancel()
-	_, err := c.fusebox.Complete(cctx, &pb.CompleteRequest{Ticket: adm.Ticket, Outcome: pb.Outcome(outcome)})
+	_, err := c.completeCall(cctx, &pb.CompleteRequest{Ticket: adm.Ticket, Outcome: pb.Outcome(outcome)})
 	if err != nil {
 		c.stats.completeErrs.Add(1)
 		c.logs.warn("complete", "fusebox: could not report an outcome", "key", adm.Key, "outcome", outcome.String(), "err", err)
@@ -294,7 +294,7 @@ func (c *Client) renewLoop(ticket string, lease time.Duration, cfg guardConfig, 
 			req.Lease = durationpb.New(cfg.lease)
 		}
 		rctx, cancel := context.WithTimeout(context.Background(), cfg.deadline)
-		resp, err := c.fusebox.Renew(rctx, req)
+		resp, err := c.renew(rctx, req)
 		cancel()
 		next := lease / 2
 		if err != nil {

@@ -2,7 +2,8 @@ package fusebox
 
 // The runner of the shared scenarios (../scenarios/*.json, described in
 // ../scenarios/README.md): every file is replayed against its own real
-// fusebox server with a manual clock. FUSEBOX_SCENARIOS names another
+// fusebox server with a manual clock, once with each transport (unary
+// calls, and frames of a Decide stream). FUSEBOX_SCENARIOS names another
 // folder; without the folder the test is skipped.
 
 import (
@@ -97,11 +98,15 @@ func TestScenarios(t *testing.T) {
 		if err := dec.Decode(&sc); err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
-		t.Run(sc.Name, func(t *testing.T) { runScenario(t, sc) })
+		t.Run(sc.Name, func(t *testing.T) {
+			for _, tr := range []Transport{TransportUnary, TransportStream} {
+				t.Run(tr.String(), func(t *testing.T) { runScenario(t, sc, tr) })
+			}
+		})
 	}
 }
 
-func runScenario(t *testing.T, sc scenario) {
+func runScenario(t *testing.T, sc scenario, transport Transport) {
 	var args []string
 	if sc.Config != "" {
 		cfg := filepath.Join(t.TempDir(), "fusebox.toml")
@@ -111,7 +116,7 @@ func runScenario(t *testing.T, sc scenario) {
 		args = []string{"--config", cfg}
 	}
 	s := startServer(t, args...)
-	c := newClient(t, s, WithGuardDefaults(Deadline(2*time.Second)))
+	c := newClient(t, s, WithGuardDefaults(Deadline(2*time.Second)), WithTransport(transport))
 	guards := map[string]*running{}
 	get := func(id string) *running {
 		g, ok := guards[id]

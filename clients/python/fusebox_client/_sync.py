@@ -13,6 +13,7 @@ from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 import grpc
 
 from . import _common as c
+from . import _stream
 from ._gen import fusebox_pb2 as pb
 from ._gen import fusebox_pb2_grpc as pbg
 
@@ -57,6 +58,10 @@ class FuseboxClient:
     log_interval: each kind of trouble (fusebox unavailable, a failed renewal or
       Complete) is logged at most once per this many seconds.
     clock: the monotonic clock used by the short-circuit cache and logging.
+    transport: how Acquire, Complete and Renew reach fusebox: "unary" (the
+      default), one call each, or "stream", frames of one Decide stream per
+      client (the frames ready together in one message), opened on first use
+      and again after it ends.
     """
 
     def __init__(
@@ -72,8 +77,10 @@ class FuseboxClient:
         log_interval: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         channel: Optional[grpc.Channel] = None,
+        transport: str = "unary",
     ):
         self.target = target
+        self.transport = _stream.check_transport(transport)
         self.channel = channel if channel is not None else shared_channel(target, tls)
         self.stub = pbg.FuseboxStub(self.channel)
         self.metadata = c.metadata(token)
@@ -88,6 +95,28 @@ class FuseboxClient:
         self.complete_log = c.RateLimitedLog(log_interval, clock)
         self.backoff = c.OutageBackoff()
         self.renewals = _Renewals()
+        self.mux = _stream.Mux(self.stub, self.metadata) if transport == "stream" else None
+
+    def _acquire(self, req: pb.AcquireRequest, timeout: float) -> pb.AcquireResponse:
+        if self.mux is None:
+            return self.stub.Acquire(req, timeout=timeout, metadata=self.metadata)
+        return self.mux.call("acquire", req, timeout)
+
+    def _complete(self, req: pb.CompleteRequest, timeout: float) -> pb.CompleteResponse:
+        if self.mux is None:
+            return self.stub.Complete(req, timeout=timeout, metadata=self.metadata)
+        return self.mux.call("complete", req, timeout)
+
+    def _renew(self, req: pb.RenewRequest, timeout: float) -> pb.RenewResponse:
+        if self.mux is None:
+            return self.stub.Renew(req, timeout=timeout, metadata=self.metadata)
+        return self.mux.call("renew", req, timeout)
+
+    def close(self) -> None:
+        """Ends the client's Decide stream, if any (the channel, shared, stays
+        open)."""
+        if self.mux is not None:
+            self.mux.close()
 
     def guard(
         self,
@@ -142,7 +171,7 @@ class _Renewal:
             g = self.guard
             req = pb.RenewRequest(ticket=self.ticket, lease=c.dur(g.lease))
             try:
-                resp = g.client.stub.Renew(req, timeout=g.deadline, metadata=g.client.metadata)
+                resp = g.client._renew(req, g.deadline)
                 g.client.counters.add("renewals")
                 g.renewals += 1
                 if resp.HasField("lease"):
@@ -290,9 +319,7 @@ class Guard:
         if cl.backoff.backing_off():
             return self._outage(c.BackingOff())
         try:
-            resp = cl.stub.Acquire(
-                self._request(), timeout=self.deadline + (self.max_wait or 0), metadata=cl.metadata
-            )
+            resp = cl._acquire(self._request(), self.deadline + (self.max_wait or 0))
         except grpc.RpcError as err:
             return self._acquire_failed(err)
         cl.backoff.answered()
@@ -375,10 +402,8 @@ class Guard:
     def _complete(self) -> None:
         cl = self.client
         try:
-            cl.stub.Complete(
-                pb.CompleteRequest(ticket=self.ticket, outcome=self._outcome_pb()),
-                timeout=self.deadline,
-                metadata=cl.metadata,
+            cl._complete(
+                pb.CompleteRequest(ticket=self.ticket, outcome=self._outcome_pb()), self.deadline
             )
             cl.counters.add("completes")
         except grpc.RpcError as err:

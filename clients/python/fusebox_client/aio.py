@@ -13,6 +13,7 @@ import grpc
 import grpc.aio
 
 from . import _common as c
+from . import _stream
 from ._gen import fusebox_pb2 as pb
 from ._gen import fusebox_pb2_grpc as pbg
 from ._sync import Guard as _SyncGuard
@@ -39,8 +40,8 @@ def shared_channel(target: str, tls: Optional[c.TLS] = None) -> grpc.aio.Channel
 
 
 class AsyncFuseboxClient:
-    """The asyncio twin of `FuseboxClient`, with the same options. Create it
-    inside the running event loop."""
+    """The asyncio twin of `FuseboxClient`, with the same options (including
+    transport="unary"|"stream"). Create it inside the running event loop."""
 
     def __init__(
         self,
@@ -55,8 +56,10 @@ class AsyncFuseboxClient:
         log_interval: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         channel: Optional[grpc.aio.Channel] = None,
+        transport: str = "unary",
     ):
         self.target = target
+        self.transport = _stream.check_transport(transport)
         self.channel = channel if channel is not None else shared_channel(target, tls)
         self.stub = pbg.FuseboxStub(self.channel)
         self.metadata = c.metadata(token)
@@ -70,6 +73,28 @@ class AsyncFuseboxClient:
         self.renew_log = c.RateLimitedLog(log_interval, clock)
         self.complete_log = c.RateLimitedLog(log_interval, clock)
         self.backoff = c.OutageBackoff()
+        self.mux = _stream.AsyncMux(self.stub, self.metadata) if transport == "stream" else None
+
+    async def _acquire(self, req: pb.AcquireRequest, timeout: float) -> pb.AcquireResponse:
+        if self.mux is None:
+            return await self.stub.Acquire(req, timeout=timeout, metadata=self.metadata)
+        return await self.mux.call("acquire", req, timeout)
+
+    async def _complete(self, req: pb.CompleteRequest, timeout: float) -> pb.CompleteResponse:
+        if self.mux is None:
+            return await self.stub.Complete(req, timeout=timeout, metadata=self.metadata)
+        return await self.mux.call("complete", req, timeout)
+
+    async def _renew(self, req: pb.RenewRequest, timeout: float) -> pb.RenewResponse:
+        if self.mux is None:
+            return await self.stub.Renew(req, timeout=timeout, metadata=self.metadata)
+        return await self.mux.call("renew", req, timeout)
+
+    def close(self) -> None:
+        """Ends the client's Decide stream, if any (the channel, shared, stays
+        open)."""
+        if self.mux is not None:
+            self.mux.close()
 
     def guard(
         self,
@@ -139,9 +164,7 @@ class AsyncGuard(_SyncGuard):
         if cl.backoff.backing_off():
             return self._outage(c.BackingOff())
         try:
-            resp = await cl.stub.Acquire(
-                self._request(), timeout=self.deadline + (self.max_wait or 0), metadata=cl.metadata
-            )
+            resp = await cl._acquire(self._request(), self.deadline + (self.max_wait or 0))
         except grpc.RpcError as err:
             return self._acquire_failed(err)
         cl.backoff.answered()
@@ -159,7 +182,7 @@ class AsyncGuard(_SyncGuard):
             await asyncio.sleep(wait)  # the renewal period, not synchronisation
             wait = lease / 4  # unless renewed: try again before the lease ends
             try:
-                resp = await cl.stub.Renew(req, timeout=self.deadline, metadata=cl.metadata)
+                resp = await cl._renew(req, self.deadline)
                 cl.counters.add("renewals")
                 self.renewals += 1
                 if resp.HasField("lease"):
@@ -208,10 +231,8 @@ class AsyncGuard(_SyncGuard):
     async def _complete_async(self) -> None:
         cl = self.client
         try:
-            await cl.stub.Complete(
-                pb.CompleteRequest(ticket=self.ticket, outcome=self._outcome_pb()),
-                timeout=self.deadline,
-                metadata=cl.metadata,
+            await cl._complete(
+                pb.CompleteRequest(ticket=self.ticket, outcome=self._outcome_pb()), self.deadline
             )
             cl.counters.add("completes")
         except grpc.RpcError as err:

@@ -14,9 +14,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-if not os.path.exists(os.path.join(ROOT, "fusebox_client", "_gen", "fusebox_pb2_grpc.py")):
-    import build_stubs
+import build_stubs  # noqa: E402
 
+# The stubs are generated when missing or older than the proto (a checkout
+# that changed the proto after the last install).
+_GEN = os.path.join(ROOT, "fusebox_client", "_gen", "fusebox_pb2_grpc.py")
+if not os.path.exists(_GEN) or (
+    os.path.exists(build_stubs.PROTO)
+    and os.path.getmtime(build_stubs.PROTO) > os.path.getmtime(_GEN)
+):
     build_stubs.generate()
 
 import grpc  # noqa: E402

@@ -1,5 +1,6 @@
 """Replays the shared scenarios (clients/scenarios/*.json, format in its
-README.md) twice, with the asyncio client and with the sync client, one real
+README.md) with the asyncio client and with the sync client, each in both
+transports (unary calls, and frames of one Decide stream), one real
 --manual-clock server per file and run.
 
 Sync Python has no cancellation of a running call; the sync replay stands a
@@ -182,18 +183,22 @@ async def until(pred, what: str):
         await asyncio.sleep(0.005)  # polling a condition, bounded by WAIT
 
 
-async def replay(scenario: dict, tmp_path) -> None:
+TRANSPORTS = ["unary", "stream"]
+
+
+async def replay(scenario: dict, tmp_path, transport: str) -> None:
     cfg = None
     if "config" in scenario:
         cfg = tmp_path / "fusebox.toml"
         cfg.write_text(scenario["config"])
     server = Server(str(cfg) if cfg else None)
+    client = None
     try:
         # The scenarios' deadline on fusebox calls (clients/scenarios/README.md).
-        client = AsyncFuseboxClient(server.addr, deadline=2.0)
+        client = AsyncFuseboxClient(server.addr, deadline=2.0, transport=transport)
         running: dict[str, Running] = {}
         for i, step in enumerate(scenario["steps"]):
-            where = f"{scenario['name']} step {i}"
+            where = f"{scenario['name']} ({transport}) step {i}"
             actions = set(step) & ACTIONS
             extra = set(step) - ACTIONS - {"expect", "as"}
             assert len(actions) == 1 and not extra, f"{where}: bad step {step}"
@@ -271,15 +276,18 @@ async def replay(scenario: dict, tmp_path) -> None:
             if r.task and not r.task.done():
                 r.task.cancel()
     finally:
+        if client is not None:
+            client.close()
         server.stop()
 
 
 if FILES:
 
+    @pytest.mark.parametrize("transport", TRANSPORTS)
     @pytest.mark.parametrize("path", FILES, ids=[os.path.basename(f)[:-5] for f in FILES])
-    async def test_scenario(path, tmp_path):
+    async def test_scenario(path, transport, tmp_path):
         with open(path) as f:
-            await replay(json.load(f), tmp_path)
+            await replay(json.load(f), tmp_path, transport)
 
 else:
 
@@ -351,17 +359,18 @@ def until_sync(pred, what: str) -> None:
         tick.wait(0.005)  # polling a condition, bounded by WAIT
 
 
-def replay_sync(scenario: dict, tmp_path) -> None:
+def replay_sync(scenario: dict, tmp_path, transport: str) -> None:
     cfg = None
     if "config" in scenario:
         cfg = tmp_path / "fusebox.toml"
         cfg.write_text(scenario["config"])
     server = Server(str(cfg) if cfg else None)
     running: dict[str, SyncRunning] = {}
+    client = None
     try:
-        client = FuseboxClient(server.addr, deadline=2.0)
+        client = FuseboxClient(server.addr, deadline=2.0, transport=transport)
         for i, step in enumerate(scenario["steps"]):
-            where = f"{scenario['name']} (sync) step {i}"
+            where = f"{scenario['name']} (sync, {transport}) step {i}"
             actions = set(step) & ACTIONS
             extra = set(step) - ACTIONS - {"expect", "as"}
             assert len(actions) == 1 and not extra, f"{where}: bad step {step}"
@@ -429,12 +438,15 @@ def replay_sync(scenario: dict, tmp_path) -> None:
         for r in running.values():
             if r.thread is not None and r.thread.is_alive() and r.release.empty():
                 r.release.put("cancel")
+        if client is not None:
+            client.close()
         server.stop()
 
 
 if FILES:
 
+    @pytest.mark.parametrize("transport", TRANSPORTS)
     @pytest.mark.parametrize("path", FILES, ids=[os.path.basename(f)[:-5] for f in FILES])
-    def test_scenario_sync(path, tmp_path):
+    def test_scenario_sync(path, transport, tmp_path):
         with open(path) as f:
-            replay_sync(json.load(f), tmp_path)
+            replay_sync(json.load(f), tmp_path, transport)

@@ -1,0 +1,195 @@
+"""transport="stream": the calls go as frames of one Decide stream per client."""
+
+import asyncio
+import threading
+import time
+
+import grpc
+import pytest
+from conftest import breaker, concurrency, pb
+
+from fusebox_client import CallError, FuseboxClient, Unavailable
+from fusebox_client._common import INITIAL_BACKOFF
+from fusebox_client.aio import AsyncFuseboxClient
+
+
+class Boom(Exception):
+    pass
+
+
+def no_unary(client) -> None:
+    """Makes any unary Acquire, Complete or Renew of client fail the test."""
+
+    def unary(*_args, **_kwargs):
+        raise AssertionError("a unary call with transport='stream'")
+
+    client.stub.Acquire = client.stub.Complete = client.stub.Renew = unary
+
+
+def queued(permits: int = 1) -> pb.Limiter:
+    limiter = concurrency(permits)
+    limiter.queue_limit = 1
+    return limiter
+
+
+def until(pred, what: str, wait: float = 5.0) -> None:
+    end = time.monotonic() + wait
+    while not pred():
+        assert time.monotonic() < end, f"{what}: not within {wait} s"
+        time.sleep(0.005)
+
+
+def test_transport_is_checked(server):
+    with pytest.raises(ValueError):
+        FuseboxClient(server.addr, transport="batch")
+
+
+def test_every_call_goes_on_one_stream(server):
+    server.rule("k", breaker=breaker(100, 10_000))
+    client = FuseboxClient(server.addr, deadline=2, transport="stream")
+    no_unary(client)
+    errors = []
+
+    def one(i: int) -> None:
+        try:
+            with client.guard("k"):
+                if i % 4 == 0:
+                    raise Boom()
+        except Boom:
+            pass
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    st = server.key("k").stats
+    assert (st.successes, st.failures) == (30, 10)
+    assert client.counters.snapshot()["completes"] == 40
+    stream = client.mux._stream
+    assert stream is not None and not stream.ended
+    client.close()
+
+
+@pytest.mark.parametrize("transport", ["unary", "stream"])
+def test_an_error_answer_is_the_unary_calls_error(server, transport):
+    client = FuseboxClient(server.addr, deadline=2, transport=transport)
+    with pytest.raises(CallError) as e:
+        with client.guard(""):
+            pass
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    client.close()
+
+
+def test_an_acquire_past_its_deadline_is_withdrawn(server):
+    server.rule("k", limiter=queued())
+    client = FuseboxClient(server.addr, deadline=2, transport="stream")
+    with client.guard("k"):
+        result = {}
+
+        def waiter() -> None:
+            # The manual clock stands still: only the client gives up.
+            with client.guard("k", max_wait=1.0, deadline=0.1) as g:
+                result["degraded"] = g.degraded
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        until(lambda: server.key("k").waiters == 1, "a waiter")
+        t.join()
+        assert result == {"degraded": True}
+        until(lambda: server.key("k").waiters == 0, "the waiter withdrawn")
+    client.close()
+
+
+def test_calls_in_flight_fail_unavailable_when_the_stream_ends_then_it_reopens(server):
+    server.rule("k", limiter=queued())
+    client = FuseboxClient(server.addr, deadline=2, transport="stream")
+    with client.guard("k"):
+        result = {}
+
+        def waiter() -> None:
+            try:
+                with client.guard("k", max_wait=60.0, fail_open=False):
+                    pass
+            except Unavailable as e:
+                assert isinstance(e.cause, grpc.RpcError)
+                result["code"] = e.cause.code()
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        until(lambda: server.key("k").waiters == 1, "a waiter")
+        first = client.mux._stream
+        first.end()
+        t.join(5)
+        assert result == {"code": grpc.StatusCode.UNAVAILABLE}
+    # The holder's Complete went on a new stream.
+    assert server.key("k").stats.successes == 1
+    assert client.mux._stream is not first
+    time.sleep(2 * INITIAL_BACKOFF)  # the outage backoff
+    with client.guard("other") as g:
+        assert g.ticket
+    client.close()
+
+
+async def test_async_every_call_goes_on_one_stream(server):
+    server.rule("k", breaker=breaker(100, 10_000))
+    client = AsyncFuseboxClient(server.addr, deadline=2, transport="stream")
+    no_unary(client)
+
+    async def one(i: int) -> None:
+        try:
+            async with client.guard("k"):
+                if i % 4 == 0:
+                    raise Boom()
+        except Boom:
+            pass
+
+    await asyncio.gather(*(one(i) for i in range(40)))
+    st = server.key("k").stats
+    assert (st.successes, st.failures) == (30, 10)
+    assert client.counters.snapshot()["completes"] == 40
+    client.close()
+
+
+async def test_async_error_answer_and_cancelled_waiter(server):
+    server.rule("k", limiter=queued())
+    client = AsyncFuseboxClient(server.addr, deadline=2, transport="stream")
+    with pytest.raises(CallError) as e:
+        async with client.guard(""):
+            pass
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+    async def waits() -> None:
+        async with client.guard("k", max_wait=60.0):
+            pass
+
+    async with client.guard("k"):
+        task = asyncio.get_running_loop().create_task(waits())
+        for _ in range(1000):
+            if server.key("k").waiters == 1:
+                break
+            await asyncio.sleep(0.005)
+        assert server.key("k").waiters == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(1000):
+            if server.key("k").waiters == 0:
+                break
+            await asyncio.sleep(0.005)
+        assert server.key("k").waiters == 0
+
+    # Past its deadline: fails open, and the waiter is withdrawn.
+    async with client.guard("k"):
+        waiter = client.guard("k", max_wait=1.0, deadline=0.1)
+        async with waiter:
+            assert waiter.degraded
+        for _ in range(1000):
+            if server.key("k").waiters == 0:
+                break
+            await asyncio.sleep(0.005)
+        assert server.key("k").waiters == 0
+    client.close()
