@@ -565,54 +565,13 @@ breaker = { mode = "consecutive", failures = 1, break = "1s" }
             .expect("Clock.Advance answers");
         let answers = fleet_burst(&streams, round).await;
         assert_eq!(answers.len(), FLEET_STREAMS * FLEET_FRAMES);
-        let mut probes = Vec::new();
-        let mut blocked = 0;
-        let mut other = Vec::new();
-        for a in &answers {
-            if is(a.decision, pb::Decision::Probe)
-                && a.reason == pb::Reason::Unspecified as i32
-                && !a.ticket.is_empty()
-            {
-                probes.push(a.ticket.clone());
-            } else if is(a.decision, pb::Decision::Blocked)
-                && a.reason == pb::Reason::ProbeInFlight as i32
-                && a.ticket.is_empty()
-                // Time stands still: the slot is held for probe_lease (= break).
-                && millis(a.retry_after) == Some(1000)
-            {
-                blocked += 1;
-            } else {
-                other.push(a.clone());
-            }
-            assert_eq!(a.phase, pb::Phase::HalfOpen as i32, "round {round}: {a:?}");
-        }
-        assert!(
-            probes.len() == 1 && blocked == answers.len() - 1 && other.is_empty(),
-            "round {round}: expected 1 PROBE and {} BLOCKED probe_in_flight, got {} probes, {blocked} blocked, and {} others: {:?}",
-            answers.len() - 1,
-            probes.len(),
-            other.len(),
-            other.iter().take(5).collect::<Vec<_>>()
-        );
-        let state = waiters(&admin, FLEET_KEY).await;
-        assert_eq!(
-            state.phase,
-            pb::Phase::HalfOpen as i32,
-            "round {round}: {state:?}"
-        );
-        assert_eq!(state.half_open_attempts, round, "round {round}: {state:?}");
-        assert_eq!(
-            state.consecutive_failures, round,
-            "round {round}: {state:?}"
-        );
-        assert_eq!(
-            state.live_tickets, 1,
-            "round {round}: only the probe: {state:?}"
-        );
+        // Time stands still: the slot is held for probe_lease (= break).
+        let probe = crate::fleet::one_probe(round, &answers, |retry| retry == 1000);
+        crate::fleet::check_half_open(&server, round).await;
         let done = control
             .ask(complete_frame(
                 u64::from(round) * 1000 + 999,
-                &probes[0],
+                &probe,
                 pb::Outcome::Failure,
             ))
             .await;

@@ -89,7 +89,7 @@ async fn fire(clients: &[Client]) -> Vec<pb::AcquireResponse> {
 /// Checks that exactly one answer is the probe and every other one is
 /// blocked by it; returns the probe's ticket. `retry_after` of the blocked
 /// ones must satisfy `retry_ok`.
-fn one_probe(
+pub(crate) fn one_probe(
     round: u32,
     answers: &[pb::AcquireResponse],
     retry_ok: impl Fn(u64) -> bool,
@@ -130,7 +130,7 @@ fn one_probe(
 
 /// Checks the key after a round's burst: half-open, one probe ticket live,
 /// `round` probes admitted since it last closed, and `round` failures in a row.
-async fn check_half_open(server: &Server, round: u32) {
+pub(crate) async fn check_half_open(server: &Server, round: u32) {
     let state = server.get(KEY).await;
     assert_eq!(
         state.phase,
