@@ -298,6 +298,13 @@ impl Stream {
         }
         let grant = self.grant.as_deref();
         Some(match frame {
+            // One that may not wait decides at once: no task, no box.
+            Frame::Acquire(req) if req.max_wait.is_none_or(|d| d.seconds == 0 && d.nanos == 0) => {
+                match self.api.acquire_as(grant, req).await {
+                    Ok(response) => answer(id, Answer::Acquire(response)),
+                    Err(status) => failed(id, &status),
+                }
+            }
             Frame::Acquire(req) => {
                 let api = self.api.clone();
                 let grant = self.grant.clone();
