@@ -4,7 +4,11 @@ import com.google.protobuf.Duration;
 import fusebox.v1.FuseboxGrpc;
 import fusebox.v1.FuseboxOuterClass.AcquireRequest;
 import fusebox.v1.FuseboxOuterClass.AcquireResponse;
+import fusebox.v1.FuseboxOuterClass.CompleteRequest;
+import fusebox.v1.FuseboxOuterClass.CompleteResponse;
 import fusebox.v1.FuseboxOuterClass.Reason;
+import fusebox.v1.FuseboxOuterClass.RenewRequest;
+import fusebox.v1.FuseboxOuterClass.RenewResponse;
 import io.grpc.ChannelCredentials;
 import io.grpc.ConnectivityState;
 import io.grpc.Grpc;
@@ -70,6 +74,7 @@ public final class FuseboxClient implements AutoCloseable {
   private final OpenCache cache;
   private final LongSupplier ticker;
   private final Reconnector reconnector;
+  private final DecideStream stream;
   final OutageBackoff backoff = new OutageBackoff();
   final LogLimiter logs;
   final Counters counters = new Counters();
@@ -95,6 +100,7 @@ public final class FuseboxClient implements AutoCloseable {
     this.ticker = b.ticker;
     this.logs = new LogLimiter(b.logger, b.logInterval.toNanos());
     this.reconnector = new Reconnector(channel);
+    this.stream = b.transport == Transport.STREAM ? new DecideStream(channel) : null;
     // Connect now, so that the first guard's small deadline is not spent on the handshake.
     reconnector.start();
   }
@@ -120,6 +126,11 @@ public final class FuseboxClient implements AutoCloseable {
   /** The client's channel, for the generated Admin and Clock stubs. */
   public ManagedChannel channel() {
     return channel;
+  }
+
+  /** How the client's calls reach fusebox. */
+  public Transport transport() {
+    return stream != null ? Transport.STREAM : Transport.UNARY;
   }
 
   /** A snapshot of the client's counters. */
@@ -321,7 +332,34 @@ public final class FuseboxClient implements AutoCloseable {
       req.setLease(duration(opts.lease));
     }
     long deadline = deadlineOf(opts) + opts.maxWait.toNanos();
-    return Rpc.call(channel, FuseboxGrpc.getAcquireMethod(), req.build(), deadline, executor);
+    return callAcquire(req.build(), deadline, executor);
+  }
+
+  /** Acquire, unary or as a frame of the Decide stream, within {@code deadlineNanos}. */
+  CompletableFuture<AcquireResponse> callAcquire(
+      AcquireRequest req, long deadlineNanos, java.util.concurrent.Executor executor) {
+    if (stream != null) {
+      return stream.acquire(req, deadlineNanos, executor);
+    }
+    return Rpc.call(channel, FuseboxGrpc.getAcquireMethod(), req, deadlineNanos, executor);
+  }
+
+  /** Complete, unary or as a frame of the Decide stream, within {@code deadlineNanos}. */
+  CompletableFuture<CompleteResponse> callComplete(
+      CompleteRequest req, long deadlineNanos, java.util.concurrent.Executor executor) {
+    if (stream != null) {
+      return stream.complete(req, deadlineNanos, executor);
+    }
+    return Rpc.call(channel, FuseboxGrpc.getCompleteMethod(), req, deadlineNanos, executor);
+  }
+
+  /** Renew, unary or as a frame of the Decide stream, within {@code deadlineNanos}. */
+  CompletableFuture<RenewResponse> callRenew(
+      RenewRequest req, long deadlineNanos, java.util.concurrent.Executor executor) {
+    if (stream != null) {
+      return stream.renew(req, deadlineNanos, executor);
+    }
+    return Rpc.call(channel, FuseboxGrpc.getRenewMethod(), req, deadlineNanos, executor);
   }
 
   /** Turns fusebox's answer (or error) into a ticket, or throws the refusal. */
@@ -578,6 +616,7 @@ public final class FuseboxClient implements AutoCloseable {
     private Logger logger = LOG;
     private LongSupplier ticker = System::nanoTime;
     private io.grpc.ClientInterceptor interceptor;
+    private Transport transport = Transport.UNARY;
 
     private Builder(String target) {
       this.target = Objects.requireNonNull(target, "target");
@@ -625,6 +664,15 @@ public final class FuseboxClient implements AutoCloseable {
         throw new IllegalArgumentException("deadline must be positive");
       }
       this.deadline = d;
+      return this;
+    }
+
+    /**
+     * How Acquire, Complete and Renew reach fusebox (default {@link Transport#UNARY}, one call
+     * each); {@link Transport#STREAM} sends them as frames of one {@code Decide} stream per client.
+     */
+    public Builder transport(Transport t) {
+      this.transport = Objects.requireNonNull(t);
       return this;
     }
 

@@ -1,6 +1,5 @@
 package dev.fusebox.client;
 
-import fusebox.v1.FuseboxGrpc;
 import fusebox.v1.FuseboxOuterClass.RenewRequest;
 import fusebox.v1.FuseboxOuterClass.RenewResponse;
 import io.grpc.Status;
@@ -50,7 +49,7 @@ final class Renewer {
       if (stopped) {
         return;
       }
-      f = Rpc.call(client.channel(), FuseboxGrpc.getRenewMethod(), request, deadlineNanos, Rpc.DIRECT);
+      f = client.callRenew(request, deadlineNanos, Rpc.DIRECT);
       inFlight = f;
     }
     f.whenComplete(this::answered);

@@ -25,6 +25,24 @@ final class Rpc {
   /** Renewal timers and reconnection nudges of every client in the process (daemon threads). */
   static final ScheduledThreadPoolExecutor SCHEDULER = scheduler();
 
+  /**
+   * Sends the frames of Decide streams and completes the futures of stream calls made without an
+   * executor, so that their dependent stages may block without holding up the stream's other
+   * answers (daemon threads).
+   */
+  static final Executor CALLBACKS =
+      java.util.concurrent.Executors.newCachedThreadPool(
+          new ThreadFactory() {
+            private final AtomicInteger n = new AtomicInteger();
+
+            @Override
+            public Thread newThread(Runnable r) {
+              Thread t = new Thread(r, "fusebox-callback-" + n.incrementAndGet());
+              t.setDaemon(true);
+              return t;
+            }
+          });
+
   private static ScheduledThreadPoolExecutor scheduler() {
     AtomicInteger n = new AtomicInteger();
     ThreadFactory f =

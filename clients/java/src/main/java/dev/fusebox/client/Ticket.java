@@ -1,8 +1,6 @@
 package dev.fusebox.client;
 
-import fusebox.v1.FuseboxGrpc;
 import fusebox.v1.FuseboxOuterClass.CompleteRequest;
-import fusebox.v1.FuseboxOuterClass.CompleteResponse;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.logging.Level;
@@ -117,8 +115,7 @@ public final class Ticket implements AutoCloseable {
     return stopped
         .thenCompose(
             v ->
-                Rpc.<CompleteRequest, CompleteResponse>call(
-                    client.channel(), FuseboxGrpc.getCompleteMethod(), req, deadlineNanos, executor))
+client.callComplete(req, deadlineNanos, executor))
         .handle(
             (r, e) -> {
               if (e == null) {

@@ -43,8 +43,9 @@ import org.junit.jupiter.api.io.TempDir;
 
 /**
  * The runner of the shared scenarios (../scenarios/*.json, described in ../scenarios/README.md):
- * every file is replayed against its own real fusebox server with a manual clock, as one test
- * named after the scenario. FUSEBOX_SCENARIOS names another folder.
+ * every file is replayed against its own real fusebox server with a manual clock, once per transport
+ * (unary calls, then the Decide stream), as one test named after the scenario and the transport.
+ * FUSEBOX_SCENARIOS names another folder.
  */
 class ScenarioTest {
   static final long STEP_WAIT_MS = 5000;
@@ -77,7 +78,10 @@ class ScenarioTest {
       JsonObject sc = JsonParser.parseString(Files.readString(f)).getAsJsonObject();
       only(sc, Set.of("name", "description", "config", "steps"), f.toString());
       String name = sc.get("name").getAsString();
-      tests.add(DynamicTest.dynamicTest(name, f.toUri(), () -> run(sc)));
+      for (Transport t : Transport.values()) {
+        String label = name + " [" + t.name().toLowerCase(java.util.Locale.ROOT) + "]";
+        tests.add(DynamicTest.dynamicTest(label, f.toUri(), () -> run(sc, t)));
+      }
     }
     return tests.stream();
   }
@@ -114,7 +118,7 @@ class ScenarioTest {
     Throwable error;
   }
 
-  private void run(JsonObject sc) throws Exception {
+  private void run(JsonObject sc, Transport transport) throws Exception {
     List<String> args = new ArrayList<>();
     if (sc.has("config")) {
       args.add("--config");
@@ -122,7 +126,8 @@ class ScenarioTest {
     }
     Map<String, Running> guards = new HashMap<>();
     try (TestServer s = TestServer.start(args.toArray(new String[0]));
-        FuseboxClient c = FuseboxClient.builder(s.addr).deadline(Duration.ofMillis(2000)).build()) {
+        FuseboxClient c = FuseboxClient.builder(s.addr).deadline(Duration.ofMillis(2000)).transport(transport).build()) {
+      assertEquals(transport, c.transport());
       int i = 0;
       for (JsonElement el : sc.getAsJsonArray("steps")) {
         String where = "step " + i++;
