@@ -57,7 +57,6 @@ fn main() -> Result<(), Box<dyn Error>> {
         SegmentValue::CenterOf(i) if *i < n => systems[*i]["name"]
             .as_str()
             .unwrap_or("?")
-            .replace(" (", "\n(")
             .replace("fusebox ", ""),
         _ => String::new(),
     };
@@ -144,6 +143,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         .x_labels(m)
         .x_label_formatter(&label)
         .y_desc("µs")
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .label_style(("sans-serif", 13))
         .draw()?;
     for (p, (key, name, c)) in [

@@ -58,8 +58,9 @@ const DISTURBED: f64 = 0.25;
 pub(crate) struct BenchArgs {
     #[command(subcommand)]
     mode: Option<Mode>,
+    /// Boxed: the settings are most of the size of the tool's commands.
     #[command(flatten)]
-    options: Options,
+    options: Box<Options>,
 }
 
 /// What to measure; without a mode, the arms over the spreads.
