@@ -235,3 +235,117 @@ async fn a_list_of_targets_shares_the_connections_and_sums_the_metrics() {
         "{on_a} keys on one, {on_b} on the other"
     );
 }
+
+/// The arms of one table, by name.
+fn row<'a>(results: &'a [Value], arm: &str) -> &'a Value {
+    results
+        .iter()
+        .find(|r| r["arm"] == arm)
+        .unwrap_or_else(|| panic!("a {arm} row in {results:?}"))
+}
+
+#[tokio::test]
+async fn stream_and_batch_make_decisions_compared_with_pair() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let json = dir.path().join("bench.json");
+    let run = fusebox(&[
+        "bench",
+        "--duration",
+        "400ms",
+        "--warmup",
+        "100ms",
+        "--runs",
+        "1",
+        "--arms",
+        "pair,stream,batch",
+        "--spreads",
+        "1k",
+        "--connections",
+        "2",
+        "--in-flight",
+        "2",
+        "--frames",
+        "20",
+        "--json",
+        json.to_str().expect("a UTF-8 path"),
+    ])
+    .await;
+    assert_eq!(run.code, Some(0), "bench succeeds: {}", run.stderr);
+    let doc = read_json(&json);
+    assert_eq!(doc["settings"]["frames"], 20);
+    let results = doc["figures"]["results"].as_array().expect("results");
+    assert_eq!(results.len(), 4, "{results:?}");
+    for r in results {
+        check_row(r);
+    }
+    assert_eq!(number(row(results, "pair"), "ratio_to_pair"), 1.0);
+    for arm in ["stream", "batch"] {
+        let r = row(results, arm);
+        assert_eq!(r["unit"], "pairs/s", "{r}");
+        assert!(number(r, "ratio_to_pair") > 0.0, "{r}");
+        assert_eq!(r["not_granted"], 0, "{r}");
+    }
+    assert_eq!(row(results, "stream")["latency_of"], "decision");
+    assert_eq!(row(results, "batch")["latency_of"], "batch");
+    assert!(run.stdout.contains("VS PAIR"), "{}", run.stdout);
+}
+
+#[tokio::test]
+async fn a_rate_paces_pair_and_stream() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let json = dir.path().join("bench.json");
+    let run = fusebox(&[
+        "bench",
+        "--duration",
+        "1s",
+        "--warmup",
+        "200ms",
+        "--runs",
+        "1",
+        "--arms",
+        "pair,stream",
+        "--spreads",
+        "1k",
+        "--connections",
+        "2",
+        "--in-flight",
+        "2",
+        "--rate",
+        "400",
+        "--json",
+        json.to_str().expect("a UTF-8 path"),
+    ])
+    .await;
+    assert_eq!(run.code, Some(0), "bench succeeds: {}", run.stderr);
+    let doc = read_json(&json);
+    let results = doc["figures"]["results"].as_array().expect("results");
+    for arm in ["pair", "stream"] {
+        let r = row(results, arm);
+        check_row(r);
+        assert_eq!(number(r, "rate_asked"), 400.0, "{r}");
+        let rate = number(r, "rate");
+        assert!((300.0..=420.0).contains(&rate), "paced near 400/s: {r}");
+    }
+    // health stays closed loop: far above the rate asked of the others.
+    assert!(row(results, "health")["rate_asked"].is_null());
+}
+
+#[tokio::test]
+async fn the_throttlecrab_arm_needs_its_server() {
+    let run = fusebox(&[
+        "bench",
+        "--duration",
+        "100ms",
+        "--warmup",
+        "0s",
+        "--runs",
+        "1",
+        "--arms",
+        "throttlecrab",
+        "--spreads",
+        "hot",
+    ])
+    .await;
+    assert_ne!(run.code, Some(0), "{}", run.stdout);
+    assert!(run.stderr.contains("--throttlecrab"), "{}", run.stderr);
+}

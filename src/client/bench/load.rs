@@ -7,6 +7,7 @@
 //! not counted (at tens of microseconds a call, a negligible loss over
 //! seconds).
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -49,11 +50,33 @@ pub(crate) enum Arm {
     /// `Acquire` + `Complete(SUCCESS)` as one sample: pairs per second, and
     /// the latency of the pair.
     Pair,
+    /// The same decisions over one `Decide` stream per connection: each
+    /// stream keeps `--frames` decisions in flight, sends the Complete of a
+    /// ticket as soon as its Acquire is answered, and batches the frames
+    /// that are ready together into one message. One sample per decision
+    /// (Acquire + Complete); its latency runs from its Acquire frame sent to
+    /// its Complete answered.
+    Stream,
+    /// `AcquireBatch` of `--frames` items, then `CompleteBatch` of their
+    /// tickets, one caller per connection: one sample per decision, but
+    /// the latency is that of the whole batch (both calls).
+    Batch,
+    /// `throttlecrab.RateLimiter/Throttle` on the `--throttlecrab` server
+    /// (a GCRA rate-limit check, no ticket to complete): one sample per
+    /// check.
+    Throttlecrab,
 }
 
 impl Arm {
     /// Every arm, in the order tables list them.
-    pub(crate) const ALL: [Arm; 3] = [Arm::Health, Arm::Acquire, Arm::Pair];
+    pub(crate) const ALL: [Arm; 6] = [
+        Arm::Health,
+        Arm::Acquire,
+        Arm::Pair,
+        Arm::Stream,
+        Arm::Batch,
+        Arm::Throttlecrab,
+    ];
 
     /// The name flags and reports use.
     pub(crate) fn name(self) -> &'static str {
@@ -61,6 +84,9 @@ impl Arm {
             Arm::Health => "health",
             Arm::Acquire => "acquire",
             Arm::Pair => "pair",
+            Arm::Stream => "stream",
+            Arm::Batch => "batch",
+            Arm::Throttlecrab => "throttlecrab",
         }
     }
 
@@ -68,8 +94,14 @@ impl Arm {
     pub(crate) fn unit(self) -> &'static str {
         match self {
             Arm::Health | Arm::Acquire => "calls/s",
-            Arm::Pair => "pairs/s",
+            Arm::Pair | Arm::Stream | Arm::Batch => "pairs/s",
+            Arm::Throttlecrab => "checks/s",
         }
+    }
+
+    /// Whether `--rate` paces it (the others run closed loop).
+    pub(crate) fn paced(self) -> bool {
+        matches!(self, Arm::Pair | Arm::Stream)
     }
 }
 
@@ -85,6 +117,14 @@ pub(crate) struct Load {
     pub(crate) channels: Vec<Channel>,
     /// Concurrent callers per connection.
     pub(crate) in_flight: usize,
+    /// Frames per `Decide` message and decisions in flight per stream
+    /// (`stream`); items per batch (`batch`).
+    pub(crate) frames: usize,
+    /// Decisions per second asked of `pair` and `stream`, over all their
+    /// callers (open loop); none: closed loop.
+    pub(crate) rate: Option<f64>,
+    /// Connections to a throttlecrab server, for the `throttlecrab` arm.
+    pub(crate) throttlecrab: Vec<Channel>,
 }
 
 /// The client side of TLS for `https://` targets (`--tls-ca` and the
@@ -129,6 +169,9 @@ impl Load {
         Ok(Load {
             channels,
             in_flight,
+            frames: 100,
+            rate: None,
+            throttlecrab: Vec::new(),
         })
     }
 
@@ -147,13 +190,31 @@ impl Load {
         let end = begin + duration;
         let mut tasks = tokio::task::JoinSet::new();
         let mut n = 0u64;
-        for channel in &self.channels {
-            for _ in 0..self.in_flight {
+        let (channels, per_channel) = match arm {
+            Arm::Stream | Arm::Batch => (&self.channels, 1),
+            Arm::Throttlecrab => (&self.throttlecrab, self.in_flight),
+            _ => (&self.channels, self.in_flight),
+        };
+        let callers = channels.len() * per_channel;
+        let started = Instant::now();
+        let frames = self.frames;
+        for channel in channels {
+            for _ in 0..per_channel {
+                // Paced callers share the rate; their first calls are
+                // spread over one interval.
+                let pace = self.rate.filter(|_| arm.paced()).map(|rate| {
+                    let every = Duration::from_secs_f64(callers as f64 / rate.max(1e-3));
+                    Pace {
+                        next: started + every.mul_f64(n as f64 / callers as f64),
+                        every,
+                    }
+                });
                 n += 1;
                 let caller = Caller {
                     window: (begin, end),
                     picker: KeyPicker::new(spread, seed.wrapping_mul(0x9e37_79b9).wrapping_add(n)),
                     tally: Tally::new(),
+                    pace,
                 };
                 let channel = channel.clone();
                 tasks.spawn(async move {
@@ -161,6 +222,9 @@ impl Load {
                         Arm::Health => caller.health(channel).await,
                         Arm::Acquire => caller.acquire(channel, false).await,
                         Arm::Pair => caller.acquire(channel, true).await,
+                        Arm::Stream => caller.stream(channel, frames).await,
+                        Arm::Batch => caller.batch(channel, frames).await,
+                        Arm::Throttlecrab => caller.throttlecrab(channel).await,
                     }
                 });
             }
@@ -199,6 +263,10 @@ pub(crate) struct Tally {
     pub(crate) latency: Histogram<u64>,
     /// For `acquire`: latency of each Complete.
     pub(crate) complete: Histogram<u64>,
+    /// Paced (`--rate`): latency of each sample from when it was due on
+    /// the schedule, which adds any wait for the timer (1 ms ticks), for
+    /// the caller's previous call or for room in the stream's window.
+    pub(crate) from_due: Histogram<u64>,
     /// Calls that failed with a gRPC status.
     pub(crate) errors: u64,
     /// Acquires answered with no ticket (blocked, refused, denied).
@@ -213,6 +281,7 @@ impl Tally {
             samples: 0,
             latency: histogram(),
             complete: histogram(),
+            from_due: histogram(),
             errors: 0,
             not_granted: 0,
             first_error: None,
@@ -224,6 +293,7 @@ impl Tally {
         // Same bounds on both sides: adding cannot fail.
         let _ = self.latency.add(&other.latency);
         let _ = self.complete.add(&other.complete);
+        let _ = self.from_due.add(&other.from_due);
         self.errors += other.errors;
         self.not_granted += other.not_granted;
         if self.first_error.is_none() {
@@ -246,6 +316,16 @@ struct Caller {
     window: (Instant, Instant),
     picker: KeyPicker,
     tally: Tally,
+    /// With `--rate`: when the next decision is due, and the interval.
+    pace: Option<Pace>,
+}
+
+/// An open-loop schedule: one decision every `every`, from `next` on. A
+/// caller that falls behind starts the late ones at once (the schedule
+/// does not slip), so the rate asked is the rate offered.
+struct Pace {
+    next: Instant,
+    every: Duration,
 }
 
 impl Caller {
@@ -292,6 +372,16 @@ impl Caller {
         let mut client = Fusebox::new(channel);
         let mut failures = 0;
         loop {
+            let mut due = None;
+            if let Some(pace) = &mut self.pace {
+                if pace.next >= self.window.1 {
+                    tokio::time::sleep_until(self.window.1.into()).await;
+                    return self.tally;
+                }
+                tokio::time::sleep_until(pace.next.into()).await;
+                due = Some(pace.next);
+                pace.next += pace.every;
+            }
             let key = self.picker.next_key().to_owned();
             let started = Instant::now();
             let acquired = client
@@ -346,10 +436,285 @@ impl Caller {
                         if self.counts(started, ended) {
                             self.tally.samples += 1;
                             record(&mut self.tally.latency, started, ended);
+                            record(&mut self.tally.from_due, due.unwrap_or(started), ended);
                         }
                     } else if self.counts(acquired_at, ended) {
                         self.tally.samples += 1;
                         record(&mut self.tally.complete, acquired_at, ended);
+                    }
+                }
+                Err(status) => {
+                    self.tally.error(&status);
+                    failures += 1;
+                    if failures >= GIVE_UP_AFTER {
+                        return self.tally;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Caller {
+    /// The `stream` arm: one `Decide` stream, `frames` decisions in flight
+    /// (with `--rate`, fewer when none is due), the frames ready together
+    /// sent as one message.
+    async fn stream(mut self, channel: Channel, frames: usize) -> Tally {
+        use tokio_stream::StreamExt;
+        let frames = frames.clamp(1, 1_000);
+        let mut client = Fusebox::new(channel);
+        let (tx, rx) = tokio::sync::mpsc::channel::<pb::DecideRequest>(16);
+        let mut answers = match client
+            .decide(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+        {
+            Ok(answers) => answers.into_inner(),
+            Err(status) => {
+                self.tally.error(&status);
+                return self.tally;
+            }
+        };
+        let mut next_id = 0u64;
+        // Frame id -> when its decision's Acquire frame went out, and when
+        // the decision was due (paced; else the same).
+        let mut acquiring: HashMap<u64, (Instant, Instant)> = HashMap::new();
+        let mut completing: HashMap<u64, (Instant, Instant)> = HashMap::new();
+        let mut dues: Vec<Instant> = Vec::with_capacity(frames);
+        // Complete frames waiting to go out with the next message.
+        let mut out: Vec<pb::DecideFrame> = Vec::with_capacity(frames);
+        let mut failures = 0u32;
+        loop {
+            let now = Instant::now();
+            if now >= self.window.1 {
+                return self.tally;
+            }
+            let in_flight = acquiring.len() + completing.len();
+            let room = frames.saturating_sub(in_flight);
+            dues.clear();
+            match &mut self.pace {
+                Some(pace) => {
+                    while pace.next <= now && dues.len() < room {
+                        dues.push(pace.next);
+                        pace.next += pace.every;
+                    }
+                }
+                None => dues.resize(room, now),
+            }
+            for due in &dues {
+                next_id += 1;
+                acquiring.insert(next_id, (now, *due));
+                out.push(pb::DecideFrame {
+                    id: next_id,
+                    request: Some(pb::decide_frame::Request::Acquire(pb::AcquireRequest {
+                        key: self.picker.next_key().to_owned(),
+                        permits: None,
+                        max_wait: None,
+                        lease: None,
+                    })),
+                });
+            }
+            while !out.is_empty() {
+                let rest = out.split_off(out.len().min(frames));
+                let message = pb::DecideRequest {
+                    frames: std::mem::replace(&mut out, rest),
+                };
+                if tx.send(message).await.is_err() {
+                    self.tally.error(&tonic::Status::unavailable(
+                        "the Decide stream closed its requests",
+                    ));
+                    return self.tally;
+                }
+            }
+            // Wait for answers, or, paced, for the next decision due when
+            // there is room for it.
+            let wake = self
+                .pace
+                .as_ref()
+                .filter(|_| acquiring.len() + completing.len() < frames)
+                .map_or(self.window.1, |p| p.next.min(self.window.1));
+            let message = tokio::select! {
+                message = answers.next() => message,
+                () = tokio::time::sleep_until(wake.into()) => continue,
+            };
+            let results = match message {
+                Some(Ok(message)) => message.results,
+                Some(Err(status)) => {
+                    self.tally.error(&status);
+                    return self.tally;
+                }
+                None => {
+                    self.tally.error(&tonic::Status::unavailable(
+                        "the server ended the Decide stream",
+                    ));
+                    return self.tally;
+                }
+            };
+            let ended = Instant::now();
+            for result in results {
+                use pb::decide_result::Result as R;
+                match result.result {
+                    Some(R::Acquire(answer)) => {
+                        let Some((started, due)) = acquiring.remove(&result.id) else {
+                            continue;
+                        };
+                        if answer.ticket.is_empty() {
+                            self.tally.not_granted += 1;
+                            if self.counts(started, ended) {
+                                self.tally.samples += 1;
+                                record(&mut self.tally.latency, started, ended);
+                                record(&mut self.tally.from_due, due, ended);
+                            }
+                            continue;
+                        }
+                        next_id += 1;
+                        completing.insert(next_id, (started, due));
+                        out.push(pb::DecideFrame {
+                            id: next_id,
+                            request: Some(pb::decide_frame::Request::Complete(
+                                pb::CompleteRequest {
+                                    ticket: answer.ticket,
+                                    outcome: pb::Outcome::Success as i32,
+                                },
+                            )),
+                        });
+                    }
+                    Some(R::Complete(_)) => {
+                        failures = 0;
+                        if let Some((started, due)) = completing.remove(&result.id) {
+                            if self.counts(started, ended) {
+                                self.tally.samples += 1;
+                                record(&mut self.tally.latency, started, ended);
+                                record(&mut self.tally.from_due, due, ended);
+                            }
+                        }
+                    }
+                    Some(R::Error(e)) => {
+                        acquiring.remove(&result.id);
+                        completing.remove(&result.id);
+                        self.tally
+                            .error(&tonic::Status::new(e.code.into(), e.message));
+                        failures += 1;
+                        if failures >= GIVE_UP_AFTER {
+                            return self.tally;
+                        }
+                    }
+                    Some(R::Renew(_)) | None => {}
+                }
+            }
+        }
+    }
+
+    /// The `batch` arm: `AcquireBatch` of `frames` items, then
+    /// `CompleteBatch` of the tickets granted; one sample per item, one
+    /// latency (the two calls) per batch.
+    async fn batch(mut self, channel: Channel, frames: usize) -> Tally {
+        let frames = frames.clamp(1, 1_000);
+        let mut client = Fusebox::new(channel);
+        let mut failures = 0;
+        loop {
+            let items: Vec<pb::AcquireRequest> = (0..frames)
+                .map(|_| pb::AcquireRequest {
+                    key: self.picker.next_key().to_owned(),
+                    permits: None,
+                    max_wait: None,
+                    lease: None,
+                })
+                .collect();
+            let started = Instant::now();
+            let acquired = client
+                .acquire_batch(pb::AcquireBatchRequest { items })
+                .await;
+            if Instant::now() >= self.window.1 {
+                return self.tally;
+            }
+            let results = match acquired {
+                Ok(answer) => answer.into_inner().results,
+                Err(status) => {
+                    self.tally.error(&status);
+                    failures += 1;
+                    if failures >= GIVE_UP_AFTER {
+                        return self.tally;
+                    }
+                    continue;
+                }
+            };
+            let mut tickets = Vec::with_capacity(results.len());
+            let mut not_granted = 0u64;
+            for r in results {
+                match r.result {
+                    Some(pb::acquire_result::Result::Response(a)) if !a.ticket.is_empty() => {
+                        tickets.push(pb::CompleteRequest {
+                            ticket: a.ticket,
+                            outcome: pb::Outcome::Success as i32,
+                        });
+                    }
+                    Some(pb::acquire_result::Result::Error(e)) => {
+                        self.tally
+                            .error(&tonic::Status::new(e.code.into(), e.message));
+                    }
+                    _ => not_granted += 1,
+                }
+            }
+            let mut done = not_granted;
+            if !tickets.is_empty() {
+                match client
+                    .complete_batch(pb::CompleteBatchRequest { items: tickets })
+                    .await
+                {
+                    Ok(answer) => {
+                        for r in answer.into_inner().results {
+                            match r.result {
+                                Some(pb::complete_result::Result::Error(e)) => self
+                                    .tally
+                                    .error(&tonic::Status::new(e.code.into(), e.message)),
+                                _ => done += 1,
+                            }
+                        }
+                    }
+                    Err(status) => {
+                        self.tally.error(&status);
+                        failures += 1;
+                        if failures >= GIVE_UP_AFTER {
+                            return self.tally;
+                        }
+                        continue;
+                    }
+                }
+            }
+            let ended = Instant::now();
+            if ended >= self.window.1 {
+                return self.tally;
+            }
+            failures = 0;
+            self.tally.not_granted += not_granted;
+            if self.counts(started, ended) {
+                self.tally.samples += done;
+                record(&mut self.tally.latency, started, ended);
+            }
+        }
+    }
+
+    /// The `throttlecrab` arm: one Throttle check per call.
+    async fn throttlecrab(mut self, channel: Channel) -> Tally {
+        let mut client = super::throttlecrab::Client::new(channel);
+        let mut failures = 0;
+        loop {
+            let key = self.picker.next_key().to_owned();
+            let started = Instant::now();
+            let result = client.throttle(key).await;
+            let ended = Instant::now();
+            if ended >= self.window.1 {
+                return self.tally;
+            }
+            match result {
+                Ok(answer) => {
+                    failures = 0;
+                    if !answer.allowed {
+                        self.tally.not_granted += 1;
+                    }
+                    if self.counts(started, ended) {
+                        self.tally.samples += 1;
+                        record(&mut self.tally.latency, started, ended);
                     }
                 }
                 Err(status) => {

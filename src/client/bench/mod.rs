@@ -5,9 +5,11 @@
 //! memory per key.
 //!
 //! Modes:
-//! - (none): the arms (`health`, `acquire`, `pair`) over the key spreads
-//!   (`hot`, `1k`, `1m`, `zipf`), interleaved run by run, medians across
-//!   runs; optionally with stalled watchers.
+//! - (none): the arms (`health`, `acquire`, `pair`, and the
+//!   many-decisions-per-request `stream` and `batch`, and `throttlecrab`
+//!   against a throttlecrab-server) over the key spreads (`hot`, `1k`,
+//!   `1m`, `zipf`), interleaved run by run, medians across runs; optionally
+//!   with stalled watchers, or paced at `--rate` decisions/s.
 //! - `fill`: creates N live keys as fast as the server takes them, reports
 //!   bytes per key, then times listings and a metrics scrape and the `pair`
 //!   p99 while listings run.
@@ -22,6 +24,7 @@ mod load;
 mod redis_cpu;
 mod spread;
 mod target;
+mod throttlecrab;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -55,8 +58,9 @@ const DISTURBED: f64 = 0.25;
 pub(crate) struct BenchArgs {
     #[command(subcommand)]
     mode: Option<Mode>,
+    /// Boxed: the settings are most of the size of the tool's commands.
     #[command(flatten)]
-    options: Options,
+    options: Box<Options>,
 }
 
 /// What to measure; without a mode, the arms over the spreads.
@@ -103,6 +107,14 @@ enum Mode {
         /// callers (connections x in flight), so that none is denied.
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
         permits: u32,
+        /// Each caller of the lua arm sends DEPTH acquires in one pipeline,
+        /// then the completes of the tickets granted in another: one
+        /// sample per decision, the latency of both pipelines per decision.
+        #[arg(long, default_value_t = 1, value_name = "DEPTH", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        pipeline: u32,
+        /// Measure the Lua script only, on a Redis without the module.
+        #[arg(long)]
+        lua_only: bool,
     },
 }
 
@@ -192,6 +204,20 @@ struct Options {
     /// read (each on its own connection), in every run.
     #[arg(long, global = true, default_value_t = 0, value_name = "K")]
     stalled_watchers: u32,
+    /// The `stream` arm: frames per Decide message, and decisions in flight
+    /// per stream (one stream per connection); the `batch` arm: items per
+    /// batch.
+    #[arg(long, global = true, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    frames: u16,
+    /// Pace the `pair` and `stream` arms at this many decisions per second
+    /// in all (open loop: each caller on a fixed schedule that does not
+    /// slip when it falls behind); the other arms stay closed loop.
+    #[arg(long, global = true, value_name = "PER_S")]
+    rate: Option<f64>,
+    /// The gRPC address (http://ADDR) of a throttlecrab-server, for the
+    /// `throttlecrab` arm.
+    #[arg(long, global = true, value_name = "URL")]
+    throttlecrab: Option<String>,
     /// Write every figure, the command line and the git commit to FILE.
     #[arg(long, global = true, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -279,9 +305,16 @@ async fn run(args: BenchArgs, client_cpus: Option<Vec<usize>>) -> anyhow::Result
         )?;
         let _ = load::TLS.set(tls);
     }
-    if let Some(Mode::RedisCpu { store, permits }) = &args.mode {
+    if let Some(Mode::RedisCpu {
+        store,
+        permits,
+        pipeline,
+        lua_only,
+    }) = &args.mode
+    {
         let (mode, text, figures) =
-            redis_cpu::redis_cpu_mode(o, store, *permits, &mut warnings).await?;
+            redis_cpu::redis_cpu_mode(o, store, *permits, *pipeline, *lua_only, &mut warnings)
+                .await?;
         return report(o, None, mode, &text, figures, &warnings);
     }
     let mut target = match &o.target {
@@ -383,6 +416,9 @@ fn settings_json(o: &Options, target: Option<&Target>) -> Value {
         "arms": o.arms.iter().map(|a| a.name()).collect::<Vec<_>>(),
         "spreads": o.spreads.iter().map(|s| s.name()).collect::<Vec<_>>(),
         "stalled_watchers": o.stalled_watchers,
+        "frames": o.frames,
+        "rate": o.rate,
+        "throttlecrab": o.throttlecrab,
     })
 }
 
@@ -482,7 +518,24 @@ async fn arms(
     target: &mut Target,
     warnings: &mut Vec<String>,
 ) -> anyhow::Result<Report> {
-    let load = load_open(o, target).await?;
+    let mut load = load_open(o, target).await?;
+    load.frames = usize::from(o.frames);
+    if let Some(rate) = o.rate {
+        anyhow::ensure!(
+            rate.is_finite() && rate > 0.0,
+            "--rate: more than 0 decisions per second"
+        );
+        load.rate = Some(rate);
+    }
+    if o.arms.contains(&Arm::Throttlecrab) {
+        let url = o.throttlecrab.as_deref().context(
+            "--arms throttlecrab needs --throttlecrab http://ADDR of a throttlecrab-server",
+        )?;
+        for _ in 0..o.connections {
+            load.throttlecrab.push(load::connect(url).await?);
+        }
+    }
+    let load = load;
     let mut cells = vec![Cell {
         arm: Arm::Health,
         spread: None,
@@ -561,11 +614,18 @@ async fn arms(
     // Figures per cell, medians across runs; ratios against the health
     // arm of the same run.
     let health = &measured[0];
+    let pair_of = |spread: Option<Spread>| {
+        cells
+            .iter()
+            .position(|c| c.arm == Arm::Pair && c.spread == spread && !c.stalled)
+            .map(|i| &measured[i])
+    };
     let mut rows = Vec::new();
     let mut results = Vec::new();
     let threads = f64::from(o.client_threads);
     let mut saturated = Vec::new();
     let mut disturbed = Vec::new();
+    let mut text_due: Vec<String> = Vec::new();
     for (cell, ms) in all_cells.iter().zip(&measured) {
         let rates: Vec<f64> = ms.iter().map(Measurement::rate).collect();
         let ratios: Vec<f64> = ms
@@ -608,12 +668,23 @@ async fn arms(
             ));
         }
         let (rate, ratio) = (median(rates.clone()), median(ratios.clone()));
+        // Against pair on the same spread, run by run.
+        let to_pair = pair_of(cell.spread).map(|pairs| {
+            median(
+                ms.iter()
+                    .zip(pairs)
+                    .filter(|(_, p)| p.rate() > 0.0)
+                    .map(|(m, p)| m.rate() / p.rate())
+                    .collect(),
+            )
+        });
         let (p50, p99, p999) = (p(50.0), p(99.0), p(99.9));
         rows.push(vec![
             cell.arm_name(o.stalled_watchers),
             cell.spread_name().to_owned(),
             format!("{} {}", thousands(rate), cell.arm.unit()),
             format!("{ratio:.3}"),
+            to_pair.map_or_else(|| "-".to_owned(), |r| format!("{r:.2}")),
             format!("{p50:.1}"),
             format!("{p99:.1}"),
             format!("{p999:.1}"),
@@ -632,6 +703,13 @@ async fn arms(
             "unit": cell.arm.unit(),
             "rate": rate,
             "ratio_to_health": ratio,
+            "ratio_to_pair": to_pair,
+            "rate_asked": o.rate.filter(|_| cell.arm.paced()),
+            "latency_of": match cell.arm {
+                Arm::Batch => "batch",
+                Arm::Health | Arm::Acquire | Arm::Throttlecrab => "call",
+                Arm::Pair | Arm::Stream => "decision",
+            },
             "p50_us": p50,
             "p99_us": p99,
             "p999_us": p999,
@@ -654,6 +732,26 @@ async fn arms(
                 "errors": m.tally.errors,
             })).collect::<Vec<_>>(),
         });
+        if o.rate.is_some() && cell.arm.paced() {
+            let pd = |q: f64| {
+                median(
+                    ms.iter()
+                        .map(|m| percentile_us(&m.tally.from_due, q))
+                        .collect(),
+                )
+            };
+            result["from_due_p50_us"] = json!(pd(50.0));
+            result["from_due_p99_us"] = json!(pd(99.0));
+            result["from_due_p999_us"] = json!(pd(99.9));
+            text_due.push(format!(
+                "{} {}: from when each decision was due: p50 {:.1} µs, p99 {:.1} µs, p999 {:.1} µs",
+                cell.arm.name(),
+                cell.spread_name(),
+                pd(50.0),
+                pd(99.0),
+                pd(99.9)
+            ));
+        }
         if cell.arm == Arm::Acquire {
             result["complete_p50_us"] = json!(pc(50.0));
             result["complete_p99_us"] = json!(pc(99.0));
@@ -691,6 +789,7 @@ async fn arms(
             "SPREAD",
             "RATE",
             "VS HEALTH",
+            "VS PAIR",
             "P50 µs",
             "P99 µs",
             "P999 µs",
@@ -703,9 +802,28 @@ async fn arms(
     let mut text = lines.join("\n");
     text.push_str(&format!(
         "\n\n{} run(s) of {} ms warm-up + {} ms measured per row, interleaved; medians across runs.\n\
-         {} connections x {} in flight; ratios are each run's rate over its health rate.\n",
+         {} connections x {} in flight; ratios are each run's rate over its health (or pair) rate.\n",
         o.runs, o.warmup, o.duration, o.connections, o.in_flight
     ));
+    if o.arms.iter().any(|a| matches!(a, Arm::Stream | Arm::Batch)) {
+        text.push_str(&format!(
+            "stream: one Decide stream per connection, {} decisions in flight each, latency per decision \
+             (Acquire frame sent to Complete answered); batch: {} items per batch, one caller per \
+             connection, latency per batch.\n",
+            o.frames, o.frames
+        ));
+    }
+    if let Some(rate) = o.rate {
+        text.push_str(&format!(
+            "pair and stream paced at {} decisions/s in all (open loop); RATE is what was made; the \
+             percentiles run from the Acquire sent (a decision waits for a 1 ms timer tick before it is sent).\n",
+            thousands(rate)
+        ));
+        for line in &text_due {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
     text.push_str(&memory_line(&memory));
     let mut figures = json!({
         "results": results,

@@ -104,6 +104,13 @@ impl Conn {
             Conn::Cluster(c) => cmd.query_async(c).await,
         }
     }
+
+    async fn pipe(&mut self, pipe: &redis::Pipeline) -> redis::RedisResult<Vec<Value>> {
+        match self {
+            Conn::Single(c) => pipe.query_async(c).await,
+            Conn::Cluster(c) => pipe.query_async(c).await,
+        }
+    }
 }
 
 async fn direct(addr: &str) -> anyhow::Result<MultiplexedConnection> {
@@ -240,6 +247,124 @@ struct Plan {
     sha: String,
     now_ms: u64,
     window: (Instant, Instant),
+    /// Decisions per pipeline; 1: one command at a time.
+    pipeline: u32,
+}
+
+/// The acquire and complete commands of one decision of `plan`'s arm.
+fn commands(plan: &Plan, key: &str, now: &str, ticket: &str) -> (redis::Cmd, redis::Cmd) {
+    match plan.arm {
+        Arm::Module => {
+            let mut a = redis::cmd("FB.ACQUIRE");
+            a.arg(key).arg(now).arg(ticket).arg(&plan.policy);
+            let mut c = redis::cmd("FB.COMPLETE");
+            c.arg(key).arg(now).arg(ticket).arg("success");
+            (a, c)
+        }
+        Arm::Lua => {
+            let mut a = redis::cmd("EVALSHA");
+            a.arg(&plan.sha)
+                .arg(1)
+                .arg(key)
+                .arg("acquire")
+                .arg(now)
+                .arg(ticket)
+                .arg(&plan.policy);
+            let mut c = redis::cmd("EVALSHA");
+            c.arg(&plan.sha)
+                .arg(1)
+                .arg(key)
+                .arg("complete")
+                .arg(now)
+                .arg(ticket)
+                .arg("success");
+            (a, c)
+        }
+    }
+}
+
+/// A caller that sends `plan.pipeline` acquires in one pipeline, then the
+/// completes of those granted in another; each decision's latency is the
+/// two pipelines'.
+async fn pipelined_caller(plan: Plan, mut conn: Conn, mut picker: KeyPicker, seed: u64) -> Tally {
+    let mut t = Tally {
+        decisions: 0,
+        latency: histogram(),
+        not_granted: 0,
+        errors: 0,
+        first_error: None,
+    };
+    let mut rng = Rng::new(seed);
+    let prefix = format!("bench:{}:", plan.arm.name());
+    let now = plan.now_ms.to_string();
+    let mut failures = 0u32;
+    let error = |t: &mut Tally, e: String| {
+        t.errors += 1;
+        if t.first_error.is_none() {
+            t.first_error = Some(e);
+        }
+    };
+    loop {
+        let mut acquires = redis::pipe();
+        let mut completes = Vec::with_capacity(plan.pipeline as usize);
+        for _ in 0..plan.pipeline {
+            let key = format!("{prefix}{}", picker.next_key().trim_start_matches("bench/"));
+            let ticket = format!("{:016x}{:016x}", rng.next_u64(), rng.next_u64());
+            let (a, c) = commands(&plan, &key, &now, &ticket);
+            acquires.add_command(a);
+            completes.push(c);
+        }
+        let started = Instant::now();
+        let acquired = conn.pipe(&acquires).await;
+        if Instant::now() >= plan.window.1 {
+            return t;
+        }
+        let replies = match acquired {
+            Ok(replies) => replies,
+            Err(e) => {
+                error(&mut t, format!("acquire pipeline: {e}"));
+                failures += 1;
+                if failures >= GIVE_UP_AFTER {
+                    return t;
+                }
+                continue;
+            }
+        };
+        let mut second = redis::pipe();
+        let mut granted_n = 0u64;
+        let mut not_granted = 0u64;
+        for (reply, complete) in replies.iter().zip(completes) {
+            if granted(reply) {
+                second.add_command(complete);
+                granted_n += 1;
+            } else if matches!(reply, Value::Array(_)) {
+                not_granted += 1;
+            } else {
+                error(&mut t, format!("acquire: unexpected reply {reply:?}"));
+            }
+        }
+        if granted_n > 0 {
+            if let Err(e) = conn.pipe(&second).await {
+                error(&mut t, format!("complete pipeline: {e}"));
+                failures += 1;
+                if failures >= GIVE_UP_AFTER {
+                    return t;
+                }
+                continue;
+            }
+        }
+        let ended = Instant::now();
+        if ended >= plan.window.1 {
+            return t;
+        }
+        failures = 0;
+        t.not_granted += not_granted;
+        if started >= plan.window.0 && granted_n > 0 {
+            t.decisions += granted_n;
+            let ns = u64::try_from((ended - started).as_nanos()).unwrap_or(u64::MAX);
+            let _ = t.latency.record_n(ns.max(100), granted_n);
+        }
+    }
 }
 
 async fn caller(plan: Plan, mut conn: Conn, mut picker: KeyPicker, seed: u64) -> Tally {
@@ -261,34 +386,7 @@ async fn caller(plan: Plan, mut conn: Conn, mut picker: KeyPicker, seed: u64) ->
         // `bench/<spread>/<n>` -> `bench:<arm>:<spread>/<n>`
         key.push_str(picker.next_key().trim_start_matches("bench/"));
         let ticket = format!("{:016x}{:016x}", rng.next_u64(), rng.next_u64());
-        let (acquire, complete) = match plan.arm {
-            Arm::Module => {
-                let mut a = redis::cmd("FB.ACQUIRE");
-                a.arg(&key).arg(&now).arg(&ticket).arg(&plan.policy);
-                let mut c = redis::cmd("FB.COMPLETE");
-                c.arg(&key).arg(&now).arg(&ticket).arg("success");
-                (a, c)
-            }
-            Arm::Lua => {
-                let mut a = redis::cmd("EVALSHA");
-                a.arg(&plan.sha)
-                    .arg(1)
-                    .arg(&key)
-                    .arg("acquire")
-                    .arg(&now)
-                    .arg(&ticket)
-                    .arg(&plan.policy);
-                let mut c = redis::cmd("EVALSHA");
-                c.arg(&plan.sha)
-                    .arg(1)
-                    .arg(&key)
-                    .arg("complete")
-                    .arg(&now)
-                    .arg(&ticket)
-                    .arg("success");
-                (a, c)
-            }
-        };
+        let (acquire, complete) = commands(&plan, &key, &now, &ticket);
         let started = Instant::now();
         let acquired = conn.query(&acquire).await;
         let acquired_at = Instant::now();
@@ -375,7 +473,12 @@ struct Bench {
 }
 
 impl Bench {
-    async fn open(o: &Options, store: &Store, permits: u32) -> anyhow::Result<Bench> {
+    async fn open(
+        o: &Options,
+        store: &Store,
+        permits: u32,
+        lua_only: bool,
+    ) -> anyhow::Result<Bench> {
         let primaries = primaries(store).await?;
         let mut nodes = Vec::new();
         for p in &primaries {
@@ -384,7 +487,7 @@ impl Bench {
         let sha = redis::Script::new(BREAKER_LUA).get_hash().to_owned();
         for (addr, c) in primaries.iter().zip(nodes.iter_mut()) {
             let version: redis::RedisResult<Value> = redis::cmd("FB.VERSION").query_async(c).await;
-            if let Err(e) = version {
+            if let (Err(e), false) = (version, lua_only) {
                 bail!("FB.VERSION at {addr} failed ({e}): load the fusebox module there (redis-server --loadmodule /abs/path/libfusebox_redis.so)");
             }
             let loaded: String = redis::cmd("SCRIPT")
@@ -469,6 +572,7 @@ impl Bench {
         arm: Arm,
         spread: Spread,
         run: u64,
+        pipeline: u32,
     ) -> anyhow::Result<Measured> {
         self.clear(arm).await?;
         let (warmup, duration) = (ms(o.warmup), ms(o.duration));
@@ -482,6 +586,7 @@ impl Bench {
             // clearer in a key's state.
             now_ms: u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX) + 1,
             window: (begin, end),
+            pipeline,
         };
         let mut tasks = tokio::task::JoinSet::new();
         let mut n = 0u64;
@@ -489,12 +594,17 @@ impl Bench {
             for _ in 0..o.in_flight {
                 n += 1;
                 let seed = run.wrapping_mul(0x9e37_79b9).wrapping_add(n);
-                tasks.spawn(caller(
-                    plan.clone(),
-                    conn.clone(),
-                    KeyPicker::new(spread, seed),
-                    seed ^ 0x5eed,
-                ));
+                let picker = KeyPicker::new(spread, seed);
+                if pipeline > 1 {
+                    tasks.spawn(pipelined_caller(
+                        plan.clone(),
+                        conn.clone(),
+                        picker,
+                        seed ^ 0x5eed,
+                    ));
+                } else {
+                    tasks.spawn(caller(plan.clone(), conn.clone(), picker, seed ^ 0x5eed));
+                }
             }
         }
         tokio::time::sleep_until(begin.into()).await;
@@ -535,10 +645,13 @@ pub(crate) async fn redis_cpu_mode(
     o: &Options,
     store_url: &str,
     permits: u32,
+    pipeline: u32,
+    lua_only: bool,
     warnings: &mut Vec<String>,
 ) -> anyhow::Result<Report> {
     let store = Store::parse(store_url)?;
-    let mut bench = Bench::open(o, &store, permits).await?;
+    let mut bench = Bench::open(o, &store, permits, lua_only).await?;
+    let arms: &[Arm] = if lua_only { &[Arm::Lua] } else { &Arm::ALL };
     eprintln!(
         "bench: Redis primaries {} (INFO cpu read from each)",
         bench.primaries.join(", ")
@@ -549,7 +662,7 @@ pub(crate) async fn redis_cpu_mode(
         .collect();
     let cells: Vec<(Arm, Spread)> = spreads
         .iter()
-        .flat_map(|s| Arm::ALL.map(|a| (a, *s)))
+        .flat_map(|s| arms.iter().map(|a| (*a, *s)))
         .collect();
     let runs = usize::from(o.runs);
     let mut measured: Vec<Vec<Measured>> = cells.iter().map(|_| Vec::new()).collect();
@@ -564,7 +677,7 @@ pub(crate) async fn redis_cpu_mode(
                 arm.name(),
                 spread.name()
             );
-            let m = bench.measure(o, arm, spread, run as u64).await?;
+            let m = bench.measure(o, arm, spread, run as u64, pipeline).await?;
             measured[at].push(m);
         }
     }
@@ -663,7 +776,7 @@ pub(crate) async fn redis_cpu_mode(
         "redis_cpu_us_per_decision",
     ];
     let mut ratios = Vec::new();
-    for spread in &spreads {
+    for spread in spreads.iter().filter(|_| !lua_only) {
         let find = |arm: Arm| {
             cells
                 .iter()
@@ -733,7 +846,9 @@ pub(crate) async fn redis_cpu_mode(
         "\n\n{} run(s) of {} ms warm-up + {} ms measured per row, interleaved; medians across runs.\n\
          {} connections x {} in flight to {} ({} primaries); a decision is an acquire and the \
          completion (success) of its ticket;\nRedis CPU is used_cpu_sys + used_cpu_user of INFO cpu, \
-         summed over the primaries, over the measured window; module/lua rows are ratios of the medians.",
+         summed over the primaries, over the measured window; module/lua rows are ratios of the medians.\n\
+         pipeline depth {pipeline} (acquires, then the completes of their tickets, per pipeline; \
+         latency per decision is its two pipelines').",
         o.runs,
         o.warmup,
         o.duration,
@@ -747,6 +862,8 @@ pub(crate) async fn redis_cpu_mode(
         "primaries": bench.primaries,
         "policy": bench.policy,
         "lua_sha1": bench.sha,
+        "pipeline": pipeline,
+        "lua_only": lua_only,
         "results": results,
         "module_over_lua": ratios,
     });
