@@ -275,8 +275,8 @@ struct DecideTarget {
     // Dropped first: the stream ends before the server is killed.
     stream: Decider,
     next_id: u64,
-    admin: Admin,
-    clock: pb::clock_client::ClockClient<Channel>,
+    /// The unary side: reads, isolate, close, the clock.
+    unary: crate::vectors::End,
     now: u64,
     tickets: HashMap<String, String>,
     waiting: Waiting,
@@ -304,15 +304,12 @@ impl DecideTarget {
     async fn start(policy: &crate::vectors::Vector) -> DecideTarget {
         let config = config_with_default(&policy.policy);
         let server = Server::manual(Some(&config)).await;
-        let channel = server.channel().await;
-        let stream = Decider::open(&pb::fusebox_client::FuseboxClient::new(channel.clone()))
-            .await
-            .expect("Decide opens");
+        let unary = crate::vectors::End::of(&server).await;
+        let stream = Decider::open(&unary.fusebox).await.expect("Decide opens");
         DecideTarget {
             stream,
             next_id: 1,
-            admin: pb::admin_client::AdminClient::new(channel.clone()),
-            clock: pb::clock_client::ClockClient::new(channel),
+            unary,
             now: 0,
             tickets: HashMap::new(),
             waiting: Waiting::default(),
@@ -330,7 +327,7 @@ impl DecideTarget {
         let Some(key) = self.key.clone() else {
             return;
         };
-        let admin = self.admin.clone();
+        let admin = self.unary.admin.clone();
         self.waiting
             .quiesce(|| {
                 let admin = admin.clone();
@@ -353,19 +350,7 @@ impl Target for DecideTarget {
     async fn advance_to(&mut self, now: u64) {
         assert!(now >= self.now, "the clock only moves forward");
         if now > self.now {
-            let reading = self
-                .clock
-                .advance(pb::AdvanceRequest {
-                    by: Some(ms(now - self.now)),
-                })
-                .await
-                .expect("Clock.Advance answers")
-                .into_inner();
-            assert_eq!(
-                millis(reading.now),
-                Some(now),
-                "the clock reads the step's time"
-            );
+            self.unary.advance(self.now, now).await;
             self.now = now;
         }
     }
@@ -432,38 +417,15 @@ impl Target for DecideTarget {
     }
 
     async fn inspect(&mut self, key: &str) -> crate::vectors::Reading {
-        let s = waiters(&self.admin, key).await;
-        crate::vectors::Reading {
-            phase: pb::Phase::try_from(s.phase).map_or_else(
-                |_| format!("phase {}", s.phase),
-                |p| crate::vectors::wire_name(p.as_str_name(), "PHASE_"),
-            ),
-            consecutive_failures: s.consecutive_failures,
-            half_open_attempts: s.half_open_attempts,
-            open_until: millis(s.open_remaining).map(|left| self.now + left),
-            free: s.free,
-            queued: u64::from(s.queued),
-        }
+        self.unary.reading(key, self.now).await
     }
 
     async fn isolate(&mut self, key: &str) {
-        self.admin
-            .isolate(pb::IsolateRequest {
-                key: key.into(),
-                reason: "vector step".into(),
-            })
-            .await
-            .expect("Isolate answers");
+        self.unary.steer(key, true).await;
     }
 
     async fn close(&mut self, key: &str) {
-        self.admin
-            .close(pb::CloseRequest {
-                key: key.into(),
-                reason: "vector step".into(),
-            })
-            .await
-            .expect("Close answers");
+        self.unary.steer(key, false).await;
     }
 }
 

@@ -684,20 +684,76 @@ pub fn config_with_default(policy: &PolicySpec) -> String {
     text
 }
 
-/// One server's clients.
-struct End {
-    fusebox: pb::fusebox_client::FuseboxClient<Channel>,
-    admin: pb::admin_client::AdminClient<Channel>,
+/// One server's clients, and the steps every gRPC target takes alike.
+pub struct End {
+    pub fusebox: pb::fusebox_client::FuseboxClient<Channel>,
+    pub admin: pb::admin_client::AdminClient<Channel>,
     clock: pb::clock_client::ClockClient<Channel>,
 }
 
 impl End {
-    async fn of(server: &Server) -> End {
+    pub async fn of(server: &Server) -> End {
         let channel = server.channel().await;
         End {
             fusebox: pb::fusebox_client::FuseboxClient::new(channel.clone()),
             admin: pb::admin_client::AdminClient::new(channel.clone()),
             clock: pb::clock_client::ClockClient::new(channel),
+        }
+    }
+
+    /// Moves the server's manual clock from `from` to `to`.
+    pub async fn advance(&mut self, from: u64, to: u64) {
+        let reading = self
+            .clock
+            .advance(pb::AdvanceRequest {
+                by: Some(ms(to - from)),
+            })
+            .await
+            .expect("Clock.Advance answers")
+            .into_inner();
+        assert_eq!(
+            millis(reading.now),
+            Some(to),
+            "the server's clock reads the step's time"
+        );
+    }
+
+    /// Reads `key` at `now` as the vectors write it.
+    pub async fn reading(&mut self, key: &str, now: u64) -> Reading {
+        let s = self
+            .admin
+            .get_key(pb::GetKeyRequest { key: key.into() })
+            .await
+            .expect("GetKey answers")
+            .into_inner();
+        Reading {
+            phase: pb::Phase::try_from(s.phase).map_or_else(
+                |_| format!("phase {}", s.phase),
+                |p| wire_name(p.as_str_name(), "PHASE_"),
+            ),
+            consecutive_failures: s.consecutive_failures,
+            half_open_attempts: s.half_open_attempts,
+            open_until: millis(s.open_remaining).map(|left| now + left),
+            free: s.free,
+            queued: u64::from(s.queued),
+        }
+    }
+
+    /// Isolates (`isolate`) or closes `key`.
+    pub async fn steer(&mut self, key: &str, isolate: bool) {
+        let reason = "vector step".to_owned();
+        if isolate {
+            let request = pb::IsolateRequest {
+                key: key.into(),
+                reason,
+            };
+            self.admin.isolate(request).await.expect("Isolate answers");
+        } else {
+            let request = pb::CloseRequest {
+                key: key.into(),
+                reason,
+            };
+            self.admin.close(request).await.expect("Close answers");
         }
     }
 }
@@ -761,15 +817,6 @@ impl GrpcTarget {
         let at = self.turn % self.ends.len();
         self.turn += 1;
         &mut self.ends[at]
-    }
-
-    async fn get(&mut self, key: &str) -> pb::KeyState {
-        self.next()
-            .admin
-            .get_key(pb::GetKeyRequest { key: key.into() })
-            .await
-            .expect("GetKey answers")
-            .into_inner()
     }
 
     async fn quiesce(&mut self) {
@@ -858,19 +905,7 @@ impl Target for GrpcTarget {
         if now > self.now {
             // Every server's clock moves alike.
             for end in &mut self.ends {
-                let reading = end
-                    .clock
-                    .advance(pb::AdvanceRequest {
-                        by: Some(ms(now - self.now)),
-                    })
-                    .await
-                    .expect("Clock.Advance answers")
-                    .into_inner();
-                assert_eq!(
-                    millis(reading.now),
-                    Some(now),
-                    "the server's clock reads the step's time"
-                );
+                end.advance(self.now, now).await;
             }
             self.now = now;
         }
@@ -931,40 +966,16 @@ impl Target for GrpcTarget {
     }
 
     async fn inspect(&mut self, key: &str) -> Reading {
-        let s = self.get(key).await;
-        Reading {
-            phase: pb::Phase::try_from(s.phase).map_or_else(
-                |_| format!("phase {}", s.phase),
-                |p| wire_name(p.as_str_name(), "PHASE_"),
-            ),
-            consecutive_failures: s.consecutive_failures,
-            half_open_attempts: s.half_open_attempts,
-            open_until: millis(s.open_remaining).map(|left| self.now + left),
-            free: s.free,
-            queued: u64::from(s.queued),
-        }
+        let now = self.now;
+        self.next().reading(key, now).await
     }
 
     async fn isolate(&mut self, key: &str) {
-        self.next()
-            .admin
-            .isolate(pb::IsolateRequest {
-                key: key.into(),
-                reason: "vector step".into(),
-            })
-            .await
-            .expect("Isolate answers");
+        self.next().steer(key, true).await;
     }
 
     async fn close(&mut self, key: &str) {
-        self.next()
-            .admin
-            .close(pb::CloseRequest {
-                key: key.into(),
-                reason: "vector step".into(),
-            })
-            .await
-            .expect("Close answers");
+        self.next().steer(key, false).await;
     }
 }
 
