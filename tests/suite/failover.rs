@@ -17,7 +17,7 @@ use tonic::Code;
 use crate::harness::{eventually, millis, Options, Server};
 use crate::redis_harness::{info_field, wait_for, Cluster};
 use crate::resp::{Conn, Reply};
-use crate::store::store_of;
+use crate::store::{store_of, trip};
 use fusebox::engine::shared::redis_key;
 
 type Client = pb::fusebox_client::FuseboxClient<Channel>;
@@ -132,21 +132,6 @@ async fn acquire(c: &mut Client, key: &str) -> pb::AcquireResponse {
     .await
     .unwrap_or_else(|s| panic!("Acquire {key}: {s:?}"))
     .into_inner()
-}
-
-/// Trips `key`: one granted call that fails opens the breaker.
-async fn trip(c: &mut Client, key: &str) {
-    let a = acquire(c, key).await;
-    assert_eq!(a.decision, pb::Decision::Granted as i32, "{key}: {a:?}");
-    let done = c
-        .complete(pb::CompleteRequest {
-            ticket: a.ticket,
-            outcome: pb::Outcome::Failure as i32,
-        })
-        .await
-        .unwrap_or_else(|s| panic!("Complete {key}: {s:?}"))
-        .into_inner();
-    assert_eq!(done.phase, pb::Phase::Open as i32, "{key}: {done:?}");
 }
 
 async fn isolate(admin: &mut pb::admin_client::AdminClient<Channel>, key: &str) {

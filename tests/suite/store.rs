@@ -134,22 +134,7 @@ breaker = { mode = "consecutive", failures = 1, break = "50ms", probe_lease = "3
             clients.push(server.fusebox().await);
         }
     }
-    let mut control = servers[0].fusebox().await;
-    let first = control
-        .acquire(ask(None))
-        .await
-        .expect("Acquire")
-        .into_inner();
-    assert_eq!(first.decision, pb::Decision::Granted as i32, "{first:?}");
-    let done = control
-        .complete(pb::CompleteRequest {
-            ticket: first.ticket,
-            outcome: pb::Outcome::Failure as i32,
-        })
-        .await
-        .expect("Complete")
-        .into_inner();
-    assert_eq!(done.phase, pb::Phase::Open as i32);
+    trip(&mut servers[0].fusebox().await, FLEET_KEY).await;
     for round in 1..=ROUNDS {
         // The break ends on the store's clock: wait until a status check
         // (which never moves the breaker) on any server says so.
@@ -259,7 +244,9 @@ const ONE_FAILURE_TRIPS: &str = r#"
 breaker = { mode = "consecutive", failures = 1, break = "10m" }
 "#;
 
-async fn trip(client: &mut Client, key: &str) {
+/// Trips `key` (a breaker that one failure trips): one granted call that
+/// fails opens it.
+pub async fn trip(client: &mut Client, key: &str) {
     let a = client
         .acquire(pb::AcquireRequest {
             key: key.into(),
