@@ -570,11 +570,7 @@ limiter = { kind = "concurrency", permits = 3 }
 
 #[tokio::test]
 async fn a_message_past_1000_frames_answers_the_rest_resource_exhausted() {
-    let server = Server::manual(Some(LIMITS_CONFIG)).await;
-    let admin = server.admin().await;
-    let stream = Decider::open(&server.fusebox().await)
-        .await
-        .expect("Decide opens");
+    let (_server, admin, stream) = limits_server().await;
     let key = "many/a";
     let frames: Vec<_> = (1..=1001)
         .map(|id| acquire_frame(id, acquire_request(key, 0)))
@@ -686,11 +682,7 @@ async fn frames_fail_as_the_unary_calls_do() {
 
 #[tokio::test]
 async fn a_duplicate_id_of_a_waiting_acquire_is_refused() {
-    let server = Server::manual(Some(LIMITS_CONFIG)).await;
-    let admin = server.admin().await;
-    let mut stream = Decider::open(&server.fusebox().await)
-        .await
-        .expect("Decide opens");
+    let (_server, admin, mut stream) = limits_server().await;
     let key = "wait/dup";
     let holder = stream.ask(acquire_frame(1, acquire_request(key, 0))).await;
     let holder = acquired(&holder).ticket.clone();
@@ -790,11 +782,7 @@ async fn the_17th_stream_on_a_connection_is_refused() {
 
 #[tokio::test]
 async fn a_waiting_frame_holds_nothing_up_and_cancel_withdraws_it() {
-    let server = Server::manual(Some(LIMITS_CONFIG)).await;
-    let admin = server.admin().await;
-    let mut stream = Decider::open(&server.fusebox().await)
-        .await
-        .expect("Decide opens");
+    let (_server, admin, mut stream) = limits_server().await;
     let key = "wait/k";
 
     let holder = stream.ask(acquire_frame(1, acquire_request(key, 0))).await;
@@ -874,6 +862,17 @@ async fn a_waiting_frame_holds_nothing_up_and_cancel_withdraws_it() {
     let state = waiters(&admin, key).await;
     assert_eq!((state.waiters, state.live_tickets), (0, 1), "{state:?}");
     stream.no_strays();
+}
+
+/// A manual-clock server with the limits config, an Admin client, and a
+/// Decide stream on it.
+async fn limits_server() -> (Server, Admin, Decider) {
+    let server = Server::manual(Some(LIMITS_CONFIG)).await;
+    let admin = server.admin().await;
+    let stream = Decider::open(&server.fusebox().await)
+        .await
+        .expect("Decide opens");
+    (server, admin, stream)
 }
 
 /// Starts a stream with a ticket granted on it and an Acquire waiting on it.
@@ -958,11 +957,7 @@ async fn a_cancel_behind_the_complete_that_served_the_waiter_does_nothing() {
     // waiter] the Complete serves the waiter, so the Cancel names an id that
     // is no longer waiting: it does nothing and gets no answer, and the
     // waiter's one answer is its grant.
-    let server = Server::manual(Some(LIMITS_CONFIG)).await;
-    let admin = server.admin().await;
-    let mut stream = Decider::open(&server.fusebox().await)
-        .await
-        .expect("Decide opens");
+    let (_server, admin, mut stream) = limits_server().await;
     let key = "wait/race";
     let first = stream.ask(acquire_frame(1, acquire_request(key, 0))).await;
     let mut holder = acquired(&first).ticket.clone();
@@ -1212,11 +1207,7 @@ async fn batches_hold_1_to_1000_items() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn frames_of_one_key_are_decided_in_arrival_order() {
-    let server = Server::manual(Some(LIMITS_CONFIG)).await;
-    let admin = server.admin().await;
-    let mut stream = Decider::open(&server.fusebox().await)
-        .await
-        .expect("Decide opens");
+    let (_server, admin, mut stream) = limits_server().await;
     let key = "order/k";
     let mut held: Option<String> = None;
     for round in 0..100u64 {

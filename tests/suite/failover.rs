@@ -14,7 +14,7 @@ use fusebox::proto::v1 as pb;
 use tonic::transport::Channel;
 use tonic::Code;
 
-use crate::harness::{eventually, millis, Options, Server};
+use crate::harness::{eventually, millis, servers_on, Server};
 use crate::redis_harness::{info_field, wait_for, Cluster};
 use crate::resp::{Conn, Reply};
 use crate::store::{store_of, trip};
@@ -95,6 +95,12 @@ fn cluster_nodes(port: u16) -> Vec<Node> {
         .collect()
 }
 
+/// One fusebox server on `store`, with `CONFIG`.
+async fn start_on(store: &str) -> Server {
+    let mut servers = servers_on(store, CONFIG, false, 1).await;
+    servers.pop().expect("one server")
+}
+
 /// A cluster and one fusebox server on it (with its `--store` URL), or
 /// `None` (skipped) without redis-server.
 async fn on_a_cluster(test: &'static str) -> Option<(Cluster, String, Server)> {
@@ -102,12 +108,7 @@ async fn on_a_cluster(test: &'static str) -> Option<(Cluster, String, Server)> {
         .await
         .expect("the cluster starts")?;
     let store = store_of(&cluster);
-    let server = Server::start(Options {
-        config: Some(CONFIG),
-        args: vec!["--store", &store],
-        ..Options::default()
-    })
-    .await;
+    let server = start_on(&store).await;
     Some((cluster, store, server))
 }
 
@@ -562,12 +563,7 @@ async fn a_whole_cluster_restarted_from_its_aof_keeps_breakers_and_isolations() 
         assert_eq!(again, primaries, "the primaries after the restart");
     });
 
-    let server = Server::start(Options {
-        config: Some(CONFIG),
-        args: vec!["--store", &store],
-        ..Options::default()
-    })
-    .await;
+    let server = start_on(&store).await;
     let problems = check_phases(&server, &phases).await;
     assert!(
         problems.is_empty(),

@@ -213,6 +213,28 @@ where
     }
 }
 
+/// `count` fusebox servers keeping their state in the store at `store` (a
+/// URL for `--store`), each with `config`.
+pub async fn servers_on(
+    store: &str,
+    config: &str,
+    manual_clock: bool,
+    count: usize,
+) -> Vec<Server> {
+    let mut servers = Vec::with_capacity(count);
+    for _ in 0..count {
+        servers.push(
+            Server::start(Options {
+                config: Some(config),
+                manual_clock,
+                args: vec!["--store", store],
+            })
+            .await,
+        );
+    }
+    servers
+}
+
 /// A duration in milliseconds, for requests.
 pub fn ms(ms: u64) -> prost_types::Duration {
     fusebox::proto::wire::duration_of(ms)

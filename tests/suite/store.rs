@@ -11,7 +11,7 @@ use std::time::Duration;
 use fusebox::proto::v1 as pb;
 use tokio::sync::Barrier;
 
-use crate::harness::{eventually, millis, Options, Server};
+use crate::harness::{eventually, millis, servers_on, Server};
 use crate::redis_harness::{Cluster, Standalone};
 use crate::vectors::{load_all, replay, GrpcTarget};
 
@@ -117,17 +117,7 @@ async fn one_probe_for_a_fleet_across_three_servers_on_a_cluster() {
 [default]
 breaker = { mode = "consecutive", failures = 1, break = "50ms", probe_lease = "30s" }
 "#;
-    let mut servers = Vec::new();
-    for _ in 0..3 {
-        servers.push(
-            Server::start(Options {
-                config: Some(config),
-                args: vec!["--store", &store],
-                ..Options::default()
-            })
-            .await,
-        );
-    }
+    let servers = servers_on(&store, config, false, 3).await;
     let mut clients: Vec<Client> = Vec::new();
     for _ in 0..CONNECTIONS_PER_SERVER {
         for server in &servers {
@@ -214,7 +204,7 @@ breaker = { mode = "consecutive", failures = 1, break = "50ms", probe_lease = "3
     }
 }
 
-/// Two servers on a cluster, each with `config`, and the `--store` URL.
+/// A cluster and two servers on it, each with `config`.
 async fn two_servers_on_a_cluster(
     test: &'static str,
     config: &str,
@@ -222,18 +212,7 @@ async fn two_servers_on_a_cluster(
     let cluster = tokio::task::spawn_blocking(move || Cluster::start(test))
         .await
         .expect("the cluster starts")?;
-    let store = store_of(&cluster);
-    let mut servers = Vec::new();
-    for _ in 0..2 {
-        servers.push(
-            Server::start(Options {
-                config: Some(config),
-                args: vec!["--store", &store],
-                ..Options::default()
-            })
-            .await,
-        );
-    }
+    let mut servers = servers_on(&store_of(&cluster), config, false, 2).await;
     let b = servers.pop().expect("two servers");
     let a = servers.pop().expect("two servers");
     Some((cluster, a, b))

@@ -782,17 +782,7 @@ impl GrpcTarget {
     /// with the vector's policy as its default rule.
     pub async fn shared(policy: &PolicySpec, store: &str, count: usize) -> Self {
         let config = config_with_default(policy);
-        let mut servers = Vec::with_capacity(count);
-        for _ in 0..count {
-            servers.push(
-                Server::start(crate::harness::Options {
-                    config: Some(&config),
-                    manual_clock: true,
-                    args: vec!["--store", store],
-                })
-                .await,
-            );
-        }
+        let servers = crate::harness::servers_on(store, &config, true, count).await;
         GrpcTarget::over(servers).await
     }
 

@@ -28,7 +28,7 @@ use tokio::sync::oneshot;
 use super::error::{check_key, invalid, zero_lease};
 use super::tickets::random_ticket;
 use super::{AcquireArgs, AcquireReply, CompleteReply, Engine, EngineError, KeyReading, Page};
-use crate::domain::{Decision, Millis, Outcome, Phase, TicketId};
+use crate::domain::{Decision, Millis, Outcome, Phase, Policy, TicketId};
 use conn::Conn;
 pub use conn::{StoreFigures, StoreUrl};
 pub use listen::{ANSWERS, EVENTS, POLICIES};
@@ -40,6 +40,9 @@ pub const KEY_PREFIX: &str = "fusebox:k:";
 /// The most keys a `--manual-clock` server remembers to settle when its
 /// clock moves (tests only; the module's timer settles on Redis's clock).
 const KNOWN_KEYS: usize = 100_000;
+
+/// Policies whose JSON is kept (the rules in force, and the default).
+const POLICY_CACHE: usize = 256;
 
 /// A waiting caller's answer, as the module published it.
 type Waiter = oneshot::Sender<Answer>;
@@ -55,6 +58,9 @@ pub struct Shared {
     /// The manual clock of a `--manual-clock` server, whose time is sent
     /// instead of the store's.
     manual: Option<Arc<dyn super::Clock>>,
+    /// Each policy in force (held, so that its pointer stays its own) with
+    /// its JSON.
+    policies: Mutex<Vec<(Arc<Policy>, Arc<str>)>>,
     /// Figures for /metrics.
     pub figures: Arc<StoreFigures>,
 }
@@ -119,6 +125,7 @@ impl Shared {
             url: url.clone(),
             waiters: DashMap::new(),
             known: Mutex::new(BTreeSet::new()),
+            policies: Mutex::new(Vec::new()),
             manual,
             figures,
         };
@@ -151,6 +158,25 @@ impl Shared {
         }
     }
 
+    /// The JSON of the policy `key` runs under, sent with every acquire:
+    /// made once per policy in force, not once per call.
+    fn policy_json(&self, engine: &Engine, key: &str) -> Result<Arc<str>, EngineError> {
+        let policy = engine.policy_for(key);
+        let mut cache = self.policies.lock().expect("policy cache");
+        if let Some((_, json)) = cache.iter().find(|(p, _)| Arc::ptr_eq(p, &policy)) {
+            return Ok(json.clone());
+        }
+        let json: Arc<str> = serde_json::to_string(&policy.spec())
+            .map_err(|e| EngineError::Internal(format!("the policy as JSON: {e}")))?
+            .into();
+        // Policies of rules no longer in force go when the cache fills.
+        if cache.len() >= POLICY_CACHE {
+            cache.clear();
+        }
+        cache.push((policy, json.clone()));
+        Ok(json)
+    }
+
     fn remember(&self, key: &str) {
         if self.manual.is_none() {
             return;
@@ -169,15 +195,13 @@ impl Shared {
         args: AcquireArgs,
     ) -> Result<AcquireReply, EngineError> {
         let id = random_ticket()?;
-        let policy = engine.policy_for(&args.key);
-        let policy = serde_json::to_string(&policy.spec())
-            .map_err(|e| EngineError::Internal(format!("the policy as JSON: {e}")))?;
+        let policy = self.policy_json(engine, &args.key)?;
         let rk = redis_key(&args.key);
         let mut cmd = redis::cmd("FB.ACQUIRE");
         cmd.arg(&rk)
             .arg(self.now_arg())
             .arg(format!("{:032x}", id.0))
-            .arg(policy)
+            .arg(&*policy)
             .arg("PERMITS")
             .arg(args.permits);
         if let Some(lease) = args.lease {
@@ -305,9 +329,7 @@ impl Shared {
         let mut cmd = redis::cmd(if isolate { "FB.ISOLATE" } else { "FB.CLOSE" });
         cmd.arg(&rk).arg(self.now_arg());
         if isolate {
-            let policy = serde_json::to_string(&engine.policy_for(key).spec())
-                .map_err(|e| EngineError::Internal(format!("the policy as JSON: {e}")))?;
-            cmd.arg("POLICY").arg(policy);
+            cmd.arg("POLICY").arg(&*self.policy_json(engine, key)?);
         }
         cmd.arg("BY")
             .arg(truncate(who, 256))
