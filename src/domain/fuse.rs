@@ -15,7 +15,6 @@ use super::breaker::{Admission, Breaker};
 use super::limiter::Limiter;
 use super::policy::{Order, Policy};
 use super::{Millis, Outcome, Phase, Reason};
-use tickets::Tickets;
 
 /// A ticket's identity: 128 bits chosen by the engine (from the operating
 /// system's random source), never reused. The fuse only compares them.
@@ -421,13 +420,13 @@ pub enum FuseError {
 /// (limiter and waiters) and the notices not yet drained. A key with no
 /// ticket, no limiter, no waiter and no notice has none of it.
 #[derive(Clone, Debug, Default, PartialEq)]
-struct Live {
-    tickets: Tickets,
+struct Live<T> {
+    tickets: T,
     book: Book,
     notices: Vec<Notice>,
 }
 
-impl Live {
+impl<T: TicketTable> Live<T> {
     fn is_empty(&self) -> bool {
         self.tickets.is_empty() && self.book.is_empty() && self.notices.is_empty()
     }
@@ -445,23 +444,49 @@ pub struct HeapParts {
     pub health_window: bool,
 }
 
-/// One key's breaker, permit book and live tickets.
+/// One key's breaker, permit book and live tickets, the tickets in a
+/// [`TicketTable`] (the embedded engine's [`Tickets`] unless a store keeps
+/// its own).
 ///
 /// Kept small, since a server holds a million of them: the policy is
 /// shared, and whatever a key at rest does not need is boxed and made only
 /// when needed (see [`Fuse::heap_parts`]).
 #[derive(Clone, Debug, PartialEq)]
-pub struct Fuse {
+pub struct Fuse<T = Tickets> {
     policy: Arc<Policy>,
     breaker: Breaker,
-    live: Option<Box<Live>>,
+    live: Option<Box<Live<T>>>,
     counters: Counters,
     last_now: Millis,
 }
 
 impl Fuse {
-    /// A fresh key under `policy`, made at `now` (K2).
+    /// A fresh key under `policy`, made at `now` (K2), its tickets in memory.
     pub fn new(policy: impl Into<Arc<Policy>>, now: Millis) -> Self {
+        Fuse::new_in(policy, now)
+    }
+
+    /// A key brought back after a restart under `policy` at `now`, from
+    /// what [`Fuse::durable`] kept: no ticket and no waiter survive, and the
+    /// limiter starts full. A policy with no breaker cannot end a break, so
+    /// an open or half-open key under one comes back closed (as Y4 does).
+    pub fn restore(
+        policy: impl Into<Arc<Policy>>,
+        kept: &super::breaker::Durable,
+        now: Millis,
+    ) -> Self {
+        let mut fuse = Fuse::new(policy, now);
+        fuse.breaker = Breaker::restore(kept);
+        let breaker = fuse.policy.breaker;
+        fuse.breaker.adopt(breaker.as_ref(), now);
+        fuse
+    }
+}
+
+impl<T: TicketTable> Fuse<T> {
+    /// A fresh key under `policy`, made at `now` (K2), its tickets in a
+    /// table of type `T`.
+    pub fn new_in(policy: impl Into<Arc<Policy>>, now: Millis) -> Self {
         let policy = policy.into();
         let mut fuse = Fuse {
             breaker: Breaker::new(now),
@@ -492,7 +517,7 @@ impl Fuse {
     }
 
     /// A live ticket.
-    pub fn ticket(&self, id: TicketId) -> Option<&Ticket> {
+    pub fn ticket(&self, id: TicketId) -> Option<Ticket> {
         self.live.as_ref()?.tickets.get(id)
     }
 
@@ -546,7 +571,7 @@ impl Fuse {
     }
 
     /// The live part, made when first needed.
-    fn live_mut(&mut self) -> &mut Live {
+    fn live_mut(&mut self) -> &mut Live<T> {
         self.live.get_or_insert_with(Box::default)
     }
 
@@ -576,7 +601,6 @@ impl Fuse {
     fn live_ticket(&self, id: TicketId, now: Millis) -> Result<Ticket, FuseError> {
         self.ticket(id)
             .filter(|t| t.lease_end > now)
-            .copied()
             .ok_or(FuseError::UnknownTicket)
     }
 
@@ -1044,22 +1068,6 @@ impl Fuse {
         self.breaker.durable()
     }
 
-    /// A key brought back after a restart under `policy` at `now`, from
-    /// what [`Fuse::durable`] kept: no ticket and no waiter survive, and the
-    /// limiter starts full. A policy with no breaker cannot end a break, so
-    /// an open or half-open key under one comes back closed (as Y4 does).
-    pub fn restore(
-        policy: impl Into<Arc<Policy>>,
-        kept: &super::breaker::Durable,
-        now: Millis,
-    ) -> Self {
-        let mut fuse = Fuse::new(policy, now);
-        fuse.breaker = Breaker::restore(kept);
-        let breaker = fuse.policy.breaker;
-        fuse.breaker.adopt(breaker.as_ref(), now);
-        fuse
-    }
-
     /// What a read shows at `now`. Changes nothing: an `OPEN` breaker past
     /// its deadline reads `OPEN` (B6). Call [`Fuse::advance`] first so that
     /// lease ends are settled.
@@ -1089,6 +1097,8 @@ impl Fuse {
 
 mod state;
 mod tickets;
+
+pub use tickets::{sorted as sorted_tickets, TicketTable, Tickets};
 
 pub use state::{
     BreakerState, CounterState, FuseState, LimiterState, ReasonCounts, StateError, TicketState,

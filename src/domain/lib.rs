@@ -28,9 +28,9 @@ pub mod policy;
 pub use book::{Book, Waiter};
 pub use breaker::{Admission, Breaker, Durable};
 pub use fuse::{
-    Ask, BreakerState, Cause, Completed, CounterState, Decision, Fuse, FuseError, FuseState, Grant,
-    HeapParts, LimiterState, Notice, ReasonCounts, StateError, Stats, Ticket, TicketId,
-    TicketState, View, WaiterState, WindowBucket, STATE_VERSION,
+    sorted_tickets, Ask, BreakerState, Cause, Completed, CounterState, Decision, Fuse, FuseError,
+    FuseState, Grant, HeapParts, LimiterState, Notice, ReasonCounts, StateError, Stats, Ticket,
+    TicketId, TicketState, TicketTable, Tickets, View, WaiterState, WindowBucket, STATE_VERSION,
 };
 pub use key::{validate_key, KeyError};
 pub use policy::{

@@ -426,7 +426,7 @@ impl Run {
         for (&id, held) in &self.live {
             let ticket = fuse.ticket(id);
             prop_assert!(ticket.is_some(), "{id:?} should be live");
-            let ticket = *ticket.expect("checked");
+            let ticket = ticket.expect("checked");
             prop_assert_eq!(ticket.lease_end, held.lease_end, "{:?} lease end", id);
             prop_assert!(
                 ticket.lease_end > seen,
@@ -787,7 +787,7 @@ impl Run {
                 if matches!(decision, Decision::Probe(_)) {
                     prop_assert!(self.policy.breaker.is_some(), "a probe without a breaker");
                     prop_assert_eq!(self.fuse.breaker().phase(), Phase::HalfOpen);
-                    let ticket = self.fuse.ticket(id).copied();
+                    let ticket = self.fuse.ticket(id);
                     prop_assert!(
                         ticket.is_some_and(|t| t.probe && t.epoch == self.fuse.breaker().epoch())
                     );

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{Counters, Fuse, Live, MoreCounters, Notice, Ticket, TicketId};
+use super::{Counters, Fuse, Live, MoreCounters, Notice, Ticket, TicketId, TicketTable};
 use crate::book::Waiter;
 use crate::breaker::Breaker;
 use crate::health::HealthWindow;
@@ -594,15 +594,16 @@ impl Limiter {
     }
 }
 
-impl Fuse {
+impl<T: TicketTable> Fuse<T> {
     /// This key's whole state, as plain data: [`Fuse::from_state`] gives
     /// back a fuse equal to this one. Tickets are sorted by id, waiters in
     /// queue order.
     pub fn state(&self) -> FuseState {
         let live = self.live.as_deref();
-        let mut tickets: Vec<TicketState> = live
+        let tickets: Vec<TicketState> = live
+            .map(|l| super::tickets::sorted(&l.tickets))
+            .unwrap_or_default()
             .into_iter()
-            .flat_map(|l| l.tickets.iter())
             .map(|(id, t)| TicketState {
                 id,
                 epoch: t.epoch,
@@ -612,7 +613,6 @@ impl Fuse {
                 holds: t.holds,
             })
             .collect();
-        tickets.sort_by_key(|t| t.id);
         let waiters = live
             .into_iter()
             .flat_map(|l| l.book.iter())
@@ -635,7 +635,9 @@ impl Fuse {
             notices: live.map_or_else(Vec::new, |l| l.notices.clone()),
         }
     }
+}
 
+impl Fuse {
     /// The fuse whose state is `s`, after checking it: a known version, a
     /// valid policy (validated as any spec is), a limiter of the policy's
     /// kind, tickets sorted by id with one probe at most and epochs the
@@ -665,7 +667,7 @@ impl Fuse {
                 })
             }
         };
-        let mut live = Live::default();
+        let mut live = Live::<super::Tickets>::default();
         live.book.limiter = limiter;
         let mut probes = 0;
         let mut held = 0u64;

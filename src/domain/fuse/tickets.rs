@@ -1,4 +1,6 @@
-//! A key's live tickets, kept small for the common case.
+//! A key's live tickets: what any table of them must do
+//! ([`TicketTable`]), and the in-memory table the embedded engine keeps
+//! ([`Tickets`]), small for the common case.
 //!
 //! Most keys hold one ticket or a few: up to [`FEW`] sit in one vector and
 //! are found by scanning it. More move to a map by id with an ordered set by
@@ -13,6 +15,54 @@ use crate::Millis;
 
 /// The most tickets kept in a plain vector; beyond this they are indexed.
 pub const FEW: usize = 8;
+
+/// Where a key's live tickets are kept. A [`super::Fuse`] works on any
+/// table that behaves as a map by id with an order by lease end: the
+/// embedded engine's [`Tickets`], or a store's own layout (the Redis module
+/// keeps them in place in the key's value, so that a step on a key with a
+/// thousand tickets touches only the few it changes).
+///
+/// The rules every table keeps: ids are unique; at most one ticket is
+/// flagged as the probe, and inserting a probe takes the flag from the
+/// ticket that had it (B2); [`TicketTable::first_lease`] is the smallest
+/// `(lease end, id)` of the live tickets (T2, L3).
+pub trait TicketTable: Default {
+    /// How many tickets are live.
+    fn len(&self) -> usize;
+
+    /// True when no ticket is live.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A live ticket.
+    fn get(&self, id: TicketId) -> Option<Ticket>;
+
+    /// True when `id` names a live ticket.
+    fn contains(&self, id: TicketId) -> bool {
+        self.get(id).is_some()
+    }
+
+    /// Adds a ticket whose id is not live. A probe takes the probe flag
+    /// from the ticket that had it: that one stays live, superseded (B2).
+    fn insert(&mut self, id: TicketId, ticket: Ticket);
+
+    /// Removes a live ticket.
+    fn remove(&mut self, id: TicketId) -> Option<Ticket>;
+
+    /// The ticket whose lease ends first (the lowest id of equals), and when.
+    fn first_lease(&self) -> Option<(Millis, TicketId)>;
+
+    /// Moves a live ticket's lease end.
+    fn set_lease_end(&mut self, id: TicketId, lease_end: Millis);
+
+    /// Marks every ticket's permits as not to be returned (the limiter they
+    /// came from was remade or dropped).
+    fn forget_holds(&mut self);
+
+    /// Calls `visit` with every live ticket, in no particular order.
+    fn for_each(&self, visit: &mut dyn FnMut(TicketId, Ticket));
+}
 
 /// A ticket with its id, as kept in the vector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,9 +81,13 @@ pub(super) struct Indexed {
     probe: Option<PackedId>,
 }
 
-/// Live tickets by id, in lease-end order when settled.
+/// Live tickets by id, in lease-end order when settled: the embedded
+/// engine's [`TicketTable`].
 #[derive(Clone, Debug)]
-pub(super) enum Tickets {
+pub struct Tickets(Inner);
+
+#[derive(Clone, Debug)]
+enum Inner {
     /// Up to [`FEW`] tickets, scanned.
     Few(Vec<Slot>),
     /// More, indexed.
@@ -42,82 +96,53 @@ pub(super) enum Tickets {
 
 impl Default for Tickets {
     fn default() -> Self {
-        Tickets::Few(Vec::new())
+        Tickets(Inner::Few(Vec::new()))
     }
 }
 
-impl Tickets {
-    /// How many tickets are live.
-    pub fn len(&self) -> usize {
-        match self {
-            Tickets::Few(v) => v.len(),
-            Tickets::Many(m) => m.by_id.len(),
+impl TicketTable for Tickets {
+    fn len(&self) -> usize {
+        match &self.0 {
+            Inner::Few(v) => v.len(),
+            Inner::Many(m) => m.by_id.len(),
         }
     }
 
-    /// True when no ticket is live.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// A live ticket.
-    pub fn get(&self, id: TicketId) -> Option<&Ticket> {
+    fn get(&self, id: TicketId) -> Option<Ticket> {
         let id = PackedId::from(id);
-        match self {
-            Tickets::Few(v) => v.iter().find(|s| s.id == id).map(|s| &s.ticket),
-            Tickets::Many(m) => m.by_id.get(&id),
+        match &self.0 {
+            Inner::Few(v) => v.iter().find(|s| s.id == id).map(|s| s.ticket),
+            Inner::Many(m) => m.by_id.get(&id).copied(),
         }
     }
 
-    /// True when `id` names a live ticket.
-    pub fn contains(&self, id: TicketId) -> bool {
-        self.get(id).is_some()
-    }
-
-    /// Adds a ticket whose id is not live. A probe takes the probe flag
-    /// from the ticket that had it: that one stays live, superseded (B2).
-    pub fn insert(&mut self, id: TicketId, ticket: Ticket) {
+    fn insert(&mut self, id: TicketId, ticket: Ticket) {
         let id = PackedId::from(id);
         debug_assert!(!self.contains(id.into()), "ticket ids are never reused");
         if ticket.probe {
             self.clear_probe();
         }
-        match self {
-            Tickets::Few(v) if v.len() < FEW => v.push(Slot { id, ticket }),
-            Tickets::Few(v) => {
+        match &mut self.0 {
+            Inner::Few(v) if v.len() < FEW => v.push(Slot { id, ticket }),
+            Inner::Few(v) => {
                 let mut m = Indexed::default();
                 for s in v.drain(..).chain([Slot { id, ticket }]) {
                     m.insert(s);
                 }
-                *self = Tickets::Many(Box::new(m));
+                self.0 = Inner::Many(Box::new(m));
             }
-            Tickets::Many(m) => m.insert(Slot { id, ticket }),
+            Inner::Many(m) => m.insert(Slot { id, ticket }),
         }
     }
 
-    fn clear_probe(&mut self) {
-        match self {
-            Tickets::Few(v) => v
-                .iter_mut()
-                .filter(|s| s.ticket.probe)
-                .for_each(|s| s.ticket.probe = false),
-            Tickets::Many(m) => {
-                if let Some(t) = m.probe.take().and_then(|p| m.by_id.get_mut(&p)) {
-                    t.probe = false;
-                }
-            }
-        }
-    }
-
-    /// Removes a live ticket.
-    pub fn remove(&mut self, id: TicketId) -> Option<Ticket> {
+    fn remove(&mut self, id: TicketId) -> Option<Ticket> {
         let id = PackedId::from(id);
-        let removed = match self {
-            Tickets::Few(v) => {
+        let removed = match &mut self.0 {
+            Inner::Few(v) => {
                 let at = v.iter().position(|s| s.id == id)?;
                 Some(v.swap_remove(at).ticket)
             }
-            Tickets::Many(m) => {
+            Inner::Many(m) => {
                 let ticket = m.by_id.remove(&id)?;
                 m.leases.remove(&(ticket.lease_end, id));
                 if m.probe == Some(id) {
@@ -126,34 +151,32 @@ impl Tickets {
                 Some(ticket)
             }
         };
-        if let Tickets::Many(m) = self {
+        if let Inner::Many(m) = &mut self.0 {
             if m.by_id.len() <= FEW / 2 {
                 let slots = m.by_id.drain().map(|(id, ticket)| Slot { id, ticket });
-                *self = Tickets::Few(slots.collect());
+                self.0 = Inner::Few(slots.collect());
             }
         }
         removed
     }
 
-    /// The ticket whose lease ends first (the lowest id of equals), and when.
-    pub fn first_lease(&self) -> Option<(Millis, TicketId)> {
-        let (end, id) = match self {
-            Tickets::Few(v) => v.iter().map(|s| (s.ticket.lease_end, s.id)).min()?,
-            Tickets::Many(m) => *m.leases.first()?,
+    fn first_lease(&self) -> Option<(Millis, TicketId)> {
+        let (end, id) = match &self.0 {
+            Inner::Few(v) => v.iter().map(|s| (s.ticket.lease_end, s.id)).min()?,
+            Inner::Many(m) => *m.leases.first()?,
         };
         Some((end, id.into()))
     }
 
-    /// Moves a live ticket's lease end.
-    pub fn set_lease_end(&mut self, id: TicketId, lease_end: Millis) {
+    fn set_lease_end(&mut self, id: TicketId, lease_end: Millis) {
         let id = PackedId::from(id);
-        match self {
-            Tickets::Few(v) => {
+        match &mut self.0 {
+            Inner::Few(v) => {
                 if let Some(s) = v.iter_mut().find(|s| s.id == id) {
                     s.ticket.lease_end = lease_end;
                 }
             }
-            Tickets::Many(m) => {
+            Inner::Many(m) => {
                 if let Some(t) = m.by_id.get_mut(&id) {
                     m.leases.remove(&(t.lease_end, id));
                     m.leases.insert((lease_end, id));
@@ -163,28 +186,40 @@ impl Tickets {
         }
     }
 
-    /// Every live ticket with its id, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = (TicketId, Ticket)> + '_ {
-        let (few, many) = match self {
-            Tickets::Few(v) => (Some(v.iter().map(|s| (s.id.into(), s.ticket))), None),
-            Tickets::Many(m) => (None, Some(m.by_id.iter().map(|(&id, &t)| (id.into(), t)))),
-        };
-        few.into_iter().flatten().chain(many.into_iter().flatten())
+    fn forget_holds(&mut self) {
+        match &mut self.0 {
+            Inner::Few(v) => v.iter_mut().for_each(|s| s.ticket.holds = false),
+            Inner::Many(m) => m.by_id.values_mut().for_each(|t| t.holds = false),
+        }
     }
 
-    /// Marks every ticket's permits as not to be returned (the limiter they
-    /// came from was remade or dropped).
-    pub fn forget_holds(&mut self) {
-        match self {
-            Tickets::Few(v) => v.iter_mut().for_each(|s| s.ticket.holds = false),
-            Tickets::Many(m) => m.by_id.values_mut().for_each(|t| t.holds = false),
+    fn for_each(&self, visit: &mut dyn FnMut(TicketId, Ticket)) {
+        match &self.0 {
+            Inner::Few(v) => v.iter().for_each(|s| visit(s.id.into(), s.ticket)),
+            Inner::Many(m) => m.by_id.iter().for_each(|(&id, &t)| visit(id.into(), t)),
+        }
+    }
+}
+
+impl Tickets {
+    fn clear_probe(&mut self) {
+        match &mut self.0 {
+            Inner::Few(v) => v
+                .iter_mut()
+                .filter(|s| s.ticket.probe)
+                .for_each(|s| s.ticket.probe = false),
+            Inner::Many(m) => {
+                if let Some(t) = m.probe.take().and_then(|p| m.by_id.get_mut(&p)) {
+                    t.probe = false;
+                }
+            }
         }
     }
 
     /// True when the tickets are kept indexed.
     #[cfg(test)]
     pub fn is_indexed(&self) -> bool {
-        matches!(self, Tickets::Many(_))
+        matches!(self.0, Inner::Many(_))
     }
 }
 
@@ -201,16 +236,16 @@ impl Indexed {
 impl PartialEq for Tickets {
     /// The same tickets, however they are kept.
     fn eq(&self, other: &Self) -> bool {
-        let all = |t: &Tickets| -> Vec<(PackedId, Ticket)> {
-            let mut v: Vec<_> = match t {
-                Tickets::Few(v) => v.iter().map(|s| (s.id, s.ticket)).collect(),
-                Tickets::Many(m) => m.by_id.iter().map(|(&id, &t)| (id, t)).collect(),
-            };
-            v.sort_by_key(|&(id, _)| id);
-            v
-        };
-        self.len() == other.len() && all(self) == all(other)
+        self.len() == other.len() && sorted(self) == sorted(other)
     }
+}
+
+/// Every ticket of `table` with its id, in id order.
+pub fn sorted(table: &impl TicketTable) -> Vec<(TicketId, Ticket)> {
+    let mut all = Vec::with_capacity(table.len());
+    table.for_each(&mut |id, t| all.push((id, t)));
+    all.sort_by_key(|&(id, _)| id);
+    all
 }
 
 #[cfg(test)]
@@ -330,7 +365,7 @@ mod model {
                 prop_assert_eq!(t.len(), model.len());
                 prop_assert!(t.is_indexed() || t.len() <= FEW);
                 for (&id, m) in &model {
-                    prop_assert_eq!(t.get(id), Some(m));
+                    prop_assert_eq!(t.get(id), Some(*m));
                 }
                 let first = model.iter().map(|(&id, t)| (t.lease_end, id)).min();
                 prop_assert_eq!(t.first_lease(), first);
