@@ -1,21 +1,24 @@
-//! The module's commands. Every command is deterministic given what gets
-//! replicated: the caller supplies the time, or sends `*` for the server's
-//! clock and the command is replicated with the number it used, so a
-//! replica or an AOF replay that runs it again reaches the same state.
+//! The module's commands: each parses its arguments, opens the key, runs
+//! one domain step and stores it ([`crate::keyed`]). Every command is
+//! deterministic given what gets replicated: what it wrote goes to the
+//! replicas and the AOF as bytes (`FB.PATCH`), so they reach the same
+//! state without running the step.
+//!
+//! A step that fails is refused before anything is written (SPEC E3): the
+//! arguments and the conditions the domain would refuse (a time before the
+//! key's last, a ticket id in use, an unknown ticket) are checked first.
 //!
 //! Errors are `ERR <field>: <what to do>`, like the contract's messages.
 
-use fusebox_domain::policy::MAX_DURATION;
-use fusebox_domain::{
-    Ask, Decision, Fuse, FuseError, Grant, Millis, Notice, Outcome, Phase, Policy, PolicySpec,
-    Reason, TicketId,
-};
+use fusebox_domain::{Ask, Decision, FuseError, Grant, Millis, Notice, Phase, TicketId};
 use redis_module::{Context, KeyType, RedisError, RedisResult, RedisString, RedisValue};
 
-use crate::{notices, settler, state};
+use crate::keyed::{self, check_key_name, Note, Opened, StepFuse};
+use crate::reply::{completed_reply, decision_reply, millis, view_reply};
+use crate::{args, clock, policy, registry, sign, state};
 
-/// `FB.VERSION`: the module's version and the state encoding it writes, as
-/// `module <semver> encoding <n>`. Keyless.
+/// `FB.VERSION`: `module <semver> encoding <n> signing <fingerprint|off>`.
+/// Keyless.
 pub fn version(_ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() != 1 {
         return Err(RedisError::WrongArity);
@@ -25,6 +28,8 @@ pub fn version(_ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         RedisValue::SimpleStringStatic(env!("CARGO_PKG_VERSION")),
         RedisValue::SimpleStringStatic("encoding"),
         RedisValue::Integer(i64::from(state::ENCODING_VERSION)),
+        RedisValue::SimpleStringStatic("signing"),
+        RedisValue::SimpleString(sign::fingerprint()),
     ]))
 }
 
@@ -34,287 +39,21 @@ pub fn keycheck(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() != 2 {
         return Err(RedisError::WrongArity);
     }
-    let key_name = args.into_iter().nth(1).ok_or(RedisError::WrongArity)?;
-    check_key_name(key_name.as_slice())?;
-    let key = ctx.open_key(&key_name);
+    check_key_name(args[1].as_slice())?;
+    let key = ctx.open_key(&args[1]);
     match key.key_type() {
         KeyType::Empty => {}
         KeyType::String => {
             let value = key.read()?.unwrap_or_default();
-            state::decode(value).map_err(|e| err(&e))?;
+            state::version(value).map_err(|e| err(&e))?;
         }
         _ => return Err(RedisError::WrongType),
     }
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
 
-/// Checks a key name against SPEC K1, as the contract's `key` field.
-pub fn check_key_name(name: &[u8]) -> Result<&str, RedisError> {
-    let name = std::str::from_utf8(name)
-        .map_err(|_| RedisError::Str("ERR key: must be UTF-8; send the key's UTF-8 bytes"))?;
-    fusebox_domain::validate_key(name).map_err(|e| err(&e))?;
-    Ok(name)
-}
-
-/// An error reply `ERR <message>`.
 fn err(e: &dyn std::fmt::Display) -> RedisError {
     RedisError::String(format!("ERR {e}"))
-}
-
-// ---------------------------------------------------------------------------
-// The domain commands: load the key's state, run one domain step, store it.
-// Arguments are all checked before the key is touched, and a refused step
-// stores nothing, so a command that fails changes nothing (SPEC E3).
-// ---------------------------------------------------------------------------
-
-/// The largest `now_ms` a command takes: 2^53 (the largest time a stored
-/// state may hold, decisions item 63) less 365 days (the longest lease,
-/// wait, break or probe slot), so that every deadline a command sets still
-/// reads back.
-pub const MAX_NOW: Millis = (1 << 53) - MAX_DURATION;
-
-fn arg_text<'a>(arg: &'a RedisString, field: &str, what: &str) -> Result<&'a str, RedisError> {
-    std::str::from_utf8(arg.as_slice())
-        .map_err(|_| RedisError::String(format!("ERR {field}: must be {what}")))
-}
-
-/// A whole number of ASCII digits, at most `max`.
-fn parse_number(arg: &RedisString, field: &str, max: u64, what: &str) -> Result<u64, RedisError> {
-    let bad = || RedisError::String(format!("ERR {field}: must be {what}"));
-    let text = arg_text(arg, field, what)?;
-    if text.is_empty() || text.len() > 20 || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad());
-    }
-    text.parse::<u64>()
-        .ok()
-        .filter(|&n| n <= max)
-        .ok_or_else(bad)
-}
-
-/// `now_ms` as sent: a number, or `*` for the server's clock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Now {
-    /// The caller's clock, in milliseconds.
-    At(Millis),
-    /// `*`: the Redis server's wall clock in unix milliseconds, raised to
-    /// the key's last time seen.
-    Server,
-}
-
-impl Now {
-    /// The time a command uses at a key whose last time seen is `last`
-    /// (`None`: an empty key).
-    pub fn resolve(self, last: Option<Millis>) -> Millis {
-        match self {
-            Now::At(at) => at,
-            Now::Server => wall_ms().min(MAX_NOW).max(last.unwrap_or(0)),
-        }
-    }
-}
-
-/// The server's wall clock in unix milliseconds.
-pub fn wall_ms() -> Millis {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// `now_ms`: the caller's monotonic clock in milliseconds (SPEC T0), or `*`
-/// for the server's clock.
-pub fn parse_now(arg: &RedisString) -> Result<Now, RedisError> {
-    if arg.as_slice() == b"*" {
-        return Ok(Now::Server);
-    }
-    parse_number(
-        arg,
-        "now_ms",
-        MAX_NOW,
-        "a whole number of milliseconds from 0 to 9007167718740992 (2^53 less 365 days), \
-         or * for the server's clock; send the caller's monotonic clock or *",
-    )
-    .map(Now::At)
-}
-
-/// A duration option (`LEASE`, `MAXWAIT`): 0 to 365 days in milliseconds.
-fn parse_duration(arg: &RedisString, field: &str) -> Result<Millis, RedisError> {
-    parse_number(
-        arg,
-        field,
-        MAX_DURATION,
-        "a whole number of milliseconds from 0 to 31536000000 (365 days)",
-    )
-}
-
-/// `ticket_hex`: a ticket id as 1 to 32 hex digits.
-pub fn parse_ticket(arg: &RedisString) -> Result<TicketId, RedisError> {
-    parse_id(arg, "ticket", "send the id the ticket was acquired with")
-}
-
-fn parse_id(arg: &RedisString, field: &str, todo: &str) -> Result<TicketId, RedisError> {
-    let what = format!("1 to 32 hex digits; {todo}");
-    let text = arg_text(arg, field, &what)?;
-    let hex = !text.is_empty() && text.len() <= 32 && text.bytes().all(|b| b.is_ascii_hexdigit());
-    hex.then(|| u128::from_str_radix(text, 16).ok())
-        .flatten()
-        .map(TicketId)
-        .ok_or_else(|| RedisError::String(format!("ERR {field}: must be {what}")))
-}
-
-/// `policy_json`: a policy as the config writes it, as JSON, validated.
-pub fn parse_policy(arg: &RedisString) -> Result<Policy, RedisError> {
-    let spec: PolicySpec = serde_json::from_slice(arg.as_slice()).map_err(|e| {
-        RedisError::String(format!(
-            "ERR policy: not a policy as JSON ({e}); send the key's policy as an object \
-             with breaker, limiter and lease, as the config writes it"
-        ))
-    })?;
-    spec.validate()
-        .map_err(|e| RedisError::String(format!("ERR policy.{e}")))
-}
-
-/// `outcome`: `success`, `failure` or `ignored`, in any case.
-pub fn parse_outcome(arg: &RedisString) -> Result<Outcome, RedisError> {
-    const WHAT: &str = "success, failure or ignored";
-    let text = arg_text(arg, "outcome", WHAT)?;
-    [Outcome::Success, Outcome::Failure, Outcome::Ignored]
-        .into_iter()
-        .find(|o| o.as_str().eq_ignore_ascii_case(text))
-        .ok_or_else(|| RedisError::String(format!("ERR outcome: must be {WHAT}, not {text:?}")))
-}
-
-/// `BY who` / `WHY text`: at most 256 bytes of UTF-8.
-fn parse_note(arg: &RedisString, field: &str) -> Result<String, RedisError> {
-    let text = arg_text(arg, field, "UTF-8 text of at most 256 bytes")?;
-    if text.len() > 256 {
-        return Err(RedisError::String(format!(
-            "ERR {field}: must be at most 256 bytes of UTF-8, not {}; shorten it",
-            text.len()
-        )));
-    }
-    Ok(text.to_owned())
-}
-
-/// The options after the fixed arguments: `NAME value` pairs, each at most
-/// once, names in any case. Returns the values in the order of `names`.
-fn parse_options<'a>(
-    args: &'a [RedisString],
-    names: &[&str],
-) -> Result<Vec<Option<&'a RedisString>>, RedisError> {
-    let mut values = vec![None; names.len()];
-    let mut rest = args.iter();
-    while let Some(name) = rest.next() {
-        let text = String::from_utf8_lossy(name.as_slice());
-        let Some(at) = names.iter().position(|n| n.eq_ignore_ascii_case(&text)) else {
-            return Err(RedisError::String(format!(
-                "ERR option: {text:?} is not an option here; use {}",
-                names.join(", ")
-            )));
-        };
-        let Some(value) = rest.next() else {
-            return Err(RedisError::String(format!(
-                "ERR {}: {} needs a value after it",
-                names[at].to_ascii_lowercase(),
-                names[at]
-            )));
-        };
-        if values[at].replace(value).is_some() {
-            return Err(RedisError::String(format!(
-                "ERR {}: {} is given twice; give it once",
-                names[at].to_ascii_lowercase(),
-                names[at]
-            )));
-        }
-    }
-    Ok(values)
-}
-
-/// The fuse a key holds, or `None` when the key is empty.
-pub(crate) fn load(ctx: &Context, key_name: &RedisString) -> Result<Option<Fuse>, RedisError> {
-    check_key_name(key_name.as_slice())?;
-    let key = ctx.open_key(key_name);
-    match key.key_type() {
-        KeyType::Empty => Ok(None),
-        KeyType::String => {
-            let value = key.read()?.unwrap_or_default();
-            state::decode_fuse(value).map(Some).map_err(|e| err(&e))
-        }
-        _ => Err(RedisError::WrongType),
-    }
-}
-
-/// Who asked for an operator's step, and why, for the events it causes.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Note {
-    pub(crate) who: Option<String>,
-    pub(crate) why: Option<String>,
-}
-
-/// Drains `fuse`'s notices (until none are left), stores it at the key,
-/// replicates the step with `replicate`, re-indexes the key for the
-/// settler, then publishes the notices. Returns the notices.
-pub(crate) fn persist(
-    ctx: &Context,
-    key_name: &RedisString,
-    fuse: &mut Fuse,
-    now: Millis,
-    replicate: impl FnOnce(&Context),
-    note: &Note,
-) -> Result<Vec<Notice>, RedisError> {
-    let mut drained = Vec::new();
-    loop {
-        let before = drained.len();
-        drained.extend(fuse.drain_notices());
-        if drained.len() == before {
-            break;
-        }
-    }
-    let value = String::from_utf8(state::encode_fuse(fuse))
-        .map_err(|_| RedisError::Str("ERR state: the encoding is not UTF-8 (a module bug)"))?;
-    let key = ctx.open_key_writable(key_name);
-    key.write(&value)?;
-    if fuse.is_at_rest(now) {
-        // K2: a key at rest is forgotten once it stays so for IDLE_AFTER
-        // (Redis's own expiry, on the primary's clock; writing the value
-        // again above clears it).
-        key.set_expire(std::time::Duration::from_millis(IDLE_AFTER))?;
-    }
-    replicate(ctx);
-    settler::note(key_name.as_slice(), fuse);
-    notices::publish(ctx, key_name.as_slice(), fuse, now, &drained, note);
-    Ok(drained)
-}
-
-/// How long a key at rest (closed, no failures counted, no ticket, no
-/// waiter) is kept before Redis forgets it (SPEC K2): the embedded
-/// engine's default `idle_after`.
-pub const IDLE_AFTER: Millis = 600_000;
-
-/// Stores `fuse` as a command's step: replicated as the command came, with
-/// `now_ms` (argument 2) written as the number used.
-fn store(
-    ctx: &Context,
-    args: &[RedisString],
-    fuse: &mut Fuse,
-    now: Millis,
-    note: &Note,
-) -> Result<Vec<Notice>, RedisError> {
-    persist(
-        ctx,
-        &args[1],
-        fuse,
-        now,
-        |ctx| {
-            let name = String::from_utf8_lossy(args[0].as_slice()).to_ascii_lowercase();
-            let now = now.to_string();
-            let rest: Vec<&[u8]> = args[1..]
-                .iter()
-                .enumerate()
-                .map(|(i, a)| if i == 1 { now.as_bytes() } else { a.as_slice() })
-                .collect();
-            ctx.replicate(&name, rest.as_slice());
-        },
-        note,
-    )
 }
 
 /// A refused domain step, as an error naming the field.
@@ -327,111 +66,34 @@ fn fuse_err(e: FuseError) -> RedisError {
     }
 }
 
-fn millis(ms: Millis) -> RedisValue {
-    RedisValue::Integer(i64::try_from(ms).unwrap_or(i64::MAX))
-}
-
-fn name(text: &str) -> RedisValue {
-    RedisValue::BulkString(text.to_owned())
-}
-
-/// A phase as the module writes it: lower case (`closed`, `open`,
-/// `half_open`, `isolated`).
-pub fn phase_name(phase: Phase) -> String {
-    phase.as_str().to_ascii_lowercase()
-}
-
-/// A decision's parts: name, reason, ticket, lease left and retry after.
-pub(crate) struct Parts {
-    pub(crate) decision: &'static str,
-    pub(crate) reason: Option<&'static str>,
-    pub(crate) ticket: Option<String>,
-    pub(crate) lease_ms: Option<Millis>,
-    pub(crate) retry_after_ms: Option<Millis>,
-}
-
-pub(crate) fn parts(decision: &Decision, now: Millis) -> Parts {
-    let mut p = Parts {
-        decision: "",
-        reason: None,
-        ticket: None,
-        lease_ms: None,
-        retry_after_ms: None,
-    };
-    let grant = |g: &Grant| {
-        (
-            Some(g.ticket.to_string()),
-            Some(g.lease_end.saturating_sub(now)),
-        )
-    };
-    match decision {
-        Decision::Granted(g) => {
-            p.decision = "granted";
-            if let Some(g) = g {
-                (p.ticket, p.lease_ms) = grant(g);
-            }
-        }
-        Decision::Probe(g) => {
-            p.decision = "probe";
-            (p.ticket, p.lease_ms) = grant(g);
-        }
-        Decision::Blocked {
-            reason,
-            retry_after,
-        } => {
-            p.decision = "blocked";
-            p.reason = Some(reason.as_str());
-            p.retry_after_ms = Some(*retry_after);
-        }
-        Decision::Refused => p.decision = "refused",
-        Decision::Denied {
-            reason,
-            retry_after,
-        } => {
-            p.decision = "denied";
-            p.reason = Some(reason.as_str());
-            p.retry_after_ms = *retry_after;
-        }
-        Decision::Queued => p.decision = "queued",
+/// The time a step at `opened` runs at, refused when it is earlier than
+/// the key's last (the clock is monotonic, SPEC T0).
+fn time_at(when: clock::Now, opened: Option<&Opened<'_>>) -> Result<Millis, RedisError> {
+    let last = opened.map(|o| o.fuse.last_now());
+    let now = when.resolve(last);
+    if let Some(last) = last.filter(|&last| now < last) {
+        return Err(fuse_err(FuseError::ClockWentBack { now, last }));
     }
-    p
+    Ok(now)
 }
 
-/// A decision as `[decision, reason|nil, ticket|nil, lease_ms|nil,
-/// retry_after_ms|nil, phase, now_ms]`, names in lower case; `lease_ms` is
-/// the time left on the ticket, `phase` the breaker's after the step and
-/// `now_ms` the time the command used.
-pub fn decision_reply(decision: &Decision, phase: Phase, now: Millis) -> RedisValue {
-    let p = parts(decision, now);
-    let opt_name = |s: Option<&str>| s.map_or(RedisValue::Null, name);
-    let opt_ms = |m: Option<Millis>| m.map_or(RedisValue::Null, millis);
-    RedisValue::Array(vec![
-        name(p.decision),
-        opt_name(p.reason),
-        opt_name(p.ticket.as_deref()),
-        opt_ms(p.lease_ms),
-        opt_ms(p.retry_after_ms),
-        name(&phase_name(phase)),
-        millis(now),
-    ])
-}
-
-/// `FB.ACQUIRE key now_ms ticket_hex policy_json [PERMITS n] [LEASE ms]
-/// [MAXWAIT ms]`: a request for permits under `policy_json` (SPEC C1–C3,
-/// P1–P4). An empty key starts as a fresh fuse under the policy at
-/// `now_ms`; a key whose policy differs takes the new one first (Y4). A
-/// status check (`PERMITS 0`) on an empty key stores nothing.
+/// `FB.ACQUIRE key now_ms ticket_hex policy [PERMITS n] [LEASE ms]
+/// [MAXWAIT ms]`: a request for permits under `policy` (SPEC C1–C3,
+/// P1–P4), the policy's JSON or `@` and its id ([`crate::policy`]). An
+/// empty key starts as a fresh fuse under the policy at `now_ms`; a key
+/// whose policy differs takes the new one first (Y4). A status check
+/// (`PERMITS 0`) on an empty key stores nothing.
 pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() < 5 {
         return Err(RedisError::WrongArity);
     }
-    let when = parse_now(&args[2])?;
-    let id = parse_ticket(&args[3])?;
-    let policy = parse_policy(&args[4])?;
-    let options = parse_options(&args[5..], &["PERMITS", "LEASE", "MAXWAIT"])?;
+    let when = args::now(&args[2])?;
+    let id = args::ticket(&args[3])?;
+    let known = policy::of_arg(args[4].as_slice())?;
+    let options = args::options(&args[5..], &["PERMITS", "LEASE", "MAXWAIT"])?;
     let permits = options[0]
         .map(|a| {
-            parse_number(
+            args::number(
                 a,
                 "permits",
                 u64::from(u32::MAX),
@@ -440,9 +102,14 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         })
         .transpose()?
         .map_or(1, |n| n as u32);
-    let lease = options[1].map(|a| parse_duration(a, "lease")).transpose()?;
+    let lease = options[1]
+        .map(|a| args::duration(a, "lease"))
+        .transpose()?;
+    if lease == Some(0) {
+        return Err(fuse_err(FuseError::ZeroLease));
+    }
     let max_wait = options[2]
-        .map(|a| parse_duration(a, "maxwait"))
+        .map(|a| args::duration(a, "maxwait"))
         .transpose()?
         .unwrap_or(0);
     let ask = Ask {
@@ -451,23 +118,34 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         lease,
         ..Ask::default()
     };
-    let loaded = load(ctx, &args[1])?;
-    let existed = loaded.is_some();
-    let now = when.resolve(loaded.as_ref().map(Fuse::last_now));
-    let mut fuse = match loaded {
-        Some(mut fuse) => {
-            if fuse.policy().spec() != policy.spec() {
-                fuse.set_policy(policy, now).map_err(fuse_err)?;
+    let key = ctx.open_key_writable(&args[1]);
+    let opened = keyed::open(&key, &args[1])?;
+    let existed = opened.is_some();
+    let now = time_at(when, opened.as_ref())?;
+    let mut opened = match opened {
+        Some(mut opened) => {
+            if permits > 0 && opened.fuse.knows(id) {
+                return Err(fuse_err(FuseError::TicketInUse));
             }
-            fuse
+            opened.adopt(known, now)?;
+            opened
         }
-        None => Fuse::new(policy, now),
+        None => keyed::fresh(known, now),
     };
-    let decision = fuse.acquire(&ask, id, now).map_err(fuse_err)?;
+    let decision = opened.fuse.acquire(&ask, id, now).map_err(fuse_err)?;
+    let phase = opened.fuse.phase();
     if existed || permits > 0 {
-        store(ctx, &args, &mut fuse, now, &Note::default())?;
+        keyed::store(ctx, &key, &args[1], opened, now, &Note::default())?;
     }
-    Ok(decision_reply(&decision, fuse.phase(), now))
+    Ok(decision_reply(&decision, phase, now))
+}
+
+/// Opens a key that must hold state for a step on one of its tickets.
+fn open_for_ticket<'k>(
+    key: &'k redis_module::key::RedisKeyWritable,
+    name: &RedisString,
+) -> Result<Opened<'k>, RedisError> {
+    keyed::open(key, name)?.ok_or_else(|| fuse_err(FuseError::UnknownTicket))
 }
 
 /// `FB.COMPLETE key now_ms ticket_hex outcome`: records a ticket's outcome
@@ -476,21 +154,15 @@ pub fn complete(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() != 5 {
         return Err(RedisError::WrongArity);
     }
-    let when = parse_now(&args[2])?;
-    let id = parse_ticket(&args[3])?;
-    let outcome = parse_outcome(&args[4])?;
-    let Some(mut fuse) = load(ctx, &args[1])? else {
-        return Err(fuse_err(FuseError::UnknownTicket));
-    };
-    let now = when.resolve(Some(fuse.last_now()));
-    let done = fuse.complete(id, outcome, now).map_err(fuse_err)?;
-    store(ctx, &args, &mut fuse, now, &Note::default())?;
-    Ok(RedisValue::Array(vec![
-        name("stale"),
-        RedisValue::Integer(i64::from(done.stale)),
-        name("phase"),
-        name(&phase_name(done.phase)),
-    ]))
+    let when = args::now(&args[2])?;
+    let id = args::ticket(&args[3])?;
+    let outcome = args::outcome(&args[4])?;
+    let key = ctx.open_key_writable(&args[1]);
+    let mut opened = open_for_ticket(&key, &args[1])?;
+    let now = time_at(when, Some(&opened))?;
+    let done = opened.fuse.complete(id, outcome, now).map_err(fuse_err)?;
+    keyed::store(ctx, &key, &args[1], opened, now, &Note::default())?;
+    Ok(completed_reply(done.stale, done.phase))
 }
 
 /// `FB.RENEW key now_ms ticket_hex [LEASE ms]`: extends a live ticket's
@@ -499,54 +171,55 @@ pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() < 4 {
         return Err(RedisError::WrongArity);
     }
-    let when = parse_now(&args[2])?;
-    let id = parse_ticket(&args[3])?;
-    let options = parse_options(&args[4..], &["LEASE"])?;
-    let lease = options[0].map(|a| parse_duration(a, "lease")).transpose()?;
-    let Some(mut fuse) = load(ctx, &args[1])? else {
-        return Err(fuse_err(FuseError::UnknownTicket));
-    };
-    let now = when.resolve(Some(fuse.last_now()));
-    let granted = fuse.renew(id, lease, now).map_err(fuse_err)?;
-    store(ctx, &args, &mut fuse, now, &Note::default())?;
+    let when = args::now(&args[2])?;
+    let id = args::ticket(&args[3])?;
+    let options = args::options(&args[4..], &["LEASE"])?;
+    let lease = options[0]
+        .map(|a| args::duration(a, "lease"))
+        .transpose()?;
+    if lease == Some(0) {
+        return Err(fuse_err(FuseError::ZeroLease));
+    }
+    let key = ctx.open_key_writable(&args[1]);
+    let mut opened = open_for_ticket(&key, &args[1])?;
+    let now = time_at(when, Some(&opened))?;
+    let granted = opened.fuse.renew(id, lease, now).map_err(fuse_err)?;
+    keyed::store(ctx, &key, &args[1], opened, now, &Note::default())?;
     Ok(millis(granted))
 }
 
 /// The `BY` and `WHY` options of an operator's step.
-fn parse_by_why(values: &[Option<&RedisString>]) -> Result<Note, RedisError> {
+fn by_why(values: &[Option<&RedisString>]) -> Result<Note, RedisError> {
     Ok(Note {
-        who: values[0].map(|a| parse_note(a, "by")).transpose()?,
-        why: values[1].map(|a| parse_note(a, "why")).transpose()?,
+        who: values[0].map(|a| args::note(a, "by")).transpose()?,
+        why: values[1].map(|a| args::note(a, "why")).transpose()?,
     })
 }
 
-fn view_reply(fuse: &Fuse, now: Millis) -> RedisValue {
-    RedisValue::BulkString(view_json(fuse, now).to_string())
-}
-
-/// `FB.ISOLATE key now_ms [POLICY json] [BY who] [WHY text]`: an operator
-/// isolates the key's breaker (SPEC B5); waiters are refused. An empty key
-/// needs `POLICY`, under which it is made first; a key whose policy
-/// differs takes it first. Replies the key's view as JSON.
+/// `FB.ISOLATE key now_ms [POLICY policy] [BY who] [WHY text]`: an
+/// operator isolates the key's breaker (SPEC B5); waiters are refused. An
+/// empty key needs `POLICY`, under which it is made first; a key whose
+/// policy differs takes it first. Replies the key's view as JSON.
 pub fn isolate(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() < 3 {
         return Err(RedisError::WrongArity);
     }
-    let when = parse_now(&args[2])?;
-    let options = parse_options(&args[3..], &["POLICY", "BY", "WHY"])?;
-    let policy = options[0].map(parse_policy).transpose()?;
-    let note = parse_by_why(&options[1..])?;
-    let loaded = load(ctx, &args[1])?;
-    let now = when.resolve(loaded.as_ref().map(Fuse::last_now));
-    let mut fuse = match (loaded, policy) {
-        (Some(mut fuse), Some(policy)) => {
-            if fuse.policy().spec() != policy.spec() {
-                fuse.set_policy(policy, now).map_err(fuse_err)?;
-            }
-            fuse
+    let when = args::now(&args[2])?;
+    let options = args::options(&args[3..], &["POLICY", "BY", "WHY"])?;
+    let known = options[0]
+        .map(|a| policy::of_arg(a.as_slice()))
+        .transpose()?;
+    let note = by_why(&options[1..])?;
+    let key = ctx.open_key_writable(&args[1]);
+    let opened = keyed::open(&key, &args[1])?;
+    let now = time_at(when, opened.as_ref())?;
+    let mut opened = match (opened, known) {
+        (Some(mut opened), Some(known)) => {
+            opened.adopt(known, now)?;
+            opened
         }
-        (Some(fuse), None) => fuse,
-        (None, Some(policy)) => Fuse::new(policy, now),
+        (Some(opened), None) => opened,
+        (None, Some(known)) => keyed::fresh(known, now),
         (None, None) => {
             return Err(RedisError::Str(
                 "ERR key: holds no fusebox state, so no policy to isolate under; \
@@ -554,9 +227,10 @@ pub fn isolate(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             ))
         }
     };
-    fuse.isolate(now).map_err(fuse_err)?;
-    store(ctx, &args, &mut fuse, now, &note)?;
-    Ok(view_reply(&fuse, now))
+    opened.fuse.isolate(now).map_err(fuse_err)?;
+    let view = view_reply(&opened.fuse, now);
+    keyed::store(ctx, &key, &args[1], opened, now, &note)?;
+    Ok(view)
 }
 
 /// `FB.CLOSE key now_ms [BY who] [WHY text]`: an operator closes the key's
@@ -566,22 +240,24 @@ pub fn close(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() < 3 {
         return Err(RedisError::WrongArity);
     }
-    let when = parse_now(&args[2])?;
-    let options = parse_options(&args[3..], &["BY", "WHY"])?;
-    let note = parse_by_why(&options)?;
-    let Some(mut fuse) = load(ctx, &args[1])? else {
+    let when = args::now(&args[2])?;
+    let options = args::options(&args[3..], &["BY", "WHY"])?;
+    let note = by_why(&options)?;
+    let key = ctx.open_key_writable(&args[1]);
+    let Some(mut opened) = keyed::open(&key, &args[1])? else {
         return Ok(RedisValue::Null);
     };
-    let now = when.resolve(Some(fuse.last_now()));
-    fuse.close(now).map_err(fuse_err)?;
-    store(ctx, &args, &mut fuse, now, &note)?;
-    Ok(view_reply(&fuse, now))
+    let now = time_at(when, Some(&opened))?;
+    opened.fuse.close(now).map_err(fuse_err)?;
+    let view = view_reply(&opened.fuse, now);
+    keyed::store(ctx, &key, &args[1], opened, now, &note)?;
+    Ok(view)
 }
 
 /// What became of waiter `id` at `now`: its answer if `notices` hold one,
 /// `queued` while it waits, the ticket it was served with while that is
 /// live, else nil (unknown).
-fn waiter_reply(fuse: &Fuse, id: TicketId, now: Millis, notices: &[Notice]) -> RedisValue {
+fn waiter_reply(fuse: &StepFuse<'_>, id: TicketId, now: Millis, notices: &[Notice]) -> RedisValue {
     let answered = notices.iter().rev().find_map(|n| match n {
         Notice::Answered { waiter, decision } if *waiter == id => Some(*decision),
         _ => None,
@@ -589,7 +265,7 @@ fn waiter_reply(fuse: &Fuse, id: TicketId, now: Millis, notices: &[Notice]) -> R
     if let Some(decision) = answered {
         return decision_reply(&decision, fuse.phase(), now);
     }
-    if fuse.state().waiters.iter().any(|w| w.id == id) {
+    if fuse.is_waiting(id) {
         return decision_reply(&Decision::Queued, fuse.phase(), now);
     }
     match fuse.ticket(id).filter(|t| t.lease_end > now) {
@@ -617,22 +293,22 @@ pub fn settle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() < 3 {
         return Err(RedisError::WrongArity);
     }
-    let when = parse_now(&args[2])?;
-    let options = parse_options(&args[3..], &["WAITER"])?;
-    let waiter = options[0]
-        .map(|a| parse_id(a, "waiter", "send the id the request was queued with"))
-        .transpose()?;
-    let Some(mut fuse) = load(ctx, &args[1])? else {
+    let when = args::now(&args[2])?;
+    let options = args::options(&args[3..], &["WAITER"])?;
+    let waiter = options[0].map(args::waiter).transpose()?;
+    let key = ctx.open_key_writable(&args[1]);
+    let Some(mut opened) = keyed::open(&key, &args[1])? else {
         // Nothing to settle, and no waiter is known at an empty key.
         return Ok(RedisValue::Array(vec![RedisValue::Null, RedisValue::Null]));
     };
-    let now = when.resolve(Some(fuse.last_now()));
-    fuse.advance(now).map_err(fuse_err)?;
-    let notices = store(ctx, &args, &mut fuse, now, &Note::default())?;
-    let next = fuse.next_deadline().map_or(RedisValue::Null, millis);
+    let now = time_at(when, Some(&opened))?;
+    opened.fuse.advance(now).map_err(fuse_err)?;
+    let notices = keyed::drain(&mut opened.fuse);
+    let next = opened.fuse.next_deadline().map_or(RedisValue::Null, millis);
     let waiter = waiter.map_or(RedisValue::Null, |id| {
-        waiter_reply(&fuse, id, now, &notices)
+        waiter_reply(&opened.fuse, id, now, &notices)
     });
+    keyed::store_drained(ctx, &key, &args[1], opened, now, &Note::default(), notices)?;
     Ok(RedisValue::Array(vec![next, waiter]))
 }
 
@@ -643,129 +319,70 @@ pub fn withdraw(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() != 4 {
         return Err(RedisError::WrongArity);
     }
-    let when = parse_now(&args[2])?;
-    let id = parse_id(
-        &args[3],
-        "waiter",
-        "send the id the request was queued with",
-    )?;
-    let Some(mut fuse) = load(ctx, &args[1])? else {
-        return Ok(name("unknown"));
+    let when = args::now(&args[2])?;
+    let id = args::waiter(&args[3])?;
+    let key = ctx.open_key_writable(&args[1]);
+    let Some(mut opened) = keyed::open(&key, &args[1])? else {
+        return Ok(RedisValue::BulkString("unknown".to_owned()));
     };
-    let now = when.resolve(Some(fuse.last_now()));
+    let now = time_at(when, Some(&opened))?;
+    let fuse = &mut opened.fuse;
     let reply = if fuse.withdraw(id, now).map_err(fuse_err)? {
         "withdrawn"
     } else if fuse.ticket(id).is_some_and(|t| t.lease_end > now) {
-        fuse.complete(id, Outcome::Ignored, now).map_err(fuse_err)?;
+        fuse.complete(id, fusebox_domain::Outcome::Ignored, now)
+            .map_err(fuse_err)?;
         "released"
     } else {
         "unknown"
     };
-    store(ctx, &args, &mut fuse, now, &Note::default())?;
-    Ok(name(reply))
+    keyed::store(ctx, &key, &args[1], opened, now, &Note::default())?;
+    Ok(RedisValue::BulkString(reply.to_owned()))
 }
 
-/// `FB.POLICY key now_ms policy_json`: the key takes `policy_json` from
-/// `now_ms` on (SPEC Y4: the breaker keeps its phase, deadline, run and
-/// epoch; held permits stay held; waiters that ask for more than a new
-/// limit are denied), and is stored, replicated and its notices published
-/// like every write. A key already under that very policy is settled to
+/// `FB.POLICY key now_ms policy`: the key takes `policy` from `now_ms` on
+/// (SPEC Y4: the breaker keeps its phase, deadline, run and epoch; held
+/// permits stay held; waiters that ask for more than a new limit are
+/// denied), and is stored, replicated and its notices published like
+/// every write. A key already under that very policy is settled to
 /// `now_ms` and stored, as `FB.SETTLE` would. Replies the key's view as
 /// JSON; an empty key is not written and replies nil (a key never used
 /// starts under the policy its first `FB.ACQUIRE` sends).
-pub fn policy(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+pub fn set_policy(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() != 4 {
         return Err(RedisError::WrongArity);
     }
-    let when = parse_now(&args[2])?;
-    let policy = parse_policy(&args[3])?;
-    let Some(mut fuse) = load(ctx, &args[1])? else {
+    let when = args::now(&args[2])?;
+    let known = policy::of_arg(args[3].as_slice())?;
+    let key = ctx.open_key_writable(&args[1]);
+    let Some(mut opened) = keyed::open(&key, &args[1])? else {
         return Ok(RedisValue::Null);
     };
-    let now = when.resolve(Some(fuse.last_now()));
-    if fuse.policy().spec() != policy.spec() {
-        fuse.set_policy(policy, now).map_err(fuse_err)?;
-    } else {
-        fuse.advance(now).map_err(fuse_err)?;
-    }
-    store(ctx, &args, &mut fuse, now, &Note::default())?;
-    Ok(view_reply(&fuse, now))
+    let now = time_at(when, Some(&opened))?;
+    opened.adopt(known, now)?;
+    opened.fuse.advance(now).map_err(fuse_err)?;
+    let view = view_reply(&opened.fuse, now);
+    keyed::store(ctx, &key, &args[1], opened, now, &Note::default())?;
+    Ok(view)
 }
 
-/// The most keys `FB.LIST` asks one `SCAN` step for.
-pub const LIST_MAX_COUNT: u64 = 10_000;
-
-/// `FB.LIST cursor now_ms [MATCH pattern] [COUNT n]`: one step of `SCAN
-/// cursor MATCH pattern COUNT n TYPE string` on this node, keeping the
-/// keys that hold fusebox state (other strings, and fusebox strings this
-/// module cannot read, are skipped), each read at `now_ms` on a copy as
-/// `FB.GET` reads it; nothing is written. A key whose last time seen is
-/// later than `now_ms` is read at that time (its view's `now_ms` says so),
-/// so one key touched by a clock ahead of the caller's does not fail the
-/// listing. Replies `[next_cursor, [key, view_json, key, view_json, ...]]`;
-/// `next_cursor` is `0` when the pass is over. Keyless: in Redis Cluster a
-/// caller sends it to each primary.
-pub fn list(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    if args.len() < 3 {
+/// `FB.FENCE key`: writes nothing, but is replicated, so that a `WAIT`
+/// sent after it on the same connection waits for every write this node
+/// made to the key before it (Redis's `WAIT` counts the writes of the
+/// connection that sends it). A server confirms a probe with it.
+pub fn fence(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    use redis_module::ContextFlags;
+    if args.len() != 2 {
         return Err(RedisError::WrongArity);
     }
-    let cursor = parse_number(
-        &args[1],
-        "cursor",
-        u64::MAX,
-        "a whole number: 0 to start, then the cursor the last FB.LIST replied",
-    )?;
-    let when = parse_now(&args[2])?;
-    let options = parse_options(&args[3..], &["MATCH", "COUNT"])?;
-    let count = options[1]
-        .map(|a| parse_number(a, "count", LIST_MAX_COUNT, "a whole number from 1 to 10000"))
-        .transpose()?
-        .unwrap_or(100);
-    if count == 0 {
-        return Err(RedisError::Str(
-            "ERR count: must be a whole number from 1 to 10000",
-        ));
+    check_key_name(args[1].as_slice())?;
+    if !ctx
+        .get_flags()
+        .intersects(ContextFlags::REPLICATED | ContextFlags::LOADING)
+    {
+        ctx.replicate("fb.fence", &[args[1].as_slice()]);
     }
-    let cursor = cursor.to_string();
-    let count = count.to_string();
-    let mut scan: Vec<&[u8]> = vec![cursor.as_bytes()];
-    if let Some(pattern) = options[0] {
-        scan.extend([&b"MATCH"[..], pattern.as_slice()]);
-    }
-    scan.extend([&b"COUNT"[..], count.as_bytes(), b"TYPE", b"string"]);
-    let reply = ctx.call("SCAN", scan.as_slice())?;
-    let RedisValue::Array(parts) = reply else {
-        return Err(RedisError::Str(
-            "ERR list: SCAN gave no array (a module bug)",
-        ));
-    };
-    let mut parts = parts.into_iter();
-    let next = parts.next().map(settler::bytes).unwrap_or_default();
-    let keys = match parts.next() {
-        Some(RedisValue::Array(keys)) => keys,
-        _ => Vec::new(),
-    };
-    let mut items = Vec::new();
-    for key in keys.into_iter().map(settler::bytes) {
-        let key_name = ctx.create_string(key.as_slice());
-        let redis_key = ctx.open_key(&key_name);
-        let Ok(Some(value)) = redis_key.read() else {
-            continue;
-        };
-        let Ok(mut fuse) = state::decode_fuse(value) else {
-            continue;
-        };
-        let now = when.resolve(Some(fuse.last_now())).max(fuse.last_now());
-        if fuse.advance(now).is_err() {
-            continue;
-        }
-        items.push(RedisValue::StringBuffer(key));
-        items.push(view_reply(&fuse, now));
-    }
-    Ok(RedisValue::Array(vec![
-        RedisValue::StringBuffer(if next.is_empty() { b"0".to_vec() } else { next }),
-        RedisValue::Array(items),
-    ]))
+    Ok(RedisValue::SimpleStringStatic("OK"))
 }
 
 /// `FB.GET key now_ms`: what a read of the key shows at `now_ms` (SPEC
@@ -775,59 +392,215 @@ pub fn get(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() != 3 {
         return Err(RedisError::WrongArity);
     }
-    let when = parse_now(&args[2])?;
-    let Some(mut fuse) = load(ctx, &args[1])? else {
-        return Ok(RedisValue::Null);
-    };
+    let when = args::now(&args[2])?;
+    check_key_name(args[1].as_slice())?;
+    let key = ctx.open_key(&args[1]);
+    match key.key_type() {
+        KeyType::Empty => return Ok(RedisValue::Null),
+        KeyType::String => {}
+        _ => return Err(RedisError::WrongType),
+    }
+    let value = key.read()?.unwrap_or_default();
+    let mut fuse = keyed::read_copy(value).map_err(|e| err(&e))?;
     let now = when.resolve(Some(fuse.last_now()));
     fuse.advance(now).map_err(fuse_err)?;
     Ok(view_reply(&fuse, now))
 }
 
-/// The view of `fuse` at `now` as a JSON object: the fields of the
-/// domain's `View` (the phase in lower case), the time it is read at
-/// (`now_ms`), the statistics, and the policy in force as its spec.
-pub fn view_json(fuse: &Fuse, now: Millis) -> serde_json::Value {
-    let v = fuse.view(now);
-    let s = &v.stats;
-    let by_reason: serde_json::Map<String, serde_json::Value> = Reason::ALL
-        .iter()
-        .map(|r| (r.as_str().to_owned(), s.by_reason[*r as usize].into()))
-        .collect();
-    serde_json::json!({
-        "phase": phase_name(v.phase),
-        "consecutive_failures": v.consecutive_failures,
-        "half_open_attempts": v.half_open_attempts,
-        "open_until": v.open_until,
-        "free": v.free,
-        "limit": v.limit,
-        "queued": v.queued,
-        "live_tickets": v.live_tickets,
-        "waiters": v.waiters,
-        "epoch": v.epoch,
-        "failure_ratio": v.failure_ratio,
-        "changed_at": v.changed_at,
-        "last_now": fuse.last_now(),
-        "now_ms": now,
-        "next_deadline": fuse.next_deadline(),
-        "stats": {
-            "granted": s.granted,
-            "probes": s.probes,
-            "blocked": s.blocked,
-            "refused": s.refused,
-            "denied": s.denied,
-            "by_reason": by_reason,
-            "queued": s.queued,
-            "evicted": s.evicted,
-            "timed_out": s.timed_out,
-            "withdrawn": s.withdrawn,
-            "failed": s.failed,
-            "successes": s.successes,
-            "failures": s.failures,
-            "ignored": s.ignored,
-            "stale": s.stale,
-            "expired": s.expired,
-        },
-        "policy": fuse.policy().spec(),
-    })
+/// The most keys `FB.LIST` and `FB.CENSUS` answer in one call.
+pub const LIST_MAX_COUNT: u64 = 10_000;
+
+/// How many keys `FB.LIST` may look at per key it may answer: a pattern
+/// that few keys match ends a call early rather than scanning on.
+const LIST_WORK_PER_KEY: u64 = 10;
+
+/// `name`'s view at `now` (settled on a copy), when it holds fusebox
+/// state in one of `phases` (any, when empty).
+fn listed(ctx: &Context, name: &[u8], when: clock::Now, phases: &[Phase]) -> Option<RedisValue> {
+    let key_name = ctx.create_string(name);
+    let redis_key = ctx.open_key(&key_name);
+    let value = redis_key.read().ok()??;
+    let mut fuse = keyed::read_copy(value).ok()?;
+    let now = when.resolve(Some(fuse.last_now())).max(fuse.last_now());
+    fuse.advance(now).ok()?;
+    (phases.is_empty() || phases.contains(&fuse.phase())).then(|| view_reply(&fuse, now))
+}
+
+fn phases_of(arg: Option<&RedisString>) -> Result<Vec<Phase>, RedisError> {
+    let Some(arg) = arg else {
+        return Ok(Vec::new());
+    };
+    String::from_utf8_lossy(arg.as_slice())
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            Phase::ALL
+                .into_iter()
+                .find(|phase| phase.as_str().eq_ignore_ascii_case(p))
+                .ok_or_else(|| {
+                    RedisError::String(format!(
+                        "ERR phases: {p:?} is not a phase; send closed, open, half_open or isolated, comma separated"
+                    ))
+                })
+        })
+        .collect()
+}
+
+fn count_of(arg: Option<&RedisString>, default: u64) -> Result<u64, RedisError> {
+    let count = arg
+        .map(|a| args::number(a, "count", LIST_MAX_COUNT, "a whole number from 1 to 10000"))
+        .transpose()?
+        .unwrap_or(default);
+    if count == 0 {
+        return Err(RedisError::Str(
+            "ERR count: must be a whole number from 1 to 10000",
+        ));
+    }
+    Ok(count)
+}
+
+/// `FB.LIST cursor now_ms [MATCH pattern] [COUNT n] [PHASES p,...]`: up to
+/// about `n` keys of this node that hold fusebox state (matching
+/// `pattern`, in one of `phases`), each read at `now_ms` on a copy as
+/// `FB.GET` reads it; nothing is written. It runs `SCAN` steps from
+/// `cursor` and stops before a step would take it past `n` keys, once it
+/// has looked at 10 keys for each it may answer, or when the pass is over,
+/// so one call's work is bounded whatever the pattern; a page may be short
+/// (or empty) with more to come. A key whose last time seen is later than
+/// `now_ms` is read at that time. Replies `[next_cursor, [key, view_json,
+/// ...]]`; `next_cursor` is `0` when the pass is over. Keyless: in Redis
+/// Cluster a caller sends it to each primary.
+pub fn list(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    if args.len() < 3 {
+        return Err(RedisError::WrongArity);
+    }
+    let mut cursor = args::number(
+        &args[1],
+        "cursor",
+        u64::MAX,
+        "a whole number: 0 to start, then the cursor the last FB.LIST replied",
+    )?;
+    let when = args::now(&args[2])?;
+    let options = args::options(&args[3..], &["MATCH", "COUNT", "PHASES"])?;
+    let count = count_of(options[1], 100)?;
+    let phases = phases_of(options[2])?;
+    let mut items = Vec::new();
+    let mut found = 0u64;
+    let mut looked = 0u64;
+    let budget = count * LIST_WORK_PER_KEY;
+    loop {
+        let step = (count - found).clamp(1, 100);
+        let (from, step_text) = (cursor.to_string(), step.to_string());
+        let mut scan: Vec<&[u8]> = vec![from.as_bytes()];
+        if let Some(pattern) = options[0] {
+            scan.extend([&b"MATCH"[..], pattern.as_slice()]);
+        }
+        scan.extend([&b"COUNT"[..], step_text.as_bytes(), b"TYPE", b"string"]);
+        let (next, keys) = scan_step(ctx, &scan)?;
+        looked += step;
+        let mut batch = Vec::new();
+        for name in keys {
+            if let Some(view) = listed(ctx, &name, when, &phases) {
+                batch.push(RedisValue::StringBuffer(name));
+                batch.push(view);
+            }
+        }
+        let taken = batch.len() as u64 / 2;
+        if found > 0 && found + taken > count {
+            // This step's keys are left for the next call, from `cursor`.
+            break;
+        }
+        items.extend(batch);
+        found += taken;
+        cursor = next;
+        if cursor == 0 || found >= count || looked >= budget {
+            break;
+        }
+    }
+    Ok(RedisValue::Array(vec![
+        RedisValue::StringBuffer(cursor.to_string().into_bytes()),
+        RedisValue::Array(items),
+    ]))
+}
+
+/// One `SCAN` step from inside the module: the next cursor and the keys.
+pub fn scan_step(ctx: &Context, scan: &[&[u8]]) -> Result<(u64, Vec<Vec<u8>>), RedisError> {
+    let reply = ctx.call("SCAN", scan)?;
+    let RedisValue::Array(parts) = reply else {
+        return Err(RedisError::Str("ERR list: SCAN gave no array (a module bug)"));
+    };
+    let mut parts = parts.into_iter();
+    let next = parts
+        .next()
+        .map(bytes)
+        .and_then(|b| std::str::from_utf8(&b).ok()?.parse().ok())
+        .unwrap_or(0);
+    let keys = match parts.next() {
+        Some(RedisValue::Array(keys)) => keys.into_iter().map(bytes).collect(),
+        _ => Vec::new(),
+    };
+    Ok((next, keys))
+}
+
+/// The bytes of a string in a `ctx.call` reply (empty for anything else).
+pub fn bytes(v: RedisValue) -> Vec<u8> {
+    match v {
+        RedisValue::SimpleString(s) | RedisValue::BulkString(s) => s.into_bytes(),
+        RedisValue::StringBuffer(b) => b,
+        RedisValue::BulkRedisString(s) => s.as_slice().to_vec(),
+        _ => Vec::new(),
+    }
+}
+
+/// `FB.CENSUS now_ms [MATCH prefix] [COUNT n]`: this node's figures and its
+/// keys that are not CLOSED, from its registry ([`crate::registry`]), with
+/// no scan: `[keys, n, complete, 0|1, counted_at_ms, n, closed, n, open,
+/// n, half_open, n, isolated, n, tickets, n, waiters, n, not_closed, [key,
+/// view_json, ...]]`. `keys` is what the node's last complete pass over its
+/// keys counted (`complete` 0: none has completed since the node started
+/// or reloaded its data); the phases, tickets and waiters are exact now,
+/// `closed` counting the closed keys not at rest. At most `n` (default
+/// 100) keys not closed whose name starts with `prefix` are read on a
+/// copy. Keyless: in Redis Cluster a caller sends it to each primary.
+pub fn census(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    if args.len() < 2 {
+        return Err(RedisError::WrongArity);
+    }
+    let when = args::now(&args[1])?;
+    let options = args::options(&args[2..], &["MATCH", "COUNT"])?;
+    let count = count_of(options[1], 100)?;
+    let prefix = options[0].map(|a| a.as_slice().to_vec()).unwrap_or_default();
+    let c = registry::census();
+    let names = registry::not_closed(count as usize, |name| name.starts_with(&prefix));
+    let mut items = Vec::new();
+    for name in names {
+        if let Some(view) = listed(ctx, &name, when, &[]) {
+            items.push(RedisValue::StringBuffer(name));
+            items.push(view);
+        }
+    }
+    let n = |v: u64| RedisValue::Integer(i64::try_from(v).unwrap_or(i64::MAX));
+    let field = |name: &'static str| RedisValue::SimpleStringStatic(name);
+    Ok(RedisValue::Array(vec![
+        field("keys"),
+        n(c.keys),
+        field("complete"),
+        n(u64::from(c.complete)),
+        field("counted_at_ms"),
+        n(c.counted_at),
+        field("closed"),
+        n(c.by_phase[Phase::Closed.index()]),
+        field("open"),
+        n(c.by_phase[Phase::Open.index()]),
+        field("half_open"),
+        n(c.by_phase[Phase::HalfOpen.index()]),
+        field("isolated"),
+        n(c.by_phase[Phase::Isolated.index()]),
+        field("tickets"),
+        n(c.tickets),
+        field("waiters"),
+        n(c.waiters),
+        field("not_closed"),
+        RedisValue::Array(items),
+    ]))
 }

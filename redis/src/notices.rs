@@ -1,5 +1,5 @@
 //! What a step tells the fusebox servers: the domain's notices, published
-//! on Redis pub/sub after the key is stored.
+//! on Redis pub/sub after the key is stored, signed ([`crate::sign`]).
 //!
 //! - `Notice::Answered` (a waiter's final answer) goes to
 //!   [`ANSWERS`] as `{"key", "waiter", "decision", "reason", "ticket",
@@ -9,14 +9,16 @@
 //! - `Notice::Expired` is not published (the key's stats count it).
 //!
 //! Only a primary that is not replaying publishes: a replica, and a
-//! primary loading its AOF, run the same commands again and would publish
+//! primary loading its AOF, apply the same bytes again and would publish
 //! every message twice. Plain `PUBLISH`, which Redis Cluster broadcasts to
 //! every node, so a server subscribed to any node hears every key.
 
-use fusebox_domain::{Fuse, Millis, Notice};
+use fusebox_domain::{Fuse, Millis, Notice, TicketTable};
 use redis_module::{Context, ContextFlags};
 
-use crate::commands::{parts, phase_name, view_json, Note};
+use crate::keyed::Note;
+use crate::reply::{parts, phase_name, view_json};
+use crate::sign;
 
 /// The channel of waiters' answers.
 pub const ANSWERS: &str = "fusebox:answers";
@@ -33,11 +35,30 @@ pub fn may_publish(ctx: &Context) -> bool {
         && !flags.contains(ContextFlags::LOADING)
 }
 
-/// The messages for `notices` at `key` (stored as `fuse` at `now`), as
-/// `(channel, JSON)` pairs, in the order the notices came.
-pub(crate) fn messages(
+/// The messages for `notices` at `key` (as `fuse` is at `now`), as
+/// `(channel, signed message)` pairs in the order the notices came; none
+/// when this node is not to publish.
+pub fn messages<T: TicketTable>(
+    ctx: &Context,
+    key: &[u8],
+    fuse: &Fuse<T>,
+    now: Millis,
+    notices: &[Notice],
+    note: &Note,
+) -> Vec<(&'static str, String)> {
+    if notices.is_empty() || !may_publish(ctx) {
+        return Vec::new();
+    }
+    payloads(&String::from_utf8_lossy(key), fuse, now, notices, note)
+        .into_iter()
+        .map(|(channel, payload)| (channel, sign::seal(channel, &payload)))
+        .collect()
+}
+
+/// The payloads, unsigned.
+pub fn payloads<T: TicketTable>(
     key: &str,
-    fuse: &Fuse,
+    fuse: &Fuse<T>,
     now: Millis,
     notices: &[Notice],
     note: &Note,
@@ -86,20 +107,9 @@ pub(crate) fn messages(
         .collect()
 }
 
-/// Publishes `notices` of the step at `key` when this node is to publish.
-pub(crate) fn publish(
-    ctx: &Context,
-    key: &[u8],
-    fuse: &Fuse,
-    now: Millis,
-    notices: &[Notice],
-    note: &Note,
-) {
-    if notices.is_empty() || !may_publish(ctx) {
-        return;
-    }
-    let key = String::from_utf8_lossy(key);
-    for (channel, message) in messages(&key, fuse, now, notices, note) {
+/// Publishes `messages` (made by [`messages`]).
+pub fn publish(ctx: &Context, messages: Vec<(&'static str, String)>) {
+    for (channel, message) in messages {
         if let Err(e) = ctx.call("PUBLISH", &[channel, message.as_str()]) {
             ctx.log_warning(&format!("fusebox: PUBLISH to {channel} failed: {e}"));
         }

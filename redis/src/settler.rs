@@ -1,111 +1,58 @@
 //! The settler: a module timer that settles keys whose next deadline (a
 //! lease end, a wait's end, a refill that can serve a waiter) has passed
 //! on the server's wall clock, so that waiters are answered and permits
-//! come back without waiting for the next command at the key.
+//! come back without waiting for the next command at the key; and the
+//! background pass that reads every value's header into the registry.
 //!
-//! Each node keeps, in memory, an index of every key's next deadline. Every
-//! command that stores a key updates it, on replicas too (they run the
-//! same commands), so a replica's index is ready when it is promoted. A
-//! background `SCAN` adds keys holding fusebox state that are not indexed
-//! yet: keys loaded from RDB or AOF, or migrated in from another node.
+//! Every [`TICK`], on a primary that is not loading, the timer settles
+//! the keys the registry has due, for at most [`SETTLE_BUDGET`] of work: it
+//! reads each key's deadline at its fixed offset, and a key that is due is
+//! advanced to the later of the wall clock and its last time seen, stored,
+//! its bytes replicated and its notices published. Then, on every node,
+//! the pass reads the headers of the next keys of a `SCAN` (for at most
+//! [`PASS_BUDGET`]), decoding nothing; a pass that ends sweeps the
+//! registry of keys it did not find and counts the node's keys.
 //!
-//! Every [`TICK`], on a primary that is not loading, the timer settles up
-//! to [`MAX_PER_TICK`] due keys: it advances each to the later of the wall
-//! clock and the key's last time seen, stores it, replicates the step as
-//! `FB.SETTLE <key> <that time>`, and publishes the notices.
-//!
-//! Only keys driven by the wall clock are settled: a key whose last time
-//! seen is more than 365 days from the wall clock (a caller's own
-//! monotonic clock, such as a test's manual clock at 1000) is not indexed
-//! and is settled only when a command touches it. The timer works in
-//! database 0 (the only database of Redis Cluster).
+//! Only keys driven by the wall clock are settled (see
+//! [`registry::settle_at`]). The timer works in database 0 (the only
+//! database of Redis Cluster).
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use fusebox_domain::policy::MAX_DURATION;
-use fusebox_domain::{Fuse, Millis};
-use redis_module::{Context, ContextFlags, RedisString, RedisValue};
+use fusebox_domain::Millis;
+use redis_module::{Context, ContextFlags, RedisString};
 
-use crate::commands::{self, wall_ms, Note};
-use crate::state;
+use crate::clock::{wall_ms, MAX_NOW};
+use crate::commands::scan_step;
+use crate::keyed::{self, Note};
+use crate::{registry, state};
 
 /// How often the timer runs.
 pub const TICK: Duration = Duration::from_millis(20);
 
-/// The most keys the timer settles in one tick.
-pub const MAX_PER_TICK: usize = 1000;
+/// The most time one tick spends settling due keys (more wait for the
+/// next tick; Redis serves nothing else meanwhile).
+pub const SETTLE_BUDGET: Duration = Duration::from_millis(2);
 
-/// How many keys one `SCAN` step asks for.
-const SCAN_COUNT: &str = "100";
+/// The most time one tick spends on the background pass.
+pub const PASS_BUDGET: Duration = Duration::from_millis(1);
 
 /// How long after a complete pass over the keyspace the next one starts.
-const SCAN_PAUSE_MS: Millis = 10_000;
+pub const PASS_PAUSE_MS: Millis = 5_000;
 
-struct Index {
-    /// Keys by next deadline.
-    due: BTreeSet<(Millis, Vec<u8>)>,
-    /// Each indexed key's deadline.
-    at: BTreeMap<Vec<u8>, Millis>,
-    /// The `SCAN` cursor while a pass runs.
-    cursor: Option<String>,
-    /// When the next pass may start (wall clock).
-    next_pass: Millis,
+/// Keys taken from the registry at a time.
+const BATCH: usize = 64;
+
+/// The pass's cursor while a pass runs, and when the next may start.
+struct Pass {
+    cursor: Option<u64>,
+    next_at: Millis,
 }
 
-static INDEX: Mutex<Index> = Mutex::new(Index {
-    due: BTreeSet::new(),
-    at: BTreeMap::new(),
+static PASS: std::sync::Mutex<Pass> = std::sync::Mutex::new(Pass {
     cursor: None,
-    next_pass: 0,
+    next_at: 0,
 });
-
-fn index() -> std::sync::MutexGuard<'static, Index> {
-    INDEX.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Index {
-    fn set(&mut self, key: &[u8], deadline: Option<Millis>) {
-        if let Some(old) = self.at.remove(key) {
-            self.due.remove(&(old, key.to_vec()));
-        }
-        if let Some(at) = deadline {
-            self.at.insert(key.to_vec(), at);
-            self.due.insert((at, key.to_vec()));
-        }
-    }
-
-    /// Removes and returns up to `max` keys due by `now`.
-    fn pop_due(&mut self, now: Millis, max: usize) -> Vec<Vec<u8>> {
-        let mut keys = Vec::new();
-        while keys.len() < max {
-            let Some((at, key)) = self.due.first().cloned() else {
-                break;
-            };
-            if at > now {
-                break;
-            }
-            self.due.remove(&(at, key.clone()));
-            self.at.remove(&key);
-            keys.push(key);
-        }
-        keys
-    }
-}
-
-/// The deadline the settler keeps for `fuse`: its next deadline, when its
-/// last time seen is within 365 days of the wall clock.
-pub fn deadline_of(fuse: &Fuse, wall: Millis) -> Option<Millis> {
-    fuse.next_deadline()
-        .filter(|_| wall.abs_diff(fuse.last_now()) <= MAX_DURATION)
-}
-
-/// Records `key`'s state after a command stored it.
-pub fn note(key: &[u8], fuse: &Fuse) {
-    let deadline = deadline_of(fuse, wall_ms());
-    index().set(key, deadline);
-}
 
 /// Starts the timer; called once when the module loads.
 pub fn start(ctx: &Context) {
@@ -118,123 +65,105 @@ fn tick(ctx: &Context, (): ()) {
         if flags.contains(ContextFlags::MASTER) {
             settle_due(ctx);
         }
-        scan_step(ctx);
+        pass_step(ctx);
     }
     ctx.create_timer(TICK, tick, ());
 }
 
 fn settle_due(ctx: &Context) {
+    let started = Instant::now();
     let wall = wall_ms();
-    let keys = index().pop_due(wall, MAX_PER_TICK);
-    for key in keys {
-        let key_name = ctx.create_string(key.as_slice());
-        if let Err(e) = settle_key(ctx, &key_name, wall) {
-            ctx.log_warning(&format!(
-                "fusebox: settling {:?} failed: {e}",
-                String::from_utf8_lossy(&key)
-            ));
+    while started.elapsed() < SETTLE_BUDGET {
+        let keys = registry::pop_due(wall, BATCH);
+        if keys.is_empty() {
+            return;
+        }
+        for key in keys {
+            let name = ctx.create_string(key.as_slice());
+            if let Err(e) = settle_key(ctx, &name, wall) {
+                ctx.log_warning(&format!(
+                    "fusebox: settling {:?} failed: {e}",
+                    String::from_utf8_lossy(&key)
+                ));
+            }
         }
     }
 }
 
 /// Settles one due key at the later of `wall` and its last time seen. A
 /// key that is gone, not fusebox state, or whose slot this node does not
-/// serve (the read through `ctx.call` fails) stays out of the index.
-fn settle_key(ctx: &Context, key_name: &RedisString, wall: Millis) -> Result<(), String> {
-    match ctx.call("EXISTS", &[key_name]) {
-        Ok(RedisValue::Integer(1)) => {}
-        _ => return Ok(()),
-    }
-    let Some(mut fuse) = commands::load(ctx, key_name).map_err(|e| e.to_string())? else {
+/// serve is noted as gone; one that is not due after all is queued at its
+/// real deadline.
+fn settle_key(ctx: &Context, name: &RedisString, wall: Millis) -> Result<(), String> {
+    let Some(summary) = keyed::summary_of(ctx, name) else {
+        registry::note(name.as_slice(), None, wall);
         return Ok(());
     };
-    let now = wall.min(commands::MAX_NOW).max(fuse.last_now());
-    match deadline_of(&fuse, wall) {
-        None => return Ok(()),
-        // Not due after all (the key was written another way): wait for it.
-        Some(at) if at > now => {
-            index().set(key_name.as_slice(), Some(at));
-            return Ok(());
-        }
-        Some(_) => {}
+    let due = registry::settle_at(&summary, wall);
+    let now = wall.min(MAX_NOW).max(summary.last_now);
+    if due.is_none_or(|at| at > now) {
+        registry::note(name.as_slice(), Some(summary), wall);
+        return Ok(());
     }
-    fuse.advance(now).map_err(|e| e.to_string())?;
-    let key = key_name.as_slice().to_vec();
-    commands::persist(
-        ctx,
-        key_name,
-        &mut fuse,
-        now,
-        |ctx| {
-            let now = now.to_string();
-            ctx.replicate("fb.settle", &[key.as_slice(), now.as_bytes()]);
-        },
-        &Note::default(),
-    )
-    .map(drop)
-    .map_err(|e| e.to_string())
+    let key = ctx.open_key_writable(name);
+    let Some(mut opened) = keyed::open(&key, name).map_err(|e| e.to_string())? else {
+        registry::note(name.as_slice(), None, wall);
+        return Ok(());
+    };
+    opened.fuse.advance(now).map_err(|e| e.to_string())?;
+    keyed::store(ctx, &key, name, opened, now, &Note::default())
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
-/// One step of the background pass: `SCAN cursor COUNT 100`, indexing
-/// the keys with fusebox state that are not indexed yet.
-fn scan_step(ctx: &Context) {
+/// Runs the background pass for at most [`PASS_BUDGET`]: `SCAN` steps,
+/// each key's header read into the registry.
+fn pass_step(ctx: &Context) {
+    let started = Instant::now();
     let wall = wall_ms();
-    let cursor = {
-        let mut ix = index();
-        match &ix.cursor {
-            Some(c) => c.clone(),
-            None if wall >= ix.next_pass => {
-                ix.cursor = Some("0".to_owned());
-                "0".to_owned()
+    let mut cursor = {
+        let mut pass = PASS.lock().unwrap_or_else(|e| e.into_inner());
+        match pass.cursor {
+            Some(c) => c,
+            None if wall >= pass.next_at => {
+                registry::pass_started();
+                pass.cursor = Some(0);
+                0
             }
             None => return,
         }
     };
-    let reply = ctx.call("SCAN", &[cursor.as_str(), "COUNT", SCAN_COUNT]);
-    let Ok(RedisValue::Array(parts)) = reply else {
-        index().cursor = None;
-        return;
-    };
-    let mut parts = parts.into_iter();
-    let next = parts.next().map(bytes).unwrap_or_default();
-    let keys = match parts.next() {
-        Some(RedisValue::Array(keys)) => keys,
-        _ => Vec::new(),
-    };
-    for key in keys.into_iter().map(bytes) {
-        if index().at.contains_key(&key) {
-            continue;
-        }
-        let key_name = ctx.create_string(key.as_slice());
-        let redis_key = ctx.open_key(&key_name);
-        let Ok(Some(value)) = redis_key.read() else {
-            continue;
+    loop {
+        let from = cursor.to_string();
+        let Ok((next, keys)) = scan_step(ctx, &[from.as_bytes(), b"COUNT", b"100", b"TYPE", b"string"])
+        else {
+            PASS.lock().unwrap_or_else(|e| e.into_inner()).cursor = None;
+            return;
         };
-        if !value.starts_with(state::MAGIC) {
-            continue;
-        }
-        if let Ok(fuse) = state::decode_fuse(value) {
-            let deadline = deadline_of(&fuse, wall);
-            if deadline.is_some() {
-                index().set(&key, deadline);
+        for key in keys {
+            let name = ctx.create_string(key.as_slice());
+            let redis_key = ctx.open_key(&name);
+            let Ok(Some(value)) = redis_key.read() else {
+                continue;
+            };
+            if !value.starts_with(state::MAGIC) {
+                continue;
+            }
+            if let Ok(summary) = state::summary(value) {
+                registry::seen(&key, summary, wall);
             }
         }
-    }
-    let mut ix = index();
-    if next.is_empty() || next == b"0" {
-        ix.cursor = None;
-        ix.next_pass = wall.saturating_add(SCAN_PAUSE_MS);
-    } else {
-        ix.cursor = Some(String::from_utf8_lossy(&next).into_owned());
-    }
-}
-
-/// The bytes of a string in a `ctx.call` reply (empty for anything else).
-pub(crate) fn bytes(v: RedisValue) -> Vec<u8> {
-    match v {
-        RedisValue::SimpleString(s) | RedisValue::BulkString(s) => s.into_bytes(),
-        RedisValue::StringBuffer(b) => b,
-        RedisValue::BulkRedisString(s) => s.as_slice().to_vec(),
-        _ => Vec::new(),
+        cursor = next;
+        if cursor == 0 {
+            registry::pass_ended(wall);
+            let mut pass = PASS.lock().unwrap_or_else(|e| e.into_inner());
+            pass.cursor = None;
+            pass.next_at = wall.saturating_add(PASS_PAUSE_MS);
+            return;
+        }
+        if started.elapsed() >= PASS_BUDGET {
+            PASS.lock().unwrap_or_else(|e| e.into_inner()).cursor = Some(cursor);
+            return;
+        }
     }
 }

@@ -521,6 +521,17 @@ impl<T: TicketTable> Fuse<T> {
         self.live.as_ref()?.tickets.get(id)
     }
 
+    /// True when `id` names a request waiting in the queue.
+    pub fn is_waiting(&self, id: TicketId) -> bool {
+        self.book().is_some_and(|b| b.contains(id))
+    }
+
+    /// True when `id` names a live ticket or a waiting request: an acquire
+    /// with that id would be refused as [`FuseError::TicketInUse`].
+    pub fn knows(&self, id: TicketId) -> bool {
+        self.ticket(id).is_some() || self.is_waiting(id)
+    }
+
     /// Live tickets.
     pub fn live_tickets(&self) -> usize {
         self.live.as_ref().map_or(0, |l| l.tickets.len())
@@ -1101,8 +1112,8 @@ mod tickets;
 pub use tickets::{sorted as sorted_tickets, TicketTable, Tickets};
 
 pub use state::{
-    BreakerState, CounterState, FuseState, LimiterState, ReasonCounts, StateError, TicketState,
-    WaiterState, WindowBucket, STATE_VERSION,
+    BreakerState, CounterState, FuseHead, FuseState, LimiterState, ReasonCounts, StateError,
+    TicketState, WaiterState, WindowBucket, STATE_VERSION,
 };
 
 #[cfg(test)]

@@ -29,8 +29,9 @@ pub use book::{Book, Waiter};
 pub use breaker::{Admission, Breaker, Durable};
 pub use fuse::{
     sorted_tickets, Ask, BreakerState, Cause, Completed, CounterState, Decision, Fuse, FuseError,
-    FuseState, Grant, HeapParts, LimiterState, Notice, ReasonCounts, StateError, Stats, Ticket,
-    TicketId, TicketState, TicketTable, Tickets, View, WaiterState, WindowBucket, STATE_VERSION,
+    FuseHead, FuseState, Grant, HeapParts, LimiterState, Notice, ReasonCounts, StateError, Stats,
+    Ticket, TicketId, TicketState, TicketTable, Tickets, View, WaiterState, WindowBucket,
+    STATE_VERSION,
 };
 pub use key::{validate_key, KeyError};
 pub use policy::{

@@ -408,7 +408,7 @@ fn a_bad_argument_is_refused_naming_it_and_changes_nothing() {
     let Reply::Bulk(Some(bytes)) = &before else {
         panic!("{before:?}");
     };
-    assert!(bytes.starts_with(b"FBX\x01{"), "{before:?}");
+    assert!(bytes.starts_with(b"FBX\x02"), "{before:?}");
 
     let long_ticket = "f".repeat(33);
     let cases: Vec<(Vec<&str>, &str)> = vec![
@@ -694,7 +694,7 @@ fn the_latest_time_taken_still_reads_back() {
         return;
     };
     let mut c = redis.server.conn();
-    let last = fusebox_redis::commands::MAX_NOW;
+    let last = fusebox_redis::clock::MAX_NOW;
     assert_eq!(last, 9_007_167_718_740_992);
     let now = last.to_string();
     let longest = r#"{"breaker":{"mode":"consecutive","failures":1,"break":"365d"},
@@ -748,7 +748,7 @@ fn a_key_at_rest_expires_and_a_key_with_state_does_not() {
     c.cmd(&["FB.COMPLETE", "idle", "3", "2", "success"]);
     let left = ttl(&mut c);
     assert!(
-        left > 0 && left <= fusebox_redis::commands::IDLE_AFTER as i64,
+        left > 0 && left <= fusebox_redis::keyed::IDLE_AFTER as i64,
         "at rest, the key expires within the idle time: PTTL {left}"
     );
     c.acq5(&["FB.ACQUIRE", "idle", "4", "3", TRIP_2]);
@@ -802,7 +802,7 @@ fn fb_list_pages_through_the_fusebox_keys_matching_a_pattern() {
     );
     assert!(c.cmd(&["SET", "svc:plain", "hello"]).is_ok());
     assert_eq!(c.cmd(&["HSET", "svc:hash", "f", "v"]), int(1));
-    assert!(c.cmd(&["SET", "svc:newer", "FBX\x02{}"]).is_ok());
+    assert!(c.cmd(&["SET", "svc:newer", "FBX\x03{}"]).is_ok());
     let before: Vec<Reply> = keys.iter().map(|k| raw(&mut c, k)).collect();
 
     let mut cursor = "0".to_owned();

@@ -55,6 +55,8 @@ fn fb_version_names_the_module_and_the_state_encoding() {
             Reply::Simple(env!("CARGO_PKG_VERSION").into()),
             Reply::Simple("encoding".into()),
             Reply::Int(fusebox_redis::state::ENCODING_VERSION.into()),
+            Reply::Simple("signing".into()),
+            Reply::Simple("off".into()),
         ]))
     );
     assert_eq!(
@@ -102,8 +104,8 @@ fn fb_keycheck_reads_the_key_as_a_versioned_string() {
         return;
     };
     let mut conn = redis.server.conn();
-    let state = fusebox_redis::state::encode(b"\x00any payload\xff");
-    assert!(conn.cmd(&[&b"SET"[..], b"fuse/ok", &state]).is_ok());
+    let state = b"FBX\x02\x00any payload\xff";
+    assert!(conn.cmd(&[&b"SET"[..], b"fuse/ok", &state[..]]).is_ok());
     assert!(conn.cmd(&["FB.KEYCHECK", "fuse/ok"]).is_ok());
 
     assert!(conn.cmd(&["SET", "fuse/foreign", "hello"]).is_ok());

@@ -27,11 +27,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{Counters, Fuse, Live, MoreCounters, Notice, Ticket, TicketId, TicketTable};
-use crate::book::Waiter;
+use crate::book::{Book, Waiter};
 use crate::breaker::Breaker;
 use crate::health::HealthWindow;
 use crate::limiter::{Concurrency, FixedWindow, Limiter, SlidingWindow, TokenBucket};
-use crate::policy::{LimiterKind, PolicyError, PolicySpec};
+use crate::policy::{LimiterKind, Policy, PolicyError, PolicySpec};
 use crate::{Millis, Phase, Reason};
 
 /// The version of [`FuseState`] this build writes and reads.
@@ -652,111 +652,210 @@ impl Fuse {
             return Err(StateError::UnknownVersion(s.version));
         }
         let policy = Arc::new(s.policy.validate()?);
-        let last_now = s.last_now;
-        at_most("last_now", last_now, LIMIT)?;
-        let breaker = Breaker::from_state(&s.breaker, last_now)?;
-        let counters = Counters::from_state(&s.counters)?;
-        let kind = policy.limiter.map(|lp| lp.kind);
-        let limiter = match (&kind, &s.limiter) {
-            (Some(kind), Some(state)) => Some(Limiter::from_state(kind, state, last_now)?),
-            (None, None) => None,
-            (kind, state) => {
-                return Err(StateError::LimiterKind {
-                    state: state.as_ref().map_or("none", LimiterState::name),
-                    policy: limiter_name(kind.as_ref()),
-                })
-            }
+        let head = FuseHead {
+            last_now: s.last_now,
+            breaker: s.breaker,
+            limiter: s.limiter,
+            waiters: s.waiters,
+            counters: s.counters,
         };
-        let mut live = Live::<super::Tickets>::default();
-        live.book.limiter = limiter;
-        let mut probes = 0;
-        let mut held = 0u64;
-        let mut previous = None;
-        for t in &s.tickets {
-            if previous.is_some_and(|p| p >= t.id) {
-                return Err(StateError::TicketOrder(t.id));
-            }
-            previous = Some(t.id);
-            if t.epoch > breaker.epoch {
-                return Err(StateError::FutureEpoch {
-                    id: t.id,
-                    epoch: t.epoch,
-                    current: breaker.epoch,
-                });
-            }
-            at_most("tickets.lease_end", t.lease_end, LIMIT)?;
-            probes += usize::from(t.probe);
-            if t.holds {
-                if !matches!(kind, Some(LimiterKind::Concurrency { .. })) {
-                    return Err(StateError::HoldsWithoutConcurrency(t.id));
-                }
-                held += u64::from(t.permits);
-            }
-            live.tickets.insert(
-                t.id,
-                Ticket {
-                    epoch: t.epoch,
-                    permits: t.permits,
-                    probe: t.probe,
-                    lease_end: t.lease_end,
-                    holds: t.holds,
-                },
-            );
-        }
-        if probes > 1 {
-            return Err(StateError::TwoProbes);
-        }
-        if let Some(LimiterState::Concurrency { held: in_use }) = s.limiter {
-            if in_use != held {
-                return Err(StateError::HeldPermits {
-                    held: in_use,
-                    tickets: held,
-                });
-            }
-        }
-        if !s.waiters.is_empty() && (kind.is_none() || breaker.phase != Phase::Closed) {
-            return Err(StateError::WaitersNotAllowed {
-                phase: breaker.phase,
-                limiter: limiter_name(kind.as_ref()),
-            });
-        }
-        for w in &s.waiters {
-            if live.tickets.contains(w.id) || live.book.contains(w.id) {
-                return Err(StateError::DuplicateWaiter(w.id));
-            }
-            if w.permits == 0 {
-                return Err(StateError::WaiterWithoutPermits(w.id));
-            }
-            if w.lease == Some(0) {
-                return Err(StateError::WaiterZeroLease(w.id));
-            }
-            let limit = kind.map_or(0, |k| k.limit());
-            if w.permits > limit {
-                return Err(StateError::WaiterAboveLimit {
-                    id: w.id,
-                    permits: w.permits,
-                    limit,
-                });
-            }
-            at_most("waiters.until", w.until, LIMIT)?;
-            live.book.enqueue(Waiter {
-                id: w.id,
-                permits: w.permits,
-                until: w.until,
-                lease: w.lease,
-            });
-        }
-        live.notices = s.notices;
-        let mut fuse = Fuse {
-            policy,
-            breaker,
-            live: Some(Box::new(live)),
-            counters,
-            last_now,
-        };
+        let tickets = s.tickets;
+        let mut fuse = assemble(policy, head, |breaker, kind| {
+            checked_tickets(&tickets, breaker, kind)
+        })?;
+        fuse.live_mut().notices = s.notices;
         fuse.tidy();
         Ok(fuse)
     }
+}
+
+/// Everything of a key's state but its tickets and its notices: what a
+/// store that keeps the tickets apart (in a [`TicketTable`] of its own, in
+/// place) writes between steps. Made by [`Fuse::head`], read by
+/// [`Fuse::from_head`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct FuseHead {
+    /// The last time the key saw.
+    pub last_now: Millis,
+    /// The breaker.
+    pub breaker: BreakerState,
+    /// The limiter's state; present exactly when the policy has a limiter.
+    pub limiter: Option<LimiterState>,
+    /// Waiters in queue order, oldest first.
+    pub waiters: Vec<WaiterState>,
+    /// Statistics.
+    pub counters: CounterState,
+}
+
+impl<T: TicketTable> Fuse<T> {
+    /// This key's state but its tickets and notices ([`FuseHead`]).
+    pub fn head(&self) -> FuseHead {
+        let live = self.live.as_deref();
+        FuseHead {
+            last_now: self.last_now,
+            breaker: self.breaker.state(),
+            limiter: self.limiter().map(Limiter::state),
+            waiters: live
+                .into_iter()
+                .flat_map(|l| l.book.iter())
+                .map(|w| WaiterState {
+                    id: w.id,
+                    permits: w.permits,
+                    until: w.until,
+                    lease: w.lease,
+                })
+                .collect(),
+            counters: self.counters.state(),
+        }
+    }
+
+    /// The fuse whose head is `head` under `policy`, with `tickets` as its
+    /// live tickets. The head is checked as [`Fuse::from_state`] checks a
+    /// state; the table is taken as it is (a store that keeps one in place
+    /// checks its layout when it reads it), so that making a fuse costs
+    /// the same with a thousand tickets as with none.
+    pub fn from_head(
+        policy: Arc<Policy>,
+        head: FuseHead,
+        tickets: T,
+    ) -> Result<Fuse<T>, StateError> {
+        let mut fuse = assemble(policy, head, |_, _| Ok((tickets, None)))?;
+        fuse.tidy();
+        Ok(fuse)
+    }
+
+    /// The table of live tickets, once a step is done with the fuse;
+    /// `None` when the fuse holds no live part (and so no ticket).
+    pub fn into_tickets(self) -> Option<T> {
+        self.live.map(|live| live.tickets)
+    }
+}
+
+/// Tickets of a state, checked (order, epochs, times, holds, one probe),
+/// in the engine's table, with the concurrency permits they hold.
+fn checked_tickets(
+    tickets: &[TicketState],
+    breaker: &Breaker,
+    kind: Option<&LimiterKind>,
+) -> Result<(super::Tickets, Option<u64>), StateError> {
+    let mut table = super::Tickets::default();
+    let mut probes = 0;
+    let mut held = 0u64;
+    let mut previous = None;
+    for t in tickets {
+        if previous.is_some_and(|p| p >= t.id) {
+            return Err(StateError::TicketOrder(t.id));
+        }
+        previous = Some(t.id);
+        if t.epoch > breaker.epoch {
+            return Err(StateError::FutureEpoch {
+                id: t.id,
+                epoch: t.epoch,
+                current: breaker.epoch,
+            });
+        }
+        at_most("tickets.lease_end", t.lease_end, LIMIT)?;
+        probes += usize::from(t.probe);
+        if t.holds {
+            if !matches!(kind, Some(LimiterKind::Concurrency { .. })) {
+                return Err(StateError::HoldsWithoutConcurrency(t.id));
+            }
+            held += u64::from(t.permits);
+        }
+        table.insert(
+            t.id,
+            Ticket {
+                epoch: t.epoch,
+                permits: t.permits,
+                probe: t.probe,
+                lease_end: t.lease_end,
+                holds: t.holds,
+            },
+        );
+    }
+    if probes > 1 {
+        return Err(StateError::TwoProbes);
+    }
+    Ok((table, Some(held)))
+}
+
+/// A fuse from its parts, each checked; `tickets` makes the table (and,
+/// when it can tell, the concurrency permits its tickets hold) once the
+/// breaker and the limiter's kind are known.
+fn assemble<T: TicketTable>(
+    policy: Arc<Policy>,
+    head: FuseHead,
+    tickets: impl FnOnce(&Breaker, Option<&LimiterKind>) -> Result<(T, Option<u64>), StateError>,
+) -> Result<Fuse<T>, StateError> {
+    let last_now = head.last_now;
+    at_most("last_now", last_now, LIMIT)?;
+    let breaker = Breaker::from_state(&head.breaker, last_now)?;
+    let counters = Counters::from_state(&head.counters)?;
+    let kind = policy.limiter.map(|lp| lp.kind);
+    let limiter = match (&kind, &head.limiter) {
+        (Some(kind), Some(state)) => Some(Limiter::from_state(kind, state, last_now)?),
+        (None, None) => None,
+        (kind, state) => {
+            return Err(StateError::LimiterKind {
+                state: state.as_ref().map_or("none", LimiterState::name),
+                policy: limiter_name(kind.as_ref()),
+            })
+        }
+    };
+    let (table, held) = tickets(&breaker, kind.as_ref())?;
+    if let (Some(LimiterState::Concurrency { held: in_use }), Some(held)) = (&head.limiter, held) {
+        if *in_use != held {
+            return Err(StateError::HeldPermits {
+                held: *in_use,
+                tickets: held,
+            });
+        }
+    }
+    let mut live = Live {
+        tickets: table,
+        book: Book::default(),
+        notices: Vec::new(),
+    };
+    live.book.limiter = limiter;
+    if !head.waiters.is_empty() && (kind.is_none() || breaker.phase != Phase::Closed) {
+        return Err(StateError::WaitersNotAllowed {
+            phase: breaker.phase,
+            limiter: limiter_name(kind.as_ref()),
+        });
+    }
+    for w in &head.waiters {
+        if live.tickets.contains(w.id) || live.book.contains(w.id) {
+            return Err(StateError::DuplicateWaiter(w.id));
+        }
+        if w.permits == 0 {
+            return Err(StateError::WaiterWithoutPermits(w.id));
+        }
+        if w.lease == Some(0) {
+            return Err(StateError::WaiterZeroLease(w.id));
+        }
+        let limit = kind.map_or(0, |k| k.limit());
+        if w.permits > limit {
+            return Err(StateError::WaiterAboveLimit {
+                id: w.id,
+                permits: w.permits,
+                limit,
+            });
+        }
+        at_most("waiters.until", w.until, LIMIT)?;
+        live.book.enqueue(Waiter {
+            id: w.id,
+            permits: w.permits,
+            until: w.until,
+            lease: w.lease,
+        });
+    }
+    Ok(Fuse {
+        policy,
+        breaker,
+        live: Some(Box::new(live)),
+        counters,
+        last_now,
+    })
 }
 
 #[cfg(test)]

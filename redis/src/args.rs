@@ -1,0 +1,128 @@
+//! The commands' arguments, parsed and checked before any key is touched:
+//! errors are `ERR <field>: <what to do>`, like the contract's messages.
+
+use fusebox_domain::policy::MAX_DURATION;
+use fusebox_domain::{Millis, Outcome, TicketId};
+use redis_module::{RedisError, RedisString};
+
+use crate::clock::{Now, MAX_NOW};
+
+fn text<'a>(arg: &'a RedisString, field: &str, what: &str) -> Result<&'a str, RedisError> {
+    std::str::from_utf8(arg.as_slice())
+        .map_err(|_| RedisError::String(format!("ERR {field}: must be {what}")))
+}
+
+/// A whole number of ASCII digits, at most `max`.
+pub fn number(arg: &RedisString, field: &str, max: u64, what: &str) -> Result<u64, RedisError> {
+    let bad = || RedisError::String(format!("ERR {field}: must be {what}"));
+    let text = text(arg, field, what)?;
+    if text.is_empty() || text.len() > 20 || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    text.parse::<u64>()
+        .ok()
+        .filter(|&n| n <= max)
+        .ok_or_else(bad)
+}
+
+/// `now_ms`: the caller's monotonic clock in milliseconds (SPEC T0), or `*`
+/// for the server's clock.
+pub fn now(arg: &RedisString) -> Result<Now, RedisError> {
+    if arg.as_slice() == b"*" {
+        return Ok(Now::Server);
+    }
+    number(
+        arg,
+        "now_ms",
+        MAX_NOW,
+        "a whole number of milliseconds from 0 to 9007167718740992 (2^53 less 365 days), \
+         or * for the server's clock; send the caller's monotonic clock or *",
+    )
+    .map(Now::At)
+}
+
+/// A duration option (`LEASE`, `MAXWAIT`): 0 to 365 days in milliseconds.
+pub fn duration(arg: &RedisString, field: &str) -> Result<Millis, RedisError> {
+    number(
+        arg,
+        field,
+        MAX_DURATION,
+        "a whole number of milliseconds from 0 to 31536000000 (365 days)",
+    )
+}
+
+/// `ticket_hex`: a ticket id as 1 to 32 hex digits.
+pub fn ticket(arg: &RedisString) -> Result<TicketId, RedisError> {
+    id(arg, "ticket", "send the id the ticket was acquired with")
+}
+
+/// A waiter's id, as 1 to 32 hex digits.
+pub fn waiter(arg: &RedisString) -> Result<TicketId, RedisError> {
+    id(arg, "waiter", "send the id the request was queued with")
+}
+
+fn id(arg: &RedisString, field: &str, todo: &str) -> Result<TicketId, RedisError> {
+    let what = format!("1 to 32 hex digits; {todo}");
+    let text = text(arg, field, &what)?;
+    let hex = !text.is_empty() && text.len() <= 32 && text.bytes().all(|b| b.is_ascii_hexdigit());
+    hex.then(|| u128::from_str_radix(text, 16).ok())
+        .flatten()
+        .map(TicketId)
+        .ok_or_else(|| RedisError::String(format!("ERR {field}: must be {what}")))
+}
+
+/// `outcome`: `success`, `failure` or `ignored`, in any case.
+pub fn outcome(arg: &RedisString) -> Result<Outcome, RedisError> {
+    const WHAT: &str = "success, failure or ignored";
+    let text = text(arg, "outcome", WHAT)?;
+    [Outcome::Success, Outcome::Failure, Outcome::Ignored]
+        .into_iter()
+        .find(|o| o.as_str().eq_ignore_ascii_case(text))
+        .ok_or_else(|| RedisError::String(format!("ERR outcome: must be {WHAT}, not {text:?}")))
+}
+
+/// `BY who` / `WHY text`: at most 256 bytes of UTF-8.
+pub fn note(arg: &RedisString, field: &str) -> Result<String, RedisError> {
+    let text = text(arg, field, "UTF-8 text of at most 256 bytes")?;
+    if text.len() > 256 {
+        return Err(RedisError::String(format!(
+            "ERR {field}: must be at most 256 bytes of UTF-8, not {}; shorten it",
+            text.len()
+        )));
+    }
+    Ok(text.to_owned())
+}
+
+/// The options after the fixed arguments: `NAME value` pairs, each at most
+/// once, names in any case. Returns the values in the order of `names`.
+pub fn options<'a>(
+    args: &'a [RedisString],
+    names: &[&str],
+) -> Result<Vec<Option<&'a RedisString>>, RedisError> {
+    let mut values = vec![None; names.len()];
+    let mut rest = args.iter();
+    while let Some(name) = rest.next() {
+        let text = String::from_utf8_lossy(name.as_slice());
+        let Some(at) = names.iter().position(|n| n.eq_ignore_ascii_case(&text)) else {
+            return Err(RedisError::String(format!(
+                "ERR option: {text:?} is not an option here; use {}",
+                names.join(", ")
+            )));
+        };
+        let Some(value) = rest.next() else {
+            return Err(RedisError::String(format!(
+                "ERR {}: {} needs a value after it",
+                names[at].to_ascii_lowercase(),
+                names[at]
+            )));
+        };
+        if values[at].replace(value).is_some() {
+            return Err(RedisError::String(format!(
+                "ERR {}: {} is given twice; give it once",
+                names[at].to_ascii_lowercase(),
+                names[at]
+            )));
+        }
+    }
+    Ok(values)
+}

@@ -1,0 +1,157 @@
+//! Policies as the module knows them: parsed and validated once, kept by
+//! id, so that no JSON is parsed on the hot path.
+//!
+//! A policy's id is the first 16 bytes of the SHA-256 of its JSON (as the
+//! servers write it). A command names the policy either by its JSON (which
+//! the module hashes, and parses only the first time it sees that id) or
+//! as `@` and the id in 32 hex digits; an id the node does not know is
+//! refused with `NOPOLICY`, and the server sends the JSON instead. Every
+//! value also holds its policy's JSON, so a key whose policy this node has
+//! never seen (after a restart, a failover, a slot migration) is read all
+//! the same.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use fusebox_domain::{Policy, PolicySpec};
+use redis_module::RedisError;
+use sha2::{Digest, Sha256};
+
+/// The most policies a node keeps parsed; past it the cache starts afresh
+/// (a fleet runs a handful of rules; this bounds what a stream of made-up
+/// policies can hold).
+pub const CACHE: usize = 4096;
+
+/// A policy's id.
+pub type PolicyId = [u8; 16];
+
+/// A policy as the module knows it.
+#[derive(Clone, Debug)]
+pub struct Known {
+    /// Its id.
+    pub id: PolicyId,
+    /// The policy, validated.
+    pub policy: Arc<Policy>,
+    /// Its JSON, as values hold it.
+    pub json: Arc<[u8]>,
+}
+
+static KNOWN: Mutex<Option<HashMap<PolicyId, Known>>> = Mutex::new(None);
+
+fn known() -> MutexGuard<'static, Option<HashMap<PolicyId, Known>>> {
+    KNOWN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The id of a policy's JSON.
+pub fn id_of(json: &[u8]) -> PolicyId {
+    let digest = Sha256::digest(json);
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&digest[..16]);
+    id
+}
+
+/// An id as the 32 hex digits commands send.
+pub fn hex_of(id: &PolicyId) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn cached(id: &PolicyId) -> Option<Known> {
+    known().as_ref()?.get(id).cloned()
+}
+
+fn remember(known_policy: Known) -> Known {
+    let mut cache = known();
+    let map = cache.get_or_insert_with(HashMap::new);
+    if map.len() >= CACHE {
+        map.clear();
+    }
+    map.insert(known_policy.id, known_policy.clone());
+    known_policy
+}
+
+/// Parses and validates a policy's JSON; errors name the field, as the
+/// contract's messages do.
+pub fn parse(json: &[u8]) -> Result<Policy, String> {
+    let spec: PolicySpec = serde_json::from_slice(json).map_err(|e| {
+        format!(
+            "policy: not a policy as JSON ({e}); send the key's policy as an object \
+             with breaker, limiter and lease, as the config writes it"
+        )
+    })?;
+    spec.validate().map_err(|e| format!("policy.{e}"))
+}
+
+/// The policy whose JSON is `json` (parsed the first time its id is seen).
+pub fn of_json(json: &[u8]) -> Result<Known, String> {
+    let id = id_of(json);
+    if let Some(k) = cached(&id) {
+        return Ok(k);
+    }
+    let policy = parse(json)?;
+    Ok(remember(Known {
+        id,
+        policy: Arc::new(policy),
+        json: Arc::from(json),
+    }))
+}
+
+/// The policy a value holds: by its id when known, else from its JSON.
+pub fn of_value(id: &PolicyId, json: &[u8]) -> Result<Known, String> {
+    if let Some(k) = cached(id) {
+        return Ok(k);
+    }
+    let policy = parse(json)?;
+    Ok(remember(Known {
+        id: *id,
+        policy: Arc::new(policy),
+        json: Arc::from(json),
+    }))
+}
+
+/// The `policy` argument of a command: the policy's JSON, or `@` and its
+/// id in 32 hex digits (refused with `NOPOLICY` when this node does not
+/// know that id).
+pub fn of_arg(arg: &[u8]) -> Result<Known, RedisError> {
+    if let Some(hex) = arg.strip_prefix(b"@") {
+        let id = parse_id(hex).ok_or(RedisError::Str(
+            "ERR policy: @ must be followed by a policy id of 32 hex digits",
+        ))?;
+        return cached(&id).ok_or_else(|| {
+            RedisError::String(format!(
+                "NOPOLICY policy: {} is not known on this node; send the policy's JSON",
+                hex_of(&id)
+            ))
+        });
+    }
+    of_json(arg).map_err(|e| RedisError::String(format!("ERR {e}")))
+}
+
+fn parse_id(hex: &[u8]) -> Option<PolicyId> {
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut id = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let text = std::str::from_utf8(pair).ok()?;
+        id[i] = u8::from_str_radix(text, 16).ok()?;
+    }
+    Some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_policy_is_known_by_the_id_of_its_json() {
+        let json = br#"{"breaker":{"mode":"consecutive","failures":3,"break":"1s"}}"#;
+        let k = of_json(json).unwrap();
+        assert_eq!(k.id, id_of(json));
+        let by_id = of_arg(format!("@{}", hex_of(&k.id)).as_bytes()).unwrap();
+        assert!(Arc::ptr_eq(&by_id.policy, &k.policy), "parsed once");
+        let unknown = of_arg(format!("@{}", "0".repeat(32)).as_bytes()).unwrap_err();
+        assert!(format!("{unknown:?}").contains("NOPOLICY"));
+        let bad = of_json(br#"{"breaker":{"mode":"consecutive","failures":0,"break":"1s"}}"#);
+        assert!(bad.unwrap_err().starts_with("policy.breaker"));
+    }
+}

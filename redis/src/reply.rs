@@ -1,0 +1,164 @@
+//! What the commands answer, and what their notices carry: decisions as
+//! arrays of names and numbers, a key's view as JSON.
+
+use fusebox_domain::{Decision, Fuse, Grant, Millis, Phase, Reason, TicketTable};
+use redis_module::RedisValue;
+
+/// A phase as the module writes it: lower case (`closed`, `open`,
+/// `half_open`, `isolated`).
+pub fn phase_name(phase: Phase) -> String {
+    phase.as_str().to_ascii_lowercase()
+}
+
+/// A decision's parts: name, reason, ticket, lease left and retry after.
+pub struct Parts {
+    /// `granted`, `probe`, `blocked`, `refused`, `denied` or `queued`.
+    pub decision: &'static str,
+    /// The reason's name, for `blocked` and `denied`.
+    pub reason: Option<&'static str>,
+    /// The ticket's id in hex, for a grant.
+    pub ticket: Option<String>,
+    /// Time left on the ticket's lease.
+    pub lease_ms: Option<Millis>,
+    /// When to ask again.
+    pub retry_after_ms: Option<Millis>,
+}
+
+/// The parts of `decision` made at `now`.
+pub fn parts(decision: &Decision, now: Millis) -> Parts {
+    let mut p = Parts {
+        decision: "",
+        reason: None,
+        ticket: None,
+        lease_ms: None,
+        retry_after_ms: None,
+    };
+    let grant = |g: &Grant| {
+        (
+            Some(g.ticket.to_string()),
+            Some(g.lease_end.saturating_sub(now)),
+        )
+    };
+    match decision {
+        Decision::Granted(g) => {
+            p.decision = "granted";
+            if let Some(g) = g {
+                (p.ticket, p.lease_ms) = grant(g);
+            }
+        }
+        Decision::Probe(g) => {
+            p.decision = "probe";
+            (p.ticket, p.lease_ms) = grant(g);
+        }
+        Decision::Blocked {
+            reason,
+            retry_after,
+        } => {
+            p.decision = "blocked";
+            p.reason = Some(reason.as_str());
+            p.retry_after_ms = Some(*retry_after);
+        }
+        Decision::Refused => p.decision = "refused",
+        Decision::Denied {
+            reason,
+            retry_after,
+        } => {
+            p.decision = "denied";
+            p.reason = Some(reason.as_str());
+            p.retry_after_ms = *retry_after;
+        }
+        Decision::Queued => p.decision = "queued",
+    }
+    p
+}
+
+/// A number as an integer reply.
+pub fn millis(ms: Millis) -> RedisValue {
+    RedisValue::Integer(i64::try_from(ms).unwrap_or(i64::MAX))
+}
+
+fn name(text: &str) -> RedisValue {
+    RedisValue::BulkString(text.to_owned())
+}
+
+/// A decision as `[decision, reason|nil, ticket|nil, lease_ms|nil,
+/// retry_after_ms|nil, phase, now_ms]`, names in lower case; `lease_ms` is
+/// the time left on the ticket, `phase` the breaker's after the step and
+/// `now_ms` the time the command used.
+pub fn decision_reply(decision: &Decision, phase: Phase, now: Millis) -> RedisValue {
+    let p = parts(decision, now);
+    let opt_name = |s: Option<&str>| s.map_or(RedisValue::Null, name);
+    let opt_ms = |m: Option<Millis>| m.map_or(RedisValue::Null, millis);
+    RedisValue::Array(vec![
+        name(p.decision),
+        opt_name(p.reason),
+        opt_name(p.ticket.as_deref()),
+        opt_ms(p.lease_ms),
+        opt_ms(p.retry_after_ms),
+        name(&phase_name(phase)),
+        millis(now),
+    ])
+}
+
+/// A completion as `[stale, 0|1, phase, <phase>]`.
+pub fn completed_reply(stale: bool, phase: Phase) -> RedisValue {
+    RedisValue::Array(vec![
+        name("stale"),
+        RedisValue::Integer(i64::from(stale)),
+        name("phase"),
+        name(&phase_name(phase)),
+    ])
+}
+
+/// The view of `fuse` at `now` as a JSON object: the fields of the
+/// domain's `View` (the phase in lower case), the time it is read at
+/// (`now_ms`), the statistics, and the policy in force as its spec.
+pub fn view_json<T: TicketTable>(fuse: &Fuse<T>, now: Millis) -> serde_json::Value {
+    let v = fuse.view(now);
+    let s = &v.stats;
+    let by_reason: serde_json::Map<String, serde_json::Value> = Reason::ALL
+        .iter()
+        .map(|r| (r.as_str().to_owned(), s.by_reason[*r as usize].into()))
+        .collect();
+    serde_json::json!({
+        "phase": phase_name(v.phase),
+        "consecutive_failures": v.consecutive_failures,
+        "half_open_attempts": v.half_open_attempts,
+        "open_until": v.open_until,
+        "free": v.free,
+        "limit": v.limit,
+        "queued": v.queued,
+        "live_tickets": v.live_tickets,
+        "waiters": v.waiters,
+        "epoch": v.epoch,
+        "failure_ratio": v.failure_ratio,
+        "changed_at": v.changed_at,
+        "last_now": fuse.last_now(),
+        "now_ms": now,
+        "next_deadline": fuse.next_deadline(),
+        "stats": {
+            "granted": s.granted,
+            "probes": s.probes,
+            "blocked": s.blocked,
+            "refused": s.refused,
+            "denied": s.denied,
+            "by_reason": by_reason,
+            "queued": s.queued,
+            "evicted": s.evicted,
+            "timed_out": s.timed_out,
+            "withdrawn": s.withdrawn,
+            "failed": s.failed,
+            "successes": s.successes,
+            "failures": s.failures,
+            "ignored": s.ignored,
+            "stale": s.stale,
+            "expired": s.expired,
+        },
+        "policy": fuse.policy().spec(),
+    })
+}
+
+/// The view as a bulk string reply.
+pub fn view_reply<T: TicketTable>(fuse: &Fuse<T>, now: Millis) -> RedisValue {
+    RedisValue::BulkString(view_json(fuse, now).to_string())
+}

@@ -1,0 +1,733 @@
+//! A key's live tickets kept in place in its value: an open-addressing
+//! hash table of fixed-size slots by ticket id, and a binary min-heap of
+//! slot numbers by `(lease end, id)`. A step on a key with a thousand live
+//! tickets reads and writes the few slots it touches (a lookup, an insert
+//! or a removal is O(1), a lease change O(log n)), not the whole table, and
+//! records which bytes it wrote so that only those are replicated.
+//!
+//! Layout of a table of `cap` slots (a power of two, at least
+//! [`MIN_CAP`]) at offset `base` of the value, little-endian:
+//!
+//! ```text
+//! base                 cap slots of SLOT bytes:
+//!                        0  id, high 64 bits      8  id, low 64 bits
+//!                       16  lease end (ms)       24  epoch
+//!                       32  permits (u32)        36  place in the heap (u32)
+//!                       40  flags (u8: 1 in use, 2 the probe, 4 holds permits)
+//!                       41  7 bytes of zeros
+//! base + cap * SLOT     cap heap entries of 4 bytes: slot numbers, the
+//!                       first `len` in heap order, the rest zero
+//! ```
+//!
+//! The table never panics on damaged bytes: every read is bounds-checked
+//! and a damaged slot reads as empty (the value's header was checked when
+//! it was loaded; this only keeps a bad value from taking Redis down).
+
+use fusebox_domain::{Millis, Ticket, TicketId, TicketTable};
+
+/// Bytes of one slot.
+pub const SLOT: usize = 48;
+
+/// Bytes of one heap entry.
+pub const HEAP_ENTRY: usize = 4;
+
+/// Bytes a table of `cap` slots takes.
+pub const fn section_len(cap: usize) -> usize {
+    cap * (SLOT + HEAP_ENTRY)
+}
+
+/// The fewest slots a table has (a key with one ticket).
+pub const MIN_CAP: usize = 4;
+
+/// The most slots a table may have: 2^24 (16 million live tickets on one
+/// key is far past any cap the servers set).
+pub const MAX_CAP: usize = 1 << 24;
+
+const IN_USE: u8 = 1;
+const PROBE: u8 = 2;
+const HOLDS: u8 = 4;
+
+/// The slots a table of `len` tickets is given when it is made or rebuilt:
+/// a load of at most one half.
+pub fn cap_for(len: usize) -> usize {
+    (len * 2).next_power_of_two().clamp(MIN_CAP, MAX_CAP)
+}
+
+/// The bytes a table lives in: the value of a Redis key (written through
+/// DMA) or, in tests, a vector.
+pub trait Bytes {
+    /// The value's bytes.
+    fn bytes(&self) -> &[u8];
+    /// The value's bytes, to write.
+    fn bytes_mut(&mut self) -> &mut [u8];
+    /// Makes the value at least `len` bytes long, the new bytes zero.
+    fn grow_to(&mut self, len: usize);
+}
+
+impl Bytes for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+    fn grow_to(&mut self, len: usize) {
+        if self.len() < len {
+            self.resize(len, 0);
+        }
+    }
+}
+
+/// Byte ranges of the value a step wrote, `(start, end)`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Dirty(Vec<(usize, usize)>);
+
+impl Dirty {
+    /// Notes that `len` bytes at `at` were written.
+    pub fn mark(&mut self, at: usize, len: usize) {
+        if len == 0 {
+            return;
+        }
+        if let Some(last) = self.0.last_mut() {
+            // The common case: the same slot, or the next bytes.
+            if at >= last.0 && at <= last.1 {
+                last.1 = last.1.max(at + len);
+                return;
+            }
+        }
+        self.0.push((at, at + len));
+    }
+
+    /// The ranges, sorted and merged where they touch.
+    pub fn ranges(mut self) -> Vec<(usize, usize)> {
+        self.0.sort_unstable();
+        let mut merged: Vec<(usize, usize)> = Vec::with_capacity(self.0.len());
+        for (start, end) in self.0 {
+            match merged.last_mut() {
+                Some(last) if start <= last.1 => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
+            }
+        }
+        merged
+    }
+
+    /// Every range of `other` too.
+    pub fn extend(&mut self, other: Dirty) {
+        self.0.extend(other.0);
+    }
+}
+
+fn read_u64(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+fn read_u32(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u32::from_le_bytes)
+}
+
+fn write(b: &mut [u8], at: usize, bytes: &[u8]) {
+    if let Some(s) = b.get_mut(at..at + bytes.len()) {
+        s.copy_from_slice(bytes);
+    }
+}
+
+/// One slot, read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Slot {
+    id: u128,
+    ticket: Ticket,
+    heap_pos: u32,
+}
+
+/// A table of live tickets in place in `B` (see the module documentation).
+#[derive(Debug)]
+pub struct Table<B> {
+    bytes: B,
+    base: usize,
+    cap: usize,
+    len: usize,
+    probe: Option<TicketId>,
+    dirty: Dirty,
+}
+
+impl<B: Bytes> Table<B> {
+    /// The table of `cap` slots holding `len` tickets at `base` of `bytes`,
+    /// `probe` the ticket flagged as the probe. `None` when the layout
+    /// cannot be a table (a damaged value): `cap` not a power of two in
+    /// range, `len` above half of it, or the section past the value's end.
+    pub fn open(
+        bytes: B,
+        base: usize,
+        cap: usize,
+        len: usize,
+        probe: Option<TicketId>,
+    ) -> Option<Table<B>> {
+        let fits = base
+            .checked_add(section_len(cap))
+            .is_some_and(|end| end <= bytes.bytes().len());
+        let shaped = cap.is_power_of_two() && (MIN_CAP..=MAX_CAP).contains(&cap) && len * 2 <= cap;
+        (fits && shaped).then_some(Table {
+            bytes,
+            base,
+            cap,
+            len,
+            probe,
+            dirty: Dirty::default(),
+        })
+    }
+
+    /// A new table of `cap` slots at `base` of `bytes` (grown as needed),
+    /// holding `tickets`.
+    pub fn build(
+        bytes: B,
+        base: usize,
+        cap: usize,
+        tickets: &[(TicketId, Ticket)],
+    ) -> Table<B> {
+        let mut table = Table {
+            bytes,
+            base,
+            cap: 0,
+            len: 0,
+            probe: None,
+            dirty: Dirty::default(),
+        };
+        table.lay_out(cap, tickets);
+        table
+    }
+
+    /// The slots.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// The ticket flagged as the probe.
+    pub fn probe(&self) -> Option<TicketId> {
+        self.probe
+    }
+
+    /// The bytes, the ranges written since the table was opened.
+    pub fn finish(self) -> (B, Dirty) {
+        (self.bytes, self.dirty)
+    }
+
+    /// Every ticket, read from the slots.
+    pub fn tickets(&self) -> Vec<(TicketId, Ticket)> {
+        let mut all = Vec::with_capacity(self.len);
+        self.for_each(&mut |id, t| all.push((id, t)));
+        all
+    }
+
+    /// Lays the table out afresh with `cap` slots holding `tickets`: the
+    /// value grows to hold it (what followed the old table is the caller's
+    /// to write again), and the whole section is written.
+    pub fn lay_out(&mut self, cap: usize, tickets: &[(TicketId, Ticket)]) {
+        let cap = cap.max(cap_for(tickets.len()));
+        let end = self.base + section_len(cap);
+        self.bytes.grow_to(end);
+        if let Some(section) = self.bytes.bytes_mut().get_mut(self.base..end) {
+            section.fill(0);
+        }
+        self.dirty.mark(self.base, section_len(cap));
+        self.cap = cap;
+        self.len = 0;
+        self.probe = None;
+        for &(id, ticket) in tickets {
+            self.insert(id, ticket);
+        }
+    }
+
+    fn slot_at(&self, i: usize) -> usize {
+        self.base + i * SLOT
+    }
+
+    fn heap_at(&self, pos: usize) -> usize {
+        self.base + self.cap * SLOT + pos * HEAP_ENTRY
+    }
+
+    fn in_use(&self, i: usize) -> bool {
+        self.bytes
+            .bytes()
+            .get(self.slot_at(i) + 40)
+            .is_some_and(|f| f & IN_USE != 0)
+    }
+
+    fn read(&self, i: usize) -> Slot {
+        let b = self.bytes.bytes();
+        let at = self.slot_at(i);
+        let flags = b.get(at + 40).copied().unwrap_or(0);
+        Slot {
+            id: (u128::from(read_u64(b, at)) << 64) | u128::from(read_u64(b, at + 8)),
+            ticket: Ticket {
+                lease_end: read_u64(b, at + 16),
+                epoch: read_u64(b, at + 24),
+                permits: read_u32(b, at + 32),
+                probe: flags & PROBE != 0,
+                holds: flags & HOLDS != 0,
+            },
+            heap_pos: read_u32(b, at + 36),
+        }
+    }
+
+    fn put(&mut self, i: usize, s: &Slot) {
+        let at = self.slot_at(i);
+        let mut raw = [0u8; SLOT];
+        raw[0..8].copy_from_slice(&((s.id >> 64) as u64).to_le_bytes());
+        raw[8..16].copy_from_slice(&(s.id as u64).to_le_bytes());
+        raw[16..24].copy_from_slice(&s.ticket.lease_end.to_le_bytes());
+        raw[24..32].copy_from_slice(&s.ticket.epoch.to_le_bytes());
+        raw[32..36].copy_from_slice(&s.ticket.permits.to_le_bytes());
+        raw[36..40].copy_from_slice(&s.heap_pos.to_le_bytes());
+        raw[40] = IN_USE
+            | if s.ticket.probe { PROBE } else { 0 }
+            | if s.ticket.holds { HOLDS } else { 0 };
+        write(self.bytes.bytes_mut(), at, &raw);
+        self.dirty.mark(at, SLOT);
+    }
+
+    fn clear(&mut self, i: usize) {
+        let at = self.slot_at(i);
+        write(self.bytes.bytes_mut(), at, &[0u8; SLOT]);
+        self.dirty.mark(at, SLOT);
+    }
+
+    fn set_heap_pos(&mut self, i: usize, pos: usize) {
+        let at = self.slot_at(i) + 36;
+        write(self.bytes.bytes_mut(), at, &(pos as u32).to_le_bytes());
+        self.dirty.mark(at, 4);
+    }
+
+    /// The slot at heap position `pos`, if it is one.
+    fn heap(&self, pos: usize) -> Option<usize> {
+        let i = read_u32(self.bytes.bytes(), self.heap_at(pos)) as usize;
+        (i < self.cap).then_some(i)
+    }
+
+    fn set_heap(&mut self, pos: usize, i: usize) {
+        let at = self.heap_at(pos);
+        write(self.bytes.bytes_mut(), at, &(i as u32).to_le_bytes());
+        self.dirty.mark(at, HEAP_ENTRY);
+        self.set_heap_pos(i, pos);
+    }
+
+    fn home(&self, id: u128) -> usize {
+        let mixed = ((id as u64) ^ ((id >> 64) as u64)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (mixed >> (64 - self.cap.trailing_zeros())) as usize
+    }
+
+    fn find(&self, id: TicketId) -> Option<usize> {
+        if self.cap == 0 {
+            return None;
+        }
+        let mut i = self.home(id.0);
+        for _ in 0..self.cap {
+            if !self.in_use(i) {
+                return None;
+            }
+            if self.read(i).id == id.0 {
+                return Some(i);
+            }
+            i = (i + 1) & (self.cap - 1);
+        }
+        None
+    }
+
+    /// `(lease end, id)` of the ticket at heap position `pos`.
+    fn order(&self, pos: usize) -> (Millis, u128) {
+        self.heap(pos).map_or((Millis::MAX, u128::MAX), |i| {
+            let s = self.read(i);
+            (s.ticket.lease_end, s.id)
+        })
+    }
+
+    fn swap_heap(&mut self, a: usize, b: usize) {
+        let (Some(sa), Some(sb)) = (self.heap(a), self.heap(b)) else {
+            return;
+        };
+        self.set_heap(a, sb);
+        self.set_heap(b, sa);
+    }
+
+    fn sift_up(&mut self, mut pos: usize) {
+        while pos > 0 {
+            let parent = (pos - 1) / 2;
+            if self.order(parent) <= self.order(pos) {
+                break;
+            }
+            self.swap_heap(parent, pos);
+            pos = parent;
+        }
+    }
+
+    fn sift_down(&mut self, mut pos: usize) {
+        loop {
+            let (left, right) = (2 * pos + 1, 2 * pos + 2);
+            let mut least = pos;
+            if left < self.len && self.order(left) < self.order(least) {
+                least = left;
+            }
+            if right < self.len && self.order(right) < self.order(least) {
+                least = right;
+            }
+            if least == pos {
+                return;
+            }
+            self.swap_heap(pos, least);
+            pos = least;
+        }
+    }
+
+    /// Takes heap position `pos` out of the heap.
+    fn unheap(&mut self, pos: usize) {
+        let last = self.len - 1;
+        if pos != last {
+            self.swap_heap(pos, last);
+        }
+        let at = self.heap_at(last);
+        write(self.bytes.bytes_mut(), at, &[0u8; HEAP_ENTRY]);
+        self.dirty.mark(at, HEAP_ENTRY);
+        self.len -= 1;
+        if pos < self.len {
+            self.sift_down(pos);
+            self.sift_up(pos);
+        }
+    }
+
+    /// Empties slot `i`, moving the slots after it back where their
+    /// probing allows (backward-shift deletion keeps every lookup's run
+    /// unbroken without tombstones).
+    fn vacate(&mut self, mut i: usize) {
+        let mask = self.cap - 1;
+        let mut j = (i + 1) & mask;
+        for _ in 0..self.cap {
+            if !self.in_use(j) {
+                break;
+            }
+            let s = self.read(j);
+            let home = self.home(s.id);
+            // Slot j may move back to i when its home is not in (i, j].
+            let between = if i <= j {
+                i < home && home <= j
+            } else {
+                i < home || home <= j
+            };
+            if !between {
+                self.put(i, &s);
+                let pos = s.heap_pos as usize;
+                if pos < self.len {
+                    let at = self.heap_at(pos);
+                    write(self.bytes.bytes_mut(), at, &(i as u32).to_le_bytes());
+                    self.dirty.mark(at, HEAP_ENTRY);
+                }
+                i = j;
+            }
+            j = (j + 1) & mask;
+        }
+        self.clear(i);
+    }
+
+    fn grow(&mut self) {
+        let tickets = self.tickets();
+        self.lay_out(self.cap * 2, &tickets);
+    }
+}
+
+impl<B: Bytes + Default> Default for Table<B> {
+    fn default() -> Self {
+        Table {
+            bytes: B::default(),
+            base: 0,
+            cap: 0,
+            len: 0,
+            probe: None,
+            dirty: Dirty::default(),
+        }
+    }
+}
+
+/// The [`TicketTable`] operations, for tables in any bytes.
+impl<B: Bytes> Table<B> {
+    /// How many tickets are live.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when no ticket is live.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A live ticket.
+    pub fn get(&self, id: TicketId) -> Option<Ticket> {
+        self.find(id).map(|i| self.read(i).ticket)
+    }
+
+    /// Adds a ticket whose id is not live; a probe takes the flag (B2).
+    pub fn insert(&mut self, id: TicketId, ticket: Ticket) {
+        if ticket.probe {
+            if let Some(i) = self.probe.take().and_then(|p| self.find(p)) {
+                let mut s = self.read(i);
+                s.ticket.probe = false;
+                self.put(i, &s);
+            }
+        }
+        if (self.len + 1) * 2 > self.cap {
+            if self.cap == 0 {
+                self.lay_out(MIN_CAP, &[]);
+            } else if self.cap < MAX_CAP {
+                self.grow();
+            } else {
+                return;
+            }
+        }
+        let mut i = self.home(id.0);
+        while self.in_use(i) {
+            i = (i + 1) & (self.cap - 1);
+        }
+        let pos = self.len;
+        self.put(
+            i,
+            &Slot {
+                id: id.0,
+                ticket,
+                heap_pos: pos as u32,
+            },
+        );
+        self.len += 1;
+        self.set_heap(pos, i);
+        self.sift_up(pos);
+        if ticket.probe {
+            self.probe = Some(id);
+        }
+    }
+
+    /// Removes a live ticket.
+    pub fn remove(&mut self, id: TicketId) -> Option<Ticket> {
+        let i = self.find(id)?;
+        let s = self.read(i);
+        let pos = s.heap_pos as usize;
+        if pos < self.len && self.heap(pos) == Some(i) {
+            self.unheap(pos);
+        }
+        self.vacate(i);
+        if self.probe == Some(id) {
+            self.probe = None;
+        }
+        Some(s.ticket)
+    }
+
+    /// The smallest `(lease end, id)`.
+    pub fn first_lease(&self) -> Option<(Millis, TicketId)> {
+        if self.len == 0 {
+            return None;
+        }
+        let (end, id) = self.order(0);
+        (end != Millis::MAX || id != u128::MAX).then_some((end, TicketId(id)))
+    }
+
+    /// Moves a live ticket's lease end.
+    pub fn set_lease_end(&mut self, id: TicketId, lease_end: Millis) {
+        let Some(i) = self.find(id) else {
+            return;
+        };
+        let mut s = self.read(i);
+        s.ticket.lease_end = lease_end;
+        self.put(i, &s);
+        let pos = s.heap_pos as usize;
+        if pos < self.len {
+            self.sift_up(pos);
+            self.sift_down(pos);
+        }
+    }
+
+    /// Marks every ticket's permits as not to be returned.
+    pub fn forget_holds(&mut self) {
+        for i in 0..self.cap {
+            if self.in_use(i) {
+                let mut s = self.read(i);
+                if s.ticket.holds {
+                    s.ticket.holds = false;
+                    self.put(i, &s);
+                }
+            }
+        }
+    }
+
+    /// Calls `visit` with every live ticket.
+    pub fn for_each(&self, visit: &mut dyn FnMut(TicketId, Ticket)) {
+        for i in 0..self.cap {
+            if self.in_use(i) {
+                let s = self.read(i);
+                visit(TicketId(s.id), s.ticket);
+            }
+        }
+    }
+}
+
+impl<B: Bytes + Default> TicketTable for Table<B> {
+    fn len(&self) -> usize {
+        Table::len(self)
+    }
+    fn get(&self, id: TicketId) -> Option<Ticket> {
+        Table::get(self, id)
+    }
+    fn insert(&mut self, id: TicketId, ticket: Ticket) {
+        Table::insert(self, id, ticket);
+    }
+    fn remove(&mut self, id: TicketId) -> Option<Ticket> {
+        Table::remove(self, id)
+    }
+    fn first_lease(&self) -> Option<(Millis, TicketId)> {
+        Table::first_lease(self)
+    }
+    fn set_lease_end(&mut self, id: TicketId, lease_end: Millis) {
+        Table::set_lease_end(self, id, lease_end);
+    }
+    fn forget_holds(&mut self) {
+        Table::forget_holds(self);
+    }
+    fn for_each(&self, visit: &mut dyn FnMut(TicketId, Ticket)) {
+        Table::for_each(self, visit);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use fusebox_domain::Tickets;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Insert(u16, Millis, bool),
+        Remove(u16),
+        Renew(u16, Millis),
+        SettleFirst,
+        Reopen,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (any::<u16>(), 0u64..40, proptest::bool::weighted(0.1))
+                .prop_map(|(id, end, probe)| Op::Insert(id, end, probe)),
+            3 => any::<u16>().prop_map(Op::Remove),
+            1 => (any::<u16>(), 0u64..40).prop_map(|(id, end)| Op::Renew(id, end)),
+            2 => Just(Op::SettleFirst),
+            1 => Just(Op::Reopen),
+        ]
+    }
+
+    /// Ids that share low bits, so that probing runs wrap and collide.
+    fn ticket_id(n: u16) -> TicketId {
+        TicketId((u128::from(n % 5) << 64) | u128::from(n % 97) << 3 | u128::from(n))
+    }
+
+    fn ticket(n: u16, lease_end: Millis, probe: bool) -> Ticket {
+        Ticket {
+            epoch: u64::from(n) * 3,
+            permits: u32::from(n % 7),
+            probe,
+            lease_end,
+            holds: n.is_multiple_of(2),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// The table in bytes behaves as the engine's table, through
+        /// growth, removals that shift slots back, and reopening from the
+        /// bytes alone; the heap always names the smallest lease.
+        #[test]
+        fn the_table_in_place_behaves_as_the_engines_table(
+            prefix in 0usize..50,
+            ops in proptest::collection::vec(op(), 1..300),
+        ) {
+            let mut table = Table::build(vec![7u8; prefix], prefix, MIN_CAP, &[]);
+            let mut model = Tickets::default();
+            let mut ids = BTreeMap::new();
+            for op in ops {
+                match op {
+                    Op::Insert(n, end, probe) => {
+                        let id = ticket_id(n);
+                        if model.contains(id) {
+                            continue;
+                        }
+                        ids.insert(id, n);
+                        model.insert(id, ticket(n, end, probe));
+                        table.insert(id, ticket(n, end, probe));
+                    }
+                    Op::Remove(n) => {
+                        prop_assert_eq!(table.remove(ticket_id(n)), model.remove(ticket_id(n)));
+                    }
+                    Op::Renew(n, end) => {
+                        model.set_lease_end(ticket_id(n), end);
+                        table.set_lease_end(ticket_id(n), end);
+                    }
+                    Op::SettleFirst => {
+                        let first = model.first_lease();
+                        prop_assert_eq!(table.first_lease(), first);
+                        if let Some((_, id)) = first {
+                            prop_assert_eq!(table.remove(id), model.remove(id));
+                        }
+                    }
+                    Op::Reopen => {
+                        let (cap, len, probe) = (table.cap, table.len, table.probe);
+                        let (bytes, _) = table.finish();
+                        prop_assert!(bytes[..prefix].iter().all(|&b| b == 7), "bytes before the table kept");
+                        table = Table::open(bytes, prefix, cap, len, probe).expect("reopens");
+                    }
+                }
+                prop_assert_eq!(table.len(), model.len());
+                prop_assert_eq!(table.first_lease(), model.first_lease());
+                prop_assert_eq!(fusebox_domain::sorted_tickets(&table), fusebox_domain::sorted_tickets(&model));
+                let probes = table.tickets().iter().filter(|(_, t)| t.probe).count();
+                prop_assert!(probes <= 1);
+                prop_assert_eq!(table.probe().is_some(), probes == 1);
+            }
+        }
+    }
+
+    #[test]
+    fn the_dirty_ranges_are_what_changed() {
+        let mut table = Table::build(vec![0u8; 16], 16, MIN_CAP, &[]);
+        for n in 0..2 {
+            table.insert(TicketId(n), ticket(n as u16, 100 + n as u64, false));
+        }
+        let (before, _) = table.finish();
+        let mut table = Table::open(before.clone(), 16, MIN_CAP, 2, None).unwrap();
+        table.insert(TicketId(9), ticket(9, 50, false));
+        let (after, dirty) = table.finish();
+        let ranges = dirty.ranges();
+        let mut patched = before.clone();
+        patched.resize(after.len(), 0);
+        for (start, end) in &ranges {
+            patched[*start..*end].copy_from_slice(&after[*start..*end]);
+        }
+        assert_eq!(patched, after, "applying the dirty ranges gives the new bytes");
+        let written: usize = ranges.iter().map(|(s, e)| e - s).sum();
+        assert!(written < after.len(), "only part of the table is written: {written} of {}", after.len());
+    }
+
+    #[test]
+    fn a_damaged_layout_is_not_opened_and_damaged_slots_do_not_panic() {
+        assert!(Table::open(vec![0u8; 10], 0, MIN_CAP, 0, None).is_none());
+        assert!(Table::open(vec![0u8; 1000], 0, 6, 0, None).is_none());
+        assert!(Table::open(vec![0u8; 1000], 0, MIN_CAP, 3, None).is_none());
+        let mut bytes = vec![0xffu8; section_len(8)];
+        bytes[40] = IN_USE;
+        let mut table = Table::open(bytes, 0, 8, 4, None).unwrap();
+        let _ = table.first_lease();
+        let _ = table.remove(TicketId(u128::MAX));
+        table.insert(TicketId(1), ticket(1, 5, true));
+        table.set_lease_end(TicketId(1), 1);
+        let _ = table.tickets();
+    }
+}
