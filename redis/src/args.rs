@@ -62,13 +62,9 @@ pub fn waiter(arg: &RedisString) -> Result<TicketId, RedisError> {
 }
 
 fn id(arg: &RedisString, field: &str, todo: &str) -> Result<TicketId, RedisError> {
-    let what = format!("1 to 32 hex digits; {todo}");
-    let text = text(arg, field, &what)?;
-    let hex = !text.is_empty() && text.len() <= 32 && text.bytes().all(|b| b.is_ascii_hexdigit());
-    hex.then(|| u128::from_str_radix(text, 16).ok())
-        .flatten()
-        .map(TicketId)
-        .ok_or_else(|| RedisError::String(format!("ERR {field}: must be {what}")))
+    TicketId::from_hex(arg.as_slice()).ok_or_else(|| {
+        RedisError::String(format!("ERR {field}: must be 1 to 32 hex digits; {todo}"))
+    })
 }
 
 /// `outcome`: `success`, `failure` or `ignored`, in any case.

@@ -102,9 +102,7 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         })
         .transpose()?
         .map_or(1, |n| n as u32);
-    let lease = options[1]
-        .map(|a| args::duration(a, "lease"))
-        .transpose()?;
+    let lease = options[1].map(|a| args::duration(a, "lease")).transpose()?;
     if lease == Some(0) {
         return Err(fuse_err(FuseError::ZeroLease));
     }
@@ -119,7 +117,7 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         ..Ask::default()
     };
     let key = ctx.open_key_writable(&args[1]);
-    let opened = keyed::open(&key, &args[1])?;
+    let opened = keyed::open(&key, &args[1], Some(&known))?;
     let existed = opened.is_some();
     let now = time_at(when, opened.as_ref())?;
     let mut opened = match opened {
@@ -145,7 +143,7 @@ fn open_for_ticket<'k>(
     key: &'k redis_module::key::RedisKeyWritable,
     name: &RedisString,
 ) -> Result<Opened<'k>, RedisError> {
-    keyed::open(key, name)?.ok_or_else(|| fuse_err(FuseError::UnknownTicket))
+    keyed::open(key, name, None)?.ok_or_else(|| fuse_err(FuseError::UnknownTicket))
 }
 
 /// `FB.COMPLETE key now_ms ticket_hex outcome`: records a ticket's outcome
@@ -174,9 +172,7 @@ pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let when = args::now(&args[2])?;
     let id = args::ticket(&args[3])?;
     let options = args::options(&args[4..], &["LEASE"])?;
-    let lease = options[0]
-        .map(|a| args::duration(a, "lease"))
-        .transpose()?;
+    let lease = options[0].map(|a| args::duration(a, "lease")).transpose()?;
     if lease == Some(0) {
         return Err(fuse_err(FuseError::ZeroLease));
     }
@@ -211,7 +207,7 @@ pub fn isolate(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         .transpose()?;
     let note = by_why(&options[1..])?;
     let key = ctx.open_key_writable(&args[1]);
-    let opened = keyed::open(&key, &args[1])?;
+    let opened = keyed::open(&key, &args[1], known.as_ref())?;
     let now = time_at(when, opened.as_ref())?;
     let mut opened = match (opened, known) {
         (Some(mut opened), Some(known)) => {
@@ -244,7 +240,7 @@ pub fn close(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let options = args::options(&args[3..], &["BY", "WHY"])?;
     let note = by_why(&options)?;
     let key = ctx.open_key_writable(&args[1]);
-    let Some(mut opened) = keyed::open(&key, &args[1])? else {
+    let Some(mut opened) = keyed::open(&key, &args[1], None)? else {
         return Ok(RedisValue::Null);
     };
     let now = time_at(when, Some(&opened))?;
@@ -297,7 +293,7 @@ pub fn settle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let options = args::options(&args[3..], &["WAITER"])?;
     let waiter = options[0].map(args::waiter).transpose()?;
     let key = ctx.open_key_writable(&args[1]);
-    let Some(mut opened) = keyed::open(&key, &args[1])? else {
+    let Some(mut opened) = keyed::open(&key, &args[1], None)? else {
         // Nothing to settle, and no waiter is known at an empty key.
         return Ok(RedisValue::Array(vec![RedisValue::Null, RedisValue::Null]));
     };
@@ -322,7 +318,7 @@ pub fn withdraw(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let when = args::now(&args[2])?;
     let id = args::waiter(&args[3])?;
     let key = ctx.open_key_writable(&args[1]);
-    let Some(mut opened) = keyed::open(&key, &args[1])? else {
+    let Some(mut opened) = keyed::open(&key, &args[1], None)? else {
         return Ok(RedisValue::BulkString("unknown".to_owned()));
     };
     let now = time_at(when, Some(&opened))?;
@@ -355,7 +351,7 @@ pub fn set_policy(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let when = args::now(&args[2])?;
     let known = policy::of_arg(args[3].as_slice())?;
     let key = ctx.open_key_writable(&args[1]);
-    let Some(mut opened) = keyed::open(&key, &args[1])? else {
+    let Some(mut opened) = keyed::open(&key, &args[1], Some(&known))? else {
         return Ok(RedisValue::Null);
     };
     let now = time_at(when, Some(&opened))?;
@@ -527,7 +523,9 @@ pub fn list(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 pub fn scan_step(ctx: &Context, scan: &[&[u8]]) -> Result<(u64, Vec<Vec<u8>>), RedisError> {
     let reply = ctx.call("SCAN", scan)?;
     let RedisValue::Array(parts) = reply else {
-        return Err(RedisError::Str("ERR list: SCAN gave no array (a module bug)"));
+        return Err(RedisError::Str(
+            "ERR list: SCAN gave no array (a module bug)",
+        ));
     };
     let mut parts = parts.into_iter();
     let next = parts
@@ -569,7 +567,9 @@ pub fn census(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let when = args::now(&args[1])?;
     let options = args::options(&args[2..], &["MATCH", "COUNT"])?;
     let count = count_of(options[1], 100)?;
-    let prefix = options[0].map(|a| a.as_slice().to_vec()).unwrap_or_default();
+    let prefix = options[0]
+        .map(|a| a.as_slice().to_vec())
+        .unwrap_or_default();
     let c = registry::census();
     let names = registry::not_closed(count as usize, |name| name.starts_with(&prefix));
     let mut items = Vec::new();

@@ -208,7 +208,13 @@ pub fn check_key_name(name: &[u8]) -> Result<&str, RedisError> {
 }
 
 /// Opens `key` (named `name`) for a step: `None` when it is empty.
-pub fn open<'k>(key: &'k RedisKeyWritable, name: &RedisString) -> Result<Option<Opened<'k>>, RedisError> {
+/// `expected`, the policy the step will run under, saves a look-up when
+/// the value was written under it too.
+pub fn open<'k>(
+    key: &'k RedisKeyWritable,
+    name: &RedisString,
+    expected: Option<&Known>,
+) -> Result<Option<Opened<'k>>, RedisError> {
     check_key_name(name.as_slice())?;
     match key.key_type() {
         KeyType::Empty => return Ok(None),
@@ -229,7 +235,10 @@ pub fn open<'k>(key: &'k RedisKeyWritable, name: &RedisString) -> Result<Option<
         }
         _ => {
             let header = Header::read(&dma).map_err(state_err)?;
-            let policy = known_of(&header, &dma).map_err(state_err)?;
+            let policy = match expected.filter(|k| k.id == header.policy_id) {
+                Some(known) => known.clone(),
+                None => known_of(&header, &dma).map_err(state_err)?,
+            };
             // The head is read before the table takes the bytes.
             let head = header.full_head(&dma).map_err(state_err)?;
             let (fuse, spare) =
@@ -358,7 +367,9 @@ pub fn store_drained(
                     dirty.extend(written);
                     (list, bytes)
                 }
-                Some(StepTickets::Fresh(t)) => (fusebox_domain::sorted_tickets(&t), bytes_of(key, spare)?),
+                Some(StepTickets::Fresh(t)) => {
+                    (fusebox_domain::sorted_tickets(&t), bytes_of(key, spare)?)
+                }
                 None => (Vec::new(), bytes_of(key, spare)?),
             };
             let mut bytes = bytes;
@@ -406,26 +417,32 @@ pub fn store_drained(
         whole = true;
     }
     let len = bytes.bytes().len();
-    let ranges = if whole { vec![(0, len)] } else { dirty.ranges() };
+    let ranges = if whole {
+        vec![(0, len)]
+    } else {
+        dirty.ranges()
+    };
     let written: usize = ranges.iter().map(|(s, e)| e - s).sum();
-    let ranges = if written * 2 > len { vec![(0, len)] } else { ranges };
-    let mut patch: Vec<Vec<u8>> = Vec::with_capacity(3 + 2 * ranges.len());
-    patch.push(name.as_slice().to_vec());
-    patch.push(len.to_string().into_bytes());
-    patch.push(if at_rest { b"rest".to_vec() } else { b"live".to_vec() });
-    for (start, end) in ranges {
-        let end = end.min(len);
-        if start < end {
-            patch.push(start.to_string().into_bytes());
-            patch.push(bytes.bytes()[start..end].to_vec());
-        }
-    }
+    let ranges = if written * 2 > len {
+        vec![(0, len)]
+    } else {
+        ranges
+    };
+    let blob = patch_of(bytes.bytes(), at_rest, &ranges);
 
-    let was_at_rest = prior.as_ref().is_none_or(|h| h.flags & AT_REST != 0);
-    set_rest(key, at_rest, was_at_rest)?;
-    let args: Vec<&[u8]> = patch.iter().map(Vec::as_slice).collect();
-    ctx.replicate("fb.patch", args.as_slice());
-    registry::note(name.as_slice(), Some(summary), crate::clock::wall_ms());
+    if at_rest {
+        set_idle(key)?;
+    }
+    ctx.replicate("fb.patch", &[name.as_slice(), blob.as_slice()]);
+    // A key at rest until now may have an expiry: the settler clears it
+    // soon after (it is minutes away), not on the request's path.
+    let had_expiry = prior.as_ref().is_none_or(|h| h.flags & AT_REST != 0) && !at_rest;
+    registry::note_expiry(
+        name.as_slice(),
+        Some(summary),
+        had_expiry,
+        crate::clock::wall_ms(),
+    );
     notices::publish(ctx, messages);
     Ok(drained)
 }
@@ -447,22 +464,38 @@ fn bytes_of<'k>(
 }
 
 /// A key at rest is forgotten once it stays so for [`IDLE_AFTER`]
-/// (Redis's own expiry, on the primary's clock); one that is not keeps no
-/// expiry.
-fn set_rest(key: &RedisKeyWritable, at_rest: bool, was: bool) -> Result<(), RedisError> {
-    if at_rest {
-        key.set_expire(std::time::Duration::from_millis(IDLE_AFTER))?;
-    } else if was {
-        key.remove_expire()?;
-    }
+/// (Redis's own expiry, on the primary's clock, set again at every write
+/// at rest). One that is not at rest keeps no expiry: the settler clears
+/// it ([`crate::settler`]), and replicates that.
+fn set_idle(key: &RedisKeyWritable) -> Result<(), RedisError> {
+    key.set_expire(std::time::Duration::from_millis(IDLE_AFTER))?;
     Ok(())
 }
 
-/// `FB.PATCH key len rest|live [offset bytes]...`: what a primary's step
-/// wrote, applied by a replica (or an AOF replay): the value becomes `len`
-/// bytes long (new bytes zero), each range is written, the key's expiry is
-/// set (`rest`) or cleared (`live`), and the registry notes the key. Only
-/// for replication: a client's `FB.PATCH` is refused.
+/// The bytes of `FB.PATCH`'s patch: the value's length (u32), 1 when the
+/// key is at rest, the number of ranges (u32), then each range's offset
+/// and length (u32 each) and bytes. Little-endian.
+fn patch_of(value: &[u8], at_rest: bool, ranges: &[(usize, usize)]) -> Vec<u8> {
+    let written: usize = ranges.iter().map(|(s, e)| e - s).sum();
+    let mut blob = Vec::with_capacity(9 + 8 * ranges.len() + written);
+    blob.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    blob.push(u8::from(at_rest));
+    blob.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
+    for &(start, end) in ranges {
+        let end = end.min(value.len());
+        let start = start.min(end);
+        blob.extend_from_slice(&(start as u32).to_le_bytes());
+        blob.extend_from_slice(&((end - start) as u32).to_le_bytes());
+        blob.extend_from_slice(&value[start..end]);
+    }
+    blob
+}
+
+/// `FB.PATCH key patch`: what a primary's step wrote ([`patch_of`]),
+/// applied by a replica (or an AOF replay): the value becomes the patch's
+/// length (new bytes zero), each range is written, a key at rest gets its
+/// idle expiry, and the registry notes the key. Only for replication: a
+/// client's `FB.PATCH` is refused.
 pub fn patch(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult {
     use redis_module::ContextFlags;
     let flags = ctx.get_flags();
@@ -471,18 +504,21 @@ pub fn patch(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult
             "ERR FB.PATCH is how a primary replicates fusebox state; it is not a command for clients",
         ));
     }
-    if args.len() < 4 || !args.len().is_multiple_of(2) {
+    if args.len() != 3 {
         return Err(RedisError::WrongArity);
     }
-    let len: usize = std::str::from_utf8(args[2].as_slice())
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .ok_or(RedisError::Str("ERR len: must be a whole number"))?;
-    let at_rest = match args[3].as_slice() {
-        b"rest" => true,
-        b"live" => false,
-        _ => return Err(RedisError::Str("ERR expiry: must be rest or live")),
+    let blob = args[2].as_slice();
+    let bad =
+        || RedisError::Str("ERR patch: damaged; the primary and this node run different modules?");
+    let word = |at: usize| -> Result<usize, RedisError> {
+        blob.get(at..at + 4)
+            .and_then(|b| b.try_into().ok())
+            .map(|b| u32::from_le_bytes(b) as usize)
+            .ok_or_else(bad)
     };
+    let len = word(0)?;
+    let at_rest = *blob.get(4).ok_or_else(bad)? == 1;
+    let ranges = word(5)?;
     let key = ctx.open_key_writable(&args[1]);
     {
         let mut dma = key.as_string_dma()?;
@@ -493,19 +529,18 @@ pub fn patch(ctx: &Context, args: Vec<RedisString>) -> redis_module::RedisResult
             let kept = dma[..len].to_vec();
             dma.write(&kept)?;
         }
-        for pair in args[4..].chunks(2) {
-            let at: usize = std::str::from_utf8(pair[0].as_slice())
-                .ok()
-                .and_then(|t| t.parse().ok())
-                .ok_or(RedisError::Str("ERR offset: must be a whole number"))?;
-            let bytes = pair[1].as_slice();
-            let Some(target) = dma.get_mut(at..at + bytes.len()) else {
-                return Err(RedisError::Str("ERR offset: the range is past the value's end"));
-            };
+        let mut at = 9;
+        for _ in 0..ranges {
+            let (offset, n) = (word(at)?, word(at + 4)?);
+            let bytes = blob.get(at + 8..at + 8 + n).ok_or_else(bad)?;
+            let target = dma.get_mut(offset..offset + n).ok_or_else(bad)?;
             target.copy_from_slice(bytes);
+            at += 8 + n;
         }
     }
-    set_rest(&key, at_rest, true)?;
+    if at_rest {
+        set_idle(&key)?;
+    }
     let summary = key
         .as_string_dma()
         .ok()

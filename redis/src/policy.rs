@@ -10,8 +10,9 @@
 //! never seen (after a restart, a failover, a slot migration) is read all
 //! the same.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use fusebox_domain::{Policy, PolicySpec};
 use redis_module::RedisError;
@@ -36,10 +37,10 @@ pub struct Known {
     pub json: Arc<[u8]>,
 }
 
-static KNOWN: Mutex<Option<HashMap<PolicyId, Known>>> = Mutex::new(None);
-
-fn known() -> MutexGuard<'static, Option<HashMap<PolicyId, Known>>> {
-    KNOWN.lock().unwrap_or_else(|e| e.into_inner())
+thread_local! {
+    /// Redis runs every command and timer of the module on its main
+    /// thread, so the cache needs no lock.
+    static KNOWN: RefCell<HashMap<PolicyId, Known>> = RefCell::new(HashMap::new());
 }
 
 /// The id of a policy's JSON.
@@ -56,16 +57,17 @@ pub fn hex_of(id: &PolicyId) -> String {
 }
 
 fn cached(id: &PolicyId) -> Option<Known> {
-    known().as_ref()?.get(id).cloned()
+    KNOWN.with(|k| k.borrow().get(id).cloned())
 }
 
 fn remember(known_policy: Known) -> Known {
-    let mut cache = known();
-    let map = cache.get_or_insert_with(HashMap::new);
-    if map.len() >= CACHE {
-        map.clear();
-    }
-    map.insert(known_policy.id, known_policy.clone());
+    KNOWN.with(|k| {
+        let mut map = k.borrow_mut();
+        if map.len() >= CACHE {
+            map.clear();
+        }
+        map.insert(known_policy.id, known_policy.clone());
+    });
     known_policy
 }
 

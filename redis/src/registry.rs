@@ -74,6 +74,9 @@ struct Registry {
     counting: u64,
     /// The number of the running (or last) pass.
     pass: u64,
+    /// Keys no longer at rest that may still have the expiry a write at
+    /// rest gave them.
+    expiring: Vec<Box<[u8]>>,
 }
 
 static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
@@ -88,8 +91,14 @@ impl Registry {
     fn add(&mut self, s: &Summary, sign: i64) {
         let phase = &mut self.census.by_phase[s.phase.index()];
         *phase = phase.wrapping_add_signed(sign);
-        self.census.tickets = self.census.tickets.wrapping_add_signed(sign * i64::from(s.tickets));
-        self.census.waiters = self.census.waiters.wrapping_add_signed(sign * i64::from(s.waiters));
+        self.census.tickets = self
+            .census
+            .tickets
+            .wrapping_add_signed(sign * i64::from(s.tickets));
+        self.census.waiters = self
+            .census
+            .waiters
+            .wrapping_add_signed(sign * i64::from(s.waiters));
     }
 
     fn note(&mut self, key: &[u8], summary: Option<Summary>, wall: Millis) {
@@ -208,6 +217,30 @@ pub fn note(key: &[u8], summary: Option<Summary>, wall: Millis) {
     with(|r| r.note(key, summary, wall));
 }
 
+/// [`note`], for a write that made a key at rest active again: its idle
+/// expiry is for the settler to clear ([`take_expiring`]).
+pub fn note_expiry(key: &[u8], summary: Option<Summary>, had_expiry: bool, wall: Millis) {
+    with(|r| {
+        r.note(key, summary, wall);
+        if had_expiry && r.kept.get(key).is_some_and(Kept::active) {
+            r.expiring.push(Box::from(key));
+        }
+    });
+}
+
+/// Up to `max` keys whose idle expiry is to be cleared: those that are
+/// still not at rest.
+pub fn take_expiring(max: usize) -> Vec<Box<[u8]>> {
+    with(|r| {
+        let at = r.expiring.len().saturating_sub(max);
+        let taken = r.expiring.split_off(at);
+        taken
+            .into_iter()
+            .filter(|key| r.kept.get(key).is_some_and(Kept::active))
+            .collect()
+    })
+}
+
 /// Takes up to `max` keys whose queued deadline is due by `now`.
 pub fn pop_due(now: Millis, max: usize) -> Vec<Vec<u8>> {
     with(|r| r.pop_due(now, max))
@@ -293,7 +326,10 @@ mod tests {
         r.note(b"a", Some(summary(Phase::Closed, 0, None)), wall);
         assert_eq!(r.census.by_phase, [0, 1, 0, 0]);
         assert_eq!(r.census.tickets, 0);
-        assert!(r.kept.contains_key(&b"a"[..]), "kept while its deadline is queued");
+        assert!(
+            r.kept.contains_key(&b"a"[..]),
+            "kept while its deadline is queued"
+        );
         r.note(b"a", Some(summary(Phase::Closed, 1, Some(7_000))), wall);
         assert_eq!(r.due.len(), 1, "the queued 5000 comes first");
         r.note(b"b", None, wall);
@@ -301,9 +337,16 @@ mod tests {
         assert!(!r.kept.contains_key(&b"b"[..]));
         assert_eq!(r.pop_due(4_999, 10), Vec::<Vec<u8>>::new());
         assert_eq!(r.pop_due(5_000, 10), vec![b"a".to_vec()]);
-        assert_eq!(r.pop_due(10_000, 10), Vec::<Vec<u8>>::new(), "the settler queues it again");
+        assert_eq!(
+            r.pop_due(10_000, 10),
+            Vec::<Vec<u8>>::new(),
+            "the settler queues it again"
+        );
         r.note(b"a", Some(summary(Phase::Closed, 0, None)), wall);
-        assert!(r.kept.is_empty() && r.census == Census::default(), "an idle key is not kept");
+        assert!(
+            r.kept.is_empty() && r.census == Census::default(),
+            "an idle key is not kept"
+        );
     }
 
     #[test]
@@ -321,6 +364,9 @@ mod tests {
         r.pass_ended(2_000);
         assert!(!r.kept.contains_key(&b"gone"[..]));
         assert_eq!(r.census.by_phase, [0, 1, 0, 1]);
-        assert_eq!((r.census.keys, r.census.complete, r.census.counted_at), (4, true, 2_000));
+        assert_eq!(
+            (r.census.keys, r.census.complete, r.census.counted_at),
+            (4, true, 2_000)
+        );
     }
 }

@@ -6,8 +6,13 @@ use redis_module::RedisValue;
 
 /// A phase as the module writes it: lower case (`closed`, `open`,
 /// `half_open`, `isolated`).
-pub fn phase_name(phase: Phase) -> String {
-    phase.as_str().to_ascii_lowercase()
+pub fn phase_name(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Closed => "closed",
+        Phase::Open => "open",
+        Phase::HalfOpen => "half_open",
+        Phase::Isolated => "isolated",
+    }
 }
 
 /// A decision's parts: name, reason, ticket, lease left and retry after.
@@ -95,7 +100,7 @@ pub fn decision_reply(decision: &Decision, phase: Phase, now: Millis) -> RedisVa
         opt_name(p.ticket.as_deref()),
         opt_ms(p.lease_ms),
         opt_ms(p.retry_after_ms),
-        name(&phase_name(phase)),
+        name(phase_name(phase)),
         millis(now),
     ])
 }
@@ -106,7 +111,7 @@ pub fn completed_reply(stale: bool, phase: Phase) -> RedisValue {
         name("stale"),
         RedisValue::Integer(i64::from(stale)),
         name("phase"),
-        name(&phase_name(phase)),
+        name(phase_name(phase)),
     ])
 }
 

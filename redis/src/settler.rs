@@ -64,10 +64,24 @@ fn tick(ctx: &Context, (): ()) {
     if !flags.contains(ContextFlags::LOADING) {
         if flags.contains(ContextFlags::MASTER) {
             settle_due(ctx);
+            clear_expiries(ctx);
         }
         pass_step(ctx);
     }
     ctx.create_timer(TICK, tick, ());
+}
+
+/// Clears the idle expiry of keys that are no longer at rest (a write at
+/// rest set it, minutes ahead; the write that made the key active left it
+/// for this), and replicates that as `PERSIST`.
+fn clear_expiries(ctx: &Context) {
+    for key in registry::take_expiring(10_000) {
+        let name = ctx.create_string(&key[..]);
+        let redis_key = ctx.open_key_writable(&name);
+        if redis_key.remove_expire().is_ok() {
+            ctx.replicate("persist", &[&key[..]]);
+        }
+    }
 }
 
 fn settle_due(ctx: &Context) {
@@ -106,7 +120,7 @@ fn settle_key(ctx: &Context, name: &RedisString, wall: Millis) -> Result<(), Str
         return Ok(());
     }
     let key = ctx.open_key_writable(name);
-    let Some(mut opened) = keyed::open(&key, name).map_err(|e| e.to_string())? else {
+    let Some(mut opened) = keyed::open(&key, name, None).map_err(|e| e.to_string())? else {
         registry::note(name.as_slice(), None, wall);
         return Ok(());
     };
@@ -135,8 +149,10 @@ fn pass_step(ctx: &Context) {
     };
     loop {
         let from = cursor.to_string();
-        let Ok((next, keys)) = scan_step(ctx, &[from.as_bytes(), b"COUNT", b"100", b"TYPE", b"string"])
-        else {
+        let Ok((next, keys)) = scan_step(
+            ctx,
+            &[from.as_bytes(), b"COUNT", b"100", b"TYPE", b"string"],
+        ) else {
             PASS.lock().unwrap_or_else(|e| e.into_inner()).cursor = None;
             return;
         };

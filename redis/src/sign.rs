@@ -32,9 +32,7 @@ pub fn configure(args: &[Vec<u8>]) -> Result<String, String> {
     while let Some(name) = rest.next() {
         match name.as_slice() {
             b"secret-file" => {
-                let path = rest
-                    .next()
-                    .ok_or("secret-file needs a path after it")?;
+                let path = rest.next().ok_or("secret-file needs a path after it")?;
                 file = Some(String::from_utf8_lossy(path).into_owned());
             }
             other => {

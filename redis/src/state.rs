@@ -267,7 +267,8 @@ impl Header {
             return Err(damaged(format!("policy: {policy_len} bytes")));
         }
         if table_cap != 0
-            && (!table_cap.is_power_of_two() || !(table::MIN_CAP..=table::MAX_CAP).contains(&table_cap))
+            && (!table_cap.is_power_of_two()
+                || !(table::MIN_CAP..=table::MAX_CAP).contains(&table_cap))
         {
             return Err(damaged(format!("tickets: a table of {table_cap} slots")));
         }
@@ -490,7 +491,8 @@ pub fn encode_header(head: &FuseHead, frame: &Frame) -> [u8; HEADER] {
     let s = &frame.summary;
     h[8..16].copy_from_slice(&s.next_deadline.unwrap_or(u64::MAX).to_le_bytes());
     h[16] = phase_code(head.breaker.phase);
-    h[17] = if frame.at_rest { AT_REST } else { 0 } | if frame.probe.is_some() { HAS_PROBE } else { 0 };
+    h[17] =
+        if frame.at_rest { AT_REST } else { 0 } | if frame.probe.is_some() { HAS_PROBE } else { 0 };
     h[20..24].copy_from_slice(&s.tickets.to_le_bytes());
     h[24..28].copy_from_slice(&s.waiters.to_le_bytes());
     h[28..32].copy_from_slice(&(frame.policy_len as u32).to_le_bytes());
@@ -516,8 +518,23 @@ pub fn encode_header(head: &FuseHead, frame: &Frame) -> [u8; HEADER] {
     let c = &head.counters;
     let r: [u64; 7] = c.by_reason.into();
     let counters = [
-        c.granted, c.probes, c.refused, r[0], r[1], r[2], r[3], r[4], r[5], r[6], c.queued,
-        c.withdrawn, c.successes, c.failures, c.ignored, c.stale, c.expired,
+        c.granted,
+        c.probes,
+        c.refused,
+        r[0],
+        r[1],
+        r[2],
+        r[3],
+        r[4],
+        r[5],
+        r[6],
+        c.queued,
+        c.withdrawn,
+        c.successes,
+        c.failures,
+        c.ignored,
+        c.stale,
+        c.expired,
     ];
     for (i, n) in counters.iter().enumerate() {
         h[112 + 8 * i..120 + 8 * i].copy_from_slice(&n.to_le_bytes());
@@ -541,8 +558,7 @@ pub fn next_deadline(value: &[u8]) -> Option<Millis> {
 /// The fuse a version-1 value holds, checked by [`Fuse::from_state`].
 pub fn decode_v1(value: &[u8]) -> Result<Fuse, StateError> {
     let payload = value.get(4..).ok_or(StateError::NotFusebox)?;
-    let state: FuseState =
-        serde_json::from_slice(payload).map_err(|e| damaged(e.to_string()))?;
+    let state: FuseState = serde_json::from_slice(payload).map_err(|e| damaged(e.to_string()))?;
     Fuse::from_state(state).map_err(|e| damaged(e.to_string()))
 }
 
@@ -566,7 +582,9 @@ mod tests {
         assert_eq!(version(b"hello"), Err(StateError::NotFusebox));
         assert_eq!(version(b"FBX\x03x"), Err(StateError::NewerEncoding(3)));
         assert_eq!(version(b"FBX\x01{}"), Ok(1));
-        assert!(StateError::NewerEncoding(3).to_string().starts_with("state: "));
+        assert!(StateError::NewerEncoding(3)
+            .to_string()
+            .starts_with("state: "));
     }
 
     #[test]
@@ -577,6 +595,9 @@ mod tests {
         value[4..8].copy_from_slice(&(HEADER as u32).to_le_bytes());
         let e = Header::read(&value).unwrap_err().to_string();
         assert!(e.contains("policy") && e.contains("delete the key"), "{e}");
-        assert!(matches!(decode_v1(b"FBX\x01not json"), Err(StateError::Damaged(_))));
+        assert!(matches!(
+            decode_v1(b"FBX\x01not json"),
+            Err(StateError::Damaged(_))
+        ));
     }
 }

@@ -182,12 +182,7 @@ impl<B: Bytes> Table<B> {
 
     /// A new table of `cap` slots at `base` of `bytes` (grown as needed),
     /// holding `tickets`.
-    pub fn build(
-        bytes: B,
-        base: usize,
-        cap: usize,
-        tickets: &[(TicketId, Ticket)],
-    ) -> Table<B> {
+    pub fn build(bytes: B, base: usize, cap: usize, tickets: &[(TicketId, Ticket)]) -> Table<B> {
         let mut table = Table {
             bytes,
             base,
@@ -711,9 +706,16 @@ mod tests {
         for (start, end) in &ranges {
             patched[*start..*end].copy_from_slice(&after[*start..*end]);
         }
-        assert_eq!(patched, after, "applying the dirty ranges gives the new bytes");
+        assert_eq!(
+            patched, after,
+            "applying the dirty ranges gives the new bytes"
+        );
         let written: usize = ranges.iter().map(|(s, e)| e - s).sum();
-        assert!(written < after.len(), "only part of the table is written: {written} of {}", after.len());
+        assert!(
+            written < after.len(),
+            "only part of the table is written: {written} of {}",
+            after.len()
+        );
     }
 
     #[test]

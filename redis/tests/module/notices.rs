@@ -119,7 +119,10 @@ fn a_star_time_is_the_servers_clock_and_replicates_as_a_number() {
         (text.matches("fb.patch").count() >= 3).then_some(all)
     });
     let text = String::from_utf8_lossy(&aof).to_lowercase();
-    assert!(!text.contains("fb.complete") && !text.contains("fb.acquire"), "{text}");
+    assert!(
+        !text.contains("fb.complete") && !text.contains("fb.acquire"),
+        "{text}"
+    );
     assert!(!text.contains("\r\n$1\r\n*\r\n"), "{text}");
     let Reply::Bulk(Some(value)) = p.cmd(&["GET", "k"]) else {
         panic!("the key holds state");

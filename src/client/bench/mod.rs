@@ -93,11 +93,14 @@ enum Mode {
         #[arg(long, default_value_t = 1_000_000)]
         keys: u64,
     },
-    /// The fusebox Redis module (FB.ACQUIRE + FB.COMPLETE) against a Lua
-    /// script doing the same breaker and limiter work (EVALSHA), straight
-    /// on Redis: decisions/s, pair latency and Redis CPU per decision
-    /// (INFO cpu of every primary), interleaved, medians across runs and
-    /// the ratios module/lua. Starts no fusebox server.
+    /// The fusebox Redis module (FB.ACQUIRE + FB.COMPLETE) against Redis's
+    /// own floor (SET + GET of a 64-byte string) and a Lua script doing the
+    /// same breaker and limiter work (EVALSHA), straight on Redis:
+    /// decisions/s, pair latency, Redis CPU per decision (INFO cpu of
+    /// every primary, and of the replicas apart), time per call (INFO
+    /// commandstats), interleaved, medians across runs and the ratios
+    /// module/floor, module/lua and module with live tickets / without.
+    /// Starts no fusebox server.
     RedisCpu {
         /// redis://HOST:PORT, or redis-cluster://H1:P1,H2:P2,... (some
         /// nodes of a cluster; every primary is found with CLUSTER NODES).
@@ -115,6 +118,14 @@ enum Mode {
         /// Measure the Lua script only, on a Redis without the module.
         #[arg(long)]
         lua_only: bool,
+        /// The arms, comma separated: floor (SET + GET), module, lua.
+        #[arg(long, value_delimiter = ',', default_value = "floor,module,lua")]
+        redis_arms: Vec<redis_cpu::Arm>,
+        /// Also measure the module with this many tickets held live (for a
+        /// day) on every key of the spread, comma separated; 0 is the run
+        /// without.
+        #[arg(long, value_delimiter = ',', default_value = "0")]
+        live_tickets: Vec<u32>,
     },
 }
 
@@ -310,11 +321,23 @@ async fn run(args: BenchArgs, client_cpus: Option<Vec<usize>>) -> anyhow::Result
         permits,
         pipeline,
         lua_only,
+        redis_arms,
+        live_tickets,
     }) = &args.mode
     {
-        let (mode, text, figures) =
-            redis_cpu::redis_cpu_mode(o, store, *permits, *pipeline, *lua_only, &mut warnings)
-                .await?;
+        let arms = if *lua_only {
+            vec![redis_cpu::Arm::Lua]
+        } else {
+            redis_arms.clone()
+        };
+        let setup = redis_cpu::Setup {
+            store,
+            permits: *permits,
+            pipeline: *pipeline,
+            arms: &arms,
+            live: live_tickets,
+        };
+        let (mode, text, figures) = redis_cpu::redis_cpu_mode(o, &setup, &mut warnings).await?;
         return report(o, None, mode, &text, figures, &warnings);
     }
     let mut target = match &o.target {

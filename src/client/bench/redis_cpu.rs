@@ -1,21 +1,30 @@
 //! `fusebox bench redis-cpu`: the fusebox Redis module (`FB.ACQUIRE` then
-//! `FB.COMPLETE`) against a Lua script doing the same breaker and limiter
-//! work (`benches/redis/breaker.lua`, by `EVALSHA`), on the same Redis or
-//! Redis Cluster, interleaved run by run.
+//! `FB.COMPLETE`) beside Redis's own floor (`SET` then `GET` of a 64-byte
+//! string) and a Lua script doing the same breaker and limiter work
+//! (`benches/redis/breaker.lua`, by `EVALSHA`), on the same Redis or Redis
+//! Cluster, interleaved run by run.
 //!
 //! Each arm calls Redis directly (no fusebox server in between): one
-//! decision is an acquire and the completion (success) of its ticket. The
-//! figures per arm and run are decisions per second, the latency of a
-//! pair, and the CPU Redis used per decision: `used_cpu_sys` +
-//! `used_cpu_user` of `INFO cpu`, summed over every primary, read before
-//! and after the measured window, divided by the decisions made in it.
+//! decision is an acquire and the completion (success) of its ticket (for
+//! the floor, a SET and a GET of its key). The figures per arm and run are
+//! decisions per second, the latency of a pair, the CPU Redis used per
+//! decision (`used_cpu_sys` + `used_cpu_user` of `INFO cpu`, summed over
+//! every primary, and apart over every replica, read before and after the
+//! measured window, divided by the decisions made in it), and the time
+//! Redis spent in the arm's commands per decision (`INFO commandstats`).
+//! With `--pipeline N`, each caller sends N decisions in one pipeline, each
+//! acquire followed by the completion of its ticket, so that the tickets a
+//! caller holds at once stay few; `--live-tickets` measures the module
+//! again with that many tickets held live on every key of the spread.
 //!
 //! `now_ms` is the load generator's monotonic clock, read once when each
 //! measurement starts and sent unchanged by every call of it: the module
 //! refuses a time earlier than one a key has seen, and concurrent callers
-//! reading a clock per call could not promise that order on the wire. Both
-//! arms get the same times; the keys of each measurement start empty.
+//! reading a clock per call could not promise that order on the wire. Every
+//! arm gets the same times; the keys of each measurement start empty. The
+//! module is sent the policy by id (`@` and its id), as the servers do.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -36,9 +45,17 @@ pub(crate) const BREAKER_LUA: &str = include_str!("../../../benches/redis/breake
 /// A caller that fails this many times in a row gives up.
 const GIVE_UP_AFTER: u32 = 1_000;
 
-/// The two arms.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Arm {
+/// The floor arm's value: 64 bytes.
+const FLOOR_VALUE: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+/// How long held tickets live: a day, longer than any run.
+const HELD_LEASE_MS: u64 = 86_400_000;
+
+/// The arms.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arm {
+    /// `SET key value` then `GET key`: Redis's own cost for two commands.
+    Floor,
     /// `FB.ACQUIRE` then `FB.COMPLETE ... success`.
     Module,
     /// `EVALSHA` of breaker.lua's acquire, then of its complete.
@@ -46,14 +63,36 @@ enum Arm {
 }
 
 impl Arm {
-    const ALL: [Arm; 2] = [Arm::Module, Arm::Lua];
-
     fn name(self) -> &'static str {
         match self {
+            Arm::Floor => "floor",
             Arm::Module => "module",
             Arm::Lua => "lua",
         }
     }
+
+    /// The commands (as `INFO commandstats` names them) of a decision.
+    fn commands(self) -> &'static [&'static str] {
+        match self {
+            Arm::Floor => &["set", "get"],
+            Arm::Module => &["fb.acquire", "fb.complete"],
+            Arm::Lua => &["evalsha"],
+        }
+    }
+}
+
+/// What `fusebox bench redis-cpu` measures.
+pub(crate) struct Setup<'a> {
+    /// `--store`.
+    pub store: &'a str,
+    /// Permits of the policy's concurrency limiter.
+    pub permits: u32,
+    /// Decisions per pipeline.
+    pub pipeline: u32,
+    /// The arms.
+    pub arms: &'a [Arm],
+    /// Live tickets to hold on each key for the module's extra rows.
+    pub live: &'a [u32],
 }
 
 /// Where Redis is: `redis://HOST:PORT` or
@@ -98,13 +137,6 @@ enum Conn {
 }
 
 impl Conn {
-    async fn query(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<Value> {
-        match self {
-            Conn::Single(c) => cmd.query_async(c).await,
-            Conn::Cluster(c) => cmd.query_async(c).await,
-        }
-    }
-
     async fn pipe(&mut self, pipe: &redis::Pipeline) -> redis::RedisResult<Vec<Value>> {
         match self {
             Conn::Single(c) => pipe.query_async(c).await,
@@ -190,14 +222,72 @@ fn cpu_seconds(info: &str) -> Option<f64> {
     Some(field("used_cpu_sys")? + field("used_cpu_user")?)
 }
 
-/// The CPU seconds every primary has used, summed.
+/// `INFO <section>` of every node of `nodes`.
+async fn info(nodes: &mut [MultiplexedConnection], section: &str) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::with_capacity(nodes.len());
+    for c in nodes.iter_mut() {
+        out.push(redis::cmd("INFO").arg(section).query_async(c).await?);
+    }
+    Ok(out)
+}
+
+/// The CPU seconds `nodes` have used, summed.
 async fn redis_cpu(nodes: &mut [MultiplexedConnection]) -> anyhow::Result<f64> {
     let mut total = 0.0;
-    for c in nodes.iter_mut() {
-        let info: String = redis::cmd("INFO").arg("cpu").query_async(c).await?;
-        total += cpu_seconds(&info).context("INFO cpu has no used_cpu_sys/used_cpu_user")?;
+    for text in info(nodes, "cpu").await? {
+        total += cpu_seconds(&text).context("INFO cpu has no used_cpu_sys/used_cpu_user")?;
     }
     Ok(total)
+}
+
+/// `calls` and `usec` of each command in `INFO commandstats` replies, summed.
+fn commandstats(replies: &[String]) -> HashMap<String, (u64, u64)> {
+    let mut out: HashMap<String, (u64, u64)> = HashMap::new();
+    for reply in replies {
+        for line in reply.lines() {
+            let Some((name, rest)) = line
+                .trim()
+                .strip_prefix("cmdstat_")
+                .and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            let field = |f: &str| {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('=')?.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let e = out.entry(name.to_owned()).or_default();
+            e.0 += field("calls");
+            e.1 += field("usec");
+        }
+    }
+    out
+}
+
+/// The replicas of the store's primaries (`HOST:PORT`), from `INFO
+/// replication` of each (`slaveN:ip=...,port=...`).
+async fn replicas(nodes: &mut [MultiplexedConnection]) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for text in info(nodes, "replication").await? {
+        for line in text.lines() {
+            let Some((name, rest)) = line.trim().split_once(':') else {
+                continue;
+            };
+            if !name.starts_with("slave") || !name[5..].bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            let field = |f: &str| {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('='))
+            };
+            if let (Some(ip), Some(port)) = (field("ip"), field("port")) {
+                out.push(format!("{ip}:{port}"));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 /// What one arm on one spread measured once.
@@ -210,6 +300,12 @@ struct Measured {
     first_error: Option<String>,
     /// Redis CPU seconds (all primaries) over the window.
     redis_cpu_s: f64,
+    /// Redis CPU seconds (all replicas) over the window.
+    replica_cpu_s: f64,
+    /// Microseconds Redis spent in the arm's commands over the window.
+    command_us: u64,
+    /// Calls of the arm's commands over the window.
+    command_calls: u64,
     /// The load generator's CPU over the window, in cores.
     client_cpu: Option<f64>,
 }
@@ -218,12 +314,22 @@ impl Measured {
     fn rate(&self) -> f64 {
         self.decisions as f64 / self.duration.as_secs_f64()
     }
-    fn cpu_us_per_decision(&self) -> f64 {
+    fn per_decision(&self, seconds: f64) -> f64 {
         if self.decisions == 0 {
             0.0
         } else {
-            self.redis_cpu_s * 1e6 / self.decisions as f64
+            seconds * 1e6 / self.decisions as f64
         }
+    }
+    fn cpu_us_per_decision(&self) -> f64 {
+        self.per_decision(self.redis_cpu_s)
+    }
+    fn replica_us_per_decision(&self) -> f64 {
+        self.per_decision(self.replica_cpu_s)
+    }
+    /// Time in the arm's commands per decision (commandstats).
+    fn command_us_per_decision(&self) -> f64 {
+        self.per_decision(self.command_us as f64 / 1e6)
     }
     fn redis_cores(&self) -> f64 {
         self.redis_cpu_s / self.duration.as_secs_f64()
@@ -239,10 +345,32 @@ struct Tally {
     first_error: Option<String>,
 }
 
+impl Tally {
+    fn new() -> Tally {
+        Tally {
+            decisions: 0,
+            latency: histogram(),
+            not_granted: 0,
+            errors: 0,
+            first_error: None,
+        }
+    }
+
+    fn error(&mut self, e: String) {
+        self.errors += 1;
+        if self.first_error.is_none() {
+            self.first_error = Some(e);
+        }
+    }
+}
+
 /// What every caller of a measurement shares.
 #[derive(Clone)]
 struct Plan {
     arm: Arm,
+    /// The policy as the module is sent it (`@` and its id) and as Lua
+    /// reads it (JSON).
+    policy_ref: String,
     policy: String,
     sha: String,
     now_ms: u64,
@@ -251,12 +379,24 @@ struct Plan {
     pipeline: u32,
 }
 
+/// The Redis key of a spread's key for `arm`: `bench:<arm>:<spread>/<n>`.
+fn redis_key(arm: Arm, key: &str) -> String {
+    format!("bench:{}:{}", arm.name(), key.trim_start_matches("bench/"))
+}
+
 /// The acquire and complete commands of one decision of `plan`'s arm.
 fn commands(plan: &Plan, key: &str, now: &str, ticket: &str) -> (redis::Cmd, redis::Cmd) {
     match plan.arm {
+        Arm::Floor => {
+            let mut a = redis::cmd("SET");
+            a.arg(key).arg(FLOOR_VALUE);
+            let mut c = redis::cmd("GET");
+            c.arg(key);
+            (a, c)
+        }
         Arm::Module => {
             let mut a = redis::cmd("FB.ACQUIRE");
-            a.arg(key).arg(now).arg(ticket).arg(&plan.policy);
+            a.arg(key).arg(now).arg(ticket).arg(&plan.policy_ref);
             let mut c = redis::cmd("FB.COMPLETE");
             c.arg(key).arg(now).arg(ticket).arg("success");
             (a, c)
@@ -283,46 +423,46 @@ fn commands(plan: &Plan, key: &str, now: &str, ticket: &str) -> (redis::Cmd, red
     }
 }
 
-/// A caller that sends `plan.pipeline` acquires in one pipeline, then the
-/// completes of those granted in another; each decision's latency is the
-/// two pipelines'.
-async fn pipelined_caller(plan: Plan, mut conn: Conn, mut picker: KeyPicker, seed: u64) -> Tally {
-    let mut t = Tally {
-        decisions: 0,
-        latency: histogram(),
-        not_granted: 0,
-        errors: 0,
-        first_error: None,
+/// Whether an acquire reply grants (a ticket, or for the floor, an OK).
+fn granted(reply: &Value) -> bool {
+    let name = match reply {
+        Value::Okay => return true,
+        Value::Array(parts) => parts.first(),
+        _ => None,
     };
+    match name {
+        Some(Value::BulkString(d)) => d == b"granted" || d == b"probe",
+        Some(Value::SimpleString(d)) => d == "granted" || d == "probe",
+        _ => false,
+    }
+}
+
+/// A caller that sends `plan.pipeline` decisions in one pipeline, each
+/// acquire followed by the completion of its ticket; each decision's
+/// latency is its pipeline's.
+async fn caller(plan: Plan, mut conn: Conn, mut picker: KeyPicker, seed: u64) -> Tally {
+    let mut t = Tally::new();
     let mut rng = Rng::new(seed);
-    let prefix = format!("bench:{}:", plan.arm.name());
     let now = plan.now_ms.to_string();
     let mut failures = 0u32;
-    let error = |t: &mut Tally, e: String| {
-        t.errors += 1;
-        if t.first_error.is_none() {
-            t.first_error = Some(e);
-        }
-    };
     loop {
-        let mut acquires = redis::pipe();
-        let mut completes = Vec::with_capacity(plan.pipeline as usize);
+        let mut pipe = redis::pipe();
         for _ in 0..plan.pipeline {
-            let key = format!("{prefix}{}", picker.next_key().trim_start_matches("bench/"));
+            let key = redis_key(plan.arm, picker.next_key());
             let ticket = format!("{:016x}{:016x}", rng.next_u64(), rng.next_u64());
             let (a, c) = commands(&plan, &key, &now, &ticket);
-            acquires.add_command(a);
-            completes.push(c);
+            pipe.add_command(a).add_command(c);
         }
         let started = Instant::now();
-        let acquired = conn.pipe(&acquires).await;
-        if Instant::now() >= plan.window.1 {
+        let replies = conn.pipe(&pipe).await;
+        let ended = Instant::now();
+        if ended >= plan.window.1 {
             return t;
         }
-        let replies = match acquired {
+        let replies = match replies {
             Ok(replies) => replies,
             Err(e) => {
-                error(&mut t, format!("acquire pipeline: {e}"));
+                t.error(format!("pipeline: {e}"));
                 failures += 1;
                 if failures >= GIVE_UP_AFTER {
                     return t;
@@ -330,164 +470,64 @@ async fn pipelined_caller(plan: Plan, mut conn: Conn, mut picker: KeyPicker, see
                 continue;
             }
         };
-        let mut second = redis::pipe();
-        let mut granted_n = 0u64;
-        let mut not_granted = 0u64;
-        for (reply, complete) in replies.iter().zip(completes) {
-            if granted(reply) {
-                second.add_command(complete);
-                granted_n += 1;
-            } else if matches!(reply, Value::Array(_)) {
-                not_granted += 1;
-            } else {
-                error(&mut t, format!("acquire: unexpected reply {reply:?}"));
-            }
-        }
-        if granted_n > 0 {
-            if let Err(e) = conn.pipe(&second).await {
-                error(&mut t, format!("complete pipeline: {e}"));
-                failures += 1;
-                if failures >= GIVE_UP_AFTER {
-                    return t;
-                }
-                continue;
-            }
-        }
-        let ended = Instant::now();
-        if ended >= plan.window.1 {
-            return t;
-        }
         failures = 0;
-        t.not_granted += not_granted;
-        if started >= plan.window.0 && granted_n > 0 {
-            t.decisions += granted_n;
+        let mut done = 0u64;
+        for pair in replies.chunks(2) {
+            match pair {
+                [a, Value::ServerError(e)] if granted(a) => t.error(format!("complete: {e:?}")),
+                [a, _] if granted(a) => done += 1,
+                [Value::Array(_), _] => t.not_granted += 1,
+                [other, _] => t.error(format!("acquire: unexpected reply {other:?}")),
+                _ => t.error("a pipeline answered an odd number of replies".to_owned()),
+            }
+        }
+        if started >= plan.window.0 && done > 0 {
+            t.decisions += done;
             let ns = u64::try_from((ended - started).as_nanos()).unwrap_or(u64::MAX);
-            let _ = t.latency.record_n(ns.max(100), granted_n);
+            let _ = t.latency.record_n(ns.max(100), done);
         }
     }
 }
 
-async fn caller(plan: Plan, mut conn: Conn, mut picker: KeyPicker, seed: u64) -> Tally {
-    let mut t = Tally {
-        decisions: 0,
-        latency: histogram(),
-        not_granted: 0,
-        errors: 0,
-        first_error: None,
-    };
-    let mut rng = Rng::new(seed);
-    let prefix = format!("bench:{}:", plan.arm.name());
-    let mut key = String::with_capacity(64);
-    let mut failures = 0u32;
-    let now = plan.now_ms.to_string();
-    loop {
-        key.clear();
-        key.push_str(&prefix);
-        // `bench/<spread>/<n>` -> `bench:<arm>:<spread>/<n>`
-        key.push_str(picker.next_key().trim_start_matches("bench/"));
-        let ticket = format!("{:016x}{:016x}", rng.next_u64(), rng.next_u64());
-        let (acquire, complete) = commands(&plan, &key, &now, &ticket);
-        let started = Instant::now();
-        let acquired = conn.query(&acquire).await;
-        let acquired_at = Instant::now();
-        if acquired_at >= plan.window.1 {
-            return t;
-        }
-        let counts = |s: Instant, e: Instant| s >= plan.window.0 && e < plan.window.1;
-        let error = |t: &mut Tally, e: String| {
-            t.errors += 1;
-            if t.first_error.is_none() {
-                t.first_error = Some(e);
-            }
-        };
-        match acquired {
-            Ok(reply) if granted(&reply) => {}
-            Ok(Value::Array(_)) => {
-                t.not_granted += 1;
-                continue;
-            }
-            Ok(other) => {
-                error(&mut t, format!("acquire: unexpected reply {other:?}"));
-                failures += 1;
-                if failures >= GIVE_UP_AFTER {
-                    return t;
-                }
-                continue;
-            }
-            Err(e) => {
-                error(&mut t, format!("acquire: {e}"));
-                failures += 1;
-                if failures >= GIVE_UP_AFTER {
-                    return t;
-                }
-                continue;
-            }
-        }
-        let completed = conn.query(&complete).await;
-        let ended = Instant::now();
-        if ended >= plan.window.1 {
-            return t;
-        }
-        match completed {
-            Ok(_) => {
-                failures = 0;
-                if counts(started, ended) {
-                    t.decisions += 1;
-                    let ns = u64::try_from((ended - started).as_nanos()).unwrap_or(u64::MAX);
-                    t.latency.saturating_record(ns);
-                }
-            }
-            Err(e) => {
-                error(&mut t, format!("complete: {e}"));
-                failures += 1;
-                if failures >= GIVE_UP_AFTER {
-                    return t;
-                }
-            }
-        }
-    }
-}
-
-/// Whether an acquire reply (`[decision, ...]`) grants a ticket.
-fn granted(reply: &Value) -> bool {
-    let Value::Array(parts) = reply else {
-        return false;
-    };
-    matches!(
-        parts.first(),
-        Some(Value::BulkString(d)) if d == b"granted" || d == b"probe"
-    ) || matches!(
-        parts.first(),
-        Some(Value::SimpleString(d)) if d == "granted" || d == "probe"
-    )
+/// One measured cell: an arm on a spread, with tickets held on each key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cell {
+    arm: Arm,
+    spread: Spread,
+    live: u32,
 }
 
 /// Everything the measurements share.
 struct Bench {
     conns: Vec<Conn>,
     nodes: Vec<MultiplexedConnection>,
+    replicas: Vec<MultiplexedConnection>,
     primaries: Vec<String>,
+    replica_addrs: Vec<String>,
     policy: String,
+    policy_ref: String,
     sha: String,
     origin: Instant,
 }
 
 impl Bench {
-    async fn open(
-        o: &Options,
-        store: &Store,
-        permits: u32,
-        lua_only: bool,
-    ) -> anyhow::Result<Bench> {
-        let primaries = primaries(store).await?;
+    async fn open(o: &Options, setup: &Setup<'_>) -> anyhow::Result<Bench> {
+        let store = Store::parse(setup.store)?;
+        let primaries = primaries(&store).await?;
         let mut nodes = Vec::new();
         for p in &primaries {
             nodes.push(direct(p).await?);
         }
+        let replica_addrs = replicas(&mut nodes).await?;
+        let mut replica_conns = Vec::new();
+        for r in &replica_addrs {
+            replica_conns.push(direct(r).await?);
+        }
         let sha = redis::Script::new(BREAKER_LUA).get_hash().to_owned();
+        let wants_module = setup.arms.contains(&Arm::Module);
         for (addr, c) in primaries.iter().zip(nodes.iter_mut()) {
             let version: redis::RedisResult<Value> = redis::cmd("FB.VERSION").query_async(c).await;
-            if let (Err(e), false) = (version, lua_only) {
+            if let (Err(e), true) = (version, wants_module) {
                 bail!("FB.VERSION at {addr} failed ({e}): load the fusebox module there (redis-server --loadmodule /abs/path/libfusebox_redis.so)");
             }
             let loaded: String = redis::cmd("SCRIPT")
@@ -501,7 +541,7 @@ impl Bench {
             }
         }
         let mut conns = Vec::new();
-        match store {
+        match &store {
             Store::Single(addr) => {
                 for _ in 0..o.connections {
                     conns.push(Conn::Single(direct(addr).await?));
@@ -524,17 +564,28 @@ impl Bench {
         }
         let policy = json!({
             "breaker": {"mode": "consecutive", "failures": 5, "break": 30_000},
-            "limiter": {"kind": "concurrency", "permits": permits},
+            "limiter": {"kind": "concurrency", "permits": setup.permits},
+            "lease": {"default": 30_000, "max": HELD_LEASE_MS},
         })
         .to_string();
+        let policy_ref = format!("@{}", fusebox::engine::shared::policy_id(&policy));
         Ok(Bench {
             conns,
             nodes,
+            replicas: replica_conns,
             primaries,
+            replica_addrs,
             policy,
+            policy_ref,
             sha,
             origin: Instant::now(),
         })
+    }
+
+    fn now_ms(&self) -> u64 {
+        // +1: never 0, which reads as "no time yet" nowhere, but is clearer
+        // in a key's state.
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX) + 1
     }
 
     /// Removes the keys of an arm from every primary, so that each
@@ -566,25 +617,76 @@ impl Bench {
         Ok(())
     }
 
+    /// Teaches every node the policy (each key's first acquire sends its
+    /// JSON, as a server does after `NOPOLICY`) and holds `live` tickets,
+    /// for a day, on every key of `spread`.
+    async fn prepare(&mut self, spread: Spread, live: u32, now_ms: u64) -> anyhow::Result<()> {
+        let conn = &mut self.conns[0];
+        let keys: Vec<String> = (0..spread.keys().min(1_000))
+            .map(|n| redis_key(Arm::Module, &format!("bench/{}/{n}", spread.name())))
+            .collect();
+        let now = now_ms.to_string();
+        for chunk in keys.chunks(500) {
+            let mut pipe = redis::pipe();
+            for key in chunk {
+                pipe.cmd("FB.ACQUIRE")
+                    .arg(key)
+                    .arg(&now)
+                    .arg("1")
+                    .arg(&self.policy)
+                    .arg("PERMITS")
+                    .arg(0);
+            }
+            let _: Vec<Value> = conn.pipe(&pipe).await.context("teaching the policy")?;
+        }
+        if live == 0 {
+            return Ok(());
+        }
+        let mut rng = Rng::new(u64::from(live));
+        for key in keys.iter().take(spread.keys() as usize) {
+            for chunk in 0..live.div_ceil(500) {
+                let mut pipe = redis::pipe();
+                for _ in (chunk * 500)..(live.min((chunk + 1) * 500)) {
+                    pipe.cmd("FB.ACQUIRE")
+                        .arg(key)
+                        .arg(&now)
+                        .arg(format!("{:016x}{:016x}", rng.next_u64(), rng.next_u64()))
+                        .arg(&self.policy_ref)
+                        .arg("LEASE")
+                        .arg(HELD_LEASE_MS);
+                }
+                let replies = conn.pipe(&pipe).await.context("holding tickets")?;
+                if let Some(bad) = replies.iter().find(|r| !granted(r)) {
+                    bail!(
+                        "holding {live} tickets on {key}: {bad:?}; give the policy more --permits"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
     async fn measure(
         &mut self,
         o: &Options,
-        arm: Arm,
-        spread: Spread,
+        cell: Cell,
         run: u64,
         pipeline: u32,
     ) -> anyhow::Result<Measured> {
-        self.clear(arm).await?;
+        self.clear(cell.arm).await?;
+        let now_ms = self.now_ms();
+        if cell.arm == Arm::Module {
+            self.prepare(cell.spread, cell.live, now_ms).await?;
+        }
         let (warmup, duration) = (ms(o.warmup), ms(o.duration));
         let begin = Instant::now() + warmup;
         let end = begin + duration;
         let plan = Plan {
-            arm,
+            arm: cell.arm,
+            policy_ref: self.policy_ref.clone(),
             policy: self.policy.clone(),
             sha: self.sha.clone(),
-            // +1: never 0, which reads as "no time yet" nowhere, but is
-            // clearer in a key's state.
-            now_ms: u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX) + 1,
+            now_ms,
             window: (begin, end),
             pipeline,
         };
@@ -594,23 +696,31 @@ impl Bench {
             for _ in 0..o.in_flight {
                 n += 1;
                 let seed = run.wrapping_mul(0x9e37_79b9).wrapping_add(n);
-                let picker = KeyPicker::new(spread, seed);
-                if pipeline > 1 {
-                    tasks.spawn(pipelined_caller(
-                        plan.clone(),
-                        conn.clone(),
-                        picker,
-                        seed ^ 0x5eed,
-                    ));
-                } else {
-                    tasks.spawn(caller(plan.clone(), conn.clone(), picker, seed ^ 0x5eed));
-                }
+                let picker = KeyPicker::new(cell.spread, seed);
+                tasks.spawn(caller(plan.clone(), conn.clone(), picker, seed ^ 0x5eed));
             }
         }
         tokio::time::sleep_until(begin.into()).await;
-        let cpu_begin = (redis_cpu(&mut self.nodes).await?, own_cpu_time());
+        let before = (
+            redis_cpu(&mut self.nodes).await?,
+            redis_cpu(&mut self.replicas).await?,
+            commandstats(&info(&mut self.nodes, "commandstats").await?),
+            own_cpu_time(),
+        );
         tokio::time::sleep_until(end.into()).await;
-        let cpu_end = (redis_cpu(&mut self.nodes).await?, own_cpu_time());
+        let after = (
+            redis_cpu(&mut self.nodes).await?,
+            redis_cpu(&mut self.replicas).await?,
+            commandstats(&info(&mut self.nodes, "commandstats").await?),
+            own_cpu_time(),
+        );
+        let (mut command_us, mut command_calls) = (0, 0);
+        for name in cell.arm.commands() {
+            let (c0, u0) = before.2.get(*name).copied().unwrap_or_default();
+            let (c1, u1) = after.2.get(*name).copied().unwrap_or_default();
+            command_calls += c1.saturating_sub(c0);
+            command_us += u1.saturating_sub(u0);
+        }
         let mut m = Measured {
             duration,
             decisions: 0,
@@ -618,8 +728,11 @@ impl Bench {
             not_granted: 0,
             errors: 0,
             first_error: None,
-            redis_cpu_s: (cpu_end.0 - cpu_begin.0).max(0.0),
-            client_cpu: match (cpu_begin.1, cpu_end.1) {
+            redis_cpu_s: (after.0 - before.0).max(0.0),
+            replica_cpu_s: (after.1 - before.1).max(0.0),
+            command_us,
+            command_calls,
+            client_cpu: match (before.3, after.3) {
                 (Some(a), Some(b)) => {
                     Some(b.saturating_sub(a).as_secs_f64() / duration.as_secs_f64())
                 }
@@ -643,70 +756,80 @@ impl Bench {
 /// `fusebox bench redis-cpu`.
 pub(crate) async fn redis_cpu_mode(
     o: &Options,
-    store_url: &str,
-    permits: u32,
-    pipeline: u32,
-    lua_only: bool,
+    setup: &Setup<'_>,
     warnings: &mut Vec<String>,
 ) -> anyhow::Result<Report> {
-    let store = Store::parse(store_url)?;
-    let mut bench = Bench::open(o, &store, permits, lua_only).await?;
-    let arms: &[Arm] = if lua_only { &[Arm::Lua] } else { &Arm::ALL };
+    let mut bench = Bench::open(o, setup).await?;
     eprintln!(
-        "bench: Redis primaries {} (INFO cpu read from each)",
-        bench.primaries.join(", ")
+        "bench: Redis primaries {} (INFO cpu and commandstats read from each); replicas {}",
+        bench.primaries.join(", "),
+        if bench.replica_addrs.is_empty() {
+            "none".to_owned()
+        } else {
+            bench.replica_addrs.join(", ")
+        }
     );
     let spreads: Vec<Spread> = Spread::ALL
         .into_iter()
         .filter(|s| o.spreads.contains(s))
         .collect();
-    let cells: Vec<(Arm, Spread)> = spreads
-        .iter()
-        .flat_map(|s| arms.iter().map(|a| (*a, *s)))
-        .collect();
+    let mut cells = Vec::new();
+    for spread in &spreads {
+        for arm in setup.arms {
+            cells.push(Cell {
+                arm: *arm,
+                spread: *spread,
+                live: 0,
+            });
+            if *arm == Arm::Module {
+                for live in setup.live.iter().filter(|&&l| l > 0) {
+                    cells.push(Cell {
+                        arm: Arm::Module,
+                        spread: *spread,
+                        live: *live,
+                    });
+                }
+            }
+        }
+    }
     let runs = usize::from(o.runs);
     let mut measured: Vec<Vec<Measured>> = cells.iter().map(|_| Vec::new()).collect();
     for run in 0..runs {
         // Interleaved, starting one further along each run.
         for i in 0..cells.len() {
             let at = (i + run) % cells.len();
-            let (arm, spread) = cells[at];
+            let cell = cells[at];
             eprintln!(
-                "bench: run {}/{runs}: {} {}",
+                "bench: run {}/{runs}: {} {} live {}",
                 run + 1,
-                arm.name(),
-                spread.name()
+                cell.arm.name(),
+                cell.spread.name(),
+                cell.live
             );
-            let m = bench.measure(o, arm, spread, run as u64, pipeline).await?;
+            let m = bench.measure(o, cell, run as u64, setup.pipeline).await?;
             measured[at].push(m);
         }
     }
 
     let mut rows = Vec::new();
     let mut results = Vec::new();
-    let mut summaries: Vec<Json> = Vec::new();
-    for ((arm, spread), ms) in cells.iter().zip(&measured) {
+    for (cell, ms) in cells.iter().zip(&measured) {
         let med = |f: &dyn Fn(&Measured) -> f64| median(ms.iter().map(f).collect());
-        let rate = med(&Measured::rate);
-        let p50 = med(&|m| percentile_us(&m.latency, 50.0));
-        let p99 = med(&|m| percentile_us(&m.latency, 99.0));
-        let cpu = med(&Measured::cpu_us_per_decision);
-        let cores = med(&Measured::redis_cores);
         let client = median(ms.iter().filter_map(|m| m.client_cpu).collect());
         let errors: u64 = ms.iter().map(|m| m.errors).sum();
         let not_granted: u64 = ms.iter().map(|m| m.not_granted).sum();
+        let what = format!(
+            "{} {} (live {})",
+            cell.arm.name(),
+            cell.spread.name(),
+            cell.live
+        );
         if let Some(e) = ms.iter().find_map(|m| m.first_error.as_ref()) {
-            warnings.push(format!(
-                "{} {}: {errors} calls failed, the first with {e}",
-                arm.name(),
-                spread.name()
-            ));
+            warnings.push(format!("{what}: {errors} calls failed, the first with {e}"));
         }
         if not_granted > 0 {
             warnings.push(format!(
-                "{} {}: {not_granted} acquires were not granted (not counted as decisions)",
-                arm.name(),
-                spread.name()
+                "{what}: {not_granted} acquires were not granted (not counted as decisions)"
             ));
         }
         if ms.iter().any(|m| {
@@ -714,37 +837,41 @@ pub(crate) async fn redis_cpu_mode(
                 .is_some_and(|c| c / f64::from(o.client_threads) >= SATURATED)
         }) {
             warnings.push(format!(
-                "the load generator used {:.0}% or more of its {} thread(s) during {} {}: it may be the bottleneck (give it more with --client-threads)",
+                "the load generator used {:.0}% or more of its {} thread(s) during {what}: it may be the bottleneck (give it more with --client-threads)",
                 SATURATED * 100.0,
                 o.client_threads,
-                arm.name(),
-                spread.name()
             ));
         }
-        rows.push(vec![
-            arm.name().to_owned(),
-            spread.name().to_owned(),
-            thousands(rate),
-            format!("{p50:.1}"),
-            format!("{p99:.1}"),
-            format!("{cpu:.2}"),
-            format!("{:.0}%", cores * 100.0),
-            format!("{:.0}%", client * 100.0),
-            errors.to_string(),
-        ]);
         let summary = json!({
-            "arm": arm.name(),
-            "spread": spread.name(),
-            "decisions_per_s": rate,
-            "p50_us": p50,
-            "p99_us": p99,
-            "redis_cpu_us_per_decision": cpu,
-            "redis_cpu_cores": cores,
+            "arm": cell.arm.name(),
+            "spread": cell.spread.name(),
+            "live_tickets": cell.live,
+            "decisions_per_s": med(&Measured::rate),
+            "p50_us": med(&|m| percentile_us(&m.latency, 50.0)),
+            "p99_us": med(&|m| percentile_us(&m.latency, 99.0)),
+            "redis_cpu_us_per_decision": med(&Measured::cpu_us_per_decision),
+            "replica_cpu_us_per_decision": med(&Measured::replica_us_per_decision),
+            "command_us_per_decision": med(&Measured::command_us_per_decision),
+            "redis_cpu_cores": med(&Measured::redis_cores),
             "client_cpu": client,
             "errors": errors,
             "not_granted": not_granted,
         });
-        summaries.push(summary.clone());
+        let f = |k: &str| summary[k].as_f64().unwrap_or(0.0);
+        rows.push(vec![
+            cell.arm.name().to_owned(),
+            cell.spread.name().to_owned(),
+            cell.live.to_string(),
+            thousands(f("decisions_per_s")),
+            format!("{:.1}", f("p50_us")),
+            format!("{:.1}", f("p99_us")),
+            format!("{:.2}", f("redis_cpu_us_per_decision")),
+            format!("{:.2}", f("replica_cpu_us_per_decision")),
+            format!("{:.2}", f("command_us_per_decision")),
+            format!("{:.0}%", f("redis_cpu_cores") * 100.0),
+            format!("{:.0}%", client * 100.0),
+            errors.to_string(),
+        ]);
         let mut result = summary;
         result["runs"] = ms
             .iter()
@@ -756,7 +883,12 @@ pub(crate) async fn redis_cpu_mode(
                     "p99_us": percentile_us(&m.latency, 99.0),
                     "max_us": m.latency.max() as f64 / 1000.0,
                     "redis_cpu_s": m.redis_cpu_s,
+                    "replica_cpu_s": m.replica_cpu_s,
                     "redis_cpu_us_per_decision": m.cpu_us_per_decision(),
+                    "replica_cpu_us_per_decision": m.replica_us_per_decision(),
+                    "command_us": m.command_us,
+                    "command_calls": m.command_calls,
+                    "command_us_per_decision": m.command_us_per_decision(),
                     "client_cpu": m.client_cpu,
                     "errors": m.errors,
                     "not_granted": m.not_granted,
@@ -767,74 +899,85 @@ pub(crate) async fn redis_cpu_mode(
         results.push(result);
     }
 
-    // module / lua per spread: the ratio of the medians, and the median of
-    // the per-run ratios (each run measures both arms back to back).
-    const FIGURES: [&str; 4] = [
-        "decisions_per_s",
-        "p50_us",
-        "p99_us",
-        "redis_cpu_us_per_decision",
-    ];
-    let mut ratios = Vec::new();
-    for spread in spreads.iter().filter(|_| !lua_only) {
-        let find = |arm: Arm| {
-            cells
+    // Ratios within each run (the cells of a run are measured back to
+    // back), their median across runs: module/floor and module/lua per
+    // spread, and the module with live tickets over the module without.
+    let find = |arm: Arm, spread: Spread, live: u32| {
+        cells.iter().position(|c| *c == Cell { arm, spread, live })
+    };
+    let per_run = |a: usize, b: usize, f: &dyn Fn(&Measured) -> f64| {
+        median(
+            measured[a]
                 .iter()
-                .position(|c| *c == (arm, *spread))
-                .expect("every arm is measured on every spread")
+                .zip(&measured[b])
+                .filter(|(_, y)| f(y) > 0.0)
+                .map(|(x, y)| f(x) / f(y))
+                .collect(),
+        )
+    };
+    let mut ratios = Vec::new();
+    for spread in &spreads {
+        let Some(module) = find(Arm::Module, *spread, 0) else {
+            continue;
         };
-        let (mi, li) = (find(Arm::Module), find(Arm::Lua));
-        let (ms_, ls) = (&measured[mi], &measured[li]);
-        let per_run = |f: &dyn Fn(&Measured) -> f64| {
-            median(
-                ms_.iter()
-                    .zip(ls)
-                    .filter(|(_, l)| f(l) > 0.0)
-                    .map(|(m, l)| f(m) / f(l))
-                    .collect(),
-            )
-        };
-        let fig = |i: usize, k: &str| summaries[i][k].as_f64().unwrap_or(0.0);
-        let ratio_of_medians = |k: &str| {
-            let l = fig(li, k);
-            if l > 0.0 {
-                fig(mi, k) / l
-            } else {
-                0.0
-            }
-        };
-        let mut r = json!({ "spread": spread.name() });
-        for k in FIGURES {
-            r[k] = json!(ratio_of_medians(k));
+        let mut pairs: Vec<(String, usize)> = Vec::new();
+        if let Some(floor) = find(Arm::Floor, *spread, 0) {
+            pairs.push(("module/floor".to_owned(), floor));
         }
-        r["per_run_median"] = json!({
-            "decisions_per_s": per_run(&Measured::rate),
-            "p50_us": per_run(&|m| percentile_us(&m.latency, 50.0)),
-            "p99_us": per_run(&|m| percentile_us(&m.latency, 99.0)),
-            "redis_cpu_us_per_decision": per_run(&Measured::cpu_us_per_decision),
-        });
+        if let Some(lua) = find(Arm::Lua, *spread, 0) {
+            pairs.push(("module/lua".to_owned(), lua));
+        }
+        for (name, other) in pairs {
+            let r = json!({
+                "ratio": name,
+                "spread": spread.name(),
+                "decisions_per_s": per_run(module, other, &Measured::rate),
+                "redis_cpu_us_per_decision": per_run(module, other, &Measured::cpu_us_per_decision),
+                "command_us_per_decision": per_run(module, other, &Measured::command_us_per_decision),
+            });
+            ratios.push(r);
+        }
+        for live in setup.live.iter().filter(|&&l| l > 0) {
+            if let Some(held) = find(Arm::Module, *spread, *live) {
+                ratios.push(json!({
+                    "ratio": format!("module live {live}/0"),
+                    "spread": spread.name(),
+                    "decisions_per_s": per_run(held, module, &Measured::rate),
+                    "redis_cpu_us_per_decision": per_run(held, module, &Measured::cpu_us_per_decision),
+                    "command_us_per_decision": per_run(held, module, &Measured::command_us_per_decision),
+                }));
+            }
+        }
+    }
+    for r in &ratios {
+        let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
         rows.push(vec![
-            "module/lua".to_owned(),
-            spread.name().to_owned(),
-            format!("x{:.3}", ratio_of_medians("decisions_per_s")),
-            format!("x{:.3}", ratio_of_medians("p50_us")),
-            format!("x{:.3}", ratio_of_medians("p99_us")),
-            format!("x{:.3}", ratio_of_medians("redis_cpu_us_per_decision")),
+            r["ratio"].as_str().unwrap_or_default().to_owned(),
+            r["spread"].as_str().unwrap_or_default().to_owned(),
+            String::new(),
+            format!("x{:.3}", f("decisions_per_s")),
+            String::new(),
+            String::new(),
+            format!("x{:.3}", f("redis_cpu_us_per_decision")),
+            String::new(),
+            format!("x{:.3}", f("command_us_per_decision")),
             String::new(),
             String::new(),
             String::new(),
         ]);
-        ratios.push(r);
     }
 
     let (lines, _) = render_table(
         &[
             "ARM",
             "SPREAD",
+            "LIVE",
             "DECISIONS/S",
             "P50 µs",
             "P99 µs",
-            "REDIS CPU µs/DECISION",
+            "CPU µs/DEC",
+            "REPLICAS µs/DEC",
+            "CMD µs/DEC",
             "REDIS CPU",
             "CLIENT CPU",
             "ERRORS",
@@ -844,28 +987,31 @@ pub(crate) async fn redis_cpu_mode(
     let mut text = lines.join("\n");
     text.push_str(&format!(
         "\n\n{} run(s) of {} ms warm-up + {} ms measured per row, interleaved; medians across runs.\n\
-         {} connections x {} in flight to {} ({} primaries); a decision is an acquire and the \
-         completion (success) of its ticket;\nRedis CPU is used_cpu_sys + used_cpu_user of INFO cpu, \
-         summed over the primaries, over the measured window; module/lua rows are ratios of the medians.\n\
-         pipeline depth {pipeline} (acquires, then the completes of their tickets, per pipeline; \
-         latency per decision is its two pipelines').",
+         {} connections x {} in flight to {} ({} primaries, {} replicas); a decision is an acquire and the \
+         completion (success) of its ticket (floor: a SET and a GET of a 64-byte string);\n\
+         CPU is used_cpu_sys + used_cpu_user of INFO cpu over the measured window, summed over the primaries \
+         (REPLICAS: over the replicas); CMD is the usec INFO commandstats gives the arm's commands;\n\
+         LIVE: tickets held on every key of the spread; ratio rows are medians of the ratios within each run.\n\
+         pipeline depth {} (decisions per pipeline, each acquire followed by the completion of its ticket).",
         o.runs,
         o.warmup,
         o.duration,
         o.connections,
         o.in_flight,
-        store_url,
+        setup.store,
         bench.primaries.len(),
+        bench.replica_addrs.len(),
+        setup.pipeline,
     ));
     let figures = json!({
-        "store": store_url,
+        "store": setup.store,
         "primaries": bench.primaries,
+        "replicas": bench.replica_addrs,
         "policy": bench.policy,
         "lua_sha1": bench.sha,
-        "pipeline": pipeline,
-        "lua_only": lua_only,
+        "pipeline": setup.pipeline,
         "results": results,
-        "module_over_lua": ratios,
+        "ratios": ratios,
     });
     Ok(("redis-cpu", text, figures))
 }
@@ -901,5 +1047,9 @@ a5 127.0.0.1:7005@17005 master - 0 0 4 connected
         assert_eq!(masters_of(nodes), vec!["127.0.0.1:7001", "127.0.0.1:7002"]);
         let info = "# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:2.250000\r\nused_cpu_sys_children:9\r\n";
         assert_eq!(cpu_seconds(info), Some(3.75));
+        let stats = "# Commandstats\r\ncmdstat_fb.acquire:calls=10,usec=35,usec_per_call=3.50,rejected_calls=0,failed_calls=0\r\ncmdstat_get:calls=2,usec=1,usec_per_call=0.50\r\n";
+        let parsed = commandstats(&[stats.to_owned(), stats.to_owned()]);
+        assert_eq!(parsed["fb.acquire"], (20, 70));
+        assert_eq!(parsed["get"], (4, 2));
     }
 }

@@ -71,6 +71,16 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+/// The id the module knows a policy's JSON by: the first 16 bytes of its
+/// SHA-256, in hex (a command names a known policy as `@` and the id).
+pub fn policy_id(json: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(json.as_bytes())[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// The Redis key of a fusebox key.
 pub fn redis_key(key: &str) -> String {
     format!("{KEY_PREFIX}{key}")
