@@ -29,7 +29,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use crate::engine::config::Limits;
-use crate::engine::Engine;
+use crate::engine::Core;
 use crate::tls::{identity_of, Acceptor, ClientIdentity};
 
 /// The client preface every HTTP/2 connection starts with (RFC 9113 3.4).
@@ -274,7 +274,7 @@ fn seldom(n: u64) -> bool {
 /// when the stream is dropped.
 pub fn incoming<U: Upgrade>(
     listener: TcpListener,
-    engine: Arc<Engine>,
+    engine: Arc<Core>,
     upgrade: U,
 ) -> ReceiverStream<io::Result<Counted<Prefixed<U::Stream>>>> {
     let limits = engine.limits();
@@ -423,12 +423,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
 pub struct Counted<S> {
     stream: S,
     info: PeerInfo,
-    engine: Arc<Engine>,
+    engine: Arc<Core>,
 }
 
 impl<S> Counted<S> {
     /// Takes a slot for `stream`, or closes it (counted) when none is free.
-    fn take(stream: S, info: PeerInfo, engine: Arc<Engine>) -> Option<Counted<S>> {
+    fn take(stream: S, info: PeerInfo, engine: Arc<Core>) -> Option<Counted<S>> {
         let cap = engine.limits().max_connections;
         let counters = engine.counters();
         if counters.connections.fetch_add(1, Ordering::Relaxed) >= cap {

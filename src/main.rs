@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fusebox::engine::config::parse_duration_flag;
-use fusebox::engine::{Config, Engine};
+use fusebox::engine::{Config, Core, Engine, ManualClock, RedisStore, Store, SystemClock};
 use fusebox::proto::v1 as pb;
 use fusebox::proto::wire::{duration_of, millis_of};
 use tokio::io::AsyncWriteExt;
@@ -95,8 +95,8 @@ enum Command {
         /// module (see README, "Running a fleet of fusebox servers"):
         /// redis://HOST:PORT, or redis-cluster://HOST:PORT,HOST:PORT,...
         /// for a Redis Cluster. Any number of servers may share it.
-        #[arg(long, value_name = "URL", value_parser = fusebox::engine::shared::StoreUrl::parse)]
-        store: Option<fusebox::engine::shared::StoreUrl>,
+        #[arg(long, value_name = "URL", value_parser = fusebox::engine::redis::StoreUrl::parse)]
+        store: Option<fusebox::engine::redis::StoreUrl>,
     },
     /// Make a new bearer token; prints it, and the [[auth.token]] entry
     /// (with its SHA-256 only) that the server's config takes.
@@ -408,7 +408,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 /// Where `serve` keeps state: `--data-dir` or `--store`.
 struct StateFlags {
     data_dir: Option<PathBuf>,
-    store: Option<fusebox::engine::shared::StoreUrl>,
+    store: Option<fusebox::engine::redis::StoreUrl>,
 }
 
 /// `serve`'s `--tls-*` flags.
@@ -463,7 +463,7 @@ async fn serve(
         // Before the address is printed: a SIGHUP from then on reloads.
         tokio::spawn(tls.clone().watch());
     }
-    let rules = config.rules.rules.len();
+    let rule_count = config.rules.rules.len();
     let exposed = [Some(listen), http]
         .into_iter()
         .flatten()
@@ -491,23 +491,28 @@ async fn serve(
         }
         (None, None) => None,
     };
-    let engine = Arc::new(if manual_clock {
-        Engine::with_manual_clock(config)
+    let (core, rules) = if manual_clock {
+        let clock = Arc::new(ManualClock::default());
+        Core::new(config, clock.clone(), Some(clock))
     } else {
-        Engine::with_system_clock(config)
-    });
-    match (&data_dir, &store) {
+        Core::new(config, Arc::new(SystemClock::new()), None)
+    };
+    let core = Arc::new(core);
+    // The store is chosen once, here: every part of the server goes
+    // through it.
+    let engine: Store = match (&data_dir, &store) {
         (_, Some(url)) => {
-            engine
-                .use_store(url)
+            let store = RedisStore::connect(core, rules, url)
                 .await
                 .context("the server did not start")?;
             tracing::info!(
                 store = %url,
                 "state is kept in Redis at {url}: every fusebox server on it shares the same breakers, permits and policies"
             );
+            Store::Redis(store)
         }
         (Some(dir), None) => {
+            let engine = Arc::new(Engine::on(core, rules));
             let restored = engine
                 .open_data_dir(dir)
                 .context("the server did not start")?;
@@ -527,11 +532,15 @@ async fn serve(
                 restored.keys(),
                 restored.policy_changes
             );
+            Store::Embedded(engine)
         }
-        (None, None) => tracing::info!(
-            "state is kept in memory only: pass --data-dir DIR to keep breakers, isolations and policies across restarts"
-        ),
-    }
+        (None, None) => {
+            tracing::info!(
+                "state is kept in memory only: pass --data-dir DIR to keep breakers, isolations and policies across restarts"
+            );
+            Store::Embedded(Arc::new(Engine::on(core, rules)))
+        }
+    };
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}; is another server using it?"))?;
@@ -597,14 +606,14 @@ async fn serve(
         (Some(dir), None) => dir.display().to_string(),
         (None, None) => "in memory only".to_owned(),
     };
-    let auth = if engine.access().is_some() {
+    let auth = if engine.core().access().is_some() {
         "on"
     } else {
         "off"
     };
     tracing::info!(
         %addr,
-        rules,
+        rules = rule_count,
         manual_clock,
         tls = %security,
         auth = %auth,
@@ -618,14 +627,14 @@ async fn serve(
         }
     }
     if let Some(listener) = http_listener {
-        let stopped = engine.stopped();
+        let stopped = engine.core().stopped();
         let engine = engine.clone();
         let acceptor = tls
             .as_ref()
             .filter(|t| t.config().http)
             .map(|t| t.acceptor(fusebox::tls::ALPN_HTTP));
         tokio::spawn(async move {
-            let options = fusebox::http::Options::of(&engine);
+            let options = fusebox::http::Options::of(engine.core());
             let upgrade = fusebox::connections::MaybeTls(acceptor);
             let served =
                 fusebox::http::serve_upgraded(listener, engine, options, upgrade, stopped).await;

@@ -456,13 +456,14 @@ fn count_of(arg: Option<&RedisString>, default: u64) -> Result<u64, RedisError> 
 }
 
 /// `FB.LIST cursor now_ms [MATCH pattern] [COUNT n] [PHASES p,...]`: up to
-/// about `n` keys of this node that hold fusebox state (matching
-/// `pattern`, in one of `phases`), each read at `now_ms` on a copy as
-/// `FB.GET` reads it; nothing is written. It runs `SCAN` steps from
-/// `cursor` and stops before a step would take it past `n` keys, once it
-/// has looked at 10 keys for each it may answer, or when the pass is over,
-/// so one call's work is bounded whatever the pattern; a page may be short
-/// (or empty) with more to come. A key whose last time seen is later than
+/// `n` keys of this node that hold fusebox state (matching `pattern`, in
+/// one of `phases`), each read at `now_ms` on a copy as `FB.GET` reads it;
+/// nothing is written. It runs `SCAN` steps from `cursor` and stops before
+/// a step would take it past `n` keys (trying that step again a bucket at
+/// a time; only a single bucket with more than `n` keys is answered whole),
+/// once it has looked at 10 buckets for each key it may answer, or when
+/// the pass is over, so one call's work is bounded whatever the pattern; a
+/// page may be short (or empty) with more to come. A key whose last time seen is later than
 /// `now_ms` is read at that time. Replies `[next_cursor, [key, view_json,
 /// ...]]`; `next_cursor` is `0` when the pass is over. Keyless: in Redis
 /// Cluster a caller sends it to each primary.
@@ -484,8 +485,8 @@ pub fn list(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let mut found = 0u64;
     let mut looked = 0u64;
     let budget = count * LIST_WORK_PER_KEY;
+    let mut step = (count - found).clamp(1, 100);
     loop {
-        let step = (count - found).clamp(1, 100);
         let (from, step_text) = (cursor.to_string(), step.to_string());
         let mut scan: Vec<&[u8]> = vec![from.as_bytes()];
         if let Some(pattern) = options[0] {
@@ -502,9 +503,19 @@ pub fn list(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             }
         }
         let taken = batch.len() as u64 / 2;
-        if found > 0 && found + taken > count {
-            // This step's keys are left for the next call, from `cursor`.
-            break;
+        if found + taken > count {
+            if step > 1 {
+                // Too many for the call: the same cursor again, a bucket
+                // at a time, until a step fits.
+                step = 1;
+                continue;
+            }
+            if found > 0 {
+                // This step's keys are left for the next call, from `cursor`.
+                break;
+            }
+            // One bucket holds more keys than a call may answer: answered
+            // whole, as SCAN cannot split it.
         }
         items.extend(batch);
         found += taken;
@@ -512,6 +523,7 @@ pub fn list(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         if cursor == 0 || found >= count || looked >= budget {
             break;
         }
+        step = (count - found).clamp(1, 100);
     }
     Ok(RedisValue::Array(vec![
         RedisValue::StringBuffer(cursor.to_string().into_bytes()),

@@ -25,7 +25,7 @@ use redb::{Database, Durability, ReadableTable, ReadableTableMetadata, TableDefi
 use serde::{Deserialize, Serialize};
 
 use super::config::Rule;
-use super::store::SHARDS;
+use super::shards::SHARDS;
 use super::{Access, Engine, EngineError};
 use crate::domain::{Durable, Fuse, Millis, Phase, PolicySpec};
 
@@ -264,7 +264,7 @@ impl Engine {
     /// time keeps its distance from "now" across a restart (on the system
     /// clock and on a manual clock alike).
     fn clocks_now(&self) -> (Millis, u64) {
-        (self.clock.now(), unix_ms(std::time::SystemTime::now()))
+        (self.core.now(), unix_ms(std::time::SystemTime::now()))
     }
 
     /// Opens (or makes) the data dir `dir`, brings back what it holds
@@ -402,7 +402,7 @@ impl Engine {
         let storage = Storage {
             db,
             dir: dir.to_owned(),
-            window: Duration::from_millis(self.limits.commit_window),
+            window: Duration::from_millis(self.core.limits().commit_window),
             policies: Mutex::new(policies),
             pending: AtomicBool::new(false),
             commits: AtomicU64::new(0),
@@ -469,14 +469,14 @@ impl Engine {
         storage.pending.store(false, Ordering::Relaxed);
         let mut taken = Vec::new();
         for shard in 0..SHARDS {
-            let mut guard = self.store.write(shard);
+            let mut guard = self.shards.write(shard);
             if guard.rest.dirty.is_empty() {
                 continue;
             }
             let state = &mut *guard;
             let dirty = std::mem::take(&mut state.rest.dirty);
             for (name, actor) in dirty {
-                let hash = self.store.hash(&name);
+                let hash = self.shards.hash(&name);
                 let kept = state
                     .find(hash, &name)
                     .map(|slot| slot.fuse.durable())
@@ -541,7 +541,7 @@ impl Engine {
             Err(e) => {
                 // Noted again, so that the next commit writes them.
                 for (shard, name, _, actor) in taken {
-                    self.store.write(shard).rest.mark_dirty(&name, actor);
+                    self.shards.write(shard).rest.mark_dirty(&name, actor);
                 }
                 storage.note_pending();
                 Err(e)
@@ -556,12 +556,7 @@ impl Engine {
         change: impl FnOnce() -> PolicyChange,
         apply: impl FnOnce() -> Result<R, EngineError>,
     ) -> Result<R, EngineError> {
-        let result = self.keep_policy_change(change, apply);
-        if result.is_ok() {
-            // With state in Redis, every server takes the change.
-            super::shared::policies::publish(self);
-        }
-        result
+        self.keep_policy_change(change, apply)
     }
 
     #[allow(clippy::result_large_err)]

@@ -17,21 +17,23 @@
 
 pub mod clock;
 pub mod config;
+pub mod core;
 mod durable;
 pub mod error;
 mod events;
 mod observe;
 mod quota;
+pub mod redis;
 pub mod reload;
 mod rules;
-pub mod shared;
-mod store;
+mod shards;
+pub mod store;
 mod tickets;
 mod timer;
 mod waiters;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use dashmap::DashMap;
 use tokio::sync::oneshot;
@@ -41,14 +43,16 @@ use crate::domain::{
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Config, ConfigError, Limits, Rules};
+pub use core::Core;
 pub use durable::{Restored, StorageError, StorageFigures, FILE as DATA_FILE};
 use error::{check_key, check_reason, fuse_error, zero_lease};
 pub use error::{EngineError, MAX_REASON_BYTES};
 pub use events::{Event, EventKind, EVENT_BUFFER};
 pub use observe::{Page, SweepReport, BATCH, SHARDS};
 use quota::{Capped, Pools};
-use rules::Compiled;
-use store::{Rest, Slot, Store, UNSCHEDULED};
+pub use redis::RedisStore;
+use shards::{Rest, Shards, Slot, UNSCHEDULED};
+pub use store::{Cursor, Figures, Listed, Store};
 pub use tickets::token_of;
 use tickets::{random_ticket, ticket_of};
 use timer::TimerSignal;
@@ -224,13 +228,10 @@ struct Effects {
     wake_timer: bool,
 }
 
-/// Keyed breakers and permit books, shared by every connection.
+/// Keyed breakers and permit books, in this process: the embedded store.
 pub struct Engine {
-    clock: Arc<dyn Clock>,
-    manual: Option<Arc<ManualClock>>,
-    rules: RwLock<Arc<Compiled>>,
-    limits: Limits,
-    store: Store,
+    core: Arc<Core>,
+    shards: Shards,
     pools: Pools,
     tickets: DashMap<TicketId, Arc<str>>,
     waiters: DashMap<TicketId, oneshot::Sender<WaiterAnswer>>,
@@ -238,25 +239,15 @@ pub struct Engine {
     next_due: AtomicU64,
     timer: TimerSignal,
     advancing: tokio::sync::Mutex<()>,
-    shutting_down: AtomicBool,
-    publisher: events::Publisher,
-    counters: Counters,
     sweeps: observe::SweepCounters,
-    stopping: tokio::sync::watch::Sender<bool>,
-    /// The wall-clock time at the engine clock's origin.
-    origin: std::time::SystemTime,
-    access: RwLock<Option<Arc<crate::auth::Access>>>,
-    http_hosts: Vec<String>,
     /// The data dir, when state is kept across restarts.
     storage: std::sync::OnceLock<durable::Storage>,
-    /// The Redis store, when state is kept there (`--store`).
-    shared: std::sync::OnceLock<Arc<shared::Shared>>,
 }
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
-            .field("limits", &self.limits)
+            .field("limits", &self.core.limits())
             .field("totals", &self.totals())
             .finish_non_exhaustive()
     }
@@ -266,57 +257,43 @@ impl Engine {
     /// An engine on `clock` (and, for `--manual-clock`, the same clock as a
     /// [`ManualClock`] so that it can be advanced) under `config`.
     pub fn new(config: Config, clock: Arc<dyn Clock>, manual: Option<Arc<ManualClock>>) -> Self {
-        let compiled = Arc::new(Compiled::new(config.rules, 0));
-        let limits = config.limits;
-        let access = RwLock::new(config.access.map(Arc::new));
-        let http_hosts = config.http_hosts;
+        let (core, rules) = Core::new(config, clock, manual);
+        Engine::on(Arc::new(core), rules)
+    }
+
+    /// An engine around `core`, under `rules`.
+    pub fn on(core: Arc<Core>, rules: Rules) -> Self {
+        let compiled = core.replace_rules(rules);
+        let limits = core.limits();
         Engine {
-            clock,
-            manual,
-            store: Store::new(compiled.clone()),
-            rules: RwLock::new(compiled),
+            shards: Shards::new(compiled),
             pools: Pools::new(
                 [limits.max_keys, limits.max_tickets, limits.max_waiters],
-                store::SHARDS,
+                shards::SHARDS,
             ),
-            limits,
             tickets: DashMap::new(),
             waiters: DashMap::new(),
             next_due: AtomicU64::new(UNSCHEDULED),
             timer: TimerSignal::default(),
             advancing: tokio::sync::Mutex::new(()),
-            shutting_down: AtomicBool::new(false),
-            publisher: events::Publisher::new(),
-            counters: Counters {
-                last_reload_ok: AtomicU64::new(1),
-                ..Counters::default()
-            },
             sweeps: observe::SweepCounters::default(),
-            stopping: tokio::sync::watch::channel(false).0,
-            origin: std::time::SystemTime::now(),
-            access,
-            http_hosts,
             storage: std::sync::OnceLock::new(),
-            shared: std::sync::OnceLock::new(),
+            core,
         }
+    }
+
+    /// What the engine shares with the server around it.
+    pub fn core(&self) -> &Arc<Core> {
+        &self.core
     }
 
     /// Who may do what (`[auth]`), or `None` when anyone may.
     pub fn access(&self) -> Option<Arc<crate::auth::Access>> {
-        self.access.read().expect("access lock").clone()
-    }
-
-    /// Host names the HTTP side answers to besides loopback names and its
-    /// listen address (`[server] http_hosts`).
-    pub fn http_hosts(&self) -> &[String] {
-        &self.http_hosts
+        self.core.access()
     }
 
     /// The key a live ticket belongs to; NOT_FOUND when there is none (L4).
     pub fn ticket_key(&self, token: &str) -> Result<Arc<str>, EngineError> {
-        if self.shared.get().is_some() {
-            return shared::ticket_and_key(token).map(|(_, key)| Arc::from(key));
-        }
         self.ticket_and_key(token).map(|(_, key)| key)
     }
 
@@ -333,50 +310,43 @@ impl Engine {
 
     /// True once the engine began to shut down.
     pub fn is_shutting_down(&self) -> bool {
-        self.shutting_down.load(Ordering::Relaxed)
+        self.core.is_shutting_down()
     }
 
     /// Resolves once the engine begins to shut down.
     pub fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut stopping = self.stopping.subscribe();
-        async move {
-            let _ = stopping.wait_for(|s| *s).await;
-        }
+        self.core.stopped()
     }
 
     /// Counters of the server around the engine.
     pub fn counters(&self) -> &Counters {
-        &self.counters
+        self.core.counters()
     }
 
     /// The wall-clock time of a reading of the engine's clock.
     pub fn wall_time(&self, at: Millis) -> std::time::SystemTime {
-        match (self.shared.get(), &self.manual) {
-            // The store's clock: Unix time in ms on the primary Redis server.
-            (Some(_), None) => std::time::UNIX_EPOCH + std::time::Duration::from_millis(at),
-            _ => self.origin + std::time::Duration::from_millis(at),
-        }
+        self.core.wall_time(at)
     }
 
     /// A receiver of every event published from now on (bounded: a receiver
     /// that falls [`EVENT_BUFFER`] events behind is told it lagged).
     pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event> {
-        self.publisher.subscribe()
+        self.core.subscribe()
     }
 
     /// The engine's time now.
     pub fn now(&self) -> Millis {
-        self.clock.now()
+        self.core.now()
     }
 
     /// True when the clock is manual (X1).
     pub fn has_manual_clock(&self) -> bool {
-        self.manual.is_some()
+        self.core.has_manual_clock()
     }
 
     /// The limits in force.
     pub fn limits(&self) -> Limits {
-        self.limits
+        self.core.limits()
     }
 
     /// Runs `op` on the key's fuse under its shard's lock, making the key
@@ -388,21 +358,21 @@ impl Engine {
         access: Access<'_>,
         op: impl FnOnce(&mut Fuse, &mut Ctx<'_>) -> R,
     ) -> Result<Option<R>, EngineError> {
-        let hash = self.store.hash(key);
-        let shard = Store::shard_of(hash);
+        let hash = self.shards.hash(key);
+        let shard = Shards::shard_of(hash);
         let mut effects = Effects {
             shard,
             ..Effects::default()
         };
         let result = {
-            let mut guard = self.store.write(shard);
+            let mut guard = self.shards.write(shard);
             let state = &mut *guard;
-            let now = self.clock.now();
+            let now = self.core.now();
             let rest = &mut state.rest;
             let (slot, created) =
                 match state
                     .table
-                    .entry(hash, |s| &*s.name == key, self.store.rehash())
+                    .entry(hash, |s| &*s.name == key, self.shards.rehash())
                 {
                     hashbrown::hash_table::Entry::Occupied(o) => (o.into_mut(), false),
                     hashbrown::hash_table::Entry::Vacant(_) if !access.create => return Ok(None),
@@ -412,7 +382,7 @@ impl Engine {
                             return Err(EngineError::Exhausted {
                                 what: "keys",
                                 cap: "max_keys",
-                                limit: self.limits.max_keys,
+                                limit: self.core.limits().max_keys,
                             });
                         }
                         self.pools.settle(Capped::Keys, shard, 1, 1);
@@ -588,8 +558,8 @@ impl Engine {
     /// waiters, logs phase changes, wakes the timer.
     fn after(&self, effects: Effects) {
         if !effects.changes.is_empty() {
-            self.publisher
-                .send_batch(|| std::mem::take(&mut self.store.write(effects.shard).rest.outbox));
+            self.core
+                .publish(|| std::mem::take(&mut self.shards.write(effects.shard).rest.outbox));
         }
         for (waiter, decision, phase, now) in effects.answers {
             let delivered = self
@@ -621,9 +591,6 @@ impl Engine {
         }
         if self.is_shutting_down() {
             return Err(EngineError::ShuttingDown);
-        }
-        if let Some(shared) = self.shared.get() {
-            return shared.acquire(self, args).await;
         }
         if args.permits == 0 {
             return self.status_check(&args);
@@ -703,7 +670,7 @@ impl Engine {
             Some(result) => result.map_err(fuse_error)?,
             None => {
                 // K2: a status check does not make the key.
-                let now = self.clock.now();
+                let now = self.core.now();
                 let mut fresh = Fuse::new(self.policy_for(&args.key), now);
                 let d = fresh.acquire(&ask, probe_id, now).map_err(fuse_error)?;
                 (d, Phase::Closed, now)
@@ -715,9 +682,9 @@ impl Engine {
     /// Removes `key` if it is at rest, as forgetting would (K2): for a key
     /// made by a request that then failed.
     fn drop_if_at_rest(&self, key: &str) {
-        let hash = self.store.hash(key);
-        let mut guard = self.store.write(Store::shard_of(hash));
-        let now = self.clock.now();
+        let hash = self.shards.hash(key);
+        let mut guard = self.shards.write(Shards::shard_of(hash));
+        let now = self.core.now();
         let state = &mut *guard;
         if let Ok(entry) = state.table.find_entry(hash, |s| &*s.name == key) {
             if entry
@@ -728,7 +695,7 @@ impl Engine {
                 entry.remove();
                 state.rest.forget(hash, key, false);
                 self.pools
-                    .settle(Capped::Keys, Store::shard_of(hash), -1, 0);
+                    .settle(Capped::Keys, Shards::shard_of(hash), -1, 0);
             }
         }
     }
@@ -738,12 +705,12 @@ impl Engine {
             FuseError::NoRoomForTicket => EngineError::Exhausted {
                 what: "tickets",
                 cap: "max_tickets",
-                limit: self.limits.max_tickets,
+                limit: self.core.limits().max_tickets,
             },
             FuseError::NoRoomForWaiter => EngineError::Exhausted {
                 what: "waiters",
                 cap: "max_waiters",
-                limit: self.limits.max_waiters,
+                limit: self.core.limits().max_waiters,
             },
             other => fuse_error(other),
         }

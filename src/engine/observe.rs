@@ -11,8 +11,8 @@ use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::store::Store;
-pub use super::store::{BATCH, SHARDS};
+use super::shards::Shards;
+pub use super::shards::{BATCH, SHARDS};
 use super::{check_key, Access, Engine, EngineError, KeyReading, Totals};
 use crate::domain::{Fuse, Phase};
 
@@ -78,26 +78,36 @@ struct Source {
 impl Engine {
     /// Reads a key without making or moving it (B6); lease ends are settled first.
     pub fn get(&self, key: &str) -> Result<KeyReading, EngineError> {
+        self.get_live(key).map(|(reading, _)| reading)
+    }
+
+    /// [`Engine::get`], and whether the key is live (false: it reads as a
+    /// fresh key would, K2).
+    pub fn get_live(&self, key: &str) -> Result<(KeyReading, bool), EngineError> {
         check_key(key)?;
-        Ok(self.read_live(key).unwrap_or_else(|| {
-            // K2: a key never used (or forgotten) reads as a fresh one would.
-            let now = self.clock.now();
-            KeyReading {
-                key: key.to_owned(),
-                view: Fuse::new(self.policy_for(key), now).view(now),
-                now,
+        Ok(match self.read_live(key) {
+            Some(reading) => (reading, true),
+            None => {
+                // K2: a key never used (or forgotten) reads as a fresh one would.
+                let now = self.core.now();
+                let reading = KeyReading {
+                    key: key.to_owned(),
+                    view: Fuse::new(self.policy_for(key), now).view(now),
+                    now,
+                };
+                (reading, false)
             }
-        }))
+        })
     }
 
     /// Reads a live key like [`Engine::get`]; `None` when it does not exist.
     /// The shard's lock is taken shared unless something is due on the key
     /// or its policy changed, which are settled first under the write lock.
     pub(super) fn read_live(&self, key: &str) -> Option<KeyReading> {
-        let hash = self.store.hash(key);
+        let hash = self.shards.hash(key);
         {
-            let state = self.store.read(Store::shard_of(hash));
-            let now = self.clock.now();
+            let state = self.shards.read(Shards::shard_of(hash));
+            let now = self.core.now();
             let slot = state.find(hash, key)?;
             let current = slot.generation == state.rest.rules.generation;
             if current && slot.fuse.next_deadline().is_none_or(|d| d > now) {
@@ -202,7 +212,7 @@ impl Engine {
 
     /// Fetches a shard's next few names for a page.
     fn fill(&self, source: &mut Source, walk: &Walk<'_>, visited: &mut usize) {
-        let state = self.store.read(source.shard);
+        let state = self.shards.read(source.shard);
         let index = if walk.broken_only {
             &state.rest.broken
         } else {
@@ -231,7 +241,7 @@ impl Engine {
     pub fn totals(&self) -> Totals {
         let mut sum = Totals::default();
         for shard in 0..SHARDS {
-            sum.add(&self.store.read(shard).rest.tally);
+            sum.add(&self.shards.read(shard).rest.tally);
         }
         sum
     }
@@ -241,7 +251,7 @@ impl Engine {
     pub fn busiest(&self, n: usize) -> Vec<KeyReading> {
         let mut held: Vec<(u32, Arc<str>)> = Vec::new();
         for shard in 0..SHARDS {
-            let state = self.store.read(shard);
+            let state = self.shards.read(shard);
             held.extend(state.rest.hitters.held().map(|(name, c)| (c, name.clone())));
         }
         held.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
@@ -254,7 +264,7 @@ impl Engine {
     /// The shard a key lives in (0 to [`SHARDS`]` - 1`), for tools and
     /// tests that look at work per shard.
     pub fn shard_of(&self, key: &str) -> usize {
-        Store::shard_of(self.store.hash(key))
+        Shards::shard_of(self.shards.hash(key))
     }
 
     /// Idle sweep batches run since start, and the largest batch.

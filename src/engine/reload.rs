@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Config, Engine};
+use super::{Config, Store};
 
 /// How often the config file is checked for changes.
 pub const POLL_EVERY: Duration = Duration::from_millis(250);
@@ -17,37 +17,31 @@ pub const POLL_EVERY: Duration = Duration::from_millis(250);
 /// taken for the new config.
 pub const SETTLE: Duration = Duration::from_millis(50);
 
-impl Engine {
+impl Store {
     /// Reloads the rules from `path`; on an invalid file the running rules
     /// stay. Returns whether the new rules were applied.
     pub fn reload(&self, path: &Path, why: &str) -> bool {
+        let core = self.core();
         match Config::load(path) {
             Ok(config) => {
-                if config.limits != self.limits() {
+                if config.limits != core.limits() {
                     tracing::warn!(
                         file = %path.display(),
                         "[server] limits changed in the config file; they take effect when the server restarts"
                     );
                 }
                 let rules = config.rules.rules.len();
-                // A reload replaces every rule, those set at run time too:
-                // the data dir forgets them as well.
-                let _ = self.change_policies(
-                    || super::durable::PolicyChange::Reload,
-                    || {
-                        self.set_rules(config.rules);
-                        Ok(())
-                    },
-                );
+                // A reload replaces every rule, those set at run time too.
+                self.reload_rules(config.rules);
                 self.set_access(config.access, path);
-                let counters = self.counters();
+                let counters = core.counters();
                 counters.reloads.fetch_add(1, Ordering::Relaxed);
                 counters.last_reload_ok.store(1, Ordering::Relaxed);
                 tracing::info!(file = %path.display(), rules, "config reloaded ({why}): keys adopt the new policies at their next operation");
                 true
             }
             Err(e) => {
-                let counters = self.counters();
+                let counters = core.counters();
                 counters.reload_failures.fetch_add(1, Ordering::Relaxed);
                 counters.last_reload_ok.store(0, Ordering::Relaxed);
                 tracing::error!(file = %path.display(), "config not reloaded ({why}), the running config stays: {e}");
@@ -57,19 +51,20 @@ impl Engine {
     }
 }
 
-impl Engine {
+impl Store {
     /// Adopts a reloaded `[auth]`. Removing the section at run time would
     /// open the server to anyone, so it takes a restart: the running
     /// credentials stay.
     fn set_access(&self, access: Option<crate::auth::Access>, path: &Path) {
-        let mut current = self.access.write().expect("access lock");
+        let core = self.core();
+        let current = core.access();
         match access {
             Some(access) => {
                 let (tokens, clients) = access.sizes();
                 if current.as_deref() != Some(&access) {
                     tracing::info!(file = %path.display(), tokens, client_names = clients, "[auth] reloaded: new credentials apply to the next request");
                 }
-                *current = Some(Arc::new(access));
+                core.set_access_now(Some(Arc::new(access)));
             }
             None if current.is_some() => tracing::warn!(
                 file = %path.display(),
@@ -83,7 +78,7 @@ impl Engine {
     /// the token file.
     fn watched_files(&self, path: &Path) -> Vec<PathBuf> {
         let mut files = vec![path.to_path_buf()];
-        if let Some(file) = self.access().and_then(|a| a.token_file.clone()) {
+        if let Some(file) = self.core().access().and_then(|a| a.token_file.clone()) {
             files.push(file);
         }
         files
@@ -105,14 +100,14 @@ async fn read_all(files: &[PathBuf]) -> Option<Vec<Vec<u8>>> {
     Some(out)
 }
 
-/// Reloads `path` into `engine` on SIGHUP and when its content changes;
+/// Reloads `path` into `store` on SIGHUP and when its content changes;
 /// runs until the task is dropped.
 ///
 /// The SIGHUP handler is installed and the file read before this returns,
 /// so that a signal or an edit right after start-up is not missed (nor does
 /// SIGHUP's default action end the process). Call it within a runtime.
-pub fn watch_config(engine: Arc<Engine>, path: PathBuf) -> impl std::future::Future<Output = ()> {
-    let seen = engine
+pub fn watch_config(store: Store, path: PathBuf) -> impl std::future::Future<Output = ()> {
+    let seen = store
         .watched_files(&path)
         .iter()
         .map(std::fs::read)
@@ -121,9 +116,9 @@ pub fn watch_config(engine: Arc<Engine>, path: PathBuf) -> impl std::future::Fut
     #[cfg(unix)]
     let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     #[cfg(unix)]
-    return watch(engine, path, seen, hangup);
+    return watch(store, path, seen, hangup);
     #[cfg(not(unix))]
-    return watch(engine, path, seen, None::<()>);
+    return watch(store, path, seen, None::<()>);
 }
 
 #[cfg(unix)]
@@ -132,7 +127,7 @@ type Hangup = tokio::signal::unix::Signal;
 type Hangup = ();
 
 async fn watch(
-    engine: Arc<Engine>,
+    engine: Store,
     path: PathBuf,
     mut seen: Option<Vec<Vec<u8>>>,
     mut hangup: Option<Hangup>,

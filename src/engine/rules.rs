@@ -43,21 +43,46 @@ impl Compiled {
     }
 }
 
+/// Adds `rule` at the end (before the default), or puts it in place of the
+/// rule with the same match; returns its position.
+pub(super) fn put_rule(rules: &mut Rules, rule: Rule) -> usize {
+    match rules.rules.iter().position(|r| r.pattern == rule.pattern) {
+        Some(i) => {
+            rules.rules[i] = rule;
+            i
+        }
+        None => {
+            rules.rules.push(rule);
+            rules.rules.len() - 1
+        }
+    }
+}
+
+/// Removes the rule whose match is written `pattern`.
+pub(super) fn drop_rule(rules: &mut Rules, pattern: &str) -> Result<(), EngineError> {
+    let before = rules.rules.len();
+    rules.rules.retain(|r| r.pattern.text() != pattern);
+    if rules.rules.len() == before {
+        return Err(EngineError::RuleNotFound {
+            pattern: pattern.to_owned(),
+        });
+    }
+    Ok(())
+}
+
 impl Engine {
     /// The rules in force.
     pub fn rules(&self) -> Arc<Rules> {
-        self.rules.read().expect("rules lock").rules.clone()
+        self.core.rules()
     }
 
     /// Replaces the rules; existing keys adopt their new policy at their
     /// next operation (Y4).
     pub fn set_rules(&self, rules: Rules) {
-        let mut current = self.rules.write().expect("rules lock");
-        let compiled = Arc::new(Compiled::new(rules, current.generation.wrapping_add(1)));
-        for shard in 0..super::store::SHARDS {
-            self.store.write(shard).rest.rules = compiled.clone();
+        let compiled = self.core.replace_rules(rules);
+        for shard in 0..super::shards::SHARDS {
+            self.shards.write(shard).rest.rules = compiled.clone();
         }
-        *current = compiled;
     }
 
     /// Adds a rule at the end (before the default), or replaces the rule
@@ -71,16 +96,7 @@ impl Engine {
 
     pub(super) fn set_rule_now(&self, rule: Rule) -> usize {
         let mut rules = (*self.rules()).clone();
-        let position = match rules.rules.iter().position(|r| r.pattern == rule.pattern) {
-            Some(i) => {
-                rules.rules[i] = rule;
-                i
-            }
-            None => {
-                rules.rules.push(rule);
-                rules.rules.len() - 1
-            }
-        };
+        let position = put_rule(&mut rules, rule);
         self.set_rules(rules);
         position
     }
@@ -113,23 +129,25 @@ impl Engine {
 
     pub(super) fn delete_rule_now(&self, pattern: &str) -> Result<(), EngineError> {
         let mut rules = (*self.rules()).clone();
-        let before = rules.rules.len();
-        rules.rules.retain(|r| r.pattern.text() != pattern);
-        if rules.rules.len() == before {
-            return Err(EngineError::RuleNotFound {
-                pattern: pattern.to_owned(),
-            });
-        }
+        drop_rule(&mut rules, pattern)?;
         self.set_rules(rules);
         Ok(())
     }
 
+    /// Puts reloaded rules in force: every rule, those set at run time
+    /// too (the data dir forgets them as well).
+    pub fn reload_rules(&self, rules: Rules) {
+        let _ = self.change_policies(
+            || PolicyChange::Reload,
+            || {
+                self.set_rules(rules);
+                Ok(())
+            },
+        );
+    }
+
     /// The policy a fresh `key` would get now.
     pub(super) fn policy_for(&self, key: &str) -> Arc<Policy> {
-        self.rules
-            .read()
-            .expect("rules lock")
-            .policy_for(key)
-            .clone()
+        self.core.policy_for(key)
     }
 }

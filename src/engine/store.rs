@@ -1,306 +1,382 @@
-//! The keyed store: every live key's [`Fuse`] in shards, each behind its
-//! own lock, with what the engine needs to keep per shard so that no
-//! request touches anything shared:
+//! The one store interface: where the keys live, chosen once at start-up.
+//! The gRPC services, the HTTP side, the timer and the tools hold a
+//! [`Store`] and call it; each method has one implementation per store,
+//! the embedded [`Engine`] (keys in this process) and the [`RedisStore`]
+//! (keys in Redis or Redis Cluster, through the fusebox module), and
+//! nothing outside this file asks which one it has.
 //!
-//! - a hash table of slots (one boxed [`Slot`] per key, for lookups),
-//! - the key names in order (for listing by cursor and for sweeps in
-//!   batches) and, apart, the keys that are not CLOSED (for the keys an
-//!   operator looks at first),
-//! - the shard's timer schedule, its figures ([`Totals`]), its busiest keys ([`Hitters`]) and its outbox of
-//!   events waiting to be sent.
-//!
-//! A request on one key takes one shard's lock once; reads take it shared.
+//! A figure one store cannot give is an `Option` here, not a branch in the
+//! caller. Figures are this server's (decisions, transitions, busiest keys)
+//! or the whole store's (keys, keys by phase, tickets, waiters): with the
+//! embedded engine the two are the same; with Redis the second kind is the
+//! fleet's, read from every primary (see [`Figures::fleet_wide`]).
 
-use std::collections::BTreeSet;
-use std::hash::BuildHasher;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::Arc;
 
-use hashbrown::HashTable;
+use super::config::{Rule, Rules};
+use super::redis::{RedisStore, StoreFigures};
+use super::{
+    AcquireArgs, AcquireReply, CompleteReply, Core, Engine, EngineError, KeyReading,
+    StorageFigures, Totals,
+};
+use crate::domain::{Millis, Outcome, Phase, Policy};
 
-use super::events::Event;
-use super::rules::Compiled;
-use super::Totals;
-use crate::domain::{Decision, Fuse, Millis, Phase};
-
-/// How many shards the store has.
-pub const SHARDS: usize = 64;
-
-/// The most keys a sweep or a settlement handles under one lock.
-pub const BATCH: usize = 1024;
-
-/// Entries in each shard's table of busiest keys.
-const HITTERS: usize = 64;
-
-/// "No deadline registered with the timer."
-pub(super) const UNSCHEDULED: Millis = Millis::MAX;
-
-/// One live key.
-#[derive(Debug)]
-pub(super) struct Slot {
-    /// The key's name, shared with its tickets, its events and the indexes.
-    pub name: Arc<str>,
-    /// Its breaker, permit book and tickets.
-    pub fuse: Fuse,
-    /// The rules generation the fuse's policy came from (Y4).
-    pub generation: u32,
+/// Where a listing goes on from: the start, after a key (the embedded
+/// engine lists in key order), or a scan cursor of one primary (Redis).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cursor {
+    /// The first page.
+    Start,
+    /// The page after this key, in key order.
+    After(String),
+    /// The next `SCAN` step of the `node`-th primary (in the order of the
+    /// slots they serve), from `cursor`.
+    Scan {
+        /// The primary.
+        node: usize,
+        /// Its `SCAN` cursor.
+        cursor: u64,
+    },
 }
 
-/// A shard's figures are [`Totals`] too, kept as they change under the
-/// shard's lock and summed on read.
-impl Totals {
-    /// Counts a final decision (a queued request is counted when answered).
-    pub fn count(&mut self, decision: &Decision) {
-        let (index, reason) = match *decision {
-            Decision::Granted(None) | Decision::Queued => return,
-            Decision::Granted(Some(_)) => (0, None),
-            Decision::Probe(_) => (1, None),
-            Decision::Blocked { reason, .. } => (2, Some(reason)),
-            Decision::Refused => (3, None),
-            Decision::Denied { reason, .. } => (4, Some(reason)),
-        };
-        self.decisions[index] += 1;
-        if let Some(reason) = reason {
-            self.reasons[reason as usize] += 1;
+/// What a cursor's text starts with when it is a scan (a key cannot: K1
+/// keeps control characters out of keys).
+const SCAN_MARK: char = '\u{1}';
+
+impl Cursor {
+    /// The cursor as text, for a page token.
+    pub fn text(&self) -> String {
+        match self {
+            Cursor::Start => String::new(),
+            Cursor::After(key) => key.clone(),
+            Cursor::Scan { node, cursor } => format!("{SCAN_MARK}{node}:{cursor}"),
         }
     }
 
-    /// Adds another shard's figures.
-    pub fn add(&mut self, other: &Totals) {
-        self.keys += other.keys;
-        self.tickets += other.tickets;
-        self.waiters += other.waiters;
-        self.forgotten += other.forgotten;
-        self.transitions += other.transitions;
-        for (a, b) in self.by_phase.iter_mut().zip(other.by_phase) {
-            *a += b;
+    /// The cursor a page token's text names.
+    pub fn of_text(text: &str) -> Option<Cursor> {
+        if text.is_empty() {
+            return Some(Cursor::Start);
         }
-        for (a, b) in self.decisions.iter_mut().zip(other.decisions) {
-            *a += b;
-        }
-        for (a, b) in self.reasons.iter_mut().zip(other.reasons) {
-            *a += b;
-        }
-        for (a, b) in self.cap_refusals.iter_mut().zip(other.cap_refusals) {
-            *a += b;
-        }
-    }
-}
-
-/// A shard's busiest keys lately: a small table of counts, in buckets of
-/// [`WAYS`] entries chosen by the key's hash. A request for a key in its
-/// bucket counts it up; a key not there takes an empty entry, else the
-/// entry with the lowest count, starting from that count plus one (the
-/// space-saving rule, so a key busier than what it displaces is never
-/// lost). Counts are halved now and then, so that "busiest" means busiest
-/// lately.
-#[derive(Debug)]
-pub(super) struct Hitters {
-    entries: Vec<(Option<Arc<str>>, u32)>,
-}
-
-/// Entries per bucket of [`Hitters`].
-const WAYS: usize = 4;
-
-impl Default for Hitters {
-    fn default() -> Self {
-        Hitters {
-            entries: vec![(None, 0); HITTERS],
-        }
-    }
-}
-
-impl Hitters {
-    fn bucket(&mut self, hash: u64) -> &mut [(Option<Arc<str>>, u32)] {
-        let start = (hash >> 40) as usize % (HITTERS / WAYS) * WAYS;
-        &mut self.entries[start..start + WAYS]
-    }
-
-    /// Counts a request for `name`.
-    pub fn bump(&mut self, hash: u64, name: &Arc<str>) {
-        let bucket = self.bucket(hash);
-        if let Some((_, count)) = bucket
-            .iter_mut()
-            .find(|(held, _)| held.as_ref().is_some_and(|h| Arc::ptr_eq(h, name)))
-        {
-            *count = count.saturating_add(1);
-            return;
-        }
-        let (held, count) = bucket
-            .iter_mut()
-            .min_by_key(|(held, count)| (held.is_some(), *count))
-            .expect("a bucket has entries");
-        *held = Some(name.clone());
-        *count = count.saturating_add(1);
-    }
-
-    /// Lets go of a forgotten key.
-    pub fn forget(&mut self, hash: u64, name: &str) {
-        for entry in self.bucket(hash) {
-            if entry.0.as_deref() == Some(name) {
-                *entry = (None, 0);
+        match text.strip_prefix(SCAN_MARK) {
+            Some(scan) => {
+                let (node, cursor) = scan.split_once(':')?;
+                Some(Cursor::Scan {
+                    node: node.parse().ok()?,
+                    cursor: cursor.parse().ok()?,
+                })
             }
-        }
-    }
-
-    /// Halves every count.
-    pub fn decay(&mut self) {
-        for (held, count) in &mut self.entries {
-            *count /= 2;
-            if *count == 0 {
-                *held = None;
-            }
-        }
-    }
-
-    /// The keys held, with their counts.
-    pub fn held(&self) -> impl Iterator<Item = (&Arc<str>, u32)> {
-        self.entries
-            .iter()
-            .filter_map(|(held, count)| held.as_ref().map(|h| (h, *count)))
-    }
-}
-
-/// Everything of a shard but its table, so that a slot borrowed from the
-/// table and the rest can be changed together.
-#[derive(Debug)]
-pub(super) struct Rest {
-    /// Every key's name, in order.
-    pub order: BTreeSet<Arc<str>>,
-    /// The keys that are not CLOSED, in order.
-    pub broken: BTreeSet<Arc<str>>,
-    /// `(deadline, key)` of every key with a deadline: its next one only.
-    pub schedule: BTreeSet<(Millis, Arc<str>)>,
-    /// The shard's figures.
-    pub tally: Totals,
-    /// The shard's busiest keys.
-    pub hitters: Hitters,
-    /// Events made under the lock, waiting to be sent after it.
-    pub outbox: Vec<Event>,
-    /// The rules in force.
-    pub rules: Arc<Compiled>,
-    /// Keys whose durable state changed since the data dir was last
-    /// written, with the operator who acted on them, if one did (only
-    /// filled when the server has a data dir).
-    pub dirty: std::collections::HashMap<Arc<str>, Option<Box<super::durable::Actor>>>,
-}
-
-impl Rest {
-    /// Keeps the figures and the index of broken keys right after a key
-    /// moved from phase `from` to `to`.
-    pub fn moved(&mut self, name: &Arc<str>, from: Phase, to: Phase) {
-        if from == to {
-            return;
-        }
-        self.tally.by_phase[from.index()] -= 1;
-        self.tally.by_phase[to.index()] += 1;
-        if from == Phase::Closed {
-            self.broken.insert(name.clone());
-        } else if to == Phase::Closed {
-            self.broken.remove(name);
+            None => Some(Cursor::After(text.to_owned())),
         }
     }
 }
 
-/// One shard's state, behind its lock.
-#[derive(Debug)]
-pub(super) struct ShardState {
-    /// Slots by the hash of their key.
-    pub table: HashTable<Box<Slot>>,
-    /// The rest.
-    pub rest: Rest,
+/// A page of keys.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Listed {
+    /// The keys read.
+    pub readings: Vec<KeyReading>,
+    /// Where the next page starts; `None` after the last.
+    pub next: Option<Cursor>,
 }
 
-/// The shards and the hasher that places keys in them.
-#[derive(Debug)]
-pub(super) struct Store {
-    shards: Box<[RwLock<ShardState>]>,
-    hasher: hashbrown::DefaultHashBuilder,
+/// What `/metrics` and the dashboard show of a store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Figures {
+    /// Keys, keys by phase, tickets and waiters ([`Totals`] has them with
+    /// the counters of this server: decisions, reasons, transitions, cap
+    /// refusals).
+    pub totals: Totals,
+    /// Keys forgotten at rest (K2), when the store counts them.
+    pub forgotten: Option<u64>,
+    /// True when keys, phases, tickets and waiters are the whole store's,
+    /// across servers (Redis), rather than this server's (which, embedded,
+    /// is the same thing).
+    pub fleet_wide: bool,
+}
+
+/// Where the keys live.
+#[derive(Clone, Debug)]
+pub enum Store {
+    /// In this process.
+    Embedded(Arc<Engine>),
+    /// In Redis, through the fusebox module.
+    Redis(Arc<RedisStore>),
+}
+
+impl From<Arc<Engine>> for Store {
+    fn from(engine: Arc<Engine>) -> Store {
+        Store::Embedded(engine)
+    }
+}
+
+impl From<Arc<RedisStore>> for Store {
+    fn from(store: Arc<RedisStore>) -> Store {
+        Store::Redis(store)
+    }
 }
 
 impl Store {
-    pub fn new(rules: Arc<Compiled>) -> Self {
-        let shards = (0..SHARDS)
-            .map(|_| {
-                RwLock::new(ShardState {
-                    table: HashTable::new(),
-                    rest: Rest {
-                        order: BTreeSet::new(),
-                        broken: BTreeSet::new(),
-                        schedule: BTreeSet::new(),
-                        tally: Totals::default(),
-                        hitters: Hitters::default(),
-                        outbox: Vec::new(),
-                        rules: rules.clone(),
-                        dirty: std::collections::HashMap::new(),
-                    },
-                })
-            })
-            .collect();
-        Store {
-            shards,
-            hasher: hashbrown::DefaultHashBuilder::default(),
+    /// What the store shares with the server around it.
+    pub fn core(&self) -> &Arc<Core> {
+        match self {
+            Store::Embedded(e) => e.core(),
+            Store::Redis(r) => r.core(),
         }
     }
 
-    /// The hash of a key's name.
-    pub fn hash(&self, key: &str) -> u64 {
-        self.hasher.hash_one(key)
+    /// Answers an acquire (B1, P1–P6, C1–C4), waiting while queued.
+    pub async fn acquire(&self, args: AcquireArgs) -> Result<AcquireReply, EngineError> {
+        match self {
+            Store::Embedded(e) => e.acquire(args).await,
+            Store::Redis(r) => r.acquire(args).await,
+        }
     }
 
-    /// The shard of a hash: bits that neither the table's index nor its
-    /// tags use.
-    pub fn shard_of(hash: u64) -> usize {
-        (hash >> 32) as usize % SHARDS
+    /// Records a ticket's outcome (B3, C5, L4).
+    pub async fn complete(
+        &self,
+        token: &str,
+        outcome: Outcome,
+    ) -> Result<CompleteReply, EngineError> {
+        match self {
+            Store::Embedded(e) => e.complete(token, outcome),
+            Store::Redis(r) => r.complete(token, outcome).await,
+        }
     }
 
-    /// A shard, for writing.
-    pub fn write(&self, shard: usize) -> RwLockWriteGuard<'_, ShardState> {
-        self.shards[shard].write().expect("shard lock")
+    /// Extends a live ticket's lease; returns the time left (L2).
+    pub async fn renew(&self, token: &str, lease: Option<Millis>) -> Result<Millis, EngineError> {
+        match self {
+            Store::Embedded(e) => e.renew(token, lease),
+            Store::Redis(r) => r.renew(token, lease).await,
+        }
     }
 
-    /// A shard, for reading.
-    pub fn read(&self, shard: usize) -> RwLockReadGuard<'_, ShardState> {
-        self.shards[shard].read().expect("shard lock")
+    /// The key a live ticket belongs to (for the permission check); a
+    /// token of no live ticket is NOT_FOUND (L4).
+    pub fn ticket_key(&self, token: &str) -> Result<Arc<str>, EngineError> {
+        match self {
+            Store::Embedded(e) => e.ticket_key(token),
+            Store::Redis(_) => super::redis::ticket_and_key(token).map(|(_, key)| Arc::from(key)),
+        }
     }
 
-    /// Hashes a slot again when the table grows.
-    pub fn rehash(&self) -> impl Fn(&Box<Slot>) -> u64 + '_ {
-        move |slot| self.hasher.hash_one(&*slot.name)
+    /// Reads a key (B6); a key never used reads as a fresh one would (K2).
+    pub async fn get(&self, key: &str) -> Result<KeyReading, EngineError> {
+        match self {
+            Store::Embedded(e) => e.get(key),
+            Store::Redis(r) => r.get(key).await,
+        }
     }
-}
 
-impl ShardState {
-    /// The slot of `key`, if it is live.
-    pub fn find(&self, hash: u64, key: &str) -> Option<&Slot> {
-        self.table.find(hash, |s| &*s.name == key).map(|s| &**s)
+    /// [`Store::get`], and whether the key is live (false: it reads as a
+    /// fresh key would).
+    pub async fn read(&self, key: &str) -> Result<(KeyReading, bool), EngineError> {
+        match self {
+            Store::Embedded(e) => e.get_live(key),
+            Store::Redis(r) => r.read(key).await,
+        }
     }
-}
 
-impl Rest {
-    /// Notes that `name`'s durable state changed, by `actor` if an operator
-    /// acted: the data dir's writer picks it up.
-    pub fn mark_dirty(&mut self, name: &Arc<str>, actor: Option<Box<super::durable::Actor>>) {
-        match actor {
-            Some(actor) => {
-                self.dirty.insert(name.clone(), Some(actor));
+    /// Isolates a key (B5), recording who asked and why.
+    pub async fn isolate(
+        &self,
+        key: &str,
+        reason: &str,
+        who: &str,
+    ) -> Result<KeyReading, EngineError> {
+        match self {
+            Store::Embedded(e) => e.isolate(key, reason, who),
+            Store::Redis(r) => r.manual(key, reason, who, true).await,
+        }
+    }
+
+    /// Closes a key (B5), recording who asked and why.
+    pub async fn close(
+        &self,
+        key: &str,
+        reason: &str,
+        who: &str,
+    ) -> Result<KeyReading, EngineError> {
+        match self {
+            Store::Embedded(e) => e.close(key, reason, who),
+            Store::Redis(r) => r.manual(key, reason, who, false).await,
+        }
+    }
+
+    /// A page of at most `limit` keys that start with `prefix` and are in
+    /// one of `phases` (any, when empty), from `from`. The embedded engine
+    /// lists in key order; Redis lists each primary's keys in its scan
+    /// order, one bounded step per primary per page, each page in key
+    /// order (a page may then be short with more to come).
+    pub async fn list_page(
+        &self,
+        prefix: &str,
+        phases: &[Phase],
+        from: &Cursor,
+        limit: usize,
+    ) -> Result<Listed, EngineError> {
+        match self {
+            Store::Embedded(e) => {
+                let after = match from {
+                    Cursor::Start => None,
+                    Cursor::After(key) => Some(key.as_str()),
+                    Cursor::Scan { .. } => {
+                        return Err(super::error::invalid(
+                            "page_token",
+                            "is a token of a server with --store; send it to one",
+                        ))
+                    }
+                };
+                let page = e.list_page(prefix, phases, after, limit);
+                let next = match (page.more, page.readings.last()) {
+                    (true, Some(last)) => Some(Cursor::After(last.key.clone())),
+                    _ => None,
+                };
+                Ok(Listed {
+                    readings: page.readings,
+                    next,
+                })
             }
-            None => {
-                if !self.dirty.contains_key(name) {
-                    self.dirty.insert(name.clone(), None);
+            Store::Redis(r) => r.list_page(prefix, phases, from, limit).await,
+        }
+    }
+
+    /// Up to `limit` keys that are not CLOSED and start with `prefix`, in
+    /// key order, and whether more are.
+    pub async fn not_closed(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<(Vec<KeyReading>, bool), EngineError> {
+        const NOT_CLOSED: [Phase; 3] = [Phase::Open, Phase::HalfOpen, Phase::Isolated];
+        match self {
+            Store::Embedded(e) => Ok(e.list(prefix, &NOT_CLOSED, None, limit)),
+            Store::Redis(r) => r.not_closed(prefix, limit).await,
+        }
+    }
+
+    /// The `n` keys with the most requests lately (on this server, with
+    /// Redis), busiest first.
+    pub async fn busiest(&self, n: usize) -> Vec<KeyReading> {
+        match self {
+            Store::Embedded(e) => e.busiest(n),
+            Store::Redis(r) => r.busiest(n).await,
+        }
+    }
+
+    /// The figures of `/metrics` and the dashboard.
+    pub async fn figures(&self) -> Figures {
+        match self {
+            Store::Embedded(e) => {
+                let totals = e.totals();
+                Figures {
+                    forgotten: Some(totals.forgotten),
+                    totals,
+                    fleet_wide: false,
                 }
             }
+            Store::Redis(r) => r.figures().await,
         }
     }
 
-    /// Drops the indexes' hold on a key at rest that was just removed from
-    /// the table; `forgotten` counts it as forgotten by idleness (K2).
-    pub fn forget(&mut self, hash: u64, key: &str, forgotten: bool) {
-        self.order.remove(key);
-        self.hitters.forget(hash, key);
-        self.tally.keys -= 1;
-        self.tally.by_phase[Phase::Closed.index()] -= 1;
-        if forgotten {
-            self.tally.forgotten += 1;
+    /// Idle sweep batches run since start, and the largest batch (the
+    /// embedded engine's; Redis forgets keys itself).
+    pub fn sweep_figures(&self) -> Option<(u64, u64)> {
+        match self {
+            Store::Embedded(e) => Some(e.sweep_figures()),
+            Store::Redis(_) => None,
+        }
+    }
+
+    /// The data dir's figures, when there is one.
+    pub fn storage_figures(&self) -> Option<StorageFigures> {
+        match self {
+            Store::Embedded(e) => e.storage_figures(),
+            Store::Redis(_) => None,
+        }
+    }
+
+    /// What the connection to Redis did, with Redis.
+    pub fn store_figures(&self) -> Option<&StoreFigures> {
+        match self {
+            Store::Embedded(_) => None,
+            Store::Redis(r) => Some(r.figures_of_connection()),
+        }
+    }
+
+    /// The rules in force.
+    pub fn rules(&self) -> Arc<Rules> {
+        self.core().rules()
+    }
+
+    /// Adds or replaces a rule (Y4); returns its position.
+    pub fn set_rule(&self, rule: Rule) -> Result<usize, EngineError> {
+        match self {
+            Store::Embedded(e) => e.set_rule(rule),
+            Store::Redis(r) => Ok(r.change_rules(|rules| super::rules::put_rule(rules, rule))),
+        }
+    }
+
+    /// Replaces the default rule.
+    pub fn set_default(&self, policy: Policy) -> Result<(), EngineError> {
+        match self {
+            Store::Embedded(e) => e.set_default(policy),
+            Store::Redis(r) => {
+                r.change_rules(|rules| rules.default = policy);
+                Ok(())
+            }
+        }
+    }
+
+    /// Removes the rule whose match is written `pattern`.
+    pub fn delete_rule(&self, pattern: &str) -> Result<(), EngineError> {
+        match self {
+            Store::Embedded(e) => e.delete_rule(pattern),
+            Store::Redis(r) => r.try_change_rules(|rules| super::rules::drop_rule(rules, pattern)),
+        }
+    }
+
+    /// Puts reloaded rules in force (every rule, those set at run time too).
+    pub fn reload_rules(&self, rules: Rules) {
+        match self {
+            Store::Embedded(e) => e.reload_rules(rules),
+            Store::Redis(r) => r.change_rules(|current| *current = rules),
+        }
+    }
+
+    /// Runs what the store does on time until the server shuts down: the
+    /// embedded engine's timer (Redis's module settles on its own clock).
+    pub async fn run_timer(&self) {
+        match self {
+            Store::Embedded(e) => e.clone().run_timer().await,
+            Store::Redis(r) => r.run_timer().await,
+        }
+    }
+
+    /// Moves the manual clock forward and returns once what is due by the
+    /// new time is settled (X1); `None` without a manual clock.
+    pub async fn advance_clock(&self, by: Millis) -> Option<Millis> {
+        match self {
+            Store::Embedded(e) => e.advance_clock(by).await,
+            Store::Redis(r) => r.advance_clock(by).await,
+        }
+    }
+
+    /// Stops taking requests and answers every waiter with UNAVAILABLE.
+    pub fn shutdown(&self) {
+        match self {
+            Store::Embedded(e) => e.shutdown(),
+            Store::Redis(r) => r.shutdown(),
+        }
+    }
+
+    /// Writes what is pending to the data dir (a no-op without one).
+    pub fn save(&self) -> Result<(), EngineError> {
+        match self {
+            Store::Embedded(e) => e.save(),
+            Store::Redis(_) => Ok(()),
         }
     }
 }

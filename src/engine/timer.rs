@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use super::observe::SweepReport;
 use super::quota::Capped;
-use super::store::{BATCH, SHARDS, UNSCHEDULED};
+use super::shards::{BATCH, SHARDS, UNSCHEDULED};
 use super::{Access, Effects, Engine, EngineError};
 use crate::domain::Millis;
 
@@ -69,9 +69,9 @@ impl Engine {
             loop {
                 let mut effects = Vec::new();
                 let (count, first) = {
-                    let mut guard = self.store.write(shard);
+                    let mut guard = self.shards.write(shard);
                     let state = &mut *guard;
-                    let at = self.clock.now().max(now);
+                    let at = self.core.now().max(now);
                     let mut count = 0;
                     while count < BATCH {
                         match state.rest.schedule.first() {
@@ -80,7 +80,7 @@ impl Engine {
                         }
                         let (_, name) = state.rest.schedule.pop_first().expect("checked");
                         count += 1;
-                        let hash = self.store.hash(&name);
+                        let hash = self.shards.hash(&name);
                         let Some(slot) = state.table.find_mut(hash, |s| *s.name == *name) else {
                             continue;
                         };
@@ -123,13 +123,13 @@ impl Engine {
     /// [`BATCH`] keys of one shard under its lock at a time, and calls
     /// `between` after each batch, with no lock held.
     pub fn forget_idle_with(&self, now: Millis, mut between: impl FnMut(&SweepReport)) -> usize {
-        let idle_after = self.limits.idle_after;
+        let idle_after = self.core.limits().idle_after;
         let mut total = 0;
         for shard in 0..SHARDS {
             let mut cursor: Option<Arc<str>> = None;
             loop {
                 let report = {
-                    let mut guard = self.store.write(shard);
+                    let mut guard = self.shards.write(shard);
                     let state = &mut *guard;
                     let start = match &cursor {
                         Some(c) => Bound::Excluded(&**c),
@@ -144,7 +144,7 @@ impl Engine {
                         .collect();
                     let mut forgotten = 0;
                     for name in &names {
-                        let hash = self.store.hash(name);
+                        let hash = self.shards.hash(name);
                         let Ok(entry) = state.table.find_entry(hash, |s| *s.name == **name) else {
                             continue;
                         };
@@ -178,22 +178,16 @@ impl Engine {
     /// Ages every shard's busiest-keys table.
     fn age_busiest(&self) {
         for shard in 0..SHARDS {
-            self.store.write(shard).rest.hitters.decay();
+            self.shards.write(shard).rest.hitters.decay();
         }
     }
 
     /// Moves the manual clock forward and returns only once everything due
     /// by the new time is settled (X1). `None` without a manual clock.
     pub async fn advance_clock(&self, by: Millis) -> Option<Millis> {
-        let manual = self.manual.as_ref()?;
+        let manual = self.core.manual()?;
         let _one_at_a_time = self.advancing.lock().await;
         let now = manual.advance(by);
-        if let Some(shared) = self.shared.get() {
-            if let Err(e) = shared.settle_known(now).await {
-                tracing::warn!("the store could not settle what is due at {now} ms: {e}");
-            }
-            return Some(now);
-        }
         self.settle_due(now);
         self.forget_idle(now);
         Some(now)
@@ -208,17 +202,17 @@ impl Engine {
     }
 
     fn timer_loop(&self) {
-        let sweep_every = (self.limits.idle_after / 4).clamp(10, 30_000);
-        let start = self.clock.now();
+        let sweep_every = (self.core.limits().idle_after / 4).clamp(10, 30_000);
+        let start = self.core.now();
         let mut next_sweep = start + sweep_every;
         let mut next_decay = start + DECAY_EVERY;
         while !self.is_shutting_down() {
-            let now = self.clock.now();
+            let now = self.core.now();
             let (_, first) = self.settle_due_in_batches(now);
             // Deadlines registered from now on wake the timer only when
             // they come before the one it will sleep until.
             self.next_due.fetch_min(first, Ordering::Relaxed);
-            if self.manual.is_none() && now >= next_sweep {
+            if !self.core.has_manual_clock() && now >= next_sweep {
                 let forgotten = self.forget_idle(now);
                 if forgotten > 0 {
                     tracing::debug!(forgotten, "forgot idle keys");
@@ -233,17 +227,14 @@ impl Engine {
                 .min(next_sweep)
                 .min(next_decay)
                 .min(self.next_due.load(Ordering::Relaxed));
-            self.timer.sleep_until(self.clock.instant_of(wake_at));
+            self.timer
+                .sleep_until(self.core.clock().instant_of(wake_at));
         }
     }
 
     /// Stops taking requests and answers every waiter with `UNAVAILABLE`.
     pub fn shutdown(&self) {
-        self.shutting_down.store(true, Ordering::SeqCst);
-        self.stopping.send_replace(true);
-        if let Some(shared) = self.shared.get() {
-            shared.drop_waiters();
-        }
+        self.core.begin_shutdown();
         let ids: Vec<_> = self.waiters.iter().map(|w| *w.key()).collect();
         for id in ids {
             if let Some((_, tx)) = self.waiters.remove(&id) {

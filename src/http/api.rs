@@ -19,10 +19,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 
 use super::guard::Caller;
-use super::trends::{Board, Trend, ATTENTION, NOT_CLOSED};
+use super::trends::{Board, Trend, ATTENTION};
 use super::AppState;
 use crate::domain::{Millis, Phase};
-use crate::engine::{Engine, EngineError, Event, EventKind, KeyReading, Totals};
+use crate::engine::{Core, Cursor, EngineError, Event, EventKind, KeyReading, Totals};
 use crate::proto::wire::{filter_of, page_after, page_token};
 
 /// Most keys in a page of `/api/keys`, and its default size.
@@ -75,23 +75,22 @@ pub struct KeyJson {
 }
 
 /// Milliseconds since the Unix epoch of an engine time.
-pub fn unix_ms(engine: &Engine, at: Millis) -> u64 {
-    engine
-        .wall_time(at)
+pub fn unix_ms(core: &Core, at: Millis) -> u64 {
+    core.wall_time(at)
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl KeyJson {
     /// The JSON form of a reading.
-    pub fn of(engine: &Engine, r: &KeyReading) -> KeyJson {
+    pub fn of(core: &Core, r: &KeyReading) -> KeyJson {
         let v = &r.view;
         let s = &v.stats;
         KeyJson {
             key: r.key.clone(),
             phase: v.phase.as_str(),
             open_remaining_ms: v.open_until.map(|until| until.saturating_sub(r.now)),
-            phase_changed_at_ms: unix_ms(engine, v.changed_at),
+            phase_changed_at_ms: unix_ms(core, v.changed_at),
             consecutive_failures: v.consecutive_failures,
             half_open_attempts: v.half_open_attempts,
             failure_ratio: v.failure_ratio.filter(|f| f.is_finite()),
@@ -133,7 +132,7 @@ pub struct TransitionJson {
 
 impl TransitionJson {
     /// The JSON form of an event.
-    pub fn of(engine: &Engine, e: &Event) -> TransitionJson {
+    pub fn of(core: &Core, e: &Event) -> TransitionJson {
         TransitionJson {
             sequence: e.sequence,
             key: e.key.to_string(),
@@ -148,7 +147,7 @@ impl TransitionJson {
             cause: e.cause,
             who: e.who.clone(),
             reason: e.reason.clone(),
-            at_ms: unix_ms(engine, e.at),
+            at_ms: unix_ms(core, e.at),
         }
     }
 }
@@ -161,16 +160,16 @@ pub struct History {
 
 impl History {
     /// Remembers transitions from now until the engine stops.
-    pub fn record(engine: Arc<Engine>) -> Arc<History> {
+    pub fn record(core: Arc<Core>) -> Arc<History> {
         let history = Arc::new(History::default());
-        let mut events = engine.subscribe();
-        let stopped = engine.stopped();
+        let mut events = core.subscribe();
+        let stopped = core.stopped();
         let keep = history.clone();
         tokio::spawn(async move {
             let record = async {
                 loop {
                     match events.recv().await {
-                        Ok(e) => keep.push(TransitionJson::of(&engine, &e)),
+                        Ok(e) => keep.push(TransitionJson::of(&core, &e)),
                         // Missed ones stay missing: the timeline is a view,
                         // not a record (the log is the record).
                         Err(RecvError::Lagged(_)) => {}
@@ -283,12 +282,12 @@ pub struct Overview {
 /// The overview of the keys that start with `prefix`, from `board`: with
 /// no prefix, nothing is read beyond the board; with one, a page of keys
 /// not closed under it.
-pub fn overview(state: &AppState, board: &Board, prefix: &str) -> Overview {
-    let engine = &state.engine;
+pub async fn overview(state: &AppState, board: &Board, prefix: &str) -> Result<Overview, ApiError> {
+    let core = state.store.core();
     let (attention, attention_more) = if prefix.is_empty() {
         (board.attention.clone(), board.attention_more)
     } else {
-        engine.list(prefix, &NOT_CLOSED, None, ATTENTION)
+        state.store.not_closed(prefix, ATTENTION).await?
     };
     let busiest: Vec<&KeyReading> = board
         .busiest
@@ -298,16 +297,16 @@ pub fn overview(state: &AppState, board: &Board, prefix: &str) -> Overview {
         .collect();
     let keys = || attention.iter().chain(busiest.iter().copied());
     state.trends.show(keys().map(|r| r.key.as_str()));
-    Overview {
+    Ok(Overview {
         prefix: prefix.to_owned(),
         round: board.round,
-        totals: TotalsJson::of(&board.totals, engine.limits().max_keys),
+        totals: TotalsJson::of(&board.totals, core.limits().max_keys),
         trends: state.trends.of(keys().map(|r| r.key.as_str())),
-        attention: attention.iter().map(|r| KeyJson::of(engine, r)).collect(),
+        attention: attention.iter().map(|r| KeyJson::of(core, r)).collect(),
         attention_more,
-        busiest: busiest.iter().map(|r| KeyJson::of(engine, r)).collect(),
+        busiest: busiest.iter().map(|r| KeyJson::of(core, r)).collect(),
         sample_every_ms: state.trends.every().as_millis() as u64,
-    }
+    })
 }
 
 /// A page of keys: `GET /api/keys`.
@@ -346,28 +345,18 @@ pub async fn page(
             })
         })
         .transpose()?;
-    let (readings, more) = match state.engine.shared() {
-        Some(_) => {
-            let page = state
-                .engine
-                .list_page_async(&prefix, &[], after.as_deref(), limit)
-                .await?;
-            (page.readings, page.more)
-        }
-        None => {
-            let state = state.clone();
-            let prefix = prefix.clone();
-            tokio::task::spawn_blocking(move || {
-                state.engine.list(&prefix, &[], after.as_deref(), limit)
-            })
-            .await
-            .map_err(|e| ApiError::from(EngineError::Internal(e.to_string())))?
-        }
+    let from = match after {
+        None => Cursor::Start,
+        Some(text) => Cursor::of_text(&text).ok_or_else(|| {
+            ApiError::invalid(
+                "after",
+                "is not the `next` of an earlier page with the same prefix",
+            )
+        })?,
     };
-    let next = match (more, readings.last()) {
-        (true, Some(last)) => Some(page_token(&filter, &last.key)),
-        _ => None,
-    };
+    let listed = state.store.list_page(&prefix, &[], &from, limit).await?;
+    let readings = listed.readings;
+    let next = listed.next.map(|next| page_token(&filter, &next.text()));
     let keys = || readings.iter().map(|r| r.key.as_str());
     state.trends.show(keys());
     Ok(Page {
@@ -375,7 +364,7 @@ pub async fn page(
         trends: state.trends.of(keys()),
         keys: readings
             .iter()
-            .map(|r| KeyJson::of(&state.engine, r))
+            .map(|r| KeyJson::of(state.store.core(), r))
             .collect(),
         next,
         sample_every_ms: state.trends.every().as_millis() as u64,
@@ -549,10 +538,7 @@ pub async fn overview_json(
     let board = super::events::current_board(&mut boards)
         .await
         .ok_or_else(|| ApiError::from(EngineError::ShuttingDown))?;
-    tokio::task::spawn_blocking(move || overview(&state, &board, &prefix))
-        .await
-        .map(Json)
-        .map_err(|e| ApiError::from(EngineError::Internal(e.to_string())))
+    overview(&state, &board, &prefix).await.map(Json)
 }
 
 /// `GET /api/transitions?prefix=`: the remembered transitions, oldest first.
@@ -731,10 +717,10 @@ async fn steer(state: &AppState, request: Steer, isolate: bool) -> Result<Json<K
     let reason = reason_of(&request.headers, &body)?;
     let who = who(request.peer, &request.caller);
     let r = match isolate {
-        true => state.engine.isolate_async(&key, &reason, &who).await?,
-        false => state.engine.close_async(&key, &reason, &who).await?,
+        true => state.store.isolate(&key, &reason, &who).await?,
+        false => state.store.close(&key, &reason, &who).await?,
     };
-    Ok(Json(KeyJson::of(&state.engine, &r)))
+    Ok(Json(KeyJson::of(state.store.core(), &r)))
 }
 
 #[cfg(test)]

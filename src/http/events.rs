@@ -62,8 +62,8 @@ pub async fn events(
     };
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     // Subscribe before the first snapshot, so that nothing after it is missed.
-    let events = state.engine.subscribe();
-    let stopped = state.engine.stopped();
+    let events = state.store.core().subscribe();
+    let stopped = state.store.core().stopped();
     tokio::spawn(async move {
         tokio::select! {
             _ = forward(&state, &prefix, events, &tx, slot) => {}
@@ -84,18 +84,18 @@ async fn forward(
     let mut boards = state.trends.subscribe();
     let board = current_board(&mut boards).await?;
     snapshot(state, &board, prefix, true, tx).await?;
-    let engine = &state.engine;
+    let core = state.store.core();
     loop {
         tokio::select! {
             received = events.recv() => match received {
                 Ok(event) if event.key.starts_with(prefix) => {
                     let change = serde_json::json!({
-                        "key": KeyJson::of(engine, &KeyReading {
+                        "key": KeyJson::of(core, &KeyReading {
                             key: event.key.to_string(),
                             view: event.view.clone(),
                             now: event.at,
                         }),
-                        "transition": TransitionJson::of(engine, &event),
+                        "transition": TransitionJson::of(core, &event),
                     });
                     send(tx, "change", &change).await?;
                 }
@@ -129,12 +129,8 @@ async fn snapshot(
     recent: bool,
     tx: &Sink,
 ) -> Option<()> {
-    let read = {
-        let (state, board, prefix) = (state.clone(), board.clone(), prefix.to_owned());
-        // With a prefix, a page read: off the async workers.
-        tokio::task::spawn_blocking(move || overview(&state, &board, &prefix))
-    };
-    let mut data = serde_json::to_value(read.await.ok()?).ok()?;
+    let read = overview(state, board, prefix).await.ok()?;
+    let mut data = serde_json::to_value(read).ok()?;
     if recent {
         data["recent"] = serde_json::to_value(state.history.matching(prefix)).ok()?;
     }

@@ -98,11 +98,11 @@ fn role_for(path: &str, metrics_open: bool) -> Option<Role> {
 
 /// The middleware: names first, then the credential.
 pub async fn guard(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
-    if let Err(refused) = check_names(request.headers(), state.engine.http_hosts()) {
+    if let Err(refused) = check_names(request.headers(), state.store.core().http_hosts()) {
         return refused.into_response();
     }
     let mut caller = Caller(None);
-    if let Some(access) = state.engine.access() {
+    if let Some(access) = state.store.core().access() {
         if let Some(role) = role_for(request.uri().path(), access.metrics_open) {
             let names: Vec<String> = request
                 .extensions()

@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 
 use crate::domain::{Phase, Reason};
 use crate::engine::config::Pattern;
-use crate::engine::{Engine, KeyReading, CAP_NAMES, DECISION_NAMES};
+use crate::engine::{KeyReading, Store, CAP_NAMES, DECISION_NAMES};
 
 /// How many of the busiest keys get per-key series, besides the keys named
 /// by exact rules.
@@ -144,19 +144,15 @@ fn vm_rss_bytes(status: &str) -> Option<u64> {
 /// The keys with per-key series: those named by exact rules, live or not
 /// (a key not live reads as a fresh key would, K2, B6), then the busiest.
 /// Also says which of them are live, for the aggregates.
-fn shown_keys(engine: &Engine, exact: &[String]) -> (Vec<KeyReading>, Vec<bool>) {
+async fn shown_keys(store: &Store, exact: &[String]) -> (Vec<KeyReading>, Vec<bool>) {
     let mut shown: BTreeMap<String, (KeyReading, bool)> = BTreeMap::new();
     for key in exact {
-        let Ok(reading) = engine.get(key) else {
+        let Ok((reading, live)) = store.read(key).await else {
             continue;
         };
-        // Live when a listing from the key itself starts with it: a page of
-        // one, whose cost does not depend on the other keys.
-        let (first, _) = engine.list(key, &[], None, 1);
-        let live = first.first().is_some_and(|r| r.key == *key);
         shown.insert(key.clone(), (reading, live));
     }
-    for reading in engine.busiest(TOP_KEYS) {
+    for reading in store.busiest(TOP_KEYS).await {
         shown
             .entry(reading.key.clone())
             .or_insert_with(|| (reading, true));
@@ -164,9 +160,10 @@ fn shown_keys(engine: &Engine, exact: &[String]) -> (Vec<KeyReading>, Vec<bool>)
     shown.into_values().unzip()
 }
 
-/// The whole exposition of `engine`, with the HTTP side's own figures.
-pub fn render(engine: &Engine, http: &HttpFigures) -> String {
-    let rules = engine.rules();
+/// The whole exposition of `store`, with the HTTP side's own figures.
+pub async fn render(store: &Store, http: &HttpFigures) -> String {
+    let core = store.core();
+    let rules = store.rules();
     let exact: Vec<String> = rules
         .rules
         .iter()
@@ -175,8 +172,9 @@ pub fn render(engine: &Engine, http: &HttpFigures) -> String {
             Pattern::Prefix(_) => None,
         })
         .collect();
-    let totals = engine.totals();
-    let (keys, live) = shown_keys(engine, &exact);
+    let figures = store.figures().await;
+    let totals = figures.totals;
+    let (keys, live) = shown_keys(store, &exact).await;
     // The aggregates are the totals less the live keys shown. The readings
     // and the totals are taken at nearly the same instant, not at once:
     // a difference never goes below zero.
@@ -196,22 +194,40 @@ pub fn render(engine: &Engine, http: &HttpFigures) -> String {
     }
 
     let mut x = Exposition::default();
-    let limits = engine.limits();
-    let counters = engine.counters();
-    x.single("fusebox_keys", "gauge", "Live keys.", totals.keys);
-    x.single("fusebox_tickets", "gauge", "Live tickets.", totals.tickets);
+    let limits = core.limits();
+    let counters = core.counters();
+    let whose = if figures.fleet_wide {
+        " (the whole store's, every server alike)"
+    } else {
+        ""
+    };
+    x.single(
+        "fusebox_keys",
+        "gauge",
+        &format!("Live keys{whose}."),
+        totals.keys,
+    );
+    x.single(
+        "fusebox_tickets",
+        "gauge",
+        &format!("Live tickets{whose}."),
+        totals.tickets,
+    );
     x.single(
         "fusebox_waiters",
         "gauge",
-        "Requests waiting in a queue.",
+        &format!("Requests waiting in a queue{whose}."),
         totals.waiters,
     );
-    x.single(
-        "fusebox_keys_forgotten_total",
-        "counter",
-        "Idle keys at rest forgotten since start (K2).",
-        totals.forgotten,
-    );
+    // Only embedded: Redis forgets keys at rest itself, uncounted.
+    if let Some(forgotten) = figures.forgotten {
+        x.single(
+            "fusebox_keys_forgotten_total",
+            "counter",
+            "Idle keys at rest forgotten since start (K2).",
+            forgotten,
+        );
+    }
     x.single(
         "fusebox_max_keys",
         "gauge",
@@ -395,7 +411,7 @@ pub fn render(engine: &Engine, http: &HttpFigures) -> String {
         "fusebox_shutting_down",
         "gauge",
         "1 once the server began to shut down, else 0.",
-        u8::from(engine.is_shutting_down()),
+        u8::from(core.is_shutting_down()),
     );
 
     x.family(
@@ -566,7 +582,7 @@ pub fn render(engine: &Engine, http: &HttpFigures) -> String {
         "gauge",
         "When the key's phase last changed, in Unix time.",
         |r| {
-            let at = engine
+            let at = core
                 .wall_time(r.view.changed_at)
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default();
@@ -652,21 +668,23 @@ pub fn render(engine: &Engine, http: &HttpFigures) -> String {
         "Cap on open dashboard event streams.",
         http.max_event_streams,
     );
-    let (sweep_batches, largest_batch) = engine.sweep_figures();
-    x.single(
-        "fusebox_idle_sweep_batches_total",
-        "counter",
-        "Batches of idle forgetting run (each under one shard lock).",
-        sweep_batches,
-    );
-    x.single(
-        "fusebox_idle_sweep_largest_batch",
-        "gauge",
-        "The most keys one batch of idle forgetting has looked at.",
-        largest_batch,
-    );
+    // Only embedded: with --store, Redis forgets idle keys itself.
+    if let Some((sweep_batches, largest_batch)) = store.sweep_figures() {
+        x.single(
+            "fusebox_idle_sweep_batches_total",
+            "counter",
+            "Batches of idle forgetting run (each under one shard lock).",
+            sweep_batches,
+        );
+        x.single(
+            "fusebox_idle_sweep_largest_batch",
+            "gauge",
+            "The most keys one batch of idle forgetting has looked at.",
+            largest_batch,
+        );
+    }
     // Only with a data dir (--data-dir): state kept across restarts.
-    if let Some(storage) = engine.storage_figures() {
+    if let Some(storage) = store.storage_figures() {
         x.single(
             "fusebox_storage_commits_total",
             "counter",
@@ -693,8 +711,7 @@ pub fn render(engine: &Engine, http: &HttpFigures) -> String {
         );
     }
     // Only with state in Redis (--store).
-    if let Some(shared) = engine.shared() {
-        let f = &shared.figures;
+    if let Some(f) = store.store_figures() {
         let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         x.single(
             "fusebox_store_commands_total",
@@ -727,7 +744,6 @@ pub fn render(engine: &Engine, http: &HttpFigures) -> String {
             n(&f.unconfirmed),
         );
     }
-    let counters = engine.counters();
     x.single(
         "fusebox_watch_streams",
         "gauge",
@@ -744,7 +760,7 @@ pub fn render(engine: &Engine, http: &HttpFigures) -> String {
         "fusebox_max_watch_streams",
         "gauge",
         "Cap on open Admin.Watch streams ([server] max_watch_streams).",
-        engine.limits().max_watch_streams,
+        limits.max_watch_streams,
     );
     if let Some(bytes) = resident_memory_bytes() {
         x.single(
@@ -779,7 +795,9 @@ mod tests {
 
     #[test]
     fn the_busiest_keys_are_shown_and_the_rest_aggregated() {
-        let engine = Engine::with_manual_clock(crate::engine::Config::default());
+        let engine = std::sync::Arc::new(crate::engine::Engine::with_manual_clock(
+            crate::engine::Config::default(),
+        ));
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("a runtime");
@@ -799,7 +817,8 @@ mod tests {
                 }
             }
         });
-        let text = render(&engine, &HttpFigures::default());
+        let store = crate::engine::Store::Embedded(engine);
+        let text = rt.block_on(render(&store, &HttpFigures::default()));
         assert!(!text.contains("key=\"k/004\""));
         assert!(text.contains("fusebox_key_live_tickets{key=\"k/005\"} 6\n"));
         assert!(text.contains("fusebox_other_keys{phase=\"CLOSED\"} 5\n"));

@@ -43,7 +43,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use crate::connections::{self, Plain, Upgrade};
-use crate::engine::Engine;
+use crate::engine::{Core, Store};
 use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
 use tower::ServiceExt;
@@ -86,10 +86,10 @@ impl Default for Options {
 }
 
 impl Options {
-    /// The defaults, with the caps of the engine's `[server]` limits.
-    pub fn of(engine: &Engine) -> Options {
+    /// The defaults, with the caps of the server's `[server]` limits.
+    pub fn of(core: &Core) -> Options {
         Options {
-            max_event_streams: usize::try_from(engine.limits().max_event_streams)
+            max_event_streams: usize::try_from(core.limits().max_event_streams)
                 .unwrap_or(usize::MAX),
             ..Options::default()
         }
@@ -153,8 +153,8 @@ impl Streams {
 /// What every handler shares.
 #[derive(Clone, Debug)]
 pub struct AppState {
-    /// The engine.
-    pub engine: Arc<Engine>,
+    /// Where the keys are.
+    pub store: Store,
     /// Recent transitions, for the dashboard's timeline.
     pub history: Arc<api::History>,
     /// The board and the sparklines, from the one sampler task.
@@ -163,21 +163,23 @@ pub struct AppState {
     pub streams: Arc<Streams>,
 }
 
-/// The routes, over `engine`, with the default [`Options`].
-pub fn router(engine: Arc<Engine>) -> Router {
-    let options = Options::of(&engine);
-    router_with(engine, options)
+/// The routes, over `store`, with the default [`Options`].
+pub fn router(store: impl Into<Store>) -> Router {
+    let store = store.into();
+    let options = Options::of(store.core());
+    router_with(store, options)
 }
 
-/// The routes, over `engine`. Starts the tasks that remember transitions
+/// The routes, over `store`. Starts the tasks that remember transitions
 /// for the timeline and sample the board, so it must be called inside a
 /// Tokio runtime.
-pub fn router_with(engine: Arc<Engine>, options: Options) -> Router {
+pub fn router_with(store: impl Into<Store>, options: Options) -> Router {
+    let store = store.into();
     let state = AppState {
-        history: api::History::record(engine.clone()),
-        trends: trends::Trends::start(engine.clone(), options.sample_every),
+        history: api::History::record(store.core().clone()),
+        trends: trends::Trends::start(store.clone(), options.sample_every),
         streams: Streams::new(options.max_event_streams),
-        engine,
+        store,
     };
     Router::new()
         .route("/", get(dashboard::index))
@@ -207,21 +209,22 @@ pub fn router_with(engine: Arc<Engine>, options: Options) -> Router {
 /// most [`SHUTDOWN_LINGER`], then the server stops.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    engine: Arc<Engine>,
+    store: impl Into<Store>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let options = Options::of(&engine);
-    serve_with(listener, engine, options, shutdown).await
+    let store = store.into();
+    let options = Options::of(store.core());
+    serve_with(listener, store, options, shutdown).await
 }
 
 /// Like [`serve`], with `options`.
 pub async fn serve_with(
     listener: tokio::net::TcpListener,
-    engine: Arc<Engine>,
+    store: impl Into<Store>,
     options: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_upgraded(listener, engine, options, Plain, shutdown).await
+    serve_upgraded(listener, store.into(), options, Plain, shutdown).await
 }
 
 /// Like [`serve_with`], each connection upgraded by `upgrade` (TLS) first.
@@ -232,15 +235,15 @@ pub async fn serve_with(
 /// handshake_timeout`, else it is closed.
 pub async fn serve_upgraded<U: Upgrade>(
     listener: tokio::net::TcpListener,
-    engine: Arc<Engine>,
+    store: Store,
     options: Options,
     upgrade: U,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let limits = engine.limits();
+    let limits = store.core().limits();
     let caps = connections::caps(&limits);
     let timeout = Duration::from_millis(limits.handshake_timeout);
-    let router = router_with(engine, options);
+    let router = router_with(store, options);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let stop = async move {
         shutdown.await;
@@ -336,21 +339,13 @@ impl Drop for HttpSlot {
 
 /// `GET /metrics`.
 async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
-    let engine = state.engine.clone();
     let figures = state.streams.figures();
-    // Reads of a few hundred keys: off the async workers.
-    match tokio::task::spawn_blocking(move || metrics::render(&engine, &figures)).await {
-        Ok(text) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
-            text,
-        ),
-        Err(e) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            format!("metrics failed: {e}\n"),
-        ),
-    }
+    let text = metrics::render(&state.store, &figures).await;
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+        text,
+    )
 }
 
 /// Liveness: the process answers.
@@ -360,7 +355,7 @@ async fn healthz() -> &'static str {
 
 /// Readiness: 200 while the engine takes requests, 503 once it shuts down.
 async fn readyz(State(state): State<AppState>) -> (StatusCode, &'static str) {
-    if state.engine.is_shutting_down() {
+    if state.store.core().is_shutting_down() {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
     } else {
         (StatusCode::OK, "ready\n")

@@ -23,7 +23,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::domain::Phase;
-use crate::engine::{Engine, KeyReading, Totals};
+use crate::engine::{KeyReading, Store, Totals};
 
 /// How many of the busiest keys the board holds (and the sampler samples).
 pub const BUSIEST: usize = 100;
@@ -50,7 +50,7 @@ pub const NOT_CLOSED: [Phase; 3] = [Phase::Open, Phase::HalfOpen, Phase::Isolate
 pub struct Board {
     /// The round's number; 0 before the first round.
     pub round: u64,
-    /// Engine-wide figures ([`Engine::totals`]).
+    /// The store's figures ([`Store::figures`]).
     pub totals: Totals,
     /// The busiest keys, busiest first.
     pub busiest: Vec<KeyReading>,
@@ -109,9 +109,9 @@ fn added(before: u64, after: u64) -> u64 {
 }
 
 impl Trends {
-    /// Starts the sampler over `engine`, a round every `every`, until the
-    /// engine stops. Must be called inside a Tokio runtime.
-    pub fn start(engine: Arc<Engine>, every: Duration) -> Arc<Trends> {
+    /// Starts the sampler over `store`, a round every `every`, until the
+    /// server stops. Must be called inside a Tokio runtime.
+    pub fn start(store: Store, every: Duration) -> Arc<Trends> {
         let (board, _) = watch::channel(Arc::new(Board::default()));
         let trends = Arc::new(Trends {
             history: Mutex::new(History::default()),
@@ -119,20 +119,14 @@ impl Trends {
             every,
         });
         let sampler = trends.clone();
-        let stopped = engine.stopped();
+        let stopped = store.core().stopped();
         tokio::spawn(async move {
             let run = async {
                 let mut ticks = tokio::time::interval(every);
                 ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 for round in 1.. {
                     ticks.tick().await;
-                    let (engine, sampler) = (engine.clone(), sampler.clone());
-                    // The engine's reads are synchronous: off the async workers.
-                    let done =
-                        tokio::task::spawn_blocking(move || sampler.round(&engine, round)).await;
-                    if done.is_err() {
-                        return;
-                    }
+                    sampler.round(&store, round).await;
                 }
             };
             tokio::select! {
@@ -154,11 +148,11 @@ impl Trends {
     }
 
     /// One round: reads the board and samples the candidates.
-    fn round(&self, engine: &Engine, round: u64) {
-        let busiest = engine.busiest(BUSIEST);
-        let (attention, attention_more) = engine.list("", &NOT_CLOSED, None, ATTENTION);
+    async fn round(&self, store: &Store, round: u64) {
+        let busiest = store.busiest(BUSIEST).await;
+        let (attention, attention_more) = store.not_closed("", ATTENTION).await.unwrap_or_default();
         // Last, so that the counts are at least as fresh as the rows.
-        let totals = engine.totals();
+        let totals = store.figures().await.totals;
         let now = Instant::now();
         let shown: Vec<String> = {
             let mut history = self.history.lock().expect("trends lock");
@@ -171,11 +165,15 @@ impl Trends {
         for r in busiest.iter().chain(&attention) {
             readings.insert(&r.key, (requests_of(r), r.view.stats.failures));
         }
-        let extra: Vec<KeyReading> = shown
+        let mut extra: Vec<KeyReading> = Vec::new();
+        for key in shown
             .iter()
             .filter(|key| !readings.contains_key(key.as_str()))
-            .filter_map(|key| engine.get(key).ok())
-            .collect();
+        {
+            if let Ok(r) = store.get(key).await {
+                extra.push(r);
+            }
+        }
         for r in &extra {
             readings.insert(&r.key, (requests_of(r), r.view.stats.failures));
         }

@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::{Grant, Refusal, Role};
 use crate::domain::{Decision, Outcome, Phase, Reason};
-use crate::engine::{AcquireArgs, Engine, EngineError, KeyReading};
+use crate::engine::{AcquireArgs, Core, Cursor, EngineError, KeyReading, Store};
 use crate::proto::v1 as pb;
 use crate::proto::wire::{
     duration_of, filter_of, millis_of, page_after, page_token, phase_of, timestamp_of,
@@ -103,8 +103,8 @@ fn outcome_of(value: i32) -> Result<Outcome, Status> {
     }
 }
 
-/// The wire form of a key's state; `engine` gives wall-clock times.
-pub fn key_state_of(engine: &Engine, r: &KeyReading) -> pb::KeyState {
+/// The wire form of a key's state; `core` gives wall-clock times.
+pub fn key_state_of(core: &Core, r: &KeyReading) -> pb::KeyState {
     let v = &r.view;
     let st = &v.stats;
     pb::KeyState {
@@ -141,7 +141,7 @@ pub fn key_state_of(engine: &Engine, r: &KeyReading) -> pb::KeyState {
             expired: st.expired,
         }),
         failure_ratio: v.failure_ratio,
-        phase_changed_at: Some(timestamp_of(engine.wall_time(v.changed_at))),
+        phase_changed_at: Some(timestamp_of(core.wall_time(v.changed_at))),
         limit: v.limit,
     }
 }
@@ -188,21 +188,21 @@ enum On<'a> {
     Nothing,
 }
 
-/// The three fusebox services over one engine.
+/// The three fusebox services over one store.
 #[derive(Clone, Debug)]
 pub struct Api {
-    engine: Arc<Engine>,
+    store: Store,
 }
 
 impl Api {
-    /// Services over `engine`.
-    pub fn new(engine: Arc<Engine>) -> Self {
-        Api { engine }
+    /// Services over `store`.
+    pub fn new(store: Store) -> Self {
+        Api { store }
     }
 
     /// Who sent `request`: its grant, or `None` when authentication is off.
     fn grant<T>(&self, request: &Request<T>) -> Result<Option<Arc<Grant>>, Status> {
-        let Some(access) = self.engine.access() else {
+        let Some(access) = self.store.core().access() else {
             return Ok(None);
         };
         access
@@ -326,7 +326,7 @@ impl Api {
             max_wait: millis_of("max_wait", req.max_wait)?.unwrap_or(0),
             lease: millis_of("lease", req.lease)?,
         };
-        let reply = self.engine.acquire(args).await.map_err(status_of)?;
+        let reply = self.store.acquire(args).await.map_err(status_of)?;
         let (decision, reason, retry_after) = match reply.decision {
             Decision::Granted(_) => (pb::Decision::Granted, None, None),
             Decision::Probe(_) => (pb::Decision::Probe, None, None),
@@ -358,7 +358,7 @@ impl Api {
             return Ok(());
         };
         grant.needs(Role::Caller, what).map_err(status_of_refusal)?;
-        let key = self.engine.ticket_key(ticket).map_err(status_of)?;
+        let key = self.store.ticket_key(ticket).map_err(status_of)?;
         grant
             .on_key(Role::Caller, what, &key)
             .map_err(status_of_refusal)
@@ -373,8 +373,8 @@ impl Api {
         self.allow_ticket(grant, "Complete", &req.ticket)?;
         let outcome = outcome_of(req.outcome)?;
         let done = self
-            .engine
-            .complete_async(&req.ticket, outcome)
+            .store
+            .complete(&req.ticket, outcome)
             .await
             .map_err(status_of)?;
         Ok(pb::CompleteResponse {
@@ -392,8 +392,8 @@ impl Api {
         self.allow_ticket(grant, "Renew", &req.ticket)?;
         let lease = millis_of("lease", req.lease)?;
         let left = self
-            .engine
-            .renew_async(&req.ticket, lease)
+            .store
+            .renew(&req.ticket, lease)
             .await
             .map_err(status_of)?;
         Ok(pb::RenewResponse {
@@ -415,11 +415,11 @@ impl Admin for Api {
             On::Key(&request.get_ref().key),
         )?;
         let reading = self
-            .engine
-            .get_async(&request.into_inner().key)
+            .store
+            .get(&request.into_inner().key)
             .await
             .map_err(status_of)?;
-        Ok(Response::new(key_state_of(&self.engine, &reading)))
+        Ok(Response::new(key_state_of(self.store.core(), &reading)))
     }
 
     async fn isolate(
@@ -435,11 +435,11 @@ impl Admin for Api {
         let who = who(&request, grant.as_deref());
         let req = request.into_inner();
         let reading = self
-            .engine
-            .isolate_async(&req.key, &req.reason, &who)
+            .store
+            .isolate(&req.key, &req.reason, &who)
             .await
             .map_err(status_of)?;
-        Ok(Response::new(key_state_of(&self.engine, &reading)))
+        Ok(Response::new(key_state_of(self.store.core(), &reading)))
     }
 
     async fn close(
@@ -455,11 +455,11 @@ impl Admin for Api {
         let who = who(&request, grant.as_deref());
         let req = request.into_inner();
         let reading = self
-            .engine
-            .close_async(&req.key, &req.reason, &who)
+            .store
+            .close(&req.key, &req.reason, &who)
             .await
             .map_err(status_of)?;
-        Ok(Response::new(key_state_of(&self.engine, &reading)))
+        Ok(Response::new(key_state_of(self.store.core(), &reading)))
     }
 
     async fn list_keys(
@@ -481,34 +481,41 @@ impl Admin for Api {
             n => (n as usize).min(MAX_PAGE_SIZE),
         };
         let filter = filter_of(&req.prefix, &req.phases);
-        let after = if req.page_token.is_empty() {
-            None
+        let mut cursor = if req.page_token.is_empty() {
+            Some(Cursor::Start)
         } else {
-            Some(page_after(&req.page_token, &filter)?)
+            let text = page_after(&req.page_token, &filter)?;
+            Some(Cursor::of_text(&text).ok_or_else(|| {
+                invalid("page_token", "is not a token from a previous ListKeys page")
+            })?)
         };
         // A page is read a slice at a time, yielding in between, so that a
         // listing of every key never holds a worker for more than a slice:
-        // decisions on the same worker keep their latency.
+        // decisions on the same worker keep their latency. With a store,
+        // one slice is one bounded step of each primary it reaches.
         let mut keys = Vec::with_capacity(page_size);
-        let mut cursor = after;
-        let mut more = true;
-        while more && keys.len() < page_size {
+        while let Some(from) = cursor.take() {
             let slice = (page_size - keys.len()).min(LIST_SLICE);
             let part = self
-                .engine
-                .list_page_async(&req.prefix, &phases, cursor.as_deref(), slice)
+                .store
+                .list_page(&req.prefix, &phases, &from, slice)
                 .await
                 .map_err(status_of)?;
-            more = part.more;
-            cursor = part.readings.last().map(|r| r.key.clone()).or(cursor);
-            keys.extend(part.readings.iter().map(|r| key_state_of(&self.engine, r)));
-            if more {
-                tokio::task::yield_now().await;
+            let short = part.readings.len() < slice;
+            keys.extend(
+                part.readings
+                    .iter()
+                    .map(|r| key_state_of(self.store.core(), r)),
+            );
+            cursor = part.next;
+            if keys.len() >= page_size || (short && cursor.is_some()) {
+                break;
             }
+            tokio::task::yield_now().await;
         }
-        let next_page_token = match (more, cursor) {
-            (true, Some(last)) => page_token(&filter, &last),
-            _ => String::new(),
+        let next_page_token = match cursor {
+            Some(next) => page_token(&filter, &next.text()),
+            None => String::new(),
         };
         Ok(Response::new(pb::ListKeysResponse {
             keys,
@@ -530,7 +537,7 @@ impl Admin for Api {
         )?;
         let prefix = request.into_inner().prefix;
         check_prefix(&prefix)?;
-        Ok(Response::new(watch::stream(self.engine.clone(), prefix)?))
+        Ok(Response::new(watch::stream(self.store.clone(), prefix)?))
     }
 
     async fn set_policy(
@@ -558,7 +565,7 @@ impl Admin for Api {
             if !rule.r#match.is_empty() {
                 return Err(invalid("rule.match", "must be empty for the default rule"));
             }
-            self.engine.set_default(policy).map_err(status_of)?;
+            self.store.set_default(policy).map_err(status_of)?;
             tracing::info!("default policy set at run time");
         } else {
             let pattern = crate::engine::config::Pattern::parse(&rule.r#match)
@@ -570,7 +577,7 @@ impl Admin for Api {
                 )
             })?;
             let position = self
-                .engine
+                .store
                 .set_rule(crate::engine::config::Rule { pattern, policy })
                 .map_err(status_of)?;
             tracing::info!(r#match = %rule.r#match, position = position + 1, "policy set at run time");
@@ -597,7 +604,7 @@ impl Admin for Api {
                 "is required; the default rule cannot be deleted, only replaced",
             ));
         }
-        self.engine.delete_rule(&pattern).map_err(status_of)?;
+        self.store.delete_rule(&pattern).map_err(status_of)?;
         tracing::info!(r#match = %pattern, "policy deleted at run time");
         Ok(Response::new(()))
     }
@@ -607,7 +614,7 @@ impl Admin for Api {
         request: Request<pb::ListPoliciesRequest>,
     ) -> Result<Response<pb::ListPoliciesResponse>, Status> {
         self.allow(&request, Role::Operator, "ListPolicies", On::Nothing)?;
-        let rules = self.engine.rules();
+        let rules = self.store.rules();
         Ok(Response::new(pb::ListPoliciesResponse {
             rules: rules
                 .rules
@@ -662,14 +669,14 @@ impl Clock for Api {
         request: Request<pb::AdvanceRequest>,
     ) -> Result<Response<pb::ClockReading>, Status> {
         self.allow(&request, Role::Admin, "Clock.Advance", On::Everything)?;
-        if !self.engine.has_manual_clock() {
+        if !self.store.core().has_manual_clock() {
             return Err(Status::unimplemented(
                 "the clock is not manual: start the server with --manual-clock to move time by hand",
             ));
         }
         let by = millis_of("by", request.into_inner().by)?.unwrap_or(0);
         let now = self
-            .engine
+            .store
             .advance_clock(by)
             .await
             .ok_or_else(|| Status::internal("the manual clock is missing"))?;
@@ -687,20 +694,22 @@ const SERVICES: [&str; 3] = ["fusebox.v1.Fusebox", "fusebox.v1.Admin", "fusebox.
 /// in flight, whatever idle connections are open.
 pub async fn run(
     listener: tokio::net::TcpListener,
-    engine: Arc<Engine>,
+    store: impl Into<Store>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    run_with_tls(listener, engine, None, shutdown).await
+    run_with_tls(listener, store, None, shutdown).await
 }
 
 /// Like [`run`]; with `tls`, every connection is a TLS one (see [`tls`]).
 pub async fn run_with_tls(
     listener: tokio::net::TcpListener,
-    engine: Arc<Engine>,
+    store: impl Into<Store>,
     tls: Option<tls::Acceptor>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let manual = engine.has_manual_clock();
+    let store = store.into();
+    let core = store.core().clone();
+    let manual = core.has_manual_clock();
     let served: Vec<&str> = SERVICES
         .iter()
         .copied()
@@ -722,11 +731,14 @@ pub async fn run_with_tls(
     }
     let reflection = reflection.build_v1()?;
 
-    let api = Api::new(engine.clone());
-    let timer = tokio::spawn(engine.clone().run_timer());
+    let api = Api::new(store.clone());
+    let timer = {
+        let store = store.clone();
+        tokio::spawn(async move { store.run_timer().await })
+    };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let incoming =
-        crate::connections::incoming(listener, engine.clone(), crate::connections::MaybeTls(tls));
+        crate::connections::incoming(listener, core.clone(), crate::connections::MaybeTls(tls));
     let in_flight = Arc::new(calls::InFlight::default());
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
@@ -769,7 +781,7 @@ pub async fn run_with_tls(
             .set_service_status(*name, tonic_health::ServingStatus::NotServing)
             .await;
     }
-    engine.shutdown();
+    store.shutdown();
     let _ = stop_tx.send(());
     // Done when the server has closed every connection, or as soon as no
     // call is in flight (idle connections are not waited for), or at the

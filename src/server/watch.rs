@@ -12,7 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::{key_state_of, phase_of, timestamp_of};
-use crate::engine::{Engine, Event, EventKind, KeyReading};
+use crate::engine::{Core, Cursor, Event, EventKind, KeyReading, Store};
 use crate::proto::v1 as pb;
 
 /// Keys per snapshot message, so that every message stays small and a
@@ -59,12 +59,12 @@ type Sink = mpsc::Sender<Result<pb::WatchEvent, Status>>;
 const SHUTDOWN_NOTICE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Holds one of the `max_watch_streams` places while a stream is open.
-struct Place(Arc<Engine>);
+struct Place(Arc<Core>);
 
 impl Place {
-    fn take(engine: &Arc<Engine>) -> Result<Place, Status> {
-        let counters = engine.counters();
-        let cap = engine.limits().max_watch_streams;
+    fn take(core: &Arc<Core>) -> Result<Place, Status> {
+        let counters = core.counters();
+        let cap = core.limits().max_watch_streams;
         let open = counters.watch_streams.fetch_add(1, Ordering::Relaxed);
         if open >= cap {
             counters.watch_streams.fetch_sub(1, Ordering::Relaxed);
@@ -75,7 +75,7 @@ impl Place {
                 "too many Watch streams: the server's max_watch_streams cap ({cap}) is reached; close a watcher or raise [server].max_watch_streams"
             )));
         }
-        Ok(Place(engine.clone()))
+        Ok(Place(core.clone()))
     }
 }
 
@@ -91,18 +91,18 @@ impl Drop for Place {
 /// Starts a Watch stream of the keys that start with `prefix`, or refuses
 /// it with `RESOURCE_EXHAUSTED` past the cap.
 pub fn stream(
-    engine: Arc<Engine>,
+    store: Store,
     prefix: String,
 ) -> Result<ReceiverStream<Result<pb::WatchEvent, Status>>, Status> {
-    let place = Place::take(&engine)?;
+    let place = Place::take(store.core())?;
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     // Subscribe before the snapshot, so that nothing after it is missed.
-    let events = engine.subscribe();
+    let events = store.core().subscribe();
     tokio::spawn(async move {
         let _place = place;
-        let stopped = engine.stopped();
+        let stopped = store.core().stopped();
         tokio::select! {
-            _ = forward(&engine, &prefix, events, &tx) => {}
+            _ = forward(&store, &prefix, events, &tx) => {}
             () = stopped => {
                 // The stream ends UNAVAILABLE, not OK: the watcher did not
                 // see everything, and should watch another instance. A
@@ -120,18 +120,18 @@ pub fn stream(
 }
 
 async fn forward(
-    engine: &Engine,
+    store: &Store,
     prefix: &str,
     mut events: tokio::sync::broadcast::Receiver<Event>,
     tx: &Sink,
 ) -> Option<()> {
-    snapshot(engine, prefix, tx).await?;
+    snapshot(store, prefix, tx).await?;
     loop {
         match events.recv().await {
             Ok(event) if event.key.starts_with(prefix) => {
                 send(
                     tx,
-                    pb::watch_event::Event::Transition(transition_of(engine, event)),
+                    pb::watch_event::Event::Transition(transition_of(store.core(), event)),
                 )
                 .await?;
             }
@@ -143,7 +143,7 @@ async fn forward(
                 // before reading the snapshot, so that nothing after it is
                 // missed (an event may show in both, as at the start).
                 events = events.resubscribe();
-                snapshot(engine, prefix, tx).await?;
+                snapshot(store, prefix, tx).await?;
             }
             Err(RecvError::Closed) => return None,
         }
@@ -158,28 +158,31 @@ async fn send(tx: &Sink, event: pb::watch_event::Event) -> Option<()> {
 
 /// Sends the keys as they are now, a page at a time in key order, each
 /// page read only once the watcher has room for it.
-async fn snapshot(engine: &Engine, prefix: &str, tx: &Sink) -> Option<()> {
-    let mut after: Option<String> = None;
+async fn snapshot(store: &Store, prefix: &str, tx: &Sink) -> Option<()> {
+    let mut from = Cursor::Start;
     loop {
         let room = tx.reserve().await.ok()?;
         let (keys, more) = {
             let _turn = SNAPSHOT_TURN.acquire().await.ok()?;
             let started = std::time::Instant::now();
-            let page = engine
-                .list_page_async(prefix, &[], after.as_deref(), SNAPSHOT_CHUNK)
+            let page = store
+                .list_page(prefix, &[], &from, SNAPSHOT_CHUNK)
                 .await
                 .ok()?;
-            after = page.readings.last().map(|r| r.key.clone());
             let keys: Vec<pb::KeyState> = page
                 .readings
                 .iter()
-                .map(|r: &KeyReading| key_state_of(engine, r))
+                .map(|r: &KeyReading| key_state_of(store.core(), r))
                 .collect();
             let pause = snapshot_pause(started.elapsed());
             if !pause.is_zero() {
                 tokio::time::sleep(pause).await;
             }
-            (keys, page.more)
+            let more = page.next.is_some();
+            if let Some(next) = page.next {
+                from = next;
+            }
+            (keys, more)
         };
         room.send(Ok(pb::WatchEvent {
             event: Some(pb::watch_event::Event::Snapshot(pb::Snapshot {
@@ -195,7 +198,7 @@ async fn snapshot(engine: &Engine, prefix: &str, tx: &Sink) -> Option<()> {
     }
 }
 
-fn transition_of(engine: &Engine, e: Event) -> pb::Transition {
+fn transition_of(core: &Core, e: Event) -> pb::Transition {
     let reading = KeyReading {
         key: e.key.to_string(),
         view: e.view,
@@ -214,8 +217,8 @@ fn transition_of(engine: &Engine, e: Event) -> pb::Transition {
         cause: e.cause.to_owned(),
         who: e.who,
         reason: e.reason,
-        at: Some(timestamp_of(engine.wall_time(e.at))),
-        state: Some(key_state_of(engine, &reading)),
+        at: Some(timestamp_of(core.wall_time(e.at))),
+        state: Some(key_state_of(core, &reading)),
         sequence: e.sequence,
     }
 }

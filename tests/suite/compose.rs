@@ -169,7 +169,7 @@ fn the_fleet_profile_runs_fusebox_servers_on_a_cluster_of_its_redis_nodes() {
         let what = format!("docker-compose.yml service {name:?}");
         let flags = serve_command(&what, &server.command);
         let store = flag(&flags, "--store").unwrap_or_else(|| panic!("{what} passes --store"));
-        let url = fusebox::engine::shared::StoreUrl::parse(store)
+        let url = fusebox::engine::redis::StoreUrl::parse(store)
             .unwrap_or_else(|e| panic!("{what}: --store {store}: {e}"));
         assert!(url.cluster && url.nodes.len() == 6, "{what}: {url}");
         listen(&what, &flags);

@@ -18,7 +18,7 @@ use crate::harness::{eventually, millis, servers_on, Server};
 use crate::redis_harness::{info_field, wait_for, Cluster};
 use crate::resp::{Conn, Reply};
 use crate::store::{store_of, trip};
-use fusebox::engine::shared::redis_key;
+use fusebox::engine::redis::redis_key;
 
 type Client = pb::fusebox_client::FuseboxClient<Channel>;
 

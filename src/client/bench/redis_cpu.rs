@@ -568,7 +568,7 @@ impl Bench {
             "lease": {"default": 30_000, "max": HELD_LEASE_MS},
         })
         .to_string();
-        let policy_ref = format!("@{}", fusebox::engine::shared::policy_id(&policy));
+        let policy_ref = format!("@{}", fusebox::engine::redis::policy_id(&policy));
         Ok(Bench {
             conns,
             nodes,

@@ -11,8 +11,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::super::config::{Pattern, Rule, Rules};
-use super::super::{Engine, EngineError};
+use super::super::EngineError;
 use super::listen::POLICIES;
+use super::RedisStore;
 use crate::domain::PolicySpec;
 
 /// The Redis key of the shared rules.
@@ -67,40 +68,36 @@ pub fn from_json(text: &[u8]) -> Result<Rules, String> {
 }
 
 /// At start-up: adopts the rules Redis holds, or writes this server's.
-pub async fn start(engine: &Arc<Engine>) -> Result<(), EngineError> {
-    let shared = engine.shared().expect("a store").clone();
+pub async fn start(store: &Arc<RedisStore>) -> Result<(), EngineError> {
     let mut get = redis::cmd("GET");
     get.arg(POLICIES_KEY);
-    match shared.conn.query(&get).await? {
+    match store.conn.query(&get).await? {
         redis::Value::Nil => {
             let mut set = redis::cmd("SET");
             set.arg(POLICIES_KEY)
-                .arg(to_json(&engine.rules()))
+                .arg(to_json(&store.core().rules()))
                 .arg("NX");
-            shared.conn.query(&set).await?;
+            store.conn.query(&set).await?;
             tracing::info!("the store held no policies: this server's config is now the fleet's");
             // Another server may have written first (NX): read what won.
-            load(engine).await;
+            load(store).await;
         }
-        _ => load(engine).await,
+        _ => load(store).await,
     }
     Ok(())
 }
 
 /// Reads the shared rules and puts them in force (logged when they fail
 /// to read: the running rules stay).
-pub async fn load(engine: &Arc<Engine>) {
-    let Some(shared) = engine.shared().cloned() else {
-        return;
-    };
+pub async fn load(store: &Arc<RedisStore>) {
     let mut get = redis::cmd("GET");
     get.arg(POLICIES_KEY);
-    match shared.conn.query(&get).await {
+    match store.conn.query(&get).await {
         Ok(redis::Value::BulkString(bytes)) => match from_json(&bytes) {
             Ok(rules) => {
-                if *engine.rules() != rules {
+                if *store.core().rules() != rules {
                     let count = rules.rules.len();
-                    engine.set_rules(rules);
+                    store.core().replace_rules(rules);
                     tracing::info!(rules = count, "the fleet's policies changed in the store: keys adopt them at their next operation");
                 }
             }
@@ -120,11 +117,9 @@ pub async fn load(engine: &Arc<Engine>) {
 
 /// After a change on this server: writes the rules to Redis and tells the
 /// other servers. Spawned: the change is in force here already.
-pub fn publish(engine: &Engine) {
-    let Some(shared) = engine.shared().cloned() else {
-        return;
-    };
-    let json = to_json(&engine.rules());
+pub fn publish(store: &RedisStore) {
+    let json = to_json(&store.core().rules());
+    let conn = store.conn.clone();
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -133,8 +128,8 @@ pub fn publish(engine: &Engine) {
         set.arg(POLICIES_KEY).arg(&json);
         let mut publish = redis::cmd("PUBLISH");
         publish.arg(POLICIES).arg("changed");
-        let written = match shared.conn.query(&set).await {
-            Ok(_) => shared.conn.query(&publish).await.map(drop),
+        let written = match conn.query(&set).await {
+            Ok(_) => conn.query(&publish).await.map(drop),
             Err(e) => Err(e),
         };
         if let Err(e) = written {

@@ -155,21 +155,91 @@ impl Conn {
         }
     }
 
+    /// What the connection did.
+    pub(super) fn figures(&self) -> &StoreFigures {
+        &self.figures
+    }
+
     /// Runs a module command; the module's refusals become the contract's
     /// errors, failures to reach the store UNAVAILABLE.
     pub(super) async fn query(&self, cmd: &Cmd) -> Result<Value, EngineError> {
+        self.query_or_unknown_policy(cmd).await?.ok_or_else(|| {
+            EngineError::Internal("the store does not know a policy it was sent as JSON".into())
+        })
+    }
+
+    /// [`Conn::query`]; `None` when the module does not know the policy
+    /// the command names by id (`NOPOLICY`: send its JSON instead).
+    pub(super) async fn query_or_unknown_policy(
+        &self,
+        cmd: &Cmd,
+    ) -> Result<Option<Value>, EngineError> {
         self.figures.commands.fetch_add(1, Ordering::Relaxed);
         let result = match self.raw(cmd).await {
+            Ok(Value::ServerError(e)) => Err(RedisError::from(e)),
+            other => other,
+        };
+        match result {
+            Ok(value) => Ok(Some(value)),
+            Err(e) if e.code() == Some("NOPOLICY") => Ok(None),
+            Err(e) => Err(self.error_of(&e)),
+        }
+    }
+
+    /// Runs `cmd` on the node at `node` (`HOST:PORT`, a primary), over the
+    /// server's connections.
+    pub(super) async fn on_node(&self, node: &str, cmd: &Cmd) -> Result<Value, EngineError> {
+        self.figures.commands.fetch_add(1, Ordering::Relaxed);
+        let result = match &self.conn {
+            Link::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Link::Cluster(c) => {
+                let (host, port) = node
+                    .rsplit_once(':')
+                    .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
+                    .ok_or_else(|| EngineError::Internal(format!("{node:?} is not HOST:PORT")))?;
+                let route = redis::cluster_routing::RoutingInfo::SingleNode(
+                    redis::cluster_routing::SingleNodeRoutingInfo::ByAddress { host, port },
+                );
+                c.clone().route_command(cmd.clone(), route).await
+            }
+        };
+        let result = match result {
             Ok(Value::ServerError(e)) => Err(RedisError::from(e)),
             other => other,
         };
         result.map_err(|e| self.error_of(&e))
     }
 
-    /// Like [`Conn::query`], for a keyless command (the cluster client
-    /// sends it to some node).
-    pub(super) async fn query_any(&self, cmd: &Cmd) -> Result<Value, EngineError> {
-        self.query(cmd).await
+    /// One `FB.LIST` step on `node`: the next cursor, and the keys found
+    /// with their views.
+    pub(super) async fn list_step(
+        &self,
+        node: &str,
+        cmd: &Cmd,
+    ) -> Result<(u64, Vec<(String, Value)>), EngineError> {
+        let value = self.on_node(node, cmd).await?;
+        let odd = || EngineError::Internal(format!("FB.LIST answered {value:?}"));
+        let Value::Array(parts) = &value else {
+            return Err(odd());
+        };
+        let [cursor, Value::Array(items)] = parts.as_slice() else {
+            return Err(odd());
+        };
+        let cursor = match cursor {
+            Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|t| t.parse().ok()),
+            Value::SimpleString(t) => t.parse().ok(),
+            Value::Int(n) => u64::try_from(*n).ok(),
+            _ => None,
+        }
+        .ok_or_else(odd)?;
+        let mut found = Vec::with_capacity(items.len() / 2);
+        let mut items = items.iter();
+        while let (Some(name), Some(view)) = (items.next(), items.next()) {
+            if let Value::BulkString(name) = name {
+                found.push((String::from_utf8_lossy(name).into_owned(), view.clone()));
+            }
+        }
+        Ok((cursor, found))
     }
 
     fn error_of(&self, e: &RedisError) -> EngineError {
@@ -274,42 +344,16 @@ impl Conn {
         }
     }
 
-    /// Every key holding fusebox state whose Redis key starts with
-    /// `prefix`, from every primary, each with its view at `now` as the
-    /// module writes it (`FB.LIST`, a SCAN step at a time).
-    pub(super) async fn list(
-        &self,
-        prefix: &str,
-        now: &str,
-    ) -> Result<Vec<(String, Value)>, EngineError> {
-        let pattern = format!("{}*", glob_escape(prefix));
-        let mut found = Vec::new();
-        match &self.conn {
-            Link::Single(c) => list_node(&mut c.clone(), &pattern, now, &mut found)
-                .await
-                .map_err(|e| self.error_of(&e))?,
-            Link::Cluster(_) => {
-                for node in self.primaries().await? {
-                    let client = redis::Client::open(format!("redis://{node}"))
-                        .map_err(|e| self.error_of(&e))?;
-                    let mut conn = client
-                        .get_multiplexed_async_connection()
-                        .await
-                        .map_err(|e| self.error_of(&e))?;
-                    list_node(&mut conn, &pattern, now, &mut found)
-                        .await
-                        .map_err(|e| self.error_of(&e))?;
-                }
-            }
-        }
-        Ok(found)
-    }
-
-    /// `HOST:PORT` of every primary of the cluster that is not failing.
+    /// `HOST:PORT` of every primary that serves slots and is not failing,
+    /// in the order of the first slot each serves (one Redis server: just
+    /// that one).
     pub(super) async fn primaries(&self) -> Result<Vec<String>, EngineError> {
+        if let Link::Single(_) = &self.conn {
+            return Ok(self.url.nodes.clone());
+        }
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("NODES");
-        let text: String = match self.query_any(&cmd).await? {
+        let text: String = match self.query(&cmd).await? {
             Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
             Value::VerbatimString { text, .. } => text,
             other => {
@@ -318,52 +362,29 @@ impl Conn {
                 )))
             }
         };
-        Ok(text
+        let mut primaries: Vec<(u16, String)> = text
             .lines()
             .filter_map(|line| {
                 let fields: Vec<&str> = line.split(' ').collect();
                 let flags = fields.get(2)?;
                 let primary = flags.split(',').any(|f| f == "master")
                     && !flags.split(',').any(|f| f == "fail" || f == "noaddr");
-                let addr = fields.get(1)?.split('@').next()?;
-                primary.then(|| addr.to_owned())
+                let addr = fields.get(1)?.split(['@', ',']).next()?;
+                let first_slot = fields
+                    .get(8..)?
+                    .iter()
+                    .filter_map(|r| r.split('-').next()?.parse::<u16>().ok())
+                    .min()?;
+                primary.then(|| (first_slot, addr.to_owned()))
             })
-            .collect())
-    }
-}
-
-async fn list_node(
-    conn: &mut impl redis::aio::ConnectionLike,
-    pattern: &str,
-    now: &str,
-    found: &mut Vec<(String, Value)>,
-) -> Result<(), RedisError> {
-    let mut cursor = "0".to_owned();
-    loop {
-        let (next, batch): (String, Vec<Value>) = redis::cmd("FB.LIST")
-            .arg(&cursor)
-            .arg(now)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(conn)
-            .await?;
-        let mut items = batch.into_iter();
-        while let (Some(name), Some(view)) = (items.next(), items.next()) {
-            if let Value::BulkString(name) = name {
-                found.push((String::from_utf8_lossy(&name).into_owned(), view));
-            }
-        }
-        if next == "0" {
-            return Ok(());
-        }
-        cursor = next;
+            .collect();
+        primaries.sort();
+        Ok(primaries.into_iter().map(|(_, addr)| addr).collect())
     }
 }
 
 /// `text` with the glob characters of SCAN MATCH escaped.
-fn glob_escape(text: &str) -> String {
+pub(super) fn glob_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {

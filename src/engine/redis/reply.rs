@@ -325,3 +325,77 @@ mod tests {
         assert!(published_answer(b"not json").is_none());
     }
 }
+
+/// What `FB.CENSUS` answered, summed over primaries.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Census {
+    /// Fusebox keys, as each primary's last pass counted them.
+    pub keys: u64,
+    /// Keys by phase: exact for the phases that are not CLOSED; CLOSED is
+    /// the keys counted less those.
+    pub by_phase: [u64; 4],
+    /// Live tickets.
+    pub tickets: u64,
+    /// Waiting requests.
+    pub waiters: u64,
+    /// Keys not closed, read (when asked for).
+    pub not_closed: Vec<KeyReading>,
+}
+
+impl Census {
+    /// Adds another primary's census.
+    pub fn add(&mut self, other: Census) {
+        self.keys += other.keys;
+        for (a, b) in self.by_phase.iter_mut().zip(other.by_phase) {
+            *a += b;
+        }
+        self.tickets += other.tickets;
+        self.waiters += other.waiters;
+        self.not_closed.extend(other.not_closed);
+    }
+}
+
+/// One primary's `FB.CENSUS` reply; with `keys`, its keys not closed too.
+pub fn census_of(value: &Value, keys: bool) -> Result<Census, EngineError> {
+    let parse = || {
+        let Value::Array(items) = value else {
+            return None;
+        };
+        let field = |name: &str| {
+            items
+                .chunks(2)
+                .find(|pair| text(&pair[0]).as_deref() == Some(name))
+                .and_then(|pair| pair.get(1))
+        };
+        let n = |name: &str| field(name).and_then(number);
+        let not_closed = [n("open")?, n("half_open")?, n("isolated")?];
+        let counted = n("keys")?;
+        let mut c = Census {
+            by_phase: [
+                counted
+                    .saturating_sub(not_closed.iter().sum())
+                    .max(n("closed")?),
+                not_closed[0],
+                not_closed[1],
+                not_closed[2],
+            ],
+            tickets: n("tickets")?,
+            waiters: n("waiters")?,
+            ..Census::default()
+        };
+        c.keys = c.by_phase.iter().sum();
+        if keys {
+            let Value::Array(views) = field("not_closed")? else {
+                return None;
+            };
+            let mut views = views.iter();
+            while let (Some(name), Some(view)) = (views.next(), views.next()) {
+                let name = text(name)?;
+                let key = name.strip_prefix(super::KEY_PREFIX)?;
+                c.not_closed.push(reading_of(key, view).ok()??);
+            }
+        }
+        Some(c)
+    };
+    parse().ok_or_else(|| odd("FB.CENSUS", value))
+}

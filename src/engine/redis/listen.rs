@@ -12,9 +12,8 @@ use std::time::Duration;
 use tokio_stream::StreamExt;
 
 use super::super::events::{Event, EventKind};
-use super::super::Engine;
 use super::reply::{published_answer, view_of};
-use super::KEY_PREFIX;
+use super::{RedisStore, KEY_PREFIX};
 use crate::domain::{Cause, Phase};
 
 /// The channel of waiters' answers.
@@ -27,24 +26,21 @@ pub const POLICIES: &str = "fusebox:policies";
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const LAST_BACKOFF: Duration = Duration::from_secs(5);
 
-/// Listens until the engine stops, resubscribing whenever the connection
+/// Listens until the server stops, resubscribing whenever the connection
 /// is lost. `ready` is told once the first subscription holds.
-pub async fn listen(engine: Arc<Engine>, ready: tokio::sync::oneshot::Sender<()>) {
-    let Some(shared) = engine.shared().cloned() else {
-        return;
-    };
+pub async fn listen(store: Arc<RedisStore>, ready: tokio::sync::oneshot::Sender<()>) {
     let mut ready = Some(ready);
     let mut backoff = FIRST_BACKOFF;
-    let stopping = engine.stopped();
+    let stopping = store.core().stopped();
     tokio::pin!(stopping);
-    let nodes = shared.url().nodes.clone();
+    let nodes = store.url().nodes.clone();
     let mut at = 0;
     loop {
         let node = &nodes[at % nodes.len()];
         at += 1;
         let heard = tokio::select! {
             () = &mut stopping => return,
-            heard = subscribe(&engine, node, &mut ready) => heard,
+            heard = subscribe(&store, node, &mut ready) => heard,
         };
         match heard {
             Ok(()) => {
@@ -68,23 +64,25 @@ pub async fn listen(engine: Arc<Engine>, ready: tokio::sync::oneshot::Sender<()>
 
 /// One subscription, until its connection ends.
 async fn subscribe(
-    engine: &Arc<Engine>,
+    store: &Arc<RedisStore>,
     node: &str,
     ready: &mut Option<tokio::sync::oneshot::Sender<()>>,
 ) -> redis::RedisResult<()> {
-    let shared = engine.shared().expect("a store").clone();
     let client = redis::Client::open(format!("redis://{node}"))?;
     let mut pubsub = tokio::time::timeout(Duration::from_secs(2), client.get_async_pubsub())
         .await
         .map_err(|_| redis::RedisError::from((redis::ErrorKind::Io, "timed out connecting")))??;
     pubsub.subscribe(&[ANSWERS, EVENTS, POLICIES]).await?;
-    shared.figures.subscriptions.fetch_add(1, Ordering::Relaxed);
+    store
+        .figures_of_connection()
+        .subscriptions
+        .fetch_add(1, Ordering::Relaxed);
     if let Some(ready) = ready.take() {
         let _ = ready.send(());
     } else {
         // Messages may have been missed while away: the policies are read
         // again; waiters ask the store when their wait ends.
-        super::policies::load(engine).await;
+        super::policies::load(store).await;
     }
     let mut messages = pubsub.into_on_message();
     while let Some(message) = messages.next().await {
@@ -92,16 +90,17 @@ async fn subscribe(
         match message.get_channel_name() {
             ANSWERS => {
                 if let Some((waiter, answer)) = published_answer(payload) {
-                    shared.deliver(waiter, answer);
+                    store.deliver(waiter, answer);
                 }
             }
             EVENTS => {
                 if let Some(event) = event_of(payload) {
                     tracing::info!(key = %event.key, from = %event.from, to = %event.to, at_ms = event.at, "breaker {} -> {}: {}", event.from, event.to, event.cause);
-                    engine.publish_shared(event);
+                    store.heard_transition();
+                    store.core().publish(|| vec![event]);
                 }
             }
-            POLICIES => super::policies::load(engine).await,
+            POLICIES => super::policies::load(store).await,
             _ => {}
         }
     }

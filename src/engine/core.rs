@@ -1,0 +1,189 @@
+//! What a server keeps whichever store holds its keys ([`super::Store`]):
+//! the clock, the rules in force, the limits, the events watchers hear,
+//! the server's counters, who may do what, and whether it is shutting
+//! down. The embedded engine and the Redis store each hold one, shared
+//! with the services around them.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
+
+use super::config::{Config, Limits, Rules};
+use super::events::{Event, Publisher};
+use super::rules::Compiled;
+use super::{Clock, Counters, ManualClock};
+use crate::domain::{Millis, Policy};
+
+/// The server-wide part of every store.
+pub struct Core {
+    clock: Arc<dyn Clock>,
+    manual: Option<Arc<ManualClock>>,
+    rules: RwLock<Arc<Compiled>>,
+    limits: Limits,
+    publisher: Publisher,
+    counters: Counters,
+    stopping: tokio::sync::watch::Sender<bool>,
+    shutting_down: AtomicBool,
+    /// The wall-clock time at the clock's origin.
+    origin: SystemTime,
+    /// Times are Unix milliseconds (the Redis store's clock), not the
+    /// engine clock's.
+    unix_times: AtomicBool,
+    access: RwLock<Option<Arc<crate::auth::Access>>>,
+    http_hosts: Vec<String>,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Core {
+    /// The core of a server under `config`, on `clock` (and, for
+    /// `--manual-clock`, the same clock as a [`ManualClock`]). The rules go
+    /// to the store, which compiles them.
+    pub fn new(
+        config: Config,
+        clock: Arc<dyn Clock>,
+        manual: Option<Arc<ManualClock>>,
+    ) -> (Core, Rules) {
+        let core = Core {
+            clock,
+            manual,
+            rules: RwLock::new(Arc::new(Compiled::new(Rules::default(), 0))),
+            limits: config.limits,
+            publisher: Publisher::new(),
+            counters: Counters {
+                last_reload_ok: AtomicU64::new(1),
+                ..Counters::default()
+            },
+            stopping: tokio::sync::watch::channel(false).0,
+            shutting_down: AtomicBool::new(false),
+            origin: SystemTime::now(),
+            unix_times: AtomicBool::new(false),
+            access: RwLock::new(config.access.map(Arc::new)),
+            http_hosts: config.http_hosts,
+        };
+        (core, config.rules)
+    }
+
+    /// Who may do what (`[auth]`), or `None` when anyone may.
+    pub fn access(&self) -> Option<Arc<crate::auth::Access>> {
+        self.access.read().expect("access lock").clone()
+    }
+
+    /// Replaces who may do what.
+    pub(super) fn set_access_now(&self, access: Option<Arc<crate::auth::Access>>) {
+        *self.access.write().expect("access lock") = access;
+    }
+
+    /// Host names the HTTP side answers to besides loopback names and its
+    /// listen address (`[server] http_hosts`).
+    pub fn http_hosts(&self) -> &[String] {
+        &self.http_hosts
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Counters of the server around the store.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The clock's time now.
+    pub fn now(&self) -> Millis {
+        self.clock.now()
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The manual clock (`--manual-clock`, X1).
+    pub fn manual(&self) -> Option<&Arc<ManualClock>> {
+        self.manual.as_ref()
+    }
+
+    /// True when the clock is manual (X1).
+    pub fn has_manual_clock(&self) -> bool {
+        self.manual.is_some()
+    }
+
+    /// From now on, times are Unix milliseconds (the Redis store's clock,
+    /// unless the clock is manual).
+    pub(super) fn use_unix_times(&self) {
+        if self.manual.is_none() {
+            self.unix_times.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The wall-clock time of a time a key was read or changed at.
+    pub fn wall_time(&self, at: Millis) -> SystemTime {
+        let at = std::time::Duration::from_millis(at);
+        if self.unix_times.load(Ordering::Relaxed) {
+            std::time::UNIX_EPOCH + at
+        } else {
+            self.origin + at
+        }
+    }
+
+    /// A receiver of every event published from now on (bounded: a
+    /// receiver that falls [`super::EVENT_BUFFER`] events behind is told it
+    /// lagged).
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event> {
+        self.publisher.subscribe()
+    }
+
+    /// Sends events to the watchers.
+    pub(super) fn publish(&self, take: impl FnOnce() -> Vec<Event>) {
+        self.publisher.send_batch(take);
+    }
+
+    /// True once the server began to shut down.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
+    }
+
+    /// Resolves once the server begins to shut down.
+    pub fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut stopping = self.stopping.subscribe();
+        async move {
+            let _ = stopping.wait_for(|s| *s).await;
+        }
+    }
+
+    /// Marks the server as shutting down.
+    pub(super) fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        self.stopping.send_replace(true);
+    }
+
+    /// The rules in force.
+    pub fn rules(&self) -> Arc<Rules> {
+        self.rules.read().expect("rules lock").rules.clone()
+    }
+
+    /// Puts `rules` in force as a new generation; returns it compiled.
+    pub(super) fn replace_rules(&self, rules: Rules) -> Arc<Compiled> {
+        let mut current = self.rules.write().expect("rules lock");
+        let compiled = Arc::new(Compiled::new(rules, current.generation.wrapping_add(1)));
+        *current = compiled.clone();
+        compiled
+    }
+
+    /// The policy a fresh `key` would get now.
+    pub fn policy_for(&self, key: &str) -> Arc<Policy> {
+        self.rules
+            .read()
+            .expect("rules lock")
+            .policy_for(key)
+            .clone()
+    }
+}

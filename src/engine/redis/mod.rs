@@ -1,0 +1,892 @@
+//! State in Redis (`serve --store redis://…` or `redis-cluster://…`): every
+//! key's fuse lives in Redis, where the `fusebox-redis` module runs one
+//! domain step per `FB.*` command, atomically at the key. The fusebox
+//! servers in front of it keep no keyed state, so any number of them serve
+//! the same keys: one breaker, and one probe, per key for the whole fleet.
+//!
+//! What stays in each server: its [`Core`] (the rules, shared through
+//! Redis, see [`policies`]; the events its watchers hear, which come from
+//! Redis on `fusebox:events`, see [`listen`]), the callers waiting in a
+//! queue (their answers come back on `fusebox:answers`), and its own
+//! counters (decisions it answered, its busiest keys).
+//!
+//! Time is the primary Redis server's clock (`now_ms` = `*`), except on a
+//! `--manual-clock` server, which sends its own clock's time: every server
+//! of such a test must be advanced alike.
+
+mod conn;
+pub mod listen;
+pub mod policies;
+mod reply;
+
+use std::collections::BTreeSet;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use tokio::sync::oneshot;
+
+use super::config::Rules;
+use super::error::{check_key, invalid, zero_lease};
+use super::shards::Hitters;
+use super::store::{Cursor, Figures, Listed};
+use super::tickets::random_ticket;
+use super::{AcquireArgs, AcquireReply, CompleteReply, Core, EngineError, KeyReading, Totals};
+use crate::domain::{Decision, Millis, Outcome, Phase, Policy, TicketId};
+use conn::Conn;
+pub use conn::{StoreFigures, StoreUrl};
+pub use listen::{ANSWERS, EVENTS, POLICIES};
+use reply::{census_of, decision_of, reading_of, Answer, Census};
+
+/// The prefix of every key's Redis key: `fusebox:k:<key>`.
+pub const KEY_PREFIX: &str = "fusebox:k:";
+
+/// The most keys a `--manual-clock` server remembers to settle when its
+/// clock moves (tests only; the module's timer settles on Redis's clock).
+const KNOWN_KEYS: usize = 100_000;
+
+/// Policies whose id is kept (the rules in force, and the default).
+const POLICY_CACHE: usize = 256;
+
+/// How long a census of the primaries serves `/metrics` and the dashboard
+/// before it is read again.
+const CENSUS_FOR: Duration = Duration::from_secs(1);
+
+/// How often this server's busiest-keys counts are halved.
+const BUSIEST_DECAY: Duration = Duration::from_secs(10);
+
+/// A waiting caller's answer, as the module published it.
+type Waiter = oneshot::Sender<Answer>;
+
+/// The id the module knows a policy's JSON by: the first 16 bytes of its
+/// SHA-256, in hex (a command names a known policy as `@` and the id).
+pub fn policy_id(json: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(json.as_bytes())[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A policy as sent to the module: its JSON, and `@` and its id.
+struct Sent {
+    json: Arc<str>,
+    by_id: Arc<str>,
+}
+
+/// This server's counters of what it answered: decisions and reasons by
+/// kind, transitions heard, cap refusals.
+#[derive(Debug, Default)]
+struct Counted {
+    decisions: [AtomicU64; 5],
+    reasons: [AtomicU64; 7],
+    transitions: AtomicU64,
+    cap_refusals: [AtomicU64; 3],
+}
+
+impl Counted {
+    fn count(&self, decision: &Decision) {
+        let mut one = Totals::default();
+        one.count(decision);
+        for (n, add) in self.decisions.iter().zip(one.decisions) {
+            if add > 0 {
+                n.fetch_add(add, Ordering::Relaxed);
+            }
+        }
+        for (n, add) in self.reasons.iter().zip(one.reasons) {
+            if add > 0 {
+                n.fetch_add(add, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The fusebox state in Redis, as one server sees it.
+pub struct RedisStore {
+    core: Arc<Core>,
+    conn: Conn,
+    url: StoreUrl,
+    /// Callers of this server waiting in a key's queue, by waiter id.
+    waiters: DashMap<TicketId, Waiter>,
+    /// Keys this server touched, for a manual clock to settle.
+    known: Mutex<BTreeSet<String>>,
+    /// Each policy in force (held, so that its pointer stays its own) as
+    /// it is sent.
+    policies: Mutex<Vec<(Arc<Policy>, Arc<Sent>)>>,
+    /// What this server answered.
+    counted: Counted,
+    /// This server's busiest keys.
+    hitters: Mutex<Hitters>,
+    hash: std::collections::hash_map::RandomState,
+    /// The last census of the primaries, and when it was read.
+    census: tokio::sync::Mutex<Option<(Instant, Census)>>,
+    advancing: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.url)
+            .finish()
+    }
+}
+
+/// The Redis key of a fusebox key.
+pub fn redis_key(key: &str) -> String {
+    format!("{KEY_PREFIX}{key}")
+}
+
+/// A ticket's token with its key in it, so that `Complete` and `Renew`
+/// find the key (and its hash slot) from the ticket alone: the id's 32 hex
+/// digits, a dot, and the key's bytes in hex.
+pub fn token_with_key(id: TicketId, key: &str) -> String {
+    let mut token = String::with_capacity(33 + 2 * key.len());
+    token.push_str(std::str::from_utf8(&id.to_hex()).unwrap_or_default());
+    token.push('.');
+    token.push_str(&crate::proto::wire::hex(key.as_bytes()));
+    token
+}
+
+/// The id and key a token names; a token of another shape is not found
+/// (L4), an empty one is malformed.
+pub fn ticket_and_key(token: &str) -> Result<(TicketId, String), EngineError> {
+    if token.is_empty() {
+        return Err(invalid(
+            "ticket",
+            "is required: pass the ticket that Acquire returned",
+        ));
+    }
+    let (id, key) = token.split_once('.').ok_or(EngineError::TicketNotFound)?;
+    let lower_hex = |s: &str| s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if id.len() != 32 || !lower_hex(id) || key.len() % 2 != 0 || !lower_hex(key) {
+        return Err(EngineError::TicketNotFound);
+    }
+    let id = TicketId::from_hex(id.as_bytes()).ok_or(EngineError::TicketNotFound)?;
+    let bytes: Vec<u8> = (0..key.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&key[i..i + 2], 16))
+        .collect::<Result<_, _>>()
+        .map_err(|_| EngineError::TicketNotFound)?;
+    let key = String::from_utf8(bytes).map_err(|_| EngineError::TicketNotFound)?;
+    check_key(&key).map_err(|_| EngineError::TicketNotFound)?;
+    Ok((id, key))
+}
+
+fn hex_id(id: TicketId) -> String {
+    String::from_utf8_lossy(&id.to_hex()).into_owned()
+}
+
+impl RedisStore {
+    /// Keeps every key's state in the Redis store at `url` for a server
+    /// around `core`: connects, checks the module, subscribes to what it
+    /// publishes, and adopts the fleet's policies (or shares `rules`, this
+    /// server's, when Redis holds none yet).
+    pub async fn connect(
+        core: Arc<Core>,
+        rules: Rules,
+        url: &StoreUrl,
+    ) -> Result<Arc<RedisStore>, EngineError> {
+        let figures = Arc::new(StoreFigures::default());
+        let conn = Conn::connect(url, figures).await?;
+        core.replace_rules(rules);
+        core.use_unix_times();
+        let store = Arc::new(RedisStore {
+            core,
+            conn,
+            url: url.clone(),
+            waiters: DashMap::new(),
+            known: Mutex::new(BTreeSet::new()),
+            policies: Mutex::new(Vec::new()),
+            counted: Counted::default(),
+            hitters: Mutex::new(Hitters::default()),
+            hash: std::collections::hash_map::RandomState::new(),
+            census: tokio::sync::Mutex::new(None),
+            advancing: tokio::sync::Mutex::new(()),
+        });
+        store.check_module().await?;
+        let (ready, subscribed) = oneshot::channel();
+        tokio::spawn(listen::listen(store.clone(), ready));
+        if tokio::time::timeout(Duration::from_secs(5), subscribed)
+            .await
+            .is_err()
+        {
+            return Err(EngineError::StoreUnavailable(format!(
+                "cannot subscribe to the answers and events of {url} within 5 s"
+            )));
+        }
+        policies::start(&store).await?;
+        Ok(store)
+    }
+
+    /// What the store shares with the server around it.
+    pub fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
+    /// The store's address, as given.
+    pub fn url(&self) -> &StoreUrl {
+        &self.url
+    }
+
+    /// What the connection did, for `/metrics`.
+    pub fn figures_of_connection(&self) -> &StoreFigures {
+        self.conn.figures()
+    }
+
+    async fn check_module(&self) -> Result<(), EngineError> {
+        let cmd = redis::cmd("FB.VERSION");
+        match self.conn.query(&cmd).await {
+            Ok(_) => Ok(()),
+            Err(EngineError::Invalid { problem, .. }) => Err(EngineError::StoreUnavailable(
+                format!("{} answers FB.VERSION with {problem}; load the fusebox module there (redis-server --loadmodule .../libfusebox_redis.so)", self.url),
+            )),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The time argument: `*` (the primary Redis server's clock), or the
+    /// manual clock's time.
+    fn now_arg(&self) -> String {
+        match self.core.manual() {
+            Some(clock) => super::Clock::now(clock.as_ref()).to_string(),
+            None => "*".to_owned(),
+        }
+    }
+
+    /// The policy `key` runs under as it is sent: made once per policy in
+    /// force, not once per call.
+    fn sent_policy(&self, key: &str) -> Result<Arc<Sent>, EngineError> {
+        let policy = self.core.policy_for(key);
+        let mut cache = self.policies.lock().expect("policy cache");
+        if let Some((_, sent)) = cache.iter().find(|(p, _)| Arc::ptr_eq(p, &policy)) {
+            return Ok(sent.clone());
+        }
+        let json = serde_json::to_string(&policy.spec())
+            .map_err(|e| EngineError::Internal(format!("the policy as JSON: {e}")))?;
+        let sent = Arc::new(Sent {
+            by_id: format!("@{}", policy_id(&json)).into(),
+            json: json.into(),
+        });
+        // Policies of rules no longer in force go when the cache fills.
+        if cache.len() >= POLICY_CACHE {
+            cache.clear();
+        }
+        cache.push((policy, sent.clone()));
+        Ok(sent)
+    }
+
+    /// Runs `make(policy)` with the policy named by its id, and again with
+    /// its JSON when the node does not know the id yet (`NOPOLICY`).
+    async fn with_policy(
+        &self,
+        key: &str,
+        make: impl Fn(&str) -> redis::Cmd,
+    ) -> Result<redis::Value, EngineError> {
+        let sent = self.sent_policy(key)?;
+        match self
+            .conn
+            .query_or_unknown_policy(&make(&sent.by_id))
+            .await?
+        {
+            Some(value) => Ok(value),
+            None => self.conn.query(&make(&sent.json)).await,
+        }
+    }
+
+    fn remember(&self, key: &str) {
+        if !self.core.has_manual_clock() {
+            return;
+        }
+        let mut known = self.known.lock().expect("known keys");
+        if known.len() < KNOWN_KEYS {
+            known.insert(key.to_owned());
+        }
+    }
+
+    fn bump(&self, key: &str) {
+        let hash = self.hash.hash_one(key);
+        self.hitters.lock().expect("hitters").bump_named(hash, key);
+    }
+
+    /// Answers an acquire in Redis, waiting for a queued request's answer
+    /// on the answers channel.
+    pub async fn acquire(&self, args: AcquireArgs) -> Result<AcquireReply, EngineError> {
+        check_key(&args.key)?;
+        if args.lease == Some(0) {
+            return Err(zero_lease());
+        }
+        if self.core.is_shutting_down() {
+            return Err(EngineError::ShuttingDown);
+        }
+        let id = random_ticket()?;
+        let rk = redis_key(&args.key);
+        let now = self.now_arg();
+        let hex = hex_id(id);
+        let make = |policy: &str| {
+            let mut cmd = redis::cmd("FB.ACQUIRE");
+            cmd.arg(&rk)
+                .arg(&now)
+                .arg(&hex)
+                .arg(policy)
+                .arg("PERMITS")
+                .arg(args.permits);
+            if let Some(lease) = args.lease {
+                cmd.arg("LEASE").arg(lease);
+            }
+            if args.max_wait > 0 && args.permits > 0 {
+                cmd.arg("MAXWAIT").arg(args.max_wait);
+            }
+            cmd
+        };
+        let mut waiting = None;
+        if args.max_wait > 0 && args.permits > 0 {
+            // K3: this server's waiters are capped; keys and tickets are
+            // bounded by Redis's memory (decisions item 69).
+            let limit = self.core.limits().max_waiters;
+            if self.waiters.len() as u64 >= limit {
+                self.counted.cap_refusals[2].fetch_add(1, Ordering::Relaxed);
+                return Err(EngineError::Exhausted {
+                    what: "waiters",
+                    cap: "max_waiters",
+                    limit,
+                });
+            }
+            // Registered before the request goes: the answer may be
+            // published before the reply to this command arrives.
+            let (tx, rx) = oneshot::channel();
+            self.waiters.insert(id, tx);
+            waiting = Some(WaitGuard {
+                shared: self,
+                key: args.key.clone(),
+                id,
+                answered: false,
+                rx: Some(rx),
+            });
+        }
+        if args.permits > 0 {
+            self.remember(&args.key);
+            self.bump(&args.key);
+        }
+        // On an error the guard, dropped, withdraws the waiter: the store
+        // may have queued it before the reply was lost.
+        let value = self.with_policy(&args.key, make).await?;
+        let answer = decision_of(&value)?;
+        let reply = match (answer.decision, waiting) {
+            (Decision::Queued, Some(mut guard)) => guard.wait(args.max_wait).await?,
+            (_, Some(mut guard)) => {
+                guard.answered = true;
+                self.waiters.remove(&id);
+                answer
+            }
+            (_, None) => answer,
+        };
+        if args.permits > 0 {
+            self.counted.count(&reply.decision);
+        }
+        Ok(self.reply_of(&args.key, reply))
+    }
+
+    fn reply_of(&self, key: &str, answer: Answer) -> AcquireReply {
+        let grant = answer.decision.grant();
+        AcquireReply {
+            decision: answer.decision,
+            ticket: grant.map(|g| token_with_key(g.ticket, key)),
+            lease_left: grant.map(|g| g.lease_end.saturating_sub(answer.now)),
+            phase: answer.phase,
+        }
+    }
+
+    /// Records a ticket's outcome (B3, C5, L4).
+    pub async fn complete(
+        &self,
+        token: &str,
+        outcome: Outcome,
+    ) -> Result<CompleteReply, EngineError> {
+        let (id, key) = ticket_and_key(token)?;
+        let mut cmd = redis::cmd("FB.COMPLETE");
+        cmd.arg(redis_key(&key))
+            .arg(self.now_arg())
+            .arg(hex_id(id))
+            .arg(outcome.as_str());
+        let value = self.conn.query(&cmd).await?;
+        reply::completed(&value)
+    }
+
+    /// Extends a live ticket's lease; returns the time left (L2).
+    pub async fn renew(&self, token: &str, lease: Option<Millis>) -> Result<Millis, EngineError> {
+        if lease == Some(0) {
+            return Err(zero_lease());
+        }
+        let (id, key) = ticket_and_key(token)?;
+        let mut cmd = redis::cmd("FB.RENEW");
+        cmd.arg(redis_key(&key)).arg(self.now_arg()).arg(hex_id(id));
+        if let Some(lease) = lease {
+            cmd.arg("LEASE").arg(lease);
+        }
+        let value = self.conn.query(&cmd).await?;
+        reply::millis(&value, "FB.RENEW")
+    }
+
+    /// The time of a read that found nothing: the store's clock, or the
+    /// manual one.
+    fn read_time(&self) -> Millis {
+        match self.core.manual() {
+            Some(clock) => super::Clock::now(clock.as_ref()),
+            None => unix_now(),
+        }
+    }
+
+    /// Reads a key (B6); a key never used reads as a fresh one would (K2).
+    pub async fn get(&self, key: &str) -> Result<KeyReading, EngineError> {
+        self.read(key).await.map(|(reading, _)| reading)
+    }
+
+    /// [`RedisStore::get`], and whether Redis holds the key.
+    pub async fn read(&self, key: &str) -> Result<(KeyReading, bool), EngineError> {
+        check_key(key)?;
+        let mut cmd = redis::cmd("FB.GET");
+        cmd.arg(redis_key(key)).arg(self.now_arg());
+        let value = self.conn.query(&cmd).await?;
+        Ok(match reading_of(key, &value)? {
+            Some(reading) => (reading, true),
+            None => {
+                let now = self.read_time();
+                let reading = KeyReading {
+                    key: key.to_owned(),
+                    view: crate::domain::Fuse::new(self.core.policy_for(key), now).view(now),
+                    now,
+                };
+                (reading, false)
+            }
+        })
+    }
+
+    /// Isolates (`isolate`) or closes a key (B5), recording who and why in
+    /// the event; the reply waits for a replica to have it (`WAIT`).
+    pub async fn manual(
+        &self,
+        key: &str,
+        reason: &str,
+        who: &str,
+        isolate: bool,
+    ) -> Result<KeyReading, EngineError> {
+        let why = super::operator_action(key, reason, who, isolate)?;
+        let rk = redis_key(key);
+        let now = self.now_arg();
+        let make = |policy: &str| {
+            let mut cmd = redis::cmd(if isolate { "FB.ISOLATE" } else { "FB.CLOSE" });
+            cmd.arg(&rk).arg(&now);
+            if isolate {
+                cmd.arg("POLICY").arg(policy);
+            }
+            cmd.arg("BY")
+                .arg(truncate(who, 256))
+                .arg("WHY")
+                .arg(truncate(why, 256));
+            cmd
+        };
+        self.remember(key);
+        let value = self.with_policy(key, make).await?;
+        self.conn.wait_for_replica(&rk).await;
+        match reading_of(key, &value)? {
+            Some(reading) => Ok(reading),
+            None => self.get(key).await,
+        }
+    }
+
+    /// A page of keys from the primaries, one bounded `FB.LIST` step on
+    /// each primary the page reaches, in the order of the slots they serve
+    /// (A8 with a store: the cost of a page is bounded by its size, not by
+    /// the keys in Redis). Each page is in key order; pages follow each
+    /// primary's scan order.
+    pub async fn list_page(
+        &self,
+        prefix: &str,
+        phases: &[Phase],
+        from: &Cursor,
+        limit: usize,
+    ) -> Result<Listed, EngineError> {
+        let (mut node, mut cursor) = match from {
+            Cursor::Start => (0, 0),
+            Cursor::Scan { node, cursor } => (*node, *cursor),
+            Cursor::After(_) => {
+                return Err(invalid(
+                    "page_token",
+                    "is a token of a server without --store; start the listing again",
+                ))
+            }
+        };
+        let primaries = self.conn.primaries().await?;
+        let pattern = format!("{}*", conn::glob_escape(&format!("{KEY_PREFIX}{prefix}")));
+        let phase_names: Vec<&str> = phases.iter().map(|p| p.as_str()).collect();
+        let mut readings = Vec::new();
+        let now = self.now_arg();
+        let mut next = None;
+        while node < primaries.len() && readings.len() < limit {
+            let mut cmd = redis::cmd("FB.LIST");
+            cmd.arg(cursor)
+                .arg(&now)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(limit - readings.len());
+            if !phase_names.is_empty() {
+                cmd.arg("PHASES").arg(phase_names.join(","));
+            }
+            let (after, found) = self.conn.list_step(&primaries[node], &cmd).await?;
+            for (name, view) in found {
+                let Some(key) = name.strip_prefix(KEY_PREFIX) else {
+                    continue;
+                };
+                if let Some(reading) = reading_of(key, &view)? {
+                    readings.push(reading);
+                }
+            }
+            if after == 0 {
+                node += 1;
+                cursor = 0;
+            } else {
+                cursor = after;
+                next = Some(Cursor::Scan { node, cursor });
+                break;
+            }
+        }
+        if next.is_none() && node < primaries.len() {
+            next = Some(Cursor::Scan { node, cursor });
+        }
+        readings.sort_by(|a, b| a.key.cmp(&b.key));
+        readings.dedup_by(|a, b| a.key == b.key);
+        Ok(Listed { readings, next })
+    }
+
+    /// The census of every primary (cached for [`CENSUS_FOR`]).
+    async fn census(&self) -> Result<Census, EngineError> {
+        let mut cached = self.census.lock().await;
+        if let Some((at, census)) = cached.as_ref() {
+            if at.elapsed() < CENSUS_FOR {
+                return Ok(census.clone());
+            }
+        }
+        let census = self.read_census("", 0).await?;
+        *cached = Some((Instant::now(), census.clone()));
+        Ok(census)
+    }
+
+    async fn read_census(&self, prefix: &str, keys: usize) -> Result<Census, EngineError> {
+        let mut sum = Census::default();
+        let now = self.now_arg();
+        for node in self.conn.primaries().await? {
+            let mut cmd = redis::cmd("FB.CENSUS");
+            cmd.arg(&now)
+                .arg("MATCH")
+                .arg(format!("{KEY_PREFIX}{prefix}"))
+                .arg("COUNT")
+                .arg(keys.max(1));
+            let value = self.conn.on_node(&node, &cmd).await?;
+            sum.add(census_of(&value, keys > 0)?);
+        }
+        Ok(sum)
+    }
+
+    /// Up to `limit` keys that are not CLOSED and start with `prefix`, in
+    /// key order, from every primary's registry (no scan), and whether
+    /// more are.
+    pub async fn not_closed(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<(Vec<KeyReading>, bool), EngineError> {
+        let census = self.read_census(prefix, limit + 1).await?;
+        let mut readings = census.not_closed;
+        readings.sort_by(|a, b| a.key.cmp(&b.key));
+        let more = readings.len() > limit;
+        readings.truncate(limit);
+        Ok((readings, more))
+    }
+
+    /// This server's busiest keys lately, busiest first, read from Redis.
+    pub async fn busiest(&self, n: usize) -> Vec<KeyReading> {
+        let mut held: Vec<(u32, Arc<str>)> = self
+            .hitters
+            .lock()
+            .expect("hitters")
+            .held()
+            .map(|(name, c)| (c, name.clone()))
+            .collect();
+        held.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        let mut out = Vec::new();
+        for (_, key) in held.into_iter().take(n) {
+            if let Ok(reading) = self.get(&key).await {
+                out.push(reading);
+            }
+        }
+        out
+    }
+
+    /// Until the server stops: halves the busiest-keys counts now and then,
+    /// so that busiest means busiest lately (the module settles keys on
+    /// Redis's clock, so nothing else here runs on time).
+    pub async fn run_timer(&self) {
+        let stopped = self.core.stopped();
+        tokio::pin!(stopped);
+        let mut every = tokio::time::interval(BUSIEST_DECAY);
+        every.tick().await;
+        loop {
+            tokio::select! {
+                () = &mut stopped => return,
+                _ = every.tick() => self.hitters.lock().expect("hitters").decay(),
+            }
+        }
+    }
+
+    /// This server's counters, with the fleet's keys, phases, tickets and
+    /// waiters from every primary (zeros while Redis cannot be read).
+    pub async fn figures(&self) -> Figures {
+        let mut totals = Totals::default();
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        for (t, c) in totals.decisions.iter_mut().zip(&self.counted.decisions) {
+            *t = load(c);
+        }
+        for (t, c) in totals.reasons.iter_mut().zip(&self.counted.reasons) {
+            *t = load(c);
+        }
+        for (t, c) in totals
+            .cap_refusals
+            .iter_mut()
+            .zip(&self.counted.cap_refusals)
+        {
+            *t = load(c);
+        }
+        totals.transitions = load(&self.counted.transitions);
+        match self.census().await {
+            Ok(c) => {
+                totals.keys = c.keys;
+                totals.by_phase = c.by_phase;
+                totals.tickets = c.tickets;
+                totals.waiters = c.waiters;
+            }
+            Err(e) => tracing::debug!("the store's census could not be read: {e}"),
+        }
+        Figures {
+            totals,
+            forgotten: None,
+            fleet_wide: true,
+        }
+    }
+
+    /// A phase change heard from the store, counted.
+    pub(crate) fn heard_transition(&self) {
+        self.counted.transitions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Applies `change` to the rules, puts them in force here, and shares
+    /// them through Redis; returns what `change` returned.
+    pub fn change_rules<R>(&self, change: impl FnOnce(&mut Rules) -> R) -> R {
+        let mut rules = (*self.core.rules()).clone();
+        let out = change(&mut rules);
+        self.core.replace_rules(rules);
+        policies::publish(self);
+        out
+    }
+
+    /// [`RedisStore::change_rules`] with a change that may be refused.
+    pub fn try_change_rules(
+        &self,
+        change: impl FnOnce(&mut Rules) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        let mut rules = (*self.core.rules()).clone();
+        change(&mut rules)?;
+        self.core.replace_rules(rules);
+        policies::publish(self);
+        Ok(())
+    }
+
+    /// Moves the manual clock and settles every key this server touched at
+    /// the new time (leases that ended, waits that timed out), so that a
+    /// test that moves every server's clock sees what is due happen.
+    pub async fn advance_clock(&self, by: Millis) -> Option<Millis> {
+        let manual = self.core.manual()?;
+        let _one_at_a_time = self.advancing.lock().await;
+        let now = manual.advance(by);
+        if let Err(e) = self.settle_known(now).await {
+            tracing::warn!("the store could not settle what is due at {now} ms: {e}");
+        }
+        Some(now)
+    }
+
+    async fn settle_known(&self, now: Millis) -> Result<(), EngineError> {
+        let keys: Vec<String> = self
+            .known
+            .lock()
+            .expect("known keys")
+            .iter()
+            .cloned()
+            .collect();
+        for key in keys {
+            let mut cmd = redis::cmd("FB.SETTLE");
+            cmd.arg(redis_key(&key)).arg(now);
+            self.conn.query(&cmd).await?;
+        }
+        Ok(())
+    }
+
+    /// Hands a published answer to this server's waiter, if it has it.
+    pub(crate) fn deliver(&self, waiter: TicketId, answer: Answer) {
+        if let Some((_, tx)) = self.waiters.remove(&waiter) {
+            let _gone = tx.send(answer);
+        }
+    }
+
+    /// Stops taking requests; every waiter of this server is answered
+    /// UNAVAILABLE.
+    pub fn shutdown(&self) {
+        self.core.begin_shutdown();
+        self.waiters.clear();
+    }
+}
+
+fn truncate(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// The wall clock in unix milliseconds: the time of a key read when Redis
+/// holds nothing for it.
+fn unix_now() -> Millis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as Millis)
+}
+
+/// A caller waiting in a key's queue. Dropped before its answer (the
+/// caller went away, P6), it withdraws the waiter in Redis; a ticket the
+/// waiter got meanwhile is given back.
+struct WaitGuard<'a> {
+    shared: &'a RedisStore,
+    key: String,
+    id: TicketId,
+    answered: bool,
+    rx: Option<oneshot::Receiver<Answer>>,
+}
+
+impl WaitGuard<'_> {
+    /// Waits for the answer: published on the answers channel, or, once
+    /// `max_wait` has passed on this server's clock, asked for with
+    /// `FB.SETTLE … WAITER` (which times the waiter out on the store's
+    /// clock, or finds the answer a lost message carried).
+    async fn wait(&mut self, max_wait: Millis) -> Result<Answer, EngineError> {
+        let mut rx = self.rx.take().expect("waits once");
+        let stopping = self.shared.core.stopped();
+        tokio::pin!(stopping);
+        let manual = self.shared.core.has_manual_clock();
+        let mut deadline = tokio::time::Instant::now() + Duration::from_millis(max_wait);
+        loop {
+            tokio::select! {
+                answer = &mut rx => {
+                    // A dropped sender: shutting down; the guard withdraws
+                    // the waiter as it goes.
+                    let answer = answer.map_err(|_| EngineError::ShuttingDown)?;
+                    self.answered = true;
+                    return Ok(answer);
+                }
+                () = &mut stopping => {
+                    return Err(EngineError::ShuttingDown);
+                }
+                () = tokio::time::sleep_until(deadline), if !manual => {
+                    match self.ask().await? {
+                        Some(answer) if answer.decision != Decision::Queued => {
+                            self.answered = true;
+                            self.shared.waiters.remove(&self.id);
+                            return Ok(answer);
+                        }
+                        // The store's clock is behind this one, or the answer
+                        // is on its way: look again shortly.
+                        Some(_) => deadline = tokio::time::Instant::now() + Duration::from_millis(5),
+                        None => {
+                            self.answered = true;
+                            self.shared.waiters.remove(&self.id);
+                            return Err(EngineError::StoreUnavailable(
+                                "the store lost this request's place in the queue (a failover?)".to_owned(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn ask(&self) -> Result<Option<Answer>, EngineError> {
+        let mut cmd = redis::cmd("FB.SETTLE");
+        cmd.arg(redis_key(&self.key))
+            .arg(self.shared.now_arg())
+            .arg("WAITER")
+            .arg(hex_id(self.id));
+        let value = self.shared.conn.query(&cmd).await?;
+        reply::settled_waiter(&value)
+    }
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        self.shared.waiters.remove(&self.id);
+        let conn = self.shared.conn.clone();
+        let mut cmd = redis::cmd("FB.WITHDRAW");
+        cmd.arg(redis_key(&self.key))
+            .arg(self.shared.now_arg())
+            .arg(hex_id(self.id));
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                if let Err(e) = conn.query(&cmd).await {
+                    tracing::warn!("a caller that stopped waiting could not be withdrawn from its queue: {e}; its place (or a ticket it was given) goes when the wait (or lease) ends");
+                }
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_carries_its_key() {
+        let id = TicketId(0x0123_4567_89ab_cdef_0011_2233_4455_6677);
+        for key in ["payments", "a.b/c:{d}", "ключ", "k"] {
+            let token = token_with_key(id, key);
+            assert_eq!(ticket_and_key(&token).unwrap(), (id, key.to_owned()));
+        }
+        for bad in [
+            "x",
+            "0123.6b",
+            "0123456789abcdef0011223344556677.6",
+            "0123456789abcdef0011223344556677.ZZ",
+            "0123456789ABCDEF0011223344556677.6b",
+            "0123456789abcdef0011223344556677.",
+            "0123456789abcdef0011223344556677.ff",
+        ] {
+            assert_eq!(
+                ticket_and_key(bad),
+                Err(EngineError::TicketNotFound),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            ticket_and_key(""),
+            Err(EngineError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn a_policy_id_is_the_modules() {
+        // The module's own test checks the same id for the same bytes.
+        assert_eq!(policy_id("{}"), "44136fa355b3678a1146ad16f7e8649e");
+    }
+}
