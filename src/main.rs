@@ -97,6 +97,13 @@ enum Command {
         /// for a Redis Cluster. Any number of servers may share it.
         #[arg(long, value_name = "URL", value_parser = fusebox::engine::redis::StoreUrl::parse)]
         store: Option<fusebox::engine::redis::StoreUrl>,
+        /// With --store: how many replicas must have a probe before it is
+        /// handed out, so that a failover cannot let a second probe out
+        /// (auto: one with Redis Cluster when the key's primary has a
+        /// replica that is not failing, none with one Redis server; 0: at
+        /// once).
+        #[arg(long, value_name = "auto|N", default_value = "auto", value_parser = fusebox::engine::redis::ProbeReplicas::parse, requires = "store")]
+        store_probe_replicas: fusebox::engine::redis::ProbeReplicas,
     },
     /// Make a new bearer token; prints it, and the [[auth.token]] entry
     /// (with its SHA-256 only) that the server's config takes.
@@ -235,6 +242,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tls_client_ca,
             data_dir,
             store,
+            store_probe_replicas,
         } => {
             let tls = TlsFlags {
                 cert: tls_cert,
@@ -248,7 +256,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 http,
                 tls,
                 insecure_no_auth,
-                StateFlags { data_dir, store },
+                StateFlags {
+                    data_dir,
+                    store,
+                    probe_replicas: store_probe_replicas,
+                },
             )
             .await
         }
@@ -409,6 +421,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 struct StateFlags {
     data_dir: Option<PathBuf>,
     store: Option<fusebox::engine::redis::StoreUrl>,
+    probe_replicas: fusebox::engine::redis::ProbeReplicas,
 }
 
 /// `serve`'s `--tls-*` flags.
@@ -427,7 +440,11 @@ async fn serve(
     insecure_no_auth: bool,
     state: StateFlags,
 ) -> anyhow::Result<()> {
-    let StateFlags { data_dir, store } = state;
+    let StateFlags {
+        data_dir,
+        store,
+        probe_replicas,
+    } = state;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         // A log reader that went away (`| head`) must not bring the server
@@ -502,7 +519,11 @@ async fn serve(
     // through it.
     let engine: Store = match (&data_dir, &store) {
         (_, Some(url)) => {
-            let store = RedisStore::connect(core, rules, url)
+            let options = fusebox::engine::redis::StoreOptions {
+                url: url.clone(),
+                probe_replicas,
+            };
+            let store = RedisStore::connect(core, rules, &options)
                 .await
                 .context("the server did not start")?;
             tracing::info!(

@@ -743,6 +743,12 @@ pub async fn render(store: &Store, http: &HttpFigures) -> String {
             "Operator actions (isolate, close) that no replica confirmed within 1 s (WAIT); they took effect, but a failover right after may lose them.",
             n(&f.unconfirmed),
         );
+        x.single(
+            "fusebox_store_unconfirmed_probes_total",
+            "counter",
+            "Probes no replica confirmed in time (WAIT): given back, and the caller told to ask again, so that a failover cannot let a second probe out.",
+            n(&f.unconfirmed_probes),
+        );
     }
     x.single(
         "fusebox_watch_streams",

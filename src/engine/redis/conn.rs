@@ -25,6 +25,18 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(1000);
 /// How long an operator action waits for a replica to confirm it.
 const WAIT_FOR_REPLICA: Duration = Duration::from_millis(1000);
 
+/// How long a probe waits for its replicas to confirm it before it is
+/// given back (the caller is told to ask again).
+pub const PROBE_CONFIRM: Duration = Duration::from_millis(500);
+
+/// Links kept for confirmations (`FB.FENCE` + `WAIT`); more are made while
+/// these are busy, and dropped after.
+const CONFIRM_LINKS: usize = 4;
+
+/// How long the cluster's layout (primaries, their slots and replicas)
+/// serves before it is read again.
+const TOPOLOGY_FOR: Duration = Duration::from_secs(2);
+
 /// Where the state is: `redis://HOST:PORT` or
 /// `redis-cluster://HOST:PORT,HOST:PORT,...`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,6 +102,86 @@ pub struct StoreFigures {
     pub subscriptions: AtomicU64,
     /// Operator actions whose replica confirmation (`WAIT`) timed out.
     pub unconfirmed: AtomicU64,
+    /// Probes no replica confirmed in time, given back (the caller was
+    /// told to ask again).
+    pub unconfirmed_probes: AtomicU64,
+}
+
+/// How many replicas must have a probe before it is handed out (B2 across
+/// a failover).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProbeReplicas {
+    /// With Redis Cluster, one when the key's primary has a replica that is
+    /// not failing; with one Redis server, none (it has no failover).
+    #[default]
+    Auto,
+    /// This many (0: a probe is handed out at once).
+    Exactly(usize),
+}
+
+impl ProbeReplicas {
+    /// Reads `--store-probe-replicas`: `auto` or a number.
+    pub fn parse(text: &str) -> Result<ProbeReplicas, String> {
+        if text == "auto" {
+            return Ok(ProbeReplicas::Auto);
+        }
+        text.parse::<usize>()
+            .map(ProbeReplicas::Exactly)
+            .map_err(|_| format!("{text:?} is not auto or a number of replicas"))
+    }
+}
+
+/// A primary of the cluster: its address, the slots it serves, and its
+/// replicas that are not failing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Primary {
+    addr: String,
+    slots: Vec<(u16, u16)>,
+    replicas: usize,
+}
+
+/// The cluster's primaries (in the order of their first slot).
+fn primaries_of(listing: &str) -> Vec<Primary> {
+    let lines: Vec<Vec<&str>> = listing
+        .lines()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .filter(|f| f.len() >= 8)
+        .collect();
+    let failing = |flags: &str| {
+        flags
+            .split(',')
+            .any(|f| matches!(f, "fail" | "fail?" | "noaddr" | "handshake"))
+    };
+    let mut primaries: Vec<(u16, Primary)> = lines
+        .iter()
+        .filter(|f| f[2].split(',').any(|x| x == "master") && !failing(f[2]))
+        .filter_map(|f| {
+            let slots: Vec<(u16, u16)> = f[8..]
+                .iter()
+                .filter(|r| !r.starts_with('['))
+                .filter_map(|r| {
+                    let (a, b) = r.split_once('-').unwrap_or((r, r));
+                    Some((a.parse().ok()?, b.parse().ok()?))
+                })
+                .collect();
+            let first = slots.iter().map(|(a, _)| *a).min()?;
+            let replicas = lines
+                .iter()
+                .filter(|r| r[3] == f[0] && !failing(r[2]))
+                .count();
+            let addr = f[1].split(['@', ',']).next()?.to_owned();
+            Some((
+                first,
+                Primary {
+                    addr,
+                    slots,
+                    replicas,
+                },
+            ))
+        })
+        .collect();
+    primaries.sort_by_key(|(first, _)| *first);
+    primaries.into_iter().map(|(_, p)| p).collect()
 }
 
 /// A connection to the store.
@@ -99,10 +191,42 @@ pub(super) enum Link {
     Cluster(ClusterConnection),
 }
 
+/// How to make more links to the store.
+#[derive(Clone)]
+enum Client {
+    Single(redis::Client),
+    Cluster(redis::cluster::ClusterClient),
+}
+
+impl Client {
+    async fn link(&self) -> Result<Link, RedisError> {
+        Ok(match self {
+            Client::Single(c) => Link::Single(
+                c.get_connection_manager_with_config(manager_config())
+                    .await?,
+            ),
+            Client::Cluster(c) => Link::Cluster(c.get_async_connection().await?),
+        })
+    }
+}
+
+fn manager_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(RESPONSE_TIMEOUT))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_secs(5))
+}
+
 /// The connection and the figures it keeps.
 #[derive(Clone)]
 pub(super) struct Conn {
     conn: Link,
+    client: Client,
+    /// Idle links for confirmations: a `WAIT` holds its link until the
+    /// replicas answer, so it never goes on the one every call shares.
+    confirmers: Arc<std::sync::Mutex<Vec<Link>>>,
+    topology: Arc<tokio::sync::Mutex<Option<(std::time::Instant, Vec<Primary>)>>>,
     figures: Arc<StoreFigures>,
     url: Arc<StoreUrl>,
 }
@@ -117,32 +241,27 @@ impl Conn {
                 "cannot reach {url}: {e}; check that Redis runs there with the fusebox module loaded"
             ))
         };
-        let conn = if url.cluster {
+        let client = if url.cluster {
             let nodes: Vec<String> = url.nodes.iter().map(|n| format!("redis://{n}")).collect();
-            let client = redis::cluster::ClusterClientBuilder::new(nodes)
-                .connection_timeout(CONNECT_TIMEOUT)
-                .response_timeout(RESPONSE_TIMEOUT)
-                .retries(3)
-                .build()
-                .map_err(unreachable)?;
-            Link::Cluster(client.get_async_connection().await.map_err(unreachable)?)
-        } else {
-            let client =
-                redis::Client::open(format!("redis://{}", url.nodes[0])).map_err(unreachable)?;
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                .set_response_timeout(Some(RESPONSE_TIMEOUT))
-                .set_number_of_retries(2)
-                .set_max_delay(Duration::from_secs(5));
-            Link::Single(
-                client
-                    .get_connection_manager_with_config(config)
-                    .await
+            Client::Cluster(
+                redis::cluster::ClusterClientBuilder::new(nodes)
+                    .connection_timeout(CONNECT_TIMEOUT)
+                    .response_timeout(RESPONSE_TIMEOUT)
+                    .retries(3)
+                    .build()
                     .map_err(unreachable)?,
             )
+        } else {
+            Client::Single(
+                redis::Client::open(format!("redis://{}", url.nodes[0])).map_err(unreachable)?,
+            )
         };
+        let conn = client.link().await.map_err(unreachable)?;
         Ok(Conn {
             conn,
+            client,
+            confirmers: Arc::new(std::sync::Mutex::new(Vec::new())),
+            topology: Arc::new(tokio::sync::Mutex::new(None)),
             figures,
             url: Arc::new(url.clone()),
         })
@@ -306,27 +425,9 @@ impl Conn {
     /// operator's action survives a failover that follows it. A timeout is
     /// logged and counted, not refused: the action took effect.
     pub(super) async fn wait_for_replica(&self, key: &str) {
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(1).arg(WAIT_FOR_REPLICA.as_millis() as u64);
-        let result = match &self.conn {
-            // WAIT has no key: the cluster client must send it to the node
-            // that holds `key`, so route it by the key.
-            Link::Cluster(c) => {
-                let route = redis::cluster_routing::RoutingInfo::SingleNode(
-                    redis::cluster_routing::SingleNodeRoutingInfo::SpecificNode(
-                        redis::cluster_routing::Route::with_slot(
-                            redis::cluster_routing::Slot::for_key(key),
-                            redis::cluster_routing::SlotAddr::Master,
-                        ),
-                    ),
-                );
-                c.clone().route_command(cmd, route).await
-            }
-            Link::Single(c) => cmd.query_async(&mut c.clone()).await,
-        };
-        match result {
-            Ok(Value::Int(n)) if n >= 1 => {}
-            Ok(Value::Int(0)) => {
+        match self.confirm(key, 1, WAIT_FOR_REPLICA).await {
+            Ok(n) if n >= 1 => {}
+            Ok(_) => {
                 // No replica, or none in time.
                 self.figures.unconfirmed.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(
@@ -334,22 +435,105 @@ impl Conn {
                     "no replica confirmed an operator action within {WAIT_FOR_REPLICA:?}"
                 );
             }
-            other => {
+            Err(e) => {
                 self.figures.unconfirmed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     key,
-                    "could not wait for a replica to confirm an operator action: {other:?}"
+                    "could not wait for a replica to confirm an operator action: {e}"
                 );
             }
         }
     }
 
-    /// `HOST:PORT` of every primary that serves slots and is not failing,
-    /// in the order of the first slot each serves (one Redis server: just
-    /// that one).
-    pub(super) async fn primaries(&self) -> Result<Vec<String>, EngineError> {
-        if let Link::Single(_) = &self.conn {
-            return Ok(self.url.nodes.clone());
+    /// How many replicas have every write this server's connection made to
+    /// `key` (the Redis key) so far, waiting up to `timeout` for `wanted` of
+    /// them: `FB.FENCE key` (a write of nothing that is replicated) then
+    /// `WAIT wanted timeout`, on a link of their own, since Redis's `WAIT`
+    /// counts the writes of the connection that sends it and holds that
+    /// connection while it waits. The replication stream is in order, so a
+    /// replica that has the fence has every write before it.
+    pub(super) async fn confirm(
+        &self,
+        key: &str,
+        wanted: usize,
+        timeout: Duration,
+    ) -> Result<usize, EngineError> {
+        let taken = self.confirmers.lock().expect("confirmers").pop();
+        let mut link = match taken {
+            Some(link) => link,
+            None => self.client.link().await.map_err(|e| self.error_of(&e))?,
+        };
+        let mut fence = redis::cmd("FB.FENCE");
+        fence.arg(key);
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(wanted).arg(timeout.as_millis() as u64);
+        self.figures.commands.fetch_add(2, Ordering::Relaxed);
+        let result: Result<Value, RedisError> = async {
+            match &mut link {
+                Link::Single(c) => redis::pipe()
+                    .add_command(fence)
+                    .add_command(wait)
+                    .query_async::<Vec<Value>>(c)
+                    .await
+                    .map(|mut v| v.pop().unwrap_or(Value::Nil)),
+                Link::Cluster(c) => {
+                    fence.query_async::<Value>(c).await?;
+                    let route = redis::cluster_routing::RoutingInfo::SingleNode(
+                        redis::cluster_routing::SingleNodeRoutingInfo::SpecificNode(
+                            redis::cluster_routing::Route::with_slot(
+                                redis::cluster_routing::Slot::for_key(key),
+                                redis::cluster_routing::SlotAddr::Master,
+                            ),
+                        ),
+                    );
+                    c.route_command(wait, route).await
+                }
+            }
+        }
+        .await;
+        let result = match result {
+            Ok(Value::Int(n)) => Ok(usize::try_from(n).unwrap_or(0)),
+            Ok(Value::ServerError(e)) => Err(self.error_of(&RedisError::from(e))),
+            Ok(other) => Err(EngineError::Internal(format!("WAIT answered {other:?}"))),
+            Err(e) => Err(self.error_of(&e)),
+        };
+        if result.is_ok() {
+            let mut idle = self.confirmers.lock().expect("confirmers");
+            if idle.len() < CONFIRM_LINKS {
+                idle.push(link);
+            }
+        }
+        result
+    }
+
+    /// How many replicas a probe at `key` (the Redis key) must reach under
+    /// `rule`.
+    pub(super) async fn probe_replicas(
+        &self,
+        key: &str,
+        rule: ProbeReplicas,
+    ) -> Result<usize, EngineError> {
+        match (rule, &self.conn) {
+            (ProbeReplicas::Exactly(n), _) => Ok(n),
+            (ProbeReplicas::Auto, Link::Single(_)) => Ok(0),
+            (ProbeReplicas::Auto, Link::Cluster(_)) => {
+                let slot = slot_of(key.as_bytes());
+                let primaries = self.topology().await?;
+                Ok(primaries
+                    .iter()
+                    .find(|p| p.slots.iter().any(|(a, b)| (*a..=*b).contains(&slot)))
+                    .map_or(0, |p| p.replicas.min(1)))
+            }
+        }
+    }
+
+    /// The cluster's primaries, read at most every [`TOPOLOGY_FOR`].
+    async fn topology(&self) -> Result<Vec<Primary>, EngineError> {
+        let mut cached = self.topology.lock().await;
+        if let Some((at, primaries)) = cached.as_ref() {
+            if at.elapsed() < TOPOLOGY_FOR {
+                return Ok(primaries.clone());
+            }
         }
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("NODES");
@@ -362,25 +546,46 @@ impl Conn {
                 )))
             }
         };
-        let mut primaries: Vec<(u16, String)> = text
-            .lines()
-            .filter_map(|line| {
-                let fields: Vec<&str> = line.split(' ').collect();
-                let flags = fields.get(2)?;
-                let primary = flags.split(',').any(|f| f == "master")
-                    && !flags.split(',').any(|f| f == "fail" || f == "noaddr");
-                let addr = fields.get(1)?.split(['@', ',']).next()?;
-                let first_slot = fields
-                    .get(8..)?
-                    .iter()
-                    .filter_map(|r| r.split('-').next()?.parse::<u16>().ok())
-                    .min()?;
-                primary.then(|| (first_slot, addr.to_owned()))
-            })
-            .collect();
-        primaries.sort();
-        Ok(primaries.into_iter().map(|(_, addr)| addr).collect())
+        let primaries = primaries_of(&text);
+        *cached = Some((std::time::Instant::now(), primaries.clone()));
+        Ok(primaries)
     }
+
+    /// `HOST:PORT` of every primary that serves slots and is not failing,
+    /// in the order of the first slot each serves (one Redis server: just
+    /// that one).
+    pub(super) async fn primaries(&self) -> Result<Vec<String>, EngineError> {
+        if let Link::Single(_) = &self.conn {
+            return Ok(self.url.nodes.clone());
+        }
+        Ok(self.topology().await?.into_iter().map(|p| p.addr).collect())
+    }
+}
+
+/// The hash slot of a Redis key (CRC16/XMODEM of its hash tag, or of the
+/// whole key, modulo 16384), as Redis Cluster computes it.
+fn slot_of(key: &[u8]) -> u16 {
+    let tag = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &byte in tag {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
 }
 
 /// `text` with the glob characters of SCAN MATCH escaped.
@@ -424,6 +629,44 @@ mod tests {
             let e = StoreUrl::parse(bad).unwrap_err();
             assert!(e.contains("redis://HOST:PORT"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn the_clusters_primaries_are_read_with_their_slots_and_live_replicas() {
+        let nodes = "\
+a1 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460
+a2 127.0.0.1:7002@17002,host master - 0 0 2 connected 5461-10922 [5000->-a1]
+a3 127.0.0.1:7003@17003 slave a1 0 0 1 connected
+a6 127.0.0.1:7006@17006 slave,fail a2 0 0 1 connected
+a4 127.0.0.1:7004@17004 master,fail - 0 0 3 connected 10923-16383
+a5 127.0.0.1:7005@17005 master - 0 0 4 connected 10923-16383
+";
+        let p = primaries_of(nodes);
+        let addrs: Vec<&str> = p.iter().map(|p| p.addr.as_str()).collect();
+        assert_eq!(
+            addrs,
+            ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7005"]
+        );
+        assert_eq!(p[0].replicas, 1);
+        assert_eq!(p[1].replicas, 0, "a failing replica does not count");
+        assert_eq!(p[1].slots, [(5461, 10922)]);
+        assert_eq!(ProbeReplicas::parse("auto"), Ok(ProbeReplicas::Auto));
+        assert_eq!(ProbeReplicas::parse("2"), Ok(ProbeReplicas::Exactly(2)));
+        assert!(ProbeReplicas::parse("x").is_err());
+    }
+
+    #[test]
+    fn hash_slots_are_redis_clusters() {
+        // As CLUSTER KEYSLOT answers them.
+        assert_eq!(slot_of(b"foo"), 12182);
+        assert_eq!(slot_of(b"somekey"), 11058);
+        assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
+        assert_eq!(slot_of(b"foo{}{bar}"), slot_of(b"foo{}{bar}"));
+        assert_ne!(
+            slot_of(b"foo{}{bar}"),
+            slot_of(b"bar"),
+            "an empty tag hashes the whole key"
+        );
     }
 
     #[test]

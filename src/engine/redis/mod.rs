@@ -36,7 +36,7 @@ use super::tickets::random_ticket;
 use super::{AcquireArgs, AcquireReply, CompleteReply, Core, EngineError, KeyReading, Totals};
 use crate::domain::{Decision, Millis, Outcome, Phase, Policy, TicketId};
 use conn::Conn;
-pub use conn::{StoreFigures, StoreUrl};
+pub use conn::{ProbeReplicas, StoreFigures, StoreUrl, PROBE_CONFIRM};
 pub use listen::{ANSWERS, EVENTS, POLICIES};
 use reply::{census_of, decision_of, reading_of, Answer, Census};
 
@@ -103,11 +103,31 @@ impl Counted {
     }
 }
 
+/// How a server uses its store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// Where it is.
+    pub url: StoreUrl,
+    /// How many replicas must have a probe before it is handed out.
+    pub probe_replicas: ProbeReplicas,
+}
+
+impl StoreOptions {
+    /// The store at `url`, with the defaults.
+    pub fn at(url: StoreUrl) -> StoreOptions {
+        StoreOptions {
+            url,
+            probe_replicas: ProbeReplicas::Auto,
+        }
+    }
+}
+
 /// The fusebox state in Redis, as one server sees it.
 pub struct RedisStore {
     core: Arc<Core>,
     conn: Conn,
     url: StoreUrl,
+    probe_replicas: ProbeReplicas,
     /// Callers of this server waiting in a key's queue, by waiter id.
     waiters: DashMap<TicketId, Waiter>,
     /// Keys this server touched, for a manual clock to settle.
@@ -186,8 +206,9 @@ impl RedisStore {
     pub async fn connect(
         core: Arc<Core>,
         rules: Rules,
-        url: &StoreUrl,
+        options: &StoreOptions,
     ) -> Result<Arc<RedisStore>, EngineError> {
+        let url = &options.url;
         let figures = Arc::new(StoreFigures::default());
         let conn = Conn::connect(url, figures).await?;
         core.replace_rules(rules);
@@ -196,6 +217,7 @@ impl RedisStore {
             core,
             conn,
             url: url.clone(),
+            probe_replicas: options.probe_replicas,
             waiters: DashMap::new(),
             known: Mutex::new(BTreeSet::new()),
             policies: Mutex::new(Vec::new()),
@@ -373,6 +395,9 @@ impl RedisStore {
         // may have queued it before the reply was lost.
         let value = self.with_policy(&args.key, make).await?;
         let answer = decision_of(&value)?;
+        if let Decision::Probe(grant) = answer.decision {
+            self.confirm_probe(&rk, grant.ticket).await?;
+        }
         let reply = match (answer.decision, waiting) {
             (Decision::Queued, Some(mut guard)) => guard.wait(args.max_wait).await?,
             (_, Some(mut guard)) => {
@@ -386,6 +411,45 @@ impl RedisStore {
             self.counted.count(&reply.decision);
         }
         Ok(self.reply_of(&args.key, reply))
+    }
+
+    /// Hands out a probe only once the replicas that could take over the
+    /// key's slot have it (B2 across a failover: Redis replicates
+    /// asynchronously, and a probe a promoted replica never heard of would
+    /// let a second one out). A probe they do not confirm within
+    /// [`PROBE_CONFIRM`] is given back (completed as ignored, which frees
+    /// the slot) and the caller is told to ask again.
+    async fn confirm_probe(&self, rk: &str, ticket: TicketId) -> Result<(), EngineError> {
+        let wanted = self.conn.probe_replicas(rk, self.probe_replicas).await?;
+        if wanted == 0 {
+            return Ok(());
+        }
+        let confirmed = self.conn.confirm(rk, wanted, PROBE_CONFIRM).await;
+        if confirmed.as_ref().is_ok_and(|&n| n >= wanted) {
+            return Ok(());
+        }
+        let mut give_back = redis::cmd("FB.COMPLETE");
+        give_back
+            .arg(rk)
+            .arg(self.now_arg())
+            .arg(hex_id(ticket))
+            .arg("ignored");
+        if let Err(e) = self.conn.query(&give_back).await {
+            tracing::warn!(key = rk, "an unconfirmed probe could not be given back: {e}; its slot ends with its probe lease");
+        }
+        self.conn
+            .figures()
+            .unconfirmed_probes
+            .fetch_add(1, Ordering::Relaxed);
+        let heard = match confirmed {
+            Ok(n) => format!("{n} did"),
+            Err(e) => format!("asking failed: {e}"),
+        };
+        tracing::warn!(key = rk, "a probe was not confirmed by {wanted} replica(s) within {PROBE_CONFIRM:?} ({heard}); given back");
+        Err(EngineError::StoreUnavailable(format!(
+            "the probe was not confirmed by {wanted} replica(s) of the key's primary within {} ms ({heard}); it was given back, so that a failover cannot let a second probe out: ask again",
+            PROBE_CONFIRM.as_millis()
+        )))
     }
 
     fn reply_of(&self, key: &str, answer: Answer) -> AcquireReply {
