@@ -195,8 +195,11 @@ pub(super) enum Link {
 #[derive(Clone)]
 enum Client {
     Single(redis::Client),
-    Cluster(redis::cluster::ClusterClient),
+    Cluster(Box<redis::cluster::ClusterClient>),
 }
+
+/// The cluster's layout as last read, and when.
+type Topology = Option<(std::time::Instant, Vec<Primary>)>;
 
 impl Client {
     async fn link(&self) -> Result<Link, RedisError> {
@@ -226,7 +229,7 @@ pub(super) struct Conn {
     /// Idle links for confirmations: a `WAIT` holds its link until the
     /// replicas answer, so it never goes on the one every call shares.
     confirmers: Arc<std::sync::Mutex<Vec<Link>>>,
-    topology: Arc<tokio::sync::Mutex<Option<(std::time::Instant, Vec<Primary>)>>>,
+    topology: Arc<tokio::sync::Mutex<Topology>>,
     figures: Arc<StoreFigures>,
     url: Arc<StoreUrl>,
 }
@@ -243,14 +246,14 @@ impl Conn {
         };
         let client = if url.cluster {
             let nodes: Vec<String> = url.nodes.iter().map(|n| format!("redis://{n}")).collect();
-            Client::Cluster(
+            Client::Cluster(Box::new(
                 redis::cluster::ClusterClientBuilder::new(nodes)
                     .connection_timeout(CONNECT_TIMEOUT)
                     .response_timeout(RESPONSE_TIMEOUT)
                     .retries(3)
                     .build()
                     .map_err(unreachable)?,
-            )
+            ))
         } else {
             Client::Single(
                 redis::Client::open(format!("redis://{}", url.nodes[0])).map_err(unreachable)?,
