@@ -4,11 +4,13 @@
 //! the framing, the limits, and waiting without holding up the stream.
 //!
 //! Order: a stream's frames are started one after another in the order they
-//! arrive, and an Acquire makes its decision (or takes its place in the
-//! key's queue) when it is first polled, before the next frame is started,
-//! so frames of one key are decided in arrival order. An Acquire that waits
-//! is then moved to a task of its own, and its answer goes out when it
-//! comes.
+//! arrive, each polled once before the next is started. A frame decided at
+//! once (the embedded engine) answers then; one that waits on the store
+//! (Redis) has sent its command by then, so the frames of a message go to
+//! Redis together, one round trip per node, in arrival order per key (one
+//! connection per node keeps them in order), and their answers are awaited
+//! together. An Acquire that waits in a key's queue is moved to a task of
+//! its own, and its answer goes out when it comes.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -132,6 +134,48 @@ pub fn open(api: &Api, request: Request<Streaming<pb::DecideRequest>>) -> Result
 /// A waiting Acquire's answer, with its frame id.
 type Waited = (u64, Result<pb::AcquireResponse, Status>);
 
+/// A frame's answer still to come, once started.
+type Pending<'a> = Pin<Box<dyn Future<Output = pb::DecideResult> + Send + 'a>>;
+
+/// Polls `fut` once, in the calling task: its output if that is ready,
+/// else the future (started: whatever it sends before its first wait has
+/// gone), to be awaited later.
+async fn start<'a, T>(
+    mut fut: Pin<Box<dyn Future<Output = T> + Send + 'a>>,
+) -> Result<T, Pin<Box<dyn Future<Output = T> + Send + 'a>>> {
+    match std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await {
+        std::task::Poll::Ready(out) => Ok(out),
+        std::task::Poll::Pending => Err(fut),
+    }
+}
+
+/// Awaits every future of `pending` together, their outputs in order.
+async fn all<T>(
+    pending: Vec<(usize, Pin<Box<dyn Future<Output = T> + Send + '_>>)>,
+) -> Vec<(usize, T)> {
+    let mut left: Vec<Option<(usize, Pin<Box<dyn Future<Output = T> + Send + '_>>)>> =
+        pending.into_iter().map(Some).collect();
+    let mut done: Vec<(usize, T)> = Vec::with_capacity(left.len());
+    std::future::poll_fn(|cx| {
+        for slot in left.iter_mut() {
+            if let Some((at, fut)) = slot {
+                if let std::task::Poll::Ready(out) = fut.as_mut().poll(cx) {
+                    done.push((*at, out));
+                    *slot = None;
+                }
+            }
+        }
+        if left.iter().all(Option::is_none) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    done.sort_by_key(|(at, _)| *at);
+    done
+}
+
 struct Stream {
     api: Api,
     grant: Option<Arc<Grant>>,
@@ -221,41 +265,52 @@ impl Stream {
         })
     }
 
-    /// Starts the frames of one message, in order; returns the answers
-    /// ready now.
+    /// Starts the frames of one message, in order, each polled once before
+    /// the next; returns their answers once every frame that does not wait
+    /// in a queue has answered (those that do answer when they are served).
     async fn frames(&mut self, frames: Vec<pb::DecideFrame>) -> Vec<pb::DecideResult> {
         FIGURES
             .decide_frames
             .fetch_add(frames.len() as u64, Ordering::Relaxed);
+        let api = self.api.clone();
+        let grant = self.grant.clone();
         let mut results = Vec::with_capacity(frames.len());
+        let mut pending: Vec<(usize, Pending<'_>)> = Vec::new();
         for (at, frame) in frames.into_iter().enumerate() {
             let id = frame.id;
             if at >= MAX_FRAMES_PER_MESSAGE {
                 FIGURES
                     .decide_frames_refused
                     .fetch_add(1, Ordering::Relaxed);
-                results.push(failed(
+                results.push((at, failed(
                     id,
                     &Status::resource_exhausted(format!(
                         "frames: a message may carry {MAX_FRAMES_PER_MESSAGE} frames; this one is past them and was not started: send it in the next message"
                     )),
-                ));
+                )));
                 continue;
             }
-            if let Some(result) = self.frame(id, frame.request).await {
-                results.push(result);
+            match self.frame(&api, &grant, id, frame.request).await {
+                Started::Answered(result) => results.push((at, result)),
+                Started::Later(fut) => pending.push((at, fut)),
+                Started::Waiting | Started::Nothing => {}
             }
         }
-        results
+        results.extend(all(pending).await);
+        results.sort_by_key(|(at, _)| *at);
+        results.into_iter().map(|(_, r)| r).collect()
     }
 
-    /// Starts one frame; its answer if ready (none for a Cancel, or for an
-    /// Acquire that waits).
-    async fn frame(
+    /// Starts one frame: its answer if ready, or its answer to come (none
+    /// for a Cancel, or for an Acquire that waits in a queue: its task
+    /// answers).
+    async fn frame<'a>(
         &mut self,
+        api: &'a Api,
+        grant: &'a Option<Arc<Grant>>,
         id: u64,
         request: Option<pb::decide_frame::Request>,
-    ) -> Option<pb::DecideResult> {
+    ) -> Started<'a> {
         use pb::decide_frame::Request as Frame;
         use pb::decide_result::Result as Answer;
         let frame = match request {
@@ -265,11 +320,11 @@ impl Stream {
                 if let Some(cancel) = self.cancels.get_mut(&id).and_then(Option::take) {
                     let _ = cancel.send(());
                 }
-                return None;
+                return Started::Nothing;
             }
             Some(frame) => frame,
             None => {
-                return Some(failed(
+                return Started::Answered(failed(
                     id,
                     &Status::invalid_argument(
                         "request: a frame must carry acquire, complete, renew or cancel",
@@ -278,7 +333,7 @@ impl Stream {
             }
         };
         if self.cancels.contains_key(&id) {
-            return Some(failed(
+            return Started::Answered(failed(
                 id,
                 &Status::invalid_argument(format!(
                     "id: {id} is the id of an Acquire still waiting on this stream; give each unanswered frame its own id"
@@ -289,36 +344,35 @@ impl Stream {
             FIGURES
                 .decide_frames_refused
                 .fetch_add(1, Ordering::Relaxed);
-            return Some(failed(
+            return Started::Answered(failed(
                 id,
                 &Status::resource_exhausted(format!(
                     "frames: this stream has {MAX_UNANSWERED} frames unanswered, the most it may; this one was not started: wait for answers, or use another stream"
                 )),
             ));
         }
-        let grant = self.grant.as_deref();
-        Some(match frame {
-            // One that may not wait decides at once: no task, no box.
+        let grant = grant.as_deref();
+        let answered: Pending<'a> = match frame {
+            // One that may not wait: decided at once, or its command sent.
             Frame::Acquire(req) if req.max_wait.is_none_or(|d| d.seconds == 0 && d.nanos == 0) => {
-                match self.api.acquire_as(grant, req).await {
-                    Ok(response) => answer(id, Answer::Acquire(response)),
-                    Err(status) => failed(id, &status),
-                }
+                Box::pin(async move {
+                    match api.acquire_as(grant, req).await {
+                        Ok(response) => answer(id, Answer::Acquire(response)),
+                        Err(status) => failed(id, &status),
+                    }
+                })
             }
             Frame::Acquire(req) => {
-                let api = self.api.clone();
+                let api = api.clone();
                 let grant = self.grant.clone();
-                let mut acquire: Pin<Box<dyn Future<Output = _> + Send>> =
+                let acquire: Pin<Box<dyn Future<Output = _> + Send>> =
                     Box::pin(async move { api.acquire_as(grant.as_deref(), req).await });
                 // Polled here first, so that it decides (or queues) before
                 // the next frame starts; only a waiter goes to a task.
-                tokio::select! {
-                    biased;
-                    result = &mut acquire => match result {
-                        Ok(response) => answer(id, Answer::Acquire(response)),
-                        Err(status) => failed(id, &status),
-                    },
-                    () = std::future::ready(()) => {
+                return match start(acquire).await {
+                    Ok(Ok(response)) => Started::Answered(answer(id, Answer::Acquire(response))),
+                    Ok(Err(status)) => Started::Answered(failed(id, &status)),
+                    Err(mut acquire) => {
                         let (cancel, cancelled) = oneshot::channel::<()>();
                         self.waiting.spawn(async move {
                             tokio::select! {
@@ -331,21 +385,41 @@ impl Stream {
                             }
                         });
                         self.cancels.insert(id, Some(cancel));
-                        return None;
+                        Started::Waiting
                     }
-                }
+                };
             }
-            Frame::Complete(req) => match self.api.complete_as(grant, req).await {
-                Ok(response) => answer(id, Answer::Complete(response)),
-                Err(status) => failed(id, &status),
-            },
-            Frame::Renew(req) => match self.api.renew_as(grant, req).await {
-                Ok(response) => answer(id, Answer::Renew(response)),
-                Err(status) => failed(id, &status),
-            },
+            Frame::Complete(req) => Box::pin(async move {
+                match api.complete_as(grant, req).await {
+                    Ok(response) => answer(id, Answer::Complete(response)),
+                    Err(status) => failed(id, &status),
+                }
+            }),
+            Frame::Renew(req) => Box::pin(async move {
+                match api.renew_as(grant, req).await {
+                    Ok(response) => answer(id, Answer::Renew(response)),
+                    Err(status) => failed(id, &status),
+                }
+            }),
             Frame::Cancel(_) => unreachable!("handled above"),
-        })
+        };
+        match start(answered).await {
+            Ok(result) => Started::Answered(result),
+            Err(later) => Started::Later(later),
+        }
     }
+}
+
+/// What starting a frame gave.
+enum Started<'a> {
+    /// Its answer, now.
+    Answered(pb::DecideResult),
+    /// Its answer, to be awaited with the message's others.
+    Later(Pending<'a>),
+    /// An Acquire waiting in a queue, on a task of its own.
+    Waiting,
+    /// Nothing to answer (a Cancel).
+    Nothing,
 }
 
 /// Checks a batch's size: 1 to [`MAX_FRAMES_PER_MESSAGE`] items.
@@ -372,27 +446,41 @@ pub async fn acquire_batch(
     FIGURES
         .batch_items
         .fetch_add(items.len() as u64, Ordering::Relaxed);
+    let grant = grant.as_deref();
+    // Each item started in order (its command sent), then all awaited
+    // together: one round trip per node, per-key order kept.
     let mut results = Vec::with_capacity(items.len());
-    for item in items {
+    let mut pending = Vec::new();
+    for (at, item) in items.into_iter().enumerate() {
+        use pb::acquire_result::Result as R;
         let waits = item
             .max_wait
             .is_some_and(|d| d.seconds != 0 || d.nanos != 0);
-        let result = if waits {
-            Err(Status::invalid_argument(
-                "max_wait: a batch item does not wait; leave it out, or use Acquire or Decide to wait",
-            ))
-        } else {
-            api.acquire_as(grant.as_deref(), item).await
-        };
-        use pb::acquire_result::Result as R;
-        results.push(pb::AcquireResult {
-            result: Some(match result {
-                Ok(response) => R::Response(response),
-                Err(status) => R::Error(error_of(&status)),
-            }),
+        let one: Pin<Box<dyn Future<Output = pb::AcquireResult> + Send>> = Box::pin(async move {
+            let result = if waits {
+                Err(Status::invalid_argument(
+                    "max_wait: a batch item does not wait; leave it out, or use Acquire or Decide to wait",
+                ))
+            } else {
+                api.acquire_as(grant, item).await
+            };
+            pb::AcquireResult {
+                result: Some(match result {
+                    Ok(response) => R::Response(response),
+                    Err(status) => R::Error(error_of(&status)),
+                }),
+            }
         });
+        match start(one).await {
+            Ok(result) => results.push((at, result)),
+            Err(later) => pending.push((at, later)),
+        }
     }
-    Ok(pb::AcquireBatchResponse { results })
+    results.extend(all(pending).await);
+    results.sort_by_key(|(at, _)| *at);
+    Ok(pb::AcquireBatchResponse {
+        results: results.into_iter().map(|(_, r)| r).collect(),
+    })
 }
 
 /// `CompleteBatch`: each item as the unary Complete, in order.
@@ -406,17 +494,29 @@ pub async fn complete_batch(
     FIGURES
         .batch_items
         .fetch_add(items.len() as u64, Ordering::Relaxed);
+    let grant = grant.as_deref();
     let mut results = Vec::with_capacity(items.len());
-    for item in items {
+    let mut pending = Vec::new();
+    for (at, item) in items.into_iter().enumerate() {
         use pb::complete_result::Result as R;
-        results.push(pb::CompleteResult {
-            result: Some(match api.complete_as(grant.as_deref(), item).await {
-                Ok(response) => R::Response(response),
-                Err(status) => R::Error(error_of(&status)),
-            }),
+        let one: Pin<Box<dyn Future<Output = pb::CompleteResult> + Send>> = Box::pin(async move {
+            pb::CompleteResult {
+                result: Some(match api.complete_as(grant, item).await {
+                    Ok(response) => R::Response(response),
+                    Err(status) => R::Error(error_of(&status)),
+                }),
+            }
         });
+        match start(one).await {
+            Ok(result) => results.push((at, result)),
+            Err(later) => pending.push((at, later)),
+        }
     }
-    Ok(pb::CompleteBatchResponse { results })
+    results.extend(all(pending).await);
+    results.sort_by_key(|(at, _)| *at);
+    Ok(pb::CompleteBatchResponse {
+        results: results.into_iter().map(|(_, r)| r).collect(),
+    })
 }
 
 #[cfg(test)]

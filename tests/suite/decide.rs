@@ -304,6 +304,17 @@ impl DecideTarget {
     async fn start(policy: &crate::vectors::Vector) -> DecideTarget {
         let config = config_with_default(&policy.policy);
         let server = Server::manual(Some(&config)).await;
+        DecideTarget::over(server).await
+    }
+
+    /// One manual-clock server on the store at `store` (`--store`).
+    async fn on_store(policy: &crate::vectors::Vector, store: &str) -> DecideTarget {
+        let config = config_with_default(&policy.policy);
+        let mut servers = crate::harness::servers_on(store, &config, true, 1).await;
+        DecideTarget::over(servers.remove(0)).await
+    }
+
+    async fn over(server: Server) -> DecideTarget {
         let unary = crate::vectors::End::of(&server).await;
         let stream = Decider::open(&unary.fusebox).await.expect("Decide opens");
         DecideTarget {
@@ -432,6 +443,27 @@ impl Target for DecideTarget {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_vector_passes_through_one_decide_stream() {
     replay_all(async |v: &Vector| DecideTarget::start(v).await).await;
+}
+
+/// With state in Redis: every frame of a message goes to Redis together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_vector_passes_through_one_decide_stream_with_a_store() {
+    let Some(redis) = tokio::task::spawn_blocking(|| {
+        crate::redis_harness::Standalone::start(
+            "every_vector_passes_through_one_decide_stream_with_a_store",
+        )
+    })
+    .await
+    .expect("redis starts") else {
+        return;
+    };
+    let port = redis.server.port;
+    let store = format!("redis://127.0.0.1:{port}");
+    replay_all(async |v: &Vector| {
+        crate::store::flush(&[port]);
+        DecideTarget::on_store(v, &store).await
+    })
+    .await;
 }
 
 // ---------------------------------------------------------------------------

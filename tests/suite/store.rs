@@ -17,7 +17,7 @@ use crate::vectors::{load_all, replay, GrpcTarget};
 
 /// Empties every primary, so that a vector starts on no keys and no
 /// policies.
-fn flush(ports: &[u16]) {
+pub fn flush(ports: &[u16]) {
     for &port in ports {
         let mut conn = crate::resp::Conn::connect(port).expect("connect to redis");
         let reply = conn.cmd(&["FLUSHALL", "SYNC"]);
