@@ -19,6 +19,7 @@
 //!   same work, straight on a Redis or Redis Cluster (no fusebox server):
 //!   decisions/s, latency and Redis CPU per decision.
 
+mod beside;
 mod fill;
 mod load;
 mod redis_cpu;
@@ -85,6 +86,15 @@ enum Mode {
         /// the decimal prefix closest to 1/27 of the keys).
         #[arg(long, value_name = "DIGITS")]
         prefix_digits: Option<u64>,
+    },
+    /// A server on a store (`fusebox serve --store URL`) beside an embedded
+    /// one, both started by the tool: every arm on every spread on each,
+    /// interleaved, with the ratios taken within each run (store/embedded,
+    /// stream/pair, each against its server's health check).
+    Beside {
+        /// The store: redis://HOST:PORT or redis-cluster://H1:P1,...
+        #[arg(long, value_name = "URL")]
+        store: String,
     },
     /// Pair latency on 1,000 keys, then fill the server up to N live keys
     /// and measure again; reports the ratio of the p999s.
@@ -340,6 +350,14 @@ async fn run(args: BenchArgs, client_cpus: Option<Vec<usize>>) -> anyhow::Result
         let (mode, text, figures) = redis_cpu::redis_cpu_mode(o, &setup, &mut warnings).await?;
         return report(o, None, mode, &text, figures, &warnings);
     }
+    if let Some(Mode::Beside { store }) = &args.mode {
+        anyhow::ensure!(
+            o.target.is_none(),
+            "bench beside starts both servers itself: leave out --target"
+        );
+        let (mode, text, figures) = beside::beside_mode(o, store, &mut warnings).await?;
+        return report(o, None, mode, &text, figures, &warnings);
+    }
     let mut target = match &o.target {
         Some(url) => {
             let scheme = if o.tls_ca.is_some() { "https" } else { "http" };
@@ -378,7 +396,9 @@ async fn run(args: BenchArgs, client_cpus: Option<Vec<usize>>) -> anyhow::Result
             fill_mode(o, &mut target, keys, prefix, listing, &mut warnings).await
         }
         Some(Mode::Growth { keys }) => growth_mode(o, &mut target, keys, &mut warnings).await,
-        Some(Mode::RedisCpu { .. }) => unreachable!("measured above, without a server"),
+        Some(Mode::RedisCpu { .. } | Mode::Beside { .. }) => {
+            unreachable!("measured above, with servers of their own")
+        }
     };
     let stopped = target.stop().await;
     let (mode, text, figures) = outcome?;

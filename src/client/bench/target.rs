@@ -46,6 +46,9 @@ pub(crate) struct Target {
     config_file: Option<std::path::PathBuf>,
 }
 
+/// Config files written for servers the tool starts, so that each has its own.
+static CONFIGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 impl Target {
     /// Servers that are already running: `grpc` and `http` are one
     /// address or a comma-separated list; an address without a scheme gets
@@ -93,6 +96,16 @@ impl Target {
         config: Option<&std::path::Path>,
         cpus: Option<&str>,
     ) -> anyhow::Result<Target> {
+        Target::start_with(config, cpus, &[]).await
+    }
+
+    /// [`Target::start`], with more arguments for `fusebox serve` (such as
+    /// `--store URL`).
+    pub(crate) async fn start_with(
+        config: Option<&std::path::Path>,
+        cpus: Option<&str>,
+        more: &[String],
+    ) -> anyhow::Result<Target> {
         let exe =
             std::env::current_exe().context("cannot find this executable to start a server")?;
         let mut cmd = match cpus {
@@ -104,14 +117,18 @@ impl Target {
             None => Command::new(&exe),
         };
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"]);
+        cmd.args(more);
         let mut config_file = None;
         match config {
             Some(path) => {
                 cmd.arg("--config").arg(path);
             }
             None => {
-                let path =
-                    std::env::temp_dir().join(format!("fusebox-bench-{}.toml", std::process::id()));
+                let path = std::env::temp_dir().join(format!(
+                    "fusebox-bench-{}-{}.toml",
+                    std::process::id(),
+                    CONFIGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                ));
                 std::fs::write(&path, OWN_CONFIG)
                     .with_context(|| format!("cannot write {}", path.display()))?;
                 cmd.arg("--config").arg(&path);
