@@ -6,6 +6,7 @@ mod commands;
 mod harness;
 mod notices;
 mod resp;
+mod state;
 
 use harness::{Cluster, Standalone};
 use resp::Reply;

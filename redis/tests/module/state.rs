@@ -1,0 +1,263 @@
+//! The value layout in a real Redis: values of the first encoding read and
+//! rewritten, steps on a key with many tickets replicated as the few bytes
+//! they wrote, the replication-only command refused to clients, the fence,
+//! the census, and the bounded work of a listing call.
+
+use std::time::Duration;
+
+use fusebox_domain::{Ask, Fuse, Outcome, PolicySpec, TicketId};
+
+use crate::harness::{info_field, wait_for, Replicated, Standalone};
+use crate::resp::{Conn, Reply};
+
+const POLICY: &str = r#"{"breaker":{"mode":"consecutive","failures":2,"break":"10s"},
+    "limiter":{"kind":"concurrency","permits":5000}}"#;
+
+fn hex(id: u128) -> String {
+    format!("{id:032x}")
+}
+
+fn bytes(reply: Reply) -> Vec<u8> {
+    match reply {
+        Reply::Bulk(Some(b)) => b,
+        other => panic!("a value, not {other:?}"),
+    }
+}
+
+fn view(c: &mut Conn, key: &str, now: u64) -> serde_json::Value {
+    match c.cmd(&["FB.GET", key, &now.to_string()]) {
+        Reply::Bulk(Some(json)) => serde_json::from_slice(&json).expect("FB.GET gives JSON"),
+        other => panic!("FB.GET {key}: {other:?}"),
+    }
+}
+
+fn offset(c: &mut Conn) -> u64 {
+    info_field(&c.cmd(&["INFO", "replication"]), "master_repl_offset")
+        .and_then(|v| v.parse().ok())
+        .expect("master_repl_offset")
+}
+
+/// A value the first version of the module wrote (`FBX\x01` and the
+/// state as JSON) is read as it was, and written back in version 2 at its
+/// next step, its tickets and counts kept.
+#[test]
+fn a_value_of_the_first_encoding_is_read_and_written_back_in_the_second() {
+    let Some(redis) = Standalone::start("a_value_of_the_first_encoding") else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    let spec: PolicySpec = serde_json::from_str(POLICY).unwrap();
+    let mut fuse = Fuse::new(spec.validate().unwrap(), 100);
+    for id in 1..=3u128 {
+        fuse.acquire(&Ask::default(), TicketId(id), 100).unwrap();
+    }
+    fuse.complete(TicketId(1), Outcome::Failure, 110).unwrap();
+    let old = fusebox_redis::state::encode_v1(&fuse);
+    assert!(old.starts_with(b"FBX\x01{"));
+    assert!(c.cmd(&[&b"SET"[..], b"old", &old]).is_ok());
+
+    let before = view(&mut c, "old", 120);
+    assert_eq!(before["live_tickets"], 2);
+    assert_eq!(before["consecutive_failures"], 1);
+    assert_eq!(before["stats"]["granted"], 3);
+    assert_eq!(bytes(c.cmd(&["GET", "old"])), old, "a read writes nothing");
+
+    let done = c.cmd(&["FB.COMPLETE", "old", "130", &hex(2), "success"]);
+    assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
+    let now = bytes(c.cmd(&["GET", "old"]));
+    assert!(now.starts_with(b"FBX\x02"), "written in version 2");
+    let after = view(&mut c, "old", 130);
+    assert_eq!(after["live_tickets"], 1);
+    assert_eq!(after["consecutive_failures"], 0);
+    assert_eq!(after["stats"]["granted"], 3);
+    assert_eq!(after["stats"]["successes"], 1);
+    assert_eq!(after["stats"]["failures"], 1);
+    let last = c.cmd(&["FB.COMPLETE", "old", "131", &hex(3), "failure"]);
+    assert_eq!(last.items()[3], Reply::Bulk(Some(b"closed".to_vec())));
+}
+
+/// With a thousand live tickets on a key, a step writes (and replicates)
+/// a few slots of its table and its header, not the whole value, and the
+/// replica holds the same bytes.
+#[test]
+fn a_step_on_a_key_with_a_thousand_tickets_replicates_only_what_it_wrote() {
+    let Some(Replicated {
+        primary,
+        replica,
+        dir: _dir,
+    }) = Replicated::start("a_step_on_a_key_with_a_thousand_tickets", false)
+    else {
+        return;
+    };
+    let mut p = primary.conn();
+    for id in 1..=1000u128 {
+        let reply = p.cmd(&["FB.ACQUIRE", "many", "5", &hex(id), POLICY]);
+        assert_eq!(reply.items()[0], Reply::Bulk(Some(b"granted".to_vec())));
+    }
+    let size = bytes(p.cmd(&["GET", "many"])).len();
+    assert!(size > 50_000, "a thousand tickets take room: {size} bytes");
+    let before = offset(&mut p);
+    let id = hex(5000);
+    let got = p.cmd(&["FB.ACQUIRE", "many", "6", &id, POLICY]);
+    assert_eq!(got.items()[0], Reply::Bulk(Some(b"granted".to_vec())));
+    p.cmd(&["FB.COMPLETE", "many", "6", &id, "success"]);
+    p.cmd(&["FB.COMPLETE", "many", "6", &hex(17), "ignored"]);
+    let sent = offset(&mut p) - before;
+    assert!(
+        sent < 3_000,
+        "three steps replicated {sent} bytes of a {size}-byte value"
+    );
+    assert_eq!(p.cmd(&["WAIT", "1", "5000"]), Reply::Int(1));
+    let mut r = replica.conn();
+    assert_eq!(r.cmd(&["GET", "many"]), p.cmd(&["GET", "many"]));
+    assert_eq!(view(&mut r, "many", 7)["live_tickets"], 999);
+}
+
+/// `FB.PATCH` is how a primary replicates; a client cannot send it.
+#[test]
+fn fb_patch_is_refused_to_a_client() {
+    let Some(redis) = Standalone::start("fb_patch_is_refused_to_a_client") else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    let Reply::Error(e) = c.cmd(&["FB.PATCH", "k", "anything"]) else {
+        panic!("FB.PATCH must be refused");
+    };
+    assert!(e.contains("not a command for clients"), "{e}");
+    assert_eq!(c.cmd(&["EXISTS", "k"]), Reply::Int(0));
+}
+
+/// `FB.FENCE` writes nothing, but reaches the replicas, so a `WAIT` after
+/// it on the same connection counts them.
+#[test]
+fn fb_fence_writes_nothing_and_reaches_the_replicas() {
+    let Some(Replicated {
+        primary,
+        replica,
+        dir: _dir,
+    }) = Replicated::start("fb_fence_writes_nothing", false)
+    else {
+        return;
+    };
+    let mut p = primary.conn();
+    let before = offset(&mut p);
+    assert!(p.cmd(&["FB.FENCE", "k"]).is_ok());
+    assert!(offset(&mut p) > before, "the fence is replicated");
+    assert_eq!(p.cmd(&["WAIT", "1", "5000"]), Reply::Int(1));
+    assert_eq!(p.cmd(&["EXISTS", "k"]), Reply::Int(0));
+    assert_eq!(replica.conn().cmd(&["EXISTS", "k"]), Reply::Int(0));
+}
+
+fn census(c: &mut Conn, args: &[&str]) -> (Vec<(String, i64)>, Vec<String>) {
+    let mut all = vec!["FB.CENSUS", "*"];
+    all.extend_from_slice(args);
+    let reply = c.cmd(&all);
+    let items = reply.items();
+    let mut counts = Vec::new();
+    let mut keys = Vec::new();
+    for pair in items.chunks(2) {
+        match &pair[1] {
+            Reply::Int(n) => counts.push((pair[0].text(), *n)),
+            Reply::Array(Some(listed)) => {
+                keys = listed.chunks(2).map(|kv| kv[0].text()).collect();
+            }
+            other => panic!("FB.CENSUS field {}: {other:?}", pair[0].text()),
+        }
+    }
+    (counts, keys)
+}
+
+fn count(counts: &[(String, i64)], name: &str) -> i64 {
+    counts
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| *v)
+        .unwrap_or_else(|| panic!("FB.CENSUS has {name}: {counts:?}"))
+}
+
+/// `FB.CENSUS` counts at once the keys not at rest (by phase, their
+/// tickets and waiters) and lists those not closed; the node's keys are
+/// counted by the background pass.
+#[test]
+fn fb_census_counts_what_is_not_at_rest_and_the_pass_counts_the_keys() {
+    let Some(redis) = Standalone::start("fb_census_counts") else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    for key in ["svc:open", "svc:open2"] {
+        for id in 1..=2u128 {
+            c.cmd(&["FB.ACQUIRE", key, "*", &hex(id), POLICY]);
+            c.cmd(&["FB.COMPLETE", key, "*", &hex(id), "failure"]);
+        }
+    }
+    c.cmd(&["FB.ISOLATE", "svc:iso", "*", "POLICY", POLICY]);
+    for id in 1..=3u128 {
+        c.cmd(&["FB.ACQUIRE", "svc:busy", "*", &hex(id), POLICY]);
+    }
+    c.cmd(&["FB.ACQUIRE", "svc:quiet", "*", &hex(1), POLICY]);
+    c.cmd(&["FB.COMPLETE", "svc:quiet", "*", &hex(1), "success"]);
+    let (counts, keys) = census(&mut c, &["MATCH", "svc:", "COUNT", "10"]);
+    assert_eq!(count(&counts, "open"), 2);
+    assert_eq!(count(&counts, "isolated"), 1);
+    assert_eq!(count(&counts, "half_open"), 0);
+    assert_eq!(count(&counts, "tickets"), 3);
+    assert_eq!(count(&counts, "closed"), 1, "svc:busy holds tickets");
+    let mut keys = keys;
+    keys.sort();
+    assert_eq!(keys, ["svc:iso", "svc:open", "svc:open2"]);
+    let (_, none) = census(&mut c, &["MATCH", "other:", "COUNT", "10"]);
+    assert!(none.is_empty());
+    // The pass counts every fusebox key, at rest too (svc:quiet).
+    let keys = wait_for("a pass over the keys", Duration::from_secs(20), || {
+        let (counts, _) = census(&mut c, &[]);
+        (count(&counts, "complete") == 1 && count(&counts, "keys") == 5)
+            .then(|| count(&counts, "keys"))
+    });
+    assert_eq!(keys, 5);
+}
+
+/// One `FB.LIST` call looks at a bounded part of the keyspace whatever
+/// the pattern: listing five keys among four thousand takes many calls,
+/// each with a few `SCAN` steps, never one walk of everything.
+#[test]
+fn one_fb_list_call_does_bounded_work() {
+    let Some(redis) = Standalone::start("one_fb_list_call_does_bounded_work") else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    for i in 0..4000 {
+        c.cmd(&["SET", &format!("other:{i}"), "x"]);
+    }
+    for i in 0..5u128 {
+        c.cmd(&["FB.ACQUIRE", &format!("few:{i}"), "*", &hex(i + 1), POLICY]);
+    }
+    c.cmd(&["CONFIG", "RESETSTAT"]);
+    let mut cursor = "0".to_owned();
+    let mut calls = 0;
+    let mut listed = Vec::new();
+    loop {
+        let reply = c.cmd(&["FB.LIST", &cursor, "*", "MATCH", "few:*", "COUNT", "2"]);
+        let items = reply.items();
+        cursor = items[0].text();
+        let found = items[1].items();
+        assert!(found.len() <= 4, "at most COUNT keys a call: {reply:?}");
+        listed.extend(found.chunks(2).map(|kv| kv[0].text()));
+        calls += 1;
+        if cursor == "0" {
+            break;
+        }
+    }
+    listed.sort();
+    assert_eq!(listed, ["few:0", "few:1", "few:2", "few:3", "few:4"]);
+    let stats = c.cmd(&["INFO", "commandstats"]).text();
+    let scans: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_scan:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .expect("SCAN calls counted");
+    assert!(calls > 10, "a call stops after its budget: {calls} calls");
+    assert!(
+        scans <= calls * 21,
+        "{scans} SCAN steps over {calls} calls: at most 20 buckets' worth each"
+    );
+}
