@@ -584,3 +584,325 @@ async fn a_whole_cluster_restarted_from_its_aof_keeps_breakers_and_isolations() 
         assert_eq!(a.decision, expected as i32, "{key} ({phase:?}): {a:?}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// One probe per break across a failover that loses writes (B2).
+//
+// Redis replicates asynchronously: a primary cut off from its replica
+// still answers, and what it writes then is lost when the replica takes
+// over. The test puts a relay it controls on the replication link (and
+// another between the fusebox server and the primary, which it points at
+// the new primary after the failover), cuts the replication link, asks for
+// the probe, kills the primary, promotes the replica (and gives it a new
+// replica of its own, as an operator or Sentinel would), and keeps asking.
+// ---------------------------------------------------------------------------
+
+/// A TCP relay on a free loopback port to `127.0.0.1:<target>`: the target
+/// can be changed (new connections go there) and the relay cut (every
+/// byte in either direction is dropped from then on, the connections left
+/// open, as a network partition does).
+struct Relay {
+    port: u16,
+    target: Arc<std::sync::atomic::AtomicU16>,
+    cut: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn to(target: u16) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a relay port");
+        let port = listener.local_addr().expect("its address").port();
+        let target = Arc::new(std::sync::atomic::AtomicU16::new(target));
+        let cut = Arc::new(AtomicBool::new(false));
+        let (to, cutting) = (target.clone(), cut.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let port = to.load(Ordering::SeqCst);
+                let cutting = cutting.clone();
+                tokio::spawn(async move {
+                    let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                    else {
+                        return;
+                    };
+                    let (ri, wi) = inbound.into_split();
+                    let (ro, wo) = outbound.into_split();
+                    tokio::join!(
+                        Relay::pump(ri, wo, cutting.clone()),
+                        Relay::pump(ro, wi, cutting)
+                    );
+                });
+            }
+        });
+        Relay {
+            port,
+            target,
+            cut,
+            task,
+        }
+    }
+
+    async fn pump(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        cut: Arc<AtomicBool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match from.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if cut.load(Ordering::SeqCst) {
+                        continue;
+                    }
+                    if to.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = to.shutdown().await;
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+    }
+
+    fn point_at(&self, port: u16) {
+        self.target.store(port, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A primary with one replica linked through a relay the test may cut.
+struct Chain {
+    tools: crate::redis_harness::Tools,
+    dir: tempfile::TempDir,
+    primary: crate::redis_harness::Server,
+    replica: crate::redis_harness::Server,
+    link: Relay,
+}
+
+const REDIS_ARGS: [&str; 6] = [
+    "--save",
+    "",
+    "--appendonly",
+    "no",
+    "--repl-diskless-sync-delay",
+    "0",
+];
+
+/// A replica of the server on `port`, through a new relay; waits for its
+/// link.
+async fn replica_of(
+    tools: &crate::redis_harness::Tools,
+    dir: &std::path::Path,
+    port: u16,
+) -> (crate::redis_harness::Server, Relay) {
+    let link = Relay::to(port).await;
+    let relay = link.port.to_string();
+    let mut args: Vec<&str> = REDIS_ARGS.to_vec();
+    args.extend(["--replicaof", "127.0.0.1", &relay]);
+    let (tools, dir) = (tools.clone(), dir.to_owned());
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let replica = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        crate::redis_harness::Server::start(&tools, &dir, &args, false)
+    })
+    .await
+    .expect("the replica starts");
+    let port = replica.port;
+    eventually(
+        "the replica's link",
+        Duration::from_secs(30),
+        || async move {
+            let info = Conn::connect(port).ok()?.cmd(&["INFO", "replication"]);
+            (info_field(&info, "master_link_status").as_deref() == Some("up")).then_some(())
+        },
+    )
+    .await;
+    (replica, link)
+}
+
+impl Chain {
+    async fn start(test: &str) -> Option<Chain> {
+        let tools = crate::redis_harness::Tools::find(test)?;
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let primary = {
+            let (tools, path) = (tools.clone(), dir.path().to_owned());
+            tokio::task::spawn_blocking(move || {
+                crate::redis_harness::Server::start(&tools, &path, &REDIS_ARGS, false)
+            })
+            .await
+            .expect("the primary starts")
+        };
+        let (replica, link) = replica_of(&tools, dir.path(), primary.port).await;
+        Some(Chain {
+            tools,
+            dir,
+            primary,
+            replica,
+            link,
+        })
+    }
+
+    /// Kills the primary, promotes its replica, and gives the new primary
+    /// a replica of its own (the old primary's place).
+    async fn fail_over(&mut self) {
+        self.primary.kill();
+        let promoted = self.replica.conn().cmd(&["REPLICAOF", "NO", "ONE"]);
+        assert!(promoted.is_ok(), "REPLICAOF NO ONE: {promoted:?}");
+        let (replica, link) = replica_of(&self.tools, self.dir.path(), self.replica.port).await;
+        self.primary = std::mem::replace(&mut self.replica, replica);
+        self.link = link;
+    }
+}
+
+const PROBE_CONFIG: &str = r#"
+[default]
+breaker = { mode = "consecutive", failures = 1, break = "200ms", probe_lease = "1m" }
+lease = { default = "1m", max = "5m" }
+"#;
+
+/// What a burst of concurrent acquires of `key` was answered.
+#[derive(Debug, Default)]
+struct Burst {
+    probes: usize,
+    unavailable: usize,
+    blocked: usize,
+}
+
+async fn burst(server: &Server, key: &str, callers: usize) -> Burst {
+    let mut tasks = Vec::new();
+    for _ in 0..callers {
+        let mut c = server.fusebox().await;
+        let key = key.to_owned();
+        tasks.push(tokio::spawn(async move {
+            c.acquire(pb::AcquireRequest {
+                key,
+                ..Default::default()
+            })
+            .await
+        }));
+    }
+    let mut b = Burst::default();
+    for t in tasks {
+        match t.await.expect("a caller") {
+            Ok(r) if r.get_ref().decision == pb::Decision::Probe as i32 => b.probes += 1,
+            Ok(_) => b.blocked += 1,
+            Err(s) if s.code() == Code::Unavailable => b.unavailable += 1,
+            Err(s) => panic!("{key}: {s:?}"),
+        }
+    }
+    b
+}
+
+/// One round: a break on `key`, the replication link cut, callers asking
+/// for the probe, the primary killed and the replica promoted, callers
+/// asking again until a probe is handed out (or 10 s pass). Returns the
+/// PROBE answers before and after the failover; no probe is completed, so
+/// every one of them holds its slot.
+async fn round(chain: &mut Chain, front: &Relay, server: &Server, key: &str) -> (usize, usize) {
+    let mut c = server.fusebox().await;
+    trip(&mut c, key).await;
+    // The trip is on the replica before the link is cut.
+    let (replica, rk) = (chain.replica.port, redis_key(key));
+    eventually(
+        "the replica to hold the trip",
+        Duration::from_secs(10),
+        || {
+            let rk = rk.clone();
+            async move {
+                match Conn::connect(replica).ok()?.cmd(&["FB.GET", &rk, "*"]) {
+                    Reply::Bulk(Some(view)) => String::from_utf8_lossy(&view)
+                        .contains("\"phase\":\"open\"")
+                        .then_some(()),
+                    _ => None,
+                }
+            }
+        },
+    )
+    .await;
+    chain.link.cut();
+    let admin = server.admin().await;
+    eventually("the break to end", Duration::from_secs(10), || {
+        let mut admin = admin.clone();
+        let key = key.to_owned();
+        async move {
+            let s = admin
+                .get_key(pb::GetKeyRequest { key })
+                .await
+                .ok()?
+                .into_inner();
+            (millis(s.open_remaining) == Some(0)).then_some(())
+        }
+    })
+    .await;
+    let mut before = 0;
+    for _ in 0..3 {
+        before += burst(server, key, 8).await.probes;
+    }
+    chain.fail_over().await;
+    front.point_at(chain.primary.port);
+    let mut after = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while after == 0 && Instant::now() < deadline {
+        after += burst(server, key, 8).await.probes;
+    }
+    (before, after)
+}
+
+/// B2 across a failover that loses writes: with probes confirmed by a
+/// replica (`--store-probe-replicas 1`), at most one caller is answered
+/// PROBE for each break, in each of 20 rounds; with `0` (no confirmation),
+/// the promoted replica, which never heard of the first probe, lets a
+/// second one out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_probe_per_break_even_when_a_failover_loses_the_first() {
+    let test = "one_probe_per_break_even_when_a_failover_loses_the_first";
+    let Some(mut chain) = Chain::start(test).await else {
+        return;
+    };
+    let front = Relay::to(chain.primary.port).await;
+    let store = format!("redis://127.0.0.1:{}", front.port);
+    let confirmed = Server::start(crate::harness::Options {
+        config: Some(PROBE_CONFIG),
+        args: vec!["--store", &store, "--store-probe-replicas", "1"],
+        ..Default::default()
+    })
+    .await;
+    for r in 0..20 {
+        let (before, after) = round(&mut chain, &front, &confirmed, &format!("probe/{r}")).await;
+        assert!(
+            before + after <= 1,
+            "round {r}: {before} probe(s) before the failover and {after} after: at most one per break"
+        );
+        assert_eq!(
+            (before, after),
+            (0, 1),
+            "round {r}: the probe the replica could not confirm is not handed out; the promoted replica's is"
+        );
+    }
+    drop(confirmed);
+    let unconfirmed = Server::start(crate::harness::Options {
+        config: Some(PROBE_CONFIG),
+        args: vec!["--store", &store, "--store-probe-replicas", "0"],
+        ..Default::default()
+    })
+    .await;
+    for r in 0..3 {
+        let (before, after) = round(&mut chain, &front, &unconfirmed, &format!("lost/{r}")).await;
+        assert_eq!(
+            (before, after),
+            (1, 1),
+            "round {r}: without confirmation, a second probe goes out while the first holds its slot"
+        );
+    }
+}
