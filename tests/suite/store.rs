@@ -466,3 +466,121 @@ limiter = { kind = "concurrency", permits = 1, queue_limit = 10 }
     assert_eq!((state.waiters, state.live_tickets), (0, 1), "{state:?}");
     assert_eq!(state.stats.expect("stats").withdrawn, 1);
 }
+
+/// The value of a sample in the Prometheus text format (`series` is the
+/// name with its labels, as written).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok())?
+    })
+}
+
+async fn metrics(server: &Server) -> String {
+    let addr = server.http_addr.clone().expect("an HTTP address");
+    let reply = crate::http::get(&addr, "/metrics").await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    reply.body
+}
+
+/// With `--store`, `/metrics` moves as it does embedded: each server's
+/// decisions (per server), the transitions it hears, and the fleet's keys
+/// by phase, tickets and keys, read from the store, alike on every server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_with_a_store_move_as_they_do_embedded() {
+    let Some(redis) = tokio::task::spawn_blocking(|| {
+        Standalone::start("metrics_with_a_store_move_as_they_do_embedded")
+    })
+    .await
+    .expect("redis starts") else {
+        return;
+    };
+    let store = format!("redis://127.0.0.1:{}", redis.server.port);
+    let mut servers = servers_on(&store, ONE_FAILURE_TRIPS, false, 2).await;
+    let (b, a) = (servers.pop().expect("b"), servers.pop().expect("a"));
+    let before = metrics(&a).await;
+    assert_eq!(
+        sample(&before, "fusebox_decisions_total{decision=\"granted\"}"),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&before, "fusebox_keys_by_phase{phase=\"OPEN\"}"),
+        Some(0.0)
+    );
+
+    let mut client = a.fusebox().await;
+    trip(&mut client, "m/open").await;
+    let held = client
+        .acquire(pb::AcquireRequest {
+            key: "m/held".into(),
+            ..ask(None)
+        })
+        .await
+        .expect("Acquire")
+        .into_inner();
+    assert_eq!(held.decision, pb::Decision::Granted as i32);
+    let blocked = client
+        .acquire(pb::AcquireRequest {
+            key: "m/open".into(),
+            ..ask(None)
+        })
+        .await
+        .expect("Acquire")
+        .into_inner();
+    assert_eq!(blocked.decision, pb::Decision::Blocked as i32);
+    let mut admin = a.admin().await;
+    admin
+        .isolate(pb::IsolateRequest {
+            key: "m/iso".into(),
+            reason: "test".into(),
+        })
+        .await
+        .expect("Isolate");
+
+    for server in [&a, &b] {
+        let text = eventually("the fleet's figures", Duration::from_secs(10), || async {
+            let text = metrics(server).await;
+            let n = |s: &str| sample(&text, s).unwrap_or(-1.0);
+            (n("fusebox_keys_by_phase{phase=\"OPEN\"}") == 1.0
+                && n("fusebox_keys_by_phase{phase=\"ISOLATED\"}") == 1.0
+                && n("fusebox_tickets") == 1.0
+                && n("fusebox_transitions_total") >= 2.0)
+                .then_some(text)
+        })
+        .await;
+        assert!(
+            text.contains("# HELP fusebox_keys Live keys (the whole store's"),
+            "the figure says it is the store's"
+        );
+    }
+    let a_text = metrics(&a).await;
+    let b_text = metrics(&b).await;
+    assert_eq!(
+        sample(&a_text, "fusebox_decisions_total{decision=\"granted\"}"),
+        Some(2.0),
+        "a's own decisions"
+    );
+    assert_eq!(
+        sample(&a_text, "fusebox_decisions_total{decision=\"blocked\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&a_text, "fusebox_denials_total{reason=\"open\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&b_text, "fusebox_decisions_total{decision=\"granted\"}"),
+        Some(0.0),
+        "b answered nothing"
+    );
+    // The keys are counted by each primary's pass over its keys.
+    eventually("the keys counted", Duration::from_secs(30), || async {
+        let text = metrics(&b).await;
+        (sample(&text, "fusebox_keys") == Some(3.0)).then_some(())
+    })
+    .await;
+    assert!(
+        !a_text.contains("fusebox_keys_forgotten_total"),
+        "Redis forgets keys uncounted"
+    );
+}
