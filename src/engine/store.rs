@@ -39,6 +39,9 @@ pub enum Cursor {
     },
 }
 
+/// Keys an embedded listing reads between two yields to other requests.
+const LIST_SLICE: usize = 100;
+
 /// What a cursor's text starts with when it is a scan (a key cannot: K1
 /// keeps control characters out of keys).
 const SCAN_MARK: char = '\u{1}';
@@ -229,15 +232,28 @@ impl Store {
                         ))
                     }
                 };
-                let page = e.list_page(prefix, phases, after, limit);
-                let next = match (page.more, page.readings.last()) {
-                    (true, Some(last)) => Some(Cursor::After(last.key.clone())),
-                    _ => None,
-                };
-                Ok(Listed {
-                    readings: page.readings,
-                    next,
-                })
+                // Read a slice at a time, yielding in between, so that a
+                // listing of every key never holds a worker for more than
+                // a slice: decisions on the same worker keep their latency.
+                let mut readings = Vec::with_capacity(limit.min(LIST_SLICE * 10));
+                let mut after = after.map(str::to_owned);
+                loop {
+                    let slice = (limit - readings.len()).min(LIST_SLICE);
+                    let page = e.list_page(prefix, phases, after.as_deref(), slice);
+                    after = page.readings.last().map(|r| r.key.clone()).or(after);
+                    readings.extend(page.readings);
+                    if !page.more {
+                        return Ok(Listed {
+                            readings,
+                            next: None,
+                        });
+                    }
+                    if readings.len() >= limit {
+                        let next = after.map(Cursor::After);
+                        return Ok(Listed { readings, next });
+                    }
+                    tokio::task::yield_now().await;
+                }
             }
             Store::Redis(r) => r.list_page(prefix, phases, from, limit).await,
         }

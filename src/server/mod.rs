@@ -25,9 +25,6 @@ pub mod policy;
 pub mod tls;
 mod watch;
 
-/// Keys a ListKeys page reads between two yields to other requests.
-const LIST_SLICE: usize = 100;
-
 /// Largest gRPC message fusebox accepts, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 
@@ -489,31 +486,18 @@ impl Admin for Api {
                 invalid("page_token", "is not a token from a previous ListKeys page")
             })?)
         };
-        // A page is read a slice at a time, yielding in between, so that a
-        // listing of every key never holds a worker for more than a slice:
-        // decisions on the same worker keep their latency. With a store,
-        // one slice is one bounded step of each primary it reaches.
-        let mut keys = Vec::with_capacity(page_size);
-        while let Some(from) = cursor.take() {
-            let slice = (page_size - keys.len()).min(LIST_SLICE);
-            let part = self
-                .store
-                .list_page(&req.prefix, &phases, &from, slice)
-                .await
-                .map_err(status_of)?;
-            let short = part.readings.len() < slice;
-            keys.extend(
-                part.readings
-                    .iter()
-                    .map(|r| key_state_of(self.store.core(), r)),
-            );
-            cursor = part.next;
-            if keys.len() >= page_size || (short && cursor.is_some()) {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-        let next_page_token = match cursor {
+        let from = cursor.take().unwrap_or(Cursor::Start);
+        let page = self
+            .store
+            .list_page(&req.prefix, &phases, &from, page_size)
+            .await
+            .map_err(status_of)?;
+        let keys = page
+            .readings
+            .iter()
+            .map(|r| key_state_of(self.store.core(), r))
+            .collect();
+        let next_page_token = match page.next {
             Some(next) => page_token(&filter, &next.text()),
             None => String::new(),
         };

@@ -584,3 +584,72 @@ async fn metrics_with_a_store_move_as_they_do_embedded() {
         "Redis forgets keys uncounted"
     );
 }
+
+/// `FB.LIST` calls each primary answered since its stats were reset.
+fn fb_list_calls(port: u16) -> u64 {
+    let stats = crate::resp::Conn::connect(port)
+        .expect("connect to redis")
+        .cmd(&["INFO", "commandstats"])
+        .text();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_fb.list:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A ListKeys page costs one bounded `FB.LIST` step on each primary it
+/// reaches, over the server's own connections: listing 600 keys of a 3+3
+/// cluster in pages of 250 takes a few steps in all, never a walk of every
+/// primary per page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_keys_page_is_one_bounded_step_per_primary() {
+    let Some((cluster, a, _b)) = two_servers_on_a_cluster(
+        "a_list_keys_page_is_one_bounded_step_per_primary",
+        ONE_FAILURE_TRIPS,
+    )
+    .await
+    else {
+        return;
+    };
+    let mut client = a.fusebox().await;
+    for i in 0..600 {
+        let key = format!("page/{i:03}");
+        let got = client
+            .acquire(pb::AcquireRequest { key, ..ask(None) })
+            .await
+            .expect("Acquire");
+        assert_eq!(got.get_ref().decision, pb::Decision::Granted as i32);
+    }
+    let primaries: Vec<u16> = cluster.primaries().iter().map(|p| p.port).collect();
+    for &port in &primaries {
+        let reset = crate::resp::Conn::connect(port)
+            .expect("connect to redis")
+            .cmd(&["CONFIG", "RESETSTAT"]);
+        assert!(reset.is_ok());
+    }
+    let mut admin = a.admin().await;
+    let mut token = String::new();
+    let (mut pages, mut listed) = (0, Vec::new());
+    loop {
+        let page = crate::admin::list(&mut admin, "page/", &[], 250, &token)
+            .await
+            .expect("ListKeys");
+        assert!(page.keys.len() <= 250);
+        pages += 1;
+        listed.extend(page.keys.into_iter().map(|k| k.key));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    listed.sort();
+    listed.dedup();
+    assert_eq!(listed.len(), 600, "every key once");
+    let steps: Vec<u64> = primaries.iter().map(|&p| fb_list_calls(p)).collect();
+    let total: u64 = steps.iter().sum();
+    assert!(
+        total <= pages + primaries.len() as u64,
+        "{pages} pages took {steps:?} FB.LIST steps on the primaries: at most one per primary a page reaches"
+    );
+}
