@@ -34,6 +34,11 @@ pub enum Cursor {
     Scan {
         /// The primary.
         node: usize,
+        /// A hash of the primary's address when the cursor was given: a
+        /// cursor means nothing to another process (Redis seeds its hash
+        /// tables per process), so a listing whose primary changed
+        /// restarts that primary's scan.
+        at: u32,
         /// Its `SCAN` cursor.
         cursor: u64,
     },
@@ -52,7 +57,7 @@ impl Cursor {
         match self {
             Cursor::Start => String::new(),
             Cursor::After(key) => key.clone(),
-            Cursor::Scan { node, cursor } => format!("{SCAN_MARK}{node}:{cursor}"),
+            Cursor::Scan { node, at, cursor } => format!("{SCAN_MARK}{node}:{at:x}:{cursor}"),
         }
     }
 
@@ -63,11 +68,11 @@ impl Cursor {
         }
         match text.strip_prefix(SCAN_MARK) {
             Some(scan) => {
-                let (node, cursor) = scan.split_once(':')?;
-                Some(Cursor::Scan {
-                    node: node.parse().ok()?,
-                    cursor: cursor.parse().ok()?,
-                })
+                let mut parts = scan.splitn(3, ':');
+                let node = parts.next()?.parse().ok()?;
+                let at = u32::from_str_radix(parts.next()?, 16).ok()?;
+                let cursor = parts.next()?.parse().ok()?;
+                Some(Cursor::Scan { node, at, cursor })
             }
             None => Some(Cursor::After(text.to_owned())),
         }
@@ -393,6 +398,35 @@ impl Store {
         match self {
             Store::Embedded(e) => e.save(),
             Store::Redis(_) => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cursor;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn a_cursor_reads_back_from_its_text(
+            key in "[ -~]{1,40}",
+            node in 0usize..1000,
+            at: u32,
+            cursor: u64,
+        ) {
+            for c in [Cursor::Start, Cursor::After(key.clone()), Cursor::Scan { node, at, cursor }] {
+                prop_assert_eq!(Cursor::of_text(&c.text()), Some(c));
+            }
+        }
+
+        #[test]
+        fn a_scan_cursor_text_reads_as_one_cursor_or_none(text in "\u{1}[0-9a-f:]{0,12}") {
+            // Whatever a client sends, the cursor read (if any) is the one
+            // its own text names: no two texts mean different places.
+            if let Some(c) = Cursor::of_text(&text) {
+                prop_assert_eq!(Cursor::of_text(&c.text()), Some(c));
+            }
         }
     }
 }

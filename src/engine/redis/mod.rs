@@ -572,9 +572,16 @@ impl RedisStore {
         from: &Cursor,
         limit: usize,
     ) -> Result<Listed, EngineError> {
+        let primaries = self.conn.primaries().await?;
         let (mut node, mut cursor) = match from {
             Cursor::Start => (0, 0),
-            Cursor::Scan { node, cursor } => (*node, *cursor),
+            // The same primary goes on from its cursor; another one (a
+            // failover, a restart on a new address) scans from the start,
+            // so that a key may repeat but none is skipped.
+            Cursor::Scan { node, at, cursor } => match primaries.get(*node) {
+                Some(addr) if address_mark(addr) == *at => (*node, *cursor),
+                _ => (*node, 0),
+            },
             Cursor::After(_) => {
                 return Err(invalid(
                     "page_token",
@@ -582,7 +589,6 @@ impl RedisStore {
                 ))
             }
         };
-        let primaries = self.conn.primaries().await?;
         let pattern = format!("{}*", conn::glob_escape(&format!("{KEY_PREFIX}{prefix}")));
         let phase_names: Vec<&str> = phases.iter().map(|p| p.as_str()).collect();
         let mut readings = Vec::new();
@@ -613,12 +619,20 @@ impl RedisStore {
                 cursor = 0;
             } else {
                 cursor = after;
-                next = Some(Cursor::Scan { node, cursor });
+                next = Some(Cursor::Scan {
+                    node,
+                    at: address_mark(&primaries[node]),
+                    cursor,
+                });
                 break;
             }
         }
         if next.is_none() && node < primaries.len() {
-            next = Some(Cursor::Scan { node, cursor });
+            next = Some(Cursor::Scan {
+                node,
+                at: address_mark(&primaries[node]),
+                cursor,
+            });
         }
         readings.sort_by(|a, b| a.key.cmp(&b.key));
         readings.dedup_by(|a, b| a.key == b.key);
@@ -914,6 +928,12 @@ impl Drop for WaitGuard<'_> {
             });
         }
     }
+}
+
+/// A short mark of a primary's address, for a listing's cursor (FNV-1a).
+fn address_mark(addr: &str) -> u32 {
+    addr.bytes()
+        .fold(0x811c_9dc5, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
 }
 
 #[cfg(test)]
