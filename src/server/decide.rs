@@ -134,15 +134,16 @@ pub fn open(api: &Api, request: Request<Streaming<pb::DecideRequest>>) -> Result
 /// A waiting Acquire's answer, with its frame id.
 type Waited = (u64, Result<pb::AcquireResponse, Status>);
 
+/// A future on the heap, of any output.
+type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
 /// A frame's answer still to come, once started.
-type Pending<'a> = Pin<Box<dyn Future<Output = pb::DecideResult> + Send + 'a>>;
+type Pending<'a> = Boxed<'a, pb::DecideResult>;
 
 /// Polls `fut` once, in the calling task: its output if that is ready,
 /// else the future (started: whatever it sends before its first wait has
 /// gone), to be awaited later.
-async fn start<'a, T>(
-    mut fut: Pin<Box<dyn Future<Output = T> + Send + 'a>>,
-) -> Result<T, Pin<Box<dyn Future<Output = T> + Send + 'a>>> {
+async fn start<T>(mut fut: Boxed<'_, T>) -> Result<T, Boxed<'_, T>> {
     match std::future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await {
         std::task::Poll::Ready(out) => Ok(out),
         std::task::Poll::Pending => Err(fut),
@@ -150,11 +151,8 @@ async fn start<'a, T>(
 }
 
 /// Awaits every future of `pending` together, their outputs in order.
-async fn all<T>(
-    pending: Vec<(usize, Pin<Box<dyn Future<Output = T> + Send + '_>>)>,
-) -> Vec<(usize, T)> {
-    let mut left: Vec<Option<(usize, Pin<Box<dyn Future<Output = T> + Send + '_>>)>> =
-        pending.into_iter().map(Some).collect();
+async fn all<T>(pending: Vec<(usize, Boxed<'_, T>)>) -> Vec<(usize, T)> {
+    let mut left: Vec<Option<(usize, Boxed<'_, T>)>> = pending.into_iter().map(Some).collect();
     let mut done: Vec<(usize, T)> = Vec::with_capacity(left.len());
     std::future::poll_fn(|cx| {
         for slot in left.iter_mut() {
