@@ -94,9 +94,69 @@ enum Command {
         /// Keep every key's state in Redis instead, through the fusebox
         /// module (see README, "Running a fleet of fusebox servers"):
         /// redis://HOST:PORT, or redis-cluster://HOST:PORT,HOST:PORT,...
-        /// for a Redis Cluster. Any number of servers may share it.
-        #[arg(long, value_name = "URL", value_parser = fusebox::engine::redis::StoreUrl::parse)]
-        store: Option<fusebox::engine::redis::StoreUrl>,
+        /// for a Redis Cluster; rediss:// and rediss-cluster:// for TLS.
+        /// Any number of servers may share it.
+        // Read as text and parsed in `serve`: a bad address must not be
+        // echoed whole, as clap would, password and all.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
+        /// With a TLS store (rediss://): trust the CA certificates in this
+        /// PEM file for the store's certificates, instead of the system's.
+        #[arg(
+            long,
+            value_name = "FILE",
+            env = "FUSEBOX_STORE_TLS_CA",
+            requires = "store"
+        )]
+        store_tls_ca: Option<PathBuf>,
+        /// With a TLS store, for mutual TLS: this server's certificate
+        /// chain (PEM), shown to Redis (tls-auth-clients).
+        #[arg(
+            long,
+            value_name = "FILE",
+            env = "FUSEBOX_STORE_TLS_CERT",
+            requires = "store"
+        )]
+        store_tls_cert: Option<PathBuf>,
+        /// The private key (PEM) of --store-tls-cert.
+        #[arg(
+            long,
+            value_name = "FILE",
+            env = "FUSEBOX_STORE_TLS_KEY",
+            requires = "store"
+        )]
+        store_tls_key: Option<PathBuf>,
+        /// With --store: the Redis ACL user to log in as (README, "A store
+        /// on a network", has the least-privilege ACL line for it).
+        #[arg(
+            long,
+            value_name = "NAME",
+            env = "FUSEBOX_STORE_USER",
+            requires = "store"
+        )]
+        store_user: Option<String>,
+        /// With --store: read the Redis password from this file (the
+        /// password alone; a line ending after it is ignored). Or set
+        /// FUSEBOX_STORE_PASSWORD. Never on the command line, where process
+        /// listings show it.
+        #[arg(
+            long,
+            value_name = "FILE",
+            env = "FUSEBOX_STORE_PASSWORD_FILE",
+            requires = "store"
+        )]
+        store_password_file: Option<PathBuf>,
+        /// With --store: the fleet's secret, the file the module loads with
+        /// `secret-file` (at least 16 bytes): every answer, transition and
+        /// policy change heard from Redis is verified with it, and the
+        /// policies this server writes are signed with it.
+        #[arg(
+            long,
+            value_name = "FILE",
+            env = "FUSEBOX_STORE_SECRET_FILE",
+            requires = "store"
+        )]
+        store_secret_file: Option<PathBuf>,
         /// With --store: how many replicas must have a probe before it is
         /// handed out, so that a failover cannot let a second probe out
         /// (auto: one with Redis Cluster when the key's primary has a
@@ -243,6 +303,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             data_dir,
             store,
             store_probe_replicas,
+            store_tls_ca,
+            store_tls_cert,
+            store_tls_key,
+            store_user,
+            store_password_file,
+            store_secret_file,
         } => {
             let tls = TlsFlags {
                 cert: tls_cert,
@@ -258,8 +324,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 insecure_no_auth,
                 StateFlags {
                     data_dir,
-                    store,
-                    probe_replicas: store_probe_replicas,
+                    store: store.map(|url| StoreFlags {
+                        url,
+                        probe_replicas: store_probe_replicas,
+                        tls_ca: store_tls_ca,
+                        tls_cert: store_tls_cert,
+                        tls_key: store_tls_key,
+                        user: store_user,
+                        password_file: store_password_file,
+                        secret_file: store_secret_file,
+                    }),
                 },
             )
             .await
@@ -420,8 +494,107 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 /// Where `serve` keeps state: `--data-dir` or `--store`.
 struct StateFlags {
     data_dir: Option<PathBuf>,
-    store: Option<fusebox::engine::redis::StoreUrl>,
+    store: Option<StoreFlags>,
+}
+
+/// `serve`'s `--store` and `--store-*` flags.
+struct StoreFlags {
+    url: String,
     probe_replicas: fusebox::engine::redis::ProbeReplicas,
+    tls_ca: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    user: Option<String>,
+    password_file: Option<PathBuf>,
+    secret_file: Option<PathBuf>,
+}
+
+/// The environment variable that may hold the store's password.
+const STORE_PASSWORD_ENV: &str = "FUSEBOX_STORE_PASSWORD";
+
+/// How to use the store, from the flags (files read, the password found);
+/// and warnings for the log, once it is set up.
+fn store_options(
+    flags: StoreFlags,
+) -> anyhow::Result<(fusebox::engine::redis::StoreOptions, Vec<String>)> {
+    use fusebox::engine::redis::{
+        read_password, Named, NoticeKey, Secret, StoreOptions, StoreTls, StoreUrl,
+    };
+    let url = StoreUrl::parse(&flags.url).map_err(|e| anyhow::anyhow!("--store: {e}"))?;
+    let mut warnings = Vec::new();
+    fn named<'a>(what: &'a str, path: &'a Option<PathBuf>) -> Option<Named<'a>> {
+        path.as_deref().map(|path| Named { what, path })
+    }
+    let tls_flags = [
+        ("--store-tls-ca", &flags.tls_ca),
+        ("--store-tls-cert", &flags.tls_cert),
+        ("--store-tls-key", &flags.tls_key),
+    ];
+    if let (false, Some((flag, _))) = (url.tls, tls_flags.iter().find(|(_, p)| p.is_some())) {
+        anyhow::bail!(
+            "{flag} needs a store over TLS: write rediss://HOST:PORT (or rediss-cluster://...) in --store"
+        );
+    }
+    let tls = StoreTls::read(
+        named("--store-tls-ca", &flags.tls_ca),
+        named("--store-tls-cert", &flags.tls_cert),
+        named("--store-tls-key", &flags.tls_key),
+    )
+    .map_err(anyhow::Error::msg)?;
+    let user = match (flags.user, &url.user) {
+        (Some(flag), Some(inline)) if flag != *inline => anyhow::bail!(
+            "the Redis user is given twice, as --store-user and in --store's URL: keep one"
+        ),
+        (Some(flag), _) => Some(flag),
+        (None, inline) => inline.clone(),
+    };
+    let from_env = match std::env::var(STORE_PASSWORD_ENV) {
+        Ok(text) if !text.is_empty() => Some(Secret::new(text)),
+        Ok(_) | Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(_)) => {
+            anyhow::bail!("{STORE_PASSWORD_ENV} is not UTF-8 text; set it to the Redis password")
+        }
+    };
+    let from_file = named("--store-password-file", &flags.password_file)
+        .map(read_password)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let sources: Vec<&str> = [
+        from_file.as_ref().map(|_| "--store-password-file"),
+        from_env.as_ref().map(|_| STORE_PASSWORD_ENV),
+        url.password.as_ref().map(|_| "--store's URL"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if sources.len() > 1 {
+        anyhow::bail!(
+            "the Redis password is given {} ways ({}): keep one, preferably the file",
+            sources.len(),
+            sources.join(", ")
+        );
+    }
+    if url.password.is_some() {
+        warnings.push(format!(
+            "the Redis password is written in --store ({url}): process listings (ps, /proc) show it to every local user; pass it with --store-password-file FILE or {STORE_PASSWORD_ENV} instead"
+        ));
+    }
+    let password = from_file.or(from_env).or_else(|| url.password.clone());
+    let notices = flags
+        .secret_file
+        .as_deref()
+        .map(|path| NoticeKey::read("--store-secret-file", path))
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let options = StoreOptions {
+        url,
+        probe_replicas: flags.probe_replicas,
+        tls,
+        user,
+        password,
+        notices,
+    };
+    Ok((options, warnings))
 }
 
 /// `serve`'s `--tls-*` flags.
@@ -440,11 +613,7 @@ async fn serve(
     insecure_no_auth: bool,
     state: StateFlags,
 ) -> anyhow::Result<()> {
-    let StateFlags {
-        data_dir,
-        store,
-        probe_replicas,
-    } = state;
+    let StateFlags { data_dir, store } = state;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         // A log reader that went away (`| head`) must not bring the server
@@ -457,6 +626,16 @@ async fn serve(
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    let store = match store {
+        Some(flags) => {
+            let (options, warnings) = store_options(flags).context("the server did not start")?;
+            for warning in warnings {
+                tracing::warn!("{warning}");
+            }
+            Some(options)
+        }
+        None => None,
+    };
     let config_path = config;
     let config = match &config_path {
         Some(path) => Config::load(path).context("the server did not start")?,
@@ -518,16 +697,16 @@ async fn serve(
     // The store is chosen once, here: every part of the server goes
     // through it.
     let engine: Store = match (&data_dir, &store) {
-        (_, Some(url)) => {
-            let options = fusebox::engine::redis::StoreOptions {
-                url: url.clone(),
-                probe_replicas,
-            };
-            let store = RedisStore::connect(core, rules, &options)
+        (_, Some(options)) => {
+            let url = &options.url;
+            let store = RedisStore::connect(core, rules, options)
                 .await
                 .context("the server did not start")?;
             tracing::info!(
                 store = %url,
+                tls = url.tls,
+                user = options.user.as_deref().unwrap_or("default"),
+                signed_notices = options.notices.is_some(),
                 "state is kept in Redis at {url}: every fusebox server on it shares the same breakers, permits and policies"
             );
             Store::Redis(store)
@@ -623,7 +802,7 @@ async fn serve(
         ),
     };
     let state = match (&data_dir, &store) {
-        (_, Some(url)) => url.to_string(),
+        (_, Some(options)) => options.url.to_string(),
         (Some(dir), None) => dir.display().to_string(),
         (None, None) => "in memory only".to_owned(),
     };

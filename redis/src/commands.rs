@@ -455,18 +455,24 @@ fn count_of(arg: Option<&RedisString>, default: u64) -> Result<u64, RedisError> 
     Ok(count)
 }
 
-/// `FB.LIST cursor now_ms [MATCH pattern] [COUNT n] [PHASES p,...]`: up to
-/// `n` keys of this node that hold fusebox state (matching `pattern`, in
-/// one of `phases`), each read at `now_ms` on a copy as `FB.GET` reads it;
-/// nothing is written. It runs `SCAN` steps from `cursor` and stops before
-/// a step would take it past `n` keys (trying that step again a bucket at
-/// a time; only a single bucket with more than `n` keys is answered whole),
-/// once it has looked at 10 buckets for each key it may answer, or when
-/// the pass is over, so one call's work is bounded whatever the pattern; a
-/// page may be short (or empty) with more to come. A key whose last time seen is later than
-/// `now_ms` is read at that time. Replies `[next_cursor, [key, view_json,
-/// ...]]`; `next_cursor` is `0` when the pass is over. Keyless: in Redis
-/// Cluster a caller sends it to each primary.
+/// `FB.LIST cursor now_ms [MATCH pattern] [COUNT n] [PHASES p,...] [AFTER
+/// key]`: up to `n` keys of this node that hold fusebox state (matching
+/// `pattern`, in one of `phases`), each read at `now_ms` on a copy as
+/// `FB.GET` reads it; nothing is written. It runs `SCAN` steps from
+/// `cursor` and stops before a step would take it past `n` keys (trying
+/// that step again a bucket at a time), once it has looked at 10 buckets
+/// for each key it may answer, or when the pass is over, so one call's
+/// work is bounded whatever the pattern; a page may be short (or empty)
+/// with more to come. A key whose last time seen is later than `now_ms` is
+/// read at that time.
+///
+/// Replies `[next_cursor, [key, view_json, ...]]`; `next_cursor` is `0`
+/// when the pass is over. Never more than `n` keys: when a single `SCAN`
+/// bucket holds more, the first `n` of them in byte order are answered
+/// with the cursor of that bucket and a third element, the last key
+/// answered; the next call sends it as `AFTER key`, which makes the call's
+/// first step that bucket alone, skipping its keys up to `key`. Keyless:
+/// in Redis Cluster a caller sends it to each primary.
 pub fn list(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() < 3 {
         return Err(RedisError::WrongArity);
@@ -478,14 +484,19 @@ pub fn list(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         "a whole number: 0 to start, then the cursor the last FB.LIST replied",
     )?;
     let when = args::now(&args[2])?;
-    let options = args::options(&args[3..], &["MATCH", "COUNT", "PHASES"])?;
+    let options = args::options(&args[3..], &["MATCH", "COUNT", "PHASES", "AFTER"])?;
     let count = count_of(options[1], 100)?;
     let phases = phases_of(options[2])?;
+    let mut after = options[3].map(|a| a.as_slice().to_vec());
     let mut items = Vec::new();
     let mut found = 0u64;
     let mut looked = 0u64;
     let budget = count * LIST_WORK_PER_KEY;
-    let mut step = (count - found).clamp(1, 100);
+    let mut step = if after.is_some() {
+        1
+    } else {
+        count.clamp(1, 100)
+    };
     loop {
         let (from, step_text) = (cursor.to_string(), step.to_string());
         let mut scan: Vec<&[u8]> = vec![from.as_bytes()];
@@ -493,16 +504,18 @@ pub fn list(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
             scan.extend([&b"MATCH"[..], pattern.as_slice()]);
         }
         scan.extend([&b"COUNT"[..], step_text.as_bytes(), b"TYPE", b"string"]);
-        let (next, keys) = scan_step(ctx, &scan)?;
+        let (next, mut keys) = scan_step(ctx, &scan)?;
         looked += step;
+        if let Some(after) = after.take() {
+            keys.retain(|k| *k > after);
+        }
         let mut batch = Vec::new();
         for name in keys {
             if let Some(view) = listed(ctx, &name, when, &phases) {
-                batch.push(RedisValue::StringBuffer(name));
-                batch.push(view);
+                batch.push((name, view));
             }
         }
-        let taken = batch.len() as u64 / 2;
+        let taken = batch.len() as u64;
         if found + taken > count {
             if step > 1 {
                 // Too many for the call: the same cursor again, a bucket
@@ -510,12 +523,21 @@ pub fn list(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
                 step = 1;
                 continue;
             }
-            if found > 0 {
-                // This step's keys are left for the next call, from `cursor`.
-                break;
+            if found == 0 {
+                // One bucket holds more keys than a call may answer: its
+                // first `count` in byte order, and the last of them so that
+                // the next call goes on inside the bucket.
+                batch.sort_by(|a, b| a.0.cmp(&b.0));
+                batch.truncate(count as usize);
+                let last = batch.last().map(|(name, _)| name.clone());
+                return Ok(RedisValue::Array(vec![
+                    RedisValue::StringBuffer(cursor.to_string().into_bytes()),
+                    RedisValue::Array(flatten(batch)),
+                    RedisValue::StringBuffer(last.unwrap_or_default()),
+                ]));
             }
-            // One bucket holds more keys than a call may answer: answered
-            // whole, as SCAN cannot split it.
+            // This step's keys are left for the next call, from `cursor`.
+            break;
         }
         items.extend(batch);
         found += taken;
@@ -527,8 +549,16 @@ pub fn list(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     }
     Ok(RedisValue::Array(vec![
         RedisValue::StringBuffer(cursor.to_string().into_bytes()),
-        RedisValue::Array(items),
+        RedisValue::Array(flatten(items)),
     ]))
+}
+
+/// Keys and their views as one flat reply array.
+fn flatten(items: Vec<(Vec<u8>, RedisValue)>) -> Vec<RedisValue> {
+    items
+        .into_iter()
+        .flat_map(|(name, view)| [RedisValue::StringBuffer(name), view])
+        .collect()
 }
 
 /// One `SCAN` step from inside the module: the next cursor and the keys.

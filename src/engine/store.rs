@@ -41,6 +41,9 @@ pub enum Cursor {
         at: u32,
         /// Its `SCAN` cursor.
         cursor: u64,
+        /// Inside the bucket at `cursor`: the last key listed (the bucket
+        /// held more keys than a page).
+        after: Option<String>,
     },
 }
 
@@ -57,7 +60,15 @@ impl Cursor {
         match self {
             Cursor::Start => String::new(),
             Cursor::After(key) => key.clone(),
-            Cursor::Scan { node, at, cursor } => format!("{SCAN_MARK}{node}:{at:x}:{cursor}"),
+            Cursor::Scan {
+                node,
+                at,
+                cursor,
+                after,
+            } => match after {
+                None => format!("{SCAN_MARK}{node}:{at:x}:{cursor}"),
+                Some(key) => format!("{SCAN_MARK}{node}:{at:x}:{cursor}:{key}"),
+            },
         }
     }
 
@@ -68,11 +79,17 @@ impl Cursor {
         }
         match text.strip_prefix(SCAN_MARK) {
             Some(scan) => {
-                let mut parts = scan.splitn(3, ':');
+                let mut parts = scan.splitn(4, ':');
                 let node = parts.next()?.parse().ok()?;
                 let at = u32::from_str_radix(parts.next()?, 16).ok()?;
                 let cursor = parts.next()?.parse().ok()?;
-                Some(Cursor::Scan { node, at, cursor })
+                let after = parts.next().map(str::to_owned);
+                Some(Cursor::Scan {
+                    node,
+                    at,
+                    cursor,
+                    after,
+                })
             }
             None => Some(Cursor::After(text.to_owned())),
         }
@@ -415,7 +432,8 @@ mod tests {
             at: u32,
             cursor: u64,
         ) {
-            for c in [Cursor::Start, Cursor::After(key.clone()), Cursor::Scan { node, at, cursor }] {
+            let scans = [None, Some(key.clone())].map(|after| Cursor::Scan { node, at, cursor, after });
+            for c in [Cursor::Start, Cursor::After(key.clone())].into_iter().chain(scans) {
                 prop_assert_eq!(Cursor::of_text(&c.text()), Some(c));
             }
         }

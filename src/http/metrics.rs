@@ -417,7 +417,7 @@ pub async fn render(store: &Store, http: &HttpFigures) -> String {
     x.family(
         "fusebox_keys_by_phase",
         "gauge",
-        "Live keys by breaker phase.",
+        &format!("Live keys by breaker phase{whose}."),
     );
     for phase in PHASES {
         x.sample(
@@ -427,10 +427,15 @@ pub async fn render(store: &Store, http: &HttpFigures) -> String {
         );
     }
 
+    let this_server = if figures.fleet_wide {
+        " given by this server"
+    } else {
+        ""
+    };
     x.family(
         "fusebox_decisions_total",
         "counter",
-        "Final answers to acquires, by decision (a queued request counts once, when answered).",
+        &format!("Final answers to acquires{this_server}, by decision (a queued request counts once, when answered)."),
     );
     for (name, n) in DECISION_NAMES.iter().zip(totals.decisions) {
         x.sample("fusebox_decisions_total", &[("decision", name)], n);
@@ -438,7 +443,7 @@ pub async fn render(store: &Store, http: &HttpFigures) -> String {
     x.family(
         "fusebox_denials_total",
         "counter",
-        "Blocked and denied acquires, by reason.",
+        &format!("Blocked and denied acquires{this_server}, by reason."),
     );
     for (reason, n) in Reason::ALL.iter().zip(totals.reasons) {
         x.sample("fusebox_denials_total", &[("reason", reason.as_str())], n);
@@ -454,7 +459,11 @@ pub async fn render(store: &Store, http: &HttpFigures) -> String {
     x.single(
         "fusebox_transitions_total",
         "counter",
-        "Breaker phase changes, of every key.",
+        if figures.fleet_wide {
+            "Breaker phase changes of every key, as this server heard them from the store (every server's, and the store's own)."
+        } else {
+            "Breaker phase changes, of every key."
+        },
         totals.transitions,
     );
     x.single(
@@ -748,6 +757,27 @@ pub async fn render(store: &Store, http: &HttpFigures) -> String {
             "counter",
             "Probes no replica confirmed in time (WAIT): given back, and the caller told to ask again, so that a failover cannot let a second probe out.",
             n(&f.unconfirmed_probes),
+        );
+        x.family(
+            "fusebox_store_notices_dropped_total",
+            "counter",
+            "Messages from the store dropped unread: not signed with the fleet's secret (--store-secret-file), or an answer naming another key or ticket than its waiter's. Someone who can reach Redis may be forging them.",
+        );
+        for (channel, dropped) in crate::engine::redis::NOTICE_CHANNELS
+            .iter()
+            .zip(&f.notices_dropped)
+        {
+            x.sample(
+                "fusebox_store_notices_dropped_total",
+                &[("channel", channel)],
+                n(dropped),
+            );
+        }
+        x.single(
+            "fusebox_store_policies_unverified_total",
+            "counter",
+            "Reads of the shared policies (the fusebox:policies key) whose content was not signed with the fleet's secret; the running policies stayed.",
+            n(&f.policies_unverified),
         );
     }
     x.single(

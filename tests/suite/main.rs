@@ -34,6 +34,7 @@ mod scale;
 mod scenarios;
 mod service;
 mod store;
+mod store_trust;
 mod tls;
 mod tools;
 mod vectors;

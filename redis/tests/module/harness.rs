@@ -567,3 +567,107 @@ impl Cluster {
             .collect()
     }
 }
+
+/// Starting servers with module arguments or TLS, for the fusebox suite's
+/// trust tests (these tests do not use them).
+#[allow(dead_code)]
+impl Server {
+    /// Starts `redis-server` as [`Server::start`] does, but with
+    /// `module_args` after the module's path (e.g. `secret-file PATH`) and,
+    /// with `tls` (redis-cli's TLS arguments, e.g. `--tls --cacert CA
+    /// --cert C --key K`), on a TLS port only: `--port 0 --tls-port PORT`
+    /// (`extra` names the server's certificate files); it is ready once
+    /// redis-cli with those arguments gets PONG. `port` is then the TLS
+    /// port. Retries on a new port when the server exits.
+    pub fn start_with(
+        tools: &Tools,
+        dir: &Path,
+        module_args: &[&str],
+        extra: &[&str],
+        cluster: bool,
+        tls: Option<&[&str]>,
+    ) -> Server {
+        let mut last_log = String::new();
+        for _attempt in 0..5 {
+            let port = free_port();
+            let node_dir = dir.join(port.to_string());
+            std::fs::create_dir_all(&node_dir).expect("create the server's directory");
+            let log = node_dir.join("redis.log");
+            let mut args: Vec<OsString> = match tls {
+                Some(_) => vec![
+                    "--port".into(),
+                    "0".into(),
+                    "--tls-port".into(),
+                    port.to_string().into(),
+                ],
+                None => vec!["--port".into(), port.to_string().into()],
+            };
+            args.extend([
+                "--bind".into(),
+                "127.0.0.1".into(),
+                "--dir".into(),
+                node_dir.clone().into(),
+                "--logfile".into(),
+                log.clone().into(),
+                "--daemonize".into(),
+                "no".into(),
+                "--loadmodule".into(),
+                tools.module.clone().into(),
+            ]);
+            args.extend(module_args.iter().map(OsString::from));
+            if cluster {
+                args.extend(["--cluster-port".into(), free_port().to_string().into()]);
+            }
+            args.extend(extra.iter().map(OsString::from));
+            let child = Command::new(&tools.server)
+                .args(&args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("start {}: {e}", tools.server.display()));
+            let mut server = Server {
+                port,
+                dir: node_dir,
+                child,
+                program: tools.server.clone(),
+                args,
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = server.child.try_wait() {
+                    break; // exited: most likely the port was taken
+                }
+                let ready = match tls {
+                    Some(tls) => redis_cli(tools, port, tls, &["PING"]).trim() == "PONG",
+                    None => Conn::connect(port).is_ok_and(|mut conn| {
+                        matches!(conn.call(&["PING"]), Ok(Reply::Simple(ref s)) if s == "PONG")
+                    }),
+                };
+                if ready {
+                    return server;
+                }
+                sleep(Duration::from_millis(10));
+            }
+            last_log = std::fs::read_to_string(&log).unwrap_or_default();
+            drop(server);
+        }
+        panic!("redis-server did not start in 5 attempts; its last log:\n{last_log}");
+    }
+}
+
+/// Runs `redis-cli -h 127.0.0.1 -p port` with `options` (TLS, a user)
+/// then `args`, and returns what it printed (standard output, then
+/// standard error).
+pub fn redis_cli(tools: &Tools, port: u16, options: &[&str], args: &[&str]) -> String {
+    let out = Command::new(&tools.cli)
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(options)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", tools.cli.display()));
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    text
+}

@@ -261,3 +261,54 @@ fn one_fb_list_call_does_bounded_work() {
         "{scans} SCAN steps over {calls} calls: at most 20 buckets' worth each"
     );
 }
+
+#[test]
+fn fb_list_never_answers_more_than_count_and_goes_on_inside_a_bucket() {
+    let Some(redis) = Standalone::start("fb_list_goes_on_inside_a_bucket") else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    // 300 keys in a table of 512 buckets: many buckets hold two or more,
+    // more than a call of COUNT 1 may answer.
+    let mut made: Vec<String> = (0..300u128)
+        .map(|i| {
+            let key = format!("b:{i}");
+            c.cmd(&["FB.ACQUIRE", &key, "*", &hex(i + 1), POLICY]);
+            key
+        })
+        .collect();
+    made.sort();
+    let mut cursor = "0".to_owned();
+    let mut after: Option<String> = None;
+    let mut listed = Vec::new();
+    let mut inside = 0;
+    loop {
+        let mut call = vec!["FB.LIST", &cursor, "*", "COUNT", "1"];
+        if let Some(key) = &after {
+            call.extend(["AFTER", key]);
+        }
+        let reply = c.cmd(&call);
+        let items = reply.items();
+        let found = items[1].items();
+        assert!(found.len() <= 2, "at most one key a call: {reply:?}");
+        listed.extend(found.chunks(2).map(|kv| kv[0].text()));
+        after = items.get(2).map(Reply::text);
+        if after.is_some() {
+            inside += 1;
+            assert_eq!(after.as_deref(), listed.last().map(String::as_str));
+        }
+        cursor = items[0].text();
+        if cursor == "0" && after.is_none() {
+            break;
+        }
+    }
+    listed.sort();
+    assert_eq!(
+        listed, made,
+        "every key once, none twice, in a table that did not change"
+    );
+    assert!(
+        inside > 0,
+        "some bucket held more than one key: the test did not reach its point"
+    );
+}

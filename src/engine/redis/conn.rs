@@ -3,15 +3,22 @@
 //! which follows MOVED and ASK). Every failure to reach the store becomes
 //! [`EngineError::StoreUnavailable`] with words that say what happened;
 //! refusals of the module map to the contract's errors.
+//!
+//! Every link to the store (the shared one, the confirmation links, the
+//! cluster's links to each node, the subscription) is made from one
+//! [`Reach`]: the same TLS settings and the same credentials. A password
+//! is a [`Secret`]: it prints as `***` and is scrubbed from every message
+//! built from a Redis error.
 
 use std::fmt;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind, Value};
 
 use super::super::error::invalid;
 use super::super::EngineError;
@@ -37,27 +44,90 @@ const CONFIRM_LINKS: usize = 4;
 /// serves before it is read again.
 const TOPOLOGY_FOR: Duration = Duration::from_secs(2);
 
-/// Where the state is: `redis://HOST:PORT` or
-/// `redis-cluster://HOST:PORT,HOST:PORT,...`.
+/// Text that is never shown: a password. Its `Debug` prints `***`, and it
+/// has no `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Arc<str>);
+
+impl Secret {
+    /// `text` as a secret.
+    pub fn new(text: impl Into<Arc<str>>) -> Secret {
+        Secret(text.into())
+    }
+
+    /// The text itself, to hand to Redis.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// Where the state is: `redis://HOST:PORT`, `rediss://HOST:PORT` (TLS),
+/// `redis-cluster://HOST:PORT,HOST:PORT,...` or
+/// `rediss-cluster://HOST:PORT,...` (TLS); `USER:PASSWORD@` may come
+/// before the first node (it works, but process listings show it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreUrl {
     /// A Redis Cluster, reached through any of `nodes`.
     pub cluster: bool,
+    /// Over TLS (`rediss://`, `rediss-cluster://`).
+    pub tls: bool,
     /// `HOST:PORT` of the server, or of the cluster's seed nodes.
     pub nodes: Vec<String>,
+    /// The user named in the URL, if any.
+    pub user: Option<String>,
+    /// The password written in the URL, if any (shown as `***`).
+    pub password: Option<Secret>,
 }
 
+const STORE_FORMS: &str = "use redis://HOST:PORT (or rediss://HOST:PORT for TLS) for one Redis server, or redis-cluster://HOST:PORT,HOST:PORT (or rediss-cluster://...) for a Redis Cluster";
+
 impl StoreUrl {
-    /// Reads `--store`.
+    /// Reads `--store`. Its errors never repeat a password written in it.
     pub fn parse(text: &str) -> Result<StoreUrl, String> {
-        const WHAT: &str =
-            "use redis://HOST:PORT for one Redis server or redis-cluster://HOST:PORT,HOST:PORT for a Redis Cluster";
-        let (cluster, rest) = if let Some(rest) = text.strip_prefix("redis-cluster://") {
-            (true, rest)
-        } else if let Some(rest) = text.strip_prefix("redis://") {
-            (false, rest)
-        } else {
-            return Err(format!("{text:?} is not a store address; {WHAT}"));
+        const WHAT: &str = STORE_FORMS;
+        let schemes = [
+            ("rediss-cluster://", true, true),
+            ("redis-cluster://", true, false),
+            ("rediss://", false, true),
+            ("redis://", false, false),
+        ];
+        let Some((rest, cluster, tls)) = schemes
+            .iter()
+            .find_map(|(scheme, c, t)| text.strip_prefix(scheme).map(|rest| (rest, *c, *t)))
+        else {
+            return Err(format!(
+                "{:?} is not a store address; {WHAT}",
+                redacted(text)
+            ));
+        };
+        let (user, password, rest) = match rest.rsplit_once('@') {
+            Some((userinfo, hosts)) => {
+                let (user, password) = match userinfo.split_once(':') {
+                    Some((user, password)) => (user, Some(password)),
+                    None => (userinfo, None),
+                };
+                let user = percent_decoded(user)
+                    .ok_or("the user in the store's URL is not valid percent-encoded UTF-8")?;
+                let password = password
+                    .map(|p| {
+                        percent_decoded(p).ok_or(
+                            "the password in the store's URL is not valid percent-encoded UTF-8",
+                        )
+                    })
+                    .transpose()?;
+                (
+                    (!user.is_empty()).then_some(user),
+                    password.filter(|p| !p.is_empty()).map(Secret::new),
+                    hosts,
+                )
+            }
+            None => (None, None, rest),
         };
         let rest = rest.trim_end_matches('/');
         let nodes: Vec<String> = rest.split(',').map(str::trim).map(str::to_owned).collect();
@@ -70,20 +140,313 @@ impl StoreUrl {
             }
         }
         if !cluster && nodes.len() != 1 {
-            return Err(format!("redis:// takes one HOST:PORT; {WHAT}"));
+            return Err(format!(
+                "{} takes one HOST:PORT; {WHAT}",
+                if tls { "rediss://" } else { "redis://" }
+            ));
         }
-        Ok(StoreUrl { cluster, nodes })
+        Ok(StoreUrl {
+            cluster,
+            tls,
+            nodes,
+            user,
+            password,
+        })
+    }
+}
+
+/// `%XX` escapes decoded; `None` when they do not make UTF-8.
+fn percent_decoded(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// A store address as typed, with any password in it replaced by `***`,
+/// for messages about an address that did not parse.
+pub fn redacted(text: &str) -> String {
+    let (scheme, rest) = match text.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, text),
+    };
+    let rest = match rest.rsplit_once('@') {
+        Some((userinfo, hosts)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:***@{hosts}"),
+            None => format!("{userinfo}@{hosts}"),
+        },
+        None => rest.to_owned(),
+    };
+    match scheme {
+        Some(scheme) => format!("{scheme}://{rest}"),
+        None => rest,
     }
 }
 
 impl fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let scheme = if self.cluster {
-            "redis-cluster"
+        let scheme = match (self.cluster, self.tls) {
+            (true, true) => "rediss-cluster",
+            (true, false) => "redis-cluster",
+            (false, true) => "rediss",
+            (false, false) => "redis",
+        };
+        write!(f, "{scheme}://")?;
+        match (&self.user, &self.password) {
+            (Some(user), Some(_)) => write!(f, "{user}:***@")?,
+            (None, Some(_)) => write!(f, ":***@")?,
+            (Some(user), None) => write!(f, "{user}@")?,
+            (None, None) => {}
+        }
+        write!(f, "{}", self.nodes.join(","))
+    }
+}
+
+/// TLS to the store, as PEM read from files at start-up: the CAs to trust
+/// (the system's when `None`) and, for mutual TLS, this server's
+/// certificate chain and key. The key never prints.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct StoreTls {
+    /// CA certificates (PEM) that must have signed the store's certificate.
+    pub ca: Option<Vec<u8>>,
+    /// This server's certificate chain (PEM), for mutual TLS.
+    pub cert: Option<Vec<u8>>,
+    /// The private key (PEM) of `cert`.
+    pub key: Option<Secret>,
+}
+
+impl fmt::Debug for StoreTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreTls")
+            .field("ca", &self.ca.as_ref().map(|_| "set"))
+            .field("cert", &self.cert.as_ref().map(|_| "set"))
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+/// A file named by a flag or a setting, for messages that name both.
+#[derive(Clone, Copy, Debug)]
+pub struct Named<'a> {
+    /// The flag or setting (`--store-tls-ca`).
+    pub what: &'a str,
+    /// The file.
+    pub path: &'a Path,
+}
+
+impl Named<'_> {
+    fn read(&self) -> Result<Vec<u8>, String> {
+        std::fs::read(self.path).map_err(|e| {
+            format!(
+                "{} {}: cannot be read ({e}); check the path and that this user may read it",
+                self.what,
+                self.path.display()
+            )
+        })
+    }
+}
+
+impl StoreTls {
+    /// Reads the files; each must hold what it is for (PEM certificates, a
+    /// PEM private key), and the certificate and the key come together.
+    pub fn read(
+        ca: Option<Named<'_>>,
+        cert: Option<Named<'_>>,
+        key: Option<Named<'_>>,
+    ) -> Result<StoreTls, String> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certificates = |named: Named<'_>| -> Result<Vec<u8>, String> {
+            let pem = named.read()?;
+            let found = CertificateDer::pem_slice_iter(&pem).collect::<Result<Vec<_>, _>>();
+            match found {
+                Ok(certs) if !certs.is_empty() => Ok(pem),
+                Ok(_) => Err(format!(
+                    "{} {}: holds no certificate; give a PEM file (-----BEGIN CERTIFICATE-----)",
+                    named.what,
+                    named.path.display()
+                )),
+                Err(e) => Err(format!(
+                    "{} {}: is not PEM certificates ({e})",
+                    named.what,
+                    named.path.display()
+                )),
+            }
+        };
+        let ca = ca.map(certificates).transpose()?;
+        let (cert, key) = match (cert, key) {
+            (None, None) => (None, None),
+            (Some(cert), None) => {
+                return Err(format!(
+                    "{} needs its private key too: pass --store-tls-key FILE",
+                    cert.what
+                ))
+            }
+            (None, Some(key)) => {
+                return Err(format!(
+                    "{} needs the certificate it belongs to: pass --store-tls-cert FILE",
+                    key.what
+                ))
+            }
+            (Some(cert), Some(key)) => {
+                let chain = certificates(cert)?;
+                let pem = key.read()?;
+                PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+                    format!(
+                        "{} {}: holds no PEM private key ({e})",
+                        key.what,
+                        key.path.display()
+                    )
+                })?;
+                let pem = String::from_utf8(pem)
+                    .map_err(|_| format!("{} {}: is not PEM text", key.what, key.path.display()))?;
+                (Some(chain), Some(Secret::new(pem)))
+            }
+        };
+        Ok(StoreTls { ca, cert, key })
+    }
+
+    /// Whether anything is set (and so TLS is wanted).
+    pub fn is_set(&self) -> bool {
+        self.ca.is_some() || self.cert.is_some()
+    }
+
+    fn certificates(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: match (&self.cert, &self.key) {
+                (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.expose().as_bytes().to_vec(),
+                }),
+                _ => None,
+            },
+            root_cert: self.ca.clone(),
+        }
+    }
+}
+
+/// Reads a password file: its text without the line ending after it; it
+/// must hold one.
+pub fn read_password(file: Named<'_>) -> Result<Secret, String> {
+    let bytes = file.read()?;
+    let text = String::from_utf8(bytes).map_err(|_| {
+        format!(
+            "{} {}: is not UTF-8 text; write the password alone in it",
+            file.what,
+            file.path.display()
+        )
+    })?;
+    let password = text.trim_end_matches(['\n', '\r']);
+    if password.is_empty() {
+        return Err(format!(
+            "{} {}: is empty; write the Redis password in it",
+            file.what,
+            file.path.display()
+        ));
+    }
+    Ok(Secret::new(password))
+}
+
+/// How every link to the store is made: where, with which TLS settings,
+/// as which user.
+#[derive(Clone)]
+pub(super) struct Reach {
+    url: StoreUrl,
+    tls: Option<redis::TlsCertificates>,
+    user: Option<String>,
+    password: Option<Secret>,
+}
+
+impl Reach {
+    /// The store at `url` over `tls` (when the URL says TLS), logging in
+    /// as `user` with `password` (when given).
+    pub(super) fn new(
+        url: &StoreUrl,
+        tls: &StoreTls,
+        user: Option<String>,
+        password: Option<Secret>,
+    ) -> Reach {
+        Reach {
+            url: url.clone(),
+            tls: url.tls.then(|| tls.certificates()),
+            user,
+            password,
+        }
+    }
+
+    /// The store's address, as given (passwords shown as `***`).
+    pub(super) fn url(&self) -> &StoreUrl {
+        &self.url
+    }
+
+    fn info(&self, node: &str) -> Result<redis::ConnectionInfo, RedisError> {
+        let scheme = if self.tls.is_some() {
+            "rediss"
         } else {
             "redis"
         };
-        write!(f, "{scheme}://{}", self.nodes.join(","))
+        // No CLIENT SETINFO: one command fewer for the ACL user to be
+        // allowed (and Redis before 7.2 does not know it).
+        let mut settings = redis::RedisConnectionInfo::default().set_skip_set_lib_name();
+        if let Some(user) = &self.user {
+            settings = settings.set_username(user);
+        }
+        if let Some(password) = &self.password {
+            settings = settings.set_password(password.expose());
+        }
+        Ok(format!("{scheme}://{node}")
+            .into_connection_info()?
+            .set_redis_settings(settings))
+    }
+
+    /// A client of the one server (or the cluster node) at `node`.
+    pub(super) fn client(&self, node: &str) -> Result<redis::Client, RedisError> {
+        let info = self.info(node)?;
+        match &self.tls {
+            Some(certificates) => redis::Client::build_with_tls(info, certificates.clone()),
+            None => redis::Client::open(info),
+        }
+    }
+
+    fn cluster(&self) -> Result<redis::cluster::ClusterClient, RedisError> {
+        let nodes = self
+            .url
+            .nodes
+            .iter()
+            .map(|n| self.info(n))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut builder = redis::cluster::ClusterClientBuilder::new(nodes)
+            .connection_timeout(CONNECT_TIMEOUT)
+            .response_timeout(RESPONSE_TIMEOUT)
+            .retries(3);
+        if let Some(certificates) = &self.tls {
+            builder = builder.certs(certificates.clone());
+        }
+        builder.build()
+    }
+
+    /// `text` with the password, should it be in it, replaced by `***`.
+    /// (Redis's errors do not quote it; this makes sure no message built
+    /// from one ever does. A password of fewer than 4 characters is not
+    /// looked for: it would blot out ordinary words.)
+    pub(super) fn scrub(&self, text: impl fmt::Display) -> String {
+        let text = text.to_string();
+        match &self.password {
+            Some(p) if p.expose().len() >= 4 && text.contains(p.expose()) => {
+                text.replace(p.expose(), "***")
+            }
+            _ => text,
+        }
     }
 }
 
@@ -105,6 +468,57 @@ pub struct StoreFigures {
     /// Probes no replica confirmed in time, given back (the caller was
     /// told to ask again).
     pub unconfirmed_probes: AtomicU64,
+    /// Messages dropped because they could not be verified (or, on the
+    /// answers channel, named another key or ticket than their waiter's),
+    /// by channel, in the order of [`NOTICE_CHANNELS`].
+    pub notices_dropped: [AtomicU64; 3],
+    /// Reads of the shared policies (the `fusebox:policies` key) whose
+    /// content could not be verified; the running rules stayed.
+    pub policies_unverified: AtomicU64,
+    /// When a dropped notice was last logged, and how many were dropped
+    /// since.
+    drops_logged: std::sync::Mutex<(Option<Instant>, u64)>,
+}
+
+/// The channels whose messages are verified, as `notices_dropped` counts
+/// them.
+pub const NOTICE_CHANNELS: [&str; 3] = ["fusebox:answers", "fusebox:events", "fusebox:policies"];
+
+/// How often dropped notices are logged at most.
+const DROPS_LOGGED_EVERY: Duration = Duration::from_secs(5);
+
+impl StoreFigures {
+    /// Counts a message dropped on `channel` (one of [`NOTICE_CHANNELS`],
+    /// or the policies key when `channel` is `None`) and logs it, at most
+    /// once every few seconds, with `why`.
+    pub(super) fn dropped(&self, channel: Option<&str>, why: &str) {
+        match channel {
+            Some(channel) => {
+                if let Some(at) = NOTICE_CHANNELS.iter().position(|c| *c == channel) {
+                    self.notices_dropped[at].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            None => {
+                self.policies_unverified.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let mut logged = self.drops_logged.lock().expect("drops logged");
+        logged.1 += 1;
+        if logged.0.is_some_and(|at| at.elapsed() < DROPS_LOGGED_EVERY) {
+            return;
+        }
+        let count = std::mem::take(&mut logged.1);
+        logged.0 = Some(Instant::now());
+        drop(logged);
+        let place = channel.map_or_else(
+            || "the policies key fusebox:policies".to_owned(),
+            |c| format!("channel {c}"),
+        );
+        tracing::warn!(
+            dropped = count,
+            "dropped {count} message(s) from the store that could not be trusted (the last on {place}: {why}); someone who can reach Redis may be forging them, or a node or server has another secret; see fusebox_store_notices_dropped_total"
+        );
+    }
 }
 
 /// How many replicas must have a probe before it is handed out (B2 across
@@ -194,7 +608,7 @@ pub(super) enum Link {
 /// How to make more links to the store.
 #[derive(Clone)]
 enum Client {
-    Single(redis::Client),
+    Single(Box<redis::Client>),
     Cluster(Box<redis::cluster::ClusterClient>),
 }
 
@@ -231,33 +645,40 @@ pub(super) struct Conn {
     confirmers: Arc<std::sync::Mutex<Vec<Link>>>,
     topology: Arc<tokio::sync::Mutex<Topology>>,
     figures: Arc<StoreFigures>,
-    url: Arc<StoreUrl>,
+    reach: Arc<Reach>,
 }
 
 impl Conn {
     pub(super) async fn connect(
-        url: &StoreUrl,
+        reach: Reach,
         figures: Arc<StoreFigures>,
     ) -> Result<Conn, EngineError> {
+        if reach.url.tls {
+            // The redis client builds its TLS settings on the process's
+            // default provider: the same (ring) as the rest of the server.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let url = reach.url();
         let unreachable = |e: RedisError| {
+            let advice = if matches!(e.kind(), ErrorKind::AuthenticationFailed)
+                || e.code()
+                    .is_some_and(|c| matches!(c, "WRONGPASS" | "NOAUTH" | "NOPERM"))
+            {
+                "check --store-user and the password (--store-password-file or FUSEBOX_STORE_PASSWORD), and that the user's ACL allows fusebox's commands (README, \"A store on a network\")"
+            } else if url.tls {
+                "check that Redis runs there with TLS (--tls-port) and the fusebox module loaded, that --store-tls-ca has the CA that signed its certificate and that the certificate names the host in --store; with tls-auth-clients, pass --store-tls-cert and --store-tls-key"
+            } else {
+                "check that Redis runs there with the fusebox module loaded"
+            };
             EngineError::StoreUnavailable(format!(
-                "cannot reach {url}: {e}; check that Redis runs there with the fusebox module loaded"
+                "cannot reach {url}: {}; {advice}",
+                reach.scrub(&e)
             ))
         };
         let client = if url.cluster {
-            let nodes: Vec<String> = url.nodes.iter().map(|n| format!("redis://{n}")).collect();
-            Client::Cluster(Box::new(
-                redis::cluster::ClusterClientBuilder::new(nodes)
-                    .connection_timeout(CONNECT_TIMEOUT)
-                    .response_timeout(RESPONSE_TIMEOUT)
-                    .retries(3)
-                    .build()
-                    .map_err(unreachable)?,
-            ))
+            Client::Cluster(Box::new(reach.cluster().map_err(unreachable)?))
         } else {
-            Client::Single(
-                redis::Client::open(format!("redis://{}", url.nodes[0])).map_err(unreachable)?,
-            )
+            Client::Single(Box::new(reach.client(&url.nodes[0]).map_err(unreachable)?))
         };
         let conn = client.link().await.map_err(unreachable)?;
         Ok(Conn {
@@ -266,8 +687,13 @@ impl Conn {
             confirmers: Arc::new(std::sync::Mutex::new(Vec::new())),
             topology: Arc::new(tokio::sync::Mutex::new(None)),
             figures,
-            url: Arc::new(url.clone()),
+            reach: Arc::new(reach),
         })
+    }
+
+    /// How links to the store are made (the subscription makes its own).
+    pub(super) fn reach(&self) -> &Reach {
+        &self.reach
     }
 
     async fn raw(&self, cmd: &Cmd) -> Result<Value, RedisError> {
@@ -334,18 +760,20 @@ impl Conn {
 
     /// One `FB.LIST` step on `node`: the next cursor, and the keys found
     /// with their views.
-    pub(super) async fn list_step(
-        &self,
-        node: &str,
-        cmd: &Cmd,
-    ) -> Result<(u64, Vec<(String, Value)>), EngineError> {
+    pub(super) async fn list_step(&self, node: &str, cmd: &Cmd) -> Result<ListStep, EngineError> {
         let value = self.on_node(node, cmd).await?;
         let odd = || EngineError::Internal(format!("FB.LIST answered {value:?}"));
         let Value::Array(parts) = &value else {
             return Err(odd());
         };
-        let [cursor, Value::Array(items)] = parts.as_slice() else {
-            return Err(odd());
+        let (cursor, items, inside) = match parts.as_slice() {
+            [cursor, Value::Array(items)] => (cursor, items, None),
+            [cursor, Value::Array(items), Value::BulkString(last)] => (
+                cursor,
+                items,
+                Some(String::from_utf8_lossy(last).into_owned()),
+            ),
+            _ => return Err(odd()),
         };
         let cursor = match cursor {
             Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|t| t.parse().ok()),
@@ -361,11 +789,17 @@ impl Conn {
                 found.push((String::from_utf8_lossy(name).into_owned(), view.clone()));
             }
         }
-        Ok((cursor, found))
+        Ok(ListStep {
+            cursor,
+            found,
+            inside,
+        })
     }
 
     fn error_of(&self, e: &RedisError) -> EngineError {
-        let url = &self.url;
+        let url = self.reach.url();
+        // Whatever the error quotes, never the password.
+        let said = self.reach.scrub(e);
         let unavailable = |what: String| {
             self.figures.unavailable.fetch_add(1, Ordering::Relaxed);
             EngineError::StoreUnavailable(what)
@@ -376,40 +810,40 @@ impl Conn {
             ) => {
                 self.figures.moved.fetch_add(1, Ordering::Relaxed);
                 unavailable(format!(
-                    "the key's slot is moving between nodes of {url} ({e})"
+                    "the key's slot is moving between nodes of {url} ({said})"
                 ))
             }
             ErrorKind::Server(ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown) => {
                 unavailable(format!(
-                    "the Redis Cluster at {url} is failing over or down ({e})"
+                    "the Redis Cluster at {url} is failing over or down ({said})"
                 ))
             }
             ErrorKind::Server(ServerErrorKind::BusyLoading) => {
-                unavailable(format!("Redis at {url} is still loading its data ({e})"))
+                unavailable(format!("Redis at {url} is still loading its data ({said})"))
             }
             ErrorKind::Server(ServerErrorKind::ReadOnly) => unavailable(format!(
-                "a node of {url} that is now a replica answered ({e}); the cluster is failing over"
+                "a node of {url} that is now a replica answered ({said}); the cluster is failing over"
             )),
             ErrorKind::Server(_) | ErrorKind::Extension => self.refusal_of(e),
             _ if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
-                unavailable(format!("cannot reach Redis at {url}: {e}"))
+                unavailable(format!("cannot reach Redis at {url}: {said}"))
             }
-            _ => unavailable(format!("Redis at {url} failed: {e}")),
+            _ => unavailable(format!("Redis at {url} failed: {said}")),
         }
     }
 
     /// A refusal by the module (`ERR <field>: ...`) as the contract's error.
     fn refusal_of(&self, e: &RedisError) -> EngineError {
-        let detail = e.detail().unwrap_or_default();
+        let detail = self.reach.scrub(e.detail().unwrap_or_default());
         let text = match e.code() {
-            Some("ERR") | None => detail.to_owned(),
+            Some("ERR") | None => detail,
             Some(code) => format!("{code} {detail}"),
         };
         if text.contains("unknown command") {
             self.figures.unavailable.fetch_add(1, Ordering::Relaxed);
             return EngineError::StoreUnavailable(format!(
                 "Redis at {} does not know the fusebox commands ({text}); load the module with --loadmodule",
-                self.url
+                self.reach.url()
             ));
         }
         let (field, problem) = text.split_once(": ").unwrap_or(("", &text));
@@ -559,10 +993,21 @@ impl Conn {
     /// that one).
     pub(super) async fn primaries(&self) -> Result<Vec<String>, EngineError> {
         if let Link::Single(_) = &self.conn {
-            return Ok(self.url.nodes.clone());
+            return Ok(self.reach.url().nodes.clone());
         }
         Ok(self.topology().await?.into_iter().map(|p| p.addr).collect())
     }
+}
+
+/// What one `FB.LIST` call answered.
+pub(super) struct ListStep {
+    /// The cursor to go on from (`0`: the node's pass is over).
+    pub cursor: u64,
+    /// The keys (Redis names) and their views.
+    pub found: Vec<(String, Value)>,
+    /// When the call stopped inside a `SCAN` bucket of more keys than it
+    /// could answer: the last key answered, for the next call's `AFTER`.
+    pub inside: Option<String>,
 }
 
 /// The hash slot of a Redis key (CRC16/XMODEM of its hash tag, or of the
@@ -613,25 +1058,83 @@ mod tests {
             StoreUrl::parse("redis://127.0.0.1:6379").unwrap(),
             StoreUrl {
                 cluster: false,
-                nodes: vec!["127.0.0.1:6379".into()]
+                tls: false,
+                nodes: vec!["127.0.0.1:6379".into()],
+                user: None,
+                password: None,
             }
         );
         let c = StoreUrl::parse("redis-cluster://a:1,b:2,c:3").unwrap();
-        assert!(c.cluster);
+        assert!(c.cluster && !c.tls);
         assert_eq!(c.nodes, ["a:1", "b:2", "c:3"]);
         assert_eq!(c.to_string(), "redis-cluster://a:1,b:2,c:3");
+        let t = StoreUrl::parse("rediss://redis.internal:6380").unwrap();
+        assert!(t.tls && !t.cluster);
+        assert_eq!(t.to_string(), "rediss://redis.internal:6380");
+        let tc = StoreUrl::parse("rediss-cluster://a:1,b:2").unwrap();
+        assert!(tc.tls && tc.cluster);
+        assert_eq!(tc.to_string(), "rediss-cluster://a:1,b:2");
         for bad in [
             "",
             "redis://",
             "redis://a",
             "redis://a:0",
             "redis://a:1,b:2",
+            "rediss://a:1,b:2",
             "http://a:1",
             "redis-cluster://a:1,:2",
         ] {
             let e = StoreUrl::parse(bad).unwrap_err();
             assert!(e.contains("redis://HOST:PORT"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_password_in_the_address_works_but_never_prints() {
+        let u = StoreUrl::parse("redis://fusebox:s3cr%40t@10.0.0.5:6379").unwrap();
+        assert_eq!(u.user.as_deref(), Some("fusebox"));
+        assert_eq!(u.password.as_ref().map(Secret::expose), Some("s3cr@t"));
+        assert_eq!(u.to_string(), "redis://fusebox:***@10.0.0.5:6379");
+        assert!(!format!("{u:?}").contains("s3cr"), "{u:?}");
+        let c = StoreUrl::parse("rediss-cluster://:pa@ss@a:1,b:2").unwrap();
+        assert_eq!(c.user, None);
+        assert_eq!(c.password.as_ref().map(Secret::expose), Some("pa@ss"));
+        assert_eq!(c.nodes, ["a:1", "b:2"]);
+        assert_eq!(c.to_string(), "rediss-cluster://:***@a:1,b:2");
+        let user_only = StoreUrl::parse("redis://fusebox@a:1").unwrap();
+        assert_eq!(user_only.to_string(), "redis://fusebox@a:1");
+        for bad in [
+            "http://u:hunter22@a:1",
+            "redis://u:hunter22@a",
+            "redis://u:hunter22@",
+        ] {
+            let e = StoreUrl::parse(bad).unwrap_err();
+            assert!(!e.contains("hunter22"), "{bad}: {e}");
+        }
+        assert_eq!(redacted("redis://u:p@h:1"), "redis://u:***@h:1");
+    }
+
+    #[test]
+    fn messages_never_carry_the_password() {
+        let url = StoreUrl::parse("redis://a:1").unwrap();
+        let reach = Reach::new(
+            &url,
+            &StoreTls::default(),
+            Some("fusebox".into()),
+            Some(Secret::new("correct-horse")),
+        );
+        assert_eq!(
+            reach.scrub("AUTH fusebox correct-horse failed"),
+            "AUTH fusebox *** failed"
+        );
+        let short = Reach::new(&url, &StoreTls::default(), None, Some(Secret::new("e")));
+        assert_eq!(short.scrub("the error"), "the error");
+        let tls = StoreTls {
+            ca: None,
+            cert: Some(b"cert".to_vec()),
+            key: Some(Secret::new("-----BEGIN PRIVATE KEY----- abc")),
+        };
+        assert!(!format!("{tls:?}").contains("abc"), "{tls:?}");
     }
 
     #[test]

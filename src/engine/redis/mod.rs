@@ -36,8 +36,11 @@ use super::tickets::random_ticket;
 use super::{AcquireArgs, AcquireReply, CompleteReply, Core, EngineError, KeyReading, Totals};
 use crate::domain::{Decision, Millis, Outcome, Phase, Policy, TicketId};
 use conn::Conn;
-pub use conn::{ProbeReplicas, StoreFigures, StoreUrl, PROBE_CONFIRM};
-pub use listen::{ANSWERS, EVENTS, POLICIES};
+pub use conn::{
+    read_password, redacted, Named, ProbeReplicas, Secret, StoreFigures, StoreTls, StoreUrl,
+    NOTICE_CHANNELS, PROBE_CONFIRM,
+};
+pub use listen::{NoticeKey, ANSWERS, EVENTS, POLICIES};
 use reply::{census_of, decision_of, reading_of, Answer, Census};
 
 /// The prefix of every key's Redis key: `fusebox:k:<key>`.
@@ -110,14 +113,28 @@ pub struct StoreOptions {
     pub url: StoreUrl,
     /// How many replicas must have a probe before it is handed out.
     pub probe_replicas: ProbeReplicas,
+    /// TLS settings, used when `url` says TLS (`rediss://`).
+    pub tls: StoreTls,
+    /// The Redis ACL user to log in as (else the URL's, else `default`).
+    pub user: Option<String>,
+    /// Its password (else the URL's, else none).
+    pub password: Option<Secret>,
+    /// The fleet's secret: what the store publishes is verified with it,
+    /// what this server writes is signed with it.
+    pub notices: Option<NoticeKey>,
 }
 
 impl StoreOptions {
-    /// The store at `url`, with the defaults.
+    /// The store at `url`, with the defaults (and the user and password
+    /// the URL names).
     pub fn at(url: StoreUrl) -> StoreOptions {
         StoreOptions {
+            user: url.user.clone(),
+            password: url.password.clone(),
             url,
             probe_replicas: ProbeReplicas::Auto,
+            tls: StoreTls::default(),
+            notices: None,
         }
     }
 }
@@ -128,8 +145,11 @@ pub struct RedisStore {
     conn: Conn,
     url: StoreUrl,
     probe_replicas: ProbeReplicas,
-    /// Callers of this server waiting in a key's queue, by waiter id.
-    waiters: DashMap<TicketId, Waiter>,
+    /// The fleet's secret for notices, if it has one.
+    notices: Option<NoticeKey>,
+    /// Callers of this server waiting in a key's queue, by waiter id, with
+    /// the Redis key they wait on.
+    waiters: DashMap<TicketId, (String, Waiter)>,
     /// Keys this server touched, for a manual clock to settle.
     known: Mutex<BTreeSet<String>>,
     /// Each policy in force (held, so that its pointer stays its own) as
@@ -210,7 +230,13 @@ impl RedisStore {
     ) -> Result<Arc<RedisStore>, EngineError> {
         let url = &options.url;
         let figures = Arc::new(StoreFigures::default());
-        let conn = Conn::connect(url, figures).await?;
+        let reach = conn::Reach::new(
+            url,
+            &options.tls,
+            options.user.clone(),
+            options.password.clone(),
+        );
+        let conn = Conn::connect(reach, figures).await?;
         core.replace_rules(rules);
         core.use_unix_times();
         let store = Arc::new(RedisStore {
@@ -218,6 +244,7 @@ impl RedisStore {
             conn,
             url: url.clone(),
             probe_replicas: options.probe_replicas,
+            notices: options.notices.clone(),
             waiters: DashMap::new(),
             known: Mutex::new(BTreeSet::new()),
             policies: Mutex::new(Vec::new()),
@@ -257,15 +284,41 @@ impl RedisStore {
         self.conn.figures()
     }
 
+    /// Checks that every primary runs the module, and signs its notices
+    /// with this server's secret (or that neither signs).
     async fn check_module(&self) -> Result<(), EngineError> {
         let cmd = redis::cmd("FB.VERSION");
-        match self.conn.query(&cmd).await {
-            Ok(_) => Ok(()),
-            Err(EngineError::Invalid { problem, .. }) => Err(EngineError::StoreUnavailable(
-                format!("{} answers FB.VERSION with {problem}; load the fusebox module there (redis-server --loadmodule .../libfusebox_redis.so)", self.url),
-            )),
-            Err(e) => Err(e),
+        let mine = self.notices.as_ref().map(NoticeKey::fingerprint);
+        for node in self.conn.primaries().await? {
+            let version = match self.conn.on_node(&node, &cmd).await {
+                Ok(version) => version,
+                Err(EngineError::Invalid { problem, .. }) => return Err(EngineError::StoreUnavailable(
+                    format!("{} (node {node}) answers FB.VERSION with {problem}; load the fusebox module there (redis-server --loadmodule .../libfusebox_redis.so)", self.url),
+                )),
+                Err(e) => return Err(e),
+            };
+            let theirs = reply::signing_of(&version);
+            let refuse = |what: String| Err(EngineError::StoreUnavailable(what));
+            match (theirs.as_deref(), mine.as_deref()) {
+                (None, None) => {}
+                (Some(theirs), Some(mine)) if theirs == mine => {}
+                (Some(theirs), Some(mine)) => return refuse(format!(
+                    "the fusebox module on {node} signs its notices with another secret (fingerprint {theirs}) than --store-secret-file (fingerprint {mine}): give every fusebox server the file the module loads with secret-file"
+                )),
+                (Some(theirs), None) => return refuse(format!(
+                    "the fusebox module on {node} signs its notices (fingerprint {theirs}) but this server has no secret to verify them: pass --store-secret-file with the file the module loads with secret-file"
+                )),
+                (None, Some(_)) => return refuse(format!(
+                    "the fusebox module on {node} does not sign its notices (it was loaded without secret-file) but this server has --store-secret-file: load the module with `--loadmodule libfusebox_redis.so secret-file FILE` (the same file) on every node, or start this server without --store-secret-file"
+                )),
+            }
         }
+        if mine.is_none() {
+            tracing::warn!(
+                "the store's notices are not signed (no --store-secret-file, and the module has no secret-file): anyone who can reach Redis can forge answers to waiting callers, transitions in watchers' streams and the fleet's policies; give the module and every server the same secret file"
+            );
+        }
+        Ok(())
     }
 
     /// The time argument: `*` (the primary Redis server's clock), or the
@@ -378,7 +431,7 @@ impl RedisStore {
             // Registered before the request goes: the answer may be
             // published before the reply to this command arrives.
             let (tx, rx) = oneshot::channel();
-            self.waiters.insert(id, tx);
+            self.waiters.insert(id, (rk.clone(), tx));
             waiting = Some(WaitGuard {
                 shared: self,
                 key: args.key.clone(),
@@ -573,14 +626,19 @@ impl RedisStore {
         limit: usize,
     ) -> Result<Listed, EngineError> {
         let primaries = self.conn.primaries().await?;
-        let (mut node, mut cursor) = match from {
-            Cursor::Start => (0, 0),
+        let (mut node, mut cursor, mut inside) = match from {
+            Cursor::Start => (0, 0, None),
             // The same primary goes on from its cursor; another one (a
             // failover, a restart on a new address) scans from the start,
             // so that a key may repeat but none is skipped.
-            Cursor::Scan { node, at, cursor } => match primaries.get(*node) {
-                Some(addr) if address_mark(addr) == *at => (*node, *cursor),
-                _ => (*node, 0),
+            Cursor::Scan {
+                node,
+                at,
+                cursor,
+                after,
+            } => match primaries.get(*node) {
+                Some(addr) if address_mark(addr) == *at => (*node, *cursor, after.clone()),
+                _ => (*node, 0, None),
             },
             Cursor::After(_) => {
                 return Err(invalid(
@@ -605,8 +663,11 @@ impl RedisStore {
             if !phase_names.is_empty() {
                 cmd.arg("PHASES").arg(phase_names.join(","));
             }
-            let (after, found) = self.conn.list_step(&primaries[node], &cmd).await?;
-            for (name, view) in found {
+            if let Some(key) = inside.take() {
+                cmd.arg("AFTER").arg(format!("{KEY_PREFIX}{key}"));
+            }
+            let step = self.conn.list_step(&primaries[node], &cmd).await?;
+            for (name, view) in step.found {
                 let Some(key) = name.strip_prefix(KEY_PREFIX) else {
                     continue;
                 };
@@ -614,15 +675,19 @@ impl RedisStore {
                     readings.push(reading);
                 }
             }
-            if after == 0 {
+            let after = step
+                .inside
+                .and_then(|name| name.strip_prefix(KEY_PREFIX).map(str::to_owned));
+            if step.cursor == 0 && after.is_none() {
                 node += 1;
                 cursor = 0;
             } else {
-                cursor = after;
+                cursor = step.cursor;
                 next = Some(Cursor::Scan {
                     node,
                     at: address_mark(&primaries[node]),
                     cursor,
+                    after,
                 });
                 break;
             }
@@ -632,6 +697,7 @@ impl RedisStore {
                 node,
                 at: address_mark(&primaries[node]),
                 cursor,
+                after: None,
             });
         }
         readings.sort_by(|a, b| a.key.cmp(&b.key));
@@ -810,10 +876,21 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Hands a published answer to this server's waiter, if it has it.
-    pub(crate) fn deliver(&self, waiter: TicketId, answer: Answer) {
-        if let Some((_, tx)) = self.waiters.remove(&waiter) {
+    /// Hands a published answer to this server's waiter, if it has it:
+    /// one for another key than the waiter's, or granting a ticket that is
+    /// not the waiter's, is dropped (counted, logged) and the waiter goes
+    /// on waiting.
+    pub(crate) fn deliver(&self, key: &str, waiter: TicketId, answer: Answer) {
+        let fits = |(wanted, _): &(String, Waiter)| {
+            wanted == key && answer.decision.grant().is_none_or(|g| g.ticket == waiter)
+        };
+        if let Some((_, (_, tx))) = self.waiters.remove_if(&waiter, |_, w| fits(w)) {
             let _gone = tx.send(answer);
+        } else if self.waiters.contains_key(&waiter) {
+            self.conn.figures().dropped(
+                Some(ANSWERS),
+                "an answer for this server's waiter named another key or ticket",
+            );
         }
     }
 
@@ -932,8 +1009,9 @@ impl Drop for WaitGuard<'_> {
 
 /// A short mark of a primary's address, for a listing's cursor (FNV-1a).
 fn address_mark(addr: &str) -> u32 {
-    addr.bytes()
-        .fold(0x811c_9dc5, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
+    addr.bytes().fold(0x811c_9dc5, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
 }
 
 #[cfg(test)]

@@ -5,6 +5,11 @@
 //! the key again when it hears that (and when it subscribes again after a
 //! lost connection). At start-up a server adopts the rules Redis holds, or
 //! writes its own when there are none yet.
+//!
+//! With a secret (`--store-secret-file`), what a server writes to the key
+//! is signed as the module signs its messages, for the key's name (`<MAC>
+//! <JSON>`), and so is what it publishes (`<MAC> changed`); a server reads
+//! only content it can verify, and acts only on messages it can verify.
 
 use std::sync::Arc;
 
@@ -67,6 +72,15 @@ pub fn from_json(text: &[u8]) -> Result<Rules, String> {
     })
 }
 
+/// `text` as it is written to the key or published: signed when the store
+/// has a secret.
+fn sealed(store: &RedisStore, name: &str, text: &str) -> String {
+    match &store.notices {
+        Some(key) => key.seal(name, text),
+        None => text.to_owned(),
+    }
+}
+
 /// At start-up: adopts the rules Redis holds, or writes this server's.
 pub async fn start(store: &Arc<RedisStore>) -> Result<(), EngineError> {
     let mut get = redis::cmd("GET");
@@ -75,7 +89,7 @@ pub async fn start(store: &Arc<RedisStore>) -> Result<(), EngineError> {
         redis::Value::Nil => {
             let mut set = redis::cmd("SET");
             set.arg(POLICIES_KEY)
-                .arg(to_json(&store.core().rules()))
+                .arg(sealed(store, POLICIES_KEY, &to_json(&store.core().rules())))
                 .arg("NX");
             store.conn.query(&set).await?;
             tracing::info!("the store held no policies: this server's config is now the fleet's");
@@ -93,15 +107,15 @@ pub async fn load(store: &Arc<RedisStore>) {
     let mut get = redis::cmd("GET");
     get.arg(POLICIES_KEY);
     match store.conn.query(&get).await {
-        Ok(redis::Value::BulkString(bytes)) => match from_json(&bytes) {
-            Ok(rules) => {
-                if *store.core().rules() != rules {
-                    let count = rules.rules.len();
-                    store.core().replace_rules(rules);
-                    tracing::info!(rules = count, "the fleet's policies changed in the store: keys adopt them at their next operation");
-                }
+        Ok(redis::Value::BulkString(bytes)) => match content(store, &bytes).map(from_json) {
+            None => {}
+            Some(Ok(rules)) if *store.core().rules() != rules => {
+                let count = rules.rules.len();
+                store.core().replace_rules(rules);
+                tracing::info!(rules = count, "the fleet's policies changed in the store: keys adopt them at their next operation");
             }
-            Err(e) => tracing::error!(
+            Some(Ok(_)) => {}
+            Some(Err(e)) => tracing::error!(
                 "the policies in the store ({POLICIES_KEY}) do not read: {e}; the running ones stay"
             ),
         },
@@ -115,10 +129,29 @@ pub async fn load(store: &Arc<RedisStore>) {
     }
 }
 
+/// The JSON in the key's content, verified when the store has a secret;
+/// `None` (counted and logged) when it does not verify.
+fn content<'a>(store: &RedisStore, bytes: &'a [u8]) -> Option<&'a [u8]> {
+    let Some(key) = &store.notices else {
+        return Some(bytes);
+    };
+    match key.open(POLICIES_KEY, bytes) {
+        Ok(json) => Some(json),
+        Err(why) => {
+            store.conn.figures().dropped(
+                None,
+                &format!("{why}; the running policies stay, and the next SetPolicy, DeletePolicy or config reload writes signed ones"),
+            );
+            None
+        }
+    }
+}
+
 /// After a change on this server: writes the rules to Redis and tells the
 /// other servers. Spawned: the change is in force here already.
 pub fn publish(store: &RedisStore) {
-    let json = to_json(&store.core().rules());
+    let json = sealed(store, POLICIES_KEY, &to_json(&store.core().rules()));
+    let changed = sealed(store, POLICIES, "changed");
     let conn = store.conn.clone();
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
@@ -127,7 +160,7 @@ pub fn publish(store: &RedisStore) {
         let mut set = redis::cmd("SET");
         set.arg(POLICIES_KEY).arg(&json);
         let mut publish = redis::cmd("PUBLISH");
-        publish.arg(POLICIES).arg("changed");
+        publish.arg(POLICIES).arg(&changed);
         let written = match conn.query(&set).await {
             Ok(_) => conn.query(&publish).await.map(drop),
             Err(e) => Err(e),

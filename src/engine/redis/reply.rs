@@ -137,11 +137,13 @@ pub fn settled_waiter(value: &Value) -> Result<Option<Answer>, EngineError> {
     }
 }
 
-/// A message of the answers channel: the waiter and its answer.
-pub fn published_answer(message: &[u8]) -> Option<(TicketId, Answer)> {
+/// A message of the answers channel: the Redis key it is for, the waiter
+/// and its answer.
+pub fn published_answer(message: &[u8]) -> Option<(String, TicketId, Answer)> {
     let m: serde_json::Value = serde_json::from_slice(message).ok()?;
     let s = |f: &str| m.get(f).and_then(|v| v.as_str()).map(str::to_owned);
     let n = |f: &str| m.get(f).and_then(serde_json::Value::as_u64);
+    let key = s("key")?;
     let waiter = ticket_named(&s("waiter")?)?;
     let decision = s("decision")?;
     let phase = s("phase")?;
@@ -154,7 +156,20 @@ pub fn published_answer(message: &[u8]) -> Option<(TicketId, Answer)> {
         phase: &phase,
         now: n("now_ms")?,
     })?;
-    Some((waiter, answer))
+    Some((key, waiter, answer))
+}
+
+/// The fingerprint of the secret a node signs its notices with, from
+/// `FB.VERSION`'s reply (`module V encoding N signing F|off`); `None` when
+/// it does not sign (`off`, or a module too old to say).
+pub fn signing_of(value: &Value) -> Option<String> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    let at = items
+        .iter()
+        .position(|v| text(v).as_deref() == Some("signing"))?;
+    text(items.get(at + 1)?).filter(|f| f != "off")
 }
 
 /// `FB.COMPLETE`'s reply: `stale 0|1 phase P`.
@@ -312,7 +327,8 @@ mod tests {
     #[test]
     fn published_answers_name_their_waiter() {
         let m = br#"{"key":"fusebox:k:a","waiter":"ff","decision":"denied","reason":"timeout","ticket":null,"lease_ms":null,"retry_after_ms":null,"phase":"closed","now_ms":9}"#;
-        let (waiter, answer) = published_answer(m).unwrap();
+        let (key, waiter, answer) = published_answer(m).unwrap();
+        assert_eq!(key, "fusebox:k:a");
         assert_eq!(waiter, TicketId(0xff));
         assert_eq!(
             answer.decision,
@@ -322,6 +338,22 @@ mod tests {
             }
         );
         assert!(published_answer(b"{}").is_none());
+        let version = |signing: &str| {
+            Value::Array(vec![
+                Value::SimpleString("module".into()),
+                Value::SimpleString("0.1.0".into()),
+                Value::SimpleString("encoding".into()),
+                Value::Int(2),
+                Value::SimpleString("signing".into()),
+                Value::SimpleString(signing.into()),
+            ])
+        };
+        assert_eq!(
+            signing_of(&version("08c2720d49dc191e")).as_deref(),
+            Some("08c2720d49dc191e")
+        );
+        assert_eq!(signing_of(&version("off")), None);
+        assert_eq!(signing_of(&Value::Array(vec![bulk("module")])), None);
         assert!(published_answer(b"not json").is_none());
     }
 }
