@@ -284,14 +284,14 @@ pub fn hash(token: &str) -> [u8; 32] {
 
 /// The SHA-256 of a token as 64 lower-case hex digits, as the config takes it.
 pub fn hash_hex(token: &str) -> String {
-    hash(token).iter().map(|b| format!("{b:02x}")).collect()
+    crate::domain::hex::hex(&hash(token))
 }
 
 /// A new random token: 32 bytes from the operating system, in hex.
 pub fn new_token() -> Result<String, getrandom::Error> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(crate::domain::hex::hex(&bytes))
 }
 
 fn parse_hex(text: &str) -> Option<[u8; 32]> {

@@ -53,7 +53,7 @@ pub fn id_of(json: &[u8]) -> PolicyId {
 
 /// An id as the 32 hex digits commands send.
 pub fn hex_of(id: &PolicyId) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
+    fusebox_domain::hex::hex(id)
 }
 
 fn cached(id: &PolicyId) -> Option<Known> {

@@ -83,11 +83,7 @@ pub fn mac(secret: &[u8], channel: &str, payload: &[u8]) -> String {
     m.update(channel.as_bytes());
     m.update(b"\n");
     m.update(payload);
-    m.finalize()
-        .into_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    fusebox_domain::hex::hex(&m.finalize().into_bytes())
 }
 
 /// What to publish for `payload` on `channel`: signed when a secret is set.

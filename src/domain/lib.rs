@@ -13,7 +13,8 @@
 //! - [`fuse`]: everything kept for one key, and the one decision over breaker
 //!   and book (C1–C6), tickets and leases (L1–L4); [`FuseState`] is a key's
 //!   exact, versioned, serde-able snapshot;
-//! - [`key`]: the key syntax of K1.
+//! - [`key`]: the key syntax of K1;
+//! - [`hex`]: the lower-case hexadecimal every text form here uses.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -21,6 +22,7 @@ pub mod book;
 pub mod breaker;
 pub mod fuse;
 pub mod health;
+pub mod hex;
 pub mod key;
 pub mod limiter;
 pub mod policy;

@@ -83,15 +83,10 @@ pub fn filter_of(prefix: &str, phases: &[i32]) -> String {
     format!("{prefix}\u{0}{}", phases.join(","))
 }
 
-/// Lower-case hexadecimal of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// An opaque page token: the filter it is bound to and the last key of
 /// its page, in hexadecimal (tokens hold no server state, A6).
 pub fn page_token(filter: &str, last: &str) -> String {
-    hex(format!("{filter}\u{0}{last}").as_bytes())
+    crate::domain::hex::hex(format!("{filter}\u{0}{last}").as_bytes())
 }
 
 /// The last key of the page `token` ends, if `token` was made for

@@ -23,6 +23,7 @@ use tokio_stream::StreamExt;
 use super::super::events::{Event, EventKind};
 use super::reply::{published_answer, view_of};
 use super::{RedisStore, KEY_PREFIX};
+use crate::domain::hex::{hex, unhex};
 use crate::domain::{Cause, Phase};
 
 /// The fewest bytes a secret may have (as the module requires).
@@ -100,22 +101,6 @@ impl NoticeKey {
         let tag = self.mac("fusebox", b"fingerprint").finalize().into_bytes();
         hex(&tag)[..16].to_owned()
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Lower-case hex digits as bytes.
-fn unhex(text: &[u8]) -> Option<Vec<u8>> {
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
-    text.chunks(2)
-        .map(|pair| Some(digit(pair[0])? << 4 | digit(*pair.get(1)?)?))
-        .collect()
 }
 
 /// What to act on in `message` heard on `channel`: its payload, verified
