@@ -164,6 +164,10 @@ enum Command {
         /// once).
         #[arg(long, value_name = "auto|N", default_value = "auto", value_parser = fusebox::engine::redis::ProbeReplicas::parse, requires = "store")]
         store_probe_replicas: fusebox::engine::redis::ProbeReplicas,
+        /// With --store: how long a probe waits for those replicas before
+        /// it is given back and the caller told to ask again (10ms to 60s).
+        #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_probe_wait, requires = "store")]
+        store_probe_wait: u64,
     },
     /// Make a new bearer token; prints it, and the [[auth.token]] entry
     /// (with its SHA-256 only) that the server's config takes.
@@ -303,6 +307,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             data_dir,
             store,
             store_probe_replicas,
+            store_probe_wait,
             store_tls_ca,
             store_tls_cert,
             store_tls_key,
@@ -327,6 +332,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     store: store.map(|url| StoreFlags {
                         url,
                         probe_replicas: store_probe_replicas,
+                        probe_wait: store_probe_wait,
                         tls_ca: store_tls_ca,
                         tls_cert: store_tls_cert,
                         tls_key: store_tls_key,
@@ -501,6 +507,7 @@ struct StateFlags {
 struct StoreFlags {
     url: String,
     probe_replicas: fusebox::engine::redis::ProbeReplicas,
+    probe_wait: u64,
     tls_ca: Option<PathBuf>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
@@ -589,6 +596,7 @@ fn store_options(
     let options = StoreOptions {
         url,
         probe_replicas: flags.probe_replicas,
+        probe_wait: std::time::Duration::from_millis(flags.probe_wait),
         tls,
         user,
         password,
@@ -899,5 +907,15 @@ fn parse_interval(text: &str) -> Result<u64, String> {
     match parse_duration_flag(text)? {
         0 => Err("must be more than 0, e.g. 500ms or 2s".to_owned()),
         ms => Ok(ms),
+    }
+}
+
+/// `--store-probe-wait`: a duration from 10 ms to 60 s.
+fn parse_probe_wait(text: &str) -> Result<u64, String> {
+    match parse_duration_flag(text)? {
+        ms @ 10..=60_000 => Ok(ms),
+        ms => Err(format!(
+            "{ms} ms is out of range: give 10ms to 60s (how long a probe waits for the replicas that must have it)"
+        )),
     }
 }

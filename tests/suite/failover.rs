@@ -874,7 +874,14 @@ async fn one_probe_per_break_even_when_a_failover_loses_the_first() {
     let store = format!("redis://127.0.0.1:{}", front.port);
     let confirmed = Server::start(crate::harness::Options {
         config: Some(PROBE_CONFIG),
-        args: vec!["--store", &store, "--store-probe-replicas", "1"],
+        args: vec![
+            "--store",
+            &store,
+            "--store-probe-replicas",
+            "1",
+            "--store-probe-wait",
+            "500ms",
+        ],
         ..Default::default()
     })
     .await;

@@ -1096,3 +1096,28 @@ async fn a_store_password_never_prints() {
         assert!(!logs.contains(&password), "{logs}");
     }
 }
+
+/// `--store-probe-wait` outside 10 ms to 60 s, or without a unit, stops
+/// the start naming the flag and what it takes; no Redis is needed, since
+/// the flag is checked before anything connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_wait_out_of_range_is_refused_naming_the_flag() {
+    for (wait, says) in [
+        ("5ms", "10ms to 60s"),
+        ("61s", "10ms to 60s"),
+        ("2", "unit"),
+    ] {
+        let mut cmd = tokio::process::Command::new(BIN);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .args(["--store", "redis://127.0.0.1:1", "--store-probe-wait", wait])
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(PATIENCE, cmd.output())
+            .await
+            .expect("the server stops in time")
+            .expect("the server runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{wait}: {err}");
+        assert!(err.contains("--store-probe-wait"), "{wait}: {err}");
+        assert!(err.contains(says), "{wait}: {err}");
+    }
+}

@@ -34,7 +34,7 @@ const WAIT_FOR_REPLICA: Duration = Duration::from_millis(1000);
 
 /// How long a probe waits for its replicas to confirm it before it is
 /// given back (the caller is told to ask again).
-pub const PROBE_CONFIRM: Duration = Duration::from_millis(500);
+pub const PROBE_WAIT: Duration = Duration::from_secs(2);
 
 /// Links kept for confirmations (`FB.FENCE` + `WAIT`); more are made while
 /// these are busy, and dropped after.
@@ -646,6 +646,8 @@ pub(super) struct Conn {
     topology: Arc<tokio::sync::Mutex<Topology>>,
     figures: Arc<StoreFigures>,
     reach: Arc<Reach>,
+    /// The shared link's commands, in batches.
+    batcher: super::batch::Batcher,
 }
 
 impl Conn {
@@ -681,9 +683,11 @@ impl Conn {
             Client::Single(Box::new(reach.client(&url.nodes[0]).map_err(unreachable)?))
         };
         let conn = client.link().await.map_err(unreachable)?;
+        let batcher = super::batch::Batcher::new(conn.clone());
         Ok(Conn {
             conn,
             client,
+            batcher,
             confirmers: Arc::new(std::sync::Mutex::new(Vec::new())),
             topology: Arc::new(tokio::sync::Mutex::new(None)),
             figures,
@@ -697,10 +701,7 @@ impl Conn {
     }
 
     async fn raw(&self, cmd: &Cmd) -> Result<Value, RedisError> {
-        match &self.conn {
-            Link::Single(c) => cmd.query_async(&mut c.clone()).await,
-            Link::Cluster(c) => cmd.query_async(&mut c.clone()).await,
-        }
+        self.batcher.query(cmd.clone()).await
     }
 
     /// What the connection did.

@@ -14,6 +14,7 @@
 //! `--manual-clock` server, which sends its own clock's time: every server
 //! of such a test must be advanced alike.
 
+mod batch;
 mod conn;
 pub mod listen;
 pub mod policies;
@@ -38,7 +39,7 @@ use crate::domain::{Decision, Millis, Outcome, Phase, Policy, TicketId};
 use conn::Conn;
 pub use conn::{
     read_password, redacted, Named, ProbeReplicas, Secret, StoreFigures, StoreTls, StoreUrl,
-    NOTICE_CHANNELS, PROBE_CONFIRM,
+    NOTICE_CHANNELS, PROBE_WAIT,
 };
 pub use listen::{NoticeKey, ANSWERS, EVENTS, POLICIES};
 use reply::{census_of, decision_of, reading_of, Answer, Census};
@@ -67,10 +68,7 @@ type Waiter = oneshot::Sender<Answer>;
 /// SHA-256, in hex (a command names a known policy as `@` and the id).
 pub fn policy_id(json: &str) -> String {
     use sha2::{Digest, Sha256};
-    Sha256::digest(json.as_bytes())[..16]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::domain::hex::hex(&Sha256::digest(json.as_bytes())[..16])
 }
 
 /// A policy as sent to the module: its JSON, and `@` and its id.
@@ -113,6 +111,8 @@ pub struct StoreOptions {
     pub url: StoreUrl,
     /// How many replicas must have a probe before it is handed out.
     pub probe_replicas: ProbeReplicas,
+    /// How long a probe waits for them before it is given back.
+    pub probe_wait: Duration,
     /// TLS settings, used when `url` says TLS (`rediss://`).
     pub tls: StoreTls,
     /// The Redis ACL user to log in as (else the URL's, else `default`).
@@ -133,6 +133,7 @@ impl StoreOptions {
             password: url.password.clone(),
             url,
             probe_replicas: ProbeReplicas::Auto,
+            probe_wait: PROBE_WAIT,
             tls: StoreTls::default(),
             notices: None,
         }
@@ -145,6 +146,7 @@ pub struct RedisStore {
     conn: Conn,
     url: StoreUrl,
     probe_replicas: ProbeReplicas,
+    probe_wait: Duration,
     /// The fleet's secret for notices, if it has one.
     notices: Option<NoticeKey>,
     /// Callers of this server waiting in a key's queue, by waiter id, with
@@ -185,7 +187,7 @@ pub fn token_with_key(id: TicketId, key: &str) -> String {
     let mut token = String::with_capacity(33 + 2 * key.len());
     token.push_str(std::str::from_utf8(&id.to_hex()).unwrap_or_default());
     token.push('.');
-    token.push_str(&crate::proto::wire::hex(key.as_bytes()));
+    crate::domain::hex::push_hex(&mut token, key.as_bytes());
     token
 }
 
@@ -200,15 +202,11 @@ pub fn ticket_and_key(token: &str) -> Result<(TicketId, String), EngineError> {
     }
     let (id, key) = token.split_once('.').ok_or(EngineError::TicketNotFound)?;
     let lower_hex = |s: &str| s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    if id.len() != 32 || !lower_hex(id) || key.len() % 2 != 0 || !lower_hex(key) {
+    if id.len() != 32 || !lower_hex(id) {
         return Err(EngineError::TicketNotFound);
     }
     let id = TicketId::from_hex(id.as_bytes()).ok_or(EngineError::TicketNotFound)?;
-    let bytes: Vec<u8> = (0..key.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&key[i..i + 2], 16))
-        .collect::<Result<_, _>>()
-        .map_err(|_| EngineError::TicketNotFound)?;
+    let bytes = crate::domain::hex::unhex(key.as_bytes()).ok_or(EngineError::TicketNotFound)?;
     let key = String::from_utf8(bytes).map_err(|_| EngineError::TicketNotFound)?;
     check_key(&key).map_err(|_| EngineError::TicketNotFound)?;
     Ok((id, key))
@@ -244,6 +242,7 @@ impl RedisStore {
             conn,
             url: url.clone(),
             probe_replicas: options.probe_replicas,
+            probe_wait: options.probe_wait,
             notices: options.notices.clone(),
             waiters: DashMap::new(),
             known: Mutex::new(BTreeSet::new()),
@@ -470,14 +469,14 @@ impl RedisStore {
     /// key's slot have it (B2 across a failover: Redis replicates
     /// asynchronously, and a probe a promoted replica never heard of would
     /// let a second one out). A probe they do not confirm within
-    /// [`PROBE_CONFIRM`] is given back (completed as ignored, which frees
+    /// the probe wait ([`PROBE_WAIT`] by default) is given back (completed as ignored, which frees
     /// the slot) and the caller is told to ask again.
     async fn confirm_probe(&self, rk: &str, ticket: TicketId) -> Result<(), EngineError> {
         let wanted = self.conn.probe_replicas(rk, self.probe_replicas).await?;
         if wanted == 0 {
             return Ok(());
         }
-        let confirmed = self.conn.confirm(rk, wanted, PROBE_CONFIRM).await;
+        let confirmed = self.conn.confirm(rk, wanted, self.probe_wait).await;
         if confirmed.as_ref().is_ok_and(|&n| n >= wanted) {
             return Ok(());
         }
@@ -498,10 +497,14 @@ impl RedisStore {
             Ok(n) => format!("{n} did"),
             Err(e) => format!("asking failed: {e}"),
         };
-        tracing::warn!(key = rk, "a probe was not confirmed by {wanted} replica(s) within {PROBE_CONFIRM:?} ({heard}); given back");
+        tracing::warn!(
+            key = rk,
+            "a probe was not confirmed by {wanted} replica(s) within {:?} ({heard}); given back",
+            self.probe_wait
+        );
         Err(EngineError::StoreUnavailable(format!(
             "the probe was not confirmed by {wanted} replica(s) of the key's primary within {} ms ({heard}); it was given back, so that a failover cannot let a second probe out: ask again",
-            PROBE_CONFIRM.as_millis()
+            self.probe_wait.as_millis()
         )))
     }
 
@@ -918,6 +921,12 @@ fn unix_now() -> Millis {
         .map_or(0, |d| d.as_millis() as Millis)
 }
 
+/// How long a waiter the store no longer knows waits for the answer that
+/// is most likely on its way (the store's settler timed it out, or served
+/// it, at the moment this server asked) before it is told its place was
+/// lost.
+const ANSWER_GRACE: Duration = Duration::from_secs(1);
+
 /// A caller waiting in a key's queue. Dropped before its answer (the
 /// caller went away, P6), it withdraws the waiter in Redis; a ticket the
 /// waiter got meanwhile is given back.
@@ -962,7 +971,14 @@ impl WaitGuard<'_> {
                         // The store's clock is behind this one, or the answer
                         // is on its way: look again shortly.
                         Some(_) => deadline = tokio::time::Instant::now() + Duration::from_millis(5),
+                        // Not known any more: the store's settler most
+                        // likely timed it out at the same moment, and its
+                        // answer is on the channel. Give it a moment.
                         None => {
+                            if let Ok(Ok(answer)) = tokio::time::timeout(ANSWER_GRACE, &mut rx).await {
+                                self.answered = true;
+                                return Ok(answer);
+                            }
                             self.answered = true;
                             self.shared.waiters.remove(&self.id);
                             return Err(EngineError::StoreUnavailable(
