@@ -120,16 +120,17 @@ enum Mode {
         /// callers (connections x in flight), so that none is denied.
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
         permits: u32,
-        /// Each caller of the lua arm sends DEPTH acquires in one pipeline,
-        /// then the completes of the tickets granted in another: one
-        /// sample per decision, the latency of both pipelines per decision.
+        /// Each caller sends DEPTH decisions in one pipeline (each acquire
+        /// followed by the completion of its ticket, for every arm): one
+        /// sample per decision, the pipeline's latency.
         #[arg(long, default_value_t = 1, value_name = "DEPTH", value_parser = clap::value_parser!(u32).range(1..=10_000))]
         pipeline: u32,
         /// Measure the Lua script only, on a Redis without the module.
         #[arg(long)]
         lua_only: bool,
-        /// The arms, comma separated: floor (SET + GET), module, lua.
-        #[arg(long, value_delimiter = ',', default_value = "floor,module,lua")]
+        /// The arms, comma separated: floor (SET + GET), noop (two
+        /// FB.KEYCHECK: the module API's own cost), module, lua.
+        #[arg(long, value_delimiter = ',', default_value = "floor,noop,module,lua")]
         redis_arms: Vec<redis_cpu::Arm>,
         /// Also measure the module with this many tickets held live (for a
         /// day) on every key of the spread, comma separated; 0 is the run

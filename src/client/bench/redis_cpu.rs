@@ -56,6 +56,10 @@ const HELD_LEASE_MS: u64 = 86_400_000;
 pub(crate) enum Arm {
     /// `SET key value` then `GET key`: Redis's own cost for two commands.
     Floor,
+    /// `FB.KEYCHECK key` twice: two module commands that do no fusebox
+    /// work (the module API's dispatch, a key opened, a short reply), the
+    /// floor of any module command.
+    Noop,
     /// `FB.ACQUIRE` then `FB.COMPLETE ... success`.
     Module,
     /// `EVALSHA` of breaker.lua's acquire, then of its complete.
@@ -66,6 +70,7 @@ impl Arm {
     fn name(self) -> &'static str {
         match self {
             Arm::Floor => "floor",
+            Arm::Noop => "noop",
             Arm::Module => "module",
             Arm::Lua => "lua",
         }
@@ -75,6 +80,7 @@ impl Arm {
     fn commands(self) -> &'static [&'static str] {
         match self {
             Arm::Floor => &["set", "get"],
+            Arm::Noop => &["fb.keycheck"],
             Arm::Module => &["fb.acquire", "fb.complete"],
             Arm::Lua => &["evalsha"],
         }
@@ -393,6 +399,11 @@ fn commands(plan: &Plan, key: &str, now: &str, ticket: &str) -> (redis::Cmd, red
             let mut c = redis::cmd("GET");
             c.arg(key);
             (a, c)
+        }
+        Arm::Noop => {
+            let mut a = redis::cmd("FB.KEYCHECK");
+            a.arg(key);
+            (a.clone(), a)
         }
         Arm::Module => {
             let mut a = redis::cmd("FB.ACQUIRE");
@@ -927,7 +938,17 @@ pub(crate) async fn redis_cpu_mode(
         if let Some(lua) = find(Arm::Lua, *spread, 0) {
             pairs.push(("module/lua".to_owned(), lua));
         }
-        for (name, other) in pairs {
+        if let Some(noop) = find(Arm::Noop, *spread, 0) {
+            pairs.push(("module/noop".to_owned(), noop));
+        }
+        let mut pairs: Vec<(String, usize, usize)> =
+            pairs.into_iter().map(|(n, o)| (n, module, o)).collect();
+        if let (Some(noop), Some(floor)) =
+            (find(Arm::Noop, *spread, 0), find(Arm::Floor, *spread, 0))
+        {
+            pairs.push(("noop/floor".to_owned(), noop, floor));
+        }
+        for (name, module, other) in pairs {
             let r = json!({
                 "ratio": name,
                 "spread": spread.name(),
