@@ -149,6 +149,39 @@ impl Conn {
             Conn::Cluster(c) => pipe.query_async(c).await,
         }
     }
+
+    /// Sends `groups` (each a few commands on one key, kept in order) at
+    /// once, the replies in the groups' order: one pipeline on one Redis;
+    /// on a cluster, where one pipeline cannot cross slots, a pipeline per
+    /// group, all in flight together.
+    async fn groups(&mut self, groups: Vec<Vec<redis::Cmd>>) -> redis::RedisResult<Vec<Value>> {
+        let pipe_of = |group: Vec<redis::Cmd>| {
+            let mut pipe = redis::pipe();
+            for cmd in group {
+                pipe.add_command(cmd);
+            }
+            pipe
+        };
+        match self {
+            Conn::Single(c) => {
+                pipe_of(groups.into_iter().flatten().collect())
+                    .query_async(c)
+                    .await
+            }
+            Conn::Cluster(c) => {
+                let sent = groups.into_iter().map(|group| {
+                    let (pipe, mut c) = (pipe_of(group), c.clone());
+                    async move { pipe.query_async::<Vec<Value>>(&mut c).await }
+                });
+                let replies = futures_util::future::join_all(sent).await;
+                let mut all = Vec::with_capacity(replies.len() * 2);
+                for group in replies {
+                    all.extend(group?);
+                }
+                Ok(all)
+            }
+        }
+    }
 }
 
 async fn direct(addr: &str) -> anyhow::Result<MultiplexedConnection> {
@@ -457,15 +490,15 @@ async fn caller(plan: Plan, mut conn: Conn, mut picker: KeyPicker, seed: u64) ->
     let now = plan.now_ms.to_string();
     let mut failures = 0u32;
     loop {
-        let mut pipe = redis::pipe();
+        let mut groups = Vec::with_capacity(plan.pipeline as usize);
         for _ in 0..plan.pipeline {
             let key = redis_key(plan.arm, picker.next_key());
             let ticket = format!("{:016x}{:016x}", rng.next_u64(), rng.next_u64());
             let (a, c) = commands(&plan, &key, &now, &ticket);
-            pipe.add_command(a).add_command(c);
+            groups.push(vec![a, c]);
         }
         let started = Instant::now();
-        let replies = conn.pipe(&pipe).await;
+        let replies = conn.groups(groups).await;
         let ended = Instant::now();
         if ended >= plan.window.1 {
             return t;
@@ -638,17 +671,21 @@ impl Bench {
             .collect();
         let now = now_ms.to_string();
         for chunk in keys.chunks(500) {
-            let mut pipe = redis::pipe();
-            for key in chunk {
-                pipe.cmd("FB.ACQUIRE")
-                    .arg(key)
-                    .arg(&now)
-                    .arg("1")
-                    .arg(&self.policy)
-                    .arg("PERMITS")
-                    .arg(0);
-            }
-            let _: Vec<Value> = conn.pipe(&pipe).await.context("teaching the policy")?;
+            let groups = chunk
+                .iter()
+                .map(|key| {
+                    let mut teach = redis::cmd("FB.ACQUIRE");
+                    teach
+                        .arg(key)
+                        .arg(&now)
+                        .arg("1")
+                        .arg(&self.policy)
+                        .arg("PERMITS")
+                        .arg(0);
+                    vec![teach]
+                })
+                .collect();
+            conn.groups(groups).await.context("teaching the policy")?;
         }
         if live == 0 {
             return Ok(());
