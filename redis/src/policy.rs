@@ -16,7 +16,6 @@ use std::sync::Arc;
 
 use fusebox_domain::{Policy, PolicySpec};
 use redis_module::RedisError;
-use sha2::{Digest, Sha256};
 
 /// The most policies a node keeps parsed; past it the cache starts afresh
 /// (a fleet runs a handful of rules; this bounds what a stream of made-up
@@ -45,10 +44,7 @@ thread_local! {
 
 /// The id of a policy's JSON.
 pub fn id_of(json: &[u8]) -> PolicyId {
-    let digest = Sha256::digest(json);
-    let mut id = [0u8; 16];
-    id.copy_from_slice(&digest[..16]);
-    id
+    fusebox_domain::policy_id(json)
 }
 
 /// An id as the 32 hex digits commands send.

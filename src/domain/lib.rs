@@ -37,7 +37,7 @@ pub use fuse::{
 };
 pub use key::{validate_key, KeyError};
 pub use policy::{
-    BreakerPolicy, DurationSpec, LeasePolicy, LimiterKind, LimiterPolicy, Order, Policy,
+    policy_id, BreakerPolicy, DurationSpec, LeasePolicy, LimiterKind, LimiterPolicy, Order, Policy,
     PolicyError, PolicySpec, Trip,
 };
 

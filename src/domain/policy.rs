@@ -8,8 +8,19 @@
 use std::num::{NonZeroU32, NonZeroU64};
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use super::{Millis, Outcome};
+
+/// The id of a policy's JSON, as the Redis module keeps it and a command
+/// names it (`@` and [`hex`](super::hex::hex) of it): the first 16 bytes of
+/// the JSON's SHA-256.
+pub fn policy_id(json: &[u8]) -> [u8; 16] {
+    let digest = Sha256::digest(json);
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&digest[..16]);
+    id
+}
 
 /// The longest duration fusebox accepts anywhere in a policy: 365 days.
 pub const MAX_DURATION: Millis = 365 * 24 * 3600 * 1000;

@@ -612,7 +612,10 @@ impl Bench {
             "lease": {"default": 30_000, "max": HELD_LEASE_MS},
         })
         .to_string();
-        let policy_ref = format!("@{}", fusebox::engine::redis::policy_id(&policy));
+        let policy_ref = format!(
+            "@{}",
+            fusebox::domain::hex::hex(&fusebox::domain::policy_id(policy.as_bytes()))
+        );
         Ok(Bench {
             conns,
             nodes,

@@ -67,8 +67,7 @@ type Waiter = oneshot::Sender<Answer>;
 /// The id the module knows a policy's JSON by: the first 16 bytes of its
 /// SHA-256, in hex (a command names a known policy as `@` and the id).
 pub fn policy_id(json: &str) -> String {
-    use sha2::{Digest, Sha256};
-    crate::domain::hex::hex(&Sha256::digest(json.as_bytes())[..16])
+    crate::domain::hex::hex(&crate::domain::policy_id(json.as_bytes()))
 }
 
 /// A policy as sent to the module: its JSON, and `@` and its id.
