@@ -104,12 +104,13 @@ enum Mode {
         keys: u64,
     },
     /// The fusebox Redis module (FB.ACQUIRE + FB.COMPLETE) against Redis's
-    /// own floor (SET + GET of a 64-byte string) and a Lua script doing the
-    /// same breaker and limiter work (EVALSHA), straight on Redis:
-    /// decisions/s, pair latency, Redis CPU per decision (INFO cpu of
-    /// every primary, and of the replicas apart), time per call (INFO
-    /// commandstats), interleaved, medians across runs and the ratios
-    /// module/floor, module/lua and module with live tickets / without.
+    /// own floor (SET + GET of a 64-byte string), the module API's own cost
+    /// (two FB.KEYCHECK) and a Lua script doing the same breaker and
+    /// limiter work (EVALSHA), straight on Redis: decisions/s, pair
+    /// latency, Redis CPU per decision (INFO cpu of every primary, and of
+    /// the replicas apart), time per call (INFO commandstats), interleaved,
+    /// medians across runs and the ratios module/floor, module/noop,
+    /// module/lua and module with live tickets / without.
     /// Starts no fusebox server.
     RedisCpu {
         /// redis://HOST:PORT, or redis-cluster://H1:P1,H2:P2,... (some
