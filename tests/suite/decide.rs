@@ -1239,7 +1239,87 @@ async fn batches_hold_1_to_1000_items() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn frames_of_one_key_are_decided_in_arrival_order() {
-    let (_server, admin, mut stream) = limits_server().await;
+    let (server, _admin, _stream) = limits_server().await;
+    frames_in_arrival_order(&server).await;
+}
+
+/// The same with a store, one Redis and a cluster, while other callers
+/// keep the server's link to Redis busy, so that the frames of one message
+/// may go out in several batches: they are still decided in the order they
+/// came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn frames_of_one_key_are_decided_in_arrival_order_with_a_store() {
+    let test = "frames_of_one_key_are_decided_in_arrival_order_with_a_store";
+    let Some(redis) =
+        tokio::task::spawn_blocking(move || crate::redis_harness::Standalone::start(test))
+            .await
+            .expect("redis starts")
+    else {
+        return;
+    };
+    frames_in_order_while_busy(&format!("redis://127.0.0.1:{}", redis.server.port)).await;
+    let Some(cluster) =
+        tokio::task::spawn_blocking(move || crate::redis_harness::Cluster::start(test))
+            .await
+            .expect("the cluster starts")
+    else {
+        return;
+    };
+    frames_in_order_while_busy(&crate::store::store_of(&cluster)).await;
+}
+
+async fn frames_in_order_while_busy(store: &str) {
+    let server = Server::start(crate::harness::Options {
+        config: Some(LIMITS_CONFIG),
+        manual_clock: true,
+        args: vec!["--store", store],
+    })
+    .await;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut busy = Vec::new();
+    for caller in 0..8 {
+        let (mut client, done) = (server.fusebox().await, done.clone());
+        busy.push(tokio::spawn(async move {
+            let mut pairs = 0u32;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let key = format!("busy/{caller}/{}", pairs % 16);
+                let got = client
+                    .acquire(acquire_request(&key, 0))
+                    .await
+                    .expect("Acquire")
+                    .into_inner();
+                if !got.ticket.is_empty() {
+                    client
+                        .complete(pb::CompleteRequest {
+                            ticket: got.ticket,
+                            outcome: pb::Outcome::Success as i32,
+                        })
+                        .await
+                        .expect("Complete");
+                }
+                pairs += 1;
+            }
+            pairs
+        }));
+    }
+    frames_in_arrival_order(&server).await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    for caller in busy {
+        assert!(
+            caller.await.expect("the busy caller") > 0,
+            "the link was kept busy"
+        );
+    }
+}
+
+/// 100 rounds of one message on one key of one permit: the last round's
+/// ticket completed, then two acquires; the first is granted and the
+/// second denied, every round.
+async fn frames_in_arrival_order(server: &Server) {
+    let admin = server.admin().await;
+    let mut stream = Decider::open(&server.fusebox().await)
+        .await
+        .expect("Decide opens");
     let key = "order/k";
     let mut held: Option<String> = None;
     for round in 0..100u64 {
