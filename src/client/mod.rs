@@ -183,6 +183,11 @@ pub(crate) fn tls_hint(error: &(dyn std::error::Error + 'static), spoke: Spoke) 
         || has("broken pipe")
         || has("Broken pipe")
         || has("unexpected EOF");
+    // A TLS 1.3 server refuses a client's certificate (or its lack) after
+    // the client's side of the handshake is done: the first call then
+    // fails as the connection goes, named reset, closed or canceled by
+    // whichever the client's side noticed first.
+    let gone = closed || has("operation was canceled");
     let hint = if has("UnknownIssuer") || has("BadSignature") {
         "the server's certificate is not signed by --tls-ca FILE: pass the CA that signed it"
     } else if has("NotValidForName") {
@@ -196,10 +201,10 @@ pub(crate) fn tls_hint(error: &(dyn std::error::Error + 'static), spoke: Spoke) 
     {
         "the server does not speak TLS there: drop --tls-ca, --tls-cert and --tls-key"
     } else if spoke == Spoke::MutualTls
-        && (has("UnknownCA") || has("BadCertificate") || has("DecryptError") || closed)
+        && (has("UnknownCA") || has("BadCertificate") || has("DecryptError") || gone)
     {
         "the server refused this client's certificate: --tls-cert must be signed by a CA in the server's [tls] client_ca"
-    } else if spoke == Spoke::Tls && closed {
+    } else if spoke == Spoke::Tls && gone {
         "the server closed the connection after the TLS handshake; it likely wants a client certificate: pass --tls-cert and --tls-key"
     } else if spoke == Spoke::Plain && (closed || has("frame") || has("protocol error")) {
         "the server closed the connection; if it serves TLS, pass --tls-ca FILE (and --tls-cert and --tls-key for mutual TLS)"
@@ -228,7 +233,14 @@ pub(crate) fn operator<T>(message: T) -> tonic::Request<T> {
 /// write it (`NOT_FOUND`, `INVALID_ARGUMENT`), then the server's message.
 pub(crate) fn call_error(status: tonic::Status) -> anyhow::Error {
     let code = code_name(status.code());
-    if let Some(hint) = std::error::Error::source(&status).and_then(|e| tls_hint(e, spoke())) {
+    // A call cut off as its connection went has no cause to read, only
+    // tonic's CANCELLED: its words are read instead.
+    let hint = match std::error::Error::source(&status) {
+        Some(cause) => tls_hint(cause, spoke()),
+        None if status.code() == tonic::Code::Cancelled => tls_hint(&status, spoke()),
+        None => None,
+    };
+    if let Some(hint) = hint {
         return anyhow::anyhow!("{code}: {}: {hint}", status.message());
     }
     match status.message() {
@@ -820,3 +832,20 @@ pub(crate) async fn watch(client: ClientOptions, prefix: String) -> anyhow::Resu
 // ---------------------------------------------------------------------------
 // `top`: a live table in the terminal.
 // ---------------------------------------------------------------------------
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call cut off as a TLS 1.3 server refuses the client's certificate
+    /// (or its lack) may end as tonic's bare CANCELLED: it still says what
+    /// to pass, and a plain connection is not told about TLS for it.
+    #[test]
+    fn a_call_canceled_as_the_connection_went_still_says_what_to_pass() {
+        let canceled = tonic::Status::cancelled("operation was canceled");
+        let hint = |spoke| tls_hint(&canceled, spoke).unwrap_or_default();
+        assert!(hint(Spoke::Tls).contains("pass --tls-cert and --tls-key"));
+        assert!(hint(Spoke::MutualTls).contains("refused this client's certificate"));
+        assert_eq!(tls_hint(&canceled, Spoke::Plain), None);
+    }
+}
