@@ -329,6 +329,26 @@ async fn refused_start(args: &[&str], env: Option<(&str, &str)>) -> String {
     err
 }
 
+/// A server on the TLS store `store`, logged in as the README's user with
+/// the password in `password_file`.
+async fn as_the_readme_user(pki: &Pki, store: &str, password_file: &Path) -> Server {
+    let tls_args = pki.fusebox_args();
+    let mut args = vec!["--store", store];
+    args.extend(strs(&tls_args));
+    args.extend([
+        "--store-user",
+        "fusebox",
+        "--store-password-file",
+        text(password_file),
+    ]);
+    Server::start(Options {
+        config: Some(CONFIG),
+        args,
+        ..Options::default()
+    })
+    .await
+}
+
 /// A password for fusebox's user, written where the README's line reads
 /// it.
 fn password_in(dir: &Path) -> (String, PathBuf) {
@@ -513,21 +533,7 @@ async fn a_tls_store_and_a_least_privilege_user_serve_every_call() {
         let err = refused_start(&args, None).await;
         assert!(err.contains(says), "{args:?}: {err}");
     }
-    let tls_args = pki.fusebox_args();
-    let mut args = vec!["--store", &store];
-    args.extend(strs(&tls_args));
-    args.extend([
-        "--store-user",
-        "fusebox",
-        "--store-password-file",
-        text(&password_file),
-    ]);
-    let mut server = Server::start(Options {
-        config: Some(CONFIG),
-        args,
-        ..Options::default()
-    })
-    .await;
+    let mut server = as_the_readme_user(&pki, &store, &password_file).await;
     serves_every_call(&server, "tls/").await;
     let denied = refused(&tools, port, &cli);
     assert!(
@@ -639,21 +645,7 @@ async fn a_tls_cluster_and_a_least_privilege_user_serve_every_call() {
         .map(|n| format!("127.0.0.1:{}", n.port))
         .collect();
     let store = format!("rediss-cluster://{}", seeds.join(","));
-    let tls_args = pki.fusebox_args();
-    let mut args = vec!["--store", &store];
-    args.extend(strs(&tls_args));
-    args.extend([
-        "--store-user",
-        "fusebox",
-        "--store-password-file",
-        text(&password_file),
-    ]);
-    let mut server = Server::start(Options {
-        config: Some(CONFIG),
-        args,
-        ..Options::default()
-    })
-    .await;
+    let mut server = as_the_readme_user(&pki, &store, &password_file).await;
     serves_every_call(&server, "tlsc/").await;
     // Keys on every primary: all listed.
     let mut client = server.fusebox().await;
