@@ -4,7 +4,8 @@
 //! bytes written are replicated as one `FB.PATCH`, so a replica (and an
 //! AOF replay) writes the same bytes without running the step again.
 //!
-//! A value of version 1 (JSON) is read whole and written back in version 2.
+//! A value of version 1 (JSON) is read whole, and one of version 2 has its
+//! ticket table read whole; either is written back in version 3.
 
 use fusebox_domain::{Fuse, FuseHead, Millis, Notice, Ticket, TicketId, TicketTable, Tickets};
 use redis_module::key::{RedisKeyWritable, StringDMA};
@@ -122,7 +123,7 @@ pub struct Opened<'k> {
     pub fuse: StepFuse<'k>,
     /// The policy the value was written under.
     pub policy: Known,
-    /// The header of the value as it was (version 2), or `None` for a
+    /// The header of the value as it was (version 2 or 3), or `None` for a
     /// value of version 1.
     prior: Option<Header>,
     /// The value's bytes while the table does not hold them.
@@ -162,7 +163,14 @@ fn build<B: Bytes>(
     policy: &Known,
     bytes: B,
 ) -> Result<(Fuse<StepTickets<B>>, Option<B>), StateError> {
-    let (tickets, spare) = if header.table_cap > 0 {
+    let (tickets, spare) = if header.version == 2 && header.table_cap > 0 {
+        // Encoding 2's table is read whole; the step writes the key anew.
+        let mut tickets = Tickets::default();
+        for (id, ticket) in table::tickets_v2(bytes.bytes(), header.table_at(), header.table_cap) {
+            tickets.insert(id, ticket);
+        }
+        (StepTickets::Fresh(tickets), Some(bytes))
+    } else if header.table_cap > 0 {
         let table = Table::open(
             bytes,
             header.table_at(),
@@ -346,10 +354,14 @@ pub fn store_drained(
     } = opened;
     let tickets = fuse.into_tickets();
     let same_policy = prior.as_ref().is_some_and(|h| h.policy_id == policy.id);
+    // A value of an older encoding is written whole in this one.
+    let rewrite = prior
+        .as_ref()
+        .is_some_and(|h| h.version != state::ENCODING_VERSION);
 
     // The table as it ends up, and the bytes back from it.
     let mut dirty = Dirty::default();
-    let mut whole = !same_policy;
+    let mut whole = !same_policy || rewrite;
     let (mut bytes, table_cap, probe) = match tickets {
         Some(StepTickets::Stored(table)) if same_policy && !shrinks(&table) => {
             let (cap, probe) = (table.cap(), table.probe());
@@ -433,7 +445,9 @@ pub fn store_drained(
     if at_rest {
         set_idle(key)?;
     }
-    ctx.replicate("fb.patch", &[name.as_slice(), blob.as_slice()]);
+    // The patch is binary: a string made from its bytes, not a C string.
+    let blob = RedisString::create_from_slice(std::ptr::null_mut(), &blob);
+    ctx.replicate("fb.patch", &[name, &blob][..]);
     // A key at rest until now may have an expiry: the settler clears it
     // soon after (it is minutes away), not on the request's path.
     let had_expiry = prior.as_ref().is_none_or(|h| h.flags & AT_REST != 0) && !at_rest;
@@ -447,10 +461,12 @@ pub fn store_drained(
     Ok(drained)
 }
 
-/// A table so empty for its size that it is laid out again, smaller.
+/// A table so empty for its size that it is laid out again, smaller. The
+/// smallest table is kept when it empties, so that a key whose tickets
+/// come and go one at a time does not lay one out at every step (a key at
+/// rest that holds it is forgotten after [`IDLE_AFTER`] all the same).
 fn shrinks<B: Bytes>(table: &Table<B>) -> bool {
-    let len = table.len();
-    len == 0 || (len * 8 <= table.cap() && table.cap() > table::MIN_CAP)
+    table.len() * 8 <= table.cap() && table.cap() > table::MIN_CAP
 }
 
 fn bytes_of<'k>(

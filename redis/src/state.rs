@@ -6,12 +6,12 @@
 //! the module has no `unsafe` of its own. A string gets RDB, AOF,
 //! replication, `DUMP`/`RESTORE` and slot migration from Redis as they are.
 //!
-//! Layout, version 2 (little-endian; every value starts `FBX` and a
+//! Layout, version 3 (little-endian; every value starts `FBX` and a
 //! version byte, so a reader refuses a string that is not fusebox state,
 //! and one written by a newer module):
 //!
 //! ```text
-//! 0    "FBX", version 2                 4    header length (u32) = HEADER
+//! 0    "FBX", version 3                 4    header length (u32) = HEADER
 //! 8    next deadline (u64; MAX = none)  16   phase (u8)   17 flags (u8)
 //! 20   live tickets (u32)               24   waiters (u32)
 //! 28   policy length (u32)              32   policy id (16 bytes)
@@ -23,7 +23,7 @@
 //! 112  17 counters (u64 each)           248  ticket table slots (u32)
 //! 252  tail length (u32)                256  the probe's ticket id (16)
 //! 272  the policy as JSON (policy length bytes)
-//!      the ticket table ([`crate::table`]), table slots x 52 bytes
+//!      the ticket table ([`crate::table`]), table slots x 72 bytes + 8
 //!      the tail: window buckets, sliding-window segments, waiters
 //! ```
 //!
@@ -34,8 +34,9 @@
 //! header says is used (zeros at the end), so that a tail that shrinks by
 //! a few bytes does not copy the value.
 //!
-//! Version 1 (`FBX\x01` and the domain's `FuseState` as JSON) is still
-//! read; the next write of such a key writes version 2.
+//! Versions 1 (`FBX\x01` and the domain's `FuseState` as JSON) and 2 (this
+//! layout, but for the ticket table's heap: [`crate::table`]) are still
+//! read; the next write of such a key writes version 3.
 
 use std::fmt;
 
@@ -50,12 +51,12 @@ use crate::table;
 pub const MAGIC: &[u8; 3] = b"FBX";
 
 /// The encoding this module writes and the newest it reads.
-pub const ENCODING_VERSION: u8 = 2;
+pub const ENCODING_VERSION: u8 = 3;
 
-/// Bytes of the fixed header of version 2.
+/// Bytes of the fixed header of versions 2 and 3.
 pub const HEADER: usize = 272;
 
-/// Where the next deadline is, in every version-2 value.
+/// Where the next deadline is, in every value of version 2 or 3.
 pub const NEXT_DEADLINE_AT: usize = 8;
 
 /// Header flag: the key is at rest, and so has an expiry (K2).
@@ -201,9 +202,11 @@ pub fn summary(value: &[u8]) -> Result<Summary, StateError> {
     }
 }
 
-/// The fixed header of a version-2 value, read.
+/// The fixed header of a value of version 2 or 3, read.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Header {
+    /// The encoding: 2 or 3 (they differ in the ticket table's heap only).
+    pub version: u8,
     /// The next deadline (`u64::MAX`: none).
     pub next_deadline: u64,
     /// The breaker's phase.
@@ -240,7 +243,12 @@ impl Header {
 
     /// Where the tail starts.
     pub fn tail_at(&self) -> usize {
-        self.table_at() + table::section_len(self.table_cap)
+        let section = if self.version == 2 {
+            table::section_len_v2(self.table_cap)
+        } else {
+            table::section_len(self.table_cap)
+        };
+        self.table_at() + section
     }
 
     /// Bytes of the value in use.
@@ -250,8 +258,9 @@ impl Header {
 
     /// The header of `value`, checked against its length.
     pub fn read(value: &[u8]) -> Result<Header, StateError> {
-        if version(value)? != ENCODING_VERSION {
-            return Err(damaged("not a version-2 value"));
+        let version = version(value)?;
+        if version < 2 {
+            return Err(damaged("not a value of version 2 or 3"));
         }
         if value.len() < HEADER || u32_at(value, 4) as usize != HEADER {
             return Err(damaged(format!(
@@ -276,6 +285,7 @@ impl Header {
         policy_id.copy_from_slice(&value[32..48]);
         let counter = |i: usize| u64_at(value, 112 + 8 * i);
         let header = Header {
+            version,
             next_deadline: u64_at(value, 8),
             phase: phase_of(value[16])?,
             flags,
@@ -547,10 +557,11 @@ pub fn encode_header(head: &FuseHead, frame: &Frame) -> [u8; HEADER] {
     h
 }
 
-/// The next deadline of a version-2 value, read at its fixed offset;
-/// `None` for a value without one (or not of version 2).
+/// The next deadline of a value of version 2 or 3, read at its fixed
+/// offset; `None` for a value without one (or of version 1).
 pub fn next_deadline(value: &[u8]) -> Option<Millis> {
-    (version(value).ok() == Some(ENCODING_VERSION))
+    version(value)
+        .is_ok_and(|v| v >= 2)
         .then(|| u64_at(value, NEXT_DEADLINE_AT))
         .filter(|&d| d != u64::MAX)
 }
@@ -580,9 +591,10 @@ mod tests {
         assert_eq!(version(b"FBX"), Err(StateError::NotFusebox));
         assert_eq!(version(b"FBX\x00"), Err(StateError::NotFusebox));
         assert_eq!(version(b"hello"), Err(StateError::NotFusebox));
-        assert_eq!(version(b"FBX\x03x"), Err(StateError::NewerEncoding(3)));
+        assert_eq!(version(b"FBX\x04x"), Err(StateError::NewerEncoding(4)));
+        assert_eq!(version(b"FBX\x02x"), Ok(2));
         assert_eq!(version(b"FBX\x01{}"), Ok(1));
-        assert!(StateError::NewerEncoding(3)
+        assert!(StateError::NewerEncoding(4)
             .to_string()
             .starts_with("state: "));
     }

@@ -38,10 +38,10 @@ fn offset(c: &mut Conn) -> u64 {
 }
 
 /// A value the first version of the module wrote (`FBX\x01` and the
-/// state as JSON) is read as it was, and written back in version 2 at its
-/// next step, its tickets and counts kept.
+/// state as JSON) is read as it was, and written back in the current
+/// encoding at its next step, its tickets and counts kept.
 #[test]
-fn a_value_of_the_first_encoding_is_read_and_written_back_in_the_second() {
+fn a_value_of_the_first_encoding_is_read_and_written_back_in_the_current_one() {
     let Some(redis) = Standalone::start("a_value_of_the_first_encoding") else {
         return;
     };
@@ -65,7 +65,7 @@ fn a_value_of_the_first_encoding_is_read_and_written_back_in_the_second() {
     let done = c.cmd(&["FB.COMPLETE", "old", "130", &hex(2), "success"]);
     assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
     let now = bytes(c.cmd(&["GET", "old"]));
-    assert!(now.starts_with(b"FBX\x02"), "written in version 2");
+    assert!(now.starts_with(b"FBX\x03"), "written in version 3");
     let after = view(&mut c, "old", 130);
     assert_eq!(after["live_tickets"], 1);
     assert_eq!(after["consecutive_failures"], 0);
@@ -74,6 +74,50 @@ fn a_value_of_the_first_encoding_is_read_and_written_back_in_the_second() {
     assert_eq!(after["stats"]["failures"], 1);
     let last = c.cmd(&["FB.COMPLETE", "old", "131", &hex(3), "failure"]);
     assert_eq!(last.items()[3], Reply::Bulk(Some(b"closed".to_vec())));
+}
+
+/// A value of encoding 2 (written by the module before its heap held
+/// leases; five live tickets, one failure counted) is read as it was, and
+/// written back in encoding 3 at its next step, every ticket and lease
+/// kept.
+#[test]
+fn a_value_of_the_second_encoding_is_read_and_written_back_in_the_current_one() {
+    let Some(redis) = Standalone::start("a_value_of_the_second_encoding") else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    let hex_value = include_str!("fixtures/v2-five-tickets.hex").trim();
+    let old: Vec<u8> = (0..hex_value.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex_value[i..i + 2], 16).expect("hex"))
+        .collect();
+    assert!(old.starts_with(b"FBX\x02"));
+    assert!(c.cmd(&[&b"SET"[..], b"old", &old]).is_ok());
+
+    let before = view(&mut c, "old", 130);
+    assert_eq!(before["live_tickets"], 5);
+    assert_eq!(before["consecutive_failures"], 1);
+    assert_eq!(before["next_deadline"], 5120, "ticket 6's lease ends first");
+    assert_eq!(bytes(c.cmd(&["GET", "old"])), old, "a read writes nothing");
+
+    let done = c.cmd(&["FB.COMPLETE", "old", "140", &hex(6), "success"]);
+    assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
+    let now = bytes(c.cmd(&["GET", "old"]));
+    assert!(now.starts_with(b"FBX\x03"), "written in version 3");
+    let after = view(&mut c, "old", 140);
+    assert_eq!(after["live_tickets"], 4);
+    assert_eq!(after["next_deadline"], 60100, "the other four end at 60100");
+    assert_eq!(after["stats"]["successes"], 1);
+    for id in 2..=5u128 {
+        let done = c.cmd(&["FB.COMPLETE", "old", "150", &hex(id), "success"]);
+        assert_eq!(done.items()[1], Reply::Int(0), "ticket {id}: {done:?}");
+    }
+    assert_eq!(view(&mut c, "old", 150)["live_tickets"], 0);
+    let unknown = c.cmd(&["FB.COMPLETE", "old", "150", &hex(1), "success"]);
+    assert!(
+        matches!(&unknown, Reply::Error(e) if e.contains("ticket: not found")),
+        "ticket 1 was completed before the value was written: {unknown:?}"
+    );
 }
 
 /// With a thousand live tickets on a key, a step writes (and replicates)
