@@ -170,7 +170,7 @@ async fn all<T>(pending: Vec<(usize, Boxed<'_, T>)>) -> Vec<(usize, T)> {
         }
     })
     .await;
-    done.sort_by_key(|(at, _)| *at);
+    done.sort_unstable_by_key(|(at, _)| *at);
     done
 }
 
@@ -295,7 +295,7 @@ impl Stream {
             }
         }
         results.extend(all(pending).await);
-        results.sort_by_key(|(at, _)| *at);
+        results.sort_unstable_by_key(|(at, _)| *at);
         results.into_iter().map(|(_, r)| r).collect()
     }
 
@@ -475,7 +475,7 @@ pub async fn acquire_batch(
         }
     }
     results.extend(all(pending).await);
-    results.sort_by_key(|(at, _)| *at);
+    results.sort_unstable_by_key(|(at, _)| *at);
     Ok(pb::AcquireBatchResponse {
         results: results.into_iter().map(|(_, r)| r).collect(),
     })
@@ -511,7 +511,7 @@ pub async fn complete_batch(
         }
     }
     results.extend(all(pending).await);
-    results.sort_by_key(|(at, _)| *at);
+    results.sort_unstable_by_key(|(at, _)| *at);
     Ok(pb::CompleteBatchResponse {
         results: results.into_iter().map(|(_, r)| r).collect(),
     })

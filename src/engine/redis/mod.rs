@@ -398,8 +398,11 @@ impl RedisStore {
         let now = self.now_arg();
         let hex = hex_id(id);
         let make = |policy: &str| {
-            let mut cmd = redis::cmd("FB.ACQUIRE");
-            cmd.arg(&rk)
+            // Sized at once: the arguments are a few dozen bytes past the
+            // key and the policy, and a stream builds thousands a second.
+            let mut cmd = redis::Cmd::with_capacity(11, rk.len() + policy.len() + 96);
+            cmd.arg("FB.ACQUIRE")
+                .arg(&rk)
                 .arg(&now)
                 .arg(&hex)
                 .arg(policy)
@@ -524,8 +527,10 @@ impl RedisStore {
         outcome: Outcome,
     ) -> Result<CompleteReply, EngineError> {
         let (id, key) = ticket_and_key(token)?;
-        let mut cmd = redis::cmd("FB.COMPLETE");
-        cmd.arg(redis_key(&key))
+        let rk = redis_key(&key);
+        let mut cmd = redis::Cmd::with_capacity(5, rk.len() + 80);
+        cmd.arg("FB.COMPLETE")
+            .arg(rk)
             .arg(self.now_arg())
             .arg(hex_id(id))
             .arg(outcome.as_str());
