@@ -223,9 +223,8 @@ const ONE_FAILURE_TRIPS: &str = r#"
 breaker = { mode = "consecutive", failures = 1, break = "10m" }
 "#;
 
-/// Trips `key` (a breaker that one failure trips): one granted call that
-/// fails opens it.
-pub async fn trip(client: &mut Client, key: &str) {
+/// One granted call at `key` that ends with `outcome`: the phase after it.
+pub async fn pair(client: &mut Client, key: &str, outcome: pb::Outcome) -> i32 {
     let a = client
         .acquire(pb::AcquireRequest {
             key: key.into(),
@@ -235,15 +234,22 @@ pub async fn trip(client: &mut Client, key: &str) {
         .expect("Acquire")
         .into_inner();
     assert_eq!(a.decision, pb::Decision::Granted as i32, "{key}: {a:?}");
-    let done = client
+    client
         .complete(pb::CompleteRequest {
             ticket: a.ticket,
-            outcome: pb::Outcome::Failure as i32,
+            outcome: outcome as i32,
         })
         .await
         .expect("Complete")
-        .into_inner();
-    assert_eq!(done.phase, pb::Phase::Open as i32, "{key}");
+        .into_inner()
+        .phase
+}
+
+/// Trips `key` (a breaker that one failure trips): one granted call that
+/// fails opens it.
+pub async fn trip(client: &mut Client, key: &str) {
+    let phase = pair(client, key, pb::Outcome::Failure).await;
+    assert_eq!(phase, pb::Phase::Open as i32, "{key}");
 }
 
 /// ListKeys walks every primary: keys made through one server (spread

@@ -15,12 +15,12 @@ use std::time::Duration;
 
 use fusebox::proto::v1 as pb;
 use hmac::{Hmac, Mac};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use sha2::Sha256;
 
 use crate::harness::{eventually, ms, Options, Server, BIN};
 use crate::redis_harness::{redis_cli, Server as Redis, Tools};
-use crate::store::trip;
+use crate::store::{pair, trip};
+use crate::tls::{write, Ca};
 
 /// How long a change may take to show.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -32,42 +32,14 @@ breaker = { mode = "consecutive", failures = 1, break = "10m" }
 limiter = { kind = "concurrency", permits = 1, queue_limit = 10 }
 "#;
 
-/// A certificate authority made for one test.
-struct Ca {
-    issuer: CertifiedIssuer<'static, KeyPair>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        let key = KeyPair::generate().expect("a CA key");
-        Ca {
-            issuer: CertifiedIssuer::self_signed(params, key).expect("a CA certificate"),
-        }
-    }
-
-    /// A certificate for `cn` with the names `sans`, written as
-    /// `<name>.pem` and `<name>.key` in `dir`.
-    fn issue(&self, dir: &Path, name: &str, sans: &[&str]) -> (PathBuf, PathBuf) {
-        let mut params =
-            CertificateParams::new(sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
-                .expect("leaf params");
-        params.distinguished_name.push(DnType::CommonName, name);
-        let key = KeyPair::generate().expect("a key");
-        let cert = params.signed_by(&key, &self.issuer).expect("a certificate");
-        (
-            write(dir, &format!("{name}.pem"), &cert.pem()),
-            write(dir, &format!("{name}.key"), &key.serialize_pem()),
-        )
-    }
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, text).expect("file written");
-    path
+/// A certificate from `ca` for `name` with the names `sans`, written as
+/// `<name>.pem` and `<name>.key` in `dir`.
+fn issue(ca: &Ca, dir: &Path, name: &str, sans: &[&str]) -> (PathBuf, PathBuf) {
+    let pair = ca.issue(name, sans);
+    (
+        write(dir, &format!("{name}.pem"), &pair.cert),
+        write(dir, &format!("{name}.key"), &pair.key),
+    )
 }
 
 fn text(path: &Path) -> &str {
@@ -218,9 +190,9 @@ impl Pki {
     fn new(dir: &Path) -> Pki {
         let ca = Ca::new("store-trust test CA");
         Pki {
-            ca: write(dir, "ca.pem", &ca.issuer.pem()),
-            redis: ca.issue(dir, "redis", &["localhost", "127.0.0.1"]),
-            client: ca.issue(dir, "fusebox-server", &["fusebox-server"]),
+            ca: write(dir, "ca.pem", &ca.pem()),
+            redis: issue(&ca, dir, "redis", &["localhost", "127.0.0.1"]),
+            client: issue(&ca, dir, "fusebox-server", &["fusebox-server"]),
         }
     }
 
@@ -362,25 +334,8 @@ async fn serves_every_call(server: &Server, prefix: &str) {
     let key = |name: &str| format!("{prefix}{name}");
     let mut watching = watch(server, prefix).await;
     let mut client = server.fusebox().await;
-    let granted = client
-        .acquire(ask(&key("ok"), None))
-        .await
-        .expect("Acquire over a TLS store")
-        .into_inner();
-    assert_eq!(
-        granted.decision,
-        pb::Decision::Granted as i32,
-        "{granted:?}"
-    );
-    let done = client
-        .complete(pb::CompleteRequest {
-            ticket: granted.ticket,
-            outcome: pb::Outcome::Success as i32,
-        })
-        .await
-        .expect("Complete")
-        .into_inner();
-    assert_eq!(done.phase, pb::Phase::Closed as i32, "{done:?}");
+    let phase = pair(&mut client, &key("ok"), pb::Outcome::Success).await;
+    assert_eq!(phase, pb::Phase::Closed as i32, "a pair over a TLS store");
     trip(&mut client, &key("broken")).await;
     let listed = crate::admin::list_all(&mut server.admin().await, prefix, &[], 10).await;
     assert_eq!(listed, [key("broken"), key("ok")]);
@@ -509,7 +464,7 @@ async fn a_tls_store_and_a_least_privilege_user_serve_every_call() {
     let port = redis.port;
     let store = format!("rediss://127.0.0.1:{port}");
     // TLS settings that cannot work stop the start, naming the flag.
-    let stranger = write(d, "stranger.pem", &Ca::new("another CA").issuer.pem());
+    let stranger = write(d, "stranger.pem", &Ca::new("another CA").pem());
     let plain = format!("redis://127.0.0.1:{port}");
     let (client_pem, client_key) = (text(&pki.client.0), text(&pki.client.1));
     for (args, says) in [

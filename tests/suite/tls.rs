@@ -18,19 +18,20 @@ use crate::harness::{by, eventually, Options, Server, BIN};
 /// How long a change may take to show.
 const PATIENCE: Duration = Duration::from_secs(20);
 
-/// A certificate authority made for one test.
-struct Ca {
+/// A certificate authority made for one test (the store's TLS tests use
+/// it too).
+pub struct Ca {
     issuer: CertifiedIssuer<'static, KeyPair>,
 }
 
 /// A certificate and its key, in PEM.
-struct Pair {
-    cert: String,
-    key: String,
+pub struct Pair {
+    pub cert: String,
+    pub key: String,
 }
 
 impl Ca {
-    fn new(name: &str) -> Ca {
+    pub fn new(name: &str) -> Ca {
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.distinguished_name.push(DnType::CommonName, name);
@@ -40,13 +41,13 @@ impl Ca {
         }
     }
 
-    fn pem(&self) -> String {
+    pub fn pem(&self) -> String {
         self.issuer.pem()
     }
 
     /// A certificate for `cn` with subject alternative names `sans`
     /// (addresses become IP names, the rest DNS or URI names).
-    fn issue(&self, cn: &str, sans: &[&str]) -> Pair {
+    pub fn issue(&self, cn: &str, sans: &[&str]) -> Pair {
         let mut params =
             CertificateParams::new(sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
                 .expect("leaf params");
@@ -65,7 +66,7 @@ impl Ca {
     }
 }
 
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, text).expect("file written");
     path
