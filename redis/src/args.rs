@@ -41,6 +41,28 @@ pub fn now(arg: &RedisString) -> Result<Now, RedisError> {
     .map(Now::At)
 }
 
+/// How a command answers: the documented array, or `packed` (one string
+/// of the same fields, for fusebox servers: [`crate::reply`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// An array of names and numbers.
+    Array,
+    /// One string, the fields separated by spaces.
+    Packed,
+}
+
+/// The `REPLY` option: `array` (the default) or `packed`.
+pub fn form(arg: Option<&RedisString>) -> Result<Form, RedisError> {
+    match arg.map(RedisString::as_slice) {
+        None => Ok(Form::Array),
+        Some(v) if v.eq_ignore_ascii_case(b"array") => Ok(Form::Array),
+        Some(v) if v.eq_ignore_ascii_case(b"packed") => Ok(Form::Packed),
+        Some(_) => Err(RedisError::Str(
+            "ERR reply: must be array or packed; leave REPLY out for the array",
+        )),
+    }
+}
+
 /// A duration option (`LEASE`, `MAXWAIT`): 0 to 365 days in milliseconds.
 pub fn duration(arg: &RedisString, field: &str) -> Result<Millis, RedisError> {
     number(

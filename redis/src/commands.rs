@@ -13,8 +13,11 @@
 use fusebox_domain::{Ask, Decision, FuseError, Grant, Millis, Notice, Phase, TicketId};
 use redis_module::{Context, KeyType, RedisError, RedisResult, RedisString, RedisValue};
 
+use crate::args::Form;
 use crate::keyed::{self, check_key_name, Note, Opened, StepFuse};
-use crate::reply::{completed_reply, decision_reply, millis, view_reply};
+use crate::reply::{
+    completed_packed, completed_reply, decision_packed, decision_reply, millis, view_reply,
+};
 use crate::{args, clock, policy, registry, sign, state};
 
 /// `FB.VERSION`: `module <semver> encoding <n> signing <fingerprint|off>`.
@@ -78,7 +81,7 @@ fn time_at(when: clock::Now, opened: Option<&Opened<'_>>) -> Result<Millis, Redi
 }
 
 /// `FB.ACQUIRE key now_ms ticket_hex policy [PERMITS n] [LEASE ms]
-/// [MAXWAIT ms]`: a request for permits under `policy` (SPEC C1–C3,
+/// [MAXWAIT ms] [REPLY array|packed]`: a request for permits under `policy` (SPEC C1–C3,
 /// P1–P4), the policy's JSON or `@` and its id ([`crate::policy`]). An
 /// empty key starts as a fresh fuse under the policy at `now_ms`; a key
 /// whose policy differs takes the new one first (Y4). A status check
@@ -90,7 +93,7 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let when = args::now(&args[2])?;
     let id = args::ticket(&args[3])?;
     let known = policy::of_arg(args[4].as_slice())?;
-    let options = args::options(&args[5..], &["PERMITS", "LEASE", "MAXWAIT"])?;
+    let options = args::options(&args[5..], &["PERMITS", "LEASE", "MAXWAIT", "REPLY"])?;
     let permits = options[0]
         .map(|a| {
             args::number(
@@ -110,6 +113,7 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         .map(|a| args::duration(a, "maxwait"))
         .transpose()?
         .unwrap_or(0);
+    let form = args::form(options[3])?;
     let ask = Ask {
         permits,
         max_wait,
@@ -135,7 +139,10 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if existed || permits > 0 {
         keyed::store(ctx, &key, &args[1], opened, now, &Note::default())?;
     }
-    Ok(decision_reply(&decision, phase, now))
+    Ok(match form {
+        Form::Array => decision_reply(&decision, phase, now),
+        Form::Packed => decision_packed(&decision, phase, now),
+    })
 }
 
 /// Opens a key that must hold state for a step on one of its tickets.
@@ -146,21 +153,26 @@ fn open_for_ticket<'k>(
     keyed::open(key, name, None)?.ok_or_else(|| fuse_err(FuseError::UnknownTicket))
 }
 
-/// `FB.COMPLETE key now_ms ticket_hex outcome`: records a ticket's outcome
-/// (SPEC B3, C5, L4); replies `stale 0|1 phase <phase>`.
+/// `FB.COMPLETE key now_ms ticket_hex outcome [REPLY array|packed]`:
+/// records a ticket's outcome (SPEC B3, C5, L4); replies `stale 0|1 phase
+/// <phase>`.
 pub fn complete(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    if args.len() != 5 {
+    if args.len() != 5 && args.len() != 7 {
         return Err(RedisError::WrongArity);
     }
     let when = args::now(&args[2])?;
     let id = args::ticket(&args[3])?;
     let outcome = args::outcome(&args[4])?;
+    let form = args::form(args::options(&args[5..], &["REPLY"])?[0])?;
     let key = ctx.open_key_writable(&args[1]);
     let mut opened = open_for_ticket(&key, &args[1])?;
     let now = time_at(when, Some(&opened))?;
     let done = opened.fuse.complete(id, outcome, now).map_err(fuse_err)?;
     keyed::store(ctx, &key, &args[1], opened, now, &Note::default())?;
-    Ok(completed_reply(done.stale, done.phase))
+    Ok(match form {
+        Form::Array => completed_reply(done.stale, done.phase),
+        Form::Packed => completed_packed(done.stale, done.phase),
+    })
 }
 
 /// `FB.RENEW key now_ms ticket_hex [LEASE ms]`: extends a live ticket's

@@ -951,3 +951,87 @@ fn fb_policy_gives_a_key_a_new_policy_and_leaves_an_empty_key_empty() {
         assert_eq!(raw(&mut r, key), raw(&mut p, key), "{key}");
     }
 }
+
+/// An array reply written as `REPLY packed` writes it: the fields in
+/// order (a completion's values, without their names), one space between
+/// them, `-` for nil.
+fn packed_of(command: &str, reply: &Reply) -> String {
+    let items = reply.items();
+    let fields: Vec<&Reply> = if command == "FB.COMPLETE" {
+        items.iter().skip(1).step_by(2).collect()
+    } else {
+        items.iter().collect()
+    };
+    fields
+        .into_iter()
+        .map(|item| match item {
+            Reply::Bulk(Some(b)) => String::from_utf8(b.clone()).expect("UTF-8"),
+            Reply::Int(n) => n.to_string(),
+            Reply::Bulk(None) => "-".to_owned(),
+            other => panic!("no packed form for {other:?}"),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `REPLY packed` answers the array's fields in one string, for every kind
+/// of decision (granted, blocked, denied, queued, a probe) and completion
+/// (stale or not), and `REPLY` with another value is refused naming it.
+#[test]
+fn a_packed_reply_carries_the_arrays_fields() {
+    let Some(redis) = Standalone::start("a_packed_reply_carries_the_arrays_fields") else {
+        return;
+    };
+    let mut c = redis.server.conn();
+    let policy = r#"{"breaker":{"mode":"consecutive","failures":1,"break":1000},
+        "limiter":{"kind":"concurrency","permits":1,"queue_limit":2}}"#;
+    // The same steps on two keys, one answered in arrays, one packed.
+    let steps: Vec<Vec<String>> = vec![
+        vec!["FB.ACQUIRE", "{}", "10", &hex(1), policy],
+        vec!["FB.ACQUIRE", "{}", "11", &hex(2), policy],
+        vec!["FB.ACQUIRE", "{}", "12", &hex(3), policy, "MAXWAIT", "500"],
+        vec!["FB.COMPLETE", "{}", "13", &hex(1), "success"],
+        vec!["FB.COMPLETE", "{}", "14", &hex(3), "failure"],
+        vec!["FB.ACQUIRE", "{}", "15", &hex(4), policy],
+        vec!["FB.ACQUIRE", "{}", "1100", &hex(5), policy],
+        vec!["FB.COMPLETE", "{}", "1101", &hex(5), "success"],
+    ]
+    .into_iter()
+    .map(|s| s.into_iter().map(str::to_owned).collect())
+    .collect();
+    let mut seen = Vec::new();
+    for step in &steps {
+        let on = |key: &str, packed: bool| {
+            let mut args: Vec<String> = step.iter().map(|a| a.replace("{}", key)).collect();
+            if packed {
+                args.extend(["REPLY".to_owned(), "packed".to_owned()]);
+            }
+            args
+        };
+        let array = c.cmd(&on("k/array", false));
+        let packed = c.cmd(&on("k/packed", true));
+        let Reply::Bulk(Some(packed)) = packed else {
+            panic!("{step:?}: a packed reply is one string, not {packed:?}");
+        };
+        let packed = String::from_utf8(packed).expect("UTF-8");
+        assert_eq!(packed, packed_of(&step[0], &array), "{step:?}");
+        seen.push(packed.split(' ').next().unwrap_or_default().to_owned());
+    }
+    assert_eq!(
+        seen,
+        ["granted", "denied", "queued", "0", "0", "blocked", "probe", "0"],
+        "every kind of answer was compared"
+    );
+    let Reply::Error(e) = c.cmd(&[
+        "FB.COMPLETE",
+        "k/packed",
+        "1102",
+        &hex(5),
+        "success",
+        "REPLY",
+        "json",
+    ]) else {
+        panic!("REPLY json must be refused");
+    };
+    assert!(e.starts_with("ERR reply: must be array or packed"), "{e}");
+}

@@ -47,6 +47,11 @@ use reply::{census_of, decision_of, reading_of, Answer, Census};
 /// The prefix of every key's Redis key: `fusebox:k:<key>`.
 pub const KEY_PREFIX: &str = "fusebox:k:";
 
+/// The state encoding of the module this server is built with: a module
+/// that writes an older one does not know `REPLY packed` either, and is
+/// refused at start (decisions 89).
+const MODULE_ENCODING: u64 = 3;
+
 /// The most keys a `--manual-clock` server remembers to settle when its
 /// clock moves (tests only; the module's timer settles on Redis's clock).
 const KNOWN_KEYS: usize = 100_000;
@@ -282,7 +287,8 @@ impl RedisStore {
         self.conn.figures()
     }
 
-    /// Checks that every primary runs the module, and signs its notices
+    /// Checks that every primary runs the module of this release (its state
+    /// encoding at least [`MODULE_ENCODING`]), and signs its notices
     /// with this server's secret (or that neither signs).
     async fn check_module(&self) -> Result<(), EngineError> {
         let cmd = redis::cmd("FB.VERSION");
@@ -295,6 +301,13 @@ impl RedisStore {
                 )),
                 Err(e) => return Err(e),
             };
+            let encoding = reply::encoding_of(&version);
+            if encoding.is_none_or(|n| n < MODULE_ENCODING) {
+                return Err(EngineError::StoreUnavailable(format!(
+                    "the fusebox module on {node} is older than this server (it writes state encoding {}, this server needs {MODULE_ENCODING} and the replies that come with it): load this release's libfusebox_redis.so on every node",
+                    encoding.map_or_else(|| "unknown".to_owned(), |n| n.to_string())
+                )));
+            }
             let theirs = reply::signing_of(&version);
             let refuse = |what: String| Err(EngineError::StoreUnavailable(what));
             match (theirs.as_deref(), mine.as_deref()) {
@@ -400,7 +413,7 @@ impl RedisStore {
         let make = |policy: &str| {
             // Sized at once: the arguments are a few dozen bytes past the
             // key and the policy, and a stream builds thousands a second.
-            let mut cmd = redis::Cmd::with_capacity(11, rk.len() + policy.len() + 96);
+            let mut cmd = redis::Cmd::with_capacity(13, rk.len() + policy.len() + 108);
             cmd.arg("FB.ACQUIRE")
                 .arg(&rk)
                 .arg(&now)
@@ -414,6 +427,8 @@ impl RedisStore {
             if args.max_wait > 0 && args.permits > 0 {
                 cmd.arg("MAXWAIT").arg(args.max_wait);
             }
+            // One string to parse, not an array of seven (decisions 89).
+            cmd.arg("REPLY").arg("packed");
             cmd
         };
         let mut waiting = None;
@@ -528,12 +543,14 @@ impl RedisStore {
     ) -> Result<CompleteReply, EngineError> {
         let (id, key) = ticket_and_key(token)?;
         let rk = redis_key(&key);
-        let mut cmd = redis::Cmd::with_capacity(5, rk.len() + 80);
+        let mut cmd = redis::Cmd::with_capacity(7, rk.len() + 92);
         cmd.arg("FB.COMPLETE")
             .arg(rk)
             .arg(self.now_arg())
             .arg(hex_id(id))
-            .arg(outcome.as_str());
+            .arg(outcome.as_str())
+            .arg("REPLY")
+            .arg("packed");
         let value = self.conn.query(&cmd).await?;
         reply::completed(&value)
     }

@@ -103,26 +103,57 @@ fn decision_of_parts(p: Parts<'_>) -> Option<Answer> {
 /// `FB.ACQUIRE`'s reply: `[decision, reason, ticket, lease_ms,
 /// retry_after_ms, phase, now_ms]`.
 pub fn decision_of(value: &Value) -> Result<Answer, EngineError> {
-    let parse = || {
-        let Value::Array(items) = value else {
-            return None;
-        };
-        let [decision, reason, ticket, lease, retry, phase, now] = items.as_slice() else {
-            return None;
-        };
-        let decision = text(decision)?;
-        let phase = text(phase)?;
-        decision_of_parts(Parts {
-            decision: &decision,
-            reason: text(reason),
-            ticket: text(ticket),
-            lease: number(lease),
-            retry: number(retry),
-            phase: &phase,
-            now: number(now)?,
-        })
+    let parse = || match value {
+        Value::BulkString(packed) => decision_packed(packed),
+        Value::Array(items) => {
+            let [decision, reason, ticket, lease, retry, phase, now] = items.as_slice() else {
+                return None;
+            };
+            let decision = text(decision)?;
+            let phase = text(phase)?;
+            decision_of_parts(Parts {
+                decision: &decision,
+                reason: text(reason),
+                ticket: text(ticket),
+                lease: number(lease),
+                retry: number(retry),
+                phase: &phase,
+                now: number(now)?,
+            })
+        }
+        _ => None,
     };
     parse().ok_or_else(|| odd("FB.ACQUIRE", value))
+}
+
+/// A decision packed in one string (`REPLY packed`): the array's seven
+/// fields in order, separated by one space, `-` for nil.
+fn decision_packed(packed: &[u8]) -> Option<Answer> {
+    let text = std::str::from_utf8(packed).ok()?;
+    let mut fields = text.split(' ');
+    let mut next = || fields.next().filter(|f| !f.is_empty());
+    let given = |f: &str| (f != "-").then(|| f.to_owned());
+    let number = |f: &str| {
+        if f == "-" {
+            Some(None)
+        } else {
+            f.parse().ok().map(Some)
+        }
+    };
+    let (decision, reason, ticket) = (next()?, next()?, next()?);
+    let (lease, retry, phase, now) = (next()?, next()?, next()?, next()?);
+    if next().is_some() {
+        return None;
+    }
+    decision_of_parts(Parts {
+        decision,
+        reason: given(reason),
+        ticket: given(ticket),
+        lease: number(lease)?,
+        retry: number(retry)?,
+        phase,
+        now: now.parse().ok()?,
+    })
 }
 
 /// `FB.SETTLE … WAITER id`'s reply: `[next_deadline|nil, decision|nil]`;
@@ -159,6 +190,18 @@ pub fn published_answer(message: &[u8]) -> Option<(String, TicketId, Answer)> {
     Some((key, waiter, answer))
 }
 
+/// The state encoding a node's module writes, from `FB.VERSION`'s reply;
+/// `None` when the reply does not say.
+pub fn encoding_of(value: &Value) -> Option<u64> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    let at = items
+        .iter()
+        .position(|v| text(v).as_deref() == Some("encoding"))?;
+    number(items.get(at + 1)?)
+}
+
 /// The fingerprint of the secret a node signs its notices with, from
 /// `FB.VERSION`'s reply (`module V encoding N signing F|off`); `None` when
 /// it does not sign (`off`, or a module too old to say).
@@ -172,18 +215,29 @@ pub fn signing_of(value: &Value) -> Option<String> {
     text(items.get(at + 1)?).filter(|f| f != "off")
 }
 
-/// `FB.COMPLETE`'s reply: `stale 0|1 phase P`.
+/// `FB.COMPLETE`'s reply: `stale 0|1 phase P`, or packed (`REPLY
+/// packed`): `0|1 P`.
 pub fn completed(value: &Value) -> Result<CompleteReply, EngineError> {
     let parse = || {
-        let Value::Array(items) = value else {
-            return None;
+        let (stale, phase) = match value {
+            Value::BulkString(packed) => {
+                let (stale, phase) = std::str::from_utf8(packed).ok()?.split_once(' ')?;
+                (stale.parse::<u8>().ok()?, phase_named(phase)?)
+            }
+            Value::Array(items) => {
+                let [_, stale, _, phase] = items.as_slice() else {
+                    return None;
+                };
+                (
+                    u8::try_from(number(stale)?).ok()?,
+                    phase_named(&text(phase)?)?,
+                )
+            }
+            _ => return None,
         };
-        let [_, stale, _, phase] = items.as_slice() else {
-            return None;
-        };
-        Some(CompleteReply {
-            stale: number(stale)? == 1,
-            phase: phase_named(&text(phase)?)?,
+        (stale <= 1).then_some(CompleteReply {
+            stale: stale == 1,
+            phase,
         })
     };
     parse().ok_or_else(|| odd("FB.COMPLETE", value))
@@ -307,6 +361,45 @@ mod tests {
                 retry_after: 30
             }
         );
+        // The packed forms read as the arrays do.
+        assert_eq!(
+            decision_of(&bulk(
+                "granted - 00000000000000000000000000000abc 500 - closed 1000"
+            ))
+            .unwrap(),
+            a
+        );
+        assert_eq!(
+            decision_of(&bulk("blocked open - - 30 OPEN 7")).unwrap(),
+            decision_of(&blocked).unwrap()
+        );
+        assert_eq!(
+            completed(&bulk("1 half_open")).unwrap(),
+            completed(&Value::Array(vec![
+                bulk("stale"),
+                Value::Int(1),
+                bulk("phase"),
+                bulk("half_open")
+            ]))
+            .unwrap()
+        );
+        for bad in [
+            "granted - abc 500 - closed",
+            "granted - abc 500 - closed 1000 more",
+            "granted  abc 500 - closed 1000",
+            "blocked open - - x OPEN 7",
+        ] {
+            assert!(
+                matches!(decision_of(&bulk(bad)), Err(EngineError::Internal(_))),
+                "{bad}"
+            );
+        }
+        for bad in ["2 closed", "0", "0 ajar"] {
+            assert!(
+                matches!(completed(&bulk(bad)), Err(EngineError::Internal(_))),
+                "{bad}"
+            );
+        }
         for bad in [
             Value::Nil,
             Value::Array(vec![bulk("granted")]),
@@ -354,6 +447,8 @@ mod tests {
         );
         assert_eq!(signing_of(&version("off")), None);
         assert_eq!(signing_of(&Value::Array(vec![bulk("module")])), None);
+        assert_eq!(encoding_of(&version("off")), Some(2));
+        assert_eq!(encoding_of(&Value::Array(vec![bulk("module")])), None);
         assert!(published_answer(b"not json").is_none());
     }
 }
