@@ -190,29 +190,29 @@ pub fn published_answer(message: &[u8]) -> Option<(String, TicketId, Answer)> {
     Some((key, waiter, answer))
 }
 
+/// The value after `name` in `FB.VERSION`'s reply (`module V encoding N
+/// signing F|off`).
+fn version_field<'v>(value: &'v Value, name: &str) -> Option<&'v Value> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    let at = items
+        .iter()
+        .position(|v| text(v).as_deref() == Some(name))?;
+    items.get(at + 1)
+}
+
 /// The state encoding a node's module writes, from `FB.VERSION`'s reply;
 /// `None` when the reply does not say.
 pub fn encoding_of(value: &Value) -> Option<u64> {
-    let Value::Array(items) = value else {
-        return None;
-    };
-    let at = items
-        .iter()
-        .position(|v| text(v).as_deref() == Some("encoding"))?;
-    number(items.get(at + 1)?)
+    number(version_field(value, "encoding")?)
 }
 
 /// The fingerprint of the secret a node signs its notices with, from
-/// `FB.VERSION`'s reply (`module V encoding N signing F|off`); `None` when
-/// it does not sign (`off`, or a module too old to say).
+/// `FB.VERSION`'s reply; `None` when it does not sign (`off`, or a module
+/// too old to say).
 pub fn signing_of(value: &Value) -> Option<String> {
-    let Value::Array(items) = value else {
-        return None;
-    };
-    let at = items
-        .iter()
-        .position(|v| text(v).as_deref() == Some("signing"))?;
-    text(items.get(at + 1)?).filter(|f| f != "off")
+    text(version_field(value, "signing")?).filter(|f| f != "off")
 }
 
 /// `FB.COMPLETE`'s reply: `stale 0|1 phase P`, or packed (`REPLY
