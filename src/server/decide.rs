@@ -150,7 +150,9 @@ async fn start<T>(mut fut: Boxed<'_, T>) -> Result<T, Boxed<'_, T>> {
     }
 }
 
-/// Awaits every future of `pending` together, their outputs in order.
+/// Awaits every future of `pending` together; their outputs, each with its
+/// place, in the order they finished (the caller orders them with the
+/// answers it has already).
 async fn all<T>(pending: Vec<(usize, Boxed<'_, T>)>) -> Vec<(usize, T)> {
     let mut left: Vec<Option<(usize, Boxed<'_, T>)>> = pending.into_iter().map(Some).collect();
     let mut done: Vec<(usize, T)> = Vec::with_capacity(left.len());
@@ -170,7 +172,6 @@ async fn all<T>(pending: Vec<(usize, Boxed<'_, T>)>) -> Vec<(usize, T)> {
         }
     })
     .await;
-    done.sort_unstable_by_key(|(at, _)| *at);
     done
 }
 
