@@ -18,7 +18,7 @@
 //! not a reordering, and the queue holds at most one live entry per key.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 
 use fusebox_domain::policy::MAX_DURATION;
@@ -75,8 +75,8 @@ struct Registry {
     /// The number of the running (or last) pass.
     pass: u64,
     /// Keys no longer at rest that may still have the expiry a write at
-    /// rest gave them.
-    expiring: Vec<Box<[u8]>>,
+    /// rest gave them, each once however often it came back from rest.
+    expiring: HashSet<Box<[u8]>>,
 }
 
 static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
@@ -220,25 +220,47 @@ pub fn note(key: &[u8], summary: Option<Summary>, wall: Millis) {
 /// [`note`], for a write that made a key at rest active again: its idle
 /// expiry is for the settler to clear ([`take_expiring`]).
 pub fn note_expiry(key: &[u8], summary: Option<Summary>, had_expiry: bool, wall: Millis) {
-    with(|r| {
-        r.note(key, summary, wall);
-        if had_expiry && r.kept.get(key).is_some_and(Kept::active) {
-            r.expiring.push(Box::from(key));
-        }
-    });
+    with(|r| r.note_expiry(key, summary, had_expiry, wall));
 }
 
 /// Up to `max` keys whose idle expiry is to be cleared: those that are
-/// still not at rest.
+/// still not at rest. The others are dropped: a key back at rest keeps
+/// its expiry, and is noted again if it leaves rest once more.
 pub fn take_expiring(max: usize) -> Vec<Box<[u8]>> {
-    with(|r| {
-        let at = r.expiring.len().saturating_sub(max);
-        let taken = r.expiring.split_off(at);
+    with(|r| r.take_expiring(max))
+}
+
+impl Registry {
+    fn note_expiry(
+        &mut self,
+        key: &[u8],
+        summary: Option<Summary>,
+        had_expiry: bool,
+        wall: Millis,
+    ) {
+        self.note(key, summary, wall);
+        // An active summary is kept: no need to look the key up again.
+        if had_expiry && summary.as_ref().is_some_and(active) && !self.expiring.contains(key) {
+            self.expiring.insert(Box::from(key));
+        }
+    }
+
+    fn take_expiring(&mut self, max: usize) -> Vec<Box<[u8]>> {
+        let mut taken = Vec::new();
+        let mut looked = 0;
+        let kept = &self.kept;
+        self.expiring.retain(|key| {
+            if looked >= max {
+                return true;
+            }
+            looked += 1;
+            if kept.get(key).is_some_and(Kept::active) {
+                taken.push(key.clone());
+            }
+            false
+        });
         taken
-            .into_iter()
-            .filter(|key| r.kept.get(key).is_some_and(Kept::active))
-            .collect()
-    })
+    }
 }
 
 /// Takes up to `max` keys whose queued deadline is due by `now`.
@@ -311,6 +333,29 @@ mod tests {
             waiters: 0,
             last_now: 1_000,
         }
+    }
+
+    #[test]
+    fn a_key_that_leaves_rest_again_and_again_has_its_expiry_cleared_once() {
+        let mut r = Registry::default();
+        let wall = 1_000;
+        for _ in 0..1_000 {
+            r.note_expiry(b"hot", Some(summary(Phase::Closed, 1, None)), true, wall);
+            r.note(b"hot", Some(summary(Phase::Closed, 0, None)), wall);
+        }
+        r.note_expiry(b"hot", Some(summary(Phase::Closed, 1, None)), true, wall);
+        r.note_expiry(b"cold", Some(summary(Phase::Closed, 1, None)), true, wall);
+        r.note(b"cold", Some(summary(Phase::Closed, 0, None)), wall);
+        r.note_expiry(b"kept", Some(summary(Phase::Open, 0, None)), false, wall);
+        assert_eq!(r.expiring.len(), 2, "each key once: {:?}", r.expiring);
+        let taken = r.take_expiring(10);
+        assert_eq!(
+            taken,
+            vec![Box::from(&b"hot"[..])],
+            "only what is still active"
+        );
+        assert!(r.expiring.is_empty());
+        assert!(r.take_expiring(10).is_empty());
     }
 
     #[test]
