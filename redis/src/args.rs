@@ -14,15 +14,24 @@ fn text<'a>(arg: &'a RedisString, field: &str, what: &str) -> Result<&'a str, Re
 
 /// A whole number of ASCII digits, at most `max`.
 pub fn number(arg: &RedisString, field: &str, max: u64, what: &str) -> Result<u64, RedisError> {
-    let bad = || RedisError::String(format!("ERR {field}: must be {what}"));
-    let text = text(arg, field, what)?;
-    if text.is_empty() || text.len() > 20 || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad());
-    }
-    text.parse::<u64>()
-        .ok()
+    digits(arg.as_slice())
         .filter(|&n| n <= max)
-        .ok_or_else(bad)
+        .ok_or_else(|| RedisError::String(format!("ERR {field}: must be {what}")))
+}
+
+/// 1 to 20 ASCII digits as a number; `None` for anything else, or past
+/// `u64::MAX`.
+fn digits(text: &[u8]) -> Option<u64> {
+    if text.is_empty() || text.len() > 20 {
+        return None;
+    }
+    text.iter().try_fold(0u64, |n, &b| {
+        let digit = b.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        n.checked_mul(10)?.checked_add(u64::from(digit))
+    })
 }
 
 /// `now_ms`: the caller's monotonic clock in milliseconds (SPEC T0), or `*`
@@ -120,10 +129,14 @@ pub fn options<'a>(
     let mut values = vec![None; names.len()];
     let mut rest = args.iter();
     while let Some(name) = rest.next() {
-        let text = String::from_utf8_lossy(name.as_slice());
-        let Some(at) = names.iter().position(|n| n.eq_ignore_ascii_case(&text)) else {
+        let given = name.as_slice();
+        let Some(at) = names
+            .iter()
+            .position(|n| n.as_bytes().eq_ignore_ascii_case(given))
+        else {
             return Err(RedisError::String(format!(
-                "ERR option: {text:?} is not an option here; use {}",
+                "ERR option: {:?} is not an option here; use {}",
+                String::from_utf8_lossy(given),
                 names.join(", ")
             )));
         };
@@ -143,4 +156,29 @@ pub fn options<'a>(
         }
     }
     Ok(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::digits;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The digits read as Rust's own parser reads them, and nothing
+        /// that is not 1 to 20 ASCII digits is a number.
+        #[test]
+        fn digits_read_as_the_standard_parser_does(text in "[0-9]{0,22}|[0-9+ a-]{1,6}") {
+            let ours = digits(text.as_bytes());
+            let plain = text.bytes().all(|b| b.is_ascii_digit()) && !text.is_empty() && text.len() <= 20;
+            let std = if plain { text.parse::<u64>().ok() } else { None };
+            prop_assert_eq!(ours, std);
+        }
+    }
+
+    #[test]
+    fn the_largest_number_is_read_and_one_more_is_not() {
+        assert_eq!(digits(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(digits(b"18446744073709551616"), None);
+        assert_eq!(digits(b"00000000000000000001"), Some(1));
+    }
 }

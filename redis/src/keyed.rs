@@ -218,14 +218,20 @@ pub fn check_key_name(name: &[u8]) -> Result<&str, RedisError> {
 /// Opens `key` (named `name`) for a step: `None` when it is empty.
 /// `expected`, the policy the step will run under, saves a look-up when
 /// the value was written under it too.
+///
+/// The name is checked (SPEC K1) when the key is empty, that is before a
+/// step makes it: a key that holds fusebox state was made by a step, so
+/// its name passed then (decisions 90).
 pub fn open<'k>(
     key: &'k RedisKeyWritable,
     name: &RedisString,
     expected: Option<&Known>,
 ) -> Result<Option<Opened<'k>>, RedisError> {
-    check_key_name(name.as_slice())?;
     match key.key_type() {
-        KeyType::Empty => return Ok(None),
+        KeyType::Empty => {
+            check_key_name(name.as_slice())?;
+            return Ok(None);
+        }
         KeyType::String => {}
         _ => return Err(RedisError::WrongType),
     }

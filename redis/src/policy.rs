@@ -128,10 +128,15 @@ fn parse_id(hex: &[u8]) -> Option<PolicyId> {
     if hex.len() != 32 {
         return None;
     }
+    let nibble = |b: u8| match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    };
     let mut id = [0u8; 16];
-    for (i, pair) in hex.chunks(2).enumerate() {
-        let text = std::str::from_utf8(pair).ok()?;
-        id[i] = u8::from_str_radix(text, 16).ok()?;
+    for (byte, pair) in id.iter_mut().zip(hex.chunks_exact(2)) {
+        *byte = (nibble(pair[0])? << 4) | nibble(pair[1])?;
     }
     Some(id)
 }
@@ -149,6 +154,9 @@ mod tests {
         assert!(Arc::ptr_eq(&by_id.policy, &k.policy), "parsed once");
         let unknown = of_arg(format!("@{}", "0".repeat(32)).as_bytes()).unwrap_err();
         assert!(format!("{unknown:?}").contains("NOPOLICY"));
+        assert!(of_arg(format!("@{}", "g".repeat(32)).as_bytes()).is_err());
+        let upper = of_arg(format!("@{}", hex_of(&k.id).to_uppercase()).as_bytes()).unwrap();
+        assert_eq!(upper.id, k.id, "either case");
         let bad = of_json(br#"{"breaker":{"mode":"consecutive","failures":0,"break":"1s"}}"#);
         assert!(bad.unwrap_err().starts_with("policy.breaker"));
     }

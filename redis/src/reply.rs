@@ -111,24 +111,60 @@ pub fn decision_reply(decision: &Decision, phase: Phase, now: Millis) -> RedisVa
 /// spaces; a fusebox server asks for it (`REPLY packed`), because one
 /// string costs Redis and the server's parser a seventh of seven.
 pub fn decision_packed(decision: &Decision, phase: Phase, now: Millis) -> RedisValue {
-    use std::fmt::Write;
-    let p = parts(decision, now);
-    let mut out = String::with_capacity(96);
-    let ms = |out: &mut String, m: Option<Millis>| match m {
-        Some(m) => {
-            let _ = write!(out, " {m}");
-        }
-        None => out.push_str(" -"),
+    // Written by hand, not by `format!`: this is every acquire's reply.
+    let mut out = Vec::with_capacity(96);
+    let field = |out: &mut Vec<u8>, text: &str| {
+        out.push(b' ');
+        out.extend_from_slice(text.as_bytes());
     };
-    out.push_str(p.decision);
-    out.push(' ');
-    out.push_str(p.reason.unwrap_or("-"));
-    out.push(' ');
-    out.push_str(p.ticket.as_deref().unwrap_or("-"));
-    ms(&mut out, p.lease_ms);
-    ms(&mut out, p.retry_after_ms);
-    let _ = write!(out, " {} {now}", phase_name(phase));
-    RedisValue::BulkString(out)
+    let ms = |out: &mut Vec<u8>, m: Option<Millis>| {
+        out.push(b' ');
+        match m {
+            Some(m) => push_number(out, m),
+            None => out.push(b'-'),
+        }
+    };
+    let (name, reason, grant, retry) = match decision {
+        Decision::Granted(g) => ("granted", None, g.as_ref(), None),
+        Decision::Probe(g) => ("probe", None, Some(g), None),
+        Decision::Blocked {
+            reason,
+            retry_after,
+        } => ("blocked", Some(reason.as_str()), None, Some(*retry_after)),
+        Decision::Refused => ("refused", None, None, None),
+        Decision::Denied {
+            reason,
+            retry_after,
+        } => ("denied", Some(reason.as_str()), None, *retry_after),
+        Decision::Queued => ("queued", None, None, None),
+    };
+    out.extend_from_slice(name.as_bytes());
+    field(&mut out, reason.unwrap_or("-"));
+    out.push(b' ');
+    match grant {
+        Some(g) => out.extend_from_slice(&g.ticket.to_hex()),
+        None => out.push(b'-'),
+    }
+    ms(&mut out, grant.map(|g| g.lease_end.saturating_sub(now)));
+    ms(&mut out, retry);
+    field(&mut out, phase_name(phase));
+    ms(&mut out, Some(now));
+    RedisValue::StringBuffer(out)
+}
+
+/// `n` in decimal digits.
+fn push_number(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// [`completed_reply`]'s values packed in one string: `0 closed`, `1 open`.
@@ -197,4 +233,68 @@ pub fn view_json<T: TicketTable>(fuse: &Fuse<T>, now: Millis) -> serde_json::Val
 /// The view as a bulk string reply.
 pub fn view_reply<T: TicketTable>(fuse: &Fuse<T>, now: Millis) -> RedisValue {
     RedisValue::BulkString(view_json(fuse, now).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fusebox_domain::TicketId;
+    use proptest::prelude::*;
+
+    /// The array's fields as the packed form writes them.
+    fn joined(value: RedisValue) -> String {
+        let RedisValue::Array(fields) = value else {
+            panic!("not an array: {value:?}")
+        };
+        let text: Vec<String> = fields
+            .into_iter()
+            .map(|f| match f {
+                RedisValue::BulkString(s) => s,
+                RedisValue::Integer(n) => n.to_string(),
+                RedisValue::Null => "-".into(),
+                other => panic!("unexpected field {other:?}"),
+            })
+            .collect();
+        text.join(" ")
+    }
+
+    fn decision() -> impl Strategy<Value = Decision> {
+        // Times are below 2^53 (SPEC T0), where the array's integers are exact.
+        let grant = (any::<u128>(), 0u64..1 << 53).prop_map(|(id, lease_end)| Grant {
+            ticket: TicketId(id),
+            lease_end,
+        });
+        let reason = proptest::sample::select(Reason::ALL.to_vec());
+        prop_oneof![
+            proptest::option::of(grant.clone()).prop_map(Decision::Granted),
+            grant.prop_map(Decision::Probe),
+            (reason.clone(), 0u64..1 << 53).prop_map(|(reason, retry_after)| Decision::Blocked {
+                reason,
+                retry_after
+            }),
+            Just(Decision::Refused),
+            (reason, proptest::option::of(0u64..1 << 53)).prop_map(|(reason, retry_after)| {
+                Decision::Denied {
+                    reason,
+                    retry_after,
+                }
+            }),
+            Just(Decision::Queued),
+        ]
+    }
+
+    proptest! {
+        /// The packed reply is the array's fields, in order, `-` for nil.
+        #[test]
+        fn the_packed_decision_is_the_arrays_fields(
+            d in decision(),
+            phase in proptest::sample::select(vec![Phase::Closed, Phase::Open, Phase::HalfOpen, Phase::Isolated]),
+            now in 0u64..1 << 53,
+        ) {
+            let RedisValue::StringBuffer(packed) = decision_packed(&d, phase, now) else {
+                panic!("not a string buffer")
+            };
+            prop_assert_eq!(String::from_utf8(packed).unwrap(), joined(decision_reply(&d, phase, now)));
+        }
+    }
 }
