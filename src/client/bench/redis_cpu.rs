@@ -439,10 +439,22 @@ fn commands(plan: &Plan, key: &str, now: &str, ticket: &str) -> (redis::Cmd, red
             (a.clone(), a)
         }
         Arm::Module => {
+            // As a fusebox server sends them: the policy by id, the reply
+            // packed.
             let mut a = redis::cmd("FB.ACQUIRE");
-            a.arg(key).arg(now).arg(ticket).arg(&plan.policy_ref);
+            a.arg(key)
+                .arg(now)
+                .arg(ticket)
+                .arg(&plan.policy_ref)
+                .arg("REPLY")
+                .arg("packed");
             let mut c = redis::cmd("FB.COMPLETE");
-            c.arg(key).arg(now).arg(ticket).arg("success");
+            c.arg(key)
+                .arg(now)
+                .arg(ticket)
+                .arg("success")
+                .arg("REPLY")
+                .arg("packed");
             (a, c)
         }
         Arm::Lua => {
@@ -467,11 +479,15 @@ fn commands(plan: &Plan, key: &str, now: &str, ticket: &str) -> (redis::Cmd, red
     }
 }
 
-/// Whether an acquire reply grants (a ticket, or for the floor, an OK).
+/// Whether an acquire reply grants (a ticket, or for the floor, an OK):
+/// an array whose first field is the decision, or the packed string.
 fn granted(reply: &Value) -> bool {
     let name = match reply {
         Value::Okay => return true,
         Value::Array(parts) => parts.first(),
+        Value::BulkString(packed) => {
+            return packed.starts_with(b"granted ") || packed.starts_with(b"probe ")
+        }
         _ => None,
     };
     match name {
