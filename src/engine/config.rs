@@ -699,17 +699,22 @@ impl ConfigFile {
 
 /// The `[server] data_dir` of the config file at `path` (validated like
 /// the rest of the file), for the server's start-up: `--data-dir` wins.
+/// Like every path in the file, a relative one is taken from the file's
+/// directory, not the working directory.
 pub fn data_dir_of(path: &Path) -> Result<Option<std::path::PathBuf>, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.display().to_string(),
         source,
     })?;
-    Config::parse(&text, &path.display().to_string())?;
+    Config::parse_in(&text, &path.display().to_string(), path.parent())?;
     let file: ConfigFile = toml::from_str(&text).map_err(|e| ConfigError::Parse {
         path: path.display().to_string(),
         message: e.to_string(),
     })?;
-    Ok(file.server.data_dir)
+    Ok(file.server.data_dir.map(|dir| match path.parent() {
+        Some(base) if dir.is_relative() => base.join(dir),
+        _ => dir,
+    }))
 }
 
 /// Parses a duration flag such as `--wait 2s`.

@@ -556,6 +556,58 @@ async fn tokens_added_to_the_token_file_are_taken_without_a_restart() {
     assert_eq!(ask("second-token-0123456789").await, Ok(()));
 }
 
+/// Issue 18, paths in config: `--config /etc/fusebox/fusebox.toml` with
+/// README's `token_file = "tokens.toml"` and a relative `data_dir` starts
+/// from any working directory, both taken from the file's directory.
+#[tokio::test]
+async fn a_config_files_relative_paths_are_taken_from_its_directory() {
+    let conf = tempfile::tempdir().expect("a dir");
+    let elsewhere = tempfile::tempdir().expect("a dir");
+    std::fs::write(
+        conf.path().join("tokens.toml"),
+        format!(
+            "[[token]]\nname = \"caller\"\nrole = \"caller\"\nsha256 = \"{}\"\n",
+            fusebox::auth::hash_hex("relative-token-0123456789")
+        ),
+    )
+    .unwrap();
+    let config = conf.path().join("fusebox.toml");
+    std::fs::write(
+        &config,
+        "[server]\ndata_dir = \"state\"\n\n[auth]\ntoken_file = \"tokens.toml\"\n",
+    )
+    .unwrap();
+    let config = config.to_str().expect("a UTF-8 path");
+    let server = Server::start(Options {
+        args: vec!["--config", config],
+        cwd: Some(elsewhere.path()),
+        ..Options::default()
+    })
+    .await;
+    let answer = server
+        .fusebox()
+        .await
+        .acquire(with(
+            Some("relative-token-0123456789"),
+            pb::AcquireRequest {
+                key: "k".into(),
+                permits: Some(0),
+                max_wait: None,
+                lease: None,
+            },
+        ))
+        .await;
+    assert!(answer.is_ok(), "the token file was read: {answer:?}");
+    assert!(
+        conf.path().join("state").is_dir(),
+        "the data dir is beside the config file"
+    );
+    assert!(
+        !elsewhere.path().join("state").exists(),
+        "and not in the working directory"
+    );
+}
+
 #[tokio::test]
 async fn the_cli_sends_its_token_from_the_flag_or_the_environment() {
     let made = fusebox(&["token", "--name", "ops", "--role", "operator"]).await;

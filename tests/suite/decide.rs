@@ -1273,6 +1273,7 @@ async fn frames_in_order_while_busy(store: &str) {
         config: Some(LIMITS_CONFIG),
         manual_clock: true,
         args: vec!["--store", store],
+        ..crate::harness::Options::default()
     })
     .await;
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -28,6 +28,7 @@ async fn start(dir: &Path, config: Option<&str>, manual_clock: bool) -> Server {
         config,
         manual_clock,
         args: vec!["--data-dir", dir.to_str().expect("a UTF-8 temp path")],
+        ..Options::default()
     })
     .await
 }

@@ -52,6 +52,8 @@ pub struct Options<'a> {
     pub manual_clock: bool,
     /// More arguments.
     pub args: Vec<&'a str>,
+    /// The working directory (the test's own by default).
+    pub cwd: Option<&'a std::path::Path>,
 }
 
 impl Server {
@@ -71,6 +73,9 @@ impl Server {
             cmd.arg("--manual-clock");
         }
         cmd.args(&options.args);
+        if let Some(cwd) = options.cwd {
+            cmd.current_dir(cwd);
+        }
         if !options.args.contains(&"--http") {
             // Never the default port: tests run side by side.
             cmd.arg("--http").arg("127.0.0.1:0");
@@ -228,6 +233,7 @@ pub async fn servers_on(
                 config: Some(config),
                 manual_clock,
                 args: vec!["--store", store],
+                ..Options::default()
             })
             .await,
         );

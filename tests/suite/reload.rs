@@ -73,6 +73,7 @@ async fn start(text: &str) -> Reloading {
         config: None,
         manual_clock: true,
         args: vec!["--config", &path_text],
+        ..Options::default()
     })
     .await;
     // The reloader starts just after the server prints its address: touch
