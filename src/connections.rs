@@ -62,6 +62,9 @@ pub struct Figures {
     pub accept_backoffs: AtomicU64,
     /// gRPC calls in flight.
     pub calls_in_flight: AtomicU64,
+    /// gRPC calls answered UNAUTHENTICATED on their headers, before their
+    /// body was read.
+    pub calls_unauthenticated: AtomicU64,
     /// `Decide` streams open.
     pub decide_streams: AtomicU64,
     /// `Decide` streams refused: the connection had the most open.
@@ -87,6 +90,7 @@ pub static FIGURES: Figures = Figures {
     http_connections_refused: AtomicU64::new(0),
     accept_backoffs: AtomicU64::new(0),
     calls_in_flight: AtomicU64::new(0),
+    calls_unauthenticated: AtomicU64::new(0),
     decide_streams: AtomicU64::new(0),
     decide_streams_refused: AtomicU64::new(0),
     decide_frames: AtomicU64::new(0),

@@ -56,6 +56,9 @@ pub struct ServerSpec {
     pub max_handshakes: Option<u64>,
     /// Cap on open HTTP connections.
     pub max_http_connections: Option<u64>,
+    /// Cap on the HTTP/2 streams one connection may have open at once,
+    /// announced in its SETTINGS (SETTINGS_MAX_CONCURRENT_STREAMS).
+    pub max_streams_per_connection: Option<u64>,
     /// Where state is kept across restarts (`--data-dir` wins).
     pub data_dir: Option<std::path::PathBuf>,
     /// How long breaker changes may wait to be written together.
@@ -376,6 +379,8 @@ pub struct Limits {
     pub max_handshakes: u64,
     /// Cap on open HTTP connections.
     pub max_http_connections: u64,
+    /// Cap on the HTTP/2 streams of one connection (both ports).
+    pub max_streams_per_connection: u64,
     /// How long breaker changes may wait before they are written to the
     /// data dir, together (operator actions and policies never wait).
     pub commit_window: Millis,
@@ -401,6 +406,7 @@ impl Default for Limits {
             handshake_timeout: 5_000,
             max_handshakes: 1_024,
             max_http_connections: 256,
+            max_streams_per_connection: 256,
             commit_window: 50,
         }
     }
@@ -691,6 +697,12 @@ impl ConfigFile {
                     "max_http_connections",
                     defaults.max_http_connections,
                 )?,
+                max_streams_per_connection: cap(
+                    self.server.max_streams_per_connection,
+                    "max_streams_per_connection",
+                    defaults.max_streams_per_connection,
+                )?
+                .min(u64::from(u32::MAX)),
                 commit_window,
             },
         })

@@ -316,6 +316,12 @@ pub async fn render(store: &Store, http: &HttpFigures) -> String {
             &transport.calls_in_flight,
         ),
         (
+            "fusebox_calls_unauthenticated_total",
+            "counter",
+            "gRPC calls answered UNAUTHENTICATED on their headers, before their body was read.",
+            &transport.calls_unauthenticated,
+        ),
+        (
             "fusebox_decide_streams",
             "gauge",
             "Decide streams open.",

@@ -21,6 +21,7 @@ use pb::fusebox_server::{Fusebox, FuseboxServer};
 
 mod calls;
 pub mod decide;
+mod gate;
 pub mod policy;
 pub mod tls;
 mod watch;
@@ -202,6 +203,10 @@ impl Api {
         let Some(access) = self.store.core().access() else {
             return Ok(None);
         };
+        // The gate found it on the headers ([`gate`]).
+        if let Some(gate::Authenticated(grant)) = request.extensions().get() {
+            return Ok(Some(grant.clone()));
+        }
         access
             .authenticate(
                 request
@@ -724,8 +729,12 @@ pub async fn run_with_tls(
     let incoming =
         crate::connections::incoming(listener, core.clone(), crate::connections::MaybeTls(tls));
     let in_flight = Arc::new(calls::InFlight::default());
+    let streams = u32::try_from(core.limits().max_streams_per_connection).unwrap_or(u32::MAX);
     let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .max_concurrent_streams(streams)
+        // The gate first: a call without a credential is not in flight.
+        .layer(gate::GateLayer(core.clone()))
         .layer(calls::CallsLayer(in_flight.clone()))
         .add_service(
             FuseboxServer::new(api.clone())

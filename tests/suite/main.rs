@@ -35,6 +35,7 @@ mod scenarios;
 mod service;
 mod store;
 mod store_trust;
+mod tenants;
 mod tls;
 mod tools;
 mod vectors;

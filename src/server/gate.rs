@@ -1,0 +1,98 @@
+//! The gate in front of every fusebox gRPC call: with `[auth]` on, the
+//! caller's credential (its bearer token, else its client certificate's
+//! names) is checked on the request's headers, before any byte of its body
+//! is read and before the call counts as in flight. A call without a
+//! credential the server knows is answered UNAUTHENTICATED at once, as a
+//! gRPC response with no body; one that passes carries its grant to the
+//! handler, which does not look it up again.
+//!
+//! Health and reflection stay open, as before.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tonic::body::Body;
+
+use crate::auth::Grant;
+use crate::connections::{PeerInfo, FIGURES};
+use crate::engine::Core;
+
+/// The grant the gate found for a call, in its request's extensions.
+#[derive(Clone, Debug)]
+pub struct Authenticated(pub Arc<Grant>);
+
+/// The layer: [`Gate`] around a service.
+#[derive(Clone)]
+pub struct GateLayer(pub Arc<Core>);
+
+impl<S> tower::Layer<S> for GateLayer {
+    type Service = Gate<S>;
+
+    fn layer(&self, inner: S) -> Gate<S> {
+        Gate {
+            inner,
+            core: self.0.clone(),
+        }
+    }
+}
+
+/// A service whose calls are let through only with a known credential.
+#[derive(Clone)]
+pub struct Gate<S> {
+    inner: S,
+    core: Arc<Core>,
+}
+
+/// Whether `path` is one of fusebox's own services (not health or
+/// reflection, which stay open).
+fn guarded(path: &str) -> bool {
+    path.starts_with("/fusebox.v1.")
+}
+
+impl<S, B> tower::Service<Request<B>> for Gate<S>
+where
+    S: tower::Service<Request<B>, Response = Response<Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        if guarded(request.uri().path()) {
+            if let Some(access) = self.core.access() {
+                let names = request
+                    .extensions()
+                    .get::<PeerInfo>()
+                    .and_then(|p| p.identity.as_ref())
+                    .map_or(&[][..], |id| id.names.as_slice());
+                let authorization = request
+                    .headers()
+                    .get(http::header::AUTHORIZATION)
+                    .map(http::HeaderValue::as_bytes);
+                match access.authenticate(authorization, names) {
+                    Ok(grant) => {
+                        request.extensions_mut().insert(Authenticated(grant));
+                    }
+                    Err(refusal) => {
+                        FIGURES
+                            .calls_unauthenticated
+                            .fetch_add(1, Ordering::Relaxed);
+                        let status = super::status_of_refusal(refusal);
+                        return Box::pin(std::future::ready(Ok(status.into_http())));
+                    }
+                }
+            }
+        }
+        Box::pin(self.inner.call(request))
+    }
+}
