@@ -531,6 +531,35 @@ impl Access {
         Err(missing())
     }
 
+    /// What the credential behind `grant` (a grant of `before`, an
+    /// earlier [`Access`]) may do under this one: `None` when the token or
+    /// client name is no longer here, so that a stream opened with it
+    /// ends.
+    pub fn renewed(&self, before: &Access, grant: &Arc<Grant>) -> Option<Arc<Grant>> {
+        if let Some((hash, _)) = before.tokens.iter().find(|(_, g)| Arc::ptr_eq(g, grant)) {
+            return self
+                .tokens
+                .iter()
+                .find(|(h, _)| bool::from(h.ct_eq(hash)))
+                .map(|(_, g)| g.clone());
+        }
+        if let Some((name, _)) = before.clients.iter().find(|(_, g)| Arc::ptr_eq(g, grant)) {
+            return self
+                .clients
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, g)| g.clone());
+        }
+        // Not one of `before`'s (a reload came between the stream's check
+        // and its watch): the same rights under this access, if any.
+        self.tokens
+            .iter()
+            .map(|(_, g)| g)
+            .chain(self.clients.iter().map(|(_, g)| g))
+            .find(|g| ***g == **grant)
+            .cloned()
+    }
+
     /// The grant of `token`: every entry is compared, in constant time.
     fn by_token(&self, token: &str) -> Option<Arc<Grant>> {
         let presented = hash(token);
@@ -546,6 +575,70 @@ impl Access {
     /// The number of tokens and of client names.
     pub fn sizes(&self) -> (usize, usize) {
         (self.tokens.len(), self.clients.len())
+    }
+}
+
+/// The credential a long-lived stream (Decide, Watch, the dashboard's
+/// event stream) was opened with,
+/// watched: when a reload removes its token or client name, the stream is
+/// told at once and ends UNAUTHENTICATED; when the credential stays (its
+/// rights perhaps changed), the stream goes on under its rights as they
+/// are now.
+pub struct Credential {
+    watched: tokio::sync::watch::Receiver<Option<Arc<Access>>>,
+    /// The access the stream's grant is one of.
+    held: Option<Arc<Access>>,
+}
+
+impl Credential {
+    /// The credential of a stream opened now.
+    pub fn of(core: &crate::engine::Core) -> Credential {
+        let mut watched = core.watch_access();
+        let held = watched.borrow_and_update().clone();
+        Credential { watched, held }
+    }
+
+    /// Resolves, with the refusal to end the stream with, once `grant`'s
+    /// credential is no longer known, or no longer has the rights `still`
+    /// checks (or a credential is now needed and the stream has none);
+    /// until then, keeps `grant` up to date with each reload.
+    pub async fn lost(
+        &mut self,
+        grant: &mut Option<Arc<Grant>>,
+        still: impl Fn(&Grant) -> Result<(), Refusal>,
+    ) -> Refusal {
+        loop {
+            if self.watched.changed().await.is_err() {
+                // The server is going away; its shutdown ends the stream.
+                return std::future::pending().await;
+            }
+            let now = self.watched.borrow_and_update().clone();
+            let renewed = match (&now, &self.held, grant.as_ref()) {
+                // Authentication is off now: anyone may.
+                (None, _, _) => None,
+                (Some(now), Some(before), Some(g)) => match now.renewed(before, g) {
+                    Some(renewed) => {
+                        if let Err(refusal) = still(&renewed) {
+                            return refusal;
+                        }
+                        Some(renewed)
+                    }
+                    None => {
+                        return Refusal::Unauthenticated(format!(
+                            "the credential this stream was opened with ({}) was removed from the server's config; open the stream again with a credential the server knows",
+                            g.name
+                        ))
+                    }
+                },
+                (Some(_), _, _) => {
+                    return Refusal::Unauthenticated(
+                        "the server now needs a credential, and this stream was opened without one; open it again with `authorization: Bearer TOKEN`".into(),
+                    )
+                }
+            };
+            *grant = renewed;
+            self.held = now;
+        }
     }
 }
 

@@ -29,7 +29,9 @@ pub struct Core {
     /// Times are Unix milliseconds (the Redis store's clock), not the
     /// engine clock's.
     unix_times: AtomicBool,
-    access: RwLock<Option<Arc<crate::auth::Access>>>,
+    /// Who may do what; streams watch it, to end when their credential
+    /// is removed.
+    access: tokio::sync::watch::Sender<Option<Arc<crate::auth::Access>>>,
     http_hosts: Vec<String>,
 }
 
@@ -64,7 +66,7 @@ impl Core {
             shutting_down: AtomicBool::new(false),
             origin: SystemTime::now(),
             unix_times: AtomicBool::new(false),
-            access: RwLock::new(config.access.map(Arc::new)),
+            access: tokio::sync::watch::channel(config.access.map(Arc::new)).0,
             http_hosts: config.http_hosts,
         };
         (core, config.rules)
@@ -72,12 +74,17 @@ impl Core {
 
     /// Who may do what (`[auth]`), or `None` when anyone may.
     pub fn access(&self) -> Option<Arc<crate::auth::Access>> {
-        self.access.read().expect("access lock").clone()
+        self.access.borrow().clone()
+    }
+
+    /// Who may do what, watched: it changes when a reload replaces it.
+    pub fn watch_access(&self) -> tokio::sync::watch::Receiver<Option<Arc<crate::auth::Access>>> {
+        self.access.subscribe()
     }
 
     /// Replaces who may do what.
     pub(super) fn set_access_now(&self, access: Option<Arc<crate::auth::Access>>) {
-        *self.access.write().expect("access lock") = access;
+        self.access.send_replace(access);
     }
 
     /// Host names the HTTP side answers to besides loopback names and its

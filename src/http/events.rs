@@ -26,6 +26,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::api::{overview, prefix_of, ApiError, KeyJson, PrefixQuery, TransitionJson};
 use super::trends::Board;
 use super::{AppState, StreamSlot};
+use crate::auth::Role;
 use crate::engine::{Event, KeyReading};
 
 /// Messages buffered for a reader before the stream waits for it.
@@ -50,6 +51,7 @@ pub async fn current_board(boards: &mut watch::Receiver<Arc<Board>>) -> Option<A
 /// `GET /api/events?prefix=`.
 pub async fn events(
     State(state): State<AppState>,
+    axum::Extension(caller): axum::Extension<super::guard::Caller>,
     query: Result<Query<PrefixQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Sse<KeepAliveStream<Feed>>, ApiError> {
     let prefix = prefix_of(query)?;
@@ -64,10 +66,22 @@ pub async fn events(
     // Subscribe before the first snapshot, so that nothing after it is missed.
     let events = state.store.core().subscribe();
     let stopped = state.store.core().stopped();
+    // A credential removed by a reload ends the stream at once, with an
+    // `unauthenticated` event saying so (the guard checked it on every key
+    // when the stream opened; it must still read every key).
+    let mut credential = crate::auth::Credential::of(state.store.core());
     tokio::spawn(async move {
+        let mut grant = caller.0;
+        let revoked = credential.lost(&mut grant, |g| {
+            g.on_everything(Role::Operator, "GET /api/events")
+        });
         tokio::select! {
             _ = forward(&state, &prefix, events, &tx, slot) => {}
             () = stopped => {}
+            refusal = revoked => {
+                let (crate::auth::Refusal::Unauthenticated(message) | crate::auth::Refusal::Denied(message)) = refusal;
+                let _ = send(&tx, "unauthenticated", &serde_json::json!({ "error": message })).await;
+            }
         }
     });
     Ok(Sse::new(ReceiverStream::new(rx))

@@ -117,11 +117,13 @@ pub fn open(api: &Api, request: Request<Streaming<pb::DecideRequest>>) -> Result
             .map_err(status_of_refusal)?;
     }
     let counted = Counted::open(super::tls::remote_addr(&request))?;
+    let credential = crate::auth::Credential::of(api.store.core());
     let frames = request.into_inner();
     let (tx, rx) = mpsc::channel(OUTBOX);
     let stream = Stream {
         api: api.clone(),
         grant,
+        credential,
         tx,
         waiting: JoinSet::new(),
         cancels: HashMap::new(),
@@ -178,6 +180,9 @@ async fn all<T>(pending: Vec<(usize, Boxed<'_, T>)>) -> Vec<(usize, T)> {
 struct Stream {
     api: Api,
     grant: Option<Arc<Grant>>,
+    /// The credential the stream was opened with, watched (a stream whose
+    /// token is removed ends).
+    credential: crate::auth::Credential,
     tx: mpsc::Sender<Result<pb::DecideResponse, Status>>,
     /// Acquires that wait, each on a task.
     waiting: JoinSet<Waited>,
@@ -207,6 +212,10 @@ impl Stream {
                     }
                     Err(_) => break,
                 },
+                refusal = self.credential.lost(&mut self.grant, |g| g.needs(Role::Caller, "Decide")) => {
+                    let _ = self.tx.send(Err(status_of_refusal(refusal))).await;
+                    break;
+                }
                 Some(done) = self.waiting.join_next(), if !self.waiting.is_empty() => {
                     let mut results: Vec<_> = self.waited(done).into_iter().collect();
                     while let Some(more) = self.waiting.try_join_next() {
@@ -229,6 +238,10 @@ impl Stream {
         loop {
             tokio::select! {
                 () = self.tx.closed() => return,
+                refusal = self.credential.lost(&mut self.grant, |g| g.needs(Role::Caller, "Decide")) => {
+                    let _ = self.tx.send(Err(status_of_refusal(refusal))).await;
+                    return;
+                }
                 done = self.waiting.join_next() => {
                     let Some(done) = done else { return };
                     let results = self.waited(done).into_iter().collect();

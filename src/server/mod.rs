@@ -518,7 +518,7 @@ impl Admin for Api {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        self.allow(
+        let grant = self.allow(
             &request,
             Role::Operator,
             "Watch",
@@ -526,7 +526,11 @@ impl Admin for Api {
         )?;
         let prefix = request.into_inner().prefix;
         check_prefix(&prefix)?;
-        Ok(Response::new(watch::stream(self.store.clone(), prefix)?))
+        Ok(Response::new(watch::stream(
+            self.store.clone(),
+            prefix,
+            grant,
+        )?))
     }
 
     async fn set_policy(

@@ -12,6 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::{key_state_of, phase_of, timestamp_of};
+use crate::auth::{Grant, Role};
 use crate::engine::{Core, Cursor, Event, EventKind, KeyReading, Store};
 use crate::proto::v1 as pb;
 
@@ -93,16 +94,26 @@ impl Drop for Place {
 pub fn stream(
     store: Store,
     prefix: String,
+    grant: Option<Arc<Grant>>,
 ) -> Result<ReceiverStream<Result<pb::WatchEvent, Status>>, Status> {
     let place = Place::take(store.core())?;
+    let mut credential = crate::auth::Credential::of(store.core());
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     // Subscribe before the snapshot, so that nothing after it is missed.
     let events = store.core().subscribe();
     tokio::spawn(async move {
         let _place = place;
         let stopped = store.core().stopped();
+        let mut grant = grant;
+        let revoked = credential.lost(&mut grant, |g| {
+            g.on_prefix(Role::Operator, "Watch", &prefix)
+        });
         tokio::select! {
             _ = forward(&store, &prefix, events, &tx) => {}
+            refusal = revoked => {
+                let status = super::status_of_refusal(refusal);
+                let _ = tokio::time::timeout(SHUTDOWN_NOTICE, tx.send(Err(status))).await;
+            }
             () = stopped => {
                 // The stream ends UNAVAILABLE, not OK: the watcher did not
                 // see everything, and should watch another instance. A

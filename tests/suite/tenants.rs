@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::harness::{Options, Server};
@@ -143,4 +144,201 @@ async fn calls_without_a_credential_are_refused_on_their_headers() {
     )
     .await;
     drop(response);
+}
+
+fn bearer<T>(token: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("a header value"),
+    );
+    request
+}
+
+fn token_entry(name: &str, role: &str, token: &str) -> String {
+    format!(
+        "[[token]]\nname = \"{name}\"\nrole = \"{role}\"\nsha256 = \"{}\"\n",
+        fusebox::auth::hash_hex(token)
+    )
+}
+
+/// Reads `stream` into `seen` until it holds `wanted`; false if it did
+/// not within `within` (or the stream ended first).
+async fn read_until(
+    stream: &mut TcpStream,
+    seen: &mut String,
+    wanted: &str,
+    within: Duration,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut buf = [0u8; 4096];
+    while !seen.contains(wanted) {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// The next message of a stream, or the status it ended with; `None` if
+/// nothing came within `within`.
+async fn next_of<T>(
+    stream: &mut tonic::Streaming<T>,
+    within: Duration,
+) -> Option<Result<Option<T>, tonic::Status>> {
+    tokio::time::timeout(within, stream.message()).await.ok()
+}
+
+/// The probe: a Decide stream opened before its token was removed from
+/// the token file kept deciding after unary calls with that token were
+/// answered UNAUTHENTICATED (Watch too). Now every stream a removed
+/// credential opened ends UNAUTHENTICATED as soon as the server has read
+/// the new file, and a credential that stays keeps its streams.
+#[tokio::test]
+async fn streams_end_when_their_token_is_removed() {
+    use fusebox::proto::v1 as pb;
+    use tokio_stream::wrappers::ReceiverStream;
+    const GONE: &str = "removed-caller-token-0123456789";
+    const OPS: &str = "removed-operator-token-0123456789";
+    const KEPT: &str = "kept-caller-token-0123456789";
+    let dir = tempfile::tempdir().expect("a dir");
+    let file = dir.path().join("tokens.toml");
+    std::fs::write(
+        &file,
+        token_entry("gone", "caller", GONE)
+            + &token_entry("ops", "operator", OPS)
+            + &token_entry("kept", "caller", KEPT),
+    )
+    .unwrap();
+    let config = format!("[auth]\ntoken_file = \"{}\"\n", file.display());
+    let server = Server::start(Options {
+        config: Some(&config),
+        ..Options::default()
+    })
+    .await;
+    let frame = |id: u64| pb::DecideRequest {
+        frames: vec![pb::DecideFrame {
+            id,
+            request: Some(pb::decide_frame::Request::Acquire(pb::AcquireRequest {
+                key: "a/k".into(),
+                permits: Some(0),
+                max_wait: None,
+                lease: None,
+            })),
+        }],
+    };
+    let mut open = Vec::new();
+    for token in [GONE, KEPT] {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tx.send(frame(1)).await.unwrap();
+        let mut answers = server
+            .fusebox()
+            .await
+            .decide(bearer(token, ReceiverStream::new(rx)))
+            .await
+            .expect("the stream opens")
+            .into_inner();
+        let first = next_of(&mut answers, Duration::from_secs(10)).await;
+        assert!(
+            matches!(&first, Some(Ok(Some(m))) if m.results.len() == 1),
+            "{token}: the first frame is answered: {first:?}"
+        );
+        open.push((tx, answers));
+    }
+    let mut watch = server
+        .admin()
+        .await
+        .watch(bearer(
+            OPS,
+            pb::WatchRequest {
+                prefix: "a/".into(),
+            },
+        ))
+        .await
+        .expect("the watch opens")
+        .into_inner();
+
+    // The dashboard's event stream, as a browser opens it.
+    let http = server.http_addr.clone().expect("an HTTP port");
+    let mut events = TcpStream::connect(&http).await.expect("connect");
+    events
+        .write_all(
+            format!(
+                "GET /api/events?prefix=a/ HTTP/1.1\r\nHost: {http}\r\nAuthorization: Bearer {OPS}\r\nAccept: text/event-stream\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    read_until(&mut events, &mut seen, "\r\n\r\n", Duration::from_secs(10)).await;
+    assert!(
+        seen.starts_with("HTTP/1.1 200"),
+        "the event stream opens: {seen}"
+    );
+
+    std::fs::write(&file, token_entry("kept", "caller", KEPT)).unwrap();
+    let unary = |token: &'static str| {
+        let server = &server;
+        async move {
+            server
+                .fusebox()
+                .await
+                .acquire(bearer(
+                    token,
+                    pb::AcquireRequest {
+                        key: "a/k".into(),
+                        permits: Some(0),
+                        max_wait: None,
+                        lease: None,
+                    },
+                ))
+                .await
+                .map(|_| ())
+                .map_err(|s| s.code())
+        }
+    };
+    crate::harness::eventually(
+        "the new token file to be read",
+        Duration::from_secs(10),
+        || async { (unary(GONE).await == Err(tonic::Code::Unauthenticated)).then_some(()) },
+    )
+    .await;
+    // Within a second of that, the removed token's streams have ended.
+    let (_, gone) = &mut open[0];
+    let ended = next_of(gone, Duration::from_secs(1)).await;
+    assert!(
+        matches!(&ended, Some(Err(s)) if s.code() == tonic::Code::Unauthenticated && s.message().contains("gone")),
+        "the Decide stream of the removed token ended UNAUTHENTICATED: {ended:?}"
+    );
+    let ended = loop {
+        match next_of(&mut watch, Duration::from_secs(1)).await {
+            // The snapshot of the keys, sent when the watch opened.
+            Some(Ok(Some(_))) => continue,
+            other => break other,
+        }
+    };
+    assert!(
+        matches!(&ended, Some(Err(s)) if s.code() == tonic::Code::Unauthenticated),
+        "the Watch of the removed operator ended UNAUTHENTICATED: {ended:?}"
+    );
+    assert!(
+        read_until(
+            &mut events,
+            &mut seen,
+            "event: unauthenticated",
+            Duration::from_secs(1)
+        )
+        .await,
+        "the dashboard's event stream of the removed operator says so and ends: {seen}"
+    );
+    // The kept token's stream still decides.
+    let (tx, kept) = &mut open[1];
+    tx.send(frame(2)).await.unwrap();
+    let answer = next_of(kept, Duration::from_secs(10)).await;
+    assert!(
+        matches!(&answer, Some(Ok(Some(m))) if m.results.len() == 1 && m.results[0].id == 2),
+        "the kept token's stream goes on: {answer:?}"
+    );
 }
