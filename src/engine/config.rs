@@ -59,6 +59,8 @@ pub struct ServerSpec {
     /// Cap on the HTTP/2 streams one connection may have open at once,
     /// announced in its SETTINGS (SETTINGS_MAX_CONCURRENT_STREAMS).
     pub max_streams_per_connection: Option<u64>,
+    /// Cap on the rules in force (the config's and SetPolicy's together).
+    pub max_rules: Option<u64>,
     /// Where state is kept across restarts (`--data-dir` wins).
     pub data_dir: Option<std::path::PathBuf>,
     /// How long breaker changes may wait to be written together.
@@ -381,6 +383,8 @@ pub struct Limits {
     pub max_http_connections: u64,
     /// Cap on the HTTP/2 streams of one connection (both ports).
     pub max_streams_per_connection: u64,
+    /// Cap on the rules in force.
+    pub max_rules: u64,
     /// How long breaker changes may wait before they are written to the
     /// data dir, together (operator actions and policies never wait).
     pub commit_window: Millis,
@@ -407,6 +411,7 @@ impl Default for Limits {
             max_handshakes: 1_024,
             max_http_connections: 256,
             max_streams_per_connection: 256,
+            max_rules: 1_000,
             commit_window: 50,
         }
     }
@@ -662,6 +667,17 @@ impl ConfigFile {
                 problem: "must not be empty: name a directory, or leave the field out to keep state in memory only".into(),
             });
         }
+        let max_rules = cap(self.server.max_rules, "max_rules", defaults.max_rules)?;
+        if rules.len() as u64 > max_rules {
+            return Err(ConfigError::Invalid {
+                rule: "[server]".into(),
+                field: "max_rules".into(),
+                problem: format!(
+                    "is {max_rules}, and the file has {} rules: raise max_rules or merge rules",
+                    rules.len()
+                ),
+            });
+        }
         Ok(Config {
             access,
             http_hosts,
@@ -703,6 +719,7 @@ impl ConfigFile {
                     defaults.max_streams_per_connection,
                 )?
                 .min(u64::from(u32::MAX)),
+                max_rules,
                 commit_window,
             },
         })

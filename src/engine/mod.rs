@@ -152,6 +152,8 @@ pub struct Counters {
     pub watch_streams: AtomicU64,
     /// Watch streams refused because the cap was reached.
     pub watch_streams_refused: AtomicU64,
+    /// SetPolicy calls refused because `max_rules` rules are in force.
+    pub rules_refused: AtomicU64,
 }
 
 type WaiterAnswer = Result<(Decision, Phase, Millis), EngineError>;

@@ -351,6 +351,22 @@ impl Store {
 
     /// Adds or replaces a rule (Y4); returns its position.
     pub fn set_rule(&self, rule: Rule) -> Result<usize, EngineError> {
+        // A new match past the cap is refused; replacing a rule is not.
+        let limit = self.core().limits().max_rules;
+        let rules = self.rules();
+        if rules.rules.len() as u64 >= limit
+            && !rules.rules.iter().any(|r| r.pattern == rule.pattern)
+        {
+            self.core()
+                .counters()
+                .rules_refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Err(EngineError::Exhausted {
+                what: "rules",
+                cap: "max_rules",
+                limit,
+            });
+        }
         match self {
             Store::Embedded(e) => e.set_rule(rule),
             Store::Redis(r) => Ok(r.change_rules(|rules| super::rules::put_rule(rules, rule))),

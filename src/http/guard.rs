@@ -60,10 +60,16 @@ fn known_host(host: &str, configured: &[String]) -> bool {
         || configured.iter().any(|c| c.eq_ignore_ascii_case(host))
 }
 
-/// Refuses a request whose `Host` or `Origin` names another server.
+/// Refuses a request whose `Host` or `Origin` names another server. The
+/// `Host` must be an address, `localhost` or a configured name; a page's
+/// `Origin` must be this very server as the request reached it (its
+/// authority is the request's `Host`: same address, same port), or a
+/// configured name (a proxy in front may use its own port). So neither a
+/// page on another address nor one served by another port of the same
+/// machine may call the API.
 fn check_names(headers: &HeaderMap, configured: &[String]) -> Result<(), ApiError> {
-    if let Some(host) = headers.get(header::HOST) {
-        let text = host.to_str().unwrap_or("");
+    let host = headers.get(header::HOST).map(|h| h.to_str().unwrap_or(""));
+    if let Some(text) = host {
         if !known_host(host_part(text), configured) {
             return Err(ApiError::forbidden(
                 "Host",
@@ -76,11 +82,16 @@ fn check_names(headers: &HeaderMap, configured: &[String]) -> Result<(), ApiErro
         let authority = text
             .strip_prefix("http://")
             .or_else(|| text.strip_prefix("https://"))
-            .map(|rest| rest.split('/').next().unwrap_or(rest));
-        if !authority.is_some_and(|a| known_host(host_part(a), configured)) {
+            .filter(|rest| !rest.contains(['/', '@']));
+        let same = |a: &str| host.is_some_and(|h| !h.is_empty() && a.eq_ignore_ascii_case(h));
+        let named = |a: &str| {
+            let h = host_part(a);
+            configured.iter().any(|c| c.eq_ignore_ascii_case(h))
+        };
+        if !authority.is_some_and(|a| same(a) || named(a)) {
             return Err(ApiError::forbidden(
                 "Origin",
-                format!("pages from {text:?} may not call this server; add the name to [server] http_hosts"),
+                format!("pages from {text:?} may not call this server: only its own pages (the address and port the request came to) may; add a proxy's name to [server] http_hosts"),
             ));
         }
     }
@@ -96,6 +107,15 @@ fn role_for(path: &str, metrics_open: bool) -> Option<Role> {
     }
 }
 
+/// The names of the client certificate of `request`'s connection (mTLS).
+fn client_names(request: &Request) -> Vec<String> {
+    request
+        .extensions()
+        .get::<crate::tls::ClientIdentity>()
+        .map(|n| n.names.clone())
+        .unwrap_or_default()
+}
+
 /// The middleware: names first, then the credential.
 pub async fn guard(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     if let Err(refused) = check_names(request.headers(), state.store.core().http_hosts()) {
@@ -103,12 +123,19 @@ pub async fn guard(State(state): State<AppState>, mut request: Request, next: Ne
     }
     let mut caller = Caller(None);
     if let Some(access) = state.store.core().access() {
-        if let Some(role) = role_for(request.uri().path(), access.metrics_open) {
-            let names: Vec<String> = request
-                .extensions()
-                .get::<crate::tls::ClientIdentity>()
-                .map(|n| n.names.clone())
-                .unwrap_or_default();
+        if request.uri().path() == "/metrics" && access.metrics_open {
+            // Open to anyone, but only a known credential's own keys get
+            // per-key series ([`super::metrics`]).
+            let names = client_names(&request);
+            let presented = request
+                .headers()
+                .get(header::AUTHORIZATION)
+                .map(|v| v.as_bytes());
+            if presented.is_some() || !names.is_empty() {
+                caller = Caller(access.authenticate(presented, &names).ok());
+            }
+        } else if let Some(role) = role_for(request.uri().path(), access.metrics_open) {
+            let names = client_names(&request);
             let grant = access.authenticate(
                 request
                     .headers()
@@ -195,9 +222,23 @@ mod tests {
             "null",
             "file://",
             "http://evil.example@127.0.0.1",
+            // Issue 18: an IP literal, and another port of this machine.
+            "http://203.0.113.7",
+            "http://127.0.0.1:8000",
+            "http://localhost:9090",
+            "http://127.0.0.1:9090/",
         ] {
             headers.insert(header::ORIGIN, bad.parse().unwrap());
             assert!(check_names(&headers, &[]).is_err(), "{bad}");
         }
+        let configured = ["fusebox.internal".to_owned()];
+        headers.insert(header::ORIGIN, "https://fusebox.internal".parse().unwrap());
+        assert!(
+            check_names(&headers, &configured).is_ok(),
+            "a configured name"
+        );
+        headers.insert(header::HOST, "localhost:9090".parse().unwrap());
+        headers.insert(header::ORIGIN, "http://localhost:9090".parse().unwrap());
+        assert!(check_names(&headers, &[]).is_ok(), "the page's own origin");
     }
 }

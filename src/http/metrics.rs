@@ -141,18 +141,52 @@ fn vm_rss_bytes(status: &str) -> Option<u64> {
     }
 }
 
+/// Whose keys get per-key series.
+#[derive(Clone, Debug)]
+pub enum Shown {
+    /// Every key (no `[auth]`).
+    Every,
+    /// The keys a credential may read (an operator's).
+    Of(std::sync::Arc<crate::auth::Grant>),
+    /// None: `/metrics` asked without a credential under `[auth]`; key
+    /// names are the tenants' own.
+    None,
+}
+
+impl Shown {
+    fn shows(&self, key: &str) -> bool {
+        match self {
+            Shown::Every => true,
+            Shown::Of(grant) => grant
+                .on_key(crate::auth::Role::Operator, "GET /metrics", key)
+                .is_ok(),
+            Shown::None => false,
+        }
+    }
+}
+
 /// The keys with per-key series: those named by exact rules, live or not
 /// (a key not live reads as a fresh key would, K2, B6), then the busiest.
 /// Also says which of them are live, for the aggregates.
-async fn shown_keys(store: &Store, exact: &[String]) -> (Vec<KeyReading>, Vec<bool>) {
+async fn shown_keys(
+    store: &Store,
+    exact: &[String],
+    whose: &Shown,
+) -> (Vec<KeyReading>, Vec<bool>) {
     let mut shown: BTreeMap<String, (KeyReading, bool)> = BTreeMap::new();
-    for key in exact {
+    if matches!(whose, Shown::None) {
+        return (Vec::new(), Vec::new());
+    }
+    for key in exact.iter().filter(|k| whose.shows(k)) {
         let Ok((reading, live)) = store.read(key).await else {
             continue;
         };
         shown.insert(key.clone(), (reading, live));
     }
     for reading in store.busiest(TOP_KEYS).await {
+        if !whose.shows(&reading.key) {
+            continue;
+        }
         shown
             .entry(reading.key.clone())
             .or_insert_with(|| (reading, true));
@@ -161,7 +195,7 @@ async fn shown_keys(store: &Store, exact: &[String]) -> (Vec<KeyReading>, Vec<bo
 }
 
 /// The whole exposition of `store`, with the HTTP side's own figures.
-pub async fn render(store: &Store, http: &HttpFigures) -> String {
+pub async fn render(store: &Store, http: &HttpFigures, whose: &Shown) -> String {
     let core = store.core();
     let rules = store.rules();
     let exact: Vec<String> = rules
@@ -174,7 +208,7 @@ pub async fn render(store: &Store, http: &HttpFigures) -> String {
         .collect();
     let figures = store.figures().await;
     let totals = figures.totals;
-    let (keys, live) = shown_keys(store, &exact).await;
+    let (keys, live) = shown_keys(store, &exact, whose).await;
     // The aggregates are the totals less the live keys shown. The readings
     // and the totals are taken at nearly the same instant, not at once:
     // a difference never goes below zero.
@@ -462,6 +496,11 @@ pub async fn render(store: &Store, http: &HttpFigures) -> String {
     for (cap, n) in CAP_NAMES.iter().zip(totals.cap_refusals) {
         x.sample("fusebox_cap_refusals_total", &[("cap", cap)], n);
     }
+    x.sample(
+        "fusebox_cap_refusals_total",
+        &[("cap", "max_rules")],
+        counters.rules_refused.load(Ordering::Relaxed),
+    );
     x.single(
         "fusebox_transitions_total",
         "counter",
@@ -860,7 +899,7 @@ mod tests {
             }
         });
         let store = crate::engine::Store::Embedded(engine);
-        let text = rt.block_on(render(&store, &HttpFigures::default()));
+        let text = rt.block_on(render(&store, &HttpFigures::default(), &Shown::Every));
         assert!(!text.contains("key=\"k/004\""));
         assert!(text.contains("fusebox_key_live_tickets{key=\"k/005\"} 6\n"));
         assert!(text.contains("fusebox_other_keys{phase=\"CLOSED\"} 5\n"));

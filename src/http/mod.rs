@@ -338,9 +338,19 @@ impl Drop for HttpSlot {
 }
 
 /// `GET /metrics`.
-async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
+async fn metrics_text(
+    State(state): State<AppState>,
+    axum::Extension(caller): axum::Extension<guard::Caller>,
+) -> impl IntoResponse {
     let figures = state.streams.figures();
-    let text = metrics::render(&state.store, &figures).await;
+    // With [auth], per-key series only for the keys of the credential that
+    // asks; none for anyone else (the aggregates count every key).
+    let shown = match (state.store.core().access(), caller.0) {
+        (None, _) => metrics::Shown::Every,
+        (Some(_), Some(grant)) => metrics::Shown::Of(grant),
+        (Some(_), None) => metrics::Shown::None,
+    };
+    let text = metrics::render(&state.store, &figures, &shown).await;
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],

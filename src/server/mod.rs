@@ -606,12 +606,20 @@ impl Admin for Api {
         &self,
         request: Request<pb::ListPoliciesRequest>,
     ) -> Result<Response<pb::ListPoliciesResponse>, Status> {
-        self.allow(&request, Role::Operator, "ListPolicies", On::Nothing)?;
+        let grant = self.allow(&request, Role::Operator, "ListPolicies", On::Nothing)?;
         let rules = self.store.rules();
         Ok(Response::new(pb::ListPoliciesResponse {
+            // A credential sees the rules inside its keys only: another
+            // namespace's rules name its keys.
             rules: rules
                 .rules
                 .iter()
+                .filter(|r| {
+                    grant.as_ref().is_none_or(|g| {
+                        g.on_pattern(Role::Operator, "ListPolicies", &r.pattern)
+                            .is_ok()
+                    })
+                })
                 .map(|r| pb::PolicyRule {
                     r#match: r.pattern.text(),
                     policy: Some(policy::wire_policy(&r.policy)),

@@ -456,10 +456,23 @@ async fn every_http_route_answers_each_role_as_the_table_says_and_foreign_names_
     assert_eq!(status, 403, "{head}");
     let (status, _) = http(&addr, "GET", "/", &[("Host", "evil.example".to_owned())]).await;
     assert_eq!(status, 403);
-    let mut foreign_origin = admin.clone();
-    foreign_origin.push(("Origin", "http://evil.example".to_owned()));
-    let (status, _) = http(&addr, "POST", "/api/keys/a%2Fk/close", &foreign_origin).await;
-    assert_eq!(status, 403);
+    // Issue 18: an IP literal and another port of this machine are other
+    // origins too; only the server's own address and port is its own.
+    let other_port = format!(
+        "http://127.0.0.1:{}",
+        addr.rsplit_once(':')
+            .map_or(0, |(_, p)| p.parse::<u16>().unwrap_or(0) ^ 1)
+    );
+    for origin in [
+        "http://evil.example",
+        "http://203.0.113.7",
+        other_port.as_str(),
+    ] {
+        let mut foreign_origin = admin.clone();
+        foreign_origin.push(("Origin", origin.to_owned()));
+        let (status, _) = http(&addr, "POST", "/api/keys/a%2Fk/close", &foreign_origin).await;
+        assert_eq!(status, 403, "{origin}");
+    }
     let mut same_origin = admin;
     same_origin.push(("Origin", format!("http://{addr}")));
     let (status, head) = http(&addr, "POST", "/api/keys/a%2Fk/close", &same_origin).await;

@@ -342,3 +342,167 @@ async fn streams_end_when_their_token_is_removed() {
         "the kept token's stream goes on: {answer:?}"
     );
 }
+
+/// The probe: `GET /metrics` without a token (the default `metrics =
+/// "open"`) named every namespace's busiest and exact-rule keys, and
+/// ListPolicies showed an `a/*` operator the rules for `b/*`. Now
+/// `/metrics` without a credential has no key names at all (its
+/// aggregates still count every key), a credential gets per-key series
+/// for its own keys only, and ListPolicies shows it only the rules inside
+/// its keys.
+#[tokio::test]
+async fn key_names_are_shown_only_to_their_namespace() {
+    use fusebox::proto::v1 as pb;
+    const A_OPS: &str = "namespace-a-operator-0123456789";
+    const B: &str = "namespace-b-caller-0123456789";
+    let config = format!(
+        "[[rule]]\nmatch = \"b/secret\"\nbreaker = {{ mode = \"consecutive\", failures = 3, break = \"1s\" }}\n\n\
+         [[rule]]\nmatch = \"b/*\"\nbreaker = {{ mode = \"consecutive\", failures = 3, break = \"1s\" }}\n\n\
+         [[rule]]\nmatch = \"a/*\"\nbreaker = {{ mode = \"consecutive\", failures = 3, break = \"1s\" }}\n\n\
+         [auth]\n\n{}{}",
+        token_entry("a-ops", "operator", A_OPS).replace("[[token]]", "[[auth.token]]").replace(
+            "role = \"operator\"\n",
+            "role = \"operator\"\nprefixes = [\"a/*\"]\n"
+        ),
+        token_entry("b", "caller", B).replace("[[token]]", "[[auth.token]]"),
+    );
+    let server = Server::start(Options {
+        config: Some(&config),
+        ..Options::default()
+    })
+    .await;
+    // b's keys are busy: b/secret and b/hot hold tickets.
+    let mut b = server.fusebox().await;
+    for key in ["b/secret", "b/hot"] {
+        b.acquire(bearer(
+            B,
+            pb::AcquireRequest {
+                key: key.into(),
+                permits: Some(1),
+                max_wait: None,
+                lease: None,
+            },
+        ))
+        .await
+        .expect("b acquires its own key");
+    }
+    b.acquire(bearer(
+        A_OPS,
+        pb::AcquireRequest {
+            key: "a/mine".into(),
+            permits: Some(1),
+            max_wait: None,
+            lease: None,
+        },
+    ))
+    .await
+    .expect("a's operator acquires its own key");
+    let http = server.http_addr.clone().expect("an HTTP port");
+    let anonymous = get(&http, "/metrics").await;
+    assert_eq!(anonymous.status, 200);
+    assert!(
+        !anonymous.body.contains("key=\""),
+        "no key name without a credential:\n{}",
+        anonymous.body
+    );
+    assert!(
+        anonymous.body.contains("fusebox_other_keys_live_tickets 3"),
+        "the aggregates still count every key:\n{}",
+        anonymous.body
+    );
+    let as_a = crate::http::request(
+        &http,
+        "GET",
+        "/metrics",
+        &[("authorization", &format!("Bearer {A_OPS}"))],
+        b"",
+    )
+    .await;
+    assert_eq!(as_a.status, 200, "{as_a:?}");
+    assert!(
+        !as_a.body.contains("key=\"b/"),
+        "a's operator sees none of b's keys:\n{}",
+        as_a.body
+    );
+    assert!(
+        as_a.body
+            .contains("fusebox_key_live_tickets{key=\"a/mine\"} 1"),
+        "and its own:\n{}",
+        as_a.body
+    );
+
+    let listed = server
+        .admin()
+        .await
+        .list_policies(bearer(A_OPS, pb::ListPoliciesRequest {}))
+        .await
+        .expect("an operator lists the rules")
+        .into_inner();
+    let matches: Vec<String> = listed.rules.into_iter().map(|r| r.r#match).collect();
+    assert_eq!(
+        matches,
+        vec!["a/*".to_owned()],
+        "only the rules inside a's keys"
+    );
+}
+
+/// The probe: an admin limited to `a/*` added 2,000 rules, and `/metrics`
+/// grew from 16 KiB to 2.2 MiB. Now rules are capped (`[server]
+/// max_rules`, the config's and SetPolicy's together): a new rule past
+/// the cap is refused RESOURCE_EXHAUSTED naming the cap, replacing one is
+/// not, and a namespace admin may set rules only inside its patterns.
+#[tokio::test]
+async fn rules_are_capped_and_a_namespace_admin_stays_in_its_patterns() {
+    use fusebox::proto::v1 as pb;
+    const A_ADMIN: &str = "namespace-a-admin-0123456789";
+    let config = format!(
+        "[server]\nmax_rules = 4\n\n[[rule]]\nmatch = \"a/config\"\nbreaker = {{ mode = \"consecutive\", failures = 3, break = \"1s\" }}\n\n[auth]\n\n{}",
+        token_entry("a-admin", "admin", A_ADMIN)
+            .replace("[[token]]", "[[auth.token]]")
+            .replace("role = \"admin\"\n", "role = \"admin\"\nprefixes = [\"a/*\"]\n"),
+    );
+    let server = Server::start(Options {
+        config: Some(&config),
+        ..Options::default()
+    })
+    .await;
+    let mut admin = server.admin().await;
+    let rule = |m: &str| pb::SetPolicyRequest {
+        rule: Some(pb::PolicyRule {
+            r#match: m.into(),
+            policy: Some(pb::Policy {
+                breaker: Some(crate::admin::consecutive(3, 1000)),
+                limiter: None,
+                lease: None,
+            }),
+            default: false,
+        }),
+    };
+    let outside = admin.set_policy(bearer(A_ADMIN, rule("b/*"))).await;
+    assert_eq!(
+        outside.map(|_| ()).map_err(|s| s.code()),
+        Err(tonic::Code::PermissionDenied),
+        "b/* is outside a's patterns"
+    );
+    for m in ["a/1", "a/2", "a/3"] {
+        admin
+            .set_policy(bearer(A_ADMIN, rule(m)))
+            .await
+            .unwrap_or_else(|s| panic!("{m}: within the cap: {s:?}"));
+    }
+    let past = admin
+        .set_policy(bearer(A_ADMIN, rule("a/4")))
+        .await
+        .expect_err("a fifth rule is past the cap of 4");
+    assert_eq!(past.code(), tonic::Code::ResourceExhausted);
+    assert!(past.message().contains("max_rules"), "{past:?}");
+    admin
+        .set_policy(bearer(A_ADMIN, rule("a/2")))
+        .await
+        .expect("replacing a rule is not a new one");
+    let text = metrics(&server).await;
+    assert!(
+        text.contains("fusebox_cap_refusals_total{cap=\"max_rules\"} 1"),
+        "the refusal is counted:\n{text}"
+    );
+}
