@@ -96,6 +96,14 @@ pub struct AuthSpec {
     pub token_file: Option<String>,
     /// Whether `/metrics` needs a token: `"open"` (the default) or `"token"`.
     pub metrics: Option<String>,
+    /// Whether a client certificate's subject common name counts as one of
+    /// its names (after its DNS and URI names). Off by default: names come
+    /// from the subject alternative names, which CAs check.
+    pub client_common_name: Option<bool>,
+    /// When a certificate's names match different `[[auth.client]]`
+    /// entries: `"refuse"` (the default) or `"first"` (the entry of the
+    /// first matching name, in the certificate's order).
+    pub client_ambiguous: Option<String>,
 }
 
 /// The token file as written.
@@ -262,6 +270,11 @@ pub struct Access {
     clients: Vec<(String, Arc<Grant>)>,
     /// Whether `/metrics` answers without a token.
     pub metrics_open: bool,
+    /// Whether a certificate's common name is one of its names.
+    client_common_name: bool,
+    /// Whether a certificate whose names match different entries takes
+    /// the first (else it is refused).
+    client_first: bool,
     /// The token file, if any (watched for changes with the config).
     pub token_file: Option<PathBuf>,
 }
@@ -424,10 +437,23 @@ impl AuthSpec {
                 });
             }
         }
+        let client_first = match self.client_ambiguous.as_deref() {
+            None | Some("refuse") => false,
+            Some("first") => true,
+            Some(other) => {
+                return Err(AuthError {
+                    entry: "[auth]".into(),
+                    field: "client_ambiguous".into(),
+                    problem: format!("{other:?} is not \"refuse\" or \"first\""),
+                })
+            }
+        };
         Ok(Access {
             tokens,
             clients,
             metrics_open,
+            client_common_name: self.client_common_name.unwrap_or(false),
+            client_first,
             token_file,
         })
     }
@@ -498,7 +524,7 @@ impl Access {
     pub fn authenticate(
         &self,
         authorization: Option<&[u8]>,
-        client_names: &[String],
+        identity: Option<&crate::tls::ClientIdentity>,
     ) -> Result<Arc<Grant>, Refusal> {
         if let Some(value) = authorization {
             let token = std::str::from_utf8(value)
@@ -518,17 +544,49 @@ impl Access {
                 )
             });
         }
-        for name in client_names {
-            if let Some((_, grant)) = self.clients.iter().find(|(n, _)| n == name) {
-                return Ok(grant.clone());
+        let Some(identity) = identity else {
+            return Err(missing());
+        };
+        let names: Vec<&String> = identity
+            .names
+            .iter()
+            .chain(
+                identity
+                    .common_names
+                    .iter()
+                    .filter(|_| self.client_common_name),
+            )
+            .collect();
+        // Each matching entry once, in the order of the certificate's names.
+        let mut matched: Vec<(&String, &Arc<Grant>)> = Vec::new();
+        for name in &names {
+            if let Some((_, grant)) = self.clients.iter().find(|(n, _)| n == *name) {
+                if !matched.iter().any(|(_, g)| Arc::ptr_eq(g, grant)) {
+                    matched.push((name, grant));
+                }
             }
         }
-        if let Some(first) = client_names.first() {
-            return Err(Refusal::Unauthenticated(format!(
-                "the client certificate ({first}) has no [[auth.client]] entry, and no bearer token was sent"
-            )));
+        match matched.as_slice() {
+            [(_, grant)] => Ok((*grant).clone()),
+            [(_, grant), ..] if self.client_first => Ok((*grant).clone()),
+            [_, _, ..] => Err(Refusal::Unauthenticated(format!(
+                "the client certificate's names match different [[auth.client]] entries ({}); give the certificate one name, or set [auth] client_ambiguous = \"first\"",
+                matched
+                    .iter()
+                    .map(|(n, g)| format!("{n} as {}", g.name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+            [] => Err(Refusal::Unauthenticated(match (names.first(), identity.common_names.first()) {
+                (Some(first), _) => format!(
+                    "the client certificate ({first}) has no [[auth.client]] entry, and no bearer token was sent"
+                ),
+                (None, Some(cn)) => format!(
+                    "the client certificate has no DNS or URI name, and its common name ({cn}) is not taken as one; give it a subject alternative name, or set [auth] client_common_name = true"
+                ),
+                (None, None) => "the client certificate has no DNS or URI name, and no bearer token was sent".to_owned(),
+            })),
         }
-        Err(missing())
     }
 
     /// What the credential behind `grant` (a grant of `before`, an
@@ -660,7 +718,7 @@ mod tests {
         );
         let access = access(&text).expect("valid");
         let grant = access
-            .authenticate(Some(b"Bearer secret-checkout-token"), &[])
+            .authenticate(Some(b"Bearer secret-checkout-token"), None)
             .expect("known");
         assert_eq!(grant.role, Role::Caller);
         assert!(grant.on_key(Role::Caller, "Acquire", "checkout/a").is_ok());
@@ -673,15 +731,15 @@ mod tests {
             Err(Refusal::Denied(_))
         ));
         assert!(matches!(
-            access.authenticate(Some(b"Bearer other"), &[]),
+            access.authenticate(Some(b"Bearer other"), None),
             Err(Refusal::Unauthenticated(_))
         ));
         assert!(matches!(
-            access.authenticate(None, &[]),
+            access.authenticate(None, None),
             Err(Refusal::Unauthenticated(_))
         ));
         assert!(matches!(
-            access.authenticate(Some(b"Basic abc"), &[]),
+            access.authenticate(Some(b"Basic abc"), None),
             Err(Refusal::Unauthenticated(_))
         ));
     }
@@ -727,17 +785,66 @@ mod tests {
         assert_eq!(e.field, "sha256");
     }
 
+    fn identity(names: &[&str], common: &[&str]) -> crate::tls::ClientIdentity {
+        crate::tls::ClientIdentity {
+            names: names.iter().map(|n| (*n).to_owned()).collect(),
+            common_names: common.iter().map(|n| (*n).to_owned()).collect(),
+        }
+    }
+
     #[test]
     fn client_names_stand_for_roles_when_no_token_is_sent() {
         let access =
             access("[[client]]\nname = \"ops.internal\"\nrole = \"operator\"\n").expect("valid");
         let grant = access
-            .authenticate(None, &["other".into(), "ops.internal".into()])
+            .authenticate(None, Some(&identity(&["other", "ops.internal"], &[])))
             .expect("known name");
         assert_eq!(grant.role, Role::Operator);
         assert!(matches!(
-            access.authenticate(None, &["stranger".into()]),
+            access.authenticate(None, Some(&identity(&["stranger"], &[]))),
             Err(Refusal::Unauthenticated(_))
         ));
+    }
+
+    /// Issue 18, mTLS names: a bare common name is not an identity unless
+    /// the config says so, and names that match different entries are
+    /// refused as ambiguous unless the config says to take the first.
+    #[test]
+    fn common_names_count_only_when_configured_and_ambiguity_is_refused() {
+        let entries = "[[client]]\nname = \"ops.internal\"\nrole = \"operator\"\n\
+                       [[client]]\nname = \"billing.internal\"\nrole = \"caller\"\n";
+        let strict = access(entries).expect("valid");
+        let cn_only = identity(&[], &["ops.internal"]);
+        let refused = strict.authenticate(None, Some(&cn_only)).unwrap_err();
+        assert!(
+            matches!(&refused, Refusal::Unauthenticated(m) if m.contains("client_common_name")),
+            "{refused:?}"
+        );
+        let with_cn = access(&format!("client_common_name = true\n{entries}")).expect("valid");
+        assert_eq!(
+            with_cn
+                .authenticate(None, Some(&cn_only))
+                .expect("taken")
+                .name,
+            "ops.internal"
+        );
+        let both = identity(&["billing.internal", "ops.internal"], &[]);
+        let ambiguous = strict.authenticate(None, Some(&both)).unwrap_err();
+        assert!(
+            matches!(&ambiguous, Refusal::Unauthenticated(m) if m.contains("ambiguous") || m.contains("different")),
+            "{ambiguous:?}"
+        );
+        let first = access(&format!("client_ambiguous = \"first\"\n{entries}")).expect("valid");
+        assert_eq!(
+            first
+                .authenticate(None, Some(&both))
+                .expect("the first")
+                .name,
+            "billing.internal"
+        );
+        let same_entry_twice = identity(&["ops.internal"], &["ops.internal"]);
+        assert!(with_cn.authenticate(None, Some(&same_entry_twice)).is_ok());
+        let e = access(&format!("client_ambiguous = \"maybe\"\n{entries}")).unwrap_err();
+        assert_eq!(e.field, "client_ambiguous");
     }
 }

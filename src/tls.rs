@@ -58,50 +58,72 @@ pub const ALPN_HTTP: &[&[u8]] = &[b"http/1.1"];
 #[error("{0}")]
 pub struct TlsError(String);
 
-/// Who a client is by its certificate (mutual TLS): the subject's common
-/// names, then its DNS and URI subject alternative names, without repeats.
+/// Who a client is by its certificate (mutual TLS): its DNS and URI
+/// subject alternative names, and apart, its subject's common names (a
+/// name only where `[auth] client_common_name` says so).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ClientIdentity {
-    /// The names, common name first.
+    /// The DNS and URI names, in the certificate's order, each once.
     pub names: Vec<String>,
+    /// The subject's common names.
+    pub common_names: Vec<String>,
 }
 
-/// The names of the certificate `cert_der` (DER): subject common names,
-/// then DNS and URI subject alternative names, each once. Empty when the
-/// certificate cannot be parsed.
+impl ClientIdentity {
+    /// How a person knows the certificate, for records: its common name,
+    /// else its first DNS or URI name.
+    pub fn label(&self) -> Option<&String> {
+        self.common_names.first().or(self.names.first())
+    }
+}
+
+/// The names of the certificate `cert_der` (DER): its DNS and URI subject
+/// alternative names, each once, then its subject common names not among
+/// them. Empty when the certificate cannot be parsed.
 pub fn names_of(cert_der: &[u8]) -> Vec<String> {
+    let id = identity_of_der(cert_der);
+    let mut names = id.names;
+    names.extend(id.common_names);
+    names
+}
+
+/// The identity in the certificate `cert_der` (DER).
+pub fn identity_of_der(cert_der: &[u8]) -> ClientIdentity {
     let Ok((_, cert)) = x509_parser::parse_x509_certificate(cert_der) else {
-        return Vec::new();
+        return ClientIdentity::default();
     };
     let mut names: Vec<String> = Vec::new();
-    let mut add = |name: &str| {
-        if !name.is_empty() && !names.iter().any(|n| n == name) {
-            names.push(name.to_owned());
-        }
-    };
-    for cn in cert.subject().iter_common_name() {
-        if let Ok(text) = cn.as_str() {
-            add(text);
-        }
-    }
     if let Ok(Some(san)) = cert.subject_alternative_name() {
         for name in &san.value.general_names {
             match name {
                 x509_parser::extensions::GeneralName::DNSName(n)
-                | x509_parser::extensions::GeneralName::URI(n) => add(n),
+                | x509_parser::extensions::GeneralName::URI(n)
+                    if !n.is_empty() && !names.iter().any(|m| m == n) =>
+                {
+                    names.push((*n).to_owned());
+                }
                 _ => {}
             }
         }
     }
-    names
+    let mut common_names: Vec<String> = Vec::new();
+    for cn in cert.subject().iter_common_name() {
+        if let Ok(text) = cn.as_str() {
+            if !text.is_empty() && !names.iter().chain(&common_names).any(|n| n == text) {
+                common_names.push(text.to_owned());
+            }
+        }
+    }
+    ClientIdentity {
+        names,
+        common_names,
+    }
 }
 
 /// The identity of the client of an accepted connection, if it showed a certificate.
 pub fn identity_of(connection: &ServerConnection) -> Option<ClientIdentity> {
     let leaf = connection.peer_certificates()?.first()?;
-    Some(ClientIdentity {
-        names: names_of(leaf),
-    })
+    Some(identity_of_der(leaf))
 }
 
 /// A certificate's subject and expiry, for the log.
@@ -804,10 +826,12 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
-        /// The common name comes first, then the DNS and URI names in the
-        /// certificate's order, each once; other subject parts are not names.
+        /// The DNS and URI names come first, in the certificate's order,
+        /// each once, then the common name when it is not one of them;
+        /// other subject parts are not names. The common name is kept
+        /// apart in the identity (a name only where the config says so).
         #[test]
-        fn names_are_the_common_name_then_dns_and_uri_names(
+        fn names_are_the_dns_and_uri_names_then_the_common_name(
             cn in proptest::option::of("[a-z][a-z0-9-]{0,15}"),
             sans in proptest::collection::vec(
                 prop_oneof![
@@ -819,11 +843,16 @@ mod tests {
         ) {
             let der = certificate(cn.as_deref(), &sans);
             let mut expected: Vec<String> = Vec::new();
-            for name in cn.iter().chain(sans.iter()) {
+            for name in sans.iter() {
                 if !expected.contains(name) {
                     expected.push(name.clone());
                 }
             }
+            let identity = identity_of_der(&der);
+            prop_assert_eq!(&identity.names, &expected);
+            let common: Vec<String> = cn.iter().filter(|c| !expected.contains(c)).cloned().collect();
+            prop_assert_eq!(&identity.common_names, &common);
+            expected.extend(common);
             prop_assert_eq!(names_of(&der), expected);
         }
     }

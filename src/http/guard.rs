@@ -107,13 +107,9 @@ fn role_for(path: &str, metrics_open: bool) -> Option<Role> {
     }
 }
 
-/// The names of the client certificate of `request`'s connection (mTLS).
-fn client_names(request: &Request) -> Vec<String> {
-    request
-        .extensions()
-        .get::<crate::tls::ClientIdentity>()
-        .map(|n| n.names.clone())
-        .unwrap_or_default()
+/// The client certificate's identity of `request`'s connection (mTLS).
+fn client_identity(request: &Request) -> Option<&crate::tls::ClientIdentity> {
+    request.extensions().get::<crate::tls::ClientIdentity>()
 }
 
 /// The middleware: names first, then the credential.
@@ -126,22 +122,22 @@ pub async fn guard(State(state): State<AppState>, mut request: Request, next: Ne
         if request.uri().path() == "/metrics" && access.metrics_open {
             // Open to anyone, but only a known credential's own keys get
             // per-key series ([`super::metrics`]).
-            let names = client_names(&request);
+            let identity = client_identity(&request);
             let presented = request
                 .headers()
                 .get(header::AUTHORIZATION)
                 .map(|v| v.as_bytes());
-            if presented.is_some() || !names.is_empty() {
-                caller = Caller(access.authenticate(presented, &names).ok());
+            if presented.is_some() || identity.is_some() {
+                caller = Caller(access.authenticate(presented, identity).ok());
             }
         } else if let Some(role) = role_for(request.uri().path(), access.metrics_open) {
-            let names = client_names(&request);
+            let identity = client_identity(&request);
             let grant = access.authenticate(
                 request
                     .headers()
                     .get(header::AUTHORIZATION)
                     .map(|v| v.as_bytes()),
-                &names,
+                identity,
             );
             let what = format!("{} {}", request.method(), request.uri().path());
             let checked = grant.and_then(|g| {

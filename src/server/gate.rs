@@ -70,16 +70,15 @@ where
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         if guarded(request.uri().path()) {
             if let Some(access) = self.core.access() {
-                let names = request
+                let identity = request
                     .extensions()
                     .get::<PeerInfo>()
-                    .and_then(|p| p.identity.as_ref())
-                    .map_or(&[][..], |id| id.names.as_slice());
+                    .and_then(|p| p.identity.as_ref());
                 let authorization = request
                     .headers()
                     .get(http::header::AUTHORIZATION)
                     .map(http::HeaderValue::as_bytes);
-                match access.authenticate(authorization, names) {
+                match access.authenticate(authorization, identity) {
                     Ok(grant) => {
                         request.extensions_mut().insert(Authenticated(grant));
                     }

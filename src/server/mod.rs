@@ -147,8 +147,9 @@ pub fn key_state_of(core: &Core, r: &KeyReading) -> pb::KeyState {
 /// Who asked, for the record of an isolate or close: the credential's
 /// name when authentication is on (with the `x-fusebox-operator` header, if
 /// set, as the person behind it), else the header, else the peer's address;
-/// with mutual TLS, followed by the first name of the client's certificate
-/// unless that is the credential (`cli:ana (certificate ops-laptop)`).
+/// with mutual TLS, followed by the client certificate's label (its common
+/// name, else its first DNS or URI name) unless that is the credential
+/// (`cli:ana (certificate ops-laptop)`).
 fn who<T>(request: &Request<T>, grant: Option<&Grant>) -> String {
     let header = request
         .metadata()
@@ -163,7 +164,7 @@ fn who<T>(request: &Request<T>, grant: Option<&Grant>) -> String {
             tls::remote_addr(request).map_or_else(|| "unknown".to_owned(), |a| a.to_string())
         }
     };
-    match tls::identity(request).and_then(|id| id.names.first()) {
+    match tls::identity(request).and_then(|id| id.label()) {
         Some(name) if grant.is_none_or(|g| &g.name != name) => format!(
             "{who} (certificate {})",
             name.chars().take(128).collect::<String>()
@@ -213,7 +214,7 @@ impl Api {
                     .metadata()
                     .get("authorization")
                     .map(|v| v.as_bytes()),
-                client_names(request),
+                tls::identity(request),
             )
             .map(Some)
             .map_err(status_of_refusal)
@@ -242,11 +243,6 @@ impl Api {
         .map_err(status_of_refusal)?;
         Ok(Some(grant))
     }
-}
-
-/// The names of the client certificate of `request`'s connection (mTLS).
-fn client_names<T>(request: &Request<T>) -> &[String] {
-    tls::identity(request).map_or(&[], |id| id.names.as_slice())
 }
 
 #[tonic::async_trait]

@@ -793,6 +793,7 @@ async fn a_client_certificate_name_stands_for_its_auth_grant() {
     let config = format!(
         "[tls]\ncert = \"server.pem\"\nkey = \"server.key\"\nclient_ca = \"{}\"\nclient_auth = \"optional\"\n\
          [auth]\n[[auth.client]]\nname = \"billing.internal\"\nrole = \"caller\"\nprefixes = [\"billing/*\"]\n\
+         [[auth.client]]\nname = \"ops.internal\"\nrole = \"operator\"\n\
          [[auth.token]]\nname = \"oncall\"\nrole = \"operator\"\nsha256 = \"{}\"\n",
         client_ca.display(),
         fusebox::auth::hash_hex("oncall-token-0123456789")
@@ -853,6 +854,31 @@ async fn a_client_certificate_name_stands_for_its_auth_grant() {
     .unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::Unauthenticated, "{unknown:?}");
     assert!(unknown.message().contains("someone"), "{unknown:?}");
+    // Issue 18, mTLS names: a bare common name is no identity (SANs are
+    // what the CA checks), and names that match different entries are
+    // refused as ambiguous, whatever their order in the certificate.
+    for (pair, says) in [
+        (clients.issue("ops.internal", &[]), "client_common_name"),
+        (
+            clients.issue("x", &["billing.internal", "ops.internal"]),
+            "different [[auth.client]] entries",
+        ),
+        (
+            clients.issue("x", &["ops.internal", "billing.internal"]),
+            "different [[auth.client]] entries",
+        ),
+    ] {
+        let refused = pb::fusebox_client::FuseboxClient::new(
+            channel(&server, &ca.pem(), Some(&pair))
+                .await
+                .expect("connects"),
+        )
+        .acquire(acquire("billing/charge"))
+        .await
+        .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+        assert!(refused.message().contains(says), "{refused:?}");
+    }
     // A bearer token wins over the certificate.
     let mut request = tonic::Request::new(pb::IsolateRequest {
         key: "billing/charge".into(),
