@@ -8,6 +8,15 @@
 //! the slots of real clients. Connections still in their handshake are
 //! themselves capped (`[server] max_handshakes`) and counted.
 //!
+//! With `[auth]` on, a connection past its handshake is a stranger until a
+//! call on it presents a credential the server knows ([`Trust`]).
+//! Strangers are capped as a whole (`[server] max_strangers`, which keeps
+//! the rest of `max_connections` for connections that have shown a
+//! credential) and per peer address (`max_strangers_per_peer`): past
+//! either, or when every slot is taken, the oldest stranger is closed to
+//! make room, so that connections which never authenticate cannot keep a
+//! real client out.
+//!
 //! Every cap here must fit the process's open-file limit with a reserve for
 //! the store, config reloads and logs ([`caps`]); and when descriptors run
 //! out all the same, accepting backs off briefly ([`accept`]) instead of
@@ -62,6 +71,9 @@ pub struct Figures {
     pub accept_backoffs: AtomicU64,
     /// gRPC calls in flight.
     pub calls_in_flight: AtomicU64,
+    /// gRPC connections closed because they had shown no credential while
+    /// others needed room (`max_strangers`, `max_strangers_per_peer`).
+    pub strangers_closed: AtomicU64,
     /// gRPC calls answered UNAUTHENTICATED on their headers, before their
     /// body was read.
     pub calls_unauthenticated: AtomicU64,
@@ -90,6 +102,7 @@ pub static FIGURES: Figures = Figures {
     http_connections_refused: AtomicU64::new(0),
     accept_backoffs: AtomicU64::new(0),
     calls_in_flight: AtomicU64::new(0),
+    strangers_closed: AtomicU64::new(0),
     calls_unauthenticated: AtomicU64::new(0),
     decide_streams: AtomicU64::new(0),
     decide_streams_refused: AtomicU64::new(0),
@@ -336,9 +349,16 @@ pub fn incoming<U: Upgrade>(
                         return;
                     }
                 };
+                // Without [auth] there are no credentials to show.
+                let trust = if engine.access().is_some() {
+                    Trust::default()
+                } else {
+                    Trust::trusted()
+                };
                 let info = PeerInfo {
                     tcp: tcp_info,
                     identity: U::identity(&stream.inner),
+                    trust: Arc::new(trust),
                 };
                 if let Some(counted) = Counted::take(stream, info, engine) {
                     let _ = tx.send(Ok(counted)).await;
@@ -433,8 +453,42 @@ pub struct Counted<S> {
 impl<S> Counted<S> {
     /// Takes a slot for `stream`, or closes it (counted) when none is free.
     fn take(stream: S, info: PeerInfo, engine: Arc<Core>) -> Option<Counted<S>> {
-        let cap = engine.limits().max_connections;
+        let limits = engine.limits();
+        let cap = limits.max_connections;
         let counters = engine.counters();
+        if !info.trust.is_trusted() {
+            let peer = info
+                .tcp
+                .remote_addr
+                .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+            let full = counters.connections.load(Ordering::Relaxed) >= cap;
+            let mut strangers = STRANGERS.lock().unwrap_or_else(|e| e.into_inner());
+            let closed = strangers.make_room(peer, &limits, full);
+            strangers.open.push_back((peer, info.trust.clone()));
+            drop(strangers);
+            if closed > 0 {
+                let n = FIGURES
+                    .strangers_closed
+                    .fetch_add(closed, Ordering::Relaxed)
+                    + closed;
+                if seldom(n) {
+                    tracing::warn!(
+                        closed = n,
+                        "closing gRPC connections that have shown no credential, to make room for new ones ([server] max_strangers {}, max_strangers_per_peer {}); if they are clients, they should send their token on their first call",
+                        limits.max_strangers,
+                        limits.max_strangers_per_peer
+                    );
+                }
+                // The closed strangers' slots free up as they close; this
+                // one may run over the cap until then.
+                counters.connections.fetch_add(1, Ordering::Relaxed);
+                return Some(Counted {
+                    stream,
+                    info,
+                    engine,
+                });
+            }
+        }
         if counters.connections.fetch_add(1, Ordering::Relaxed) >= cap {
             counters.connections.fetch_sub(1, Ordering::Relaxed);
             let refused = counters.connections_refused.fetch_add(1, Ordering::Relaxed);
@@ -457,6 +511,10 @@ impl<S> Counted<S> {
 
 impl<S> Drop for Counted<S> {
     fn drop(&mut self) {
+        self.info
+            .trust
+            .closed
+            .store(true, std::sync::atomic::Ordering::Release);
         self.engine
             .counters()
             .connections
@@ -478,6 +536,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        let trust = &self.info.trust;
+        if !trust.is_trusted() {
+            // A stranger may be closed to make room: it reads as the end.
+            trust.waker.register(cx.waker());
+            if trust.evicted.load(Ordering::Acquire) {
+                return Poll::Ready(Ok(()));
+            }
+        }
         Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
@@ -520,7 +586,84 @@ pub struct PeerInfo {
     pub tcp: TcpConnectInfo,
     /// With mutual TLS, the client certificate's names.
     pub identity: Option<ClientIdentity>,
+    /// Whether the connection has shown a credential.
+    pub trust: Arc<Trust>,
 }
+
+/// A connection's standing: a stranger until a call on it shows a known
+/// credential; a stranger may be closed to make room ([`Strangers`]).
+#[derive(Debug, Default)]
+pub struct Trust {
+    trusted: std::sync::atomic::AtomicBool,
+    evicted: std::sync::atomic::AtomicBool,
+    closed: std::sync::atomic::AtomicBool,
+    /// Woken to close an evicted connection that waits to read.
+    waker: futures_util::task::AtomicWaker,
+}
+
+impl Trust {
+    fn trusted() -> Trust {
+        let trust = Trust::default();
+        trust.trusted.store(true, Ordering::Release);
+        trust
+    }
+
+    /// A call on the connection showed a known credential.
+    pub fn vouch(&self) {
+        self.trusted.store(true, Ordering::Release);
+    }
+
+    fn is_trusted(&self) -> bool {
+        self.trusted.load(Ordering::Acquire)
+    }
+
+    fn is_stranger(&self) -> bool {
+        !self.is_trusted() && !self.closed.load(Ordering::Acquire)
+    }
+
+    fn evict(&self) {
+        self.evicted.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+}
+
+/// The strangers of the gRPC port, oldest first.
+#[derive(Debug, Default)]
+struct Strangers {
+    open: std::collections::VecDeque<(std::net::IpAddr, Arc<Trust>)>,
+}
+
+impl Strangers {
+    /// Makes room for a new stranger from `peer` under `limits`, closing
+    /// the oldest strangers as needed (its peer's first when the peer is
+    /// at its cap); `full` says every `max_connections` slot is taken.
+    /// Returns how many were closed.
+    fn make_room(&mut self, peer: std::net::IpAddr, limits: &Limits, full: bool) -> u64 {
+        self.open.retain(|(_, t)| t.is_stranger());
+        let mut closed = 0;
+        let of_peer = self.open.iter().filter(|(p, _)| *p == peer).count() as u64;
+        if of_peer >= limits.max_strangers_per_peer {
+            if let Some(at) = self.open.iter().position(|(p, _)| *p == peer) {
+                if let Some((_, t)) = self.open.remove(at) {
+                    t.evict();
+                    closed += 1;
+                }
+            }
+        }
+        while self.open.len() as u64 >= limits.max_strangers || (full && closed == 0) {
+            let Some((_, t)) = self.open.pop_front() else {
+                break;
+            };
+            t.evict();
+            closed += 1;
+        }
+        closed
+    }
+}
+
+static STRANGERS: std::sync::Mutex<Strangers> = std::sync::Mutex::new(Strangers {
+    open: std::collections::VecDeque::new(),
+});
 
 /// An accepted gRPC connection, plain or TLS.
 #[derive(Debug)]

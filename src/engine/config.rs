@@ -61,6 +61,10 @@ pub struct ServerSpec {
     pub max_streams_per_connection: Option<u64>,
     /// Cap on the rules in force (the config's and SetPolicy's together).
     pub max_rules: Option<u64>,
+    /// Cap on gRPC connections that have shown no credential yet.
+    pub max_strangers: Option<u64>,
+    /// The same, per peer address.
+    pub max_strangers_per_peer: Option<u64>,
     /// Where state is kept across restarts (`--data-dir` wins).
     pub data_dir: Option<std::path::PathBuf>,
     /// How long breaker changes may wait to be written together.
@@ -385,6 +389,11 @@ pub struct Limits {
     pub max_streams_per_connection: u64,
     /// Cap on the rules in force.
     pub max_rules: u64,
+    /// Cap on gRPC connections that have shown no credential yet (with
+    /// `[auth]`); the rest of `max_connections` is kept for the others.
+    pub max_strangers: u64,
+    /// The same, per peer address.
+    pub max_strangers_per_peer: u64,
     /// How long breaker changes may wait before they are written to the
     /// data dir, together (operator actions and policies never wait).
     pub commit_window: Millis,
@@ -412,6 +421,8 @@ impl Default for Limits {
             max_http_connections: 256,
             max_streams_per_connection: 256,
             max_rules: 1_000,
+            max_strangers: 5_000,
+            max_strangers_per_peer: 256,
             commit_window: 50,
         }
     }
@@ -668,6 +679,26 @@ impl ConfigFile {
             });
         }
         let max_rules = cap(self.server.max_rules, "max_rules", defaults.max_rules)?;
+        let max_connections = cap(
+            self.server.max_connections,
+            "max_connections",
+            defaults.max_connections,
+        )?;
+        // By default half the connections may be strangers, at most 5,000.
+        let max_strangers = cap(
+            self.server.max_strangers,
+            "max_strangers",
+            (max_connections / 2).clamp(1, defaults.max_strangers),
+        )?;
+        if max_strangers > max_connections {
+            return Err(ConfigError::Invalid {
+                rule: "[server]".into(),
+                field: "max_strangers".into(),
+                problem: format!(
+                    "is {max_strangers}, more than max_connections ({max_connections}): strangers are a part of the connections"
+                ),
+            });
+        }
         if rules.len() as u64 > max_rules {
             return Err(ConfigError::Invalid {
                 rule: "[server]".into(),
@@ -720,6 +751,12 @@ impl ConfigFile {
                 )?
                 .min(u64::from(u32::MAX)),
                 max_rules,
+                max_strangers,
+                max_strangers_per_peer: cap(
+                    self.server.max_strangers_per_peer,
+                    "max_strangers_per_peer",
+                    defaults.max_strangers_per_peer,
+                )?,
                 commit_window,
             },
         })

@@ -350,6 +350,12 @@ pub async fn render(store: &Store, http: &HttpFigures, whose: &Shown) -> String 
             &transport.calls_in_flight,
         ),
         (
+            "fusebox_strangers_closed_total",
+            "counter",
+            "gRPC connections closed because they had shown no credential while new ones needed room ([server] max_strangers, max_strangers_per_peer).",
+            &transport.strangers_closed,
+        ),
+        (
             "fusebox_calls_unauthenticated_total",
             "counter",
             "gRPC calls answered UNAUTHENTICATED on their headers, before their body was read.",

@@ -4,7 +4,8 @@
 //! is read and before the call counts as in flight. A call without a
 //! credential the server knows is answered UNAUTHENTICATED at once, as a
 //! gRPC response with no body; one that passes carries its grant to the
-//! handler, which does not look it up again.
+//! handler, which does not look it up again, and its connection is no
+//! longer a stranger ([`crate::connections`]).
 //!
 //! Health and reflection stay open, as before.
 
@@ -70,16 +71,18 @@ where
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         if guarded(request.uri().path()) {
             if let Some(access) = self.core.access() {
-                let identity = request
-                    .extensions()
-                    .get::<PeerInfo>()
-                    .and_then(|p| p.identity.as_ref());
+                let peer = request.extensions().get::<PeerInfo>();
+                let identity = peer.and_then(|p| p.identity.as_ref());
                 let authorization = request
                     .headers()
                     .get(http::header::AUTHORIZATION)
                     .map(http::HeaderValue::as_bytes);
                 match access.authenticate(authorization, identity) {
                     Ok(grant) => {
+                        // The connection is no stranger now.
+                        if let Some(peer) = peer {
+                            peer.trust.vouch();
+                        }
                         request.extensions_mut().insert(Authenticated(grant));
                     }
                     Err(refusal) => {

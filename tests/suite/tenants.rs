@@ -506,3 +506,113 @@ async fn rules_are_capped_and_a_namespace_admin_stays_in_its_patterns() {
         "the refusal is counted:\n{text}"
     );
 }
+
+/// The probe: 20 sockets that sent only the HTTP/2 preface
+/// (`max_connections = 20`) left a caller with a valid token UNAVAILABLE.
+/// Now connections that have shown no credential are strangers, capped
+/// (`max_strangers`, by default half the connections) and closed oldest
+/// first to make room, so the caller gets in; once its call shows its
+/// token, its connection is no stranger and is never closed for room.
+#[tokio::test]
+async fn connections_that_never_authenticate_cannot_keep_a_caller_out() {
+    let server = server_with("[server]\nmax_connections = 20").await;
+    let mut strangers = strangers_to(&server.addr, 20).await;
+    // Every preface is in: each stranger took a slot, or made room.
+    crate::harness::eventually(
+        "the strangers to be counted",
+        Duration::from_secs(10),
+        || async {
+            let text = metrics(&server).await;
+            (metric(&text, "fusebox_connections") + metric(&text, "fusebox_strangers_closed_total")
+                >= 20.0)
+                .then_some(())
+        },
+    )
+    .await;
+    let text = metrics(&server).await;
+    assert!(
+        metric(&text, "fusebox_connections") <= 11.0,
+        "at most max_strangers (10) strangers, and this scrape's own: {text}"
+    );
+    // The caller, on a raw HTTP/2 connection so that a reconnection
+    // cannot hide a closed one.
+    let (mut caller, _) = raw_h2(&server.addr).await;
+    caller = acquire_raw(caller, TOKEN).await;
+    // More strangers do not close the caller's connection: it showed its
+    // token.
+    strangers.extend(strangers_to(&server.addr, 20).await);
+    crate::harness::eventually(
+        "the new strangers to be counted",
+        Duration::from_secs(10),
+        || async {
+            (metric(&metrics(&server).await, "fusebox_strangers_closed_total") >= 30.0)
+                .then_some(())
+        },
+    )
+    .await;
+    acquire_raw(caller, TOKEN).await;
+}
+
+/// `n` connections to `addr` that send the HTTP/2 preface and nothing
+/// more: strangers.
+async fn strangers_to(addr: &str, n: usize) -> Vec<TcpStream> {
+    let mut open = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut tcp = TcpStream::connect(addr).await.expect("connect");
+        tcp.write_all(fusebox::connections::PREFACE)
+            .await
+            .expect("the preface");
+        open.push(tcp);
+    }
+    open
+}
+
+/// A status check on `a/k` with `token`, as one gRPC call on `client`'s
+/// connection; panics unless it is answered OK.
+async fn acquire_raw(
+    client: h2::client::SendRequest<bytes::Bytes>,
+    token: &str,
+) -> h2::client::SendRequest<bytes::Bytes> {
+    use fusebox::proto::v1 as pb;
+    use prost::Message;
+    let mut client = client.ready().await.expect("the connection is open");
+    let message = pb::AcquireRequest {
+        key: "a/k".into(),
+        permits: Some(0),
+        max_wait: None,
+        lease: None,
+    }
+    .encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&message);
+    let (response, mut body) = client
+        .send_request(
+            headers_only("/fusebox.v1.Fusebox/Acquire", Some(token)),
+            false,
+        )
+        .expect("a stream on the open connection");
+    body.send_data(bytes::Bytes::from(framed), true)
+        .expect("the request's body");
+    let response = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .expect("an answer")
+        .expect("a response on the same connection");
+    let mut answer = response.into_body();
+    while let Some(chunk) = answer.data().await {
+        chunk.expect("the answer's body");
+    }
+    let trailers = answer
+        .trailers()
+        .await
+        .expect("trailers")
+        .unwrap_or_default();
+    assert_eq!(
+        trailers
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap_or_default()),
+        Some("0"),
+        "the call is answered OK: {trailers:?}"
+    );
+    client
+}
