@@ -637,11 +637,10 @@ impl Access {
 }
 
 /// The credential a long-lived stream (Decide, Watch, the dashboard's
-/// event stream) was opened with,
-/// watched: when a reload removes its token or client name, the stream is
-/// told at once and ends UNAUTHENTICATED; when the credential stays (its
-/// rights perhaps changed), the stream goes on under its rights as they
-/// are now.
+/// event stream) was opened with, watched: when a reload removes its token
+/// or client name, the stream is told at once and ends UNAUTHENTICATED;
+/// when the credential stays (its rights perhaps changed), the stream goes
+/// on under its rights as they are now.
 pub struct Credential {
     watched: tokio::sync::watch::Receiver<Option<Arc<Access>>>,
     /// The access the stream's grant is one of.
