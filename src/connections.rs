@@ -41,6 +41,84 @@ use crate::engine::config::Limits;
 use crate::engine::Core;
 use crate::tls::{identity_of, Acceptor, ClientIdentity};
 
+/// Writes through to a wrapped stream: `$ty`'s `AsyncWrite` is its
+/// `$field`'s (the wrappers here change how a stream reads, never how it
+/// writes).
+macro_rules! write_through {
+    ($ty:ident, $field:ident) => {
+        impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for $ty<S> {
+            fn poll_write(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                buf: &[u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                std::pin::Pin::new(&mut self.$field).poll_write(cx, buf)
+            }
+
+            fn poll_flush(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::pin::Pin::new(&mut self.$field).poll_flush(cx)
+            }
+
+            fn poll_shutdown(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::pin::Pin::new(&mut self.$field).poll_shutdown(cx)
+            }
+
+            fn poll_write_vectored(
+                mut self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                bufs: &[std::io::IoSlice<'_>],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                std::pin::Pin::new(&mut self.$field).poll_write_vectored(cx, bufs)
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                self.$field.is_write_vectored()
+            }
+        }
+    };
+}
+pub(crate) use write_through;
+
+/// A response body that holds `G` (a call in flight, a busy connection)
+/// until the body is sent or dropped.
+pub struct Holding<B, G> {
+    body: B,
+    _held: G,
+}
+
+impl<B, G> Holding<B, G> {
+    /// `body`, holding `held` until it ends.
+    pub fn new(body: B, held: G) -> Holding<B, G> {
+        Holding { body, _held: held }
+    }
+}
+
+impl<B: http_body::Body + Unpin, G: Unpin> http_body::Body for Holding<B, G> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// The client preface every HTTP/2 connection starts with (RFC 9113 3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -65,8 +143,11 @@ pub struct Figures {
     pub handshakes_failed: AtomicU64,
     /// Open HTTP connections.
     pub http_connections: AtomicU64,
-    /// HTTP connections closed at once because the cap was reached.
+    /// HTTP connections closed at once because the cap was reached and
+    /// none was idle.
     pub http_connections_refused: AtomicU64,
+    /// Idle HTTP connections closed to make room for a new one.
+    pub http_idle_closed: AtomicU64,
     /// Times accepting paused because descriptors ran out.
     pub accept_backoffs: AtomicU64,
     /// gRPC calls in flight.
@@ -100,6 +181,7 @@ pub static FIGURES: Figures = Figures {
     handshakes_failed: AtomicU64::new(0),
     http_connections: AtomicU64::new(0),
     http_connections_refused: AtomicU64::new(0),
+    http_idle_closed: AtomicU64::new(0),
     accept_backoffs: AtomicU64::new(0),
     calls_in_flight: AtomicU64::new(0),
     strangers_closed: AtomicU64::new(0),
@@ -412,35 +494,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-}
+write_through!(Prefixed, inner);
 
 /// A connection past its handshake, holding one of the
 /// `max_connections` slots while it is open.
@@ -491,6 +545,8 @@ impl<S> Counted<S> {
         }
         if counters.connections.fetch_add(1, Ordering::Relaxed) >= cap {
             counters.connections.fetch_sub(1, Ordering::Relaxed);
+            // Not a stranger of the port any more: it is gone.
+            info.trust.closed.store(true, Ordering::Release);
             let refused = counters.connections_refused.fetch_add(1, Ordering::Relaxed);
             if refused.is_power_of_two() || refused == 0 {
                 tracing::warn!(
@@ -548,35 +604,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-}
+write_through!(Counted, stream);
 
 /// What every gRPC request knows of its connection (in its extensions, as
 /// tonic's `ConnectInfo`).
@@ -758,6 +786,55 @@ impl Upgrade for MaybeTls {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Strangers make room oldest first: their peer's oldest past the
+    /// per-peer cap, the oldest of all past the total or when every slot
+    /// is taken; connections that showed a credential, or closed, are not
+    /// strangers and never closed for room.
+    #[test]
+    fn strangers_make_room_oldest_first() {
+        let limits = Limits {
+            max_strangers: 3,
+            max_strangers_per_peer: 2,
+            ..Limits::default()
+        };
+        let a = std::net::IpAddr::from([10, 0, 0, 1]);
+        let b = std::net::IpAddr::from([10, 0, 0, 2]);
+        let mut strangers = Strangers::default();
+        let admit = |strangers: &mut Strangers, peer, full| {
+            let closed = strangers.make_room(peer, &limits, full);
+            let trust = Arc::new(Trust::default());
+            strangers.open.push_back((peer, trust.clone()));
+            (closed, trust)
+        };
+        let (c, a1) = admit(&mut strangers, a, false);
+        assert_eq!(c, 0);
+        let (c, a2) = admit(&mut strangers, a, false);
+        assert_eq!(c, 0);
+        let (c, a3) = admit(&mut strangers, a, false);
+        assert_eq!(c, 1, "a's third closes a's oldest");
+        assert!(a1.evicted.load(Ordering::Acquire));
+        assert!(!a2.evicted.load(Ordering::Acquire));
+        a2.vouch();
+        let (c, b1) = admit(&mut strangers, b, false);
+        assert_eq!(c, 0, "a2 showed a credential: two strangers, room for b");
+        let (c, b2) = admit(&mut strangers, b, false);
+        assert_eq!(c, 0, "a3, b1, b2: three strangers, the most");
+        let (c, _a4) = admit(&mut strangers, a, false);
+        assert_eq!(c, 1, "a fourth: the oldest of all (a3) goes");
+        assert!(a3.evicted.load(Ordering::Acquire));
+        assert!(!a2.evicted.load(Ordering::Acquire), "never a trusted one");
+        b1.closed.store(true, Ordering::Release);
+        let (c, _) = admit(&mut strangers, a, true);
+        assert_eq!(
+            c, 1,
+            "every slot taken: a stranger goes even under the caps"
+        );
+        assert!(
+            b2.evicted.load(Ordering::Acquire),
+            "the oldest open one, b1 being closed"
+        );
+    }
 
     #[test]
     fn caps_that_fit_the_open_file_limit_are_kept() {

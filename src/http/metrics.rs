@@ -334,8 +334,14 @@ pub async fn render(store: &Store, http: &HttpFigures, whose: &Shown) -> String 
         (
             "fusebox_http_connections_refused_total",
             "counter",
-            "HTTP connections closed at once because max_http_connections were open.",
+            "HTTP connections closed at once because max_http_connections were open and none was idle.",
             &transport.http_connections_refused,
+        ),
+        (
+            "fusebox_http_idle_closed_total",
+            "counter",
+            "Idle keep-alive HTTP connections closed to make room for a new one (max_http_connections).",
+            &transport.http_idle_closed,
         ),
         (
             "fusebox_accept_backoffs_total",

@@ -53,6 +53,7 @@ mod dashboard;
 pub mod events;
 pub mod guard;
 pub mod metrics;
+mod slots;
 pub mod trends;
 
 /// The HTTP address used when `--http` is not given.
@@ -255,7 +256,7 @@ pub async fn serve_upgraded<U: Upgrade>(
             accepted = connections::accept(&listener, "HTTP") => accepted,
             () = &mut stop => break,
         };
-        let Some(slot) = HttpSlot::take(caps.max_http_connections) else {
+        let Some(slot) = slots::HttpSlot::take(caps.max_http_connections) else {
             continue;
         };
         let _ = tcp.set_nodelay(true);
@@ -263,7 +264,7 @@ pub async fn serve_upgraded<U: Upgrade>(
         let upgrade = upgrade.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let _slot = slot;
+            let slot = Arc::new(slot);
             let stream = match tokio::time::timeout(timeout, upgrade.upgrade(tcp)).await {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(e)) => {
@@ -275,19 +276,29 @@ pub async fn serve_upgraded<U: Upgrade>(
             // What every request knows of its connection: the peer and,
             // with mutual TLS, the client certificate's names.
             let identity = U::identity(&stream);
-            let service = hyper_util::service::TowerToHyperService::new(router.map_request(
-                move |mut request: axum::http::Request<Incoming>| {
+            // Each request keeps the connection busy until its answer is
+            // sent, so that only idle connections are closed for room.
+            let tracked = slot.clone();
+            let service =
+                tower::service_fn(move |mut request: axum::http::Request<Incoming>| {
                     request.extensions_mut().insert(ConnectInfo(peer));
                     if let Some(identity) = &identity {
                         request.extensions_mut().insert(identity.clone());
                     }
-                    request
-                },
-            ));
+                    let busy = tracked.busy();
+                    let call = router.clone().oneshot(request);
+                    async move {
+                        let response = call.await?;
+                        Ok::<_, std::convert::Infallible>(response.map(|body| {
+                            axum::body::Body::new(connections::Holding::new(body, busy))
+                        }))
+                    }
+                });
+            let service = hyper_util::service::TowerToHyperService::new(service);
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(timeout)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                .serve_connection(hyper_util::rt::TokioIo::new(slot.wrap(stream)), service);
             if let Err(e) = watcher.watch(connection).await {
                 tracing::debug!(%peer, "an HTTP connection ended: {e}");
             }
@@ -297,44 +308,6 @@ pub async fn serve_upgraded<U: Upgrade>(
     // Event streams have ended; other answers get a moment to finish.
     let _ = tokio::time::timeout(Duration::from_secs(1), graceful.shutdown()).await;
     Ok(())
-}
-
-/// One of the `max_http_connections` slots, given back when dropped.
-struct HttpSlot;
-
-impl HttpSlot {
-    fn take(cap: u64) -> Option<HttpSlot> {
-        let figures = &connections::FIGURES;
-        let taken =
-            figures
-                .http_connections
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                    (n < cap).then_some(n + 1)
-                });
-        if taken.is_ok() {
-            return Some(HttpSlot);
-        }
-        let n = figures
-            .http_connections_refused
-            .fetch_add(1, Ordering::Relaxed)
-            + 1;
-        if n.is_power_of_two() {
-            tracing::warn!(
-                cap,
-                refused = n,
-                "refusing an HTTP connection: [server] max_http_connections ({cap}) are open; raise it (and the open-file limit) if they are real viewers"
-            );
-        }
-        None
-    }
-}
-
-impl Drop for HttpSlot {
-    fn drop(&mut self) {
-        connections::FIGURES
-            .http_connections
-            .fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// `GET /metrics`.

@@ -104,34 +104,8 @@ where
         Box::pin(async move {
             let mut response = future.await?;
             oversize_as_exhausted(response.headers_mut());
-            Ok(response.map(|body| Body::new(Guarded { body, _call: call })))
+            Ok(response.map(|body| Body::new(crate::connections::Holding::new(body, call))))
         })
-    }
-}
-
-/// A response body that holds its call in flight until it is dropped.
-struct Guarded {
-    body: Body,
-    _call: Call,
-}
-
-impl http_body::Body for Guarded {
-    type Data = bytes::Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
     }
 }
 

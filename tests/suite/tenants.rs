@@ -616,3 +616,45 @@ async fn acquire_raw(
     );
     client
 }
+
+/// The probe: 32 idle keep-alive HTTP sockets left an operator's browser
+/// disconnected. Now, with every slot taken, a new connection closes the
+/// oldest idle one and takes its slot (counted); only connections busy
+/// with a request or an answer keep theirs.
+#[tokio::test]
+async fn idle_http_sockets_make_room_for_a_new_viewer() {
+    let server = server_with("[server]\nmax_http_connections = 8").await;
+    let http = server.http_addr.clone().expect("an HTTP port");
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        let mut tcp = TcpStream::connect(&http).await.expect("connect");
+        tcp.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {http}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut seen = String::new();
+        assert!(
+            read_until(&mut tcp, &mut seen, "\r\n\r\n", Duration::from_secs(10)).await,
+            "each socket is answered, and kept alive: {seen}"
+        );
+        idle.push(tcp);
+    }
+    // Eight idle keep-alive sockets hold every slot; a viewer still gets in.
+    let reply = get(&http, "/healthz").await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let text = metrics(&server).await;
+    assert!(
+        metric(&text, "fusebox_http_idle_closed_total") >= 1.0,
+        "the room was made by closing idle sockets:\n{text}"
+    );
+    assert_eq!(
+        metric(&text, "fusebox_http_connections_refused_total"),
+        0.0,
+        "and nobody was refused"
+    );
+    // The oldest idle socket is the one that was closed: it reads the end.
+    let mut buf = [0u8; 64];
+    let end = tokio::time::timeout(Duration::from_secs(10), idle[0].read(&mut buf))
+        .await
+        .expect("the closed socket reads at once");
+    assert!(matches!(end, Ok(0) | Err(_)), "closed: {end:?}");
+}
