@@ -75,7 +75,7 @@ pub fn payloads<T: TicketTable>(
                     "waiter": waiter.to_string(),
                     "decision": p.decision,
                     "reason": p.reason,
-                    "ticket": p.ticket,
+                    "ticket": p.ticket.map(|t| t.to_string()),
                     "lease_ms": p.lease_ms,
                     "retry_after_ms": p.retry_after_ms,
                     "phase": phase,

@@ -1,7 +1,7 @@
 //! What the commands answer, and what their notices carry: decisions as
 //! arrays of names and numbers, a key's view as JSON.
 
-use fusebox_domain::{Decision, Fuse, Grant, Millis, Phase, Reason, TicketTable};
+use fusebox_domain::{Decision, Fuse, Grant, Millis, Phase, Reason, TicketId, TicketTable};
 use redis_module::RedisValue;
 
 /// A phase as the module writes it: lower case (`closed`, `open`,
@@ -21,8 +21,8 @@ pub struct Parts {
     pub decision: &'static str,
     /// The reason's name, for `blocked` and `denied`.
     pub reason: Option<&'static str>,
-    /// The ticket's id in hex, for a grant.
-    pub ticket: Option<String>,
+    /// The ticket's id, for a grant.
+    pub ticket: Option<TicketId>,
     /// Time left on the ticket's lease.
     pub lease_ms: Option<Millis>,
     /// When to ask again.
@@ -38,12 +38,7 @@ pub fn parts(decision: &Decision, now: Millis) -> Parts {
         lease_ms: None,
         retry_after_ms: None,
     };
-    let grant = |g: &Grant| {
-        (
-            Some(g.ticket.to_string()),
-            Some(g.lease_end.saturating_sub(now)),
-        )
-    };
+    let grant = |g: &Grant| (Some(g.ticket), Some(g.lease_end.saturating_sub(now)));
     match decision {
         Decision::Granted(g) => {
             p.decision = "granted";
@@ -97,7 +92,7 @@ pub fn decision_reply(decision: &Decision, phase: Phase, now: Millis) -> RedisVa
     RedisValue::Array(vec![
         name(p.decision),
         opt_name(p.reason),
-        opt_name(p.ticket.as_deref()),
+        opt_name(p.ticket.map(|t| t.to_string()).as_deref()),
         opt_ms(p.lease_ms),
         opt_ms(p.retry_after_ms),
         name(phase_name(phase)),
@@ -112,6 +107,7 @@ pub fn decision_reply(decision: &Decision, phase: Phase, now: Millis) -> RedisVa
 /// string costs Redis and the server's parser a seventh of seven.
 pub fn decision_packed(decision: &Decision, phase: Phase, now: Millis) -> RedisValue {
     // Written by hand, not by `format!`: this is every acquire's reply.
+    let p = parts(decision, now);
     let mut out = Vec::with_capacity(96);
     let field = |out: &mut Vec<u8>, text: &str| {
         out.push(b' ');
@@ -124,29 +120,15 @@ pub fn decision_packed(decision: &Decision, phase: Phase, now: Millis) -> RedisV
             None => out.push(b'-'),
         }
     };
-    let (name, reason, grant, retry) = match decision {
-        Decision::Granted(g) => ("granted", None, g.as_ref(), None),
-        Decision::Probe(g) => ("probe", None, Some(g), None),
-        Decision::Blocked {
-            reason,
-            retry_after,
-        } => ("blocked", Some(reason.as_str()), None, Some(*retry_after)),
-        Decision::Refused => ("refused", None, None, None),
-        Decision::Denied {
-            reason,
-            retry_after,
-        } => ("denied", Some(reason.as_str()), None, *retry_after),
-        Decision::Queued => ("queued", None, None, None),
-    };
-    out.extend_from_slice(name.as_bytes());
-    field(&mut out, reason.unwrap_or("-"));
+    out.extend_from_slice(p.decision.as_bytes());
+    field(&mut out, p.reason.unwrap_or("-"));
     out.push(b' ');
-    match grant {
-        Some(g) => out.extend_from_slice(&g.ticket.to_hex()),
+    match p.ticket {
+        Some(ticket) => out.extend_from_slice(&ticket.to_hex()),
         None => out.push(b'-'),
     }
-    ms(&mut out, grant.map(|g| g.lease_end.saturating_sub(now)));
-    ms(&mut out, retry);
+    ms(&mut out, p.lease_ms);
+    ms(&mut out, p.retry_after_ms);
     field(&mut out, phase_name(phase));
     ms(&mut out, Some(now));
     RedisValue::StringBuffer(out)
@@ -238,7 +220,6 @@ pub fn view_reply<T: TicketTable>(fuse: &Fuse<T>, now: Millis) -> RedisValue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fusebox_domain::TicketId;
     use proptest::prelude::*;
 
     /// The array's fields as the packed form writes them.
