@@ -9,12 +9,12 @@
 //!
 //! Health and reflection stay open, as before.
 
-use std::future::Future;
-use std::pin::Pin;
+use std::future::Ready;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use futures_util::future::Either;
 use http::{Request, Response};
 use tonic::body::Body;
 
@@ -57,12 +57,12 @@ fn guarded(path: &str) -> bool {
 impl<S, B> tower::Service<Request<B>> for Gate<S>
 where
     S: tower::Service<Request<B>, Response = Response<Body>>,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
 {
     type Response = Response<Body>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, S::Error>> + Send>>;
+    /// The inner call as it is (no allocation on the way through), or the
+    /// refusal, ready.
+    type Future = Either<Ready<Result<Response<Body>, S::Error>>, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -90,11 +90,11 @@ where
                             .calls_unauthenticated
                             .fetch_add(1, Ordering::Relaxed);
                         let status = super::status_of_refusal(refusal);
-                        return Box::pin(std::future::ready(Ok(status.into_http())));
+                        return Either::Left(std::future::ready(Ok(status.into_http())));
                     }
                 }
             }
         }
-        Box::pin(self.inner.call(request))
+        Either::Right(self.inner.call(request))
     }
 }
