@@ -547,46 +547,52 @@ impl Access {
         let Some(identity) = identity else {
             return Err(missing());
         };
-        let names: Vec<&String> = identity
-            .names
-            .iter()
-            .chain(
+        let names = || {
+            identity.names.iter().chain(
                 identity
                     .common_names
                     .iter()
                     .filter(|_| self.client_common_name),
             )
-            .collect();
-        // Each matching entry once, in the order of the certificate's names.
-        let mut matched: Vec<(&String, &Arc<Grant>)> = Vec::new();
-        for name in &names {
-            if let Some((_, grant)) = self.clients.iter().find(|(n, _)| n == *name) {
-                if !matched.iter().any(|(_, g)| Arc::ptr_eq(g, grant)) {
-                    matched.push((name, grant));
-                }
+        };
+        let entry = |name| self.client_entry(name);
+        let mut matched = names().filter_map(entry);
+        let Some((_, first)) = matched.next() else {
+            return Err(Refusal::Unauthenticated(
+                match (names().next(), identity.common_names.first()) {
+                    (Some(first), _) => format!(
+                        "the client certificate ({first}) has no [[auth.client]] entry, and no bearer token was sent"
+                    ),
+                    (None, Some(cn)) => format!(
+                        "the client certificate has no DNS or URI name, and its common name ({cn}) is not taken as one; give it a subject alternative name, or set [auth] client_common_name = true"
+                    ),
+                    (None, None) => "the client certificate has no DNS or URI name, and no bearer token was sent".to_owned(),
+                },
+            ));
+        };
+        // Names of one entry are one identity; names of two are ambiguous.
+        if self.client_first || !matched.any(|(_, g)| !Arc::ptr_eq(g, first)) {
+            return Ok(first.clone());
+        }
+        let mut entries: Vec<String> = Vec::new();
+        for (name, grant) in names().filter_map(entry) {
+            let shown = format!("{name} as {}", grant.name);
+            if !entries.contains(&shown) {
+                entries.push(shown);
             }
         }
-        match matched.as_slice() {
-            [(_, grant)] => Ok((*grant).clone()),
-            [(_, grant), ..] if self.client_first => Ok((*grant).clone()),
-            [_, _, ..] => Err(Refusal::Unauthenticated(format!(
-                "the client certificate's names match different [[auth.client]] entries ({}); give the certificate one name, or set [auth] client_ambiguous = \"first\"",
-                matched
-                    .iter()
-                    .map(|(n, g)| format!("{n} as {}", g.name))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))),
-            [] => Err(Refusal::Unauthenticated(match (names.first(), identity.common_names.first()) {
-                (Some(first), _) => format!(
-                    "the client certificate ({first}) has no [[auth.client]] entry, and no bearer token was sent"
-                ),
-                (None, Some(cn)) => format!(
-                    "the client certificate has no DNS or URI name, and its common name ({cn}) is not taken as one; give it a subject alternative name, or set [auth] client_common_name = true"
-                ),
-                (None, None) => "the client certificate has no DNS or URI name, and no bearer token was sent".to_owned(),
-            })),
-        }
+        Err(Refusal::Unauthenticated(format!(
+            "the client certificate's names match different [[auth.client]] entries ({}); give the certificate one name, or set [auth] client_ambiguous = \"first\"",
+            entries.join(", ")
+        )))
+    }
+
+    /// `name` and its `[[auth.client]]` entry's grant, if it has one.
+    fn client_entry<'a>(&'a self, name: &'a String) -> Option<(&'a String, &'a Arc<Grant>)> {
+        self.clients
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, g)| (name, g))
     }
 
     /// What the credential behind `grant` (a grant of `before`, an
