@@ -67,7 +67,7 @@ pub async fn events(
     let events = state.store.core().subscribe();
     let stopped = state.store.core().stopped();
     // A credential removed by a reload ends the stream at once, with an
-    // `unauthenticated` event saying so (the guard checked it on every key
+    // `refused` event saying so (the guard checked it on every key
     // when the stream opened; it must still read every key).
     let mut credential = crate::auth::Credential::of(state.store.core());
     tokio::spawn(async move {
@@ -79,8 +79,8 @@ pub async fn events(
             _ = forward(&state, &prefix, events, &tx, slot) => {}
             () = stopped => {}
             refusal = revoked => {
-                let (crate::auth::Refusal::Unauthenticated(message) | crate::auth::Refusal::Denied(message)) = refusal;
-                let _ = send(&tx, "unauthenticated", &serde_json::json!({ "error": message })).await;
+                let error = refusal.to_string();
+                let _ = send(&tx, "refused", &serde_json::json!({ "error": error })).await;
             }
         }
     });

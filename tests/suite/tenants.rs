@@ -327,7 +327,7 @@ async fn streams_end_when_their_token_is_removed() {
         read_until(
             &mut events,
             &mut seen,
-            "event: unauthenticated",
+            "event: refused",
             Duration::from_secs(1)
         )
         .await,

@@ -486,7 +486,7 @@ function connect() {
     change: onChange,
     lagged: () => setStatus('connecting', 'fell behind; catching up…'),
     // The token was removed from the server: the retry asks for another.
-    unauthenticated: (event) => setStatus('down', JSON.parse(event.data).error),
+    refused: (event) => setStatus('down', JSON.parse(event.data).error),
   });
   state.source = source;
   loadPage(false);
