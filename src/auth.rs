@@ -20,6 +20,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::engine::config::Pattern;
+use crate::engine::shares::{Allowance, DEFAULT_SHARE};
 
 /// What a grant may do; each role includes the ones before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
@@ -66,6 +67,9 @@ pub struct TokenSpec {
     /// Or: the environment variable that holds the token itself, read once
     /// when the config is loaded (for containers).
     pub env: Option<String>,
+    /// What it may hold at once, past the default share (decisions 99).
+    #[serde(default)]
+    pub limits: Allowance,
 }
 
 /// One `[[auth.client]]`: a client certificate's name (its subject CN or a
@@ -79,6 +83,9 @@ pub struct ClientSpec {
     pub role: Role,
     /// The keys it may touch; omitted means every key.
     pub prefixes: Option<Vec<String>>,
+    /// What it may hold at once, past the default share (decisions 99).
+    #[serde(default)]
+    pub limits: Allowance,
 }
 
 /// `[auth]` as written.
@@ -104,6 +111,9 @@ pub struct AuthSpec {
     /// entries: `"refuse"` (the default) or `"first"` (the entry of the
     /// first matching name, in the certificate's order).
     pub client_ambiguous: Option<String>,
+    /// The part of each `[server]` cap one credential may hold unless its
+    /// entry's `limits` say otherwise, in (0, 1]; 0.5 by default.
+    pub share: Option<f64>,
 }
 
 /// The token file as written.
@@ -168,6 +178,8 @@ pub struct Grant {
     pub role: Role,
     /// The keys.
     pub scope: Scope,
+    /// What it may hold at once, where its entry says.
+    pub allowance: Allowance,
 }
 
 /// Why a request is refused.
@@ -268,6 +280,8 @@ impl Grant {
 pub struct Access {
     tokens: Vec<([u8; 32], Arc<Grant>)>,
     clients: Vec<(String, Arc<Grant>)>,
+    /// `[auth] share`.
+    share: f64,
     /// Whether `/metrics` answers without a token.
     pub metrics_open: bool,
     /// Whether a certificate's common name is one of its names.
@@ -416,6 +430,7 @@ impl AuthSpec {
                     name: spec.name.clone(),
                     role: spec.role,
                     scope: scope_of(&spec.prefixes, &entry)?,
+                    allowance: spec.limits,
                 }),
             ));
         }
@@ -448,9 +463,23 @@ impl AuthSpec {
                 })
             }
         };
+        let share = match self.share {
+            None => DEFAULT_SHARE,
+            Some(share) if share > 0.0 && share <= 1.0 => share,
+            Some(other) => {
+                return Err(AuthError {
+                    entry: "[auth]".into(),
+                    field: "share".into(),
+                    problem: format!(
+                        "is {other}: it is the part of each [server] cap one credential may hold, more than 0 and at most 1 (0.5 by default)"
+                    ),
+                })
+            }
+        };
         Ok(Access {
             tokens,
             clients,
+            share,
             metrics_open,
             client_common_name: self.client_common_name.unwrap_or(false),
             client_first,
@@ -507,6 +536,7 @@ fn token_of(spec: &TokenSpec, entry: &str) -> Result<([u8; 32], Arc<Grant>), Aut
             name: spec.name.clone(),
             role: spec.role,
             scope: scope_of(&spec.prefixes, entry)?,
+            allowance: spec.limits,
         }),
     ))
 }
@@ -634,6 +664,19 @@ impl Access {
             }
         }
         found
+    }
+
+    /// `[auth] share`: the part of each cap a credential may hold by default.
+    pub fn share(&self) -> f64 {
+        self.share
+    }
+
+    /// Every grant: the tokens', then the client names'.
+    pub fn grants(&self) -> impl Iterator<Item = &Arc<Grant>> {
+        self.tokens
+            .iter()
+            .map(|(_, g)| g)
+            .chain(self.clients.iter().map(|(_, g)| g))
     }
 
     /// The number of tokens and of client names.

@@ -12,6 +12,8 @@
 //!   the clock and the config.
 //! - [`server`]: the gRPC services, which only convert and delegate.
 //! - [`http`]: metrics, health and the dashboard over HTTP.
+//! - [`outbox`]: what a stream answered and its client has not read,
+//!   bounded per stream and per server.
 //! - [`tls`]: TLS and mutual TLS for the gRPC and HTTP ports, with
 //!   certificates reloaded when their files change.
 //! - [`guard`]: a client library for services that call through fusebox
@@ -28,6 +30,7 @@ pub use fusebox_domain as domain;
 pub mod engine;
 pub mod guard;
 pub mod http;
+pub mod outbox;
 pub mod proto;
 pub mod server;
 pub mod tls;

@@ -44,6 +44,15 @@ pub struct ServerSpec {
     pub max_watch_streams: Option<u64>,
     /// Cap on open dashboard event streams.
     pub max_event_streams: Option<u64>,
+    /// Cap on open Decide streams, server-wide.
+    pub max_decide_streams: Option<u64>,
+    /// Bytes of stream answers made but not yet read by their clients,
+    /// server-wide (Decide, Watch, event streams).
+    pub max_unread_bytes: Option<u64>,
+    /// The same, per stream.
+    pub max_unread_bytes_per_stream: Option<u64>,
+    /// How long a stream may wait for its client to read before it is ended.
+    pub stuck_stream_timeout: Option<DurationSpec>,
     /// How long a key at rest is kept (K2).
     pub idle_after: Option<DurationSpec>,
     /// Host names the HTTP side answers to, besides loopback names and its
@@ -377,6 +386,14 @@ pub struct Limits {
     pub max_watch_streams: u64,
     /// Cap on open dashboard event streams.
     pub max_event_streams: u64,
+    /// Cap on open Decide streams, server-wide.
+    pub max_decide_streams: u64,
+    /// Unread stream answers, in bytes, server-wide.
+    pub max_unread_bytes: u64,
+    /// The same, per stream.
+    pub max_unread_bytes_per_stream: u64,
+    /// How long a stream may wait for its client to read.
+    pub stuck_stream_timeout: Millis,
     /// How long a key at rest is kept.
     pub idle_after: Millis,
     /// How long a new connection has to finish its handshake.
@@ -399,6 +416,9 @@ pub struct Limits {
     pub commit_window: Millis,
 }
 
+/// The longest `[server] stuck_stream_timeout`.
+pub const MAX_STUCK_STREAM_TIMEOUT: Millis = 600_000;
+
 /// The longest `[server] handshake_timeout`.
 pub const MAX_HANDSHAKE_TIMEOUT: Millis = 60_000;
 
@@ -415,6 +435,10 @@ impl Default for Limits {
             max_connections: 10_000,
             max_watch_streams: 256,
             max_event_streams: 64,
+            max_decide_streams: 4_096,
+            max_unread_bytes: 64 << 20,
+            max_unread_bytes_per_stream: 1 << 20,
+            stuck_stream_timeout: 30_000,
             idle_after: 600_000,
             handshake_timeout: 5_000,
             max_handshakes: 1_024,
@@ -679,6 +703,39 @@ impl ConfigFile {
             });
         }
         let max_rules = cap(self.server.max_rules, "max_rules", defaults.max_rules)?;
+        let max_unread_bytes = cap(
+            self.server.max_unread_bytes,
+            "max_unread_bytes",
+            defaults.max_unread_bytes,
+        )?
+        .min(u64::from(u32::MAX));
+        let max_unread_bytes_per_stream = cap(
+            self.server.max_unread_bytes_per_stream,
+            "max_unread_bytes_per_stream",
+            defaults.max_unread_bytes_per_stream,
+        )?;
+        if max_unread_bytes_per_stream > max_unread_bytes {
+            return Err(ConfigError::Invalid {
+                rule: "[server]".into(),
+                field: "max_unread_bytes_per_stream".into(),
+                problem: format!(
+                    "is {max_unread_bytes_per_stream}, more than max_unread_bytes ({max_unread_bytes}): one stream's part cannot be more than the whole"
+                ),
+            });
+        }
+        let stuck_stream_timeout = match self.server.stuck_stream_timeout {
+            Some(DurationSpec(ms)) if !(100..=MAX_STUCK_STREAM_TIMEOUT).contains(&ms) => {
+                return Err(ConfigError::Invalid {
+                    rule: "[server]".into(),
+                    field: "stuck_stream_timeout".into(),
+                    problem: format!(
+                        "must be from 100ms to 10m, not {ms}ms: it is how long a stream may wait for its client to read"
+                    ),
+                })
+            }
+            Some(DurationSpec(ms)) => ms,
+            None => defaults.stuck_stream_timeout,
+        };
         let max_connections = cap(
             self.server.max_connections,
             "max_connections",
@@ -732,6 +789,14 @@ impl ConfigFile {
                     "max_event_streams",
                     defaults.max_event_streams,
                 )?,
+                max_decide_streams: cap(
+                    self.server.max_decide_streams,
+                    "max_decide_streams",
+                    defaults.max_decide_streams,
+                )?,
+                max_unread_bytes,
+                max_unread_bytes_per_stream,
+                stuck_stream_timeout,
                 idle_after,
                 handshake_timeout,
                 max_handshakes: cap(

@@ -11,6 +11,7 @@ use std::time::SystemTime;
 use super::config::{Config, Limits, Rules};
 use super::events::{Event, Publisher};
 use super::rules::Compiled;
+use super::shares::{Share, Shares};
 use super::{Clock, Counters, ManualClock};
 use crate::domain::{Millis, Policy};
 
@@ -32,6 +33,8 @@ pub struct Core {
     /// Who may do what; streams watch it, to end when their credential
     /// is removed.
     access: tokio::sync::watch::Sender<Option<Arc<crate::auth::Access>>>,
+    /// What each credential may hold and holds (decisions 99).
+    shares: Shares,
     http_hosts: Vec<String>,
 }
 
@@ -67,8 +70,11 @@ impl Core {
             origin: SystemTime::now(),
             unix_times: AtomicBool::new(false),
             access: tokio::sync::watch::channel(config.access.map(Arc::new)).0,
+            shares: Shares::default(),
             http_hosts: config.http_hosts,
         };
+        core.shares
+            .adopt(core.access.borrow().as_deref(), &core.limits);
         (core, config.rules)
     }
 
@@ -84,7 +90,18 @@ impl Core {
 
     /// Replaces who may do what.
     pub(super) fn set_access_now(&self, access: Option<Arc<crate::auth::Access>>) {
+        self.shares.adopt(access.as_deref(), &self.limits);
         self.access.send_replace(access);
+    }
+
+    /// What each credential may hold and holds.
+    pub fn shares(&self) -> &Shares {
+        &self.shares
+    }
+
+    /// The share of `grant`'s credential (`None` without `[auth]`).
+    pub fn share_of(&self, grant: Option<&crate::auth::Grant>) -> Option<Arc<Share>> {
+        grant.and_then(|g| self.shares.of(&g.name))
     }
 
     /// Host names the HTTP side answers to besides loopback names and its

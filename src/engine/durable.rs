@@ -368,6 +368,7 @@ impl Engine {
                 request: false,
                 actor: None,
                 settling: false,
+                owner: None,
             };
             match self.with_fuse(&key, access, |fuse, ctx| {
                 *fuse = Fuse::restore(policy, &kept, ctx.now);

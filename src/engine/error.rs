@@ -29,6 +29,21 @@ pub enum EngineError {
         /// Its value.
         limit: u64,
     },
+    /// A credential holds all its share of something (decisions 99):
+    /// `RESOURCE_EXHAUSTED`.
+    #[error("{credential:?} holds {limit} {what}, all that its share allows ({}); let some go (complete tickets, end streams, delete rules) or give it more with limits = {{ {field} = N }} in its [auth] entry", share_source(*.explicit, field))]
+    ShareExhausted {
+        /// The credential's name.
+        credential: String,
+        /// What it holds, in words.
+        what: &'static str,
+        /// The field that sets the limit.
+        field: &'static str,
+        /// The limit.
+        limit: u64,
+        /// The entry's `limits` set it (else it is `[auth] share`).
+        explicit: bool,
+    },
     /// No rule has this match: `NOT_FOUND`.
     #[error("match: no rule matches {pattern:?} exactly; ListPolicies shows the rules")]
     RuleNotFound {
@@ -45,6 +60,15 @@ pub enum EngineError {
     /// Something that cannot happen did: `INTERNAL`.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// Where a share's limit comes from, in words.
+fn share_source(explicit: bool, field: &str) -> String {
+    if explicit {
+        format!("limits.{field} in its entry")
+    } else {
+        format!("[auth] share of [server] {field}")
+    }
 }
 
 /// A malformed field (E2).

@@ -27,6 +27,7 @@ pub mod redis;
 pub mod reload;
 mod rules;
 mod shards;
+pub mod shares;
 pub mod store;
 mod tickets;
 mod timer;
@@ -52,6 +53,7 @@ pub use observe::{Page, SweepReport, BATCH, SHARDS};
 use quota::{Capped, Pools};
 pub use redis::RedisStore;
 use shards::{Rest, Shards, Slot, UNSCHEDULED};
+use shares::Share;
 pub use store::{Cursor, Figures, Listed, Store};
 pub use tickets::token_of;
 use tickets::{random_ticket, ticket_of};
@@ -169,6 +171,8 @@ struct Access<'a> {
     actor: Option<(&'a str, &'a str)>,
     /// The timer took the key's deadline off the schedule to settle it.
     settling: bool,
+    /// Whose share a key made here counts against (decisions 99).
+    owner: Option<&'a Arc<Share>>,
 }
 
 impl Access<'static> {
@@ -178,6 +182,7 @@ impl Access<'static> {
         request: true,
         actor: None,
         settling: false,
+        owner: None,
     };
     /// A request or a read on an existing key: makes nothing.
     const EXISTING: Access<'static> = Access {
@@ -185,6 +190,7 @@ impl Access<'static> {
         request: false,
         actor: None,
         settling: false,
+        owner: None,
     };
     /// The timer, settling a deadline it took off the schedule.
     const SETTLE: Access<'static> = Access {
@@ -192,6 +198,7 @@ impl Access<'static> {
         request: false,
         actor: None,
         settling: true,
+        owner: None,
     };
 }
 
@@ -379,7 +386,15 @@ impl Engine {
                     hashbrown::hash_table::Entry::Occupied(o) => (o.into_mut(), false),
                     hashbrown::hash_table::Entry::Vacant(_) if !access.create => return Ok(None),
                     hashbrown::hash_table::Entry::Vacant(v) => {
+                        if let Some(owner) = access.owner {
+                            if !owner.try_take(shares::Kind::Keys) {
+                                return Err(owner.refusal(shares::Kind::Keys));
+                            }
+                        }
                         if !self.pools.reserve(Capped::Keys, shard) {
+                            if let Some(owner) = access.owner {
+                                owner.give(shares::Kind::Keys);
+                            }
                             rest.tally.cap_refusals[Capped::Keys as usize] += 1;
                             return Err(EngineError::Exhausted {
                                 what: "keys",
@@ -397,6 +412,7 @@ impl Engine {
                             name,
                             fuse: Fuse::new(policy, now),
                             generation: rest.rules.generation,
+                            owner: access.owner.cloned(),
                         };
                         (v.insert(Box::new(slot)).into_mut(), true)
                     }
@@ -587,6 +603,16 @@ impl Engine {
 
     /// Answers an acquire (B1, P1–P6, C1–C4), waiting server-side while queued.
     pub async fn acquire(&self, args: AcquireArgs) -> Result<AcquireReply, EngineError> {
+        self.acquire_for(args, None).await
+    }
+
+    /// [`Engine::acquire`] for a credential: a key it makes counts against
+    /// its share (decisions 99).
+    pub async fn acquire_for(
+        &self,
+        args: AcquireArgs,
+        owner: Option<&Arc<Share>>,
+    ) -> Result<AcquireReply, EngineError> {
         check_key(&args.key)?;
         if args.lease == Some(0) {
             return Err(zero_lease());
@@ -600,8 +626,12 @@ impl Engine {
         let id = random_ticket()?;
         let mut receiver = None;
         let mut created = false;
+        let make = Access {
+            owner,
+            ..Access::MAKE
+        };
         let result = self
-            .with_fuse(&args.key, Access::MAKE, |fuse, ctx| {
+            .with_fuse(&args.key, make, |fuse, ctx| {
                 created = ctx.created;
                 let ask = Ask {
                     permits: args.permits,
@@ -694,7 +724,9 @@ impl Engine {
                 .fuse
                 .is_at_rest(now.max(entry.get().fuse.last_now()))
             {
-                entry.remove();
+                if let Some(owner) = &entry.remove().0.owner {
+                    owner.give(shares::Kind::Keys);
+                }
                 state.rest.forget(hash, key, false);
                 self.pools
                     .settle(Capped::Keys, Shards::shard_of(hash), -1, 0);
@@ -800,6 +832,7 @@ impl Engine {
             request: false,
             actor: Some((who, why)),
             settling: false,
+            owner: None,
         };
         let read = self.with_fuse(key, access, |fuse, ctx| {
             let now = ctx.now;

@@ -43,6 +43,8 @@ pub(super) struct Slot {
     pub fuse: Fuse,
     /// The rules generation the fuse's policy came from (Y4).
     pub generation: u32,
+    /// The credential whose share the key counts against (decisions 99).
+    pub owner: Option<Arc<super::shares::Share>>,
 }
 
 /// A shard's figures are [`Totals`] too, kept as they change under the

@@ -15,6 +15,8 @@ use std::sync::Arc;
 
 use super::config::{Rule, Rules};
 use super::redis::{RedisStore, StoreFigures};
+use super::shares::{Kind, Share};
+use super::tickets::ticket_of;
 use super::{
     AcquireArgs, AcquireReply, CompleteReply, Core, Engine, EngineError, KeyReading,
     StorageFigures, Totals,
@@ -120,6 +122,15 @@ pub struct Figures {
     pub fleet_wide: bool,
 }
 
+/// The rules in force inside `grant`'s prefixes.
+fn rules_held(rules: &Rules, grant: &crate::auth::Grant) -> u64 {
+    rules
+        .rules
+        .iter()
+        .filter(|r| grant.scope.covers_pattern(&r.pattern))
+        .count() as u64
+}
+
 /// Where the keys live.
 #[derive(Clone, Debug)]
 pub enum Store {
@@ -158,6 +169,46 @@ impl Store {
         }
     }
 
+    /// [`Store::acquire`] for a credential with a share (decisions 99):
+    /// the request holds a waiter's unit while it may wait, a granted
+    /// ticket holds a ticket's until it is completed or its lease ends,
+    /// and a key it makes (embedded) holds a key's while the key lives.
+    pub async fn acquire_as(
+        &self,
+        args: AcquireArgs,
+        share: Option<&Arc<Share>>,
+    ) -> Result<AcquireReply, EngineError> {
+        let Some(share) = share.filter(|_| args.permits > 0) else {
+            return self.acquire(args).await;
+        };
+        let _waiting = match args.max_wait {
+            0 => None,
+            _ => Some(share.take(Kind::Waiters)?),
+        };
+        let ticket = share.take_ticket(self.core().now())?;
+        let reply = match self {
+            Store::Embedded(e) => e.acquire_for(args, Some(share)).await,
+            Store::Redis(r) => r.acquire(args).await,
+        }?;
+        if let (Some(token), Some(left)) = (&reply.ticket, reply.lease_left) {
+            if let Some(id) = self.ticket_id(token) {
+                ticket.keep(id, self.core().now().saturating_add(left));
+            }
+        }
+        Ok(reply)
+    }
+
+    /// The id in a ticket's token (a Redis store's token also names its key).
+    fn ticket_id(&self, token: &str) -> Option<crate::domain::TicketId> {
+        match self {
+            Store::Embedded(_) => ticket_of(token).ok(),
+            Store::Redis(_) => {
+                let (id, _) = token.split_once('.')?;
+                crate::domain::TicketId::from_hex(id.as_bytes())
+            }
+        }
+    }
+
     /// Records a ticket's outcome (B3, C5, L4).
     pub async fn complete(
         &self,
@@ -170,12 +221,44 @@ impl Store {
         }
     }
 
+    /// [`Store::complete`] by a credential: the ticket leaves its share
+    /// once the store settled it (or no longer knows it).
+    pub async fn complete_as(
+        &self,
+        token: &str,
+        outcome: Outcome,
+        share: Option<&Arc<Share>>,
+    ) -> Result<CompleteReply, EngineError> {
+        let result = self.complete(token, outcome).await;
+        if let (Some(share), Ok(_) | Err(EngineError::TicketNotFound)) = (share, &result) {
+            if let Some(id) = self.ticket_id(token) {
+                share.let_go(id);
+            }
+        }
+        result
+    }
+
     /// Extends a live ticket's lease; returns the time left (L2).
     pub async fn renew(&self, token: &str, lease: Option<Millis>) -> Result<Millis, EngineError> {
         match self {
             Store::Embedded(e) => e.renew(token, lease),
             Store::Redis(r) => r.renew(token, lease).await,
         }
+    }
+
+    /// [`Store::renew`] by a credential: its share counts the ticket to
+    /// its new lease end.
+    pub async fn renew_as(
+        &self,
+        token: &str,
+        lease: Option<Millis>,
+        share: Option<&Arc<Share>>,
+    ) -> Result<Millis, EngineError> {
+        let left = self.renew(token, lease).await?;
+        if let (Some(share), Some(id)) = (share, self.ticket_id(token)) {
+            share.renewed(id, self.core().now().saturating_add(left));
+        }
+        Ok(left)
     }
 
     /// The key a live ticket belongs to (for the permission check); a
@@ -371,6 +454,34 @@ impl Store {
             Store::Embedded(e) => e.set_rule(rule),
             Store::Redis(r) => Ok(r.change_rules(|rules| super::rules::put_rule(rules, rule))),
         }
+    }
+
+    /// [`Store::set_rule`] by `grant`: a credential limited to some
+    /// prefixes holds the rules in force inside them, up to its share; one
+    /// with every key is held by `max_rules` alone unless its entry sets
+    /// `limits.max_rules` (decisions 99).
+    pub fn set_rule_as(
+        &self,
+        rule: Rule,
+        grant: Option<&crate::auth::Grant>,
+    ) -> Result<usize, EngineError> {
+        let share = grant
+            .filter(|g| !g.scope.is_all() || g.allowance.max_rules.is_some())
+            .and_then(|g| Some((g, self.core().share_of(Some(g))?)));
+        if let Some((grant, share)) = &share {
+            let rules = self.rules();
+            let replacing = rules.rules.iter().any(|r| r.pattern == rule.pattern);
+            let held = rules_held(&rules, grant);
+            if !replacing && held >= share.limit(Kind::Rules) {
+                share.count_refusal(Kind::Rules);
+                return Err(share.refusal(Kind::Rules));
+            }
+        }
+        let position = self.set_rule(rule)?;
+        if let Some((grant, share)) = &share {
+            share.set_held(Kind::Rules, rules_held(&self.rules(), grant));
+        }
+        Ok(position)
     }
 
     /// Replaces the default rule.

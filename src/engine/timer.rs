@@ -151,7 +151,9 @@ impl Engine {
                         let fuse = &entry.get().fuse;
                         let idle = now.saturating_sub(fuse.last_now()) >= idle_after;
                         if idle && fuse.is_at_rest(now.max(fuse.last_now())) {
-                            entry.remove();
+                            if let Some(owner) = &entry.remove().0.owner {
+                                owner.give(super::shares::Kind::Keys);
+                            }
                             state.rest.forget(hash, name, true);
                             self.pools.settle(Capped::Keys, shard, -1, 0);
                             forgotten += 1;

@@ -20,8 +20,7 @@ use std::time::Duration;
 use axum::extract::{Query, State};
 use axum::response::sse::{Event as SseEvent, KeepAlive, KeepAliveStream, Sse};
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::watch;
 
 use super::api::{overview, prefix_of, ApiError, KeyJson, PrefixQuery, TransitionJson};
 use super::trends::Board;
@@ -32,10 +31,10 @@ use crate::engine::{Event, KeyReading};
 /// Messages buffered for a reader before the stream waits for it.
 const STREAM_BUFFER: usize = 64;
 
-type Sink = mpsc::Sender<Result<SseEvent, Infallible>>;
+type Sink = crate::outbox::Outbox<Result<SseEvent, Infallible>>;
 
 /// The stream of one reader.
-pub type Feed = ReceiverStream<Result<SseEvent, Infallible>>;
+pub type Feed = crate::outbox::Unread<Result<SseEvent, Infallible>>;
 
 /// The latest board once the sampler made one; `None` when it stopped.
 pub async fn current_board(boards: &mut watch::Receiver<Arc<Board>>) -> Option<Arc<Board>> {
@@ -55,6 +54,13 @@ pub async fn events(
     query: Result<Query<PrefixQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Sse<KeepAliveStream<Feed>>, ApiError> {
     let prefix = prefix_of(query)?;
+    // A unit of the caller's share of Watch and event streams (decisions 99).
+    let held = state
+        .store
+        .core()
+        .share_of(caller.0.as_deref())
+        .map(|s| s.take(crate::engine::shares::Kind::WatchStreams))
+        .transpose()?;
     let Some(slot) = state.streams.open() else {
         return Err(ApiError::unavailable(format!(
             "too many dashboard event streams: {} are open, the most this server keeps; \
@@ -62,7 +68,16 @@ pub async fn events(
             state.streams.figures().max_event_streams
         )));
     };
-    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    let (tx, rx) = crate::outbox::outbox(
+        &state.store.core().limits(),
+        crate::outbox::Kind::Events,
+        STREAM_BUFFER,
+        |_| 0,
+        |error| {
+            let data = serde_json::json!({ "error": error }).to_string();
+            Ok(SseEvent::default().event("stuck").data(data))
+        },
+    );
     // Subscribe before the first snapshot, so that nothing after it is missed.
     let events = state.store.core().subscribe();
     let stopped = state.store.core().stopped();
@@ -71,6 +86,7 @@ pub async fn events(
     // when the stream opened; it must still read every key).
     let mut credential = crate::auth::Credential::of(state.store.core());
     tokio::spawn(async move {
+        let _held = held;
         let mut grant = caller.0;
         let revoked = credential.lost(&mut grant, |g| {
             g.on_everything(Role::Operator, "GET /api/events")
@@ -84,8 +100,7 @@ pub async fn events(
             }
         }
     });
-    Ok(Sse::new(ReceiverStream::new(rx))
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    Ok(Sse::new(rx).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
 
 async fn forward(
@@ -130,8 +145,10 @@ async fn forward(
 }
 
 async fn send(tx: &Sink, name: &str, data: &serde_json::Value) -> Option<()> {
-    let event = SseEvent::default().event(name).data(data.to_string());
-    tx.send(Ok(event)).await.ok()
+    let data = data.to_string();
+    let bytes = name.len() + data.len();
+    let event = SseEvent::default().event(name).data(data);
+    tx.send_sized(Ok(event), bytes).await.then_some(())
 }
 
 /// Sends the overview of `board`; with `recent`, the remembered

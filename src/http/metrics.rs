@@ -194,6 +194,61 @@ async fn shown_keys(
     shown.into_values().unzip()
 }
 
+/// What each credential holds, may hold and was refused (decisions 99):
+/// a series per credential name, which the config bounds. A credential
+/// limited to some prefixes sees its own; without one, none are shown.
+fn share_families(x: &mut Exposition, core: &crate::engine::Core, whose: &Shown) {
+    use crate::engine::shares::Kind;
+    let shares: Vec<_> = core
+        .shares()
+        .all()
+        .into_iter()
+        .filter(|s| match whose {
+            Shown::Every => true,
+            Shown::Of(grant) => grant.scope.is_all() || grant.name == s.name(),
+            Shown::None => false,
+        })
+        .collect();
+    let now = core.now();
+    for share in &shares {
+        share.sweep(now);
+    }
+    let kind_of = |k: Kind| k.field().trim_start_matches("max_");
+    x.family(
+        "fusebox_share_held",
+        "gauge",
+        "What each credential holds now, by kind (its share: fusebox_share_limit).",
+    );
+    for share in &shares {
+        for kind in Kind::ALL {
+            let labels = [("credential", share.name()), ("kind", kind_of(kind))];
+            x.sample("fusebox_share_held", &labels, share.held(kind));
+        }
+    }
+    x.family(
+        "fusebox_share_limit",
+        "gauge",
+        "What each credential may hold at once, by kind (its entry's limits, else [auth] share of the [server] cap).",
+    );
+    for share in &shares {
+        for kind in Kind::ALL {
+            let labels = [("credential", share.name()), ("kind", kind_of(kind))];
+            x.sample("fusebox_share_limit", &labels, share.limit(kind));
+        }
+    }
+    x.family(
+        "fusebox_share_refusals_total",
+        "counter",
+        "Requests refused (RESOURCE_EXHAUSTED) because a credential held all its share, by credential and limit.",
+    );
+    for share in &shares {
+        for kind in Kind::ALL {
+            let labels = [("credential", share.name()), ("limit", kind.field())];
+            x.sample("fusebox_share_refusals_total", &labels, share.refused(kind));
+        }
+    }
+}
+
 /// The whole exposition of `store`, with the HTTP side's own figures.
 pub async fn render(store: &Store, http: &HttpFigures, whose: &Shown) -> String {
     let core = store.core();
@@ -209,6 +264,7 @@ pub async fn render(store: &Store, http: &HttpFigures, whose: &Shown) -> String 
     let figures = store.figures().await;
     let totals = figures.totals;
     let (keys, live) = shown_keys(store, &exact, whose).await;
+    let shown_to = whose;
     // The aggregates are the totals less the live keys shown. The readings
     // and the totals are taken at nearly the same instant, not at once:
     // a difference never goes below zero.
@@ -376,7 +432,7 @@ pub async fn render(store: &Store, http: &HttpFigures, whose: &Shown) -> String 
         (
             "fusebox_decide_streams_refused_total",
             "counter",
-            "Decide streams refused RESOURCE_EXHAUSTED because their connection had 16 open.",
+            "Decide streams refused RESOURCE_EXHAUSTED: their connection had 16 open, the server max_decide_streams, or their credential its share.",
             &transport.decide_streams_refused,
         ),
         (
@@ -406,6 +462,44 @@ pub async fn render(store: &Store, http: &HttpFigures, whose: &Shown) -> String 
     ] {
         x.single(name, kind, help, value.load(Ordering::Relaxed));
     }
+    let limits = store.core().limits();
+    let unread = crate::outbox::figures();
+    x.single(
+        "fusebox_unread_bytes",
+        "gauge",
+        "Bytes of stream answers (Decide, Watch, event streams) made and not yet read by their clients.",
+        unread.map_or(0, |u| u.unread()),
+    );
+    x.single(
+        "fusebox_max_unread_bytes",
+        "gauge",
+        "Cap on unread stream answers, server-wide ([server] max_unread_bytes).",
+        limits.max_unread_bytes,
+    );
+    x.single(
+        "fusebox_max_unread_bytes_per_stream",
+        "gauge",
+        "Cap on one stream's unread answers ([server] max_unread_bytes_per_stream).",
+        limits.max_unread_bytes_per_stream,
+    );
+    x.family(
+        "fusebox_streams_stuck_total",
+        "counter",
+        "Streams ended RESOURCE_EXHAUSTED because their client read nothing for [server] stuck_stream_timeout with answers waiting, by stream.",
+    );
+    for kind in crate::outbox::Kind::ALL {
+        x.sample(
+            "fusebox_streams_stuck_total",
+            &[("stream", kind.label())],
+            unread.map_or(0, |u| u.stuck(kind)),
+        );
+    }
+    x.single(
+        "fusebox_max_decide_streams",
+        "gauge",
+        "Cap on open Decide streams, server-wide ([server] max_decide_streams).",
+        limits.max_decide_streams,
+    );
     x.single(
         "fusebox_max_handshakes",
         "gauge",
@@ -513,6 +607,7 @@ pub async fn render(store: &Store, http: &HttpFigures, whose: &Shown) -> String 
         &[("cap", "max_rules")],
         counters.rules_refused.load(Ordering::Relaxed),
     );
+    share_families(&mut x, core, shown_to);
     x.single(
         "fusebox_transitions_total",
         "counter",

@@ -19,7 +19,6 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use tokio::sync::mpsc;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 use tonic::{Request, Status, Streaming};
@@ -27,6 +26,7 @@ use tonic::{Request, Status, Streaming};
 use super::{status_of_refusal, Api};
 use crate::auth::{Grant, Role};
 use crate::connections::FIGURES;
+use crate::engine::shares::{Hold, Kind, Share};
 use crate::proto::v1 as pb;
 
 /// The most frames (or batch items) in one message.
@@ -43,40 +43,74 @@ pub const MAX_STREAMS_PER_CONNECTION: u32 = 16;
 const OUTBOX: usize = 64;
 
 /// The answers of a stream, as tonic sends them.
-pub type Answers = tokio_stream::wrappers::ReceiverStream<Result<pb::DecideResponse, Status>>;
+pub type Answers = crate::outbox::Unread<Result<pb::DecideResponse, Status>>;
+
+/// An answer message's size, for the unread bounds.
+fn size_of(message: &Result<pb::DecideResponse, Status>) -> usize {
+    use prost::Message;
+    message.as_ref().map_or(64, |m| m.encoded_len())
+}
 
 /// Open `Decide` streams by connection (the peer's address).
 static STREAMS: LazyLock<Mutex<HashMap<SocketAddr, u32>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
-/// One open stream counted against its connection's cap, until dropped.
-struct Counted(Option<SocketAddr>);
+/// One open stream counted against its connection's cap, the server's
+/// (`max_decide_streams`) and its credential's share, until dropped.
+struct Counted {
+    peer: Option<SocketAddr>,
+    _share: Option<Hold>,
+}
 
 impl Counted {
-    fn open(peer: Option<SocketAddr>) -> Result<Counted, Status> {
+    fn open(
+        peer: Option<SocketAddr>,
+        cap: u64,
+        share: Option<Arc<Share>>,
+    ) -> Result<Counted, Status> {
+        let refused = |message: String| {
+            FIGURES
+                .decide_streams_refused
+                .fetch_add(1, Ordering::Relaxed);
+            Status::resource_exhausted(message)
+        };
+        let held = share
+            .map(|s| s.take(Kind::DecideStreams))
+            .transpose()
+            .map_err(|e| refused(e.to_string()))?;
+        if FIGURES.decide_streams.fetch_add(1, Ordering::Relaxed) >= cap {
+            FIGURES.decide_streams.fetch_sub(1, Ordering::Relaxed);
+            return Err(refused(format!(
+                "too many Decide streams: the server's max_decide_streams cap ({cap}) is reached; \
+                 send more frames on the open ones, or raise [server].max_decide_streams"
+            )));
+        }
+        let mut counted = Counted {
+            peer: None,
+            _share: held,
+        };
         if let Some(peer) = peer {
             let mut streams = STREAMS.lock().expect("streams lock");
             let open = streams.entry(peer).or_insert(0);
             if *open >= MAX_STREAMS_PER_CONNECTION {
-                FIGURES
-                    .decide_streams_refused
-                    .fetch_add(1, Ordering::Relaxed);
-                return Err(Status::resource_exhausted(format!(
+                drop(streams);
+                drop(counted);
+                return Err(refused(format!(
                     "this connection has {MAX_STREAMS_PER_CONNECTION} Decide streams open, the most it may; \
                      send more frames on the open ones, or open another connection"
                 )));
             }
             *open += 1;
+            counted.peer = Some(peer);
         }
-        FIGURES.decide_streams.fetch_add(1, Ordering::Relaxed);
-        Ok(Counted(peer))
+        Ok(counted)
     }
 }
 
 impl Drop for Counted {
     fn drop(&mut self) {
         FIGURES.decide_streams.fetch_sub(1, Ordering::Relaxed);
-        if let Some(peer) = self.0 {
+        if let Some(peer) = self.peer {
             let mut streams = STREAMS.lock().expect("streams lock");
             if let Some(open) = streams.get_mut(&peer) {
                 *open -= 1;
@@ -116,10 +150,21 @@ pub fn open(api: &Api, request: Request<Streaming<pb::DecideRequest>>) -> Result
             .needs(Role::Caller, "Decide")
             .map_err(status_of_refusal)?;
     }
-    let counted = Counted::open(super::tls::remote_addr(&request))?;
+    let core = api.store.core();
+    let counted = Counted::open(
+        super::tls::remote_addr(&request),
+        core.limits().max_decide_streams,
+        core.share_of(grant.as_deref()),
+    )?;
     let credential = crate::auth::Credential::of(api.store.core());
     let frames = request.into_inner();
-    let (tx, rx) = mpsc::channel(OUTBOX);
+    let (tx, rx) = crate::outbox::outbox(
+        &core.limits(),
+        crate::outbox::Kind::Decide,
+        OUTBOX,
+        size_of,
+        |m| Err(Status::resource_exhausted(m)),
+    );
     let stream = Stream {
         api: api.clone(),
         grant,
@@ -130,7 +175,7 @@ pub fn open(api: &Api, request: Request<Streaming<pb::DecideRequest>>) -> Result
         _counted: counted,
     };
     tokio::spawn(stream.serve(frames));
-    Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+    Ok(rx)
 }
 
 /// A waiting Acquire's answer, with its frame id.
@@ -183,7 +228,7 @@ struct Stream {
     /// The credential the stream was opened with, watched (a stream whose
     /// token is removed ends).
     credential: crate::auth::Credential,
-    tx: mpsc::Sender<Result<pb::DecideResponse, Status>>,
+    tx: crate::outbox::Outbox<Result<pb::DecideResponse, Status>>,
     /// Acquires that wait, each on a task.
     waiting: JoinSet<Waited>,
     /// How to cancel each waiting Acquire, by frame id (taken once used).
@@ -213,7 +258,7 @@ impl Stream {
                     Err(_) => break,
                 },
                 refusal = self.credential.lost(&mut self.grant, |g| g.needs(Role::Caller, "Decide")) => {
-                    let _ = self.tx.send(Err(status_of_refusal(refusal))).await;
+                    self.tx.end(Err(status_of_refusal(refusal)));
                     break;
                 }
                 Some(done) = self.waiting.join_next(), if !self.waiting.is_empty() => {
@@ -239,7 +284,7 @@ impl Stream {
             tokio::select! {
                 () = self.tx.closed() => return,
                 refusal = self.credential.lost(&mut self.grant, |g| g.needs(Role::Caller, "Decide")) => {
-                    let _ = self.tx.send(Err(status_of_refusal(refusal))).await;
+                    self.tx.end(Err(status_of_refusal(refusal)));
                     return;
                 }
                 done = self.waiting.join_next() => {
@@ -260,10 +305,7 @@ impl Stream {
         FIGURES
             .decide_answers
             .fetch_add(results.len() as u64, Ordering::Relaxed);
-        self.tx
-            .send(Ok(pb::DecideResponse { results }))
-            .await
-            .is_ok()
+        self.tx.send(Ok(pb::DecideResponse { results })).await
     }
 
     /// The answer of a waiting Acquire that finished; `None` for one that

@@ -50,7 +50,9 @@ pub fn status_of(e: EngineError) -> Status {
         EngineError::TicketNotFound | EngineError::RuleNotFound { .. } => {
             Status::not_found(message)
         }
-        EngineError::Exhausted { .. } => Status::resource_exhausted(message),
+        EngineError::Exhausted { .. } | EngineError::ShareExhausted { .. } => {
+            Status::resource_exhausted(message)
+        }
         EngineError::ShuttingDown | EngineError::StoreUnavailable(_) => {
             Status::unavailable(message)
         }
@@ -325,7 +327,12 @@ impl Api {
             max_wait: millis_of("max_wait", req.max_wait)?.unwrap_or(0),
             lease: millis_of("lease", req.lease)?,
         };
-        let reply = self.store.acquire(args).await.map_err(status_of)?;
+        let share = self.store.core().share_of(grant);
+        let reply = self
+            .store
+            .acquire_as(args, share.as_ref())
+            .await
+            .map_err(status_of)?;
         let (decision, reason, retry_after) = match reply.decision {
             Decision::Granted(_) => (pb::Decision::Granted, None, None),
             Decision::Probe(_) => (pb::Decision::Probe, None, None),
@@ -371,9 +378,10 @@ impl Api {
     ) -> Result<pb::CompleteResponse, Status> {
         self.allow_ticket(grant, "Complete", &req.ticket)?;
         let outcome = outcome_of(req.outcome)?;
+        let share = self.store.core().share_of(grant);
         let done = self
             .store
-            .complete(&req.ticket, outcome)
+            .complete_as(&req.ticket, outcome, share.as_ref())
             .await
             .map_err(status_of)?;
         Ok(pb::CompleteResponse {
@@ -390,9 +398,10 @@ impl Api {
     ) -> Result<pb::RenewResponse, Status> {
         self.allow_ticket(grant, "Renew", &req.ticket)?;
         let lease = millis_of("lease", req.lease)?;
+        let share = self.store.core().share_of(grant);
         let left = self
             .store
-            .renew(&req.ticket, lease)
+            .renew_as(&req.ticket, lease, share.as_ref())
             .await
             .map_err(status_of)?;
         Ok(pb::RenewResponse {
@@ -509,7 +518,7 @@ impl Admin for Api {
         }))
     }
 
-    type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<pb::WatchEvent, Status>>;
+    type WatchStream = watch::Events;
 
     async fn watch(
         &self,
@@ -545,7 +554,7 @@ impl Admin for Api {
             // Invalid input is named below, once the caller is known.
             _ => On::Nothing,
         };
-        self.allow(&request, Role::Admin, "SetPolicy", on)?;
+        let grant = self.allow(&request, Role::Admin, "SetPolicy", on)?;
         let rule = request
             .into_inner()
             .rule
@@ -568,7 +577,10 @@ impl Admin for Api {
             })?;
             let position = self
                 .store
-                .set_rule(crate::engine::config::Rule { pattern, policy })
+                .set_rule_as(
+                    crate::engine::config::Rule { pattern, policy },
+                    grant.as_deref(),
+                )
                 .map_err(status_of)?;
             tracing::info!(r#match = %rule.r#match, position = position + 1, "policy set at run time");
         }

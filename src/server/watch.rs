@@ -7,8 +7,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::{key_state_of, phase_of, timestamp_of};
@@ -54,17 +52,37 @@ fn snapshot_pause(spent: std::time::Duration) -> std::time::Duration {
 /// so a watcher that stops reading holds a few pages and no more.
 const STREAM_BUFFER: usize = 4;
 
-type Sink = mpsc::Sender<Result<pb::WatchEvent, Status>>;
+type Sink = crate::outbox::Outbox<Result<pb::WatchEvent, Status>>;
 
-/// How long shutdown waits to tell a watcher that its stream ends.
-const SHUTDOWN_NOTICE: std::time::Duration = std::time::Duration::from_secs(1);
+/// The events of a Watch stream, as tonic sends them.
+pub type Events = crate::outbox::Unread<Result<pb::WatchEvent, Status>>;
 
-/// Holds one of the `max_watch_streams` places while a stream is open.
-struct Place(Arc<Core>);
+/// An event message's size, for the unread bounds.
+fn size_of(message: &Result<pb::WatchEvent, Status>) -> usize {
+    use prost::Message;
+    message.as_ref().map_or(64, |m| m.encoded_len())
+}
+
+/// Holds one of the `max_watch_streams` places, and a unit of its
+/// credential's share, while a stream is open.
+struct Place(
+    Arc<Core>,
+    #[allow(dead_code)] Option<crate::engine::shares::Hold>,
+);
 
 impl Place {
-    fn take(core: &Arc<Core>) -> Result<Place, Status> {
+    fn take(core: &Arc<Core>, grant: Option<&Grant>) -> Result<Place, Status> {
         let counters = core.counters();
+        let held = core
+            .share_of(grant)
+            .map(|s| s.take(crate::engine::shares::Kind::WatchStreams))
+            .transpose()
+            .map_err(|e| {
+                counters
+                    .watch_streams_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                Status::resource_exhausted(e.to_string())
+            })?;
         let cap = core.limits().max_watch_streams;
         let open = counters.watch_streams.fetch_add(1, Ordering::Relaxed);
         if open >= cap {
@@ -76,7 +94,7 @@ impl Place {
                 "too many Watch streams: the server's max_watch_streams cap ({cap}) is reached; close a watcher or raise [server].max_watch_streams"
             )));
         }
-        Ok(Place(core.clone()))
+        Ok(Place(core.clone(), held))
     }
 }
 
@@ -91,14 +109,16 @@ impl Drop for Place {
 
 /// Starts a Watch stream of the keys that start with `prefix`, or refuses
 /// it with `RESOURCE_EXHAUSTED` past the cap.
-pub fn stream(
-    store: Store,
-    prefix: String,
-    grant: Option<Arc<Grant>>,
-) -> Result<ReceiverStream<Result<pb::WatchEvent, Status>>, Status> {
-    let place = Place::take(store.core())?;
+pub fn stream(store: Store, prefix: String, grant: Option<Arc<Grant>>) -> Result<Events, Status> {
+    let place = Place::take(store.core(), grant.as_deref())?;
     let mut credential = crate::auth::Credential::of(store.core());
-    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    let (tx, rx) = crate::outbox::outbox(
+        &store.core().limits(),
+        crate::outbox::Kind::Watch,
+        STREAM_BUFFER,
+        size_of,
+        |m| Err(Status::resource_exhausted(m)),
+    );
     // Subscribe before the snapshot, so that nothing after it is missed.
     let events = store.core().subscribe();
     tokio::spawn(async move {
@@ -111,8 +131,7 @@ pub fn stream(
         tokio::select! {
             _ = forward(&store, &prefix, events, &tx) => {}
             refusal = revoked => {
-                let status = super::status_of_refusal(refusal);
-                let _ = tokio::time::timeout(SHUTDOWN_NOTICE, tx.send(Err(status))).await;
+                tx.end(Err(super::status_of_refusal(refusal)));
             }
             () = stopped => {
                 // The stream ends UNAVAILABLE, not OK: the watcher did not
@@ -121,13 +140,13 @@ pub fn stream(
                 let gone = Status::unavailable(
                     "fusebox is shutting down; watch again (another instance, or this one once it is back)",
                 );
-                let _ = tokio::time::timeout(SHUTDOWN_NOTICE, tx.send(Err(gone))).await;
+                tx.end(Err(gone));
             }
             // The watcher went away: stop at once, even if no event comes.
             () = tx.closed() => {}
         }
     });
-    Ok(ReceiverStream::new(rx))
+    Ok(rx)
 }
 
 async fn forward(
@@ -164,7 +183,7 @@ async fn forward(
 async fn send(tx: &Sink, event: pb::watch_event::Event) -> Option<()> {
     tx.send(Ok(pb::WatchEvent { event: Some(event) }))
         .await
-        .ok()
+        .then_some(())
 }
 
 /// Sends the keys as they are now, a page at a time in key order, each
@@ -172,7 +191,6 @@ async fn send(tx: &Sink, event: pb::watch_event::Event) -> Option<()> {
 async fn snapshot(store: &Store, prefix: &str, tx: &Sink) -> Option<()> {
     let mut from = Cursor::Start;
     loop {
-        let room = tx.reserve().await.ok()?;
         let (keys, more) = {
             let _turn = SNAPSHOT_TURN.acquire().await.ok()?;
             let started = std::time::Instant::now();
@@ -195,12 +213,11 @@ async fn snapshot(store: &Store, prefix: &str, tx: &Sink) -> Option<()> {
             }
             (keys, more)
         };
-        room.send(Ok(pb::WatchEvent {
-            event: Some(pb::watch_event::Event::Snapshot(pb::Snapshot {
-                keys,
-                complete: !more,
-            })),
-        }));
+        let page = pb::watch_event::Event::Snapshot(pb::Snapshot {
+            keys,
+            complete: !more,
+        });
+        send(tx, page).await?;
         if !more {
             return Some(());
         }

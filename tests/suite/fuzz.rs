@@ -66,7 +66,7 @@ fn budget() -> Option<Duration> {
 ///
 /// The cases run on a thread with a large stack: proptest's nested
 /// strategies go deep in a debug build.
-fn fuzz<S>(
+pub(crate) fn fuzz<S>(
     name: &str,
     cases: u32,
     strategy: S,

@@ -185,6 +185,12 @@ impl Server {
             .into_inner()
     }
 
+    /// Kills the server and waits until it is gone (nothing it does can
+    /// reach a store after this).
+    pub async fn stop(mut self) {
+        self.child.kill().await.expect("the server is killed");
+    }
+
     /// Sends SIGTERM.
     pub fn terminate(&self) {
         let pid = self.child.id().expect("running") as i32;

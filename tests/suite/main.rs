@@ -33,6 +33,7 @@ mod resp;
 mod scale;
 mod scenarios;
 mod service;
+mod shares;
 mod store;
 mod store_trust;
 mod tenants;

@@ -459,7 +459,9 @@ async fn rules_are_capped_and_a_namespace_admin_stays_in_its_patterns() {
         "[server]\nmax_rules = 4\n\n[[rule]]\nmatch = \"a/config\"\nbreaker = {{ mode = \"consecutive\", failures = 3, break = \"1s\" }}\n\n[auth]\n\n{}",
         token_entry("a-admin", "admin", A_ADMIN)
             .replace("[[token]]", "[[auth.token]]")
-            .replace("role = \"admin\"\n", "role = \"admin\"\nprefixes = [\"a/*\"]\n"),
+            .replace("role = \"admin\"\n", "role = \"admin\"\nprefixes = [\"a/*\"]\n")
+            // A share above the cap: the server's cap is what stops it.
+            + "limits = { max_rules = 10 }\n",
     );
     let server = Server::start(Options {
         config: Some(&config),
@@ -657,4 +659,142 @@ async fn idle_http_sockets_make_room_for_a_new_viewer() {
         .await
         .expect("the closed socket reads at once");
     assert!(matches!(end, Ok(0) | Err(_)), "closed: {end:?}");
+}
+
+/// The probe: 2 connections x 16 Decide streams sending status checks and
+/// reading nothing grew the server by 192 MiB, with no server-wide bound.
+/// Now what a stream answered and its client has not read is bounded per
+/// stream and per server: the stream stops reading frames at the bound,
+/// and once stuck past `stuck_stream_timeout` it ends RESOURCE_EXHAUSTED,
+/// counted, its unread answers let go. A caller that reads is served
+/// throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decide_answers_never_read_are_bounded_and_the_stream_ends() {
+    use fusebox::proto::v1 as pb;
+    use tokio_stream::wrappers::ReceiverStream;
+    const PER_STREAM: f64 = 65_536.0;
+    const SERVER: f64 = 1_048_576.0;
+    let server = server_with(
+        "[server]\nmax_unread_bytes_per_stream = 65536\nmax_unread_bytes = 1048576\nstuck_stream_timeout = \"2s\"",
+    )
+    .await;
+    let checks = pb::DecideRequest {
+        frames: (0..1_000)
+            .map(|id| pb::DecideFrame {
+                id,
+                request: Some(pb::decide_frame::Request::Acquire(pb::AcquireRequest {
+                    key: format!("a/k{}", id % 7),
+                    permits: Some(0),
+                    max_wait: None,
+                    lease: None,
+                })),
+            })
+            .collect(),
+    };
+    let rss = |text: &str| metric(text, "process_resident_memory_bytes");
+    let before = rss(&metrics(&server).await);
+    let mut streams = Vec::new();
+    let mut feeders = Vec::new();
+    for _ in 0..2 {
+        let client = server.fusebox().await;
+        for _ in 0..16 {
+            let (tx, rx) = tokio::sync::mpsc::channel(2);
+            let answers = client
+                .clone()
+                .decide(bearer(TOKEN, ReceiverStream::new(rx)))
+                .await
+                .expect("the stream opens")
+                .into_inner();
+            let message = checks.clone();
+            // Frames are sent for as long as the server reads them.
+            feeders.push(tokio::spawn(async move {
+                for _ in 0..200 {
+                    if tx.send(message.clone()).await.is_err() {
+                        return;
+                    }
+                }
+                // Kept open: the stream is not ended by its caller.
+                std::future::pending::<()>().await;
+            }));
+            streams.push(answers);
+        }
+    }
+    // Answers pile up to the bounds, and no further.
+    let highest = std::sync::Mutex::new(0.0f64);
+    let stuck = crate::harness::eventually(
+        "every stream that never reads to be ended",
+        Duration::from_secs(60),
+        || async {
+            let text = metrics(&server).await;
+            let unread = metric(&text, "fusebox_unread_bytes");
+            let mut most = highest.lock().unwrap();
+            *most = most.max(unread);
+            drop(most);
+            assert!(
+                unread <= SERVER,
+                "unread answers stay within the server's bound: {unread}"
+            );
+            let stuck = text
+                .lines()
+                .find_map(|l| l.strip_prefix("fusebox_streams_stuck_total{stream=\"decide\"} "))
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0);
+            (stuck >= 32.0).then_some((stuck, text))
+        },
+    )
+    .await;
+    let highest = *highest.lock().unwrap();
+    assert!(highest > 0.0, "answers were waiting for their readers");
+    assert!(
+        highest <= (32.0 * PER_STREAM).min(SERVER),
+        "each stream stays within its own bound: {highest}"
+    );
+    let grown = rss(&stuck.1) - before;
+    assert!(
+        grown < 100.0 * 1024.0 * 1024.0,
+        "the server grew by {} MiB",
+        grown / 1024.0 / 1024.0
+    );
+    // A stream that never read ends RESOURCE_EXHAUSTED, once read.
+    let mut first = streams.remove(0);
+    let ended = loop {
+        match next_of(&mut first, Duration::from_secs(10)).await {
+            Some(Ok(Some(_))) => continue,
+            other => break other,
+        }
+    };
+    match ended {
+        Some(Err(status)) => {
+            assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+            assert!(
+                status.message().contains("stuck_stream_timeout"),
+                "the message says what to do: {status:?}"
+            );
+        }
+        other => panic!("the stuck stream ends RESOURCE_EXHAUSTED, not {other:?}"),
+    }
+    // Unread answers were let go, and a caller that reads is served.
+    crate::harness::eventually(
+        "the unread answers to be let go",
+        Duration::from_secs(10),
+        || async { (metric(&metrics(&server).await, "fusebox_unread_bytes") == 0.0).then_some(()) },
+    )
+    .await;
+    server
+        .fusebox()
+        .await
+        .acquire(bearer(
+            TOKEN,
+            pb::AcquireRequest {
+                key: "a/after".into(),
+                permits: Some(1),
+                max_wait: None,
+                lease: None,
+            },
+        ))
+        .await
+        .expect("a caller that reads is served");
+    for feeder in feeders {
+        feeder.abort();
+    }
 }

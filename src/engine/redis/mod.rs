@@ -153,6 +153,8 @@ pub struct RedisStore {
     probe_wait: Duration,
     /// The fleet's secret for notices, if it has one.
     notices: Option<NoticeKey>,
+    /// This server's writes of the shared policies, in order.
+    policy_writes: policies::Writes,
     /// Callers of this server waiting in a key's queue, by waiter id, with
     /// the Redis key they wait on.
     waiters: DashMap<TicketId, (String, Waiter)>,
@@ -248,6 +250,7 @@ impl RedisStore {
             probe_replicas: options.probe_replicas,
             probe_wait: options.probe_wait,
             notices: options.notices.clone(),
+            policy_writes: policies::Writes::default(),
             waiters: DashMap::new(),
             known: Mutex::new(BTreeSet::new()),
             policies: Mutex::new(Vec::new()),

@@ -107,7 +107,10 @@ pub async fn load(store: &Arc<RedisStore>) {
     let mut get = redis::cmd("GET");
     get.arg(POLICIES_KEY);
     match store.conn.query(&get).await {
-        Ok(redis::Value::BulkString(bytes)) => match content(store, &bytes).map(from_json) {
+        Ok(redis::Value::BulkString(bytes)) => match content(store, &bytes)
+            .filter(|json| !store.policy_writes.superseded(json))
+            .map(from_json)
+        {
             None => {}
             Some(Ok(rules)) if *store.core().rules() != rules => {
                 let count = rules.rules.len();
@@ -150,23 +153,86 @@ fn content<'a>(store: &RedisStore, bytes: &'a [u8]) -> Option<&'a [u8]> {
 /// After a change on this server: writes the rules to Redis and tells the
 /// other servers. Spawned: the change is in force here already.
 pub fn publish(store: &RedisStore) {
-    let json = sealed(store, POLICIES_KEY, &to_json(&store.core().rules()));
+    let text = to_json(&store.core().rules());
+    store.policy_writes.note(&text);
+    let json = sealed(store, POLICIES_KEY, &text);
     let changed = sealed(store, POLICIES, "changed");
-    let conn = store.conn.clone();
-    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+    let Some(writer) = store.policy_writes.writer(&store.conn) else {
         return;
     };
-    handle.spawn(async move {
-        let mut set = redis::cmd("SET");
-        set.arg(POLICIES_KEY).arg(&json);
-        let mut publish = redis::cmd("PUBLISH");
-        publish.arg(POLICIES).arg(&changed);
-        let written = match conn.query(&set).await {
-            Ok(_) => conn.query(&publish).await.map(drop),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = written {
-            tracing::error!("a policy change is in force on this server but could not be shared through the store: {e}; other servers keep the old policies until the next change");
+    let _ = writer.send((json, changed));
+}
+
+/// This server's writes of the shared policies: sent by one task, in the
+/// order they were made (two changes in a row reach Redis in that order),
+/// and remembered, so that reading back an earlier one of them, already
+/// replaced here, does not undo the later (decisions 100).
+#[derive(Debug, Default)]
+pub struct Writes {
+    /// Hashes of the last writes, oldest first.
+    sent: std::sync::Mutex<std::collections::VecDeque<u64>>,
+    writer: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<(String, String)>>,
+}
+
+/// Writes remembered.
+const REMEMBERED_WRITES: usize = 64;
+
+impl Writes {
+    fn hash(text: &[u8]) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        text.hash(&mut h);
+        h.finish()
+    }
+
+    fn note(&self, text: &str) {
+        let mut sent = self.sent.lock().expect("policy writes");
+        if sent.len() == REMEMBERED_WRITES {
+            sent.pop_front();
         }
-    });
+        sent.push_back(Writes::hash(text.as_bytes()));
+    }
+
+    /// True when `text` is one of this server's writes that a later one replaced.
+    fn superseded(&self, text: &[u8]) -> bool {
+        let h = Writes::hash(text);
+        let sent = self.sent.lock().expect("policy writes");
+        sent.back() != Some(&h) && sent.contains(&h)
+    }
+
+    /// The task that writes, started at the first write.
+    fn writer(
+        &self,
+        conn: &super::conn::Conn,
+    ) -> Option<&tokio::sync::mpsc::UnboundedSender<(String, String)>> {
+        if let Some(writer) = self.writer.get() {
+            return Some(writer);
+        }
+        let handle = tokio::runtime::Handle::try_current().ok()?;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
+        let conn = conn.clone();
+        let mut started = false;
+        let writer = self.writer.get_or_init(|| {
+            started = true;
+            tx
+        });
+        if started {
+            handle.spawn(async move {
+                while let Some((json, changed)) = rx.recv().await {
+                    let mut set = redis::cmd("SET");
+                    set.arg(POLICIES_KEY).arg(&json);
+                    let mut publish = redis::cmd("PUBLISH");
+                    publish.arg(POLICIES).arg(&changed);
+                    let written = match conn.query(&set).await {
+                        Ok(_) => conn.query(&publish).await.map(drop),
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = written {
+                        tracing::error!("a policy change is in force on this server but could not be shared through the store: {e}; other servers keep the old policies until the next change");
+                    }
+                }
+            });
+        }
+        Some(writer)
+    }
 }

@@ -1,0 +1,443 @@
+//! Fair shares (decisions 99): what one credential (a token's or a client
+//! certificate's name) may hold at once, so that no tenant of a shared
+//! server takes another's room under the server-wide caps.
+//!
+//! Each credential has a [`Share`]: a limit per [`Kind`] (its entry's
+//! `limits`, else `[auth] share` of the server's cap) and what it holds.
+//! The server-wide caps still hold on top. Shares belong to this server:
+//! with `--store`, several servers each keep their own.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use serde::Deserialize;
+
+use super::config::Limits;
+use super::error::EngineError;
+use crate::domain::{Millis, TicketId};
+
+/// What a share limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Live keys it made (embedded; with `--store` Redis's memory bounds keys).
+    Keys = 0,
+    /// Live tickets it was granted.
+    Tickets = 1,
+    /// Its requests waiting in a queue (an Acquire with `max_wait`).
+    Waiters = 2,
+    /// Its open Decide streams.
+    DecideStreams = 3,
+    /// Its open Watch streams and dashboard event streams.
+    WatchStreams = 4,
+    /// Rules in force inside its prefixes.
+    Rules = 5,
+}
+
+/// How many kinds there are.
+pub const KINDS: usize = 6;
+
+impl Kind {
+    /// Every kind, in index order.
+    pub const ALL: [Kind; KINDS] = [
+        Kind::Keys,
+        Kind::Tickets,
+        Kind::Waiters,
+        Kind::DecideStreams,
+        Kind::WatchStreams,
+        Kind::Rules,
+    ];
+
+    /// What is held, in words.
+    pub fn what(self) -> &'static str {
+        match self {
+            Kind::Keys => "keys",
+            Kind::Tickets => "tickets",
+            Kind::Waiters => "waiting requests",
+            Kind::DecideStreams => "Decide streams",
+            Kind::WatchStreams => "Watch and event streams",
+            Kind::Rules => "rules",
+        }
+    }
+
+    /// The field that sets it, in an entry's `limits` and in `[server]`.
+    pub fn field(self) -> &'static str {
+        match self {
+            Kind::Keys => "max_keys",
+            Kind::Tickets => "max_tickets",
+            Kind::Waiters => "max_waiters",
+            Kind::DecideStreams => "max_decide_streams",
+            Kind::WatchStreams => "max_watch_streams",
+            Kind::Rules => "max_rules",
+        }
+    }
+
+    /// The server-wide cap a default share is a part of.
+    fn cap(self, limits: &Limits) -> u64 {
+        match self {
+            Kind::Keys => limits.max_keys,
+            Kind::Tickets => limits.max_tickets,
+            Kind::Waiters => limits.max_waiters,
+            Kind::DecideStreams => limits.max_decide_streams,
+            Kind::WatchStreams => limits.max_watch_streams,
+            Kind::Rules => limits.max_rules,
+        }
+    }
+}
+
+/// An entry's `limits = { ... }` as written: each field overrides the
+/// default share for that kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Allowance {
+    /// Live keys.
+    pub max_keys: Option<u64>,
+    /// Live tickets.
+    pub max_tickets: Option<u64>,
+    /// Waiting requests.
+    pub max_waiters: Option<u64>,
+    /// Open Decide streams.
+    pub max_decide_streams: Option<u64>,
+    /// Open Watch and event streams.
+    pub max_watch_streams: Option<u64>,
+    /// Rules in force inside its prefixes.
+    pub max_rules: Option<u64>,
+}
+
+impl Allowance {
+    /// The limit set for `kind`, if any.
+    pub fn of(&self, kind: Kind) -> Option<u64> {
+        match kind {
+            Kind::Keys => self.max_keys,
+            Kind::Tickets => self.max_tickets,
+            Kind::Waiters => self.max_waiters,
+            Kind::DecideStreams => self.max_decide_streams,
+            Kind::WatchStreams => self.max_watch_streams,
+            Kind::Rules => self.max_rules,
+        }
+    }
+}
+
+/// The default share: half of each cap.
+pub const DEFAULT_SHARE: f64 = 0.5;
+
+/// One credential's limits and holdings.
+#[derive(Debug)]
+pub struct Share {
+    name: Arc<str>,
+    limits: [AtomicU64; KINDS],
+    /// 1 where the entry's `limits` set the limit, 0 where it is the
+    /// default share (for the refusal's words).
+    explicit: [AtomicU64; KINDS],
+    held: [AtomicU64; KINDS],
+    refused: [AtomicU64; KINDS],
+    /// Its live tickets' lease ends: a ticket counts until it is
+    /// completed through this server or its lease ends.
+    tickets: Mutex<HashMap<TicketId, Millis>>,
+}
+
+/// One unit of a share, given back when dropped.
+#[derive(Debug)]
+pub struct Hold {
+    share: Arc<Share>,
+    kind: Kind,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.share.give(self.kind);
+    }
+}
+
+impl Hold {
+    /// The share it is a unit of.
+    pub fn share(&self) -> &Arc<Share> {
+        &self.share
+    }
+}
+
+/// A ticket's unit of a share, taken before the acquire is sent: kept by
+/// [`TicketHold::keep`] when the acquire is granted, else given back.
+#[derive(Debug)]
+pub struct TicketHold {
+    share: Arc<Share>,
+    kept: bool,
+}
+
+impl TicketHold {
+    /// Keeps the unit for `ticket`, whose lease ends at `lease_end`.
+    pub fn keep(mut self, ticket: TicketId, lease_end: Millis) {
+        let mut tickets = self.share.tickets.lock().expect("share tickets");
+        if tickets.insert(ticket, lease_end).is_some() {
+            // The same ticket twice (cannot happen: ids are random).
+            self.share.give(Kind::Tickets);
+        }
+        self.kept = true;
+    }
+}
+
+impl Drop for TicketHold {
+    fn drop(&mut self) {
+        if !self.kept {
+            let _guard = self.share.tickets.lock().expect("share tickets");
+            self.share.give(Kind::Tickets);
+        }
+    }
+}
+
+impl Share {
+    fn new(name: Arc<str>) -> Share {
+        Share {
+            name,
+            limits: Default::default(),
+            explicit: Default::default(),
+            held: Default::default(),
+            refused: Default::default(),
+            tickets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The credential's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its limit for `kind`.
+    pub fn limit(&self, kind: Kind) -> u64 {
+        self.limits[kind as usize].load(Ordering::Relaxed)
+    }
+
+    /// What it holds of `kind` (tickets: whose lease has not been seen to end).
+    pub fn held(&self, kind: Kind) -> u64 {
+        self.held[kind as usize].load(Ordering::Relaxed)
+    }
+
+    /// Refusals at its limit for `kind`, since start.
+    pub fn refused(&self, kind: Kind) -> u64 {
+        self.refused[kind as usize].load(Ordering::Relaxed)
+    }
+
+    /// One more of `kind` if it fits under the limit; counts the refusal
+    /// when it does not.
+    pub fn try_take(&self, kind: Kind) -> bool {
+        let limit = self.limit(kind);
+        let held = &self.held[kind as usize];
+        let taken = held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_ok();
+        if !taken {
+            self.refused[kind as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        taken
+    }
+
+    /// Gives back one of `kind`.
+    pub fn give(&self, kind: Kind) {
+        let _ = self.held[kind as usize].fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            Some(n.saturating_sub(1))
+        });
+    }
+
+    /// One of `kind`, held until the [`Hold`] is dropped; the refusal
+    /// when the share is full.
+    pub fn take(self: &Arc<Self>, kind: Kind) -> Result<Hold, EngineError> {
+        if self.try_take(kind) {
+            Ok(Hold {
+                share: self.clone(),
+                kind,
+            })
+        } else {
+            Err(self.refusal(kind))
+        }
+    }
+
+    /// A ticket's unit, taken before an acquire; tickets whose lease
+    /// ended by `now` are let go first when the share is full.
+    pub fn take_ticket(self: &Arc<Self>, now: Millis) -> Result<TicketHold, EngineError> {
+        let mut tickets = self.tickets.lock().expect("share tickets");
+        let held = &self.held[Kind::Tickets as usize];
+        if held.load(Ordering::Acquire) >= self.limit(Kind::Tickets) {
+            let before = tickets.len();
+            tickets.retain(|_, end| *end > now);
+            let ended = (before - tickets.len()) as u64;
+            let _ = held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(ended))
+            });
+        }
+        drop(tickets);
+        if self.try_take(Kind::Tickets) {
+            Ok(TicketHold {
+                share: self.clone(),
+                kept: false,
+            })
+        } else {
+            Err(self.refusal(Kind::Tickets))
+        }
+    }
+
+    /// Lets go of `ticket` (completed); false when this share did not hold it.
+    pub fn let_go(&self, ticket: TicketId) -> bool {
+        let mut tickets = self.tickets.lock().expect("share tickets");
+        let held = tickets.remove(&ticket).is_some();
+        if held {
+            self.give(Kind::Tickets);
+        }
+        held
+    }
+
+    /// Moves the lease end of a ticket it holds (renewed).
+    pub fn renewed(&self, ticket: TicketId, lease_end: Millis) {
+        if let Some(end) = self.tickets.lock().expect("share tickets").get_mut(&ticket) {
+            *end = lease_end;
+        }
+    }
+
+    /// Lets go of the tickets whose lease ended by `now` (for a reading).
+    pub fn sweep(&self, now: Millis) {
+        let mut tickets = self.tickets.lock().expect("share tickets");
+        let before = tickets.len();
+        tickets.retain(|_, end| *end > now);
+        for _ in tickets.len()..before {
+            self.give(Kind::Tickets);
+        }
+    }
+
+    /// The refusal at its limit for `kind`: which limit, whose, what to do.
+    pub fn refusal(&self, kind: Kind) -> EngineError {
+        EngineError::ShareExhausted {
+            credential: self.name.to_string(),
+            what: kind.what(),
+            field: kind.field(),
+            limit: self.limit(kind),
+            explicit: self.explicit[kind as usize].load(Ordering::Relaxed) == 1,
+        }
+    }
+
+    /// Sets what it holds of `kind`, counted by the caller (rules).
+    pub fn set_held(&self, kind: Kind, held: u64) {
+        self.held[kind as usize].store(held, Ordering::Relaxed);
+    }
+
+    /// Counts a refusal at its limit for `kind` made outside [`Share::try_take`].
+    pub fn count_refusal(&self, kind: Kind) {
+        self.refused[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Every credential's share, by name.
+#[derive(Debug, Default)]
+pub struct Shares {
+    by_name: RwLock<HashMap<Arc<str>, Arc<Share>>>,
+}
+
+impl Shares {
+    /// Sets the limits of every credential `access` names, under the
+    /// server's `limits`; a credential that stays keeps what it holds, one
+    /// that left is dropped once it holds nothing.
+    pub fn adopt(&self, access: Option<&crate::auth::Access>, limits: &Limits) {
+        let mut by_name = self.by_name.write().expect("shares lock");
+        let Some(access) = access else {
+            by_name.retain(|_, s| Kind::ALL.iter().any(|k| s.held(*k) > 0));
+            return;
+        };
+        let fraction = access.share();
+        let mut named = std::collections::HashSet::new();
+        for grant in access.grants() {
+            // Entries with one name share one share; the first sets it.
+            if !named.insert(grant.name.as_str()) {
+                continue;
+            }
+            let share = by_name
+                .entry(Arc::from(grant.name.as_str()))
+                .or_insert_with_key(|name| Arc::new(Share::new(name.clone())));
+            for kind in Kind::ALL {
+                let (limit, explicit) = match grant.allowance.of(kind) {
+                    Some(limit) => (limit, 1),
+                    None => (default_limit(kind.cap(limits), fraction), 0),
+                };
+                share.limits[kind as usize].store(limit, Ordering::Relaxed);
+                share.explicit[kind as usize].store(explicit, Ordering::Relaxed);
+            }
+        }
+        by_name
+            .retain(|name, s| named.contains(&**name) || Kind::ALL.iter().any(|k| s.held(*k) > 0));
+    }
+
+    /// The share of the credential named `name`.
+    pub fn of(&self, name: &str) -> Option<Arc<Share>> {
+        self.by_name.read().expect("shares lock").get(name).cloned()
+    }
+
+    /// Every share, by name.
+    pub fn all(&self) -> Vec<Arc<Share>> {
+        let mut all: Vec<_> = self
+            .by_name
+            .read()
+            .expect("shares lock")
+            .values()
+            .cloned()
+            .collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+}
+
+/// `fraction` of `cap`, rounded up, at least 1.
+pub fn default_limit(cap: u64, fraction: f64) -> u64 {
+    ((cap as f64 * fraction).ceil() as u64).clamp(1, cap.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn share(limit: u64) -> Arc<Share> {
+        let share = Arc::new(Share::new(Arc::from("a")));
+        for kind in Kind::ALL {
+            share.limits[kind as usize].store(limit, Ordering::Relaxed);
+        }
+        share
+    }
+
+    #[test]
+    fn a_hold_is_given_back_when_dropped() {
+        let share = share(2);
+        let one = share.take(Kind::Waiters).unwrap();
+        let two = share.take(Kind::Waiters).unwrap();
+        let err = share.take(Kind::Waiters).unwrap_err();
+        assert!(err.to_string().contains("\"a\""), "{err}");
+        assert_eq!(share.refused(Kind::Waiters), 1);
+        drop(one);
+        assert_eq!(share.held(Kind::Waiters), 1);
+        drop(two);
+        assert_eq!(share.held(Kind::Waiters), 0);
+    }
+
+    #[test]
+    fn tickets_count_until_completed_or_their_lease_ends() {
+        let share = share(2);
+        share.take_ticket(0).unwrap().keep(TicketId(1), 100);
+        share.take_ticket(0).unwrap().keep(TicketId(2), 200);
+        assert!(share.take_ticket(99).is_err());
+        // An unkept hold gives its unit back.
+        drop(share.take_ticket(100).unwrap());
+        assert_eq!(share.held(Kind::Tickets), 1);
+        share.renewed(TicketId(2), 300);
+        share.take_ticket(100).unwrap().keep(TicketId(3), 400);
+        assert!(share.take_ticket(299).is_err());
+        assert!(share.let_go(TicketId(3)));
+        assert!(!share.let_go(TicketId(3)));
+        share.sweep(300);
+        assert_eq!(share.held(Kind::Tickets), 0);
+    }
+
+    #[test]
+    fn the_default_share_is_a_part_of_the_cap_rounded_up() {
+        assert_eq!(default_limit(40, 0.5), 20);
+        assert_eq!(default_limit(3, 0.5), 2);
+        assert_eq!(default_limit(1, 0.1), 1);
+        assert_eq!(default_limit(10, 1.0), 10);
+    }
+}

@@ -1,0 +1,589 @@
+//! Fair shares (issue 18, decisions 99): what one credential may hold at
+//! once, per kind of growing thing, so that one tenant cannot fill a
+//! server-wide cap and keep the others out. A table of every kind, run
+//! embedded and with `--store`, and a fuzz property: no sequence of calls
+//! by one credential makes another's first Acquire fail for a cap.
+
+use std::time::Duration;
+
+use fusebox::proto::v1 as pb;
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+
+use crate::harness::{eventually, ms, Options, Server};
+use crate::http::request;
+use crate::redis_harness::Standalone;
+
+const A: &str = "tenant-a-share-token-0123456789";
+const B: &str = "tenant-b-share-token-0123456789";
+
+/// An `[[auth.token]]` entry: an admin of `prefix`, with `limits` if any.
+fn entry(name: &str, token: &str, prefix: &str, limits: &str) -> String {
+    let limits = match limits {
+        "" => String::new(),
+        l => format!("limits = {{ {l} }}\n"),
+    };
+    format!(
+        "[[auth.token]]\nname = \"{name}\"\nrole = \"admin\"\nprefixes = [\"{prefix}\"]\nsha256 = \"{}\"\n{limits}",
+        fusebox::auth::hash_hex(token)
+    )
+}
+
+/// Where the server keeps its keys.
+#[derive(Clone, Copy, Debug)]
+enum Mode<'a> {
+    Embedded,
+    Store(&'a str),
+}
+
+/// A server under `server` (its `[server]` lines) and `rules`, with
+/// tenants `a` (`a/*`) and `b` (`b/*`) and their `limits`.
+async fn tenants(mode: Mode<'_>, server: &str, rules: &str, limits: (&str, &str)) -> Server {
+    let config = format!(
+        "[server]\n{server}\n{rules}\n[auth]\n{}{}",
+        entry("a", A, "a/*", limits.0),
+        entry("b", B, "b/*", limits.1)
+    );
+    let args = match mode {
+        Mode::Embedded => vec![],
+        Mode::Store(url) => vec!["--store", url],
+    };
+    Server::start(Options {
+        config: Some(&config),
+        args,
+        ..Options::default()
+    })
+    .await
+}
+
+fn bearer<T>(token: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("a header value"),
+    );
+    request
+}
+
+fn acquire(key: &str, wait: Option<u64>) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        key: key.into(),
+        permits: Some(1),
+        max_wait: wait.map(ms),
+        lease: Some(ms(600_000)),
+    }
+}
+
+/// One unit of a kind, taken by a credential; what it holds stays held
+/// (tickets, streams, waiting calls) until the test ends.
+struct Taker<'a> {
+    server: &'a Server,
+    held: Vec<Box<dyn std::any::Any + Send>>,
+}
+
+impl Taker<'_> {
+    /// Takes the `n`-th unit of `kind` as `token` (keys under `prefix`).
+    async fn take(
+        &mut self,
+        kind: &str,
+        token: &str,
+        prefix: &str,
+        n: usize,
+    ) -> Result<(), tonic::Status> {
+        let server = self.server;
+        match kind {
+            "keys" => {
+                let reply = server
+                    .fusebox()
+                    .await
+                    .acquire(bearer(token, acquire(&format!("{prefix}key{n}"), None)))
+                    .await?
+                    .into_inner();
+                let done = pb::CompleteRequest {
+                    ticket: reply.ticket,
+                    outcome: pb::Outcome::Success as i32,
+                };
+                server.fusebox().await.complete(bearer(token, done)).await?;
+                Ok(())
+            }
+            "tickets" => {
+                let reply = server
+                    .fusebox()
+                    .await
+                    .acquire(bearer(token, acquire(&format!("{prefix}t"), None)))
+                    .await?
+                    .into_inner();
+                self.held.push(Box::new(reply.ticket));
+                Ok(())
+            }
+            "waiters" => {
+                // The first call holds the key's one permit; each later
+                // one waits behind it, held until the test ends.
+                if n == 0 {
+                    server
+                        .fusebox()
+                        .await
+                        .acquire(bearer(token, acquire(&format!("{prefix}q"), None)))
+                        .await?;
+                }
+                let mut client = server.fusebox().await;
+                let request = bearer(token, acquire(&format!("{prefix}q"), Some(600_000)));
+                let mut call = Box::pin(async move { client.acquire(request).await });
+                // Either refused at once, or waiting (held until the end).
+                tokio::select! {
+                    done = &mut call => {
+                        done?;
+                        panic!("{token}: a call behind a held permit was answered without waiting");
+                    }
+                    () = queued(server, token, prefix, n + 1) => {}
+                }
+                self.held.push(Box::new(tokio::spawn(call)));
+                Ok(())
+            }
+            "decide_streams" => {
+                let (tx, rx) = tokio::sync::mpsc::channel::<pb::DecideRequest>(1);
+                let stream = server
+                    .fusebox()
+                    .await
+                    .decide(bearer(token, ReceiverStream::new(rx)))
+                    .await?;
+                self.held.push(Box::new((tx, stream)));
+                Ok(())
+            }
+            "watch_streams" => {
+                let stream = server
+                    .admin()
+                    .await
+                    .watch(bearer(
+                        token,
+                        pb::WatchRequest {
+                            prefix: prefix.into(),
+                        },
+                    ))
+                    .await?;
+                self.held.push(Box::new(stream));
+                Ok(())
+            }
+            "rules" => {
+                let rule = pb::PolicyRule {
+                    r#match: format!("{prefix}rule{n}"),
+                    policy: Some(pb::Policy {
+                        breaker: Some(crate::admin::consecutive(3, 1000)),
+                        ..Default::default()
+                    }),
+                    default: false,
+                };
+                server
+                    .admin()
+                    .await
+                    .set_policy(bearer(token, pb::SetPolicyRequest { rule: Some(rule) }))
+                    .await?;
+                Ok(())
+            }
+            other => panic!("no kind {other}"),
+        }
+    }
+}
+
+/// Resolves once the key `{prefix}q` has `n` waiters, as `token` reads it.
+async fn queued(server: &Server, token: &str, prefix: &str, n: usize) {
+    let key = format!("{prefix}q");
+    eventually(
+        "the call to wait in the queue",
+        Duration::from_secs(10),
+        || async {
+            let state = server
+                .admin()
+                .await
+                .get_key(bearer(token, pb::GetKeyRequest { key: key.clone() }))
+                .await
+                .expect("GetKey")
+                .into_inner();
+            (state.waiters as usize >= n).then_some(())
+        },
+    )
+    .await;
+}
+
+/// A `/metrics` sample's value, by its whole label set as written, as
+/// `a` reads it (a credential sees its own share).
+async fn sample(server: &Server, series: &str) -> f64 {
+    let http = server.http_addr.as_deref().expect("an HTTP port");
+    let auth = format!("Bearer {A}");
+    let body = request(http, "GET", "/metrics", &[("Authorization", &auth)], b"")
+        .await
+        .body;
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in /metrics:\n{body}"))
+}
+
+/// One row: a kind, its server cap, and the rules it needs.
+struct Row {
+    kind: &'static str,
+    /// The `[server]` field of its cap (`limits` use the same name).
+    field: &'static str,
+    cap: u64,
+    rules: &'static str,
+    /// Rules inside `a/*` that the config already holds.
+    held_at_start: usize,
+}
+
+const QUEUE_RULES: &str = r#"
+[[rule]]
+match = "a/q"
+breaker = { mode = "consecutive", failures = 5, break = "5s" }
+limiter = { kind = "concurrency", permits = 1, queue_limit = 100 }
+[[rule]]
+match = "b/q"
+breaker = { mode = "consecutive", failures = 5, break = "5s" }
+limiter = { kind = "concurrency", permits = 1, queue_limit = 100 }
+"#;
+
+const ROWS: [Row; 6] = [
+    Row {
+        kind: "keys",
+        field: "max_keys",
+        cap: 6,
+        rules: "",
+        held_at_start: 0,
+    },
+    Row {
+        kind: "tickets",
+        field: "max_tickets",
+        cap: 6,
+        rules: "",
+        held_at_start: 0,
+    },
+    Row {
+        kind: "waiters",
+        field: "max_waiters",
+        cap: 6,
+        rules: QUEUE_RULES,
+        held_at_start: 0,
+    },
+    Row {
+        kind: "decide_streams",
+        field: "max_decide_streams",
+        cap: 6,
+        rules: "",
+        held_at_start: 0,
+    },
+    Row {
+        kind: "watch_streams",
+        field: "max_watch_streams",
+        cap: 6,
+        rules: "",
+        held_at_start: 0,
+    },
+    Row {
+        kind: "rules",
+        field: "max_rules",
+        cap: 8,
+        rules: QUEUE_RULES,
+        held_at_start: 1,
+    },
+];
+
+/// Every row, with the default share (half of each cap) and with limits
+/// written in the entries: `a` is refused past its share with an error
+/// that names it, the limit and what to do, the refusal is counted, and
+/// `b` still gets its own; the server-wide cap holds over both.
+async fn every_kind_is_shared(mode: Mode<'_>, flush: &dyn Fn()) {
+    for row in &ROWS {
+        if row.kind == "keys" && matches!(mode, Mode::Store(_)) {
+            // With --store, keys live in Redis, bounded by its memory
+            // (decisions 71); the key share is the embedded engine's.
+            continue;
+        }
+        for explicit in [false, true] {
+            flush();
+            let what = format!(
+                "{} ({mode:?}, {})",
+                row.kind,
+                if explicit { "limits" } else { "share" }
+            );
+            let a_limit = if explicit {
+                2
+            } else {
+                row.cap.div_ceil(2) as usize
+            };
+            let a_limits = if explicit {
+                format!("{} = 2", row.field)
+            } else {
+                String::new()
+            };
+            // b may take the whole cap: the server-wide cap stops it.
+            let b_limits = if explicit {
+                format!("{} = {}", row.field, row.cap)
+            } else {
+                String::new()
+            };
+            let server = tenants(
+                mode,
+                &format!("{} = {}", row.field, row.cap),
+                row.rules,
+                (&a_limits, &b_limits),
+            )
+            .await;
+            let mut taker = Taker {
+                server: &server,
+                held: Vec::new(),
+            };
+            let a_may = a_limit - row.held_at_start;
+            for n in 0..a_may {
+                if let Err(status) = taker.take(row.kind, A, "a/", n).await {
+                    panic!("{what}: a's unit {n} of {a_may} is refused: {status:?}");
+                }
+            }
+            let refused = taker
+                .take(row.kind, A, "a/", a_may)
+                .await
+                .expect_err(&format!("{what}: a is refused past its share"));
+            assert_eq!(
+                refused.code(),
+                Code::ResourceExhausted,
+                "{what}: {refused:?}"
+            );
+            let message = refused.message();
+            let source = if explicit {
+                format!("limits.{} in its entry", row.field)
+            } else {
+                format!("[auth] share of [server] {}", row.field)
+            };
+            assert!(
+                message.contains("\"a\"")
+                    && message.contains(&source)
+                    && message.contains(&format!("{} = N", row.field)),
+                "{what}: the refusal names whose limit, which, and what to do: {message}"
+            );
+            let counted = sample(
+                &server,
+                &format!(
+                    "fusebox_share_refusals_total{{credential=\"a\",limit=\"{}\"}}",
+                    row.field
+                ),
+            )
+            .await;
+            assert_eq!(counted, 1.0, "{what}: the refusal is counted");
+            // b gets its first, and more, up to what the cap leaves.
+            let room = row.cap as usize - a_limit;
+            let b_may = if explicit {
+                room - row.held_at_start
+            } else {
+                a_limit - row.held_at_start
+            };
+            for n in 0..b_may {
+                if let Err(status) = taker.take(row.kind, B, "b/", n).await {
+                    panic!("{what}: b's unit {n} of {b_may} is refused: {status:?}");
+                }
+            }
+            // With --store, Redis's memory bounds tickets, not max_tickets
+            // (decisions 71): a share still limits each credential.
+            let server_caps = !(row.kind == "tickets" && matches!(mode, Mode::Store(_)));
+            if explicit && server_caps {
+                let capped = taker
+                    .take(row.kind, B, "b/", b_may)
+                    .await
+                    .expect_err(&format!("{what}: the server-wide cap still holds"));
+                assert_eq!(capped.code(), Code::ResourceExhausted, "{what}: {capped:?}");
+                assert!(
+                    !capped.message().contains("\"b\" holds"),
+                    "{what}: b is stopped by the server's cap, not its share: {}",
+                    capped.message()
+                );
+            }
+            drop(taker);
+            server.stop().await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_is_shared_embedded() {
+    every_kind_is_shared(Mode::Embedded, &|| {}).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_is_shared_with_a_store() {
+    let Some(redis) =
+        tokio::task::spawn_blocking(|| Standalone::start("every_kind_is_shared_with_a_store"))
+            .await
+            .expect("redis starts")
+    else {
+        return;
+    };
+    let port = redis.server.port;
+    let url = format!("redis://127.0.0.1:{port}");
+    every_kind_is_shared(Mode::Store(&url), &|| crate::store::flush(&[port])).await;
+}
+
+/// A ticket leaves its holder's share when it is completed, and when its
+/// lease ends: the share counts what is live, not what was ever taken.
+#[tokio::test]
+async fn a_share_is_given_back_when_tickets_end() {
+    let server = tenants(
+        Mode::Embedded,
+        "max_tickets = 4",
+        "",
+        ("max_tickets = 1", ""),
+    )
+    .await;
+    let mut client = server.fusebox().await;
+    let first = client
+        .acquire(bearer(A, acquire("a/t", None)))
+        .await
+        .expect("a's first ticket")
+        .into_inner();
+    let second = client.acquire(bearer(A, acquire("a/t", None))).await;
+    assert_eq!(
+        second.map(|_| ()).unwrap_err().code(),
+        Code::ResourceExhausted
+    );
+    client
+        .complete(bearer(
+            A,
+            pb::CompleteRequest {
+                ticket: first.ticket,
+                outcome: pb::Outcome::Success as i32,
+            },
+        ))
+        .await
+        .expect("completed");
+    // A short lease: the share is free again once it ends.
+    let short = pb::AcquireRequest {
+        lease: Some(ms(50)),
+        ..acquire("a/t", None)
+    };
+    client
+        .acquire(bearer(A, short))
+        .await
+        .expect("room again after the completion");
+    eventually(
+        "the lease to end and leave the share",
+        Duration::from_secs(10),
+        || {
+            let mut client = client.clone();
+            async move { client.acquire(bearer(A, acquire("a/t", None))).await.ok() }
+        },
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------
+// The property: whatever `a` does, `b`'s first Acquire is not refused for a cap.
+
+/// One call by `a`.
+#[derive(Clone, Debug)]
+enum Op {
+    /// Acquire a key of its own (`a/k{0}`), perhaps a new one.
+    Acquire(u8),
+    /// Acquire and wait behind a held permit.
+    Wait,
+    /// Complete the oldest ticket it holds.
+    Complete,
+    /// Open a Decide stream and keep it.
+    Decide,
+    /// Open a Watch stream and keep it.
+    Watch,
+    /// Set a rule `a/r{0}`.
+    Rule(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..40).prop_map(Op::Acquire),
+        2 => Just(Op::Wait),
+        2 => Just(Op::Complete),
+        1 => Just(Op::Decide),
+        1 => Just(Op::Watch),
+        1 => (0u8..20).prop_map(Op::Rule),
+    ]
+}
+
+const PROPERTY_CONFIG: &str = r#"
+max_keys = 8
+max_tickets = 8
+max_waiters = 4
+max_decide_streams = 4
+max_watch_streams = 4
+max_rules = 6
+"#;
+
+#[test]
+fn fuzz_no_calls_by_one_credential_make_anothers_first_acquire_fail_for_a_cap() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    crate::fuzz::fuzz("shares", 12, prop::collection::vec(op(), 1..60), |ops| {
+        rt.block_on(async {
+            let server = tenants(Mode::Embedded, PROPERTY_CONFIG, QUEUE_RULES, ("", "")).await;
+            let mut taker = Taker {
+                server: &server,
+                held: Vec::new(),
+            };
+            let mut tickets: std::collections::VecDeque<String> = Default::default();
+            let mut client = server.fusebox().await;
+            let mut waited = 0;
+            for op in &ops {
+                // Refusals are a's own business here; only b's call is checked.
+                match op {
+                    Op::Acquire(k) => {
+                        if let Ok(r) = client
+                            .acquire(bearer(A, acquire(&format!("a/k{k}"), None)))
+                            .await
+                        {
+                            tickets.push_back(r.into_inner().ticket);
+                        }
+                    }
+                    Op::Wait => {
+                        if taker.take("waiters", A, "a/", waited).await.is_ok() {
+                            waited += 1;
+                        }
+                    }
+                    Op::Complete => {
+                        if let Some(ticket) = tickets.pop_front() {
+                            let done = pb::CompleteRequest {
+                                ticket,
+                                outcome: pb::Outcome::Failure as i32,
+                            };
+                            let _ = client.complete(bearer(A, done)).await;
+                        }
+                    }
+                    Op::Decide => {
+                        let _ = taker.take("decide_streams", A, "a/", 0).await;
+                    }
+                    Op::Watch => {
+                        let _ = taker.take("watch_streams", A, "a/", 0).await;
+                    }
+                    Op::Rule(r) => {
+                        let _ = taker.take("rules", A, "a/", usize::from(*r)).await;
+                    }
+                }
+            }
+            // b's first call of each kind gets its room.
+            let first = client.acquire(bearer(B, acquire("b/first", None))).await;
+            if let Err(status) = &first {
+                return Err(TestCaseError::fail(format!(
+                    "b's first Acquire: {status:?}"
+                )));
+            }
+            let mut taker = Taker {
+                server: &server,
+                held: Vec::new(),
+            };
+            for kind in ["waiters", "decide_streams", "watch_streams", "rules"] {
+                if let Err(status) = taker.take(kind, B, "b/", 0).await {
+                    return Err(TestCaseError::fail(format!(
+                        "b's first of {kind}: {status:?}"
+                    )));
+                }
+            }
+            Ok(())
+        })
+    });
+}
