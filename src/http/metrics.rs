@@ -463,6 +463,18 @@ pub async fn render(store: &Store, http: &HttpFigures, whose: &Shown) -> String 
         x.single(name, kind, help, value.load(Ordering::Relaxed));
     }
     let limits = store.core().limits();
+    x.single(
+        "fusebox_strangers",
+        "gauge",
+        "gRPC connections open that have shown no credential yet (with [auth]; capped by [server] max_strangers).",
+        crate::connections::strangers(),
+    );
+    x.single(
+        "fusebox_max_strangers",
+        "gauge",
+        "Cap on gRPC connections that have shown no credential ([server] max_strangers).",
+        limits.max_strangers,
+    );
     let unread = crate::outbox::figures();
     x.single(
         "fusebox_unread_bytes",

@@ -536,6 +536,11 @@ async fn connections_that_never_authenticate_cannot_keep_a_caller_out() {
         metric(&text, "fusebox_connections") <= 11.0,
         "at most max_strangers (10) strangers, and this scrape's own: {text}"
     );
+    let open = metric(&text, "fusebox_strangers");
+    assert!(
+        (1.0..=10.0).contains(&open) && metric(&text, "fusebox_max_strangers") == 10.0,
+        "the strangers held now are shown, within their cap: {text}"
+    );
     // The caller, on a raw HTTP/2 connection so that a reconnection
     // cannot hide a closed one.
     let (mut caller, _) = raw_h2(&server.addr).await;
