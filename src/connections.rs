@@ -696,7 +696,11 @@ static STRANGERS: std::sync::Mutex<Strangers> = std::sync::Mutex::new(Strangers 
 /// gRPC connections open now that have shown no credential yet.
 pub fn strangers() -> u64 {
     let strangers = STRANGERS.lock().unwrap_or_else(|e| e.into_inner());
-    strangers.open.iter().filter(|(_, t)| t.is_stranger()).count() as u64
+    strangers
+        .open
+        .iter()
+        .filter(|(_, t)| t.is_stranger())
+        .count() as u64
 }
 
 /// An accepted gRPC connection, plain or TLS.

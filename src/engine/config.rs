@@ -436,7 +436,7 @@ impl Default for Limits {
             max_watch_streams: 256,
             max_event_streams: 64,
             max_decide_streams: 4_096,
-            max_unread_bytes: 64 << 20,
+            max_unread_bytes: 32 << 20,
             max_unread_bytes_per_stream: 1 << 20,
             stuck_stream_timeout: 30_000,
             idle_after: 600_000,

@@ -45,10 +45,14 @@ const OUTBOX: usize = 64;
 /// The answers of a stream, as tonic sends them.
 pub type Answers = crate::outbox::Unread<Result<pb::DecideResponse, Status>>;
 
-/// An answer message's size, for the unread bounds.
+/// What an answer message holds in memory until it is sent, for the
+/// unread bounds: its results as structs (about ten times their encoded
+/// size), and their strings.
 fn size_of(message: &Result<pb::DecideResponse, Status>) -> usize {
     use prost::Message;
-    message.as_ref().map_or(64, |m| m.encoded_len())
+    message.as_ref().map_or(256, |m| {
+        m.encoded_len() + m.results.capacity() * std::mem::size_of::<pb::DecideResult>()
+    })
 }
 
 /// Open `Decide` streams by connection (the peer's address).
@@ -248,6 +252,9 @@ impl Stream {
                         if !self.send(results).await {
                             break;
                         }
+                        // A message may be 1,000 decisions made without a
+                        // wait: let the worker's other calls go next.
+                        tokio::task::yield_now().await;
                     }
                     // The caller closed its sending side: it still reads, so
                     // what waits is answered, unless it goes away too.

@@ -24,6 +24,7 @@ pub mod decide;
 mod gate;
 pub mod policy;
 pub mod tls;
+mod transport;
 mod watch;
 
 /// Largest gRPC message fusebox accepts, in bytes.
@@ -34,6 +35,13 @@ pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// `KeyState` with a 256-byte key and every statistic set is under 1 KiB).
 /// 4 MiB is what gRPC clients accept by default.
 pub const MAX_ADMIN_REPLY_BYTES: usize = 4 * 1024 * 1024;
+
+/// What one stream's client may send ahead of the server's reading: two
+/// of the largest messages.
+pub const RECEIVE_WINDOW_PER_STREAM: u32 = 2 * MAX_MESSAGE_BYTES as u32;
+
+/// The same for a whole connection.
+pub const RECEIVE_WINDOW_PER_CONNECTION: u32 = 512 * 1024;
 
 /// How long shutdown waits for in-flight calls before it exits anyway.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -751,36 +759,44 @@ pub async fn run_with_tls(
         crate::connections::incoming(listener, core.clone(), crate::connections::MaybeTls(tls));
     let in_flight = Arc::new(calls::InFlight::default());
     let streams = u32::try_from(core.limits().max_streams_per_connection).unwrap_or(u32::MAX);
-    let server = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .max_concurrent_streams(streams)
+    let routes = tonic::service::Routes::new(
+        FuseboxServer::new(api.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    )
+    .add_service(
+        AdminServer::new(api.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_ADMIN_REPLY_BYTES),
+    )
+    // Always routed, so that callers without --manual-clock get
+    // UNIMPLEMENTED with a message that says what to do (X1).
+    .add_service(ClockServer::new(api.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
+    .add_service(health_service)
+    .add_service(reflection)
+    .prepare();
+    let service = tower::ServiceBuilder::new()
         // The gate first: a call without a credential is not in flight.
         .layer(gate::GateLayer(core.clone()))
         .layer(calls::CallsLayer(in_flight.clone()))
-        .add_service(
-            FuseboxServer::new(api.clone())
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .add_service(
-            AdminServer::new(api.clone())
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_ADMIN_REPLY_BYTES),
-        )
-        // Always routed, so that callers without --manual-clock get
-        // UNIMPLEMENTED with a message that says what to do (X1).
-        .add_service(ClockServer::new(api.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
-        .add_service(health_service)
-        .add_service(reflection)
-        .serve_with_incoming_shutdown(incoming, async {
-            let _ = stop_rx.await;
-        });
+        .service(routes);
+    let settings = transport::Settings {
+        max_streams: streams,
+        // What a client may send ahead of the server's reading (decisions
+        // 101): a stream that stops reading holds at most this much.
+        stream_window: RECEIVE_WINDOW_PER_STREAM,
+        connection_window: RECEIVE_WINDOW_PER_CONNECTION,
+        keep_alive: Duration::from_secs(30),
+    };
+    let server = transport::serve(incoming, service, settings, async {
+        let _ = stop_rx.await;
+    });
     tokio::pin!(server);
     tokio::pin!(shutdown);
     tokio::select! {
-        result = &mut server => {
+        () = &mut server => {
             timer.abort();
-            return Ok(result?);
+            return Ok(());
         }
         () = &mut shutdown => {}
     }
@@ -803,11 +819,9 @@ pub async fn run_with_tls(
     let grace = tokio::time::sleep(SHUTDOWN_GRACE);
     tokio::pin!(grace);
     tokio::select! {
-        result = &mut server => result?,
+        () = &mut server => {}
         () = in_flight.idle() => {
-            if let Ok(result) = tokio::time::timeout(SHUTDOWN_FLUSH, &mut server).await {
-                result?;
-            }
+            let _ = tokio::time::timeout(SHUTDOWN_FLUSH, &mut server).await;
         }
         () = &mut grace => tracing::warn!(
             calls = in_flight.count(),

@@ -57,10 +57,17 @@ type Sink = crate::outbox::Outbox<Result<pb::WatchEvent, Status>>;
 /// The events of a Watch stream, as tonic sends them.
 pub type Events = crate::outbox::Unread<Result<pb::WatchEvent, Status>>;
 
-/// An event message's size, for the unread bounds.
+/// What an event message holds in memory until it is sent, for the
+/// unread bounds: its encoded size, and its keys as structs.
 fn size_of(message: &Result<pb::WatchEvent, Status>) -> usize {
     use prost::Message;
-    message.as_ref().map_or(64, |m| m.encoded_len())
+    message.as_ref().map_or(256, |m| {
+        let keys = match &m.event {
+            Some(pb::watch_event::Event::Snapshot(s)) => s.keys.capacity(),
+            _ => 1,
+        };
+        m.encoded_len() + keys * std::mem::size_of::<pb::KeyState>()
+    })
 }
 
 /// Holds one of the `max_watch_streams` places, and a unit of its

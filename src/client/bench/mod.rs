@@ -19,6 +19,7 @@
 //!   same work, straight on a Redis or Redis Cluster (no fusebox server):
 //!   decisions/s, latency and Redis CPU per decision.
 
+mod attack;
 mod beside;
 mod fill;
 mod load;
@@ -95,6 +96,30 @@ enum Mode {
         /// The store: redis://HOST:PORT or redis-cluster://H1:P1,...
         #[arg(long, value_name = "URL")]
         store: String,
+    },
+    /// An authenticated caller's Acquire on 1,000 keys, quiet and under
+    /// attack, interleaved run by run: connections that never show a
+    /// credential, HEADERS-only calls without a token, and Decide streams
+    /// (another tenant's token) that never read their answers. Reports the
+    /// p99 ratio attack/quiet and the server's memory growth. Starts the
+    /// server itself, with [auth] and the two tokens.
+    Attack {
+        /// Connections that send the HTTP/2 preface and nothing more.
+        #[arg(long, default_value_t = 1_000)]
+        tokenless: u32,
+        /// HEADERS-only calls without a token, left open.
+        #[arg(long, default_value_t = 3_000)]
+        headers_only: u32,
+        /// Connections of never-read Decide streams.
+        #[arg(long, default_value_t = 100)]
+        decide_connections: u32,
+        /// Never-read Decide streams on each (at most 16).
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(0..=16))]
+        decide_streams: u32,
+        /// Start the server on this store (redis://HOST:PORT or
+        /// redis-cluster://H1:P1,...) instead of embedded.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
     },
     /// Pair latency on 1,000 keys, then fill the server up to N live keys
     /// and measure again; reports the ratio of the p999s.
@@ -256,9 +281,16 @@ fn parse_positive_duration(text: &str) -> Result<u64, String> {
 /// Runs `fusebox bench` on a runtime of its own: `--client-threads`
 /// workers, pinned to `--client-cpus`.
 pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<()> {
-    load::set_credentials(crate::client::Credentials::of(
-        args.options.token.as_deref(),
-    )?);
+    // The attack starts its own server, whose caller token is the load's.
+    let attack_tokens = match args.mode {
+        Some(Mode::Attack { .. }) => Some(attack::Tokens::new()?),
+        _ => None,
+    };
+    let token = match &attack_tokens {
+        Some(tokens) => Some(tokens.caller.as_str()),
+        None => args.options.token.as_deref(),
+    };
+    load::set_credentials(crate::client::Credentials::of(token)?);
     let cpus = match &args.options.client_cpus {
         Some(list) => {
             Some(parse_cpu_list(list).map_err(|e| anyhow::anyhow!("--client-cpus: {e}"))?)
@@ -293,7 +325,7 @@ pub(crate) async fn bench(args: BenchArgs) -> anyhow::Result<()> {
                 })
                 .build()?
         };
-        runtime.block_on(run(args, cpus))
+        runtime.block_on(run(args, cpus, attack_tokens))
     })
     .await
     .context("the load generator's thread failed")?
@@ -308,7 +340,11 @@ fn pin(cpu: usize) -> anyhow::Result<()> {
     }
 }
 
-async fn run(args: BenchArgs, client_cpus: Option<Vec<usize>>) -> anyhow::Result<()> {
+async fn run(
+    args: BenchArgs,
+    client_cpus: Option<Vec<usize>>,
+    attack_tokens: Option<attack::Tokens>,
+) -> anyhow::Result<()> {
     let o = &args.options;
     let mut warnings = Vec::new();
     if let (Some(client), Some(server)) = (&client_cpus, &o.server_cpus) {
@@ -351,6 +387,31 @@ async fn run(args: BenchArgs, client_cpus: Option<Vec<usize>>) -> anyhow::Result
         };
         let (mode, text, figures) = redis_cpu::redis_cpu_mode(o, &setup, &mut warnings).await?;
         return report(o, None, mode, &text, figures, &warnings);
+    }
+    if let Some(Mode::Attack {
+        tokenless,
+        headers_only,
+        decide_connections,
+        decide_streams,
+        store,
+    }) = args.mode.clone()
+    {
+        anyhow::ensure!(
+            o.target.is_none() && o.config.is_none(),
+            "bench attack starts its server itself, with [auth] and two tokens: leave out --target and --config"
+        );
+        let tokens = attack_tokens.expect("made for the attack");
+        let size = attack::Size {
+            tokenless,
+            headers_only,
+            decide_connections,
+            decide_streams,
+        };
+        let ((mode, text, figures), mut target) =
+            attack::attack_mode(o, &tokens, size, store.as_deref(), &mut warnings).await?;
+        let stopped = target.stop().await;
+        stopped?;
+        return report(o, Some(&target), mode, &text, figures, &warnings);
     }
     if let Some(Mode::Beside { store }) = &args.mode {
         anyhow::ensure!(
@@ -398,7 +459,7 @@ async fn run(args: BenchArgs, client_cpus: Option<Vec<usize>>) -> anyhow::Result
             fill_mode(o, &mut target, keys, prefix, listing, &mut warnings).await
         }
         Some(Mode::Growth { keys }) => growth_mode(o, &mut target, keys, &mut warnings).await,
-        Some(Mode::RedisCpu { .. } | Mode::Beside { .. }) => {
+        Some(Mode::RedisCpu { .. } | Mode::Beside { .. } | Mode::Attack { .. }) => {
             unreachable!("measured above, with servers of their own")
         }
     };
