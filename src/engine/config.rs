@@ -435,7 +435,7 @@ impl Default for Limits {
             max_connections: 10_000,
             max_watch_streams: 256,
             max_event_streams: 64,
-            max_decide_streams: 4_096,
+            max_decide_streams: 1_024,
             max_unread_bytes: 32 << 20,
             max_unread_bytes_per_stream: 1 << 20,
             stuck_stream_timeout: 30_000,

@@ -35,6 +35,17 @@ pub const MAX_FRAMES_PER_MESSAGE: usize = 1_000;
 /// The most frames of one stream unanswered at a time.
 pub const MAX_UNANSWERED: usize = 10_000;
 
+/// The most Decide frames in flight to the store at once, server-wide
+/// (decisions 102): two parts, enough to keep a Redis busy.
+pub const MAX_STORE_FRAMES_IN_FLIGHT: usize = 2 * STORE_PART;
+
+/// With a store, a message's frames are sent in parts of this many.
+const STORE_PART: usize = 256;
+
+/// The Decide frames in flight to the store.
+static STORE_FRAMES: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(MAX_STORE_FRAMES_IN_FLIGHT);
+
 /// The most `Decide` streams open on one connection.
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 16;
 
@@ -335,29 +346,49 @@ impl Stream {
             .fetch_add(frames.len() as u64, Ordering::Relaxed);
         let api = self.api.clone();
         let grant = self.grant.clone();
+        // With a store, each frame is a command in flight to Redis: the
+        // server's are bounded, so that no stream fills the link (and the
+        // memory) with its frames and every other call waits behind them
+        // (decisions 102). A message goes in parts of STORE_PART frames,
+        // each taking its places together; streams take turns.
+        let store = matches!(api.store, crate::engine::Store::Redis(_));
+        let part = if store { STORE_PART } else { usize::MAX };
         let mut results = Vec::with_capacity(frames.len());
-        let mut pending: Vec<(usize, Pending<'_>)> = Vec::new();
-        for (at, frame) in frames.into_iter().enumerate() {
-            let id = frame.id;
-            if at >= MAX_FRAMES_PER_MESSAGE {
-                FIGURES
-                    .decide_frames_refused
-                    .fetch_add(1, Ordering::Relaxed);
-                results.push((at, failed(
-                    id,
-                    &Status::resource_exhausted(format!(
-                        "frames: a message may carry {MAX_FRAMES_PER_MESSAGE} frames; this one is past them and was not started: send it in the next message"
-                    )),
-                )));
-                continue;
+        let mut frames = frames.into_iter().enumerate().peekable();
+        while frames.peek().is_some() {
+            let this: Vec<_> = frames.by_ref().take(part).collect();
+            let _in_flight = match store {
+                true => Some(
+                    STORE_FRAMES
+                        .acquire_many(this.len() as u32)
+                        .await
+                        .expect("never closed"),
+                ),
+                false => None,
+            };
+            let mut pending: Vec<(usize, Pending<'_>)> = Vec::new();
+            for (at, frame) in this {
+                let id = frame.id;
+                if at >= MAX_FRAMES_PER_MESSAGE {
+                    FIGURES
+                        .decide_frames_refused
+                        .fetch_add(1, Ordering::Relaxed);
+                    results.push((at, failed(
+                        id,
+                        &Status::resource_exhausted(format!(
+                            "frames: a message may carry {MAX_FRAMES_PER_MESSAGE} frames; this one is past them and was not started: send it in the next message"
+                        )),
+                    )));
+                    continue;
+                }
+                match self.frame(&api, &grant, id, frame.request).await {
+                    Started::Answered(result) => results.push((at, result)),
+                    Started::Later(fut) => pending.push((at, fut)),
+                    Started::Waiting | Started::Nothing => {}
+                }
             }
-            match self.frame(&api, &grant, id, frame.request).await {
-                Started::Answered(result) => results.push((at, result)),
-                Started::Later(fut) => pending.push((at, fut)),
-                Started::Waiting | Started::Nothing => {}
-            }
+            results.extend(all(pending).await);
         }
-        results.extend(all(pending).await);
         results.sort_unstable_by_key(|(at, _)| *at);
         results.into_iter().map(|(_, r)| r).collect()
     }

@@ -36,12 +36,12 @@ pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// 4 MiB is what gRPC clients accept by default.
 pub const MAX_ADMIN_REPLY_BYTES: usize = 4 * 1024 * 1024;
 
-/// What one stream's client may send ahead of the server's reading: two
+/// What one stream's client may send ahead of the server's reading: one
 /// of the largest messages.
-pub const RECEIVE_WINDOW_PER_STREAM: u32 = 2 * MAX_MESSAGE_BYTES as u32;
+pub const RECEIVE_WINDOW_PER_STREAM: u32 = MAX_MESSAGE_BYTES as u32;
 
 /// The same for a whole connection.
-pub const RECEIVE_WINDOW_PER_CONNECTION: u32 = 512 * 1024;
+pub const RECEIVE_WINDOW_PER_CONNECTION: u32 = 256 * 1024;
 
 /// How long shutdown waits for in-flight calls before it exits anyway.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);

@@ -14,8 +14,8 @@ use tonic::body::Body;
 use tonic::transport::server::Connected;
 
 /// What the server queues for one stream beyond what its client's window
-/// lets it send: about two answer messages.
-pub const SEND_BUFFER_PER_STREAM: usize = 64 * 1024;
+/// lets it send.
+pub const SEND_BUFFER_PER_STREAM: usize = 16 * 1024;
 
 /// The HTTP/2 settings of a gRPC connection.
 pub struct Settings {
