@@ -15,6 +15,9 @@
 //!   p99 while listings run.
 //! - `growth`: `pair` latency on 1,000 keys, before and after filling the
 //!   server up to N keys.
+//! - `attack`: an authenticated caller's Acquire p99 and the server's
+//!   memory, quiet and under attack (tokenless connections, HEADERS-only
+//!   calls, Decide streams that never read), embedded or `--store`.
 //! - `redis-cpu`: the fusebox Redis module against a Lua script doing the
 //!   same work, straight on a Redis or Redis Cluster (no fusebox server):
 //!   decisions/s, latency and Redis CPU per decision.
