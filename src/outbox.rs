@@ -246,33 +246,31 @@ impl<T> Outbox<T> {
 
     /// Ends the stream after what it has queued: `last` is its last message.
     pub fn end(&self, last: T) {
+        let _kept = self.finish(last, false);
+    }
+
+    /// Ends the stream at once: what it had not delivered is dropped, and
+    /// `last` is its last message.
+    fn end_now(&self, last: T) {
+        drop(self.finish(last, true));
+    }
+
+    /// Marks the stream ended with `last`; returns what it had queued when
+    /// `drop_queued` (to be dropped outside the lock).
+    fn finish(&self, last: T, drop_queued: bool) -> VecDeque<(T, Held)> {
         let mut state = self.shared.state.lock().expect("outbox");
         if state.ended {
-            return;
+            return VecDeque::new();
         }
         state.ended = true;
         state.last = Some(last);
         if let Some(reader) = state.reader.take() {
             reader.wake();
         }
-    }
-
-    /// Ends the stream at once: what it had not delivered is dropped, and
-    /// `last` is its last message.
-    fn end_now(&self, last: T) {
-        let dropped = {
-            let mut state = self.shared.state.lock().expect("outbox");
-            if state.ended {
-                return;
-            }
-            state.ended = true;
-            state.last = Some(last);
-            if let Some(reader) = state.reader.take() {
-                reader.wake();
-            }
-            std::mem::take(&mut state.queue)
-        };
-        drop(dropped);
+        match drop_queued {
+            true => std::mem::take(&mut state.queue),
+            false => VecDeque::new(),
+        }
     }
 
     /// Resolves once the reader went away.

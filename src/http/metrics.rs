@@ -214,37 +214,42 @@ fn share_families(x: &mut Exposition, core: &crate::engine::Core, whose: &Shown)
         share.sweep(now);
     }
     let kind_of = |k: Kind| k.field().trim_start_matches("max_");
-    x.family(
-        "fusebox_share_held",
-        "gauge",
-        "What each credential holds now, by kind (its share: fusebox_share_limit).",
-    );
-    for share in &shares {
-        for kind in Kind::ALL {
-            let labels = [("credential", share.name()), ("kind", kind_of(kind))];
-            x.sample("fusebox_share_held", &labels, share.held(kind));
-        }
-    }
-    x.family(
-        "fusebox_share_limit",
-        "gauge",
-        "What each credential may hold at once, by kind (its entry's limits, else [auth] share of the [server] cap).",
-    );
-    for share in &shares {
-        for kind in Kind::ALL {
-            let labels = [("credential", share.name()), ("kind", kind_of(kind))];
-            x.sample("fusebox_share_limit", &labels, share.limit(kind));
-        }
-    }
-    x.family(
-        "fusebox_share_refusals_total",
-        "counter",
-        "Requests refused (RESOURCE_EXHAUSTED) because a credential held all its share, by credential and limit.",
-    );
-    for share in &shares {
-        for kind in Kind::ALL {
-            let labels = [("credential", share.name()), ("limit", kind.field())];
-            x.sample("fusebox_share_refusals_total", &labels, share.refused(kind));
+    type Value = fn(&crate::engine::shares::Share, Kind) -> u64;
+    let families: [(&str, &str, &str, &str, Value); 3] = [
+        (
+            "fusebox_share_held",
+            "gauge",
+            "What each credential holds now, by kind (its share: fusebox_share_limit).",
+            "kind",
+            |s, k| s.held(k),
+        ),
+        (
+            "fusebox_share_limit",
+            "gauge",
+            "What each credential may hold at once, by kind (its entry's limits, else [auth] share of the [server] cap).",
+            "kind",
+            |s, k| s.limit(k),
+        ),
+        (
+            "fusebox_share_refusals_total",
+            "counter",
+            "Requests refused (RESOURCE_EXHAUSTED) because a credential held all its share, by credential and limit.",
+            "limit",
+            |s, k| s.refused(k),
+        ),
+    ];
+    for (name, type_, help, label, value) in families {
+        x.family(name, type_, help);
+        for share in &shares {
+            for kind in Kind::ALL {
+                let shown = if label == "kind" {
+                    kind_of(kind)
+                } else {
+                    kind.field()
+                };
+                let labels = [("credential", share.name()), (label, shown)];
+                x.sample(name, &labels, value(share, kind));
+            }
         }
     }
 }

@@ -15,6 +15,7 @@ use tonic::Code;
 use crate::harness::{eventually, ms, Options, Server};
 use crate::http::request;
 use crate::redis_harness::Standalone;
+use crate::tenants::bearer;
 
 const A: &str = "tenant-a-share-token-0123456789";
 const B: &str = "tenant-b-share-token-0123456789";
@@ -56,15 +57,6 @@ async fn tenants(mode: Mode<'_>, server: &str, rules: &str, limits: (&str, &str)
         ..Options::default()
     })
     .await
-}
-
-fn bearer<T>(token: &str, message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {token}").parse().expect("a header value"),
-    );
-    request
 }
 
 fn acquire(key: &str, wait: Option<u64>) -> pb::AcquireRequest {

@@ -146,7 +146,7 @@ async fn calls_without_a_credential_are_refused_on_their_headers() {
     drop(response);
 }
 
-fn bearer<T>(token: &str, message: T) -> tonic::Request<T> {
+pub(crate) fn bearer<T>(token: &str, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.metadata_mut().insert(
         "authorization",

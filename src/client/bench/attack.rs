@@ -16,10 +16,10 @@ use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use super::load::{Arm, Measurement};
+use super::load::{Arm, Load, Measurement};
 use super::spread::Spread;
 use super::target::{http_get, metric, Target};
-use super::{median, ms, thousands, Options, Report};
+use super::{median, ms, summary, thousands, Options, Report};
 use crate::client::render_table;
 
 /// The sizes of the attack.
@@ -249,6 +249,19 @@ pub(crate) async fn attack_mode(
     Ok((report?, target))
 }
 
+/// The caller's `acquire` on the 1,000-key spread, in run `run`.
+async fn acquire_1k(load: &Load, o: &Options, target: &Target, run: u16) -> Measurement {
+    load.measure(
+        Arm::Acquire,
+        Spread::Thousand,
+        ms(o.warmup),
+        ms(o.duration),
+        u64::from(run),
+        target.pid,
+    )
+    .await
+}
+
 async fn measure(
     o: &Options,
     target: &mut Target,
@@ -268,17 +281,7 @@ async fn measure(
     let rss_start = target.memory().await.rss_bytes;
     for run in 0..o.runs {
         eprintln!("bench: run {}/{}: acquire 1k, quiet", run + 1, o.runs);
-        quiet.push(
-            load.measure(
-                Arm::Acquire,
-                Spread::Thousand,
-                ms(o.warmup),
-                ms(o.duration),
-                u64::from(run),
-                target.pid,
-            )
-            .await,
-        );
+        quiet.push(acquire_1k(&load, o, target, run).await);
         eprintln!("bench: run {}/{}: opening the attack", run + 1, o.runs);
         let started = Instant::now();
         let held = attack(&grpc, size, &tokens.attacker).await?;
@@ -297,17 +300,7 @@ async fn measure(
         if !settled {
             warnings.push("the attack's Decide streams were still read after 60 s".to_owned());
         }
-        loud.push(
-            load.measure(
-                Arm::Acquire,
-                Spread::Thousand,
-                ms(o.warmup),
-                ms(o.duration),
-                u64::from(run),
-                target.pid,
-            )
-            .await,
-        );
+        loud.push(acquire_1k(&load, o, target, run).await);
         let rss_loud = target.memory().await.rss_bytes;
         if let (Some(a), Some(b)) = (rss_start, rss_loud) {
             growth.push(b as f64 - a as f64);
@@ -318,15 +311,6 @@ async fn measure(
         target.check_alive()?;
     }
     let figures = defences(target).await;
-    let summary = |ms: &[Measurement]| {
-        let p = |q: f64| median(ms.iter().map(|m| m.percentile_us(q)).collect());
-        json!({
-            "rate": median(ms.iter().map(Measurement::rate).collect()),
-            "p50_us": p(50.0),
-            "p99_us": p(99.0),
-            "errors": ms.iter().map(|m| m.tally.errors).sum::<u64>(),
-        })
-    };
     // The p99 ratio of each run, then their median.
     let ratios: Vec<f64> = quiet
         .iter()

@@ -1282,16 +1282,6 @@ async fn growth_mode(
         after.push(measure(u64::from(run)).await);
     }
     target.check_alive()?;
-    let summary = |ms: &[Measurement]| {
-        let p = |q: f64| median(ms.iter().map(|m| m.percentile_us(q)).collect());
-        json!({
-            "rate": median(ms.iter().map(Measurement::rate).collect()),
-            "p50_us": p(50.0),
-            "p99_us": p(99.0),
-            "p999_us": p(99.9),
-            "errors": ms.iter().map(|m| m.tally.errors).sum::<u64>(),
-        })
-    };
     let (b, a) = (summary(&before), summary(&after));
     let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
     let ratio = f(&a, "p999_us") / f(&b, "p999_us").max(0.001);
@@ -1349,6 +1339,19 @@ async fn growth_mode(
 // ---------------------------------------------------------------------------
 
 /// The median; 0 for no values.
+/// The medians across runs of a measurement's rate and percentiles, and
+/// its errors in all.
+fn summary(ms: &[Measurement]) -> Value {
+    let p = |q: f64| median(ms.iter().map(|m| m.percentile_us(q)).collect());
+    json!({
+        "rate": median(ms.iter().map(Measurement::rate).collect()),
+        "p50_us": p(50.0),
+        "p99_us": p(99.0),
+        "p999_us": p(99.9),
+        "errors": ms.iter().map(|m| m.tally.errors).sum::<u64>(),
+    })
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     if values.is_empty() {
         return 0.0;
