@@ -232,7 +232,7 @@ impl<T> Outbox<T> {
                 self.end_now((self.stuck)(format!(
                     "this stream's answers were not read for {} ms, with {} bytes unread: it is ended; read a stream's answers as they come, or raise [server] stuck_stream_timeout",
                     waited.as_millis(),
-                    self.budget.per_stream.min(u64::from(bytes) + self.unread_here()),
+                    self.unread_here(),
                 )));
                 false
             }

@@ -8,7 +8,7 @@
 //! with `--store`, several servers each keep their own.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use serde::Deserialize;
@@ -126,9 +126,9 @@ pub const DEFAULT_SHARE: f64 = 0.5;
 pub struct Share {
     name: Arc<str>,
     limits: [AtomicU64; KINDS],
-    /// 1 where the entry's `limits` set the limit, 0 where it is the
-    /// default share (for the refusal's words).
-    explicit: [AtomicU64; KINDS],
+    /// Where the entry's `limits` set the limit, not the default share
+    /// (for the refusal's words).
+    explicit: [AtomicBool; KINDS],
     held: [AtomicU64; KINDS],
     refused: [AtomicU64; KINDS],
     /// Its live tickets' lease ends: a ticket counts until it is
@@ -179,7 +179,6 @@ impl TicketHold {
 impl Drop for TicketHold {
     fn drop(&mut self) {
         if !self.kept {
-            let _guard = self.share.tickets.lock().expect("share tickets");
             self.share.give(Kind::Tickets);
         }
     }
@@ -207,7 +206,8 @@ impl Share {
         self.limits[kind as usize].load(Ordering::Relaxed)
     }
 
-    /// What it holds of `kind` (tickets: whose lease has not been seen to end).
+    /// What it holds of `kind` (tickets: whose lease has not been seen to
+    /// end; rules are counted from the rules, [`rules_held`]).
     pub fn held(&self, kind: Kind) -> u64 {
         self.held[kind as usize].load(Ordering::Relaxed)
     }
@@ -256,17 +256,9 @@ impl Share {
     /// A ticket's unit, taken before an acquire; tickets whose lease
     /// ended by `now` are let go first when the share is full.
     pub fn take_ticket(self: &Arc<Self>, now: Millis) -> Result<TicketHold, EngineError> {
-        let mut tickets = self.tickets.lock().expect("share tickets");
-        let held = &self.held[Kind::Tickets as usize];
-        if held.load(Ordering::Acquire) >= self.limit(Kind::Tickets) {
-            let before = tickets.len();
-            tickets.retain(|_, end| *end > now);
-            let ended = (before - tickets.len()) as u64;
-            let _ = held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                Some(n.saturating_sub(ended))
-            });
+        if self.held(Kind::Tickets) >= self.limit(Kind::Tickets) {
+            self.sweep(now);
         }
-        drop(tickets);
         if self.try_take(Kind::Tickets) {
             Ok(TicketHold {
                 share: self.clone(),
@@ -299,9 +291,12 @@ impl Share {
         let mut tickets = self.tickets.lock().expect("share tickets");
         let before = tickets.len();
         tickets.retain(|_, end| *end > now);
-        for _ in tickets.len()..before {
-            self.give(Kind::Tickets);
-        }
+        let ended = (before - tickets.len()) as u64;
+        let _ = self.held[Kind::Tickets as usize].fetch_update(
+            Ordering::AcqRel,
+            Ordering::Acquire,
+            |n| Some(n.saturating_sub(ended)),
+        );
     }
 
     /// The refusal at its limit for `kind`: which limit, whose, what to do.
@@ -311,13 +306,8 @@ impl Share {
             what: kind.what(),
             field: kind.field(),
             limit: self.limit(kind),
-            explicit: self.explicit[kind as usize].load(Ordering::Relaxed) == 1,
+            explicit: self.explicit[kind as usize].load(Ordering::Relaxed),
         }
-    }
-
-    /// Sets what it holds of `kind`, counted by the caller (rules).
-    pub fn set_held(&self, kind: Kind, held: u64) {
-        self.held[kind as usize].store(held, Ordering::Relaxed);
     }
 
     /// Counts a refusal at its limit for `kind` made outside [`Share::try_take`].
@@ -354,8 +344,8 @@ impl Shares {
                 .or_insert_with_key(|name| Arc::new(Share::new(name.clone())));
             for kind in Kind::ALL {
                 let (limit, explicit) = match grant.allowance.of(kind) {
-                    Some(limit) => (limit, 1),
-                    None => (default_limit(kind.cap(limits), fraction), 0),
+                    Some(limit) => (limit, true),
+                    None => (default_limit(kind.cap(limits), fraction), false),
                 };
                 share.limits[kind as usize].store(limit, Ordering::Relaxed);
                 share.explicit[kind as usize].store(explicit, Ordering::Relaxed);
@@ -382,6 +372,16 @@ impl Shares {
         all.sort_by(|a, b| a.name.cmp(&b.name));
         all
     }
+}
+
+/// The rules in force inside `grant`'s prefixes: what it holds of
+/// [`Kind::Rules`], counted from the rules rather than kept.
+pub fn rules_held(rules: &super::config::Rules, grant: &crate::auth::Grant) -> u64 {
+    rules
+        .rules
+        .iter()
+        .filter(|r| grant.scope.covers_pattern(&r.pattern))
+        .count() as u64
 }
 
 /// `fraction` of `cap`, rounded up, at least 1.

@@ -122,15 +122,6 @@ pub struct Figures {
     pub fleet_wide: bool,
 }
 
-/// The rules in force inside `grant`'s prefixes.
-fn rules_held(rules: &Rules, grant: &crate::auth::Grant) -> u64 {
-    rules
-        .rules
-        .iter()
-        .filter(|r| grant.scope.covers_pattern(&r.pattern))
-        .count() as u64
-}
-
 /// Where the keys live.
 #[derive(Clone, Debug)]
 pub enum Store {
@@ -202,10 +193,7 @@ impl Store {
     fn ticket_id(&self, token: &str) -> Option<crate::domain::TicketId> {
         match self {
             Store::Embedded(_) => ticket_of(token).ok(),
-            Store::Redis(_) => {
-                let (id, _) = token.split_once('.')?;
-                crate::domain::TicketId::from_hex(id.as_bytes())
-            }
+            Store::Redis(_) => super::redis::ticket_id(token),
         }
     }
 
@@ -471,17 +459,13 @@ impl Store {
         if let Some((grant, share)) = &share {
             let rules = self.rules();
             let replacing = rules.rules.iter().any(|r| r.pattern == rule.pattern);
-            let held = rules_held(&rules, grant);
+            let held = super::shares::rules_held(&rules, grant);
             if !replacing && held >= share.limit(Kind::Rules) {
                 share.count_refusal(Kind::Rules);
                 return Err(share.refusal(Kind::Rules));
             }
         }
-        let position = self.set_rule(rule)?;
-        if let Some((grant, share)) = &share {
-            share.set_held(Kind::Rules, rules_held(&self.rules(), grant));
-        }
-        Ok(position)
+        self.set_rule(rule)
     }
 
     /// Replaces the default rule.

@@ -213,6 +213,16 @@ fn share_families(x: &mut Exposition, core: &crate::engine::Core, whose: &Shown)
     for share in &shares {
         share.sweep(now);
     }
+    // Rules held are counted from the rules in force, by each
+    // credential's prefixes (the first entry of a name sets its share).
+    let rules = core.rules();
+    let access = core.access();
+    let rules_held = |name: &str| {
+        access
+            .as_deref()
+            .and_then(|a| a.grants().find(|g| g.name == name))
+            .map_or(0, |g| crate::engine::shares::rules_held(&rules, g))
+    };
     let kind_of = |k: Kind| k.field().trim_start_matches("max_");
     type Value = fn(&crate::engine::shares::Share, Kind) -> u64;
     let families: [(&str, &str, &str, &str, Value); 3] = [
@@ -248,7 +258,11 @@ fn share_families(x: &mut Exposition, core: &crate::engine::Core, whose: &Shown)
                     kind.field()
                 };
                 let labels = [("credential", share.name()), (label, shown)];
-                x.sample(name, &labels, value(share, kind));
+                let v = match (name, kind) {
+                    ("fusebox_share_held", Kind::Rules) => rules_held(share.name()),
+                    _ => value(share, kind),
+                };
+                x.sample(name, &labels, v);
             }
         }
     }

@@ -72,10 +72,10 @@ fn size_of(message: &Result<pb::WatchEvent, Status>) -> usize {
 
 /// Holds one of the `max_watch_streams` places, and a unit of its
 /// credential's share, while a stream is open.
-struct Place(
-    Arc<Core>,
-    #[allow(dead_code)] Option<crate::engine::shares::Hold>,
-);
+struct Place {
+    core: Arc<Core>,
+    _share: Option<crate::engine::shares::Hold>,
+}
 
 impl Place {
     fn take(core: &Arc<Core>, grant: Option<&Grant>) -> Result<Place, Status> {
@@ -101,13 +101,16 @@ impl Place {
                 "too many Watch streams: the server's max_watch_streams cap ({cap}) is reached; close a watcher or raise [server].max_watch_streams"
             )));
         }
-        Ok(Place(core.clone(), held))
+        Ok(Place {
+            core: core.clone(),
+            _share: held,
+        })
     }
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
-        self.0
+        self.core
             .counters()
             .watch_streams
             .fetch_sub(1, Ordering::Relaxed);

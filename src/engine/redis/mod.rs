@@ -197,6 +197,16 @@ pub fn token_with_key(id: TicketId, key: &str) -> String {
     token
 }
 
+/// The id a token names, without reading its key.
+pub fn ticket_id(token: &str) -> Option<TicketId> {
+    let (id, _) = token.split_once('.')?;
+    let lower_hex = id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if id.len() != 32 || !lower_hex {
+        return None;
+    }
+    TicketId::from_hex(id.as_bytes())
+}
+
 /// The id and key a token names; a token of another shape is not found
 /// (L4), an empty one is malformed.
 pub fn ticket_and_key(token: &str) -> Result<(TicketId, String), EngineError> {
@@ -206,12 +216,8 @@ pub fn ticket_and_key(token: &str) -> Result<(TicketId, String), EngineError> {
             "is required: pass the ticket that Acquire returned",
         ));
     }
-    let (id, key) = token.split_once('.').ok_or(EngineError::TicketNotFound)?;
-    let lower_hex = |s: &str| s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    if id.len() != 32 || !lower_hex(id) {
-        return Err(EngineError::TicketNotFound);
-    }
-    let id = TicketId::from_hex(id.as_bytes()).ok_or(EngineError::TicketNotFound)?;
+    let id = ticket_id(token).ok_or(EngineError::TicketNotFound)?;
+    let (_, key) = token.split_once('.').ok_or(EngineError::TicketNotFound)?;
     let bytes = crate::domain::hex::unhex(key.as_bytes()).ok_or(EngineError::TicketNotFound)?;
     let key = String::from_utf8(bytes).map_err(|_| EngineError::TicketNotFound)?;
     check_key(&key).map_err(|_| EngineError::TicketNotFound)?;
@@ -243,6 +249,7 @@ impl RedisStore {
         let conn = Conn::connect(reach, figures).await?;
         core.replace_rules(rules);
         core.use_unix_times();
+        let policy_writes = policies::Writes::start(&conn);
         let store = Arc::new(RedisStore {
             core,
             conn,
@@ -250,7 +257,7 @@ impl RedisStore {
             probe_replicas: options.probe_replicas,
             probe_wait: options.probe_wait,
             notices: options.notices.clone(),
-            policy_writes: policies::Writes::default(),
+            policy_writes,
             waiters: DashMap::new(),
             known: Mutex::new(BTreeSet::new()),
             policies: Mutex::new(Vec::new()),
@@ -855,11 +862,10 @@ impl RedisStore {
     /// Applies `change` to the rules, puts them in force here, and shares
     /// them through Redis; returns what `change` returned.
     pub fn change_rules<R>(&self, change: impl FnOnce(&mut Rules) -> R) -> R {
-        let mut rules = (*self.core.rules()).clone();
-        let out = change(&mut rules);
-        self.core.replace_rules(rules);
-        policies::publish(self);
-        out
+        policies::change(self, |rules| {
+            Ok::<_, std::convert::Infallible>(change(rules))
+        })
+        .unwrap_or_else(|never| match never {})
     }
 
     /// [`RedisStore::change_rules`] with a change that may be refused.
@@ -867,11 +873,7 @@ impl RedisStore {
         &self,
         change: impl FnOnce(&mut Rules) -> Result<(), EngineError>,
     ) -> Result<(), EngineError> {
-        let mut rules = (*self.core.rules()).clone();
-        change(&mut rules)?;
-        self.core.replace_rules(rules);
-        policies::publish(self);
-        Ok(())
+        policies::change(self, change)
     }
 
     /// Moves the manual clock and settles every key this server touched at

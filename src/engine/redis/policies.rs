@@ -107,20 +107,19 @@ pub async fn load(store: &Arc<RedisStore>) {
     let mut get = redis::cmd("GET");
     get.arg(POLICIES_KEY);
     match store.conn.query(&get).await {
-        Ok(redis::Value::BulkString(bytes)) => match content(store, &bytes)
-            .filter(|json| !store.policy_writes.superseded(json))
-            .map(from_json)
-        {
+        Ok(redis::Value::BulkString(bytes)) => match content(store, &bytes) {
             None => {}
-            Some(Ok(rules)) if *store.core().rules() != rules => {
-                let count = rules.rules.len();
-                store.core().replace_rules(rules);
-                tracing::info!(rules = count, "the fleet's policies changed in the store: keys adopt them at their next operation");
-            }
-            Some(Ok(_)) => {}
-            Some(Err(e)) => tracing::error!(
-                "the policies in the store ({POLICIES_KEY}) do not read: {e}; the running ones stay"
-            ),
+            Some(json) => match from_json(json) {
+                Ok(rules) => {
+                    let count = rules.rules.len();
+                    if store.policy_writes.adopt(store.core(), json, rules) {
+                        tracing::info!(rules = count, "the fleet's policies changed in the store: keys adopt them at their next operation");
+                    }
+                }
+                Err(e) => tracing::error!(
+                    "the policies in the store ({POLICIES_KEY}) do not read: {e}; the running ones stay"
+                ),
+            },
         },
         Ok(redis::Value::Nil) => {}
         Ok(other) => {
@@ -150,34 +149,72 @@ fn content<'a>(store: &RedisStore, bytes: &'a [u8]) -> Option<&'a [u8]> {
     }
 }
 
-/// After a change on this server: writes the rules to Redis and tells the
-/// other servers. Spawned: the change is in force here already.
-pub fn publish(store: &RedisStore) {
-    let text = to_json(&store.core().rules());
-    store.policy_writes.note(&text);
+/// A change on this server: `change` is applied to the rules in force,
+/// which are then put in force here, and written to Redis and the other
+/// servers told, through the writer task. Nothing is changed when
+/// `change` refuses.
+pub fn change<R, E>(
+    store: &RedisStore,
+    change: impl FnOnce(&mut Rules) -> Result<R, E>,
+) -> Result<R, E> {
+    // One lock for reading, changing, noting, sending and putting in
+    // force, and for reading back (adopt): two changes cannot lose one
+    // another, and a read of an earlier write cannot come in between.
+    let mut sent = store.policy_writes.sent.lock().expect("policy writes");
+    let mut rules = (*store.core().rules()).clone();
+    let out = change(&mut rules)?;
+    let text = to_json(&rules);
     let json = sealed(store, POLICIES_KEY, &text);
     let changed = sealed(store, POLICIES, "changed");
-    let Some(writer) = store.policy_writes.writer(&store.conn) else {
-        return;
-    };
-    let _ = writer.send((json, changed));
+    if sent.len() == REMEMBERED_WRITES {
+        sent.pop_front();
+    }
+    sent.push_back(Writes::hash(text.as_bytes()));
+    let _ = store.policy_writes.writer.send((json, changed));
+    store.core().replace_rules(rules);
+    Ok(out)
 }
 
 /// This server's writes of the shared policies: sent by one task, in the
 /// order they were made (two changes in a row reach Redis in that order),
 /// and remembered, so that reading back an earlier one of them, already
 /// replaced here, does not undo the later (decisions 100).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Writes {
     /// Hashes of the last writes, oldest first.
     sent: std::sync::Mutex<std::collections::VecDeque<u64>>,
-    writer: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<(String, String)>>,
+    writer: tokio::sync::mpsc::UnboundedSender<(String, String)>,
 }
 
 /// Writes remembered.
 const REMEMBERED_WRITES: usize = 64;
 
 impl Writes {
+    /// The writes of a server on `conn`, and the task that sends them.
+    pub(super) fn start(conn: &super::conn::Conn) -> Writes {
+        let (writer, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
+        let conn = conn.clone();
+        tokio::spawn(async move {
+            while let Some((json, changed)) = rx.recv().await {
+                let mut set = redis::cmd("SET");
+                set.arg(POLICIES_KEY).arg(&json);
+                let mut publish = redis::cmd("PUBLISH");
+                publish.arg(POLICIES).arg(&changed);
+                let written = match conn.query(&set).await {
+                    Ok(_) => conn.query(&publish).await.map(drop),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = written {
+                    tracing::error!("a policy change is in force on this server but could not be shared through the store: {e}; other servers keep the old policies until the next change");
+                }
+            }
+        });
+        Writes {
+            sent: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            writer,
+        }
+    }
+
     fn hash(text: &[u8]) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -185,54 +222,17 @@ impl Writes {
         h.finish()
     }
 
-    fn note(&self, text: &str) {
-        let mut sent = self.sent.lock().expect("policy writes");
-        if sent.len() == REMEMBERED_WRITES {
-            sent.pop_front();
-        }
-        sent.push_back(Writes::hash(text.as_bytes()));
-    }
-
-    /// True when `text` is one of this server's writes that a later one replaced.
-    fn superseded(&self, text: &[u8]) -> bool {
-        let h = Writes::hash(text);
+    /// Puts `rules`, read back from Redis as `json`, in force unless they
+    /// are one of this server's writes that a later one replaced, or
+    /// what is in force already; true when they were put in force.
+    fn adopt(&self, core: &super::super::Core, json: &[u8], rules: Rules) -> bool {
+        let h = Writes::hash(json);
         let sent = self.sent.lock().expect("policy writes");
-        sent.back() != Some(&h) && sent.contains(&h)
-    }
-
-    /// The task that writes, started at the first write.
-    fn writer(
-        &self,
-        conn: &super::conn::Conn,
-    ) -> Option<&tokio::sync::mpsc::UnboundedSender<(String, String)>> {
-        if let Some(writer) = self.writer.get() {
-            return Some(writer);
+        let superseded = sent.back() != Some(&h) && sent.contains(&h);
+        if superseded || *core.rules() == rules {
+            return false;
         }
-        let handle = tokio::runtime::Handle::try_current().ok()?;
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
-        let conn = conn.clone();
-        let mut started = false;
-        let writer = self.writer.get_or_init(|| {
-            started = true;
-            tx
-        });
-        if started {
-            handle.spawn(async move {
-                while let Some((json, changed)) = rx.recv().await {
-                    let mut set = redis::cmd("SET");
-                    set.arg(POLICIES_KEY).arg(&json);
-                    let mut publish = redis::cmd("PUBLISH");
-                    publish.arg(POLICIES).arg(&changed);
-                    let written = match conn.query(&set).await {
-                        Ok(_) => conn.query(&publish).await.map(drop),
-                        Err(e) => Err(e),
-                    };
-                    if let Err(e) = written {
-                        tracing::error!("a policy change is in force on this server but could not be shared through the store: {e}; other servers keep the old policies until the next change");
-                    }
-                }
-            });
-        }
-        Some(writer)
+        core.replace_rules(rules);
+        true
     }
 }
