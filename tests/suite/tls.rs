@@ -300,8 +300,16 @@ async fn grpc_over_tls_answers_only_clients_that_trust_its_ca() {
         why.contains("UnknownIssuer"),
         "the client fails on the certificate: {why}"
     );
-    let logs = server.logs();
-    assert!(logs.contains("TLS handshake failed"), "{logs}");
+    // The log is read from the server's standard error as it comes.
+    let logs = crate::harness::eventually(
+        "the failed handshake to be logged",
+        std::time::Duration::from_secs(10),
+        || async {
+            let logs = server.logs();
+            logs.contains("TLS handshake failed").then_some(logs)
+        },
+    )
+    .await;
     assert!(logs.contains("tls=on; HTTP over TLS too"), "{logs}");
 }
 
