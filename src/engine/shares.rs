@@ -20,7 +20,8 @@ use crate::domain::{Millis, TicketId};
 /// What a share limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
-    /// Live keys it made (embedded; with `--store` Redis's memory bounds keys).
+    /// Live keys it made (embedded); with `--store`, the keys it asked for
+    /// within the time Redis keeps a key at rest (decisions 104).
     Keys = 0,
     /// Live tickets it was granted.
     Tickets = 1,
@@ -118,6 +119,13 @@ impl Allowance {
     }
 }
 
+/// How long after its last use a key a credential asked for counts in its
+/// key share with a store (decisions 104): as long as Redis keeps a key at
+/// rest (the module's 10 minutes), or the server's `idle_after` if longer.
+pub fn key_idle_after(limits: &Limits) -> Millis {
+    limits.idle_after.max(super::redis::KEY_AT_REST_EXPIRY)
+}
+
 /// The default share: half of each cap.
 pub const DEFAULT_SHARE: f64 = 0.5;
 
@@ -134,7 +142,20 @@ pub struct Share {
     /// Its live tickets' lease ends: a ticket counts until it is
     /// completed through this server or its lease ends.
     tickets: Mutex<HashMap<TicketId, Millis>>,
+    /// Its Decide frames in flight to the store (decisions 102): at most
+    /// half of the server's, so that another credential's frames and
+    /// calls always find room on the link.
+    store_frames: tokio::sync::Semaphore,
+    /// With a store, the keys it asked for lately, each with when it last
+    /// did (decisions 104), and when they were last swept.
+    keys: Mutex<(HashMap<Arc<str>, Millis>, Millis)>,
+    /// Its single calls in flight with a store, which other credentials'
+    /// Decide parts yield to.
+    calls_in_flight: AtomicU64,
 }
+
+/// The most Decide frames of one credential in flight to the store.
+pub const STORE_FRAMES_PER_CREDENTIAL: usize = 256;
 
 /// One unit of a share, given back when dropped.
 #[derive(Debug)]
@@ -193,7 +214,62 @@ impl Share {
             held: Default::default(),
             refused: Default::default(),
             tickets: Mutex::new(HashMap::new()),
+            store_frames: tokio::sync::Semaphore::new(STORE_FRAMES_PER_CREDENTIAL),
+            keys: Mutex::new((HashMap::new(), 0)),
+            calls_in_flight: AtomicU64::new(0),
         }
+    }
+
+    /// With a store (decisions 104): counts `key` as one of its keys while
+    /// it asked for it within `idle_after` (a key Redis forgets that long
+    /// after its last use); refused when that makes more than its limit.
+    pub fn use_key(&self, key: &str, now: Millis, idle_after: Millis) -> Result<(), EngineError> {
+        let mut guard = self.keys.lock().expect("share keys");
+        let (keys, swept) = &mut *guard;
+        if let Some(last) = keys.get_mut(key) {
+            *last = now;
+            return Ok(());
+        }
+        let limit = self.limit(Kind::Keys);
+        // A full share lets go of the keys it has not used within
+        // `idle_after`, looking at most once a second.
+        if keys.len() as u64 >= limit && now >= swept.saturating_add(1_000) {
+            keys.retain(|_, last| last.saturating_add(idle_after) > now);
+            *swept = now;
+        }
+        let fits = (keys.len() as u64) < limit;
+        if fits {
+            keys.insert(Arc::from(key), now);
+        }
+        self.held[Kind::Keys as usize].store(keys.len() as u64, Ordering::Relaxed);
+        if fits {
+            Ok(())
+        } else {
+            self.count_refusal(Kind::Keys);
+            Err(self.refusal(Kind::Keys))
+        }
+    }
+
+    /// Lets go of the keys (with a store) it has not used within `idle_after`.
+    pub fn sweep_keys(&self, now: Millis, idle_after: Millis) {
+        let mut guard = self.keys.lock().expect("share keys");
+        let (keys, swept) = &mut *guard;
+        if keys.is_empty() {
+            return;
+        }
+        keys.retain(|_, last| last.saturating_add(idle_after) > now);
+        *swept = now;
+        self.held[Kind::Keys as usize].store(keys.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Its single calls in flight with a store.
+    pub fn calls_in_flight(&self) -> &AtomicU64 {
+        &self.calls_in_flight
+    }
+
+    /// Its places for Decide frames in flight to the store.
+    pub fn store_frames(&self) -> &tokio::sync::Semaphore {
+        &self.store_frames
     }
 
     /// The credential's name.
@@ -431,6 +507,30 @@ mod tests {
         assert!(!share.let_go(TicketId(3)));
         share.sweep(300);
         assert_eq!(share.held(Kind::Tickets), 0);
+    }
+
+    #[test]
+    fn with_a_store_keys_count_while_asked_for_within_the_idle_time() {
+        let share = share(2);
+        share.use_key("a/1", 0, 100).unwrap();
+        share.use_key("a/2", 10, 100).unwrap();
+        // The same key again is not one more.
+        share.use_key("a/1", 50, 100).unwrap();
+        assert_eq!(share.held(Kind::Keys), 2);
+        let err = share.use_key("a/3", 60, 100).unwrap_err();
+        assert!(err.to_string().contains("max_keys"), "{err}");
+        assert_eq!(share.refused(Kind::Keys), 1);
+        // Past the idle time both are let go; a full share looks for
+        // such keys at most once a second.
+        share.use_key("a/3", 1_005, 100).unwrap();
+        share.use_key("a/4", 1_050, 100).unwrap();
+        assert_eq!(share.held(Kind::Keys), 2);
+        share.use_key("a/5", 1_200, 100).unwrap_err();
+        assert_eq!(share.refused(Kind::Keys), 2);
+        share.use_key("a/5", 2_010, 100).unwrap();
+        assert_eq!(share.held(Kind::Keys), 1);
+        share.sweep_keys(2_200, 100);
+        assert_eq!(share.held(Kind::Keys), 0);
     }
 
     #[test]

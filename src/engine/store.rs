@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use super::config::{Rule, Rules};
 use super::redis::{RedisStore, StoreFigures};
-use super::shares::{Kind, Share};
+use super::shares::{self, Kind, Share};
 use super::tickets::ticket_of;
 use super::{
     AcquireArgs, AcquireReply, CompleteReply, Core, Engine, EngineError, KeyReading,
@@ -176,7 +176,15 @@ impl Store {
             0 => None,
             _ => Some(share.take(Kind::Waiters)?),
         };
-        let ticket = share.take_ticket(self.core().now())?;
+        let now = self.core().now();
+        if let Store::Redis(_) = self {
+            share.use_key(
+                &args.key,
+                now,
+                shares::key_idle_after(&self.core().limits()),
+            )?;
+        }
+        let ticket = share.take_ticket(now)?;
         let reply = match self {
             Store::Embedded(e) => e.acquire_for(args, Some(share)).await,
             Store::Redis(r) => r.acquire(args).await,

@@ -210,8 +210,10 @@ fn share_families(x: &mut Exposition, core: &crate::engine::Core, whose: &Shown)
         })
         .collect();
     let now = core.now();
+    let key_idle = crate::engine::shares::key_idle_after(&core.limits());
     for share in &shares {
         share.sweep(now);
+        share.sweep_keys(now, key_idle);
     }
     // Rules held are counted from the rules in force, by each
     // credential's prefixes (the first entry of a name sets its share).

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use tokio::sync::oneshot;
@@ -39,12 +39,55 @@ pub const MAX_UNANSWERED: usize = 10_000;
 /// (decisions 102): two parts, enough to keep a Redis busy.
 pub const MAX_STORE_FRAMES_IN_FLIGHT: usize = 2 * STORE_PART;
 
+const _: () = assert!(crate::engine::shares::STORE_FRAMES_PER_CREDENTIAL == STORE_PART);
+
 /// With a store, a message's frames are sent in parts of this many.
 const STORE_PART: usize = 256;
 
 /// The Decide frames in flight to the store.
 static STORE_FRAMES: tokio::sync::Semaphore =
     tokio::sync::Semaphore::const_new(MAX_STORE_FRAMES_IN_FLIGHT);
+
+/// With a store, after each part a credential's next part waits this many
+/// times as long as the part took, while another credential's calls are
+/// in flight (decisions 103).
+const PACE: u32 = 2;
+
+/// With a store, a stream lets other tasks run after starting this many
+/// frames.
+const YIELD_EVERY: usize = 32;
+
+/// Single calls (Acquire, Complete, Renew and the batches) in flight with
+/// a credential, with a store: what Decide parts yield to.
+static CALLING: AtomicU64 = AtomicU64::new(0);
+
+/// One single call in flight, counted for its credential and the server
+/// until dropped.
+pub struct Calling(Arc<Share>);
+
+/// Counts a single call of `grant`'s credential while it is in flight, with
+/// a store (embedded, nothing waits on the store and nothing is counted).
+pub fn calling(api: &Api, grant: Option<&Grant>) -> Option<Calling> {
+    if !matches!(api.store, crate::engine::Store::Redis(_)) {
+        return None;
+    }
+    let share = api.store.core().share_of(grant)?;
+    share.calls_in_flight().fetch_add(1, Ordering::Relaxed);
+    CALLING.fetch_add(1, Ordering::Relaxed);
+    Some(Calling(share))
+}
+
+impl Drop for Calling {
+    fn drop(&mut self) {
+        self.0.calls_in_flight().fetch_sub(1, Ordering::Relaxed);
+        CALLING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether a credential other than `share`'s has a single call in flight.
+fn others_calling(share: &Share) -> bool {
+    CALLING.load(Ordering::Relaxed) > share.calls_in_flight().load(Ordering::Relaxed)
+}
 
 /// The most `Decide` streams open on one connection.
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 16;
@@ -74,7 +117,7 @@ static STREAMS: LazyLock<Mutex<HashMap<SocketAddr, u32>>> =
 /// (`max_decide_streams`) and its credential's share, until dropped.
 struct Counted {
     peer: Option<SocketAddr>,
-    _share: Option<Hold>,
+    share: Option<Hold>,
 }
 
 impl Counted {
@@ -102,7 +145,7 @@ impl Counted {
         }
         let mut counted = Counted {
             peer: None,
-            _share: held,
+            share: held,
         };
         if let Some(peer) = peer {
             let mut streams = STREAMS.lock().expect("streams lock");
@@ -187,7 +230,7 @@ pub fn open(api: &Api, request: Request<Streaming<pb::DecideRequest>>) -> Result
         tx,
         waiting: JoinSet::new(),
         cancels: HashMap::new(),
-        _counted: counted,
+        counted,
     };
     tokio::spawn(stream.serve(frames));
     Ok(rx)
@@ -248,7 +291,7 @@ struct Stream {
     waiting: JoinSet<Waited>,
     /// How to cancel each waiting Acquire, by frame id (taken once used).
     cancels: HashMap<u64, Option<oneshot::Sender<()>>>,
-    _counted: Counted,
+    counted: Counted,
 }
 
 impl Stream {
@@ -346,6 +389,7 @@ impl Stream {
             .fetch_add(frames.len() as u64, Ordering::Relaxed);
         let api = self.api.clone();
         let grant = self.grant.clone();
+        let share = self.counted.share.as_ref().map(|h| h.share().clone());
         // With a store, each frame is a command in flight to Redis: the
         // server's are bounded, so that no stream fills the link (and the
         // memory) with its frames and every other call waits behind them
@@ -357,17 +401,37 @@ impl Stream {
         let mut frames = frames.into_iter().enumerate().peekable();
         while frames.peek().is_some() {
             let this: Vec<_> = frames.by_ref().take(part).collect();
-            let _in_flight = match store {
-                true => Some(
-                    STORE_FRAMES
-                        .acquire_many(this.len() as u32)
-                        .await
-                        .expect("never closed"),
-                ),
-                false => None,
+            // A credential's own places first (at most one part of its
+            // in flight), then the server's: another credential's part
+            // always finds room.
+            let (own, server) = match store {
+                true => {
+                    let n = this.len() as u32;
+                    let own = match &share {
+                        Some(share) => Some(
+                            share
+                                .store_frames()
+                                .acquire_many(n)
+                                .await
+                                .expect("never closed"),
+                        ),
+                        None => None,
+                    };
+                    (
+                        own,
+                        Some(STORE_FRAMES.acquire_many(n).await.expect("never closed")),
+                    )
+                }
+                false => (None, None),
             };
+            let started = std::time::Instant::now();
             let mut pending: Vec<(usize, Pending<'_>)> = Vec::new();
             for (at, frame) in this {
+                // Starting a frame on the store costs about as much as a
+                // single call: others' calls get their turn between.
+                if store && at % YIELD_EVERY == YIELD_EVERY - 1 {
+                    tokio::task::yield_now().await;
+                }
                 let id = frame.id;
                 if at >= MAX_FRAMES_PER_MESSAGE {
                     FIGURES
@@ -388,6 +452,15 @@ impl Stream {
                 }
             }
             results.extend(all(pending).await);
+            drop(server);
+            // While another credential's calls are in flight, its parts
+            // take at most a third of the time (decisions 103).
+            if let (Some(share), Some(_)) = (&share, &own) {
+                if others_calling(share) {
+                    tokio::time::sleep(started.elapsed() * PACE).await;
+                }
+            }
+            drop(own);
         }
         results.sort_unstable_by_key(|(at, _)| *at);
         results.into_iter().map(|(_, r)| r).collect()
@@ -533,6 +606,7 @@ pub async fn acquire_batch(
     request: Request<pb::AcquireBatchRequest>,
 ) -> Result<pb::AcquireBatchResponse, Status> {
     let grant = api.grant(&request)?;
+    let _calling = calling(api, grant.as_deref());
     let items = request.into_inner().items;
     check_items(items.len())?;
     FIGURES
@@ -581,6 +655,7 @@ pub async fn complete_batch(
     request: Request<pb::CompleteBatchRequest>,
 ) -> Result<pb::CompleteBatchResponse, Status> {
     let grant = api.grant(&request)?;
+    let _calling = calling(api, grant.as_deref());
     let items = request.into_inner().items;
     check_items(items.len())?;
     FIGURES

@@ -263,6 +263,7 @@ impl Fusebox for Api {
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
         let grant = self.grant(&request)?;
+        let _calling = decide::calling(self, grant.as_deref());
         self.acquire_as(grant.as_deref(), request.into_inner())
             .await
             .map(Response::new)
@@ -273,6 +274,7 @@ impl Fusebox for Api {
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteResponse>, Status> {
         let grant = self.grant(&request)?;
+        let _calling = decide::calling(self, grant.as_deref());
         self.complete_as(grant.as_deref(), request.into_inner())
             .await
             .map(Response::new)
@@ -283,6 +285,7 @@ impl Fusebox for Api {
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::RenewResponse>, Status> {
         let grant = self.grant(&request)?;
+        let _calling = decide::calling(self, grant.as_deref());
         self.renew_as(grant.as_deref(), request.into_inner())
             .await
             .map(Response::new)

@@ -285,11 +285,6 @@ const ROWS: [Row; 6] = [
 /// `b` still gets its own; the server-wide cap holds over both.
 async fn every_kind_is_shared(mode: Mode<'_>, flush: &dyn Fn()) {
     for row in &ROWS {
-        if row.kind == "keys" && matches!(mode, Mode::Store(_)) {
-            // With --store, keys live in Redis, bounded by its memory
-            // (decisions 71); the key share is the embedded engine's.
-            continue;
-        }
         for explicit in [false, true] {
             flush();
             let what = format!(
@@ -372,9 +367,11 @@ async fn every_kind_is_shared(mode: Mode<'_>, flush: &dyn Fn()) {
                     panic!("{what}: b's unit {n} of {b_may} is refused: {status:?}");
                 }
             }
-            // With --store, Redis's memory bounds tickets, not max_tickets
-            // (decisions 71): a share still limits each credential.
-            let server_caps = !(row.kind == "tickets" && matches!(mode, Mode::Store(_)));
+            // With --store, Redis's memory bounds keys and tickets, not
+            // max_keys and max_tickets (decisions 71): a share still limits
+            // each credential (decisions 104).
+            let server_caps =
+                !(matches!(row.kind, "keys" | "tickets") && matches!(mode, Mode::Store(_)));
             if explicit && server_caps {
                 let capped = taker
                     .take(row.kind, B, "b/", b_may)
@@ -506,14 +503,36 @@ max_rules = 6
 
 #[test]
 fn fuzz_no_calls_by_one_credential_make_anothers_first_acquire_fail_for_a_cap() {
+    no_calls_by_one_credential_make_anothers_first_fail(Mode::Embedded, &|| {});
+}
+
+#[test]
+fn fuzz_no_calls_by_one_credential_make_anothers_first_acquire_fail_with_a_store() {
+    let Some(redis) = Standalone::start("shares_property_with_a_store") else {
+        return;
+    };
+    let port = redis.server.port;
+    let url = format!("redis://127.0.0.1:{port}");
+    no_calls_by_one_credential_make_anothers_first_fail(Mode::Store(&url), &|| {
+        crate::store::flush(&[port])
+    });
+}
+
+/// The property, in `mode` (`flush` empties the store between cases).
+fn no_calls_by_one_credential_make_anothers_first_fail(mode: Mode<'_>, flush: &(dyn Fn() + Sync)) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("a runtime");
-    crate::fuzz::fuzz("shares", 12, prop::collection::vec(op(), 1..60), |ops| {
+    let name = match mode {
+        Mode::Embedded => "shares",
+        Mode::Store(_) => "shares_store",
+    };
+    crate::fuzz::fuzz(name, 12, prop::collection::vec(op(), 1..60), |ops| {
+        flush();
         rt.block_on(async {
-            let server = tenants(Mode::Embedded, PROPERTY_CONFIG, QUEUE_RULES, ("", "")).await;
+            let server = tenants(mode, PROPERTY_CONFIG, QUEUE_RULES, ("", "")).await;
             let mut taker = Taker {
                 server: &server,
                 held: Vec::new(),

@@ -15,15 +15,39 @@ const TOKEN: &str = "tenant-a-token-0123456789";
 
 /// A server with one caller token (`a/*`) and `extra` config lines.
 async fn server_with(extra: &str) -> Server {
+    server_in(extra, &[]).await
+}
+
+/// [`server_with`], with more arguments (`--store URL`).
+async fn server_in(extra: &str, args: &[&str]) -> Server {
     let config = format!(
         "{extra}\n[auth]\n\n[[auth.token]]\nname = \"a\"\nrole = \"caller\"\nprefixes = [\"a/*\"]\nsha256 = \"{}\"\n",
         fusebox::auth::hash_hex(TOKEN)
     );
     Server::start(Options {
         config: Some(&config),
+        args: args.to_vec(),
         ..Options::default()
     })
     .await
+}
+
+/// Runs `test` against a server on a real Redis (`--store URL`); skipped
+/// where Redis or the module is missing, as every store test is.
+async fn with_a_store<F, Fut>(name: &'static str, test: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let Some(redis) =
+        tokio::task::spawn_blocking(move || crate::redis_harness::Standalone::start(name))
+            .await
+            .expect("redis starts")
+    else {
+        return;
+    };
+    test(format!("redis://127.0.0.1:{}", redis.server.port)).await;
+    drop(redis);
 }
 
 /// The value of an unlabelled series in a `/metrics` text.
@@ -197,6 +221,21 @@ async fn next_of<T>(
 /// the new file, and a credential that stays keeps its streams.
 #[tokio::test]
 async fn streams_end_when_their_token_is_removed() {
+    streams_end_when_their_token_is_removed_in(&[]).await;
+}
+
+#[tokio::test]
+async fn streams_end_when_their_token_is_removed_with_a_store() {
+    with_a_store(
+        "streams_end_when_their_token_is_removed_with_a_store",
+        |url| async move {
+            streams_end_when_their_token_is_removed_in(&["--store", &url]).await;
+        },
+    )
+    .await;
+}
+
+async fn streams_end_when_their_token_is_removed_in(args: &[&str]) {
     use fusebox::proto::v1 as pb;
     use tokio_stream::wrappers::ReceiverStream;
     const GONE: &str = "removed-caller-token-0123456789";
@@ -214,6 +253,7 @@ async fn streams_end_when_their_token_is_removed() {
     let config = format!("[auth]\ntoken_file = \"{}\"\n", file.display());
     let server = Server::start(Options {
         config: Some(&config),
+        args: args.to_vec(),
         ..Options::default()
     })
     .await;
@@ -352,6 +392,21 @@ async fn streams_end_when_their_token_is_removed() {
 /// its keys.
 #[tokio::test]
 async fn key_names_are_shown_only_to_their_namespace() {
+    key_names_are_shown_only_to_their_namespace_in(&[]).await;
+}
+
+#[tokio::test]
+async fn key_names_are_shown_only_to_their_namespace_with_a_store() {
+    with_a_store(
+        "key_names_are_shown_only_to_their_namespace_with_a_store",
+        |url| async move {
+            key_names_are_shown_only_to_their_namespace_in(&["--store", &url]).await;
+        },
+    )
+    .await;
+}
+
+async fn key_names_are_shown_only_to_their_namespace_in(args: &[&str]) {
     use fusebox::proto::v1 as pb;
     const A_OPS: &str = "namespace-a-operator-0123456789";
     const B: &str = "namespace-b-caller-0123456789";
@@ -368,6 +423,7 @@ async fn key_names_are_shown_only_to_their_namespace() {
     );
     let server = Server::start(Options {
         config: Some(&config),
+        args: args.to_vec(),
         ..Options::default()
     })
     .await;
@@ -398,8 +454,17 @@ async fn key_names_are_shown_only_to_their_namespace() {
     .await
     .expect("a's operator acquires its own key");
     let http = server.http_addr.clone().expect("an HTTP port");
-    let anonymous = get(&http, "/metrics").await;
-    assert_eq!(anonymous.status, 200);
+    // With a store, the figures are the store's, read every so often.
+    let anonymous = crate::harness::eventually(
+        "/metrics counting b's and a's tickets",
+        Duration::from_secs(10),
+        || async {
+            let reply = get(&http, "/metrics").await;
+            (reply.status == 200 && reply.body.contains("fusebox_other_keys_live_tickets 3"))
+                .then_some(reply)
+        },
+    )
+    .await;
     assert!(
         !anonymous.body.contains("key=\""),
         "no key name without a credential:\n{}",
@@ -453,6 +518,22 @@ async fn key_names_are_shown_only_to_their_namespace() {
 /// not, and a namespace admin may set rules only inside its patterns.
 #[tokio::test]
 async fn rules_are_capped_and_a_namespace_admin_stays_in_its_patterns() {
+    rules_are_capped_and_a_namespace_admin_stays_in_its_patterns_in(&[]).await;
+}
+
+#[tokio::test]
+async fn rules_are_capped_and_a_namespace_admin_stays_in_its_patterns_with_a_store() {
+    with_a_store(
+        "rules_are_capped_and_a_namespace_admin_stays_in_its_patterns_with_a_store",
+        |url| async move {
+            rules_are_capped_and_a_namespace_admin_stays_in_its_patterns_in(&["--store", &url])
+                .await;
+        },
+    )
+    .await;
+}
+
+async fn rules_are_capped_and_a_namespace_admin_stays_in_its_patterns_in(args: &[&str]) {
     use fusebox::proto::v1 as pb;
     const A_ADMIN: &str = "namespace-a-admin-0123456789";
     let config = format!(
@@ -465,6 +546,7 @@ async fn rules_are_capped_and_a_namespace_admin_stays_in_its_patterns() {
     );
     let server = Server::start(Options {
         config: Some(&config),
+        args: args.to_vec(),
         ..Options::default()
     })
     .await;
@@ -675,12 +757,28 @@ async fn idle_http_sockets_make_room_for_a_new_viewer() {
 /// throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decide_answers_never_read_are_bounded_and_the_stream_ends() {
+    decide_answers_never_read_are_bounded_and_the_stream_ends_in(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decide_answers_never_read_are_bounded_and_the_stream_ends_with_a_store() {
+    with_a_store(
+        "decide_answers_never_read_are_bounded_and_the_stream_ends_with_a_store",
+        |url| async move {
+            decide_answers_never_read_are_bounded_and_the_stream_ends_in(&["--store", &url]).await;
+        },
+    )
+    .await;
+}
+
+async fn decide_answers_never_read_are_bounded_and_the_stream_ends_in(args: &[&str]) {
     use fusebox::proto::v1 as pb;
     use tokio_stream::wrappers::ReceiverStream;
     const PER_STREAM: f64 = 65_536.0;
     const SERVER: f64 = 1_048_576.0;
-    let server = server_with(
+    let server = server_in(
         "[server]\nmax_unread_bytes_per_stream = 65536\nmax_unread_bytes = 1048576\nstuck_stream_timeout = \"2s\"",
+        args,
     )
     .await;
     let checks = pb::DecideRequest {

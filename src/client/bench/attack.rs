@@ -198,6 +198,23 @@ async fn settle(target: &Target) -> bool {
     false
 }
 
+/// Waits until the server has closed every Decide stream of the ended
+/// attack (`fusebox_decide_streams` back to 0). False after a minute.
+async fn released(target: &Target) -> bool {
+    let Some(http) = target.https.first() else {
+        return false;
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let text = http_get(http, "/metrics").await.unwrap_or_default();
+        if metric(&text, "fusebox_decide_streams") == Some(0) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
 /// What the server counted of the attack, from its `/metrics`.
 async fn defences(target: &Target) -> String {
     let Some(http) = target.https.first() else {
@@ -305,9 +322,19 @@ async fn measure(
         if let (Some(a), Some(b)) = (rss_start, rss_loud) {
             growth.push(b as f64 - a as f64);
         }
+        eprintln!(
+            "bench: run {}/{}: p99 quiet {:.0} us, under attack {:.0} us",
+            run + 1,
+            o.runs,
+            quiet[usize::from(run)].percentile_us(99.0),
+            loud[usize::from(run)].percentile_us(99.0)
+        );
         drop(held);
-        // The server lets the attack go before the next quiet run.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // The next quiet run starts once the server has let the attack go.
+        if !released(target).await {
+            warnings
+                .push("the attack's Decide streams were still open 60 s after it ended".to_owned());
+        }
         target.check_alive()?;
     }
     let figures = defences(target).await;
