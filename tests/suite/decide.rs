@@ -448,13 +448,10 @@ async fn every_vector_passes_through_one_decide_stream() {
 /// With state in Redis: every frame of a message goes to Redis together.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_vector_passes_through_one_decide_stream_with_a_store() {
-    let Some(redis) = tokio::task::spawn_blocking(|| {
-        crate::redis_harness::Standalone::start(
-            "every_vector_passes_through_one_decide_stream_with_a_store",
-        )
-    })
-    .await
-    .expect("redis starts") else {
+    let Some(redis) =
+        crate::harness::standalone("every_vector_passes_through_one_decide_stream_with_a_store")
+            .await
+    else {
         return;
     };
     let port = redis.server.port;
@@ -1250,11 +1247,7 @@ async fn frames_of_one_key_are_decided_in_arrival_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn frames_of_one_key_are_decided_in_arrival_order_with_a_store() {
     let test = "frames_of_one_key_are_decided_in_arrival_order_with_a_store";
-    let Some(redis) =
-        tokio::task::spawn_blocking(move || crate::redis_harness::Standalone::start(test))
-            .await
-            .expect("redis starts")
-    else {
+    let Some(redis) = crate::harness::standalone(test).await else {
         return;
     };
     frames_in_order_while_busy(&format!("redis://127.0.0.1:{}", redis.server.port)).await;

@@ -284,3 +284,12 @@ pub async fn call(engine: &fusebox::engine::Engine, key: &str, outcome: fusebox:
         engine.complete(&ticket, outcome).expect("complete answers");
     }
 }
+
+/// A redis-server with the module loaded, started off the runtime's
+/// threads; `None` where Redis or the module is missing (the test is then
+/// skipped, as every store test is).
+pub async fn standalone(test: &'static str) -> Option<crate::redis_harness::Standalone> {
+    tokio::task::spawn_blocking(move || crate::redis_harness::Standalone::start(test))
+        .await
+        .expect("redis starts")
+}

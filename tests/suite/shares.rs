@@ -397,11 +397,7 @@ async fn every_kind_is_shared_embedded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_is_shared_with_a_store() {
-    let Some(redis) =
-        tokio::task::spawn_blocking(|| Standalone::start("every_kind_is_shared_with_a_store"))
-            .await
-            .expect("redis starts")
-    else {
+    let Some(redis) = crate::harness::standalone("every_kind_is_shared_with_a_store").await else {
         return;
     };
     let port = redis.server.port;

@@ -12,7 +12,7 @@ use fusebox::proto::v1 as pb;
 use tokio::sync::Barrier;
 
 use crate::harness::{eventually, millis, servers_on, Server};
-use crate::redis_harness::{Cluster, Standalone};
+use crate::redis_harness::Cluster;
 use crate::vectors::{load_all, replay, GrpcTarget};
 
 /// Empties every primary, so that a vector starts on no keys and no
@@ -51,11 +51,9 @@ async fn every_vector_over_two_servers(store: &str, ports: &[u16]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_vector_passes_over_two_servers_on_one_redis() {
-    let Some(redis) = tokio::task::spawn_blocking(|| {
-        Standalone::start("every_vector_passes_over_two_servers_on_one_redis")
-    })
-    .await
-    .expect("redis starts") else {
+    let Some(redis) =
+        crate::harness::standalone("every_vector_passes_over_two_servers_on_one_redis").await
+    else {
         return;
     };
     let port = redis.server.port;
@@ -499,11 +497,9 @@ async fn metrics(server: &Server) -> String {
 /// by phase, tickets and keys, read from the store, alike on every server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_with_a_store_move_as_they_do_embedded() {
-    let Some(redis) = tokio::task::spawn_blocking(|| {
-        Standalone::start("metrics_with_a_store_move_as_they_do_embedded")
-    })
-    .await
-    .expect("redis starts") else {
+    let Some(redis) =
+        crate::harness::standalone("metrics_with_a_store_move_as_they_do_embedded").await
+    else {
         return;
     };
     let store = format!("redis://127.0.0.1:{}", redis.server.port);

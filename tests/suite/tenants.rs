@@ -39,11 +39,7 @@ where
     F: FnOnce(String) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let Some(redis) =
-        tokio::task::spawn_blocking(move || crate::redis_harness::Standalone::start(name))
-            .await
-            .expect("redis starts")
-    else {
+    let Some(redis) = crate::harness::standalone(name).await else {
         return;
     };
     test(format!("redis://127.0.0.1:{}", redis.server.port)).await;
