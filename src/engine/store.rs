@@ -163,7 +163,8 @@ impl Store {
     /// [`Store::acquire`] for a credential with a share (decisions 99):
     /// the request holds a waiter's unit while it may wait, a granted
     /// ticket holds a ticket's until it is completed or its lease ends,
-    /// and a key it makes (embedded) holds a key's while the key lives.
+    /// and a key it makes (embedded) holds a key's while the key lives
+    /// (with a store: while it asks for the key, decisions 104).
     pub async fn acquire_as(
         &self,
         args: AcquireArgs,
@@ -177,6 +178,7 @@ impl Store {
             _ => Some(share.take(Kind::Waiters)?),
         };
         let now = self.core().now();
+        let ticket = share.take_ticket(now)?;
         if let Store::Redis(_) = self {
             share.use_key(
                 &args.key,
@@ -184,7 +186,6 @@ impl Store {
                 shares::key_idle_after(&self.core().limits()),
             )?;
         }
-        let ticket = share.take_ticket(now)?;
         let reply = match self {
             Store::Embedded(e) => e.acquire_for(args, Some(share)).await,
             Store::Redis(r) => r.acquire(args).await,
