@@ -3007,8 +3007,9 @@ type DecideFrame_Renew struct {
 
 type DecideFrame_Cancel struct {
 	// Withdraws the waiting Acquire whose frame id is this frame's `id`;
-	// it is answered CANCELLED. Canceling an id that is not waiting does
-	// nothing and gets no answer.
+	// it is answered CANCELLED (or, when its answer was made before the
+	// Cancel, with that answer). Cancelling an id that is not waiting does
+	// nothing. A Cancel gets no answer of its own.
 	Cancel *CancelRequest `protobuf:"bytes,5,opt,name=cancel,proto3,oneof"`
 }
 
@@ -3911,7 +3912,8 @@ const file_fusebox_v1_fusebox_proto_rawDesc = "" +
 	"\fDeletePolicy\x12\x1f.fusebox.v1.DeletePolicyRequest\x1a\x16.google.protobuf.Empty\x12Q\n" +
 	"\fListPolicies\x12\x1f.fusebox.v1.ListPoliciesRequest\x1a .fusebox.v1.ListPoliciesResponse2H\n" +
 	"\x05Clock\x12?\n" +
-	"\aAdvance\x12\x1a.fusebox.v1.AdvanceRequest\x1a\x18.fusebox.v1.ClockReadingb\x06proto3"
+	"\aAdvance\x12\x1a.fusebox.v1.AdvanceRequest\x1a\x18.fusebox.v1.ClockReadingBM\n" +
+	"\x0edev.fusebox.v1P\x01Z9github.com/fusebox/fusebox/clients/go/fuseboxpb;fuseboxpbb\x06proto3"
 
 var (
 	file_fusebox_v1_fusebox_proto_rawDescOnce sync.Once

@@ -86,9 +86,11 @@ type FuseboxClient interface {
 	// per stream (a frame past either is answered RESOURCE_EXHAUSTED and
 	// changes nothing); at most 16 streams per connection (the stream past it
 	// fails RESOURCE_EXHAUSTED). Ids of unanswered frames must be distinct
-	// (a duplicate is answered INVALID_ARGUMENT). When the stream ends, its
-	// waiting Acquires are withdrawn; tickets it was granted live on until
-	// they are completed (on any stream or call) or their leases end.
+	// (a duplicate is answered INVALID_ARGUMENT). When the stream ends (the
+	// caller cancels it or goes away), its waiting Acquires are withdrawn; a
+	// caller that only closes its sending side still gets their answers.
+	// Tickets a stream was granted live on until they are completed (on any
+	// stream or call) or their leases end.
 	Decide(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[DecideRequest, DecideResponse], error)
 	// Several Acquires in one unary call, for callers that cannot hold a
 	// stream: one result per item, in the items' order, each a response or
@@ -218,9 +220,11 @@ type FuseboxServer interface {
 	// per stream (a frame past either is answered RESOURCE_EXHAUSTED and
 	// changes nothing); at most 16 streams per connection (the stream past it
 	// fails RESOURCE_EXHAUSTED). Ids of unanswered frames must be distinct
-	// (a duplicate is answered INVALID_ARGUMENT). When the stream ends, its
-	// waiting Acquires are withdrawn; tickets it was granted live on until
-	// they are completed (on any stream or call) or their leases end.
+	// (a duplicate is answered INVALID_ARGUMENT). When the stream ends (the
+	// caller cancels it or goes away), its waiting Acquires are withdrawn; a
+	// caller that only closes its sending side still gets their answers.
+	// Tickets a stream was granted live on until they are completed (on any
+	// stream or call) or their leases end.
 	Decide(grpc.BidiStreamingServer[DecideRequest, DecideResponse]) error
 	// Several Acquires in one unary call, for callers that cannot hold a
 	// stream: one result per item, in the items' order, each a response or

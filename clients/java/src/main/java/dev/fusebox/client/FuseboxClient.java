@@ -1,14 +1,14 @@
 package dev.fusebox.client;
 
 import com.google.protobuf.Duration;
-import fusebox.v1.FuseboxGrpc;
-import fusebox.v1.FuseboxOuterClass.AcquireRequest;
-import fusebox.v1.FuseboxOuterClass.AcquireResponse;
-import fusebox.v1.FuseboxOuterClass.CompleteRequest;
-import fusebox.v1.FuseboxOuterClass.CompleteResponse;
-import fusebox.v1.FuseboxOuterClass.Reason;
-import fusebox.v1.FuseboxOuterClass.RenewRequest;
-import fusebox.v1.FuseboxOuterClass.RenewResponse;
+import dev.fusebox.v1.FuseboxGrpc;
+import dev.fusebox.v1.AcquireRequest;
+import dev.fusebox.v1.AcquireResponse;
+import dev.fusebox.v1.CompleteRequest;
+import dev.fusebox.v1.CompleteResponse;
+import dev.fusebox.v1.Reason;
+import dev.fusebox.v1.RenewRequest;
+import dev.fusebox.v1.RenewResponse;
 import io.grpc.ChannelCredentials;
 import io.grpc.ConnectivityState;
 import io.grpc.Grpc;
@@ -392,7 +392,7 @@ public final class FuseboxClient implements AutoCloseable {
       case DECISION_GRANTED:
       case DECISION_PROBE:
         {
-          boolean probe = resp.getDecision() == fusebox.v1.FuseboxOuterClass.Decision.DECISION_PROBE;
+          boolean probe = resp.getDecision() == dev.fusebox.v1.Decision.DECISION_PROBE;
           counters.granted.increment();
           if (probe) {
             counters.probes.increment();

@@ -1,19 +1,18 @@
 package dev.fusebox.client;
 
-import fusebox.v1.FuseboxOuterClass;
 
 /** How a guarded call went, as reported to fusebox. */
 public enum Outcome {
   /** The dependency worked. */
-  SUCCESS(FuseboxOuterClass.Outcome.OUTCOME_SUCCESS),
+  SUCCESS(dev.fusebox.v1.Outcome.OUTCOME_SUCCESS),
   /** The dependency failed; counts toward tripping the breaker. */
-  FAILURE(FuseboxOuterClass.Outcome.OUTCOME_FAILURE),
+  FAILURE(dev.fusebox.v1.Outcome.OUTCOME_FAILURE),
   /** Says nothing about the dependency (a cancellation). */
-  IGNORED(FuseboxOuterClass.Outcome.OUTCOME_IGNORED);
+  IGNORED(dev.fusebox.v1.Outcome.OUTCOME_IGNORED);
 
-  final FuseboxOuterClass.Outcome proto;
+  final dev.fusebox.v1.Outcome proto;
 
-  Outcome(FuseboxOuterClass.Outcome proto) {
+  Outcome(dev.fusebox.v1.Outcome proto) {
     this.proto = proto;
   }
 }

@@ -1,7 +1,7 @@
 package dev.fusebox.client;
 
-import fusebox.v1.FuseboxOuterClass.RenewRequest;
-import fusebox.v1.FuseboxOuterClass.RenewResponse;
+import dev.fusebox.v1.RenewRequest;
+import dev.fusebox.v1.RenewResponse;
 import io.grpc.Status;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ScheduledFuture;

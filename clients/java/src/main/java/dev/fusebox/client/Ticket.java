@@ -1,6 +1,6 @@
 package dev.fusebox.client;
 
-import fusebox.v1.FuseboxOuterClass.CompleteRequest;
+import dev.fusebox.v1.CompleteRequest;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.logging.Level;

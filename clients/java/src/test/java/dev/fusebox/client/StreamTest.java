@@ -5,11 +5,11 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import fusebox.v1.FuseboxGrpc;
-import fusebox.v1.FuseboxOuterClass.Concurrency;
-import fusebox.v1.FuseboxOuterClass.DecideRequest;
-import fusebox.v1.FuseboxOuterClass.Limiter;
-import fusebox.v1.FuseboxOuterClass.Policy;
+import dev.fusebox.v1.FuseboxGrpc;
+import dev.fusebox.v1.Concurrency;
+import dev.fusebox.v1.DecideRequest;
+import dev.fusebox.v1.Limiter;
+import dev.fusebox.v1.Policy;
 import io.grpc.CallOptions;
 import io.grpc.Channel;
 import io.grpc.ClientCall;

@@ -1,14 +1,14 @@
 package dev.fusebox.client;
 
 import com.google.protobuf.Duration;
-import fusebox.v1.AdminGrpc;
-import fusebox.v1.ClockGrpc;
-import fusebox.v1.FuseboxOuterClass.AdvanceRequest;
-import fusebox.v1.FuseboxOuterClass.GetKeyRequest;
-import fusebox.v1.FuseboxOuterClass.KeyState;
-import fusebox.v1.FuseboxOuterClass.Policy;
-import fusebox.v1.FuseboxOuterClass.PolicyRule;
-import fusebox.v1.FuseboxOuterClass.SetPolicyRequest;
+import dev.fusebox.v1.AdminGrpc;
+import dev.fusebox.v1.ClockGrpc;
+import dev.fusebox.v1.AdvanceRequest;
+import dev.fusebox.v1.GetKeyRequest;
+import dev.fusebox.v1.KeyState;
+import dev.fusebox.v1.Policy;
+import dev.fusebox.v1.PolicyRule;
+import dev.fusebox.v1.SetPolicyRequest;
 import io.grpc.Grpc;
 import io.grpc.InsecureChannelCredentials;
 import io.grpc.ManagedChannel;

@@ -15,11 +15,11 @@ import dev.fusebox.client.FuseboxClient;
 import dev.fusebox.client.FuseboxRequestException;
 import dev.fusebox.client.RefusedException;
 import dev.fusebox.client.UnavailableException;
-import fusebox.v1.FuseboxGrpc;
-import fusebox.v1.FuseboxOuterClass.AcquireRequest;
-import fusebox.v1.FuseboxOuterClass.AcquireResponse;
-import fusebox.v1.FuseboxOuterClass.CompleteRequest;
-import fusebox.v1.FuseboxOuterClass.Decision;
+import dev.fusebox.v1.FuseboxGrpc;
+import dev.fusebox.v1.AcquireRequest;
+import dev.fusebox.v1.AcquireResponse;
+import dev.fusebox.v1.CompleteRequest;
+import dev.fusebox.v1.Decision;
 import java.io.BufferedReader;
 import java.io.FileDescriptor;
 import java.io.FileOutputStream;
@@ -412,7 +412,7 @@ public final class ClientTool {
             raw.complete(
                 CompleteRequest.newBuilder()
                     .setTicket(resp.getTicket())
-                    .setOutcome(fusebox.v1.FuseboxOuterClass.Outcome.OUTCOME_SUCCESS)
+                    .setOutcome(dev.fusebox.v1.Outcome.OUTCOME_SUCCESS)
                     .build());
             rawTook = System.nanoTime() - start;
           } else {
