@@ -35,7 +35,8 @@ import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.LongAdder;
 import java.util.function.LongSupplier;
 import java.util.function.Supplier;
-import java.util.logging.Logger;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * Guards calls to dependencies with fusebox: asks before the call ({@code Acquire}), runs it when
@@ -62,7 +63,7 @@ public final class FuseboxClient implements AutoCloseable {
   /** The least time between two log lines about the same kind of trouble, by default. */
   public static final java.time.Duration DEFAULT_LOG_INTERVAL = java.time.Duration.ofSeconds(10);
 
-  static final Logger LOG = Logger.getLogger("dev.fusebox.client");
+  static final Logger LOG = LoggerFactory.getLogger("dev.fusebox.client");
 
   private static final Map<String, FuseboxClient> SHARED = new ConcurrentHashMap<>();
   private static final ThreadLocal<Admission> CURRENT = new ThreadLocal<>();
@@ -694,7 +695,7 @@ public final class FuseboxClient implements AutoCloseable {
       return this;
     }
 
-    /** Where trouble is logged (default the {@code dev.fusebox.client} java.util.logging logger). */
+    /** Where trouble is logged (default the SLF4J logger {@code dev.fusebox.client}). */
     public Builder logger(Logger l) {
       this.logger = Objects.requireNonNull(l);
       return this;

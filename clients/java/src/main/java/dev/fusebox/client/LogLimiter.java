@@ -2,8 +2,7 @@ package dev.fusebox.client;
 
 import java.util.HashMap;
 import java.util.Map;
-import java.util.logging.Level;
-import java.util.logging.Logger;
+import org.slf4j.Logger;
 
 /**
  * Logs each kind of trouble (fusebox unavailable, a failed Complete or Renew) at most once per
@@ -36,6 +35,6 @@ final class LogLimiter {
     if (unlogged > 0) {
       message += " (" + unlogged + " more since the last report)";
     }
-    logger.logp(Level.WARNING, FuseboxClient.class.getName(), kind, message);
+    logger.warn(message);
   }
 }

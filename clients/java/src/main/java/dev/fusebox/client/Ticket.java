@@ -3,7 +3,6 @@ package dev.fusebox.client;
 import dev.fusebox.v1.CompleteRequest;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.atomic.AtomicBoolean;
-import java.util.logging.Level;
 
 /**
  * An admission from {@link FuseboxClient#acquire(String, GuardOptions)}: run the call, then report
@@ -87,7 +86,7 @@ public final class Ticket implements AutoCloseable {
       Outcome o = c.classify(error);
       return o != null ? o : Outcome.FAILURE;
     } catch (RuntimeException e) {
-      FuseboxClient.LOG.log(Level.WARNING, "fusebox: the classifier failed; reporting FAILURE", e);
+      FuseboxClient.LOG.warn("fusebox: the classifier failed; reporting FAILURE", e);
       return Outcome.FAILURE;
     }
   }

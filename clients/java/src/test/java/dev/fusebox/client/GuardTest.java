@@ -26,9 +26,6 @@ import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
-import java.util.logging.Handler;
-import java.util.logging.LogRecord;
-import java.util.logging.Logger;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 
@@ -305,21 +302,44 @@ class GuardTest {
   @Test
   void unavailableIsLoggedOncePerInterval() throws Exception {
     TestServer s = server();
-    Logger logger = Logger.getAnonymousLogger();
-    logger.setUseParentHandlers(false);
     List<String> lines = new ArrayList<>();
-    logger.addHandler(new Handler() {
+    org.slf4j.Logger logger = new org.slf4j.helpers.LegacyAbstractLogger() {
       @Override
-      public synchronized void publish(LogRecord r) {
-        lines.add(r.getMessage());
+      protected String getFullyQualifiedCallerName() {
+        return null;
       }
 
       @Override
-      public void flush() {}
+      protected synchronized void handleNormalizedLoggingCall(
+          org.slf4j.event.Level level, org.slf4j.Marker marker, String message, Object[] args, Throwable t) {
+        lines.add(message);
+      }
 
       @Override
-      public void close() {}
-    });
+      public boolean isTraceEnabled() {
+        return true;
+      }
+
+      @Override
+      public boolean isDebugEnabled() {
+        return true;
+      }
+
+      @Override
+      public boolean isInfoEnabled() {
+        return true;
+      }
+
+      @Override
+      public boolean isWarnEnabled() {
+        return true;
+      }
+
+      @Override
+      public boolean isErrorEnabled() {
+        return true;
+      }
+    };
     FuseboxClient c = client(FuseboxClient.builder(s.addr).logger(logger).logInterval(java.time.Duration.ofHours(1)));
     s.stop();
     for (int i = 0; i < 3; i++) {
