@@ -12,8 +12,8 @@
 
 FROM rust:1-bookworm AS builder
 WORKDIR /src
-# The proto is compiled by build.rs with protox: no system protoc is needed.
-COPY Cargo.toml Cargo.lock build.rs ./
+# The proto is compiled by src/proto/build.rs with protox: no system protoc is needed.
+COPY Cargo.toml Cargo.lock ./
 COPY proto ./proto
 COPY src ./src
 # Cargo.toml names the benchmark target, so its source must be present too,

@@ -28,10 +28,10 @@ pub mod auth;
 pub mod connections;
 pub use fusebox_domain as domain;
 pub mod engine;
-pub mod guard;
+pub use fusebox_guard as guard;
 pub mod http;
 pub mod outbox;
-pub mod proto;
+pub use fusebox_proto as proto;
 pub mod server;
 pub mod tls;
 

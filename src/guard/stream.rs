@@ -15,7 +15,7 @@ use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 use tonic::Status;
 
-use crate::proto::v1 as pb;
+use fusebox_proto::v1 as pb;
 
 /// Frames queued for the stream at most (a caller past it waits).
 const QUEUE: usize = 10_000;

@@ -130,7 +130,7 @@ mod tests {
     fn invalid_utf8_in_a_string_field_is_the_senders_fault() {
         // Field 1 (key), length-delimited, two bytes that are not UTF-8.
         let bytes = [0x0a, 0x02, 0xff, 0xfe];
-        let e = crate::proto::v1::AcquireRequest::decode(&bytes[..]).unwrap_err();
+        let e = crate::v1::AcquireRequest::decode(&bytes[..]).unwrap_err();
         assert_eq!(
             problem_of(&e.to_string()),
             "key: is not valid UTF-8; send text in UTF-8"

@@ -5,9 +5,9 @@
 
 use tonic::Status;
 
-use crate::domain::policy::MAX_DURATION;
-use crate::domain::{Millis, Phase};
-use crate::proto::v1 as pb;
+use crate::v1 as pb;
+use fusebox_domain::policy::MAX_DURATION;
+use fusebox_domain::{Millis, Phase};
 
 /// `INVALID_ARGUMENT` naming `field`, worded as the engine's errors are
 /// (`field: problem`).
@@ -86,7 +86,7 @@ pub fn filter_of(prefix: &str, phases: &[i32]) -> String {
 /// An opaque page token: the filter it is bound to and the last key of
 /// its page, in hexadecimal (tokens hold no server state, A6).
 pub fn page_token(filter: &str, last: &str) -> String {
-    crate::domain::hex::hex(format!("{filter}\u{0}{last}").as_bytes())
+    fusebox_domain::hex::hex(format!("{filter}\u{0}{last}").as_bytes())
 }
 
 /// The last key of the page `token` ends, if `token` was made for

@@ -1,4 +1,4 @@
-//! Compiles `proto/fusebox/v1/fusebox.proto` without a system `protoc`.
+//! Compiles the repository's `proto/fusebox/v1/fusebox.proto` without a system `protoc`.
 //!
 //! `protox` parses the proto (well-known types such as
 //! `google/protobuf/duration.proto` are built in) into a `FileDescriptorSet`.
@@ -9,8 +9,8 @@
 
 use std::path::PathBuf;
 
-const PROTO: &str = "proto/fusebox/v1/fusebox.proto";
-const INCLUDE: &str = "proto";
+const PROTO: &str = "../../proto/fusebox/v1/fusebox.proto";
+const INCLUDE: &str = "../../proto";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed={PROTO}");
@@ -35,7 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .emit_rerun_if_changed(false)
         // Decode errors name the field and are INVALID_ARGUMENT.
-        .codec_path("crate::proto::codec::Codec")
+        .codec_path("crate::codec::Codec")
         .compile_fds(compiler.file_descriptor_set())?;
 
     Ok(())

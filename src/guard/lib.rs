@@ -27,7 +27,7 @@
 //! the cache and the counters.
 //!
 //! This module talks to fusebox only through the wire types of
-//! [`crate::proto`].
+//! [`fusebox_proto`].
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
-use crate::proto::v1 as pb;
+use fusebox_proto::v1 as pb;
 
 mod stream;
 
