@@ -32,6 +32,7 @@ pub use fusebox_guard as guard;
 pub mod http;
 pub mod outbox;
 pub use fusebox_proto as proto;
+pub mod serve;
 pub mod server;
 pub mod tls;
 

@@ -3,12 +3,10 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fusebox::engine::config::parse_duration_flag;
-use fusebox::engine::{Config, Core, Engine, ManualClock, RedisStore, Store, SystemClock};
 use fusebox::proto::v1 as pb;
 use fusebox::proto::wire::{duration_of, millis_of};
 use tokio::io::AsyncWriteExt;
@@ -617,7 +615,7 @@ async fn serve(
     listen: SocketAddr,
     manual_clock: bool,
     http: Option<SocketAddr>,
-    tls_flags: TlsFlags,
+    tls: TlsFlags,
     insecure_no_auth: bool,
     state: StateFlags,
 ) -> anyhow::Result<()> {
@@ -644,137 +642,24 @@ async fn serve(
         }
         None => None,
     };
-    let config_path = config;
-    let config = match &config_path {
-        Some(path) => Config::load(path).context("the server did not start")?,
-        None => Config::default(),
-    };
-    let tls = fusebox::engine::config::TlsConfig::resolve(
-        config_path.as_deref(),
-        tls_flags.cert,
-        tls_flags.key,
-        tls_flags.client_ca,
-    )
-    .context("the server did not start")?;
-    let tls = match &tls {
-        Some(settings) => {
-            Some(fusebox::tls::Tls::load(settings).context("the server did not start")?)
-        }
-        None => None,
-    };
-    if let Some(tls) = &tls {
-        fusebox::tls::serve_with(tls.clone());
-        // Before the address is printed: a SIGHUP from then on reloads.
-        tokio::spawn(tls.clone().watch());
-    }
-    let rule_count = config.rules.rules.len();
-    let exposed = [Some(listen), http]
-        .into_iter()
-        .flatten()
-        .find(|a| !a.ip().is_loopback());
-    match (&config.access, exposed) {
-        (None, Some(addr)) if !insecure_no_auth => anyhow::bail!(
-            "refusing to listen on {addr} without [auth]: anyone who reaches it could isolate keys and rewrite policies; add tokens to the config (`fusebox token --name NAME --role admin` makes one), or pass --insecure-no-auth to accept that"
-        ),
-        (None, Some(addr)) => tracing::warn!(
-            "listening on {addr} without [auth] (--insecure-no-auth): anyone who reaches it may isolate keys and rewrite policies"
-        ),
-        (None, None) => tracing::info!(
-            "no [auth] in the config: any local process may call every method (fine on loopback; add [auth] before exposing the ports)"
-        ),
-        (Some(access), _) => {
-            let (tokens, client_names) = access.sizes();
-            tracing::info!(tokens, client_names, "[auth] is on: every call needs a credential");
-        }
-    }
-    let data_dir = match (data_dir, &config_path) {
-        (Some(dir), _) => Some(dir),
-        (None, _) if store.is_some() => None,
-        (None, Some(path)) => {
-            fusebox::engine::config::data_dir_of(path).context("the server did not start")?
-        }
-        (None, None) => None,
-    };
-    let (core, rules) = if manual_clock {
-        let clock = Arc::new(ManualClock::default());
-        Core::new(config, clock.clone(), Some(clock))
-    } else {
-        Core::new(config, Arc::new(SystemClock::new()), None)
-    };
-    let core = Arc::new(core);
-    // The store is chosen once, here: every part of the server goes
-    // through it.
-    let engine: Store = match (&data_dir, &store) {
-        (_, Some(options)) => {
-            let url = &options.url;
-            let store = RedisStore::connect(core, rules, options)
-                .await
-                .context("the server did not start")?;
-            tracing::info!(
-                store = %url,
-                tls = url.tls,
-                user = options.user.as_deref().unwrap_or("default"),
-                signed_notices = options.notices.is_some(),
-                "state is kept in Redis at {url}: every fusebox server on it shares the same breakers, permits and policies"
-            );
-            Store::Redis(store)
-        }
-        (Some(dir), None) => {
-            let engine = Arc::new(Engine::on(core, rules));
-            let restored = engine
-                .open_data_dir(dir)
-                .context("the server did not start")?;
-            let [closed, open, half_open, isolated] = restored.by_phase;
-            tracing::info!(
-                data_dir = %dir.display(),
-                keys = restored.keys(),
-                open,
-                half_open,
-                isolated,
-                closed_with_failures = closed,
-                policy_changes = restored.policy_changes,
-                skipped = restored.skipped,
-                commit_window_ms = engine.limits().commit_window,
-                "state is kept in {}: restored {} keys ({open} open, {half_open} half-open, {isolated} isolated, {closed} closed with failures) and {} runtime policy changes",
-                dir.display(),
-                restored.keys(),
-                restored.policy_changes
-            );
-            Store::Embedded(engine)
-        }
-        (None, None) => {
-            tracing::info!(
-                "state is kept in memory only: pass --data-dir DIR to keep breakers, isolations and policies across restarts"
-            );
-            Store::Embedded(Arc::new(Engine::on(core, rules)))
-        }
-    };
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen}; is another server using it?"))?;
-    let addr = listener.local_addr()?;
-    let http_listener = match http {
-        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| {
-            format!("cannot serve HTTP on {addr}; is another server using it?")
-        })?),
-        None => match tokio::net::TcpListener::bind(fusebox::http::DEFAULT_HTTP_ADDR).await {
-            Ok(listener) => Some(listener),
-            Err(e) => {
-                tracing::warn!(
-                    "no HTTP (metrics, health, dashboard): cannot listen on {}: {e}; pass --http ADDR to choose another address",
-                    fusebox::http::DEFAULT_HTTP_ADDR
-                );
-                None
-            }
+    let bound = fusebox::serve::bind(fusebox::serve::Options {
+        config,
+        listen,
+        manual_clock,
+        http,
+        tls: fusebox::serve::TlsFiles {
+            cert: tls.cert,
+            key: tls.key,
+            client_ca: tls.client_ca,
         },
-    };
-    if let Some(path) = config_path {
-        // Before the address is printed: a SIGHUP or an edit from then on counts.
-        tokio::spawn(fusebox::engine::reload::watch_config(engine.clone(), path));
-    }
-    let mut lines = format!("listening on {addr}\n");
-    if let Some(listener) = &http_listener {
-        lines.push_str(&format!("http on {}\n", listener.local_addr()?));
+        insecure_no_auth,
+        data_dir,
+        store,
+    })
+    .await?;
+    let mut lines = format!("listening on {}\n", bound.grpc_addr());
+    if let Some(addr) = bound.http_addr() {
+        lines.push_str(&format!("http on {addr}\n"));
     }
     // A reader that stopped reading (`| head -1`) must not stop the server.
     let mut out = tokio::io::stdout();
@@ -786,77 +671,7 @@ async fn serve(
     {
         tracing::warn!("could not write the addresses to standard output: {e}");
     }
-    let security = match &tls {
-        None => "off".to_owned(),
-        Some(tls) => format!(
-            "{}{}; {}",
-            if tls.is_mutual() {
-                "on, mutual (client certificates "
-            } else {
-                "on"
-            },
-            if !tls.is_mutual() {
-                ""
-            } else if tls.config().client_auth == fusebox::engine::config::ClientAuth::Required {
-                "required)"
-            } else {
-                "optional)"
-            },
-            if tls.config().http {
-                "HTTP over TLS too"
-            } else {
-                "HTTP without TLS"
-            }
-        ),
-    };
-    let state = match (&data_dir, &store) {
-        (_, Some(options)) => options.url.to_string(),
-        (Some(dir), None) => dir.display().to_string(),
-        (None, None) => "in memory only".to_owned(),
-    };
-    let auth = if engine.core().access().is_some() {
-        "on"
-    } else {
-        "off"
-    };
-    tracing::info!(
-        %addr,
-        rules = rule_count,
-        manual_clock,
-        tls = %security,
-        auth = %auth,
-        %state,
-        "fusebox is serving"
-    );
-    if let Some(tls) = &tls {
-        tracing::info!("TLS certificate: {}", tls.describe());
-        if let Some(warning) = tls.expiry_warning() {
-            tracing::warn!("{warning}");
-        }
-    }
-    if let Some(listener) = http_listener {
-        let stopped = engine.core().stopped();
-        let engine = engine.clone();
-        let acceptor = tls
-            .as_ref()
-            .filter(|t| t.config().http)
-            .map(|t| t.acceptor(fusebox::tls::ALPN_HTTP));
-        tokio::spawn(async move {
-            let options = fusebox::http::Options::of(engine.core());
-            let upgrade = fusebox::connections::MaybeTls(acceptor);
-            let served =
-                fusebox::http::serve_upgraded(listener, engine, options, upgrade, stopped).await;
-            if let Err(e) = served {
-                tracing::error!("the HTTP server stopped: {e}");
-            }
-        });
-    }
-    let acceptor = tls.map(|t| t.acceptor(fusebox::tls::ALPN_GRPC));
-    let served =
-        fusebox::server::run_with_tls(listener, engine.clone(), acceptor, shutdown_signal()).await;
-    // The last breaker changes, before the process ends (logged on failure).
-    let _ = engine.save();
-    served
+    bound.run(shutdown_signal()).await
 }
 
 /// `text` as a TOML basic string.
