@@ -154,8 +154,9 @@ func WithLogInterval(d time.Duration) Option { return func(c *clientConfig) { c.
 // WithCacheSize bounds the local short-circuit cache; 0 disables it.
 func WithCacheSize(n int) Option { return func(c *clientConfig) { c.cacheSize = n } }
 
-// WithClock replaces time.Now for the local short-circuit cache (tests
-// against a server with a manual clock move both together).
+// WithClock replaces time.Now for the local short-circuit cache and the
+// outage backoff (tests against a server with a manual clock move both
+// together).
 func WithClock(now func() time.Time) Option { return func(c *clientConfig) { c.now = now } }
 
 // WithTransport sets how the client's Acquire, Complete and Renew reach

@@ -163,7 +163,7 @@ func (c *Client) Guard(ctx context.Context, key string, call func(ctx context.Co
 	}
 	var resp *pb.AcquireResponse
 	var err error
-	if c.backoff.backingOff(time.Now()) {
+	if c.backoff.backingOff(c.now()) {
 		err = status.Error(codes.Unavailable, "fusebox was unavailable; backing off before asking again")
 	} else {
 		actx, cancel := context.WithTimeout(ctx, cfg.deadline+cfg.maxWait)
@@ -175,7 +175,7 @@ func (c *Client) Guard(ctx context.Context, key string, call func(ctx context.Co
 		if err == nil || !isUnavailable(err) {
 			c.backoff.answered()
 		} else {
-			c.backoff.outage(time.Now())
+			c.backoff.outage(c.now())
 		}
 	}
 	if err != nil {

@@ -258,16 +258,20 @@ func TestSharedIsOneClientPerTarget(t *testing.T) {
 	}
 }
 
+// countingAcquires counts the Acquire calls the client makes in n.
+func countingAcquires(n *atomic.Int32) Option {
+	return WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if strings.HasSuffix(method, "/Acquire") {
+			n.Add(1)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}))
+}
+
 func TestOutageBacksOffBeforeAskingAgain(t *testing.T) {
 	s := startServer(t)
 	var acquires atomic.Int32
-	count := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if strings.HasSuffix(method, "/Acquire") {
-			acquires.Add(1)
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	})
-	c := newClient(t, s, WithDialOptions(count))
+	c := newClient(t, s, countingAcquires(&acquires))
 	if err := c.Guard(context.Background(), "k", ok); err != nil {
 		t.Fatal(err)
 	}
@@ -293,6 +297,43 @@ func TestOutageBacksOffBeforeAskingAgain(t *testing.T) {
 	c.backoff.mu.Unlock()
 	if next != 2*initialBackoff {
 		t.Fatalf("one outage doubled the backoff to %v", next)
+	}
+}
+
+// The backoff reads the injected clock: however long the test really
+// takes, guards back off until that clock passes the window, then ask.
+func TestOutageBackoffFollowsTheInjectedClock(t *testing.T) {
+	s := startServer(t)
+	var acquires atomic.Int32
+	var elapsed atomic.Int64
+	start := time.Unix(1_000_000, 0)
+	clock := func() time.Time { return start.Add(time.Duration(elapsed.Load())) }
+	c := newClient(t, s, countingAcquires(&acquires), WithClock(clock))
+	if err := c.Guard(context.Background(), "k", ok); err != nil {
+		t.Fatal(err)
+	}
+	s.stop()
+	for range 3 {
+		if err := c.Guard(context.Background(), "k", ok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := acquires.Load(); n != 2 {
+		t.Fatalf("fusebox was asked %d times, want 2 (backing off on the injected clock)", n)
+	}
+	elapsed.Add(int64(initialBackoff - time.Millisecond))
+	if err := c.Guard(context.Background(), "k", ok); err != nil {
+		t.Fatal(err)
+	}
+	if n := acquires.Load(); n != 2 {
+		t.Fatalf("asked %d times 1 ms before the window ends, want 2", n)
+	}
+	elapsed.Add(int64(time.Millisecond))
+	if err := c.Guard(context.Background(), "k", ok); err != nil {
+		t.Fatal(err)
+	}
+	if n := acquires.Load(); n != 3 {
+		t.Fatalf("asked %d times once the window ended, want 3", n)
 	}
 }
 

@@ -319,7 +319,7 @@ public final class FuseboxClient implements AutoCloseable {
   }
 
   private CompletableFuture<AcquireResponse> startAcquire(String key, GuardOptions opts, java.util.concurrent.Executor executor) {
-    if (backoff.backingOff(System.nanoTime())) {
+    if (backoff.backingOff(ticker.getAsLong())) {
       return CompletableFuture.failedFuture(new BackingOffException());
     }
     AcquireRequest.Builder req = AcquireRequest.newBuilder().setKey(key);
@@ -375,7 +375,7 @@ public final class FuseboxClient implements AutoCloseable {
       }
       counters.unavailable.increment();
       if (!(err instanceof BackingOffException)) {
-        backoff.outage(System.nanoTime());
+        backoff.outage(ticker.getAsLong());
         reconnector.trouble();
       }
       FailPolicy p = opts.onUnavailable != null ? opts.onUnavailable : failPolicy;
@@ -701,7 +701,7 @@ public final class FuseboxClient implements AutoCloseable {
       return this;
     }
 
-    /** Replaces {@link System#nanoTime()} for the local short-circuit cache (tests). */
+    /** Replaces {@link System#nanoTime()} for the local short-circuit cache and the outage backoff (tests). */
     Builder ticker(LongSupplier t) {
       this.ticker = t;
       return this;

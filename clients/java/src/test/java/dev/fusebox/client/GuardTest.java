@@ -430,21 +430,51 @@ class GuardTest {
     assertEquals(1, s.key("k").getStats().getSuccesses());
   }
 
+  /** Counts the Acquire calls a client makes in {@code acquires}. */
+  private static io.grpc.ClientInterceptor countingAcquires(java.util.concurrent.atomic.AtomicInteger acquires) {
+    return new io.grpc.ClientInterceptor() {
+      @Override
+      public <Q, R> io.grpc.ClientCall<Q, R> interceptCall(
+          io.grpc.MethodDescriptor<Q, R> method, io.grpc.CallOptions options, io.grpc.Channel next) {
+        if (method.getFullMethodName().endsWith("/Acquire")) {
+          acquires.incrementAndGet();
+        }
+        return next.newCall(method, options);
+      }
+    };
+  }
+
+  /** The backoff reads the injected ticker: guards back off until it passes the window, then ask. */
+  @Test
+  void outageBackoffFollowsTheInjectedTicker() throws Exception {
+    TestServer s = server();
+    java.util.concurrent.atomic.AtomicInteger acquires = new java.util.concurrent.atomic.AtomicInteger();
+    java.util.concurrent.atomic.AtomicLong now = new java.util.concurrent.atomic.AtomicLong(1_000_000_000L);
+    FuseboxClient c =
+        client(
+            FuseboxClient.builder(s.addr)
+                .deadline(java.time.Duration.ofSeconds(2))
+                .interceptor(countingAcquires(acquires))
+                .ticker(now::get));
+    assertEquals("ok", c.guard("k", GuardTest::ok));
+    s.stop();
+    for (int i = 0; i < 3; i++) {
+      assertTrue(c.guard("k", () -> FuseboxClient.admission().orElseThrow()).failedOpen());
+    }
+    assertEquals(2, acquires.get(), "backing off on the injected ticker");
+    now.addAndGet(TimeUnit.MILLISECONDS.toNanos(99));
+    c.guard("k", GuardTest::ok);
+    assertEquals(2, acquires.get(), "1 ms before the window ends");
+    now.addAndGet(TimeUnit.MILLISECONDS.toNanos(1));
+    c.guard("k", GuardTest::ok);
+    assertEquals(3, acquires.get(), "once the window ended");
+  }
+
   @Test
   void outageBacksOffBeforeAskingAgain() throws Exception {
     TestServer s = server();
     java.util.concurrent.atomic.AtomicInteger acquires = new java.util.concurrent.atomic.AtomicInteger();
-    io.grpc.ClientInterceptor count =
-        new io.grpc.ClientInterceptor() {
-          @Override
-          public <Q, R> io.grpc.ClientCall<Q, R> interceptCall(
-              io.grpc.MethodDescriptor<Q, R> method, io.grpc.CallOptions options, io.grpc.Channel next) {
-            if (method.getFullMethodName().endsWith("/Acquire")) {
-              acquires.incrementAndGet();
-            }
-            return next.newCall(method, options);
-          }
-        };
+    io.grpc.ClientInterceptor count = countingAcquires(acquires);
     FuseboxClient c = client(FuseboxClient.builder(s.addr).deadline(java.time.Duration.ofSeconds(2)).interceptor(count));
     assertEquals("ok", c.guard("k", GuardTest::ok));
     s.stop();
