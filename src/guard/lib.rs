@@ -21,7 +21,11 @@
 //!   ([`GuardError::Unavailable`]), logs it at most once per
 //!   [`GuardOptions::log_interval`], counts it ([`Guard::stats`]), and backs
 //!   off before asking again;
-//! - a bearer token and TLS ([`Guard::connect`]).
+//! - a bearer token and TLS ([`Guard::connect`]);
+//! - tower middleware: [`GuardLayer`] guards every request of a service on
+//!   the key it names;
+//! - a clock seam ([`GuardOptions::clock`]) for the cache, the backoff and
+//!   the log interval, so that tests on a manual clock move both sides.
 //!
 //! Make one [`Guard`] per process and clone it: clones share the channel,
 //! the cache and the counters.
@@ -39,7 +43,10 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use fusebox_proto::v1 as pb;
 
+mod layer;
 mod stream;
+
+pub use layer::{GuardLayer, GuardService};
 
 /// What fusebox is told about a call that ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,6 +210,43 @@ pub struct GuardOptions {
     /// How calls reach fusebox: one unary call each (the default), or
     /// frames of one `Decide` stream per guard.
     pub transport: Transport,
+    /// Where the guard reads the time ([`Clock::system`] by default).
+    pub clock: Clock,
+}
+
+/// Where a guard reads the time, for its cache of open keys, its backoff
+/// and its log interval: the system's monotonic clock by default; a test
+/// against a server on a manual clock moves its own.
+#[derive(Clone)]
+pub struct Clock(Arc<dyn Fn() -> Instant + Send + Sync>);
+
+impl Clock {
+    /// The system's monotonic clock ([`Instant::now`]).
+    pub fn system() -> Clock {
+        Clock(Arc::new(Instant::now))
+    }
+
+    /// A clock that reads `now`.
+    pub fn from_fn(now: impl Fn() -> Instant + Send + Sync + 'static) -> Clock {
+        Clock(Arc::new(now))
+    }
+
+    /// The time now.
+    pub fn now(&self) -> Instant {
+        (self.0)()
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::system()
+    }
+}
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Clock")
+    }
 }
 
 /// How a guard's calls reach fusebox.
@@ -228,6 +272,7 @@ impl Default for GuardOptions {
             backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
             transport: Transport::Unary,
+            clock: Clock::system(),
         }
     }
 }
@@ -662,7 +707,7 @@ impl Guard {
     }
 
     async fn admit<E>(&self, key: &str, options: &CallOptions) -> Result<Admission, GuardError<E>> {
-        let now = Instant::now();
+        let now = self.inner.options.clock.now();
         if let Some(left) = self.inner.cache.lock().expect("cache lock").get(key, now) {
             self.inner
                 .counters
@@ -796,7 +841,7 @@ impl Guard {
     }
 
     fn unreachable(&self, status: &tonic::Status) {
-        let now = Instant::now();
+        let now = self.inner.options.clock.now();
         let mut b = self.inner.backoff.lock().expect("backoff lock");
         // Calls in flight when fusebox went away fail together: they open
         // one backoff window, not one doubling each.
@@ -903,7 +948,7 @@ impl Guard {
 
     /// Warns at most once per `log_interval` for one kind of trouble.
     fn warn_once(&self, last: &Mutex<Option<Instant>>, what: &str, trouble: &tonic::Status) {
-        let now = Instant::now();
+        let now = self.inner.options.clock.now();
         let mut last = last.lock().expect("log lock");
         if last.is_none_or(|t| now.duration_since(t) >= self.inner.options.log_interval) {
             *last = Some(now);

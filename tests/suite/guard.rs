@@ -238,3 +238,125 @@ async fn a_panicking_call_is_a_failure_and_a_cancelled_one_is_ignored() {
         tokio::task::yield_now().await;
     }
 }
+
+const TRIPS_ON_ONE: &str =
+    "[[rule]]\nmatch = \"svc/*\"\nbreaker = { mode = \"consecutive\", failures = 1, break = \"10s\" }\n";
+
+/// The guard as tower middleware: each request is guarded on the key its
+/// request names, its error counts as a failure, and once the breaker is
+/// open the wrapped service is not called at all.
+#[tokio::test]
+async fn the_tower_layer_guards_each_request_on_its_key() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tower::{Layer, ServiceExt};
+
+    let server = Server::manual(Some(TRIPS_ON_ONE)).await;
+    let guard = Guard::connect(
+        &format!("http://{}", server.addr),
+        None,
+        GuardOptions::default(),
+    )
+    .expect("a guard");
+    let served = Arc::new(AtomicUsize::new(0));
+    let counted = served.clone();
+    let service = tower::service_fn(move |(_, fail): (&'static str, bool)| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if fail {
+                Err("boom")
+            } else {
+                Ok("done")
+            }
+        }
+    });
+    let layer = fusebox::guard::GuardLayer::new(guard, |(key, _): &(&'static str, bool)| {
+        format!("svc/{key}")
+    });
+    let service = layer.layer(service);
+
+    let ok = service.clone().oneshot(("t", false)).await;
+    assert_eq!(ok.expect("the first request is served"), "done");
+    assert_eq!(
+        stats(&server, "svc/t").await.successes,
+        1,
+        "its success is reported on svc/t"
+    );
+    let failed = service.clone().oneshot(("t", true)).await;
+    assert_eq!(
+        failed.expect_err("the service's error").into_call(),
+        Some("boom")
+    );
+    assert_eq!(
+        server.get("svc/t").await.phase,
+        pb::Phase::Open as i32,
+        "a failure trips it"
+    );
+    let blocked = service.clone().oneshot(("t", false)).await;
+    assert!(
+        matches!(blocked, Err(GuardError::Blocked { .. })),
+        "an open breaker answers for the service: {blocked:?}"
+    );
+    assert_eq!(
+        served.load(Ordering::SeqCst),
+        2,
+        "the blocked request never reached the service"
+    );
+    let other = service.oneshot(("u", false)).await;
+    assert_eq!(other.expect("another key is its own breaker"), "done");
+}
+
+/// The guard reads its injected clock for its cache of open keys: the key
+/// stays blocked locally, however long the test really takes, until that
+/// clock passes the retry-after; then fusebox is asked again.
+#[tokio::test]
+async fn the_guard_reads_its_clock_for_its_cache_of_open_keys() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let server = Server::manual(Some(TRIPS_ON_ONE)).await;
+    let start = Instant::now();
+    let elapsed_ms = Arc::new(AtomicU64::new(0));
+    let reading = elapsed_ms.clone();
+    let clock = fusebox::guard::Clock::from_fn(move || {
+        start + Duration::from_millis(reading.load(Ordering::SeqCst))
+    });
+    let guard = Guard::connect(
+        &format!("http://{}", server.addr),
+        None,
+        GuardOptions {
+            clock,
+            ..GuardOptions::default()
+        },
+    )
+    .expect("a guard");
+    let run = || async {
+        guard
+            .run("svc/c", &CallOptions::default(), || async {
+                Err::<(), _>("boom")
+            })
+            .await
+    };
+    assert!(
+        matches!(run().await, Err(GuardError::Call("boom"))),
+        "the call runs and fails"
+    );
+    let asked = run().await;
+    assert!(
+        matches!(asked, Err(GuardError::Blocked { local: false, .. })),
+        "fusebox answers that the breaker is open: {asked:?}"
+    );
+    let local = run().await;
+    assert!(
+        matches!(local, Err(GuardError::Blocked { local: true, .. })),
+        "then the guard answers from its cache: {local:?}"
+    );
+    elapsed_ms.store(10_000, Ordering::SeqCst);
+    let again = run().await;
+    assert!(
+        matches!(again, Err(GuardError::Blocked { local: false, .. })),
+        "past the retry-after on the guard's clock, fusebox is asked again: {again:?}"
+    );
+    assert_eq!(guard.stats().local_blocked, 1);
+}
