@@ -622,27 +622,14 @@ impl Engine {
     }
 }
 
-/// A Unix time in ms as `YYYY-MM-DDTHH:MM:SSZ`, for the log.
+/// A Unix time in ms as `YYYY-MM-DDTHH:MM:SSZ` (RFC 3339, whole seconds),
+/// for the log.
 fn humantime_of(unix_ms: u64) -> String {
-    let secs = unix_ms / 1000;
-    let days = secs / 86_400;
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    prost_types::Timestamp {
+        seconds: i64::try_from(unix_ms / 1000).unwrap_or(i64::MAX),
+        nanos: 0,
+    }
+    .to_string()
 }
 
 /// The writer: once per commit window, commits the keys noted dirty.
