@@ -16,10 +16,9 @@ use crate::state::{self, Frame, Header, StateError, Summary, AT_REST, HEADER};
 use crate::table::{self, Bytes, Dirty, Table};
 use crate::{notices, registry};
 
-/// How long a key at rest (closed, no failures counted, no ticket, no
-/// waiter) is kept before Redis forgets it (SPEC K2): the embedded
-/// engine's default `idle_after`.
-pub const IDLE_AFTER: Millis = 600_000;
+/// How long a key at rest is kept before Redis forgets it (SPEC K2): the
+/// embedded engine's default `idle_after`.
+pub use fusebox_domain::IDLE_AFTER;
 
 /// Spare bytes past the used end of a value before it is compacted.
 const SLACK: usize = 256;

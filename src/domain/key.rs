@@ -1,4 +1,9 @@
-//! The key syntax of SPEC K1.
+//! The key syntax of SPEC K1, and how long a key at rest is kept (K2).
+
+/// How long a key at rest (closed, no failures counted, no ticket, no
+/// waiter) is kept before it is forgotten (SPEC K2): the embedded engine's
+/// default `idle_after`, and the Redis module's expiry of a key at rest.
+pub const IDLE_AFTER: crate::Millis = 600_000;
 
 /// Why a key is not acceptable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]

@@ -35,7 +35,7 @@ pub use fuse::{
     Ticket, TicketId, TicketState, TicketTable, Tickets, View, WaiterState, WindowBucket,
     STATE_VERSION,
 };
-pub use key::{validate_key, KeyError};
+pub use key::{validate_key, KeyError, IDLE_AFTER};
 pub use policy::{
     policy_id, BreakerPolicy, DurationSpec, LeasePolicy, LimiterKind, LimiterPolicy, Order, Policy,
     PolicyError, PolicySpec, Trip,

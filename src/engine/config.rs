@@ -439,7 +439,7 @@ impl Default for Limits {
             max_unread_bytes: 32 << 20,
             max_unread_bytes_per_stream: 1 << 20,
             stuck_stream_timeout: 30_000,
-            idle_after: 600_000,
+            idle_after: crate::domain::IDLE_AFTER,
             handshake_timeout: 5_000,
             max_handshakes: 1_024,
             max_http_connections: 256,

@@ -123,7 +123,7 @@ impl Allowance {
 /// key share with a store (decisions 104): as long as Redis keeps a key at
 /// rest (the module's 10 minutes), or the server's `idle_after` if longer.
 pub fn key_idle_after(limits: &Limits) -> Millis {
-    limits.idle_after.max(super::redis::KEY_AT_REST_EXPIRY)
+    limits.idle_after.max(crate::domain::IDLE_AFTER)
 }
 
 /// The default share: half of each cap.

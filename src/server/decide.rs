@@ -65,16 +65,16 @@ static CALLING: AtomicU64 = AtomicU64::new(0);
 /// until dropped.
 pub struct Calling(Arc<Share>);
 
-/// Counts a single call of `grant`'s credential while it is in flight, with
+/// Counts a single call of `share`'s credential while it is in flight, with
 /// a store (embedded, nothing waits on the store and nothing is counted).
-pub fn calling(api: &Api, grant: Option<&Grant>) -> Option<Calling> {
+pub fn calling(api: &Api, share: Option<&Arc<Share>>) -> Option<Calling> {
     if !matches!(api.store, crate::engine::Store::Redis(_)) {
         return None;
     }
-    let share = api.store.core().share_of(grant)?;
+    let share = share?;
     share.calls_in_flight().fetch_add(1, Ordering::Relaxed);
     CALLING.fetch_add(1, Ordering::Relaxed);
-    Some(Calling(share))
+    Some(Calling(share.clone()))
 }
 
 impl Drop for Calling {
@@ -445,7 +445,7 @@ impl Stream {
                     )));
                     continue;
                 }
-                match self.frame(&api, &grant, id, frame.request).await {
+                match self.frame(&api, &grant, &share, id, frame.request).await {
                     Started::Answered(result) => results.push((at, result)),
                     Started::Later(fut) => pending.push((at, fut)),
                     Started::Waiting | Started::Nothing => {}
@@ -473,6 +473,7 @@ impl Stream {
         &mut self,
         api: &'a Api,
         grant: &'a Option<Arc<Grant>>,
+        share: &'a Option<Arc<Share>>,
         id: u64,
         request: Option<pb::decide_frame::Request>,
     ) -> Started<'a> {
@@ -516,12 +517,12 @@ impl Stream {
                 )),
             ));
         }
-        let grant = grant.as_deref();
+        let (grant, share) = (grant.as_deref(), share.as_ref());
         let answered: Pending<'a> = match frame {
             // One that may not wait: decided at once, or its command sent.
             Frame::Acquire(req) if req.max_wait.is_none_or(|d| d.seconds == 0 && d.nanos == 0) => {
                 Box::pin(async move {
-                    match api.acquire_as(grant, req).await {
+                    match api.acquire_as(grant, share, req).await {
                         Ok(response) => answer(id, Answer::Acquire(response)),
                         Err(status) => failed(id, &status),
                     }
@@ -530,8 +531,11 @@ impl Stream {
             Frame::Acquire(req) => {
                 let api = api.clone();
                 let grant = self.grant.clone();
+                let share = share.cloned();
                 let acquire: Pin<Box<dyn Future<Output = _> + Send>> =
-                    Box::pin(async move { api.acquire_as(grant.as_deref(), req).await });
+                    Box::pin(
+                        async move { api.acquire_as(grant.as_deref(), share.as_ref(), req).await },
+                    );
                 // Polled here first, so that it decides (or queues) before
                 // the next frame starts; only a waiter goes to a task.
                 return match start(acquire).await {
@@ -555,13 +559,13 @@ impl Stream {
                 };
             }
             Frame::Complete(req) => Box::pin(async move {
-                match api.complete_as(grant, req).await {
+                match api.complete_as(grant, share, req).await {
                     Ok(response) => answer(id, Answer::Complete(response)),
                     Err(status) => failed(id, &status),
                 }
             }),
             Frame::Renew(req) => Box::pin(async move {
-                match api.renew_as(grant, req).await {
+                match api.renew_as(grant, share, req).await {
                     Ok(response) => answer(id, Answer::Renew(response)),
                     Err(status) => failed(id, &status),
                 }
@@ -606,13 +610,14 @@ pub async fn acquire_batch(
     request: Request<pb::AcquireBatchRequest>,
 ) -> Result<pb::AcquireBatchResponse, Status> {
     let grant = api.grant(&request)?;
-    let _calling = calling(api, grant.as_deref());
+    let share = api.store.core().share_of(grant.as_deref());
+    let _calling = calling(api, share.as_ref());
     let items = request.into_inner().items;
     check_items(items.len())?;
     FIGURES
         .batch_items
         .fetch_add(items.len() as u64, Ordering::Relaxed);
-    let grant = grant.as_deref();
+    let (grant, share) = (grant.as_deref(), share.as_ref());
     // Each item started in order (its command sent), then all awaited
     // together: one round trip per node, per-key order kept.
     let mut results = Vec::with_capacity(items.len());
@@ -628,7 +633,7 @@ pub async fn acquire_batch(
                     "max_wait: a batch item does not wait; leave it out, or use Acquire or Decide to wait",
                 ))
             } else {
-                api.acquire_as(grant, item).await
+                api.acquire_as(grant, share, item).await
             };
             pb::AcquireResult {
                 result: Some(match result {
@@ -655,20 +660,21 @@ pub async fn complete_batch(
     request: Request<pb::CompleteBatchRequest>,
 ) -> Result<pb::CompleteBatchResponse, Status> {
     let grant = api.grant(&request)?;
-    let _calling = calling(api, grant.as_deref());
+    let share = api.store.core().share_of(grant.as_deref());
+    let _calling = calling(api, share.as_ref());
     let items = request.into_inner().items;
     check_items(items.len())?;
     FIGURES
         .batch_items
         .fetch_add(items.len() as u64, Ordering::Relaxed);
-    let grant = grant.as_deref();
+    let (grant, share) = (grant.as_deref(), share.as_ref());
     let mut results = Vec::with_capacity(items.len());
     let mut pending = Vec::new();
     for (at, item) in items.into_iter().enumerate() {
         use pb::complete_result::Result as R;
         let one: Pin<Box<dyn Future<Output = pb::CompleteResult> + Send>> = Box::pin(async move {
             pb::CompleteResult {
-                result: Some(match api.complete_as(grant, item).await {
+                result: Some(match api.complete_as(grant, share, item).await {
                     Ok(response) => R::Response(response),
                     Err(status) => R::Error(error_of(&status)),
                 }),

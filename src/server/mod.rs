@@ -10,6 +10,7 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::{Grant, Refusal, Role};
 use crate::domain::{Decision, Outcome, Phase, Reason};
+use crate::engine::shares::Share;
 use crate::engine::{AcquireArgs, Core, Cursor, EngineError, KeyReading, Store};
 use crate::proto::v1 as pb;
 use crate::proto::wire::{
@@ -263,8 +264,9 @@ impl Fusebox for Api {
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
         let grant = self.grant(&request)?;
-        let _calling = decide::calling(self, grant.as_deref());
-        self.acquire_as(grant.as_deref(), request.into_inner())
+        let share = self.store.core().share_of(grant.as_deref());
+        let _calling = decide::calling(self, share.as_ref());
+        self.acquire_as(grant.as_deref(), share.as_ref(), request.into_inner())
             .await
             .map(Response::new)
     }
@@ -274,8 +276,9 @@ impl Fusebox for Api {
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteResponse>, Status> {
         let grant = self.grant(&request)?;
-        let _calling = decide::calling(self, grant.as_deref());
-        self.complete_as(grant.as_deref(), request.into_inner())
+        let share = self.store.core().share_of(grant.as_deref());
+        let _calling = decide::calling(self, share.as_ref());
+        self.complete_as(grant.as_deref(), share.as_ref(), request.into_inner())
             .await
             .map(Response::new)
     }
@@ -285,8 +288,9 @@ impl Fusebox for Api {
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::RenewResponse>, Status> {
         let grant = self.grant(&request)?;
-        let _calling = decide::calling(self, grant.as_deref());
-        self.renew_as(grant.as_deref(), request.into_inner())
+        let share = self.store.core().share_of(grant.as_deref());
+        let _calling = decide::calling(self, share.as_ref());
+        self.renew_as(grant.as_deref(), share.as_ref(), request.into_inner())
             .await
             .map(Response::new)
     }
@@ -325,6 +329,7 @@ impl Api {
     pub(crate) async fn acquire_as(
         &self,
         grant: Option<&Grant>,
+        share: Option<&Arc<Share>>,
         req: pb::AcquireRequest,
     ) -> Result<pb::AcquireResponse, Status> {
         if let Some(grant) = grant {
@@ -338,10 +343,9 @@ impl Api {
             max_wait: millis_of("max_wait", req.max_wait)?.unwrap_or(0),
             lease: millis_of("lease", req.lease)?,
         };
-        let share = self.store.core().share_of(grant);
         let reply = self
             .store
-            .acquire_as(args, share.as_ref())
+            .acquire_as(args, share)
             .await
             .map_err(status_of)?;
         let (decision, reason, retry_after) = match reply.decision {
@@ -385,14 +389,14 @@ impl Api {
     pub(crate) async fn complete_as(
         &self,
         grant: Option<&Grant>,
+        share: Option<&Arc<Share>>,
         req: pb::CompleteRequest,
     ) -> Result<pb::CompleteResponse, Status> {
         self.allow_ticket(grant, "Complete", &req.ticket)?;
         let outcome = outcome_of(req.outcome)?;
-        let share = self.store.core().share_of(grant);
         let done = self
             .store
-            .complete_as(&req.ticket, outcome, share.as_ref())
+            .complete_as(&req.ticket, outcome, share)
             .await
             .map_err(status_of)?;
         Ok(pb::CompleteResponse {
@@ -405,14 +409,14 @@ impl Api {
     pub(crate) async fn renew_as(
         &self,
         grant: Option<&Grant>,
+        share: Option<&Arc<Share>>,
         req: pb::RenewRequest,
     ) -> Result<pb::RenewResponse, Status> {
         self.allow_ticket(grant, "Renew", &req.ticket)?;
         let lease = millis_of("lease", req.lease)?;
-        let share = self.store.core().share_of(grant);
         let left = self
             .store
-            .renew_as(&req.ticket, lease, share.as_ref())
+            .renew_as(&req.ticket, lease, share)
             .await
             .map_err(status_of)?;
         Ok(pb::RenewResponse {

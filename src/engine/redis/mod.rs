@@ -47,10 +47,6 @@ use reply::{census_of, decision_of, reading_of, Answer, Census};
 /// The prefix of every key's Redis key: `fusebox:k:<key>`.
 pub const KEY_PREFIX: &str = "fusebox:k:";
 
-/// How long the module keeps a key at rest before Redis forgets it (SPEC
-/// K2; the module's `IDLE_AFTER`).
-pub const KEY_AT_REST_EXPIRY: crate::domain::Millis = 600_000;
-
 /// The state encoding of the module this server is built with: a module
 /// that writes an older one does not know `REPLY packed` either, and is
 /// refused at start (decisions 89).
