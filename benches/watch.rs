@@ -21,7 +21,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fusebox::engine::{Config, Engine};
+use fusebox::config::Config;
+use fusebox::engine::Engine;
 use fusebox::proto::v1 as pb;
 use pb::watch_event::Event;
 use tonic::transport::{Channel, Endpoint};
@@ -300,7 +301,7 @@ fn main() {
             .expect("a port");
         let addr = listener.local_addr().expect("an address").to_string();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(fusebox::server::run(listener, engine.clone(), async {
+        let server = tokio::spawn(fusebox::server::run(listener, fusebox::node::Node::of(engine.clone()), async {
             let _ = stopped.await;
         }));
         println!(

@@ -37,8 +37,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use crate::engine::config::Limits;
-use crate::engine::Core;
+use crate::auth::Access;
 use crate::tls::{identity_of, Acceptor, ClientIdentity};
 
 /// Writes through to a wrapped stream: `$ty`'s `AsyncWrite` is its
@@ -129,9 +128,47 @@ pub const FD_RESERVE: u64 = 64;
 /// How long accepting pauses when the process is out of descriptors.
 pub const FD_BACKOFF: Duration = Duration::from_millis(100);
 
+/// The caps of both ports' connections (`[server]`), validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Cap on open gRPC connections.
+    pub max_connections: u64,
+    /// Cap on connections still in their handshake.
+    pub max_handshakes: u64,
+    /// How long a new connection has to finish its handshake, in ms.
+    pub handshake_timeout: u64,
+    /// Cap on open HTTP connections.
+    pub max_http_connections: u64,
+    /// Cap on the HTTP/2 streams of one connection (both ports).
+    pub max_streams_per_connection: u64,
+    /// Cap on gRPC connections that have shown no credential yet (with
+    /// `[auth]`); the rest of `max_connections` is kept for the others.
+    pub max_strangers: u64,
+    /// The same, per peer address.
+    pub max_strangers_per_peer: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 10_000,
+            max_handshakes: 1_024,
+            handshake_timeout: 5_000,
+            max_http_connections: 256,
+            max_streams_per_connection: 256,
+            max_strangers: 5_000,
+            max_strangers_per_peer: 256,
+        }
+    }
+}
+
 /// Figures of both ports, for the metrics.
 #[derive(Debug, Default)]
 pub struct Figures {
+    /// Open gRPC connections.
+    pub connections: AtomicU64,
+    /// Connections closed at once because `max_connections` was reached.
+    pub connections_refused: AtomicU64,
     /// gRPC connections in their handshake now.
     pub handshakes: AtomicU64,
     /// Connections closed because `max_handshakes` were in progress.
@@ -175,6 +212,8 @@ pub struct Figures {
 
 /// The process's figures (both ports serve one engine per process).
 pub static FIGURES: Figures = Figures {
+    connections: AtomicU64::new(0),
+    connections_refused: AtomicU64::new(0),
     handshakes: AtomicU64::new(0),
     handshakes_refused: AtomicU64::new(0),
     handshakes_timed_out: AtomicU64::new(0),
@@ -369,14 +408,15 @@ fn seldom(n: u64) -> bool {
 }
 
 /// The gRPC connections of `listener` that finished their handshake,
-/// each upgraded by `upgrade`, within the engine's cap. Accepting stops
-/// when the stream is dropped.
+/// each upgraded by `upgrade`, within `limits`; with `[auth]` in `access`
+/// (read as each connection comes), a connection is a stranger until it
+/// shows a credential. Accepting stops when the stream is dropped.
 pub fn incoming<U: Upgrade>(
     listener: TcpListener,
-    engine: Arc<Core>,
+    limits: Limits,
+    access: tokio::sync::watch::Receiver<Option<Arc<Access>>>,
     upgrade: U,
 ) -> ReceiverStream<io::Result<Counted<Prefixed<U::Stream>>>> {
-    let limits = engine.limits();
     let caps = caps(&limits);
     let timeout = Duration::from_millis(limits.handshake_timeout);
     let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -404,7 +444,7 @@ pub fn incoming<U: Upgrade>(
                 remote_addr: Some(remote),
             };
             let upgrade = upgrade.clone();
-            let engine = engine.clone();
+            let access = access.clone();
             let tx = tx.clone();
             tokio::spawn(async move {
                 let shaken = tokio::time::timeout(timeout, handshake(tcp, &upgrade)).await;
@@ -432,7 +472,7 @@ pub fn incoming<U: Upgrade>(
                     }
                 };
                 // Without [auth] there are no credentials to show.
-                let trust = if engine.access().is_some() {
+                let trust = if access.borrow().is_some() {
                     Trust::default()
                 } else {
                     Trust::trusted()
@@ -442,7 +482,7 @@ pub fn incoming<U: Upgrade>(
                     identity: U::identity(&stream.inner),
                     trust: Arc::new(trust),
                 };
-                if let Some(counted) = Counted::take(stream, info, engine) {
+                if let Some(counted) = Counted::take(stream, info, &limits) {
                     let _ = tx.send(Ok(counted)).await;
                 }
             });
@@ -501,15 +541,13 @@ write_through!(Prefixed, inner);
 pub struct Counted<S> {
     stream: S,
     info: PeerInfo,
-    engine: Arc<Core>,
 }
 
 impl<S> Counted<S> {
     /// Takes a slot for `stream`, or closes it (counted) when none is free.
-    fn take(stream: S, info: PeerInfo, engine: Arc<Core>) -> Option<Counted<S>> {
-        let limits = engine.limits();
+    fn take(stream: S, info: PeerInfo, limits: &Limits) -> Option<Counted<S>> {
         let cap = limits.max_connections;
-        let counters = engine.counters();
+        let counters = &FIGURES;
         if !info.trust.is_trusted() {
             let peer = info
                 .tcp
@@ -517,7 +555,7 @@ impl<S> Counted<S> {
                 .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
             let full = counters.connections.load(Ordering::Relaxed) >= cap;
             let mut strangers = STRANGERS.lock().unwrap_or_else(|e| e.into_inner());
-            let closed = strangers.make_room(peer, &limits, full);
+            let closed = strangers.make_room(peer, limits, full);
             strangers.open.push_back((peer, info.trust.clone()));
             drop(strangers);
             if closed > 0 {
@@ -536,11 +574,7 @@ impl<S> Counted<S> {
                 // The closed strangers' slots free up as they close; this
                 // one may run over the cap until then.
                 counters.connections.fetch_add(1, Ordering::Relaxed);
-                return Some(Counted {
-                    stream,
-                    info,
-                    engine,
-                });
+                return Some(Counted { stream, info });
             }
         }
         if counters.connections.fetch_add(1, Ordering::Relaxed) >= cap {
@@ -557,11 +591,7 @@ impl<S> Counted<S> {
             }
             return None;
         }
-        Some(Counted {
-            stream,
-            info,
-            engine,
-        })
+        Some(Counted { stream, info })
     }
 }
 
@@ -571,10 +601,7 @@ impl<S> Drop for Counted<S> {
             .trust
             .closed
             .store(true, std::sync::atomic::Ordering::Release);
-        self.engine
-            .counters()
-            .connections
-            .fetch_sub(1, Ordering::Relaxed);
+        FIGURES.connections.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

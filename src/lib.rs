@@ -8,14 +8,19 @@
 //! Layout, with doors that open one way only:
 //! - [`domain`]: the pure rules (breaker, limiters, permit book, the
 //!   combined decision). No I/O, no clock: every call takes `now`.
-//! - [`engine`]: keyed state in a sharded map, tickets, waiters, the timer,
-//!   the clock and the config.
+//! - [`engine`]: keyed state in a sharded map (or in Redis), tickets,
+//!   waiters, the timer, the clock, the rules and the engine's caps. It
+//!   knows nothing of the config file, credentials or connections.
+//! - [`auth`]: who may do what; [`tls`]: certificates, reloaded when their
+//!   files change; [`connections`]: the ports' caps and handshakes.
+//! - [`config`]: the config file, validated into what each part takes.
+//! - [`node`]: one server's own part beside its store (who may call, its
+//!   caps and counters); [`reload`]: the config watcher.
 //! - [`server`]: the gRPC services, which only convert and delegate.
 //! - [`http`]: metrics, health and the dashboard over HTTP.
+//! - [`serve`]: start-up, from the config to both ports.
 //! - [`outbox`]: what a stream answered and its client has not read,
 //!   bounded per stream and per server.
-//! - [`tls`]: TLS and mutual TLS for the gRPC and HTTP ports, with
-//!   certificates reloaded when their files change.
 //! - [`guard`]: a client library for services that call through fusebox
 //!   (guard a call: acquire, run, complete; renewal, local short-circuit,
 //!   fail open or closed). It uses only [`proto`].
@@ -25,13 +30,16 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod config;
 pub mod connections;
 pub use fusebox_domain as domain;
 pub mod engine;
 pub use fusebox_guard as guard;
 pub mod http;
+pub mod node;
 pub mod outbox;
 pub use fusebox_proto as proto;
+pub mod reload;
 pub mod serve;
 pub mod server;
 pub mod tls;

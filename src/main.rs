@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use fusebox::engine::config::parse_duration_flag;
+use fusebox::config::parse_duration_flag;
 use fusebox::proto::v1 as pb;
 use fusebox::proto::wire::{duration_of, millis_of};
 use tokio::io::AsyncWriteExt;

@@ -18,8 +18,6 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::engine::Limits;
-
 /// The streams an outbox serves, for the figures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -56,6 +54,27 @@ pub struct Budget {
     stuck_after: Duration,
     unread: AtomicU64,
     stuck: [AtomicU64; 3],
+}
+
+/// The bounds on answers not yet read (`[server]`), validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Unread stream answers, in bytes, server-wide.
+    pub max_unread_bytes: u64,
+    /// The same, per stream.
+    pub max_unread_bytes_per_stream: u64,
+    /// How long a stream may wait for its client to read, in ms.
+    pub stuck_stream_timeout: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_unread_bytes: 32 << 20,
+            max_unread_bytes_per_stream: 1 << 20,
+            stuck_stream_timeout: 30_000,
+        }
+    }
 }
 
 static BUDGET: OnceLock<Budget> = OnceLock::new();

@@ -11,10 +11,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::engine::config::{ClientAuth, TlsConfig};
+use crate::config::Config;
 use crate::engine::redis::StoreOptions;
-use crate::engine::{Config, Core, Engine, ManualClock, RedisStore, Store, SystemClock};
-use crate::tls::Tls;
+use crate::engine::{Core, Engine, ManualClock, RedisStore, Store, SystemClock};
+use crate::node::Node;
+use crate::tls::{ClientAuth, Tls};
 
 /// What a server is started with (`fusebox serve`'s flags).
 #[derive(Debug)]
@@ -68,7 +69,7 @@ pub struct TlsFiles {
 /// A server whose ports are bound and whose state is ready, not serving
 /// yet: its addresses are known ([`Bound::grpc_addr`], [`Bound::http_addr`]).
 pub struct Bound {
-    engine: Store,
+    node: Arc<Node>,
     listener: tokio::net::TcpListener,
     http_listener: Option<tokio::net::TcpListener>,
     tls: Option<Arc<Tls>>,
@@ -99,13 +100,16 @@ pub async fn bind(options: Options) -> anyhow::Result<Bound> {
         Some(path) => Config::load(path).context("the server did not start")?,
         None => Config::default(),
     };
-    let tls = TlsConfig::resolve(
-        config_path.as_deref(),
-        tls_files.cert,
-        tls_files.key,
-        tls_files.client_ca,
-    )
-    .context("the server did not start")?;
+    let Config {
+        rules,
+        limits,
+        access,
+        http_hosts,
+        tls,
+        data_dir: configured_data_dir,
+    } = config;
+    let tls = crate::config::tls::resolve(tls, tls_files.cert, tls_files.key, tls_files.client_ca)
+        .context("the server did not start")?;
     let tls = match &tls {
         Some(settings) => Some(Tls::load(settings).context("the server did not start")?),
         None => None,
@@ -115,12 +119,12 @@ pub async fn bind(options: Options) -> anyhow::Result<Bound> {
         // Before the address is printed: a SIGHUP from then on reloads.
         tokio::spawn(tls.clone().watch());
     }
-    let rule_count = config.rules.rules.len();
+    let rule_count = rules.rules.len();
     let exposed = [Some(listen), http]
         .into_iter()
         .flatten()
         .find(|a| !a.ip().is_loopback());
-    match (&config.access, exposed) {
+    match (&access, exposed) {
         (None, Some(addr)) if !insecure_no_auth => anyhow::bail!(
             "refusing to listen on {addr} without [auth]: anyone who reaches it could isolate keys and rewrite policies; add tokens to the config (`fusebox token --name NAME --role admin` makes one), or pass --insecure-no-auth to accept that"
         ),
@@ -135,19 +139,16 @@ pub async fn bind(options: Options) -> anyhow::Result<Bound> {
             tracing::info!(tokens, client_names, "[auth] is on: every call needs a credential");
         }
     }
-    let data_dir = match (data_dir, &config_path) {
-        (Some(dir), _) => Some(dir),
-        (None, _) if store.is_some() => None,
-        (None, Some(path)) => {
-            crate::engine::config::data_dir_of(path).context("the server did not start")?
-        }
-        (None, None) => None,
+    let data_dir = match data_dir {
+        Some(dir) => Some(dir),
+        None if store.is_some() => None,
+        None => configured_data_dir,
     };
-    let (core, rules) = if manual_clock {
+    let core = if manual_clock {
         let clock = Arc::new(ManualClock::default());
-        Core::new(config, clock.clone(), Some(clock))
+        Core::new(limits.engine(), clock.clone(), Some(clock))
     } else {
-        Core::new(config, Arc::new(SystemClock::new()), None)
+        Core::new(limits.engine(), Arc::new(SystemClock::new()), None)
     };
     let core = Arc::new(core);
     // The store is chosen once, here: every part of the server goes
@@ -220,9 +221,10 @@ pub async fn bind(options: Options) -> anyhow::Result<Bound> {
         Some(listener) => Some(listener.local_addr()?),
         None => None,
     };
+    let node = Arc::new(Node::new(engine, access, limits, http_hosts));
     if let Some(path) = config_path {
         // Before the address is printed: a SIGHUP or an edit from then on counts.
-        tokio::spawn(crate::engine::reload::watch_config(engine.clone(), path));
+        tokio::spawn(crate::reload::watch_config(node.clone(), path));
     }
     let security = match &tls {
         None => "off".to_owned(),
@@ -252,11 +254,7 @@ pub async fn bind(options: Options) -> anyhow::Result<Bound> {
         (Some(dir), None) => dir.display().to_string(),
         (None, None) => "in memory only".to_owned(),
     };
-    let auth = if engine.core().access().is_some() {
-        "on"
-    } else {
-        "off"
-    };
+    let auth = if node.access().is_some() { "on" } else { "off" };
     tracing::info!(
         %addr,
         rules = rule_count,
@@ -273,7 +271,7 @@ pub async fn bind(options: Options) -> anyhow::Result<Bound> {
         }
     }
     Ok(Bound {
-        engine,
+        node,
         listener,
         http_listener,
         tls,
@@ -295,7 +293,12 @@ impl Bound {
 
     /// The state the server serves.
     pub fn store(&self) -> &Store {
-        &self.engine
+        self.node.store()
+    }
+
+    /// The server: its store, who may call it, its caps and counters.
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
     }
 
     /// Serves both ports until `shutdown` resolves and the calls in flight
@@ -303,33 +306,32 @@ impl Bound {
     /// failure).
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         let Bound {
-            engine,
+            node,
             listener,
             http_listener,
             tls,
             ..
         } = self;
         if let Some(listener) = http_listener {
-            let stopped = engine.core().stopped();
-            let engine = engine.clone();
+            let stopped = node.store().core().stopped();
+            let node = node.clone();
             let acceptor = tls
                 .as_ref()
                 .filter(|t| t.config().http)
                 .map(|t| t.acceptor(crate::tls::ALPN_HTTP));
             tokio::spawn(async move {
-                let options = crate::http::Options::of(engine.core());
+                let options = crate::http::Options::of(&node);
                 let upgrade = crate::connections::MaybeTls(acceptor);
                 let served =
-                    crate::http::serve_upgraded(listener, engine, options, upgrade, stopped).await;
+                    crate::http::serve_upgraded(listener, node, options, upgrade, stopped).await;
                 if let Err(e) = served {
                     tracing::error!("the HTTP server stopped: {e}");
                 }
             });
         }
         let acceptor = tls.map(|t| t.acceptor(crate::tls::ALPN_GRPC));
-        let served =
-            crate::server::run_with_tls(listener, engine.clone(), acceptor, shutdown).await;
-        let _ = engine.save();
+        let served = crate::server::run_with_tls(listener, node.clone(), acceptor, shutdown).await;
+        let _ = node.store().save();
         served
     }
 }

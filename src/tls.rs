@@ -13,7 +13,7 @@
 
 use std::fmt;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -28,10 +28,36 @@ use rustls::sign::CertifiedKey;
 use rustls::{
     DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
 };
+use serde::Deserialize;
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
-use crate::engine::config::{ClientAuth, TlsConfig};
+/// Whether a client must show a certificate (with `[tls] client_ca`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuth {
+    /// Connections without a client certificate signed by `client_ca` are refused.
+    #[default]
+    Required,
+    /// A client may connect without a certificate; one it shows must be
+    /// signed by `client_ca`.
+    Optional,
+}
+
+/// Validated `[tls]`, with the paths resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// The certificate chain file.
+    pub cert: PathBuf,
+    /// The private key file.
+    pub key: PathBuf,
+    /// The client CA bundle; `Some` means mutual TLS.
+    pub client_ca: Option<PathBuf>,
+    /// Whether clients must show a certificate (meaningful with `client_ca`).
+    pub client_auth: ClientAuth,
+    /// Serve the HTTP port over TLS too.
+    pub http: bool,
+}
 
 /// How often the certificate, key and client CA files are checked for changes.
 pub const POLL_EVERY: Duration = Duration::from_secs(1);
@@ -673,71 +699,6 @@ mod tests {
             .expect("a certificate")
             .der()
             .to_vec()
-    }
-
-    #[test]
-    fn tls_settings_resolve_paths_against_the_config_file_and_flags_win() {
-        use crate::engine::config::{Config, TlsConfig};
-        let dir = tempfile::tempdir().expect("a temp dir");
-        let path = dir.path().join("fusebox.toml");
-        std::fs::write(
-            &path,
-            "[tls]\ncert = \"certs/server.pem\"\nkey = \"/etc/key.pem\"\nclient_ca = \"ca.pem\"\n",
-        )
-        .expect("written");
-        Config::load(&path).expect("a valid config");
-        let tls = TlsConfig::resolve(Some(&path), None, None, None)
-            .expect("valid")
-            .expect("TLS is on");
-        assert_eq!(tls.cert, dir.path().join("certs/server.pem"));
-        assert_eq!(tls.key, std::path::PathBuf::from("/etc/key.pem"));
-        assert_eq!(tls.client_ca, Some(dir.path().join("ca.pem")));
-        assert_eq!(tls.client_auth, ClientAuth::Required);
-        assert!(tls.http);
-        let tls = TlsConfig::resolve(Some(&path), Some("/x/c.pem".into()), None, None)
-            .expect("valid")
-            .expect("TLS is on");
-        assert_eq!(tls.cert, std::path::PathBuf::from("/x/c.pem"));
-
-        assert_eq!(
-            TlsConfig::resolve(None, None, None, None).expect("valid"),
-            None
-        );
-        let e = TlsConfig::resolve(None, Some("c.pem".into()), None, None).unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("the command line: --tls-cert: needs --tls-key"),
-            "{e}"
-        );
-        let e = TlsConfig::resolve(None, None, None, Some("ca.pem".into())).unwrap_err();
-        assert!(e.to_string().contains("--tls-client-ca"), "{e}");
-    }
-
-    #[test]
-    fn a_bad_tls_section_names_the_field() {
-        use crate::engine::config::Config;
-        for (text, expected) in [
-            (
-                "[tls]\ncert = \"c\"\nkey = \"k\"\nverify = true\n",
-                "[tls]: verify: unknown field",
-            ),
-            ("[tls]\nkey = \"k\"\n", "[tls]: cert: is missing"),
-            (
-                "[tls]\ncert = \"\"\nkey = \"k\"\n",
-                "[tls]: cert: must not be empty",
-            ),
-            (
-                "[tls]\ncert = \"c\"\nkey = \"k\"\nclient_auth = \"optional\"\n",
-                "[tls]: client_auth: needs client_ca",
-            ),
-            (
-                "[tls]\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"a\"\nclient_auth = \"maybe\"\n",
-                "[tls]: client_auth",
-            ),
-        ] {
-            let e = Config::parse(text, "test.toml").unwrap_err().to_string();
-            assert!(e.contains(expected), "{text:?}: {e}");
-        }
     }
 
     #[test]

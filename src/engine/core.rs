@@ -1,18 +1,18 @@
 //! What a server keeps whichever store holds its keys ([`super::Store`]):
-//! the clock, the rules in force, the limits, the events watchers hear,
-//! the server's counters, who may do what, and whether it is shutting
-//! down. The embedded engine and the Redis store each hold one, shared
-//! with the services around them.
+//! the clock, the rules in force, the caps, the events watchers hear, what
+//! each credential's share holds, and whether it is shutting down. The
+//! embedded engine and the Redis store each hold one, shared with the
+//! services around them.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
-use super::config::{Config, Limits, Rules};
+use super::clock::{Clock, ManualClock};
 use super::events::{Event, Publisher};
-use super::rules::Compiled;
-use super::shares::{Share, Shares};
-use super::{Clock, Counters, ManualClock};
+use super::limits::Limits;
+use super::rules::{Compiled, Rules};
+use super::shares::Shares;
 use crate::domain::{Millis, Policy};
 
 /// The server-wide part of every store.
@@ -22,7 +22,6 @@ pub struct Core {
     rules: RwLock<Arc<Compiled>>,
     limits: Limits,
     publisher: Publisher,
-    counters: Counters,
     stopping: tokio::sync::watch::Sender<bool>,
     shutting_down: AtomicBool,
     /// The wall-clock time at the clock's origin.
@@ -30,12 +29,10 @@ pub struct Core {
     /// Times are Unix milliseconds (the Redis store's clock), not the
     /// engine clock's.
     unix_times: AtomicBool,
-    /// Who may do what; streams watch it, to end when their credential
-    /// is removed.
-    access: tokio::sync::watch::Sender<Option<Arc<crate::auth::Access>>>,
     /// What each credential may hold and holds (decisions 99).
     shares: Shares,
-    http_hosts: Vec<String>,
+    /// Rules refused at `max_rules`.
+    rules_refused: AtomicU64,
 }
 
 impl std::fmt::Debug for Core {
@@ -47,51 +44,33 @@ impl std::fmt::Debug for Core {
 }
 
 impl Core {
-    /// The core of a server under `config`, on `clock` (and, for
-    /// `--manual-clock`, the same clock as a [`ManualClock`]). The rules go
-    /// to the store, which compiles them.
-    pub fn new(
-        config: Config,
-        clock: Arc<dyn Clock>,
-        manual: Option<Arc<ManualClock>>,
-    ) -> (Core, Rules) {
-        let core = Core {
+    /// The core of a server with the caps `limits`, on `clock` (and, for
+    /// `--manual-clock`, the same clock as a [`ManualClock`]). It has no
+    /// rules until the store puts its own in force.
+    pub fn new(limits: Limits, clock: Arc<dyn Clock>, manual: Option<Arc<ManualClock>>) -> Core {
+        Core {
             clock,
             manual,
             rules: RwLock::new(Arc::new(Compiled::new(Rules::default(), 0))),
-            limits: config.limits,
+            limits,
             publisher: Publisher::new(),
-            counters: Counters {
-                last_reload_ok: AtomicU64::new(1),
-                ..Counters::default()
-            },
             stopping: tokio::sync::watch::channel(false).0,
             shutting_down: AtomicBool::new(false),
             origin: SystemTime::now(),
             unix_times: AtomicBool::new(false),
-            access: tokio::sync::watch::channel(config.access.map(Arc::new)).0,
             shares: Shares::default(),
-            http_hosts: config.http_hosts,
-        };
-        core.shares
-            .adopt(core.access.borrow().as_deref(), &core.limits);
-        (core, config.rules)
+            rules_refused: AtomicU64::new(0),
+        }
     }
 
-    /// Who may do what (`[auth]`), or `None` when anyone may.
-    pub fn access(&self) -> Option<Arc<crate::auth::Access>> {
-        self.access.borrow().clone()
+    /// Counts a rule refused because `max_rules` rules are in force.
+    pub(super) fn count_rules_refused(&self) {
+        self.rules_refused.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Who may do what, watched: it changes when a reload replaces it.
-    pub fn watch_access(&self) -> tokio::sync::watch::Receiver<Option<Arc<crate::auth::Access>>> {
-        self.access.subscribe()
-    }
-
-    /// Replaces who may do what.
-    pub(super) fn set_access_now(&self, access: Option<Arc<crate::auth::Access>>) {
-        self.shares.adopt(access.as_deref(), &self.limits);
-        self.access.send_replace(access);
+    /// Rules refused because `max_rules` rules were in force.
+    pub fn rules_refused(&self) -> u64 {
+        self.rules_refused.load(Ordering::Relaxed)
     }
 
     /// What each credential may hold and holds.
@@ -99,25 +78,9 @@ impl Core {
         &self.shares
     }
 
-    /// The share of `grant`'s credential (`None` without `[auth]`).
-    pub fn share_of(&self, grant: Option<&crate::auth::Grant>) -> Option<Arc<Share>> {
-        grant.and_then(|g| self.shares.of(&g.name))
-    }
-
-    /// Host names the HTTP side answers to besides loopback names and its
-    /// listen address (`[server] http_hosts`).
-    pub fn http_hosts(&self) -> &[String] {
-        &self.http_hosts
-    }
-
-    /// The limits in force.
+    /// The caps in force.
     pub fn limits(&self) -> Limits {
         self.limits
-    }
-
-    /// Counters of the server around the store.
-    pub fn counters(&self) -> &Counters {
-        &self.counters
     }
 
     /// The clock's time now.

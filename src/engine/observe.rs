@@ -8,51 +8,15 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::ops::Bound;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::shards::Shards;
-pub use super::shards::{BATCH, SHARDS};
-use super::{check_key, Access, Engine, EngineError, KeyReading, Totals};
+use super::api::{KeyReading, Totals};
+use super::embedded::{Engine, Reach};
+use super::error::{check_key, EngineError};
+use super::shards::{Shards, SHARDS};
+use super::sweep::Page;
 use crate::domain::{Fuse, Phase};
-
-/// A page of keys, in key order.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Page {
-    /// The keys read, at most the page's size.
-    pub readings: Vec<KeyReading>,
-    /// More keys match after the last one.
-    pub more: bool,
-    /// Index entries the page looked at: bounded by the page size and the
-    /// shard count, whatever the position or the keys outside the prefix.
-    pub visited: usize,
-}
-
-/// What one batch of a sweep did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SweepReport {
-    /// The shard swept.
-    pub shard: usize,
-    /// Keys looked at.
-    pub examined: usize,
-    /// Keys forgotten.
-    pub forgotten: usize,
-}
-
-/// Figures of the idle sweeps, for metrics.
-#[derive(Debug, Default)]
-pub(super) struct SweepCounters {
-    batches: AtomicU64,
-    largest: AtomicU64,
-}
-
-impl SweepCounters {
-    pub(super) fn record(&self, report: &SweepReport) {
-        self.batches.fetch_add(1, Ordering::Relaxed);
-        self.largest
-            .fetch_max(report.examined as u64, Ordering::Relaxed);
-    }
-}
 
 /// Where a page starts and what it takes from each shard's index.
 struct Walk<'a> {
@@ -118,7 +82,7 @@ impl Engine {
                 });
             }
         }
-        let read = self.with_fuse(key, Access::EXISTING, |fuse, ctx| {
+        let read = self.with_fuse(key, Reach::EXISTING, |fuse, ctx| {
             fuse.advance(ctx.now)
                 .map(|()| (fuse.view(ctx.now), ctx.now))
         });

@@ -1,14 +1,98 @@
-//! The rules in force: validated once, shared by every shard as one value
-//! with one `Arc<Policy>` per rule, so that a key holds a pointer to its
-//! policy rather than a copy. A change makes a new generation; each key
-//! adopts its new policy at its next operation (Y4).
+//! The rules (Y1): which policy a key gets, by ordered patterns and a
+//! default; and the rules in force, validated once and shared by every
+//! shard as one value with one `Arc<Policy>` per rule, so that a key holds
+//! a pointer to its policy rather than a copy. A change makes a new
+//! generation; each key adopts its new policy at its next operation (Y4).
 
 use std::sync::Arc;
 
-use super::config::{Rule, Rules};
-use super::durable::PolicyChange;
-use super::{Engine, EngineError};
+use super::error::EngineError;
 use crate::domain::Policy;
+
+/// How a rule matches keys (Y1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    /// Exactly this key.
+    Exact(String),
+    /// Every key that starts with this prefix (written `prefix*`).
+    Prefix(String),
+}
+
+impl Pattern {
+    /// Parses `"a/b"` or `"a/*"`; `*` may only end a pattern.
+    pub fn parse(text: &str) -> Result<Pattern, String> {
+        if text.is_empty() {
+            return Err("must not be empty".into());
+        }
+        if let Some(c) = text.chars().find(|&c| crate::domain::key::is_control(c)) {
+            return Err(format!(
+                "{text:?}: must not contain control or bidirectional formatting characters (found U+{:04X}), like keys (K1)",
+                u32::from(c)
+            ));
+        }
+        match text.find('*') {
+            None => Ok(Pattern::Exact(text.to_owned())),
+            Some(i) if i == text.len() - 1 => Ok(Pattern::Prefix(text[..i].to_owned())),
+            Some(_) => Err(format!(
+                "{text:?}: '*' may appear only once, at the end of a prefix pattern"
+            )),
+        }
+    }
+
+    /// True when the pattern matches `key`.
+    pub fn matches(&self, key: &str) -> bool {
+        match self {
+            Pattern::Exact(k) => k == key,
+            Pattern::Prefix(p) => key.starts_with(p.as_str()),
+        }
+    }
+
+    /// The pattern as written.
+    pub fn text(&self) -> String {
+        match self {
+            Pattern::Exact(k) => k.clone(),
+            Pattern::Prefix(p) => format!("{p}*"),
+        }
+    }
+}
+
+/// A validated rule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rule {
+    /// Which keys.
+    pub pattern: Pattern,
+    /// Their policy.
+    pub policy: Policy,
+}
+
+/// Validated, ordered rules and the default (Y1).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rules {
+    /// Ordered rules.
+    pub rules: Vec<Rule>,
+    /// The default policy.
+    pub default: Policy,
+}
+
+impl Default for Rules {
+    /// No rules and the built-in default of Y3.
+    fn default() -> Self {
+        Rules {
+            rules: Vec::new(),
+            default: Policy::default(),
+        }
+    }
+}
+
+impl Rules {
+    /// The policy of the first rule that matches `key`, else the default.
+    pub fn policy_for(&self, key: &str) -> &Policy {
+        self.rules
+            .iter()
+            .find(|r| r.pattern.matches(key))
+            .map_or(&self.default, |r| &r.policy)
+    }
+}
 
 /// Rules as the shards use them.
 #[derive(Debug)]
@@ -70,84 +154,19 @@ pub(super) fn drop_rule(rules: &mut Rules, pattern: &str) -> Result<(), EngineEr
     Ok(())
 }
 
-impl Engine {
-    /// The rules in force.
-    pub fn rules(&self) -> Arc<Rules> {
-        self.core.rules()
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    /// Replaces the rules; existing keys adopt their new policy at their
-    /// next operation (Y4).
-    pub fn set_rules(&self, rules: Rules) {
-        let compiled = self.core.replace_rules(rules);
-        for shard in 0..super::shards::SHARDS {
-            self.shards.write(shard).rest.rules = compiled.clone();
+    #[test]
+    fn patterns_refuse_what_keys_refuse() {
+        assert_eq!(Pattern::parse("a/*"), Ok(Pattern::Prefix("a/".into())));
+        assert_eq!(Pattern::parse("a/b"), Ok(Pattern::Exact("a/b".into())));
+        for bad in ["", "a*b", "pay\u{202E}ments/*", "a\u{0}b", "x\u{2066}*"] {
+            assert!(Pattern::parse(bad).is_err(), "{bad:?}");
         }
-    }
-
-    /// Adds a rule at the end (before the default), or replaces the rule
-    /// with the same match where it stands (Y4: keys adopt it at their next
-    /// operation). Returns the rule's position; fails only when the data
-    /// dir cannot keep the change (which is in force all the same).
-    pub fn set_rule(&self, rule: Rule) -> Result<usize, EngineError> {
-        let change = || PolicyChange::set(&rule);
-        self.change_policies(change, || Ok(self.set_rule_now(rule.clone())))
-    }
-
-    pub(super) fn set_rule_now(&self, rule: Rule) -> usize {
-        let mut rules = (*self.rules()).clone();
-        let position = put_rule(&mut rules, rule);
-        self.set_rules(rules);
-        position
-    }
-
-    /// Replaces the default rule; fails only when the data dir cannot
-    /// keep the change (which is in force all the same).
-    pub fn set_default(&self, policy: Policy) -> Result<(), EngineError> {
-        let change = || PolicyChange::Default {
-            policy: policy.spec(),
-        };
-        self.change_policies(change, || {
-            self.set_default_now(policy);
-            Ok(())
-        })
-    }
-
-    pub(super) fn set_default_now(&self, policy: Policy) {
-        let mut rules = (*self.rules()).clone();
-        rules.default = policy;
-        self.set_rules(rules);
-    }
-
-    /// Removes the rule whose match is written `pattern`.
-    pub fn delete_rule(&self, pattern: &str) -> Result<(), EngineError> {
-        let change = || PolicyChange::Delete {
-            pattern: pattern.to_owned(),
-        };
-        self.change_policies(change, || self.delete_rule_now(pattern))
-    }
-
-    pub(super) fn delete_rule_now(&self, pattern: &str) -> Result<(), EngineError> {
-        let mut rules = (*self.rules()).clone();
-        drop_rule(&mut rules, pattern)?;
-        self.set_rules(rules);
-        Ok(())
-    }
-
-    /// Puts reloaded rules in force: every rule, those set at run time
-    /// too (the data dir forgets them as well).
-    pub fn reload_rules(&self, rules: Rules) {
-        let _ = self.change_policies(
-            || PolicyChange::Reload,
-            || {
-                self.set_rules(rules);
-                Ok(())
-            },
-        );
-    }
-
-    /// The policy a fresh `key` would get now.
-    pub(super) fn policy_for(&self, key: &str) -> Arc<Policy> {
-        self.core.policy_for(key)
+        assert!(Pattern::parse("a\u{202E}b/*")
+            .unwrap_err()
+            .contains("U+202E"));
     }
 }

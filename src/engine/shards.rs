@@ -202,7 +202,7 @@ pub(super) struct Rest {
     /// Keys whose durable state changed since the data dir was last
     /// written, with the operator who acted on them, if one did (only
     /// filled when the server has a data dir).
-    pub dirty: std::collections::HashMap<Arc<str>, Option<Box<super::durable::Actor>>>,
+    pub dirty: std::collections::HashMap<Arc<str>, Option<Box<super::storage::Actor>>>,
 }
 
 impl Rest {
@@ -300,7 +300,7 @@ impl ShardState {
 impl Rest {
     /// Notes that `name`'s durable state changed, by `actor` if an operator
     /// acted: the data dir's writer picks it up.
-    pub fn mark_dirty(&mut self, name: &Arc<str>, actor: Option<Box<super::durable::Actor>>) {
+    pub fn mark_dirty(&mut self, name: &Arc<str>, actor: Option<Box<super::storage::Actor>>) {
         match actor {
             Some(actor) => {
                 self.dirty.insert(name.clone(), Some(actor));

@@ -13,8 +13,9 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use serde::Deserialize;
 
-use super::config::Limits;
 use super::error::EngineError;
+use super::limits::Limits;
+use super::rules::{Pattern, Rules};
 use crate::domain::{Millis, TicketId};
 
 /// What a share limits.
@@ -392,6 +393,19 @@ impl Share {
     }
 }
 
+/// The credentials a server knows, as their shares see them: each name
+/// with its entry's `limits`, in the order of the entries, and the part of
+/// each cap a credential may hold where its entry does not say
+/// (`[auth] share`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Tenants {
+    /// Each entry's name and `limits`; entries with one name share the
+    /// first one's share.
+    pub entries: Vec<(String, Allowance)>,
+    /// `[auth] share`: the part of each cap, in (0, 1].
+    pub fraction: f64,
+}
+
 /// Every credential's share, by name.
 #[derive(Debug, Default)]
 pub struct Shares {
@@ -399,29 +413,29 @@ pub struct Shares {
 }
 
 impl Shares {
-    /// Sets the limits of every credential `access` names, under the
+    /// Sets the limits of every credential of `tenants`, under the
     /// server's `limits`; a credential that stays keeps what it holds, one
-    /// that left is dropped once it holds nothing.
-    pub fn adopt(&self, access: Option<&crate::auth::Access>, limits: &Limits) {
+    /// that left is dropped once it holds nothing. `None`: no credentials
+    /// (no `[auth]`).
+    pub fn adopt(&self, tenants: Option<&Tenants>, limits: &Limits) {
         let mut by_name = self.by_name.write().expect("shares lock");
-        let Some(access) = access else {
+        let Some(tenants) = tenants else {
             by_name.retain(|_, s| Kind::ALL.iter().any(|k| s.held(*k) > 0));
             return;
         };
-        let fraction = access.share();
         let mut named = std::collections::HashSet::new();
-        for grant in access.grants() {
+        for (name, allowance) in &tenants.entries {
             // Entries with one name share one share; the first sets it.
-            if !named.insert(grant.name.as_str()) {
+            if !named.insert(name.as_str()) {
                 continue;
             }
             let share = by_name
-                .entry(Arc::from(grant.name.as_str()))
+                .entry(Arc::from(name.as_str()))
                 .or_insert_with_key(|name| Arc::new(Share::new(name.clone())));
             for kind in Kind::ALL {
-                let (limit, explicit) = match grant.allowance.of(kind) {
+                let (limit, explicit) = match allowance.of(kind) {
                     Some(limit) => (limit, true),
-                    None => (default_limit(kind.cap(limits), fraction), false),
+                    None => (default_limit(kind.cap(limits), tenants.fraction), false),
                 };
                 share.limits[kind as usize].store(limit, Ordering::Relaxed);
                 share.explicit[kind as usize].store(explicit, Ordering::Relaxed);
@@ -450,14 +464,11 @@ impl Shares {
     }
 }
 
-/// The rules in force inside `grant`'s prefixes: what it holds of
-/// [`Kind::Rules`], counted from the rules rather than kept.
-pub fn rules_held(rules: &super::config::Rules, grant: &crate::auth::Grant) -> u64 {
-    rules
-        .rules
-        .iter()
-        .filter(|r| grant.scope.covers_pattern(&r.pattern))
-        .count() as u64
+/// The rules in force whose patterns `covers` (a credential's prefixes):
+/// what it holds of [`Kind::Rules`], counted from the rules rather than
+/// kept.
+pub fn rules_held(rules: &Rules, covers: impl Fn(&Pattern) -> bool) -> u64 {
+    rules.rules.iter().filter(|r| covers(&r.pattern)).count() as u64
 }
 
 /// `fraction` of `cap`, rounded up, at least 1.

@@ -13,8 +13,8 @@
 
 use std::sync::Arc;
 
-use super::config::{Rule, Rules};
 use super::redis::{RedisStore, StoreFigures};
+use super::rules::{Pattern, Rule, Rules};
 use super::shares::{self, Kind, Share};
 use super::tickets::ticket_of;
 use super::{
@@ -437,10 +437,7 @@ impl Store {
         if rules.rules.len() as u64 >= limit
             && !rules.rules.iter().any(|r| r.pattern == rule.pattern)
         {
-            self.core()
-                .counters()
-                .rules_refused
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.core().count_rules_refused();
             return Err(EngineError::Exhausted {
                 what: "rules",
                 cap: "max_rules",
@@ -453,22 +450,20 @@ impl Store {
         }
     }
 
-    /// [`Store::set_rule`] by `grant`: a credential limited to some
-    /// prefixes holds the rules in force inside them, up to its share; one
-    /// with every key is held by `max_rules` alone unless its entry sets
-    /// `limits.max_rules` (decisions 99).
-    pub fn set_rule_as(
+    /// [`Store::set_rule`] within a credential's `share` of rules: it
+    /// holds the rules in force whose patterns `covers` (its prefixes), and
+    /// may add one more only below its limit (decisions 99). `None`: no
+    /// share to keep to (no `[auth]`, or a credential held by `max_rules`
+    /// alone).
+    pub fn set_rule_within(
         &self,
         rule: Rule,
-        grant: Option<&crate::auth::Grant>,
+        share: Option<(&Share, &dyn Fn(&Pattern) -> bool)>,
     ) -> Result<usize, EngineError> {
-        let share = grant
-            .filter(|g| !g.scope.is_all() || g.allowance.max_rules.is_some())
-            .and_then(|g| Some((g, self.core().share_of(Some(g))?)));
-        if let Some((grant, share)) = &share {
+        if let Some((share, covers)) = share {
             let rules = self.rules();
             let replacing = rules.rules.iter().any(|r| r.pattern == rule.pattern);
-            let held = super::shares::rules_held(&rules, grant);
+            let held = super::shares::rules_held(&rules, covers);
             if !replacing && held >= share.limit(Kind::Rules) {
                 share.count_refusal(Kind::Rules);
                 return Err(share.refusal(Kind::Rules));

@@ -7,49 +7,17 @@
 
 use std::ops::Bound;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Instant;
+use std::sync::Arc;
 
-use super::observe::SweepReport;
+use super::embedded::{Effects, Engine, Reach};
+use super::error::EngineError;
 use super::quota::Capped;
 use super::shards::{BATCH, SHARDS, UNSCHEDULED};
-use super::{Access, Effects, Engine, EngineError};
+use super::sweep::SweepReport;
 use crate::domain::Millis;
 
 /// How often the busiest-keys tables are aged, in ms.
 const DECAY_EVERY: Millis = 10_000;
-
-/// Wakes the timer thread early: a new, earlier deadline, or shutdown.
-#[derive(Debug, Default)]
-pub(super) struct TimerSignal {
-    woken: Mutex<bool>,
-    bell: Condvar,
-}
-
-impl TimerSignal {
-    pub(super) fn wake(&self) {
-        *self.woken.lock().expect("timer lock") = true;
-        self.bell.notify_one();
-    }
-
-    /// Sleeps until `at` (forever when `None`) or until woken.
-    fn sleep_until(&self, at: Option<Instant>) {
-        let mut woken = self.woken.lock().expect("timer lock");
-        while !*woken {
-            match at {
-                Some(at) => {
-                    let left = at.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    woken = self.bell.wait_timeout(woken, left).expect("timer lock").0;
-                }
-                None => woken = self.bell.wait(woken).expect("timer lock"),
-            }
-        }
-        *woken = false;
-    }
-}
 
 impl Engine {
     /// Settles every key whose deadline is due at `now`; returns how many.
@@ -92,7 +60,7 @@ impl Engine {
                             slot,
                             &mut state.rest,
                             at,
-                            Access::SETTLE,
+                            Reach::SETTLE,
                             false,
                             |fuse, ctx| fuse.advance(ctx.now),
                             &mut done,

@@ -56,8 +56,7 @@ pub async fn events(
     let prefix = prefix_of(query)?;
     // A unit of the caller's share of Watch and event streams (decisions 99).
     let held = state
-        .store
-        .core()
+        .node
         .share_of(caller.0.as_deref())
         .map(|s| s.take(crate::engine::shares::Kind::WatchStreams))
         .transpose()?;
@@ -69,7 +68,7 @@ pub async fn events(
         )));
     };
     let (tx, rx) = crate::outbox::outbox(
-        &state.store.core().limits(),
+        &state.node.limits().unread(),
         crate::outbox::Kind::Events,
         STREAM_BUFFER,
         |_| 0,
@@ -84,7 +83,7 @@ pub async fn events(
     // A credential removed by a reload ends the stream at once, with an
     // `refused` event saying so (the guard checked it on every key
     // when the stream opened; it must still read every key).
-    let mut credential = crate::auth::Credential::of(state.store.core());
+    let mut credential = crate::auth::Credential::of(state.node.watch_access());
     tokio::spawn(async move {
         let _held = held;
         let mut grant = caller.0;

@@ -114,11 +114,11 @@ fn client_identity(request: &Request) -> Option<&crate::tls::ClientIdentity> {
 
 /// The middleware: names first, then the credential.
 pub async fn guard(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
-    if let Err(refused) = check_names(request.headers(), state.store.core().http_hosts()) {
+    if let Err(refused) = check_names(request.headers(), state.node.http_hosts()) {
         return refused.into_response();
     }
     let mut caller = Caller(None);
-    if let Some(access) = state.store.core().access() {
+    if let Some(access) = state.node.access() {
         if request.uri().path() == "/metrics" && access.metrics_open {
             // Open to anyone, but only a known credential's own keys get
             // per-key series ([`super::metrics`]).

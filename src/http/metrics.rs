@@ -19,8 +19,9 @@ use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
 use crate::domain::{Phase, Reason};
-use crate::engine::config::Pattern;
+use crate::engine::Pattern;
 use crate::engine::{KeyReading, Store, CAP_NAMES, DECISION_NAMES};
+use crate::node::Node;
 
 /// How many of the busiest keys get per-key series, besides the keys named
 /// by exact rules.
@@ -197,7 +198,8 @@ async fn shown_keys(
 /// What each credential holds, may hold and was refused (decisions 99):
 /// a series per credential name, which the config bounds. A credential
 /// limited to some prefixes sees its own; without one, none are shown.
-fn share_families(x: &mut Exposition, core: &crate::engine::Core, whose: &Shown) {
+fn share_families(x: &mut Exposition, node: &Node, whose: &Shown) {
+    let core = node.store().core();
     use crate::engine::shares::Kind;
     let shares: Vec<_> = core
         .shares()
@@ -218,12 +220,14 @@ fn share_families(x: &mut Exposition, core: &crate::engine::Core, whose: &Shown)
     // Rules held are counted from the rules in force, by each
     // credential's prefixes (the first entry of a name sets its share).
     let rules = core.rules();
-    let access = core.access();
+    let access = node.access();
     let rules_held = |name: &str| {
         access
             .as_deref()
             .and_then(|a| a.grants().find(|g| g.name == name))
-            .map_or(0, |g| crate::engine::shares::rules_held(&rules, g))
+            .map_or(0, |g| {
+                crate::engine::shares::rules_held(&rules, |p| g.scope.covers_pattern(p))
+            })
     };
     let kind_of = |k: Kind| k.field().trim_start_matches("max_");
     type Value = fn(&crate::engine::shares::Share, Kind) -> u64;
@@ -271,7 +275,8 @@ fn share_families(x: &mut Exposition, core: &crate::engine::Core, whose: &Shown)
 }
 
 /// The whole exposition of `store`, with the HTTP side's own figures.
-pub async fn render(store: &Store, http: &HttpFigures, whose: &Shown) -> String {
+pub async fn render(node: &Node, http: &HttpFigures, whose: &Shown) -> String {
+    let store = node.store();
     let core = store.core();
     let rules = store.rules();
     let exact: Vec<String> = rules
@@ -305,8 +310,9 @@ pub async fn render(store: &Store, http: &HttpFigures, whose: &Shown) -> String 
     }
 
     let mut x = Exposition::default();
-    let limits = core.limits();
-    let counters = core.counters();
+    let limits = node.limits();
+    let counters = node.counters();
+    let transport = &crate::connections::FIGURES;
     let whose = if figures.fleet_wide {
         " (the whole store's, every server alike)"
     } else {
@@ -367,16 +373,15 @@ pub async fn render(store: &Store, http: &HttpFigures, whose: &Shown) -> String 
         "fusebox_connections",
         "gauge",
         "Open gRPC connections.",
-        counters.connections.load(Ordering::Relaxed),
+        transport.connections.load(Ordering::Relaxed),
     );
     x.single(
         "fusebox_connections_refused_total",
         "counter",
         "gRPC connections closed at once because max_connections was reached.",
-        counters.connections_refused.load(Ordering::Relaxed),
+        transport.connections_refused.load(Ordering::Relaxed),
     );
-    let transport = &crate::connections::FIGURES;
-    let caps = crate::connections::caps(&limits);
+    let caps = crate::connections::caps(&limits.connections());
     for (name, kind, help, value) in [
         (
             "fusebox_handshakes",
@@ -483,7 +488,6 @@ pub async fn render(store: &Store, http: &HttpFigures, whose: &Shown) -> String 
     ] {
         x.single(name, kind, help, value.load(Ordering::Relaxed));
     }
-    let limits = store.core().limits();
     x.single(
         "fusebox_strangers",
         "gauge",
@@ -638,9 +642,9 @@ pub async fn render(store: &Store, http: &HttpFigures, whose: &Shown) -> String 
     x.sample(
         "fusebox_cap_refusals_total",
         &[("cap", "max_rules")],
-        counters.rules_refused.load(Ordering::Relaxed),
+        core.rules_refused(),
     );
-    share_families(&mut x, core, shown_to);
+    share_families(&mut x, node, shown_to);
     x.single(
         "fusebox_transitions_total",
         "counter",
@@ -1017,7 +1021,7 @@ mod tests {
     #[test]
     fn the_busiest_keys_are_shown_and_the_rest_aggregated() {
         let engine = std::sync::Arc::new(crate::engine::Engine::with_manual_clock(
-            crate::engine::Config::default(),
+            crate::engine::Settings::default(),
         ));
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -1038,8 +1042,8 @@ mod tests {
                 }
             }
         });
-        let store = crate::engine::Store::Embedded(engine);
-        let text = rt.block_on(render(&store, &HttpFigures::default(), &Shown::Every));
+        let node = Node::of(engine);
+        let text = rt.block_on(render(&node, &HttpFigures::default(), &Shown::Every));
         assert!(!text.contains("key=\"k/004\""));
         assert!(text.contains("fusebox_key_live_tickets{key=\"k/005\"} 6\n"));
         assert!(text.contains("fusebox_other_keys{phase=\"CLOSED\"} 5\n"));

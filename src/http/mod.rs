@@ -43,7 +43,8 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use crate::connections::{self, Plain, Upgrade};
-use crate::engine::{Core, Store};
+use crate::engine::Store;
+use crate::node::Node;
 use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
 use tower::ServiceExt;
@@ -66,7 +67,7 @@ pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9090";
 pub const SHUTDOWN_LINGER: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Dashboard event streams open at once, by default.
-pub const MAX_EVENT_STREAMS: usize = 64;
+pub const MAX_EVENT_STREAMS: usize = crate::config::MAX_EVENT_STREAMS as usize;
 
 /// How the HTTP side is set up.
 #[derive(Clone, Copy, Debug)]
@@ -88,9 +89,9 @@ impl Default for Options {
 
 impl Options {
     /// The defaults, with the caps of the server's `[server]` limits.
-    pub fn of(core: &Core) -> Options {
+    pub fn of(node: &Node) -> Options {
         Options {
-            max_event_streams: usize::try_from(core.limits().max_event_streams)
+            max_event_streams: usize::try_from(node.limits().max_event_streams)
                 .unwrap_or(usize::MAX),
             ..Options::default()
         }
@@ -156,6 +157,8 @@ impl Streams {
 pub struct AppState {
     /// Where the keys are.
     pub store: Store,
+    /// The server: who may call, its caps and counters.
+    pub node: Arc<Node>,
     /// Recent transitions, for the dashboard's timeline.
     pub history: Arc<api::History>,
     /// The board and the sparklines, from the one sampler task.
@@ -164,19 +167,19 @@ pub struct AppState {
     pub streams: Arc<Streams>,
 }
 
-/// The routes, over `store`, with the default [`Options`].
-pub fn router(store: impl Into<Store>) -> Router {
-    let store = store.into();
-    let options = Options::of(store.core());
-    router_with(store, options)
+/// The routes of `node`, with the default [`Options`].
+pub fn router(node: Arc<Node>) -> Router {
+    let options = Options::of(&node);
+    router_with(node, options)
 }
 
-/// The routes, over `store`. Starts the tasks that remember transitions
-/// for the timeline and sample the board, so it must be called inside a
-/// Tokio runtime.
-pub fn router_with(store: impl Into<Store>, options: Options) -> Router {
-    let store = store.into();
+/// The routes of `node`. Starts the tasks that remember transitions for
+/// the timeline and sample the board, so it must be called inside a Tokio
+/// runtime.
+pub fn router_with(node: Arc<Node>, options: Options) -> Router {
+    let store = node.store().clone();
     let state = AppState {
+        node,
         history: api::History::record(store.core().clone()),
         trends: trends::Trends::start(store.clone(), options.sample_every),
         streams: Streams::new(options.max_event_streams),
@@ -210,22 +213,21 @@ pub fn router_with(store: impl Into<Store>, options: Options) -> Router {
 /// most [`SHUTDOWN_LINGER`], then the server stops.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    store: impl Into<Store>,
+    node: Arc<Node>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let store = store.into();
-    let options = Options::of(store.core());
-    serve_with(listener, store, options, shutdown).await
+    let options = Options::of(&node);
+    serve_with(listener, node, options, shutdown).await
 }
 
 /// Like [`serve`], with `options`.
 pub async fn serve_with(
     listener: tokio::net::TcpListener,
-    store: impl Into<Store>,
+    node: Arc<Node>,
     options: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_upgraded(listener, store.into(), options, Plain, shutdown).await
+    serve_upgraded(listener, node, options, Plain, shutdown).await
 }
 
 /// Like [`serve_with`], each connection upgraded by `upgrade` (TLS) first.
@@ -236,15 +238,15 @@ pub async fn serve_with(
 /// handshake_timeout`, else it is closed.
 pub async fn serve_upgraded<U: Upgrade>(
     listener: tokio::net::TcpListener,
-    store: Store,
+    node: Arc<Node>,
     options: Options,
     upgrade: U,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let limits = store.core().limits();
+    let limits = node.limits().connections();
     let caps = connections::caps(&limits);
     let timeout = Duration::from_millis(limits.handshake_timeout);
-    let router = router_with(store, options);
+    let router = router_with(node, options);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let stop = async move {
         shutdown.await;
@@ -318,12 +320,12 @@ async fn metrics_text(
     let figures = state.streams.figures();
     // With [auth], per-key series only for the keys of the credential that
     // asks; none for anyone else (the aggregates count every key).
-    let shown = match (state.store.core().access(), caller.0) {
+    let shown = match (state.node.access(), caller.0) {
         (None, _) => metrics::Shown::Every,
         (Some(_), Some(grant)) => metrics::Shown::Of(grant),
         (Some(_), None) => metrics::Shown::None,
     };
-    let text = metrics::render(&state.store, &figures, &shown).await;
+    let text = metrics::render(&state.node, &figures, &shown).await;
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],

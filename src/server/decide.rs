@@ -208,16 +208,16 @@ pub fn open(api: &Api, request: Request<Streaming<pb::DecideRequest>>) -> Result
             .needs(Role::Caller, "Decide")
             .map_err(status_of_refusal)?;
     }
-    let core = api.store.core();
+    let limits = api.node.limits();
     let counted = Counted::open(
         super::tls::remote_addr(&request),
-        core.limits().max_decide_streams,
-        core.share_of(grant.as_deref()),
+        limits.max_decide_streams,
+        api.node.share_of(grant.as_deref()),
     )?;
-    let credential = crate::auth::Credential::of(api.store.core());
+    let credential = crate::auth::Credential::of(api.node.watch_access());
     let frames = request.into_inner();
     let (tx, rx) = crate::outbox::outbox(
-        &core.limits(),
+        &limits.unread(),
         crate::outbox::Kind::Decide,
         OUTBOX,
         size_of,
@@ -610,7 +610,7 @@ pub async fn acquire_batch(
     request: Request<pb::AcquireBatchRequest>,
 ) -> Result<pb::AcquireBatchResponse, Status> {
     let grant = api.grant(&request)?;
-    let share = api.store.core().share_of(grant.as_deref());
+    let share = api.node.share_of(grant.as_deref());
     let _calling = calling(api, share.as_ref());
     let items = request.into_inner().items;
     check_items(items.len())?;
@@ -660,7 +660,7 @@ pub async fn complete_batch(
     request: Request<pb::CompleteBatchRequest>,
 ) -> Result<pb::CompleteBatchResponse, Status> {
     let grant = api.grant(&request)?;
-    let share = api.store.core().share_of(grant.as_deref());
+    let share = api.node.share_of(grant.as_deref());
     let _calling = calling(api, share.as_ref());
     let items = request.into_inner().items;
     check_items(items.len())?;

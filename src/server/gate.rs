@@ -20,7 +20,7 @@ use tonic::body::Body;
 
 use crate::auth::Grant;
 use crate::connections::{PeerInfo, FIGURES};
-use crate::engine::Core;
+use crate::node::Node;
 
 /// The grant the gate found for a call, in its request's extensions.
 #[derive(Clone, Debug)]
@@ -28,7 +28,7 @@ pub struct Authenticated(pub Arc<Grant>);
 
 /// The layer: [`Gate`] around a service.
 #[derive(Clone)]
-pub struct GateLayer(pub Arc<Core>);
+pub struct GateLayer(pub Arc<Node>);
 
 impl<S> tower::Layer<S> for GateLayer {
     type Service = Gate<S>;
@@ -36,7 +36,7 @@ impl<S> tower::Layer<S> for GateLayer {
     fn layer(&self, inner: S) -> Gate<S> {
         Gate {
             inner,
-            core: self.0.clone(),
+            node: self.0.clone(),
         }
     }
 }
@@ -45,7 +45,7 @@ impl<S> tower::Layer<S> for GateLayer {
 #[derive(Clone)]
 pub struct Gate<S> {
     inner: S,
-    core: Arc<Core>,
+    node: Arc<Node>,
 }
 
 /// Whether `path` is one of fusebox's own services (not health or
@@ -70,7 +70,7 @@ where
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         if guarded(request.uri().path()) {
-            if let Some(access) = self.core.access() {
+            if let Some(access) = self.node.access() {
                 let peer = request.extensions().get::<PeerInfo>();
                 let identity = peer.and_then(|p| p.identity.as_ref());
                 let authorization = request

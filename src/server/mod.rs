@@ -12,6 +12,7 @@ use crate::auth::{Grant, Refusal, Role};
 use crate::domain::{Decision, Outcome, Phase, Reason};
 use crate::engine::shares::Share;
 use crate::engine::{AcquireArgs, Core, Cursor, EngineError, KeyReading, Store};
+use crate::node::Node;
 use crate::proto::v1 as pb;
 use crate::proto::wire::{
     duration_of, filter_of, millis_of, page_after, page_token, phase_of, timestamp_of,
@@ -191,7 +192,7 @@ enum On<'a> {
     /// Every key under a prefix.
     Prefix(&'a str),
     /// The keys of a rule pattern.
-    Pattern(&'a crate::engine::config::Pattern),
+    Pattern(&'a crate::engine::Pattern),
     /// Every key (the default rule, the clock).
     Everything,
     /// Nothing keyed (ListPolicies).
@@ -202,12 +203,16 @@ enum On<'a> {
 #[derive(Clone, Debug)]
 pub struct Api {
     store: Store,
+    node: Arc<Node>,
 }
 
 impl Api {
-    /// Services over `store`.
-    pub fn new(store: Store) -> Self {
-        Api { store }
+    /// The services of `node`.
+    pub fn new(node: Arc<Node>) -> Self {
+        Api {
+            store: node.store().clone(),
+            node,
+        }
     }
 
     /// Who sent `request`: its grant, or `None` when authentication is off.
@@ -217,7 +222,7 @@ impl Api {
         if let Some(gate::Authenticated(grant)) = request.extensions().get() {
             return Ok(Some(grant.clone()));
         }
-        let Some(access) = self.store.core().access() else {
+        let Some(access) = self.node.access() else {
             return Ok(None);
         };
         access
@@ -264,7 +269,7 @@ impl Fusebox for Api {
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
         let grant = self.grant(&request)?;
-        let share = self.store.core().share_of(grant.as_deref());
+        let share = self.node.share_of(grant.as_deref());
         let _calling = decide::calling(self, share.as_ref());
         self.acquire_as(grant.as_deref(), share.as_ref(), request.into_inner())
             .await
@@ -276,7 +281,7 @@ impl Fusebox for Api {
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteResponse>, Status> {
         let grant = self.grant(&request)?;
-        let share = self.store.core().share_of(grant.as_deref());
+        let share = self.node.share_of(grant.as_deref());
         let _calling = decide::calling(self, share.as_ref());
         self.complete_as(grant.as_deref(), share.as_ref(), request.into_inner())
             .await
@@ -288,7 +293,7 @@ impl Fusebox for Api {
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::RenewResponse>, Status> {
         let grant = self.grant(&request)?;
-        let share = self.store.core().share_of(grant.as_deref());
+        let share = self.node.share_of(grant.as_deref());
         let _calling = decide::calling(self, share.as_ref());
         self.renew_as(grant.as_deref(), share.as_ref(), request.into_inner())
             .await
@@ -548,7 +553,7 @@ impl Admin for Api {
         let prefix = request.into_inner().prefix;
         check_prefix(&prefix)?;
         Ok(Response::new(watch::stream(
-            self.store.clone(),
+            self.node.clone(),
             prefix,
             grant,
         )?))
@@ -562,7 +567,7 @@ impl Admin for Api {
             .get_ref()
             .rule
             .as_ref()
-            .map(|r| (r.default, crate::engine::config::Pattern::parse(&r.r#match)));
+            .map(|r| (r.default, crate::engine::Pattern::parse(&r.r#match)));
         let on = match &target {
             Some((true, _)) => On::Everything,
             Some((false, Ok(pattern))) => On::Pattern(pattern),
@@ -582,7 +587,7 @@ impl Admin for Api {
             self.store.set_default(policy).map_err(status_of)?;
             tracing::info!("default policy set at run time");
         } else {
-            let pattern = crate::engine::config::Pattern::parse(&rule.r#match)
+            let pattern = crate::engine::Pattern::parse(&rule.r#match)
                 .map_err(|problem| invalid("rule.match", problem))?;
             check_prefix(&rule.r#match).map_err(|_| {
                 invalid(
@@ -590,11 +595,22 @@ impl Admin for Api {
                     "must be at most 256 bytes without control characters",
                 )
             })?;
+            // A credential limited to some prefixes holds the rules in
+            // force inside them, up to its share; one with every key is
+            // held by `max_rules` alone unless its entry sets
+            // `limits.max_rules` (decisions 99).
+            let grant = grant.filter(|g| !g.scope.is_all() || g.allowance.max_rules.is_some());
+            let share = grant.as_deref().and_then(|g| self.node.share_of(Some(g)));
+            let covers = |p: &crate::engine::Pattern| {
+                grant.as_ref().is_some_and(|g| g.scope.covers_pattern(p))
+            };
             let position = self
                 .store
-                .set_rule_as(
-                    crate::engine::config::Rule { pattern, policy },
-                    grant.as_deref(),
+                .set_rule_within(
+                    crate::engine::Rule { pattern, policy },
+                    share
+                        .as_deref()
+                        .map(|s| (s, &covers as &dyn Fn(&_) -> bool)),
                 )
                 .map_err(status_of)?;
             tracing::info!(r#match = %rule.r#match, position = position + 1, "policy set at run time");
@@ -610,7 +626,7 @@ impl Admin for Api {
         &self,
         request: Request<pb::DeletePolicyRequest>,
     ) -> Result<Response<()>, Status> {
-        match crate::engine::config::Pattern::parse(&request.get_ref().r#match) {
+        match crate::engine::Pattern::parse(&request.get_ref().r#match) {
             Ok(pattern) => self.allow(&request, Role::Admin, "DeletePolicy", On::Pattern(&pattern)),
             Err(_) => self.allow(&request, Role::Admin, "DeletePolicy", On::Nothing),
         }?;
@@ -719,20 +735,20 @@ const SERVICES: [&str; 3] = ["fusebox.v1.Fusebox", "fusebox.v1.Admin", "fusebox.
 /// in flight, whatever idle connections are open.
 pub async fn run(
     listener: tokio::net::TcpListener,
-    store: impl Into<Store>,
+    node: Arc<Node>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    run_with_tls(listener, store, None, shutdown).await
+    run_with_tls(listener, node, None, shutdown).await
 }
 
 /// Like [`run`]; with `tls`, every connection is a TLS one (see [`tls`]).
 pub async fn run_with_tls(
     listener: tokio::net::TcpListener,
-    store: impl Into<Store>,
+    node: Arc<Node>,
     tls: Option<tls::Acceptor>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let store = store.into();
+    let store = node.store().clone();
     let core = store.core().clone();
     let manual = core.has_manual_clock();
     let served: Vec<&str> = SERVICES
@@ -756,16 +772,21 @@ pub async fn run_with_tls(
     }
     let reflection = reflection.build_v1()?;
 
-    let api = Api::new(store.clone());
+    let api = Api::new(node.clone());
     let timer = {
         let store = store.clone();
         tokio::spawn(async move { store.run_timer().await })
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let incoming =
-        crate::connections::incoming(listener, core.clone(), crate::connections::MaybeTls(tls));
+    let limits = node.limits().connections();
+    let incoming = crate::connections::incoming(
+        listener,
+        limits,
+        node.watch_access(),
+        crate::connections::MaybeTls(tls),
+    );
     let in_flight = Arc::new(calls::InFlight::default());
-    let streams = u32::try_from(core.limits().max_streams_per_connection).unwrap_or(u32::MAX);
+    let streams = u32::try_from(limits.max_streams_per_connection).unwrap_or(u32::MAX);
     let routes = tonic::service::Routes::new(
         FuseboxServer::new(api.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -784,7 +805,7 @@ pub async fn run_with_tls(
     .prepare();
     let service = tower::ServiceBuilder::new()
         // The gate first: a call without a credential is not in flight.
-        .layer(gate::GateLayer(core.clone()))
+        .layer(gate::GateLayer(node.clone()))
         .layer(calls::CallsLayer(in_flight.clone()))
         .service(routes);
     let settings = transport::Settings {

@@ -12,6 +12,7 @@ use tonic::Status;
 use super::{key_state_of, phase_of, timestamp_of};
 use crate::auth::{Grant, Role};
 use crate::engine::{Core, Cursor, Event, EventKind, KeyReading, Store};
+use crate::node::Node;
 use crate::proto::v1 as pb;
 
 /// Keys per snapshot message, so that every message stays small and a
@@ -73,14 +74,14 @@ fn size_of(message: &Result<pb::WatchEvent, Status>) -> usize {
 /// Holds one of the `max_watch_streams` places, and a unit of its
 /// credential's share, while a stream is open.
 struct Place {
-    core: Arc<Core>,
+    node: Arc<Node>,
     _share: Option<crate::engine::shares::Hold>,
 }
 
 impl Place {
-    fn take(core: &Arc<Core>, grant: Option<&Grant>) -> Result<Place, Status> {
-        let counters = core.counters();
-        let held = core
+    fn take(node: &Arc<Node>, grant: Option<&Grant>) -> Result<Place, Status> {
+        let counters = node.counters();
+        let held = node
             .share_of(grant)
             .map(|s| s.take(crate::engine::shares::Kind::WatchStreams))
             .transpose()
@@ -90,7 +91,7 @@ impl Place {
                     .fetch_add(1, Ordering::Relaxed);
                 Status::resource_exhausted(e.to_string())
             })?;
-        let cap = core.limits().max_watch_streams;
+        let cap = node.limits().max_watch_streams;
         let open = counters.watch_streams.fetch_add(1, Ordering::Relaxed);
         if open >= cap {
             counters.watch_streams.fetch_sub(1, Ordering::Relaxed);
@@ -102,7 +103,7 @@ impl Place {
             )));
         }
         Ok(Place {
-            core: core.clone(),
+            node: node.clone(),
             _share: held,
         })
     }
@@ -110,7 +111,7 @@ impl Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
-        self.core
+        self.node
             .counters()
             .watch_streams
             .fetch_sub(1, Ordering::Relaxed);
@@ -119,11 +120,16 @@ impl Drop for Place {
 
 /// Starts a Watch stream of the keys that start with `prefix`, or refuses
 /// it with `RESOURCE_EXHAUSTED` past the cap.
-pub fn stream(store: Store, prefix: String, grant: Option<Arc<Grant>>) -> Result<Events, Status> {
-    let place = Place::take(store.core(), grant.as_deref())?;
-    let mut credential = crate::auth::Credential::of(store.core());
+pub fn stream(
+    node: Arc<Node>,
+    prefix: String,
+    grant: Option<Arc<Grant>>,
+) -> Result<Events, Status> {
+    let place = Place::take(&node, grant.as_deref())?;
+    let mut credential = crate::auth::Credential::of(node.watch_access());
+    let store = node.store().clone();
     let (tx, rx) = crate::outbox::outbox(
-        &store.core().limits(),
+        &node.limits().unread(),
         crate::outbox::Kind::Watch,
         STREAM_BUFFER,
         size_of,

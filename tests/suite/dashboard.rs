@@ -18,8 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use fusebox::config::Config;
 use fusebox::domain::{Outcome, Phase};
-use fusebox::engine::{Config, Engine};
+use fusebox::engine::Engine;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
@@ -107,7 +108,7 @@ async fn the_dashboard_shows_100k_keys_by_phase_pages_by_prefix_and_closes_a_tri
     };
     let server = tokio::spawn(fusebox::http::serve_with(
         listener,
-        engine.clone(),
+        fusebox::node::Node::of(engine.clone()),
         options,
         async {
             let _ = stopped.await;

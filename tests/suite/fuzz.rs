@@ -31,8 +31,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use fusebox::config::{Config, ConfigError};
 use fusebox::domain::{Decision, Outcome, Phase, Policy, PolicySpec};
-use fusebox::engine::config::{Config, ConfigError, Pattern};
+use fusebox::engine::Pattern;
 use fusebox::engine::{AcquireArgs, AcquireReply, Engine, EngineError};
 use fusebox::proto::v1 as pb;
 use fusebox::server::policy::{policy_of, wire_policy};
@@ -1511,7 +1512,7 @@ impl<'a> Model<'a> {
             }
             EngineOp::SetPolicy(which) => {
                 engine
-                    .set_rule(fusebox::engine::config::Rule {
+                    .set_rule(fusebox::engine::Rule {
                         pattern: Pattern::Prefix("c/".into()),
                         policy: c_policy(*which),
                     })

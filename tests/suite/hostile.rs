@@ -152,7 +152,7 @@ async fn handshakes_time_out_and_are_capped() {
 
 #[test]
 fn handshake_settings_are_validated() {
-    use fusebox::engine::config::Config;
+    use fusebox::config::Config;
     for (text, field) in [
         (
             "[server]\nhandshake_timeout = \"0s\"\n",

@@ -7,8 +7,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use fusebox::config::Config;
 use fusebox::domain::{Decision, Outcome, Phase};
-use fusebox::engine::{Config, Engine, ManualClock, BATCH, SHARDS};
+use fusebox::engine::{Engine, ManualClock, BATCH, SHARDS};
 
 use crate::harness::{ask, call};
 use proptest::prelude::*;

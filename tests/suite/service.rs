@@ -444,7 +444,7 @@ async fn tickets_are_distinct_and_unguessable() {
     assert_eq!(per_client.iter().map(Vec::len).sum::<usize>(), WIRE_TICKETS);
 
     let started = Instant::now();
-    let engine = fusebox::engine::Engine::with_manual_clock(fusebox::engine::Config::default());
+    let engine = fusebox::engine::Engine::with_manual_clock(fusebox::engine::Settings::default());
     let mut in_process = Vec::with_capacity(ENGINE_TICKETS);
     for i in 0..ENGINE_TICKETS {
         let reply = engine

@@ -395,8 +395,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fusebox::config::Config;
 use fusebox::domain::Outcome;
-use fusebox::engine::{AcquireArgs, Config, Engine, EngineError, Rules};
+use fusebox::engine::{AcquireArgs, Engine, EngineError, Rules};
 use fusebox::proto::v1 as pb;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;

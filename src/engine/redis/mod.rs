@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use tokio::sync::oneshot;
 
-use super::config::Rules;
 use super::error::{check_key, invalid, zero_lease};
+use super::rules::Rules;
 use super::shards::Hitters;
 use super::store::{Cursor, Figures, Listed};
 use super::tickets::random_ticket;
@@ -623,7 +623,7 @@ impl RedisStore {
         who: &str,
         isolate: bool,
     ) -> Result<KeyReading, EngineError> {
-        let why = super::operator_action(key, reason, who, isolate)?;
+        let why = super::embedded::operator_action(key, reason, who, isolate)?;
         let rk = redis_key(key);
         let now = self.now_arg();
         let make = |policy: &str| {

@@ -15,11 +15,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::super::config::{Pattern, Rule, Rules};
 use super::super::EngineError;
 use super::listen::POLICIES;
 use super::RedisStore;
 use crate::domain::PolicySpec;
+use crate::engine::{Pattern, Rule, Rules};
 
 /// The Redis key of the shared rules.
 pub const POLICIES_KEY: &str = "fusebox:policies";

@@ -1,14 +1,32 @@
-//! The TOML config of SPEC section 9: ordered rules, a default rule and
-//! server limits. Parsed into plain structs, then validated once into
-//! [`Rules`] and [`Limits`]; every error names the rule and the field (Y2).
+//! The config file of SPEC section 9, and where each part goes. The file
+//! is parsed into plain structs, then validated once into what each part of
+//! the server takes: the engine's rules and caps ([`crate::engine::Settings`]),
+//! who may do what ([`crate::auth::Access`], from `[auth]`, see [`auth`]), the
+//! TLS settings ([`crate::tls::TlsConfig`], from `[tls]`, see [`tls`]), the
+//! server's other caps and the HTTP side's host names. Every error names the
+//! rule and the field (Y2). Nothing else reads the file: the doors open
+//! from here to the parts, never back.
 
 use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::auth::Access;
 use crate::domain::policy::{parse_duration, BreakerSpec, LeaseSpec, LimiterSpec, MAX_DURATION};
 use crate::domain::{DurationSpec, Millis, Policy, PolicySpec};
+use crate::engine::{Pattern, Rule, Rules, Settings};
+use crate::tls::TlsConfig;
+
+pub mod auth;
+mod error;
+pub mod tls;
+
+pub use error::ConfigError;
+
+/// `[server] max_event_streams` by default: dashboard event streams open at
+/// once.
+pub const MAX_EVENT_STREAMS: u64 = 64;
 
 /// The config file as written.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -23,9 +41,9 @@ pub struct ConfigFile {
     /// The rule used when no other matches.
     pub default: Option<PolicySpec>,
     /// Who may do what; without it, anyone who reaches the ports may.
-    pub auth: Option<crate::auth::AuthSpec>,
+    pub auth: Option<auth::AuthSpec>,
     /// TLS for the gRPC and HTTP ports.
-    pub tls: Option<TlsSpec>,
+    pub tls: Option<tls::TlsSpec>,
 }
 
 /// `[server]` as written.
@@ -80,166 +98,6 @@ pub struct ServerSpec {
     pub commit_window: Option<DurationSpec>,
 }
 
-/// `[tls]` as written.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsSpec {
-    /// The server's certificate chain (PEM), leaf first.
-    pub cert: Option<String>,
-    /// The server's private key (PEM).
-    pub key: Option<String>,
-    /// The CAs that sign client certificates (PEM); set for mutual TLS.
-    pub client_ca: Option<String>,
-    /// `"required"` (the default with `client_ca`) or `"optional"`.
-    pub client_auth: Option<ClientAuth>,
-    /// Serve the HTTP port over TLS too (default true).
-    pub http: Option<bool>,
-}
-
-/// Whether a client must show a certificate (with `[tls] client_ca`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ClientAuth {
-    /// Connections without a client certificate signed by `client_ca` are refused.
-    #[default]
-    Required,
-    /// A client may connect without a certificate; one it shows must be
-    /// signed by `client_ca`.
-    Optional,
-}
-
-/// Validated `[tls]`, with the paths resolved.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TlsConfig {
-    /// The certificate chain file.
-    pub cert: PathBuf,
-    /// The private key file.
-    pub key: PathBuf,
-    /// The client CA bundle; `Some` means mutual TLS.
-    pub client_ca: Option<PathBuf>,
-    /// Whether clients must show a certificate (meaningful with `client_ca`).
-    pub client_auth: ClientAuth,
-    /// Serve the HTTP port over TLS too.
-    pub http: bool,
-}
-
-impl TlsSpec {
-    /// Validates `[tls]`; relative paths resolve against `base` (the config
-    /// file's directory). The files themselves are read when the server starts.
-    pub fn validate(&self, base: Option<&Path>) -> Result<TlsConfig, ConfigError> {
-        let invalid = |field: &str, problem: &str| ConfigError::Invalid {
-            rule: "[tls]".into(),
-            field: field.into(),
-            problem: problem.into(),
-        };
-        let path = |field: &str, value: &Option<String>| -> Result<Option<PathBuf>, ConfigError> {
-            match value.as_deref() {
-                None => Ok(None),
-                Some("") => Err(invalid(
-                    field,
-                    "must not be empty: give the path of a PEM file",
-                )),
-                Some(p) => Ok(Some(match base {
-                    Some(dir) if Path::new(p).is_relative() => dir.join(p),
-                    _ => PathBuf::from(p),
-                })),
-            }
-        };
-        let cert = path("cert", &self.cert)?.ok_or_else(|| {
-            invalid(
-                "cert",
-                "is missing: give the PEM file of the server's certificate chain",
-            )
-        })?;
-        let key = path("key", &self.key)?.ok_or_else(|| {
-            invalid(
-                "key",
-                "is missing: give the PEM file of the server's private key",
-            )
-        })?;
-        let client_ca = path("client_ca", &self.client_ca)?;
-        if self.client_auth.is_some() && client_ca.is_none() {
-            return Err(invalid(
-                "client_auth",
-                "needs client_ca (the PEM bundle of the CAs that sign client certificates); set client_ca or remove client_auth",
-            ));
-        }
-        Ok(TlsConfig {
-            cert,
-            key,
-            client_ca,
-            client_auth: self.client_auth.unwrap_or_default(),
-            http: self.http.unwrap_or(true),
-        })
-    }
-}
-
-impl TlsConfig {
-    /// `[tls]` of the config file at `path` (which [`Config::load`] has
-    /// accepted), then the `--tls-*` flags over it: a flag wins over its
-    /// field; `--tls-cert` and `--tls-key` without `[tls]` turn TLS on.
-    pub fn resolve(
-        path: Option<&Path>,
-        cert: Option<PathBuf>,
-        key: Option<PathBuf>,
-        client_ca: Option<PathBuf>,
-    ) -> Result<Option<TlsConfig>, ConfigError> {
-        let from_file = match path {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                    path: path.display().to_string(),
-                    source,
-                })?;
-                let file: ConfigFile = toml::from_str(&text).map_err(|e| ConfigError::Parse {
-                    path: path.display().to_string(),
-                    message: e.to_string().trim().replace('\n', " "),
-                })?;
-                file.tls.map(|t| t.validate(path.parent())).transpose()?
-            }
-            None => None,
-        };
-        let flag = |name: &str, problem: &str| ConfigError::Invalid {
-            rule: "the command line".into(),
-            field: name.into(),
-            problem: problem.into(),
-        };
-        match (from_file, cert, key) {
-            (None, None, None) if client_ca.is_some() => Err(flag(
-                "--tls-client-ca",
-                "needs TLS: pass --tls-cert and --tls-key too, or set [tls] in the config",
-            )),
-            (None, None, None) => Ok(None),
-            (None, Some(cert), Some(key)) => Ok(Some(TlsConfig {
-                cert,
-                key,
-                client_ca,
-                client_auth: ClientAuth::Required,
-                http: true,
-            })),
-            (None, Some(_), None) => Err(flag(
-                "--tls-cert",
-                "needs --tls-key (the server's private key)",
-            )),
-            (None, None, Some(_)) => Err(flag(
-                "--tls-key",
-                "needs --tls-cert (the server's certificate chain)",
-            )),
-            (Some(mut tls), cert, key) => {
-                if let Some(cert) = cert {
-                    tls.cert = cert;
-                }
-                if let Some(key) = key {
-                    tls.key = key;
-                }
-                if client_ca.is_some() {
-                    tls.client_ca = client_ca;
-                }
-                Ok(Some(tls))
-            }
-        }
-    }
-}
-
 /// One `[[rule]]` as written.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -255,123 +113,8 @@ pub struct RuleSpec {
     pub lease: Option<LeaseSpec>,
 }
 
-/// A config that cannot be used, in words that name the rule and the field.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        /// The path.
-        path: String,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The file is not valid TOML or has an unknown field.
-    #[error("config file {path} is not valid: {message}")]
-    Parse {
-        /// The path.
-        path: String,
-        /// The parser's message, with line and column.
-        message: String,
-    },
-    /// A rule is invalid.
-    #[error("{rule}: {field}: {problem}")]
-    Invalid {
-        /// Which rule: `rule 2 ("payments/*")`, `[default]` or `[server]`.
-        rule: String,
-        /// The field's path.
-        field: String,
-        /// What is wrong.
-        problem: String,
-    },
-}
-
-/// How a rule matches keys (Y1).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Pattern {
-    /// Exactly this key.
-    Exact(String),
-    /// Every key that starts with this prefix (written `prefix*`).
-    Prefix(String),
-}
-
-impl Pattern {
-    /// Parses `"a/b"` or `"a/*"`; `*` may only end a pattern.
-    pub fn parse(text: &str) -> Result<Pattern, String> {
-        if text.is_empty() {
-            return Err("must not be empty".into());
-        }
-        if let Some(c) = text.chars().find(|&c| crate::domain::key::is_control(c)) {
-            return Err(format!(
-                "{text:?}: must not contain control or bidirectional formatting characters (found U+{:04X}), like keys (K1)",
-                u32::from(c)
-            ));
-        }
-        match text.find('*') {
-            None => Ok(Pattern::Exact(text.to_owned())),
-            Some(i) if i == text.len() - 1 => Ok(Pattern::Prefix(text[..i].to_owned())),
-            Some(_) => Err(format!(
-                "{text:?}: '*' may appear only once, at the end of a prefix pattern"
-            )),
-        }
-    }
-
-    /// True when the pattern matches `key`.
-    pub fn matches(&self, key: &str) -> bool {
-        match self {
-            Pattern::Exact(k) => k == key,
-            Pattern::Prefix(p) => key.starts_with(p.as_str()),
-        }
-    }
-
-    /// The pattern as written.
-    pub fn text(&self) -> String {
-        match self {
-            Pattern::Exact(k) => k.clone(),
-            Pattern::Prefix(p) => format!("{p}*"),
-        }
-    }
-}
-
-/// A validated rule.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Rule {
-    /// Which keys.
-    pub pattern: Pattern,
-    /// Their policy.
-    pub policy: Policy,
-}
-
-/// Validated, ordered rules and the default (Y1).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Rules {
-    /// Ordered rules.
-    pub rules: Vec<Rule>,
-    /// The default policy.
-    pub default: Policy,
-}
-
-impl Default for Rules {
-    /// No rules and the built-in default of Y3.
-    fn default() -> Self {
-        Rules {
-            rules: Vec::new(),
-            default: Policy::default(),
-        }
-    }
-}
-
-impl Rules {
-    /// The policy of the first rule that matches `key`, else the default.
-    pub fn policy_for(&self, key: &str) -> &Policy {
-        self.rules
-            .iter()
-            .find(|r| r.pattern.matches(key))
-            .map_or(&self.default, |r| &r.policy)
-    }
-}
-
-/// Validated server limits (K2, K3).
+/// Every cap of `[server]`, validated (K2, K3): the engine takes its own
+/// ([`Limits::engine`]), the ports and the streams theirs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Cap on live keys.
@@ -428,26 +171,79 @@ pub const MAX_COMMIT_WINDOW: Millis = 1_000;
 
 impl Default for Limits {
     fn default() -> Self {
+        let engine = crate::engine::Limits::default();
+        let connections = crate::connections::Limits::default();
+        let unread = crate::outbox::Limits::default();
         Limits {
-            max_keys: 1_000_000,
-            max_tickets: 1_000_000,
-            max_waiters: 100_000,
-            max_connections: 10_000,
-            max_watch_streams: 256,
-            max_event_streams: 64,
-            max_decide_streams: 1_024,
-            max_unread_bytes: 32 << 20,
-            max_unread_bytes_per_stream: 1 << 20,
-            stuck_stream_timeout: 30_000,
-            idle_after: crate::domain::IDLE_AFTER,
-            handshake_timeout: 5_000,
-            max_handshakes: 1_024,
-            max_http_connections: 256,
-            max_streams_per_connection: 256,
-            max_rules: 1_000,
-            max_strangers: 5_000,
-            max_strangers_per_peer: 256,
-            commit_window: 50,
+            max_keys: engine.max_keys,
+            max_tickets: engine.max_tickets,
+            max_waiters: engine.max_waiters,
+            max_watch_streams: engine.max_watch_streams,
+            max_decide_streams: engine.max_decide_streams,
+            max_rules: engine.max_rules,
+            idle_after: engine.idle_after,
+            commit_window: engine.commit_window,
+            max_connections: connections.max_connections,
+            max_handshakes: connections.max_handshakes,
+            handshake_timeout: connections.handshake_timeout,
+            max_http_connections: connections.max_http_connections,
+            max_streams_per_connection: connections.max_streams_per_connection,
+            max_strangers: connections.max_strangers,
+            max_strangers_per_peer: connections.max_strangers_per_peer,
+            max_unread_bytes: unread.max_unread_bytes,
+            max_unread_bytes_per_stream: unread.max_unread_bytes_per_stream,
+            stuck_stream_timeout: unread.stuck_stream_timeout,
+            max_event_streams: MAX_EVENT_STREAMS,
+        }
+    }
+}
+
+impl Limits {
+    /// The caps the engine holds.
+    pub fn engine(&self) -> crate::engine::Limits {
+        crate::engine::Limits {
+            max_keys: self.max_keys,
+            max_tickets: self.max_tickets,
+            max_waiters: self.max_waiters,
+            max_watch_streams: self.max_watch_streams,
+            max_decide_streams: self.max_decide_streams,
+            max_rules: self.max_rules,
+            idle_after: self.idle_after,
+            commit_window: self.commit_window,
+        }
+    }
+
+    /// Puts the engine's caps of `engine` in place of these.
+    pub fn set_engine(&mut self, engine: crate::engine::Limits) {
+        self.max_keys = engine.max_keys;
+        self.max_tickets = engine.max_tickets;
+        self.max_waiters = engine.max_waiters;
+        self.max_watch_streams = engine.max_watch_streams;
+        self.max_decide_streams = engine.max_decide_streams;
+        self.max_rules = engine.max_rules;
+        self.idle_after = engine.idle_after;
+        self.commit_window = engine.commit_window;
+    }
+
+    /// The caps of the ports' connections.
+    pub fn connections(&self) -> crate::connections::Limits {
+        crate::connections::Limits {
+            max_connections: self.max_connections,
+            max_handshakes: self.max_handshakes,
+            handshake_timeout: self.handshake_timeout,
+            max_http_connections: self.max_http_connections,
+            max_streams_per_connection: self.max_streams_per_connection,
+            max_strangers: self.max_strangers,
+            max_strangers_per_peer: self.max_strangers_per_peer,
+        }
+    }
+
+    /// The bounds on stream answers not yet read.
+    pub fn unread(&self) -> crate::outbox::Limits {
+        crate::outbox::Limits {
+            max_unread_bytes: self.max_unread_bytes,
+            max_unread_bytes_per_stream: self.max_unread_bytes_per_stream,
+            stuck_stream_timeout: self.stuck_stream_timeout,
         }
     }
 }
@@ -460,9 +256,25 @@ pub struct Config {
     /// The limits.
     pub limits: Limits,
     /// Who may do what (`[auth]`); `None` when the section is absent.
-    pub access: Option<crate::auth::Access>,
+    pub access: Option<Access>,
     /// Extra host names for the HTTP side (`[server] http_hosts`).
     pub http_hosts: Vec<String>,
+    /// `[tls]`, with its paths resolved; the `--tls-*` flags go over it
+    /// ([`tls::resolve`]).
+    pub tls: Option<TlsConfig>,
+    /// `[server] data_dir`, resolved against the file's directory
+    /// (`--data-dir` wins).
+    pub data_dir: Option<PathBuf>,
+}
+
+impl From<Config> for Settings {
+    /// The engine's part of a config: its rules and caps.
+    fn from(config: Config) -> Settings {
+        Settings {
+            limits: config.limits.engine(),
+            rules: config.rules,
+        }
+    }
 }
 
 impl Config {
@@ -520,12 +332,12 @@ fn locate(text: &str) -> Option<ConfigError> {
                 }
             }
             "auth" => {
-                if let Err(e) = crate::auth::AuthSpec::deserialize(value.clone()) {
+                if let Err(e) = auth::AuthSpec::deserialize(value.clone()) {
                     return invalid("[auth]".into(), e);
                 }
             }
             "tls" => {
-                if let Err(e) = TlsSpec::deserialize(value.clone()) {
+                if let Err(e) = tls::TlsSpec::deserialize(value.clone()) {
                     return invalid("[tls]".into(), e);
                 }
             }
@@ -613,9 +425,7 @@ impl ConfigFile {
             })?,
             None => Policy::default(),
         };
-        if let Some(tls) = &self.tls {
-            tls.validate(None)?;
-        }
+        let tls = self.tls.as_ref().map(|t| t.validate(dir)).transpose()?;
         let defaults = Limits::default();
         let cap = |value: Option<u64>, field: &str, default: u64| match value {
             Some(0) => Err(ConfigError::Invalid {
@@ -766,9 +576,17 @@ impl ConfigFile {
                 ),
             });
         }
+        // Like every path in the file, a relative one is taken from the
+        // file's directory, not the working directory.
+        let data_dir = self.server.data_dir.clone().map(|d| match dir {
+            Some(base) if d.is_relative() => base.join(d),
+            _ => d,
+        });
         Ok(Config {
             access,
             http_hosts,
+            tls,
+            data_dir,
             rules: Rules { rules, default },
             limits: Limits {
                 max_keys: cap(self.server.max_keys, "max_keys", defaults.max_keys)?,
@@ -828,43 +646,7 @@ impl ConfigFile {
     }
 }
 
-/// The `[server] data_dir` of the config file at `path` (validated like
-/// the rest of the file), for the server's start-up: `--data-dir` wins.
-/// Like every path in the file, a relative one is taken from the file's
-/// directory, not the working directory.
-pub fn data_dir_of(path: &Path) -> Result<Option<std::path::PathBuf>, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.display().to_string(),
-        source,
-    })?;
-    Config::parse_in(&text, &path.display().to_string(), path.parent())?;
-    let file: ConfigFile = toml::from_str(&text).map_err(|e| ConfigError::Parse {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    })?;
-    Ok(file.server.data_dir.map(|dir| match path.parent() {
-        Some(base) if dir.is_relative() => base.join(dir),
-        _ => dir,
-    }))
-}
-
 /// Parses a duration flag such as `--wait 2s`.
 pub fn parse_duration_flag(text: &str) -> Result<Millis, String> {
     parse_duration(text)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn patterns_refuse_what_keys_refuse() {
-        assert_eq!(Pattern::parse("a/*"), Ok(Pattern::Prefix("a/".into())));
-        assert_eq!(Pattern::parse("a/b"), Ok(Pattern::Exact("a/b".into())));
-        for bad in ["", "a*b", "pay\u{202E}ments/*", "a\u{0}b", "x\u{2066}*"] {
-            assert!(Pattern::parse(bad).is_err(), "{bad:?}");
-        }
-        let e = Config::parse("[[rule]]\nmatch = \"a\u{202E}b/*\"\n", "test").unwrap_err();
-        assert!(e.to_string().contains("U+202E"), "{e}");
-    }
 }

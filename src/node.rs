@@ -1,0 +1,152 @@
+//! One fusebox server's own part, beside the store it serves: who may call
+//! it (watched, since a reload replaces it), every cap of its `[server]`
+//! section, the host names its HTTP side answers to, and its counters.
+//! [`crate::serve::bind`] makes one from the config; the gRPC services,
+//! the HTTP side and the config watcher share it. The store (embedded or
+//! Redis) knows nothing of it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::auth::{Access, Grant};
+use crate::config::Limits;
+use crate::engine::shares::Share;
+use crate::engine::Store;
+
+/// Counters of a server around its store, for metrics (the store's own
+/// figures are [`Store::figures`]).
+#[derive(Debug)]
+pub struct Counters {
+    /// Config reloads that were applied.
+    pub reloads: AtomicU64,
+    /// Config reloads refused because the file was invalid.
+    pub reload_failures: AtomicU64,
+    /// 1 when the last reload attempt succeeded (or none was made), else 0.
+    pub last_reload_ok: AtomicU64,
+    /// Open Watch streams.
+    pub watch_streams: AtomicU64,
+    /// Watch streams refused because the cap was reached.
+    pub watch_streams_refused: AtomicU64,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            reloads: AtomicU64::new(0),
+            reload_failures: AtomicU64::new(0),
+            last_reload_ok: AtomicU64::new(1),
+            watch_streams: AtomicU64::new(0),
+            watch_streams_refused: AtomicU64::new(0),
+        }
+    }
+}
+
+/// One server: its store and what belongs to it alone.
+#[derive(Debug)]
+pub struct Node {
+    store: Store,
+    access: tokio::sync::watch::Sender<Option<Arc<Access>>>,
+    limits: Limits,
+    http_hosts: Vec<String>,
+    counters: Counters,
+}
+
+impl Node {
+    /// A server of `store` under `access` (`None`: no `[auth]`), with the
+    /// caps `limits` and the extra HTTP host names `http_hosts`. Each
+    /// credential gets its share of the store's caps.
+    pub fn new(
+        store: Store,
+        access: Option<Access>,
+        limits: Limits,
+        http_hosts: Vec<String>,
+    ) -> Node {
+        let node = Node {
+            store,
+            access: tokio::sync::watch::channel(None).0,
+            limits,
+            http_hosts,
+            counters: Counters::default(),
+        };
+        node.set_access(access.map(Arc::new));
+        node
+    }
+
+    /// The store it serves.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Who may do what (`[auth]`), or `None` when anyone may.
+    pub fn access(&self) -> Option<Arc<Access>> {
+        self.access.borrow().clone()
+    }
+
+    /// Who may do what, watched: it changes when a reload replaces it.
+    pub fn watch_access(&self) -> tokio::sync::watch::Receiver<Option<Arc<Access>>> {
+        self.access.subscribe()
+    }
+
+    /// Replaces who may do what; each credential's share follows.
+    pub fn set_access(&self, access: Option<Arc<Access>>) {
+        let tenants = access.as_deref().map(Access::tenants);
+        let core = self.store.core();
+        core.shares().adopt(tenants.as_ref(), &core.limits());
+        self.access.send_replace(access);
+    }
+
+    /// The share of `grant`'s credential (`None` without `[auth]`).
+    pub fn share_of(&self, grant: Option<&Grant>) -> Option<Arc<Share>> {
+        grant.and_then(|g| self.store.core().shares().of(&g.name))
+    }
+
+    /// Every cap of `[server]`.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Host names the HTTP side answers to besides loopback names and its
+    /// listen address (`[server] http_hosts`).
+    pub fn http_hosts(&self) -> &[String] {
+        &self.http_hosts
+    }
+
+    /// The server's counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Whether it is shutting down.
+    pub fn is_shutting_down(&self) -> bool {
+        self.store.core().is_shutting_down()
+    }
+
+    /// Counts a reload attempt.
+    pub fn count_reload(&self, applied: bool) {
+        let c = &self.counters;
+        if applied {
+            c.reloads.fetch_add(1, Ordering::Relaxed);
+        } else {
+            c.reload_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        c.last_reload_ok
+            .store(u64::from(applied), Ordering::Relaxed);
+    }
+}
+
+impl Node {
+    /// A server of `store` as [`From`] makes it, shared.
+    pub fn of(store: impl Into<Store>) -> Arc<Node> {
+        Arc::new(Node::from(store.into()))
+    }
+}
+
+impl From<Store> for Node {
+    /// A server of `store` with the default caps and no `[auth]`: the
+    /// store's own caps stay as they are.
+    fn from(store: Store) -> Node {
+        let mut limits = Limits::default();
+        limits.set_engine(store.core().limits());
+        Node::new(store, None, limits, Vec::new())
+    }
+}
