@@ -9,6 +9,7 @@
 
 use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 
 use serde::Deserialize;
 
@@ -295,97 +296,115 @@ impl Config {
     /// Like [`Config::parse`], with the directory that relative paths in
     /// the config (the token file) resolve against.
     pub fn parse_in(text: &str, origin: &str, dir: Option<&Path>) -> Result<Config, ConfigError> {
-        let file: ConfigFile = toml::from_str(text).map_err(|e| {
-            locate(text).unwrap_or_else(|| ConfigError::Parse {
-                path: origin.to_owned(),
-                message: e.to_string().trim().replace('\n', " "),
-            })
+        let parsed = toml::Deserializer::parse(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_owned(),
+            message: e.to_string().trim().replace('\n', " "),
         })?;
+        let file: ConfigFile =
+            serde_path_to_error::deserialize(parsed).map_err(|e| misfit(text, &e))?;
         file.validate_in(dir)
     }
 }
 
-/// For a file that is valid TOML but does not fit the config's shape (an
-/// unknown field, a value of the wrong type, a bad duration), finds the part
-/// that does not fit so that the error names the rule and the field (Y2).
-/// `None` when the text is not TOML at all, or no single part is to blame.
-fn locate(text: &str) -> Option<ConfigError> {
-    let table: toml::Table = text.parse().ok()?;
-    let invalid = |rule: String, e: toml::de::Error| {
-        let (field, problem) = field_of(&e);
-        Some(ConfigError::Invalid {
-            rule,
-            field,
-            problem,
-        })
+/// A file that is TOML but does not fit the config's shape (an unknown
+/// field, a value of the wrong type, a bad duration), in words that name
+/// the rule and the field (Y2) and say where in the file it is. The path
+/// comes from the deserializer (`rule[1].breaker.failures`), the place from
+/// the TOML value's span.
+fn misfit(text: &str, e: &serde_path_to_error::Error<toml::de::Error>) -> ConfigError {
+    use serde_path_to_error::Segment;
+    let inner = e.inner();
+    let message = inner.message().trim();
+    let mut segments = e.path().iter().peekable();
+    let section = match segments.next() {
+        Some(Segment::Map { key }) => key.clone(),
+        // Only an unknown top-level table stops before naming one.
+        _ => message
+            .strip_prefix("unknown field `")
+            .and_then(|m| m.split('`').next())
+            .unwrap_or("")
+            .to_owned(),
     };
-    for (section, value) in &table {
-        match section.as_str() {
-            "server" => {
-                if let Err(e) = ServerSpec::deserialize(value.clone()) {
-                    return invalid("[server]".into(), e);
+    let entry = |list: &str, i: usize, name_field: &str| {
+        let name = toml::Table::from_str(text)
+            .ok()
+            .and_then(|t| match list.split_once('.') {
+                Some((a, b)) => t.get(a)?.get(b)?.get(i)?.get(name_field).cloned(),
+                None => t.get(list)?.get(i)?.get(name_field).cloned(),
+            })
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        format!("{list} {} ({name:?})", i + 1)
+    };
+    let rule = match section.as_str() {
+        "rule" => match index_of(&mut segments) {
+            Some(i) => entry("rule", i, "match"),
+            None => "[[rule]]".to_owned(),
+        },
+        "auth" => match segments.peek() {
+            Some(Segment::Map { key }) if key == "token" || key == "client" => {
+                let list = format!("auth.{key}");
+                segments.next();
+                match index_of(&mut segments) {
+                    Some(i) => entry(&list, i, "name"),
+                    None => "[auth]".to_owned(),
                 }
             }
-            "default" => {
-                if let Err(e) = PolicySpec::deserialize(value.clone()) {
-                    return invalid("[default]".into(), e);
-                }
-            }
-            "auth" => {
-                if let Err(e) = auth::AuthSpec::deserialize(value.clone()) {
-                    return invalid("[auth]".into(), e);
-                }
-            }
-            "tls" => {
-                if let Err(e) = tls::TlsSpec::deserialize(value.clone()) {
-                    return invalid("[tls]".into(), e);
-                }
-            }
-            "rule" => {
-                for (i, rule) in value.as_array()?.iter().enumerate() {
-                    if let Err(e) = RuleSpec::deserialize(rule.clone()) {
-                        let pattern = rule
-                            .get("match")
-                            .and_then(toml::Value::as_str)
-                            .unwrap_or("");
-                        return invalid(format!("rule {} ({pattern:?})", i + 1), e);
-                    }
-                }
-            }
-            other => {
-                return Some(ConfigError::Invalid {
-                    rule: format!("[{other}]"),
-                    field: other.to_owned(),
-                    problem:
-                        "is not a part of the config: use [server], [[rule]], [default], [auth] or [tls]"
-                            .into(),
-                })
-            }
-        }
-    }
-    None
-}
-
-/// The field path and the problem of an error from deserializing one part:
-/// toml shows the path as "in `a.b`"; an unknown or missing field adds its name.
-fn field_of(e: &toml::de::Error) -> (String, String) {
-    let problem = e.message().trim().to_owned();
-    let shown = e.to_string();
-    let path = shown
-        .lines()
-        .rev()
-        .find_map(|l| l.trim().strip_prefix("in `")?.strip_suffix('`'))
-        .unwrap_or("");
+            _ => "[auth]".to_owned(),
+        },
+        "server" | "default" | "tls" => format!("[{section}]"),
+        other => return ConfigError::Invalid {
+            rule: format!("[{other}]"),
+            field: other.to_owned(),
+            problem:
+                "is not a part of the config: use [server], [[rule]], [default], [auth] or [tls]"
+                    .into(),
+        },
+    };
+    let mut field: Vec<String> = segments
+        .map(|s| match s {
+            Segment::Seq { index } => format!("[{index}]"),
+            Segment::Map { key } => key.clone(),
+            Segment::Enum { variant } => variant.clone(),
+            Segment::Unknown => "?".to_owned(),
+        })
+        .collect();
     let named = ["unknown field `", "missing field `"]
         .iter()
-        .find_map(|p| problem.strip_prefix(p)?.split('`').next());
-    let field = match (path, named) {
-        ("", Some(name)) => name.to_owned(),
-        ("", None) => "(the rule itself)".to_owned(),
-        (path, Some(name)) => format!("{path}.{name}"),
-        (path, None) => path.to_owned(),
+        .find_map(|p| message.strip_prefix(p)?.split('`').next());
+    if let Some(name) = named.filter(|n| field.last().map(String::as_str) != Some(n)) {
+        field.push(name.to_owned());
+    }
+    let field = if field.is_empty() {
+        "(the rule itself)".to_owned()
+    } else {
+        field.join(".").replace(".[", "[")
     };
-    (field, problem)
+    let at = inner.span().map(|span| {
+        let before = &text[..span.start.min(text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.len() - before.rfind('\n').map_or(0, |n| n + 1) + 1;
+        format!(" (line {line}, column {column})")
+    });
+    ConfigError::Invalid {
+        rule,
+        field,
+        problem: format!("{message}{}", at.unwrap_or_default()),
+    }
+}
+
+/// Takes the next segment of `segments` if it is an index into a list.
+fn index_of<'a>(
+    segments: &mut std::iter::Peekable<impl Iterator<Item = &'a serde_path_to_error::Segment>>,
+) -> Option<usize> {
+    match segments.peek() {
+        Some(serde_path_to_error::Segment::Seq { index }) => {
+            let i = *index;
+            segments.next();
+            Some(i)
+        }
+        _ => None,
+    }
 }
 
 impl ConfigFile {
@@ -649,4 +668,110 @@ impl ConfigFile {
 /// Parses a duration flag such as `--wait 2s`.
 pub fn parse_duration_flag(text: &str) -> Result<Millis, String> {
     parse_duration(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error of `text`, which must not be a valid config.
+    fn error(text: &str) -> ConfigError {
+        Config::parse(text, "test.toml").expect_err("an invalid config")
+    }
+
+    #[test]
+    fn a_misfit_names_its_rule_its_field_and_its_place() {
+        for (text, rule, field, problem) in [
+            (
+                "[[rule]]\nmatch = \"a/*\"\n\n[[rule]]\nmatch = \"b/*\"\nbreakr = {}\n",
+                "rule 2 (\"b/*\")",
+                "breakr",
+                "unknown field `breakr`",
+            ),
+            (
+                "[[rule]]\nmatch = \"a/*\"\nbreaker = { mode = \"consecutive\", failures = \"x\", break = \"1s\" }\n",
+                "rule 1 (\"a/*\")",
+                "breaker.failures",
+                "(line 3, column ",
+            ),
+            (
+                "[server]\nmax_keys = \"many\"\n",
+                "[server]",
+                "max_keys",
+                "(line 2, column 12)",
+            ),
+            (
+                "[default]\nlease = { default = \"soon\" }\n",
+                "[default]",
+                "lease.default",
+                "",
+            ),
+            (
+                "[auth]\n[[auth.token]]\nname = \"ci\"\nrole = \"king\"\nsha256 = \"00\"\n",
+                "auth.token 1 (\"ci\")",
+                "role",
+                "unknown variant `king`",
+            ),
+            (
+                "[tls]\ncert = \"c\"\nkey = \"k\"\nverify = true\n",
+                "[tls]",
+                "verify",
+                "unknown field `verify`",
+            ),
+            (
+                "[limits]\nmax_keys = 1\n",
+                "[limits]",
+                "limits",
+                "is not a part of the config",
+            ),
+            (
+                "[[rule]]\nbreaker = { mode = \"consecutive\", failures = 1, break = \"1s\" }\n",
+                "rule 1 (\"\")",
+                "match",
+                "missing field `match`",
+            ),
+        ] {
+            let ConfigError::Invalid {
+                rule: r,
+                field: f,
+                problem: p,
+            } = error(text)
+            else {
+                panic!("{text:?}: not an Invalid error");
+            };
+            assert_eq!((r.as_str(), f.as_str()), (rule, field), "{text:?}: {p}");
+            assert!(p.contains(problem), "{text:?}: {p}");
+        }
+    }
+
+    #[test]
+    fn text_that_is_not_toml_is_a_parse_error_with_its_place() {
+        let e = error("[[rule]\nmatch = ");
+        assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
+        assert!(e.to_string().contains("test.toml"), "{e}");
+    }
+
+    #[test]
+    fn paths_in_the_file_are_taken_from_its_directory() {
+        let dir = Path::new("/etc/fusebox");
+        let text = "[server]\ndata_dir = \"state\"\n[tls]\ncert = \"c.pem\"\nkey = \"/k.pem\"\n";
+        let config = Config::parse_in(text, "test.toml", Some(dir)).expect("valid");
+        assert_eq!(config.data_dir, Some(dir.join("state")));
+        let tls = config.tls.expect("TLS");
+        assert_eq!(tls.cert, dir.join("c.pem"));
+        assert_eq!(tls.key, PathBuf::from("/k.pem"));
+    }
+
+    #[test]
+    fn a_config_yields_the_engine_its_rules_and_caps() {
+        let config = Config::parse(
+            "[server]\nmax_keys = 7\nmax_connections = 9\n[[rule]]\nmatch = \"a/*\"\n",
+            "test.toml",
+        )
+        .expect("valid");
+        assert_eq!(config.limits.connections().max_connections, 9);
+        let settings = Settings::from(config);
+        assert_eq!(settings.limits.max_keys, 7);
+        assert_eq!(settings.rules.rules.len(), 1);
+    }
 }
