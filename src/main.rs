@@ -1,5 +1,5 @@
-//! The `fusebox` command: parses the command line, starts the server, or
-//! hands a client command to [`client`].
+//! The `fusebox` command: parses the command line, then starts the server
+//! or hands a client command to the `fusebox-cli` library.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,15 +8,9 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fusebox::config::parse_duration_flag;
 use fusebox::proto::v1 as pb;
-use fusebox::proto::wire::{duration_of, millis_of};
+use fusebox_cli::connect::DEFAULT_ADDR;
+use fusebox_cli::{calls, ClientOptions, PhaseArg};
 use tokio::io::AsyncWriteExt;
-
-mod client;
-
-use client::*;
-
-/// The address `fusebox serve` listens on, and client commands call, by default.
-const DEFAULT_ADDR: &str = "127.0.0.1:50051";
 
 /// fusebox: shared circuit breakers and permits for a whole fleet.
 #[derive(Parser, Debug)]
@@ -24,32 +18,6 @@ const DEFAULT_ADDR: &str = "127.0.0.1:50051";
 struct Cli {
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(clap::Args, Debug)]
-struct ClientOptions {
-    /// The server to call.
-    #[arg(long, global = true, default_value = DEFAULT_ADDR)]
-    server: String,
-    /// Print JSON instead of readable text.
-    #[arg(long, global = true)]
-    json: bool,
-    /// The bearer token to call with, when the server has [auth].
-    #[arg(long, global = true, env = "FUSEBOX_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    /// Call the server over TLS, trusting the CA certificates in this PEM file.
-    #[arg(long, global = true, env = "FUSEBOX_TLS_CA")]
-    tls_ca: Option<PathBuf>,
-    /// With mutual TLS: this client's certificate chain (PEM).
-    #[arg(long, global = true, env = "FUSEBOX_TLS_CERT")]
-    tls_cert: Option<PathBuf>,
-    /// With mutual TLS: this client's private key (PEM).
-    #[arg(long, global = true, env = "FUSEBOX_TLS_KEY")]
-    tls_key: Option<PathBuf>,
-    /// The name the server's certificate must have, when it is not the
-    /// host of --server.
-    #[arg(long, global = true, env = "FUSEBOX_TLS_SERVER_NAME")]
-    tls_server_name: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -265,10 +233,14 @@ enum Command {
         #[command(flatten)]
         client: ClientOptions,
     },
-    /// Measure a server under load: calls/s against the grpc.health
-    /// baseline, latency percentiles and memory per key (a server of its
-    /// own by default; see README, "Measuring it").
-    Bench(client::bench::BenchArgs),
+    /// The load tool, now the `fusebox-bench` binary: says so, and how
+    /// to run it with the same arguments.
+    #[command(hide = true, disable_help_flag = true)]
+    Bench {
+        /// Whatever followed `bench`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Move a --manual-clock server's clock forward, e.g. 5s.
     Advance {
         /// How far.
@@ -282,6 +254,11 @@ enum Command {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if let Command::Bench { args } = &cli.command {
+        // A usage error, as clap's own are.
+        eprintln!("{}", bench_moved(args));
+        return std::process::ExitCode::from(2);
+    }
     match run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -374,20 +351,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             wait,
             lease,
             client,
-        } => {
-            let mut c = pb::fusebox_client::FuseboxClient::new(connect(&client).await?);
-            let r = c
-                .acquire(pb::AcquireRequest {
-                    key,
-                    permits: Some(permits),
-                    max_wait: wait.map(duration_of),
-                    lease: lease.map(duration_of),
-                })
-                .await
-                .map_err(call_error)?
-                .into_inner();
-            print_acquire(&r, client.json)
-        }
+        } => calls::acquire(&client, key, permits, wait, lease).await,
         Command::Complete {
             ticket,
             outcome,
@@ -398,100 +362,34 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 "failure" => pb::Outcome::Failure,
                 _ => pb::Outcome::Ignored,
             };
-            let mut c = pb::fusebox_client::FuseboxClient::new(connect(&client).await?);
-            let r = c
-                .complete(pb::CompleteRequest {
-                    ticket,
-                    outcome: outcome as i32,
-                })
-                .await
-                .map_err(call_error)?
-                .into_inner();
-            if client.json {
-                println!(
-                    "{}",
-                    serde_json::json!({"stale": r.stale, "phase": phase_name(r.phase)})
-                );
-            } else if r.stale {
-                println!("stale: the outcome was not counted (the breaker moved on since the ticket was issued); phase {}", phase_name(r.phase));
-            } else {
-                println!("recorded; phase {}", phase_name(r.phase));
-            }
-            Ok(())
+            calls::complete(&client, ticket, outcome).await
         }
-        Command::Get { key, client } => {
-            let s = admin(&client)
-                .await?
-                .get_key(pb::GetKeyRequest { key })
-                .await
-                .map_err(call_error)?
-                .into_inner();
-            print_key(&s, client.json)
-        }
+        Command::Get { key, client } => calls::get(&client, key).await,
         Command::Isolate {
             key,
             reason,
             client,
-        } => {
-            let s = admin(&client)
-                .await?
-                .isolate(operator(pb::IsolateRequest { key, reason }))
-                .await
-                .map_err(call_error)?
-                .into_inner();
-            print_key(&s, client.json)
-        }
+        } => calls::isolate(&client, key, reason).await,
         Command::Close {
             key,
             reason,
             client,
-        } => {
-            let s = admin(&client)
-                .await?
-                .close(operator(pb::CloseRequest { key, reason }))
-                .await
-                .map_err(call_error)?
-                .into_inner();
-            print_key(&s, client.json)
-        }
+        } => calls::close(&client, key, reason).await,
         Command::Keys {
             prefix,
             phases,
             client,
-        } => keys(client, prefix.unwrap_or_default(), phases).await,
-        Command::Watch { prefix, client } => watch(client, prefix.unwrap_or_default()).await,
+        } => fusebox_cli::keys(client, prefix.unwrap_or_default(), phases).await,
+        Command::Watch { prefix, client } => {
+            fusebox_cli::watch(client, prefix.unwrap_or_default()).await
+        }
         Command::Top {
             prefix,
             interval,
             client,
-        } => top(client, prefix.unwrap_or_default(), interval).await,
-        Command::Bench(args) => client::bench::bench(args).await,
-        Command::Advance { by, client } => {
-            let mut c = pb::clock_client::ClockClient::new(connect(&client).await?);
-            let r = c
-                .advance(pb::AdvanceRequest {
-                    by: Some(duration_of(by)),
-                })
-                .await
-                .map_err(|status| match status.code() {
-                    // A server without --manual-clock does not serve the
-                    // Clock service at all (X1), so the answer has no message.
-                    tonic::Code::Unimplemented => anyhow::anyhow!(
-                        "UNIMPLEMENTED: the clock of the server at {} is not manual; \
-                         start it with `fusebox serve --manual-clock` to move time by hand",
-                        client.server
-                    ),
-                    _ => call_error(status),
-                })?
-                .into_inner();
-            let now = millis_of("now", r.now).ok().flatten().unwrap_or(0);
-            if client.json {
-                println!("{}", serde_json::json!({ "now_ms": now }));
-            } else {
-                println!("clock now {now}ms");
-            }
-            Ok(())
-        }
+        } => fusebox_cli::top(client, prefix.unwrap_or_default(), interval).await,
+        Command::Bench { .. } => unreachable!("answered in main, before the runtime"),
+        Command::Advance { by, client } => calls::advance(&client, by).await,
     }
 }
 
@@ -696,25 +594,28 @@ async fn shutdown_signal() {
     }
 }
 
-/// A phase, as `--phase` takes it.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum PhaseArg {
-    Closed,
-    Open,
-    #[value(name = "half_open", alias = "half-open")]
-    HalfOpen,
-    Isolated,
-}
-
-impl PhaseArg {
-    fn wire(self) -> pb::Phase {
-        match self {
-            PhaseArg::Closed => pb::Phase::Closed,
-            PhaseArg::Open => pb::Phase::Open,
-            PhaseArg::HalfOpen => pb::Phase::HalfOpen,
-            PhaseArg::Isolated => pb::Phase::Isolated,
+/// What `fusebox bench ARGS` answers: the load tool left the product's
+/// binary; the same measurement is `fusebox-bench ARGS`.
+fn bench_moved(args: &[String]) -> String {
+    let mut command = "fusebox-bench".to_owned();
+    for arg in args {
+        command.push(' ');
+        let plain = !arg.is_empty()
+            && arg
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.,:/=@%+".contains(c));
+        if plain {
+            command.push_str(arg);
+        } else {
+            command.push_str(&format!("'{}'", arg.replace('\'', r"'\''")));
         }
     }
+    format!(
+        "error: the load tool has left the fusebox binary for one of its own, `fusebox-bench`; run\n\n    \
+         {command}\n\n\
+         (`cargo build --release -p fusebox -p fusebox-bench` builds both into target/release/; \
+         fusebox-bench starts the fusebox beside it as the server under test)"
+    )
 }
 
 /// `--interval`: a duration with a unit, more than zero.

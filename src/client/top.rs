@@ -1,104 +1,136 @@
 //! `fusebox top`: a live terminal table of keys, refreshed in place.
+//!
+//! The terminal is driven through crossterm: raw mode (keys one at a time,
+//! no echo, Ctrl-C a key like any other), the alternate screen, the
+//! cursor hidden. [`Screen`] puts it back as it was on every way out: q,
+//! Ctrl-C, a signal, an error, and a panic (through the panic hook, which
+//! restores it before the message is printed).
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, VecDeque};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Once};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
-use fusebox::proto::v1 as pb;
+use crossterm::event::{Event, EventStream, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use crossterm::style::{Print, Stylize};
+use crossterm::terminal::{self, ClearType};
+use crossterm::{cursor, execute, queue};
+use fusebox_proto::v1 as pb;
+use tokio_stream::StreamExt;
 
-use super::*;
-use crate::ClientOptions;
+use crate::connect::{connect, ClientOptions, Conn};
+use crate::keys::Pages;
+use crate::print::{human_ms, interval_words, now_s, phase_name, requests, transition_line};
+use crate::signal::stop_signal;
+use crate::table::{key_table, shorten};
+
 /// How many recent transitions `top` keeps below the table.
-pub(crate) const TOP_RECENT: usize = 5;
+const TOP_RECENT: usize = 5;
 
-/// The terminal while `top` runs: the alternate screen with the cursor
-/// hidden and keys read one at a time without echo. Dropping it puts the
-/// terminal back as it was, on every way out (quit, signal, error, panic).
-pub(crate) struct Screen {
-    saved_mode: Option<String>,
-}
+/// Whether `top` holds the terminal (raw mode, alternate screen): set by
+/// [`Screen::enter`], cleared by [`restore`], whichever of the screen's
+/// drop and the panic hook comes first.
+static ON_SCREEN: AtomicBool = AtomicBool::new(false);
+
+/// The terminal while `top` runs: raw mode, the alternate screen, the
+/// cursor hidden. Dropping it puts the terminal back as it was.
+struct Screen;
 
 impl Screen {
-    fn enter() -> Screen {
-        let saved_mode = stty(&["-g"]).ok().filter(|mode| !mode.is_empty());
-        if saved_mode.is_some() {
-            // Signals (Ctrl-C) still work; only line editing and echo go.
-            let _ = stty(&["-icanon", "-echo", "min", "1", "time", "0"]);
-        }
-        let _ = write_out("\x1b[?1049h\x1b[?25l\x1b[H\x1b[2J");
-        Screen { saved_mode }
+    fn enter() -> anyhow::Result<Screen> {
+        restore_on_panic();
+        terminal::enable_raw_mode().context(
+            "cannot put the terminal in raw mode; use `fusebox keys` or `fusebox watch` instead",
+        )?;
+        ON_SCREEN.store(true, Ordering::SeqCst);
+        // From here on, every way out drops the screen and restores.
+        let screen = Screen;
+        execute!(
+            std::io::stdout(),
+            terminal::EnterAlternateScreen,
+            cursor::Hide,
+            terminal::Clear(ClearType::All)
+        )
+        .context("cannot draw on the terminal")?;
+        Ok(screen)
     }
 }
 
 impl Drop for Screen {
     fn drop(&mut self) {
-        let _ = write_out("\x1b[?25h\x1b[?1049l");
-        if let Some(mode) = &self.saved_mode {
-            let _ = stty(&[mode]);
-        }
+        restore();
     }
 }
 
-/// Runs `stty ARGS` on the controlling terminal and returns what it printed.
-pub(crate) fn stty(args: &[&str]) -> std::io::Result<String> {
-    let tty = std::fs::File::open("/dev/tty")?;
-    let output = std::process::Command::new("stty")
-        .args(args)
-        .stdin(tty)
-        .stderr(std::process::Stdio::null())
-        .output()?;
-    if !output.status.success() {
-        return Err(std::io::Error::other("stty failed"));
+/// Puts the terminal back (cursor shown, normal screen, the mode it had)
+/// if `top` holds it; once, however many ways out call it.
+fn restore() {
+    if ON_SCREEN.swap(false, Ordering::SeqCst) {
+        let _ = execute!(
+            std::io::stdout(),
+            cursor::Show,
+            terminal::LeaveAlternateScreen
+        );
+        let _ = terminal::disable_raw_mode();
     }
-    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
-/// The terminal's size: rows and columns.
-pub(crate) fn terminal_size() -> (usize, usize) {
-    let from_stty = stty(&["size"]).ok().and_then(|size| {
-        let (rows, cols) = size.split_once(' ')?;
-        Some((rows.parse().ok()?, cols.parse().ok()?))
+/// Installs, once, a panic hook that restores the terminal before the
+/// previous hook prints the panic's message (which the alternate screen
+/// would otherwise swallow, and raw mode garble).
+fn restore_on_panic() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            restore();
+            previous(info);
+        }));
     });
+}
+
+/// The terminal's size: rows and columns (`LINES` and `COLUMNS`, or 24 x
+/// 80, when the terminal does not say).
+fn terminal_size() -> (usize, usize) {
     let from_env = |name: &str, default: usize| {
         std::env::var(name)
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(default)
     };
-    match from_stty {
-        Some((rows, cols)) if rows > 0 && cols > 0 => (rows, cols),
+    match terminal::size() {
+        Ok((cols, rows)) if rows > 0 && cols > 0 => (usize::from(rows), usize::from(cols)),
         _ => (from_env("LINES", 24), from_env("COLUMNS", 80)),
     }
 }
 
-pub(crate) fn write_out(text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())?;
-    out.flush()
+/// What a key pressed asks of `top`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Press {
+    /// q, Q or Ctrl-C: quit.
+    Quit,
+    /// r or R: read the keys again now.
+    Refresh,
+    /// Anything else.
+    Nothing,
 }
 
-/// Keys pressed on the terminal, read on a thread of their own (a read
-/// blocked on the terminal must never hold up the program's exit).
-pub(crate) fn key_presses() -> tokio::sync::mpsc::UnboundedReceiver<u8> {
-    use std::io::Read;
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    if let Ok(mut tty) = std::fs::File::open("/dev/tty") {
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 64];
-            while let Ok(n @ 1..) = tty.read(&mut buf) {
-                for &b in &buf[..n] {
-                    if tx.send(b).is_err() {
-                        return;
-                    }
-                }
-            }
-        });
+fn press(key: KeyEvent) -> Press {
+    if key.kind != KeyEventKind::Press {
+        return Press::Nothing;
     }
-    rx
+    match key.code {
+        KeyCode::Char('c') if key.modifiers.contains(KeyModifiers::CONTROL) => Press::Quit,
+        KeyCode::Char('q' | 'Q') => Press::Quit,
+        KeyCode::Char('r' | 'R') => Press::Refresh,
+        _ => Press::Nothing,
+    }
 }
 
 /// What `top` learns from the server, in the order it arrives.
-pub(crate) enum TopNews {
+enum TopNews {
     /// A full read of the keys, or why it failed.
     Keys(Result<Vec<pb::KeyState>, String>),
     /// A transition from the Watch stream.
@@ -108,7 +140,7 @@ pub(crate) enum TopNews {
 }
 
 /// Severity for sorting: the most broken first.
-pub(crate) fn severity(phase: i32) -> u8 {
+fn severity(phase: i32) -> u8 {
     match pb::Phase::try_from(phase) {
         Ok(pb::Phase::Isolated) => 0,
         Ok(pb::Phase::Open) => 1,
@@ -117,17 +149,19 @@ pub(crate) fn severity(phase: i32) -> u8 {
     }
 }
 
-pub(crate) fn phase_colour(phase: &str) -> &'static str {
+/// A phase's cell in its colour: ISOLATED magenta, OPEN red, HALF_OPEN
+/// yellow (each bold), CLOSED green.
+fn paint_phase(phase: &str) -> String {
     match phase {
-        "ISOLATED" => "\x1b[1;35m",
-        "OPEN" => "\x1b[1;31m",
-        "HALF_OPEN" => "\x1b[1;33m",
-        _ => "\x1b[32m",
+        "ISOLATED" => phase.magenta().bold().to_string(),
+        "OPEN" => phase.red().bold().to_string(),
+        "HALF_OPEN" => phase.yellow().bold().to_string(),
+        _ => phase.green().to_string(),
     }
 }
 
 /// What one frame of `top` shows.
-pub(crate) struct TopView<'a> {
+struct TopView<'a> {
     server: &'a str,
     prefix: &'a str,
     interval_ms: u64,
@@ -140,7 +174,7 @@ pub(crate) struct TopView<'a> {
 }
 
 /// The lines of one frame of `top`, fitted to `rows` x `cols`.
-pub(crate) fn top_frame(view: &TopView<'_>, rows: usize, cols: usize) -> Vec<String> {
+fn top_frame(view: &TopView<'_>, rows: usize, cols: usize) -> Vec<String> {
     let mut keys: Vec<&pb::KeyState> = view.keys.values().collect();
     keys.sort_by(|a, b| {
         severity(a.phase)
@@ -216,12 +250,12 @@ pub(crate) fn top_frame(view: &TopView<'_>, rows: usize, cols: usize) -> Vec<Str
     plain.truncate(rows);
     let mut lines: Vec<String> = plain.iter().map(|l| shorten(l, cols)).collect();
     if view.colour {
-        lines[0] = format!("\x1b[1m{}\x1b[0m", lines[0]);
+        lines[0] = lines[0].as_str().bold().to_string();
         if view.error.is_some() {
-            lines[1] = format!("\x1b[1;31m{}\x1b[0m", lines[1]);
+            lines[1] = lines[1].as_str().red().bold().to_string();
         }
         if let Some(header) = lines.get_mut(3) {
-            *header = format!("\x1b[7m{header:<cols$}\x1b[0m");
+            *header = format!("{header:<cols$}").reverse().to_string();
         }
         for (index, offset, phase) in coloured {
             let Some(line) = lines.get_mut(index) else {
@@ -234,7 +268,7 @@ pub(crate) fn top_frame(view: &TopView<'_>, rows: usize, cols: usize) -> Vec<Str
             }
             let before: String = chars[..offset].iter().collect();
             let after: String = chars[end..].iter().collect();
-            *line = format!("{before}{}{phase}\x1b[0m{after}", phase_colour(&phase));
+            *line = format!("{before}{}{after}", paint_phase(&phase));
         }
     }
     lines
@@ -244,7 +278,7 @@ pub(crate) fn top_frame(view: &TopView<'_>, rows: usize, cols: usize) -> Vec<Str
 /// page of keys, at most 1000 of each, so that a round costs the same with
 /// a million keys as with a thousand.
 async fn top_keys(
-    admin: &mut pb::admin_client::AdminClient<super::Conn>,
+    admin: &mut pb::admin_client::AdminClient<Conn>,
     prefix: &str,
 ) -> anyhow::Result<Vec<pb::KeyState>> {
     let broken = [pb::Phase::Open, pb::Phase::HalfOpen, pb::Phase::Isolated].map(|p| p as i32);
@@ -264,8 +298,8 @@ async fn top_keys(
 }
 
 /// Reads the keys worth showing now and then (or when poked), for `top`.
-pub(crate) fn top_poller(
-    mut admin: pb::admin_client::AdminClient<super::Conn>,
+fn top_poller(
+    mut admin: pb::admin_client::AdminClient<Conn>,
     prefix: String,
     interval: std::time::Duration,
     news: tokio::sync::mpsc::Sender<TopNews>,
@@ -294,8 +328,8 @@ pub(crate) fn top_poller(
 }
 
 /// Follows the Watch stream for `top`, again after every break.
-pub(crate) fn top_watcher(
-    mut admin: pb::admin_client::AdminClient<super::Conn>,
+fn top_watcher(
+    mut admin: pb::admin_client::AdminClient<Conn>,
     prefix: String,
     interval: std::time::Duration,
     news: tokio::sync::mpsc::Sender<TopNews>,
@@ -338,11 +372,10 @@ pub(crate) fn top_watcher(
     });
 }
 
-pub(crate) async fn top(
-    client: ClientOptions,
-    prefix: String,
-    interval_ms: u64,
-) -> anyhow::Result<()> {
+/// `fusebox top`: a live table of the keys that start with `prefix`,
+/// read every `interval_ms` and at each transition, the most broken
+/// first, until q, Ctrl-C or a signal.
+pub async fn top(client: ClientOptions, prefix: String, interval_ms: u64) -> anyhow::Result<()> {
     use std::io::IsTerminal;
     if client.json {
         bail!("top draws a live table and prints no JSON; use `fusebox keys --json` or `fusebox watch --json`");
@@ -352,7 +385,7 @@ pub(crate) async fn top(
     }
     let mut stop = stop_signal()?;
     let channel = connect(&client).await?;
-    let interval = std::time::Duration::from_millis(interval_ms);
+    let interval = Duration::from_millis(interval_ms);
     let (tx, mut news) = tokio::sync::mpsc::channel(256);
     let poke = Arc::new(tokio::sync::Notify::new());
     top_poller(
@@ -369,37 +402,41 @@ pub(crate) async fn top(
         tx,
         poke.clone(),
     );
-    #[cfg(unix)]
-    let mut resized =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())?;
-    let mut presses = key_presses();
-    let mut keyboard = true;
     let colour = std::env::var_os("NO_COLOR").is_none();
 
-    let screen = Screen::enter();
+    let screen = Screen::enter()?;
+    let mut events = EventStream::new();
+    let mut keyboard = true;
     let mut size = terminal_size();
-    let mut keys = std::collections::BTreeMap::new();
-    let mut recent = std::collections::VecDeque::new();
+    let mut keys = BTreeMap::new();
+    let mut recent = VecDeque::new();
     let mut error: Option<String> = None;
     let mut watching = false;
     // Draw at most every 50 ms, however fast transitions come.
     let mut dirty = true;
-    let mut clock = tokio::time::interval(std::time::Duration::from_millis(50));
+    let mut clock = tokio::time::interval(Duration::from_millis(50));
     clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_second = String::new();
     let mut last_draw: Option<tokio::time::Instant> = None;
     loop {
-        #[cfg(unix)]
-        let resize = resized.recv();
-        #[cfg(not(unix))]
-        let resize = std::future::pending::<Option<()>>();
         tokio::select! {
             () = &mut stop => break,
-            key = presses.recv(), if keyboard => match key {
-                Some(b'q' | b'Q') => break,
-                Some(b'r' | b'R') => poke.notify_one(),
-                Some(_) => {}
-                None => keyboard = false,
+            event = events.next(), if keyboard => match event {
+                Some(Ok(Event::Key(key))) => match press(key) {
+                    Press::Quit => break,
+                    Press::Refresh => poke.notify_one(),
+                    Press::Nothing => {}
+                },
+                Some(Ok(Event::Resize(cols, rows))) => {
+                    size = (usize::from(rows), usize::from(cols));
+                    queue!(std::io::stdout(), terminal::Clear(ClearType::All))
+                        .context("cannot draw on the terminal")?;
+                    dirty = true;
+                }
+                Some(Ok(_)) => {}
+                // The terminal can no longer be read: q is gone, Ctrl-C
+                // and signals still stop top.
+                Some(Err(_)) | None => keyboard = false,
             },
             Some(item) = news.recv() => {
                 match item {
@@ -419,11 +456,6 @@ pub(crate) async fn top(
                 }
                 dirty = true;
             }
-            _ = resize => {
-                size = terminal_size();
-                let _ = write_out("\x1b[2J");
-                dirty = true;
-            }
             _ = clock.tick() => {
                 // The clock in the header moves every second.
                 if now_s() != last_second {
@@ -431,7 +463,11 @@ pub(crate) async fn top(
                 }
             }
         }
-        let due = last_draw.is_none_or(|at| at.elapsed() >= std::time::Duration::from_millis(50));
+        if !ON_SCREEN.load(Ordering::SeqCst) {
+            // A task of top's panicked, and the hook gave the terminal back.
+            bail!("top stopped after the internal error printed above; please report it");
+        }
+        let due = last_draw.is_none_or(|at| at.elapsed() >= Duration::from_millis(50));
         if dirty && due {
             last_draw = Some(tokio::time::Instant::now());
             last_second = now_s();
@@ -446,12 +482,26 @@ pub(crate) async fn top(
                 colour,
                 now: last_second.clone(),
             };
-            let frame = top_frame(&view, size.0, size.1).join("\x1b[K\r\n");
-            write_out(&format!("\x1b[H{frame}\x1b[K\x1b[J"))
-                .context("cannot draw on the terminal")?;
+            draw(&top_frame(&view, size.0, size.1)).context("cannot draw on the terminal")?;
             dirty = false;
         }
     }
     drop(screen);
     Ok(())
+}
+
+/// Draws `lines` from the top left corner, each line and the rest of the
+/// screen below them cleared of what the last frame left.
+fn draw(lines: &[String]) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    queue!(out, cursor::MoveTo(0, 0))?;
+    for (i, line) in lines.iter().enumerate() {
+        if i > 0 {
+            // Raw mode: a line feed alone does not return the carriage.
+            queue!(out, Print("\r\n"))?;
+        }
+        queue!(out, Print(line), terminal::Clear(ClearType::UntilNewLine))?;
+    }
+    queue!(out, terminal::Clear(ClearType::FromCursorDown))?;
+    out.flush()
 }

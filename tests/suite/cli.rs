@@ -29,7 +29,7 @@ fn ticket_of(reply: &Value) -> String {
         .unwrap_or_else(|| panic!("a ticket in {reply}"))
         .to_owned();
     assert!(
-        ticket.len() == 32 && ticket.bytes().all(|b| b.is_ascii_hexdigit()),
+        hex::decode(&ticket).is_ok_and(|bytes| bytes.len() == 16),
         "a ticket is 32 hex digits: {ticket:?}"
     );
     ticket
@@ -125,7 +125,10 @@ async fn acquire_complete_and_advance_replay_the_worked_example() {
         .strip_prefix("GRANTED  ticket ")
         .unwrap_or_else(|| panic!("a readable grant names the ticket: {line:?}"));
     let (t1, rest) = rest.split_once("  ").expect("ticket, then lease and phase");
-    assert_eq!(t1.len(), 32, "a ticket of 32 hex digits: {t1:?}");
+    assert!(
+        hex::decode(t1).is_ok_and(|bytes| bytes.len() == 16),
+        "a ticket of 32 hex digits: {t1:?}"
+    );
     assert_eq!(rest, "lease 30000ms  phase CLOSED");
     let run = client(&server, &["complete", t1, "failure"]).await;
     assert_eq!(run.ok(), "recorded; phase CLOSED\n");
@@ -567,4 +570,36 @@ async fn an_unreachable_server_fails_saying_what_to_do() {
         message.starts_with("error: --server no such host:x: not an address"),
         "{message:?}"
     );
+}
+
+#[tokio::test]
+async fn bench_names_the_load_tool_that_took_its_place() {
+    // The same arguments, written for the new binary (quoted where a
+    // shell needs it), and a usage error's exit code.
+    let run = fusebox(&[
+        "bench",
+        "attack",
+        "--runs",
+        "1",
+        "--store",
+        "redis://h:1/?a b",
+    ])
+    .await;
+    let message = run.failed(2);
+    assert!(
+        message.contains("`fusebox-bench`")
+            && message.contains("\n    fusebox-bench attack --runs 1 --store 'redis://h:1/?a b'\n")
+            && message.contains("cargo build --release -p fusebox -p fusebox-bench"),
+        "{message:?}"
+    );
+    // Its help flag is one of those arguments, not clap's.
+    let run = fusebox(&["bench", "--help"]).await;
+    assert!(
+        run.failed(2).contains("\n    fusebox-bench --help\n"),
+        "{:?}",
+        run.stderr
+    );
+    // The product's own help does not offer it.
+    let run = fusebox(&["--help"]).await;
+    assert!(!run.ok().contains("bench"), "{}", run.stdout);
 }

@@ -3,7 +3,6 @@
 mod admin;
 mod auth;
 mod bad_input;
-mod bench;
 mod cli;
 mod cli_ops;
 mod client_tool;

@@ -1,4 +1,4 @@
-//! `fusebox bench redis-cpu`: the fusebox Redis module (`FB.ACQUIRE` then
+//! `fusebox-bench redis-cpu`: the fusebox Redis module (`FB.ACQUIRE` then
 //! `FB.COMPLETE`) beside Redis's own floor (`SET` then `GET` of a 64-byte
 //! string) and a Lua script doing the same breaker and limiter work
 //! (`benches/redis/breaker.lua`, by `EVALSHA`), on the same Redis or Redis
@@ -34,13 +34,17 @@ use redis::cluster_async::ClusterConnection;
 use redis::Value;
 use serde_json::{json, Value as Json};
 
-use super::load::{histogram, percentile_us};
-use super::spread::{KeyPicker, Rng, Spread};
-use super::target::own_cpu_time;
-use super::{median, ms, render_table, thousands, Options, Report, SATURATED};
+use fusebox_cli::render_table;
+
+use crate::load::{histogram, percentile_us, SATURATED};
+use crate::numbers::{median, ms, thousands};
+use crate::options::Options;
+use crate::report::Report;
+use crate::spread::{KeyPicker, Rng, Spread};
+use crate::target::own_cpu_time;
 
 /// The Lua peer of the module.
-pub(crate) const BREAKER_LUA: &str = include_str!("../../../benches/redis/breaker.lua");
+pub(crate) const BREAKER_LUA: &str = include_str!("../../benches/redis/breaker.lua");
 
 /// A caller that fails this many times in a row gives up.
 const GIVE_UP_AFTER: u32 = 1_000;
@@ -87,7 +91,7 @@ impl Arm {
     }
 }
 
-/// What `fusebox bench redis-cpu` measures.
+/// What `fusebox-bench redis-cpu` measures.
 pub(crate) struct Setup<'a> {
     /// `--store`.
     pub store: &'a str,
@@ -630,7 +634,7 @@ impl Bench {
         .to_string();
         let policy_ref = format!(
             "@{}",
-            fusebox::domain::hex::hex(&fusebox::domain::policy_id(policy.as_bytes()))
+            hex::encode(fusebox::domain::policy_id(policy.as_bytes()))
         );
         Ok(Bench {
             conns,

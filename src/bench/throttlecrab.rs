@@ -9,7 +9,7 @@
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::Status;
 
-use super::load::Channel;
+use crate::channel::Channel;
 
 /// `throttlecrab.ThrottleRequest`.
 #[derive(Clone, PartialEq, prost::Message)]

@@ -1,4 +1,4 @@
-//! `fusebox bench beside --store URL`: a server on that store beside an
+//! `fusebox-bench beside --store URL`: a server on that store beside an
 //! embedded one, both started by the tool (pinned to `--server-cpus`),
 //! every arm on every spread on each, interleaved run by run, so that
 //! every ratio is taken within one run: the store-backed server against
@@ -8,10 +8,14 @@
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use super::load::{Arm, Load, Measurement};
-use super::spread::Spread;
-use super::target::Target;
-use super::{median, ms, render_table, thousands, Options, Report};
+use fusebox_cli::render_table;
+
+use crate::load::{Arm, Load, Measurement};
+use crate::numbers::{median, ms, thousands};
+use crate::options::Options;
+use crate::report::Report;
+use crate::spread::Spread;
+use crate::target::Target;
 
 /// The two servers measured.
 const SERVERS: [&str; 2] = ["embedded", "store"];
@@ -29,15 +33,21 @@ pub(crate) async fn beside_mode(
     store: &str,
     warnings: &mut Vec<String>,
 ) -> anyhow::Result<Report> {
+    let bin = o.server_bin()?;
     let cpus = o.server_cpus.as_deref();
     let config = o.config.as_deref();
     let mut targets = vec![
-        Target::start(config, cpus)
+        Target::start(&bin, config, cpus)
             .await
             .context("the embedded server")?,
-        Target::start_with(config, cpus, &["--store".to_owned(), store.to_owned()])
-            .await
-            .context("the server on the store")?,
+        Target::start_with(
+            &bin,
+            config,
+            cpus,
+            &["--store".to_owned(), store.to_owned()],
+        )
+        .await
+        .context("the server on the store")?,
     ];
     eprintln!(
         "bench: embedded server {}, server on {store} {}",

@@ -1,6 +1,6 @@
-//! The server under test: one the tool starts itself (this executable as
-//! `fusebox serve`, optionally pinned with `taskset`) or one already
-//! running; and what the tool reads about it from outside: its memory, its
+//! The server under test: one the tool starts itself (the `fusebox`
+//! binary as `fusebox serve`, optionally pinned with `taskset`) or one
+//! already running; and what the tool reads about it from outside: its memory, its
 //! live keys and its CPU time.
 
 use std::collections::VecDeque;
@@ -8,9 +8,13 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use std::path::{Path, PathBuf};
+
 use anyhow::{bail, Context};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
+
+use crate::numbers::{bytes, thousands};
 
 /// A config for a server the tool starts itself without `--config`: the
 /// built-in default policy, with room for every key the spreads and a
@@ -38,6 +42,8 @@ pub(crate) struct Target {
     pub(crate) https: Vec<String>,
     /// Its process, when the tool started it.
     child: Option<Child>,
+    /// The binary it was started from, when the tool started it.
+    pub(crate) bin: Option<PathBuf>,
     /// Its process id, when the tool started it.
     pub(crate) pid: Option<u32>,
     /// The last lines it logged.
@@ -83,38 +89,39 @@ impl Target {
             grpcs,
             https,
             child: None,
+            bin: None,
             pid: None,
             log: Arc::default(),
             config_file: None,
         }
     }
 
-    /// Starts this executable as `fusebox serve` on free ports, under
-    /// `taskset -c CPUS` when `cpus` is given, and reads its addresses from
-    /// the first lines it prints.
+    /// Starts `bin` (a fusebox binary) as `fusebox serve` on free ports,
+    /// under `taskset -c CPUS` when `cpus` is given, and reads its
+    /// addresses from the first lines it prints.
     pub(crate) async fn start(
-        config: Option<&std::path::Path>,
+        bin: &Path,
+        config: Option<&Path>,
         cpus: Option<&str>,
     ) -> anyhow::Result<Target> {
-        Target::start_with(config, cpus, &[]).await
+        Target::start_with(bin, config, cpus, &[]).await
     }
 
     /// [`Target::start`], with more arguments for `fusebox serve` (such as
     /// `--store URL`).
     pub(crate) async fn start_with(
-        config: Option<&std::path::Path>,
+        bin: &Path,
+        config: Option<&Path>,
         cpus: Option<&str>,
         more: &[String],
     ) -> anyhow::Result<Target> {
-        let exe =
-            std::env::current_exe().context("cannot find this executable to start a server")?;
         let mut cmd = match cpus {
             Some(cpus) => {
                 let mut c = Command::new("taskset");
-                c.arg("-c").arg(cpus).arg(&exe);
+                c.arg("-c").arg(cpus).arg(bin);
                 c
             }
-            None => Command::new(&exe),
+            None => Command::new(bin),
         };
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"]);
         cmd.args(more);
@@ -141,7 +148,7 @@ impl Target {
             .kill_on_drop(true);
         let mut child = cmd.spawn().with_context(|| match cpus {
             Some(_) => "cannot run `taskset` (util-linux) to pin the server".to_owned(),
-            None => format!("cannot start {}", exe.display()),
+            None => format!("cannot start {}", bin.display()),
         })?;
         let pid = child.id();
         let log: Arc<Mutex<VecDeque<String>>> = Arc::default();
@@ -164,6 +171,7 @@ impl Target {
             grpcs: Vec::new(),
             https: Vec::new(),
             child: None,
+            bin: Some(bin.to_owned()),
             pid,
             log,
             config_file,
@@ -286,6 +294,36 @@ impl Target {
     }
 }
 
+/// The fusebox binary the tool starts servers from: `flag` (`--server-bin`)
+/// when given, else the `fusebox` next to this executable (cargo builds
+/// both into the same `target/<profile>/`). An error says what to do when
+/// it is not there.
+pub(crate) fn server_bin(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(path) = flag {
+        if !path.is_file() {
+            bail!(
+                "--server-bin {}: no such file; give the path of a fusebox binary \
+                 (cargo builds it as target/release/fusebox)",
+                path.display()
+            );
+        }
+        return Ok(path.to_owned());
+    }
+    let exe = std::env::current_exe().context(
+        "cannot find this executable, to find the fusebox beside it: pass --server-bin PATH",
+    )?;
+    let bin = exe.with_file_name(format!("fusebox{}", std::env::consts::EXE_SUFFIX));
+    if !bin.is_file() {
+        bail!(
+            "no fusebox binary at {}: the tool starts the server under test from the fusebox \
+             built next to it; build both (`cargo build --release -p fusebox -p fusebox-bench`), \
+             pass --server-bin PATH, or measure a running server with --target http://ADDR",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
 /// What the tool knows of the server's memory at one moment.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Memory {
@@ -298,6 +336,26 @@ pub(crate) struct Memory {
 }
 
 impl Memory {
+    /// The figures in words, for the end of a report.
+    pub(crate) fn line(&self) -> String {
+        let rss = self.rss_bytes.map_or_else(
+            || "unknown (pass --http of a --target server)".to_owned(),
+            |b| bytes(b as f64),
+        );
+        let source = match self.rss_source {
+            Some("metrics") => " (process_resident_memory_bytes)",
+            Some("proc") => " (VmRSS of /proc/PID/status)",
+            _ => "",
+        };
+        let keys = self
+            .keys
+            .map_or_else(|| "unknown".to_owned(), |k| thousands(k as f64));
+        let per_key = self
+            .bytes_per_key()
+            .map_or_else(String::new, |b| format!(", {b:.0} bytes per key"));
+        format!("server memory: RSS {rss}{source}, {keys} live keys{per_key}")
+    }
+
     /// The figures as JSON.
     pub(crate) fn json(&self) -> serde_json::Value {
         serde_json::json!({

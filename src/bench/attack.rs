@@ -1,4 +1,4 @@
-//! `fusebox bench attack`: an authenticated caller's Acquire latency and
+//! `fusebox-bench attack`: an authenticated caller's Acquire latency and
 //! the server's memory, quiet and under attack, interleaved run by run.
 //!
 //! The tool starts the server itself, with `[auth]` and two tokens: the
@@ -16,11 +16,14 @@ use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use super::load::{Arm, Load, Measurement};
-use super::spread::Spread;
-use super::target::{http_get, metric, Target};
-use super::{median, ms, summary, thousands, Options, Report};
-use crate::client::render_table;
+use fusebox_cli::render_table;
+
+use crate::load::{summary, Arm, Load, Measurement};
+use crate::numbers::{median, ms, thousands};
+use crate::options::Options;
+use crate::report::Report;
+use crate::spread::Spread;
+use crate::target::{http_get, metric, Target};
 
 /// The sizes of the attack.
 #[derive(Clone, Copy, Debug)]
@@ -240,7 +243,7 @@ async fn defences(target: &Target) -> String {
     .join("\n")
 }
 
-/// `bench attack`.
+/// `fusebox-bench attack`.
 pub(crate) async fn attack_mode(
     o: &Options,
     tokens: &Tokens,
@@ -254,7 +257,13 @@ pub(crate) async fn attack_mode(
         Some(url) => vec!["--store".to_owned(), url.to_owned()],
         None => Vec::new(),
     };
-    let mut target = Target::start_with(Some(&config), o.server_cpus.as_deref(), &more).await?;
+    let mut target = Target::start_with(
+        &o.server_bin()?,
+        Some(&config),
+        o.server_cpus.as_deref(),
+        &more,
+    )
+    .await?;
     let _ = std::fs::remove_file(&config);
     eprintln!(
         "bench: server {} (http {}) started by the tool, with [auth]{}",
@@ -287,7 +296,7 @@ async fn measure(
     store: bool,
     warnings: &mut Vec<String>,
 ) -> anyhow::Result<Report> {
-    let load = super::load_open(o, target).await?;
+    let load = o.load_on(target).await?;
     let grpc = target.grpcs[0].clone();
     let mut quiet = Vec::new();
     let mut loud = Vec::new();

@@ -5,11 +5,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::load::Channel;
 use anyhow::{bail, Context};
 use fusebox::proto::v1 as pb;
+use serde_json::{json, Value};
 
-use super::load::Load;
+use crate::channel::{self, Channel};
+use crate::load::{Arm, Load, Measurement, SATURATED};
+use crate::numbers::{bytes, ms, thousands};
+use crate::options::Options;
+use crate::report::Report;
+use crate::spread::Spread;
+use crate::target::{time_scrape, Memory, Target};
 
 /// Keys a fill creates are named `fill/<n>`.
 pub(crate) const FILL_PREFIX: &str = "fill/";
@@ -244,6 +250,211 @@ pub(crate) fn probe_prefix(n: u64) -> (String, u64) {
         })
         .unwrap_or(1);
     (format!("{FILL_PREFIX}{best}"), numbers_with_prefix(best, n))
+}
+
+// -------------------------------------------------------------------------
+// The fill mode.
+// -------------------------------------------------------------------------
+
+/// `fusebox-bench fill`: `keys` live keys named `prefix<n>`, then (with
+/// `listing`, and the digits of the prefix to list) the listing probes.
+pub(crate) async fn fill_mode(
+    o: &Options,
+    target: &mut Target,
+    keys: u64,
+    prefix: &'static str,
+    listing: Option<Option<u64>>,
+    warnings: &mut Vec<String>,
+) -> anyhow::Result<Report> {
+    let load = o.load_on(target).await?;
+    let before = target.memory().await;
+    eprintln!("bench: filling {keys} keys");
+    let filled = fill(&load, prefix, 0, keys).await;
+    target.check_alive()?;
+    let after = target.memory().await;
+    let mut text = fill_text(&filled, &before, &after);
+    if let Some(e) = &filled.first_error {
+        warnings.push(format!(
+            "fill: {} calls failed, the first with {e}",
+            filled.errors
+        ));
+    }
+    let mut figures = json!({ "fill": fill_json(&filled, &before, &after) });
+    if let Some(prefix_digits) = listing {
+        let (probe_text, probe) =
+            listing_probes(o, target, &load, keys, prefix_digits, warnings).await?;
+        text.push_str(&probe_text);
+        figures["listing"] = probe;
+    }
+    Ok(("fill", text, figures))
+}
+
+/// A fill's figures for `--json`.
+pub(crate) fn fill_json(filled: &Filled, before: &Memory, after: &Memory) -> Value {
+    let growth = match (before.rss_bytes, after.rss_bytes) {
+        (Some(a), Some(b)) => Some(b as f64 - a as f64),
+        _ => None,
+    };
+    json!({
+        "keys": filled.asked,
+        "created": filled.created,
+        "errors": filled.errors,
+        "first_error": filled.first_error,
+        "seconds": filled.elapsed.as_secs_f64(),
+        "pairs_per_s": filled.created as f64 / filled.elapsed.as_secs_f64().max(1e-9),
+        "before": before.json(),
+        "after": after.json(),
+        "rss_growth_bytes": growth,
+        "bytes_per_key": growth.map(|g| g / filled.asked.max(1) as f64),
+    })
+}
+
+/// A fill's figures in words.
+pub(crate) fn fill_text(filled: &Filled, before: &Memory, after: &Memory) -> String {
+    let secs = filled.elapsed.as_secs_f64().max(1e-9);
+    let mut text = format!(
+        "fill: {} keys asked, {} created (Acquire + Complete FAILURE) in {secs:.2} s: {} pairs/s, {} errors\n",
+        thousands(filled.asked as f64),
+        thousands(filled.created as f64),
+        thousands(filled.created as f64 / secs),
+        filled.errors
+    );
+    let keys = |m: &Memory| {
+        m.keys
+            .map_or_else(|| "?".to_owned(), |k| thousands(k as f64))
+    };
+    match (before.rss_bytes, after.rss_bytes) {
+        (Some(a), Some(b)) => {
+            let growth = b as f64 - a as f64;
+            text.push_str(&format!(
+                "server RSS: {} before ({} live keys), {} after ({} live keys): grew {}, {:.0} bytes per key\n",
+                bytes(a as f64),
+                keys(before),
+                bytes(b as f64),
+                keys(after),
+                bytes(growth),
+                growth / filled.asked.max(1) as f64
+            ));
+        }
+        _ => text.push_str(&format!(
+            "server RSS unknown (pass --http of a --target server); live keys {} before, {} after\n",
+            keys(before),
+            keys(after)
+        )),
+    }
+    text
+}
+
+/// Lists every key, then a prefix, scrapes /metrics, and measures pair
+/// p99 on 1,000 keys without and while listing.
+async fn listing_probes(
+    o: &Options,
+    target: &Target,
+    load: &Load,
+    keys: u64,
+    prefix_digits: Option<u64>,
+    warnings: &mut Vec<String>,
+) -> anyhow::Result<(String, Value)> {
+    let channel = channel::connect(&target.grpc).await?;
+    eprintln!("bench: listing every key, {PAGE_SIZE} a page");
+    let all = list_all(channel.clone(), "").await?;
+    let (prefix, expected) = match prefix_digits {
+        Some(digits) => (
+            format!("{FILL_PREFIX}{digits}"),
+            numbers_with_prefix(digits, keys),
+        ),
+        None => probe_prefix(keys),
+    };
+    eprintln!("bench: listing prefix {prefix}");
+    let some = list_all(channel.clone(), &prefix).await?;
+    let scrape = match &target.http {
+        Some(http) => Some(time_scrape(http).await?),
+        None => None,
+    };
+    let (warmup, duration) = (ms(o.warmup), ms(o.duration));
+    eprintln!("bench: pair 1k without listing");
+    let quiet = load
+        .measure(Arm::Pair, Spread::Thousand, warmup, duration, 0, target.pid)
+        .await;
+    eprintln!("bench: pair 1k while listing every key over and over");
+    let end = Instant::now() + warmup + duration;
+    let lister = tokio::spawn(list_until(channel, end));
+    let busy = load
+        .measure(Arm::Pair, Spread::Thousand, warmup, duration, 1, target.pid)
+        .await;
+    let (listings, pages) = lister.await.context("the listing task failed")??;
+    for m in [&quiet, &busy] {
+        if m.client_cpu
+            .is_some_and(|c| c / f64::from(o.client_threads) >= SATURATED)
+        {
+            warnings.push(
+                "the load generator's CPU was saturated during the listing probe: its p99 \
+                 includes the client's own work of decoding the listings"
+                    .to_owned(),
+            );
+            break;
+        }
+    }
+    let per_s = |l: &Listing| l.keys as f64 / l.elapsed.as_secs_f64().max(1e-9);
+    let mut text = format!(
+        "\nlist every key: {} keys in {} pages, {:.3} s ({} keys/s)\n\
+         list prefix {prefix:?}: {} keys matched (1/{:.0} of the fill; {} expected) in {} pages, {:.3} s\n",
+        thousands(all.keys as f64),
+        all.pages,
+        all.elapsed.as_secs_f64(),
+        thousands(per_s(&all)),
+        thousands(some.keys as f64),
+        keys as f64 / some.keys.max(1) as f64,
+        thousands(expected as f64),
+        some.pages,
+        some.elapsed.as_secs_f64()
+    );
+    if let Some((took, size)) = scrape {
+        text.push_str(&format!(
+            "GET /metrics: {:.1} ms, {}\n",
+            took.as_secs_f64() * 1e3,
+            bytes(size as f64)
+        ));
+    }
+    text.push_str(&format!(
+        "pair 1k p99: {:.1} µs without listing, {:.1} µs while listing ({} pages, {} full \
+         listings; p999 {:.1} / {:.1} µs; {} / {} pairs/s)",
+        quiet.percentile_us(99.0),
+        busy.percentile_us(99.0),
+        pages,
+        listings.len(),
+        quiet.percentile_us(99.9),
+        busy.percentile_us(99.9),
+        thousands(quiet.rate()),
+        thousands(busy.rate()),
+    ));
+    let listing_json =
+        |l: &Listing| json!({"keys": l.keys, "pages": l.pages, "seconds": l.elapsed.as_secs_f64()});
+    let pair_json = |m: &Measurement| {
+        json!({
+            "rate": m.rate(),
+            "p50_us": m.percentile_us(50.0),
+            "p99_us": m.percentile_us(99.0),
+            "p999_us": m.percentile_us(99.9),
+            "client_cpu": m.client_cpu,
+            "server_cpu": m.server_cpu,
+            "other_cpu": m.other_cpu(),
+            "errors": m.tally.errors,
+        })
+    };
+    let figures = json!({
+        "page_size": PAGE_SIZE,
+        "all": listing_json(&all),
+        "prefix": prefix,
+        "prefix_expected": expected,
+        "prefix_listing": listing_json(&some),
+        "metrics_scrape": scrape.map(|(took, size)| json!({"seconds": took.as_secs_f64(), "bytes": size})),
+        "pair_without_listing": pair_json(&quiet),
+        "pair_while_listing": pair_json(&busy),
+        "listings_during_load": listings.iter().map(listing_json).collect::<Vec<_>>(),
+        "pages_during_load": pages,
+    });
+    Ok((text, figures))
 }
 
 #[cfg(test)]

@@ -10,28 +10,26 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use fusebox::proto::v1 as pb;
 use hdrhistogram::Histogram;
-use tonic::transport::Endpoint;
-
-pub(crate) use crate::client::Conn as Channel;
-use crate::client::Credentials;
-
-/// The credentials every connection of the tool sends (`--token`).
-static CREDENTIALS: std::sync::OnceLock<Credentials> = std::sync::OnceLock::new();
-
-/// Sets the credentials of the tool's connections, once, before any.
-pub(crate) fn set_credentials(credentials: Credentials) {
-    let _ = CREDENTIALS.set(credentials);
-}
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
-use super::spread::{KeyPicker, Spread};
-use super::target::{cpu_time, machine_busy_time, own_cpu_time};
+use crate::channel::{connect, Channel};
+use crate::numbers::median;
+use crate::spread::{KeyPicker, Spread};
+use crate::target::{cpu_time, machine_busy_time, own_cpu_time};
+use crate::throttlecrab;
 
 type Fusebox = pb::fusebox_client::FuseboxClient<Channel>;
+
+/// The client CPU share (of its threads) past which the load generator
+/// may itself be the bottleneck.
+pub(crate) const SATURATED: f64 = 0.90;
+
+/// CPU (in cores) used by other processes during a measurement past which
+/// its figures are called disturbed.
+pub(crate) const DISTURBED: f64 = 0.25;
 
 /// A caller that fails this many times in a row gives up (the server is
 /// gone or refuses everything; the errors are reported).
@@ -125,32 +123,6 @@ pub(crate) struct Load {
     pub(crate) rate: Option<f64>,
     /// Connections to a throttlecrab server, for the `throttlecrab` arm.
     pub(crate) throttlecrab: Vec<Channel>,
-}
-
-/// The client side of TLS for `https://` targets (`--tls-ca` and the
-/// other `--tls-*` flags), set once at start.
-pub(crate) static TLS: std::sync::OnceLock<tonic::transport::ClientTlsConfig> =
-    std::sync::OnceLock::new();
-
-/// A new HTTP/2 connection to `url`.
-pub(crate) async fn connect(url: &str) -> anyhow::Result<Channel> {
-    let mut endpoint =
-        Endpoint::from_shared(url.to_owned()).with_context(|| format!("{url}: not an address"))?;
-    if let (Some(tls), true) = (TLS.get(), url.starts_with("https://")) {
-        endpoint = endpoint
-            .tls_config(tls.clone())
-            .context("the TLS settings cannot be used")?;
-    }
-    endpoint
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .with_context(|| format!("cannot reach fusebox at {url}"))
-        .map(|channel| {
-            let credentials = CREDENTIALS.get().cloned().unwrap_or(Credentials::NONE);
-            tonic::service::interceptor::InterceptedService::new(channel, credentials)
-        })
 }
 
 impl Load {
@@ -696,7 +668,7 @@ impl Caller {
 
     /// The `throttlecrab` arm: one Throttle check per call.
     async fn throttlecrab(mut self, channel: Channel) -> Tally {
-        let mut client = super::throttlecrab::Client::new(channel);
+        let mut client = throttlecrab::Client::new(channel);
         let mut failures = 0;
         loop {
             let key = self.picker.next_key().to_owned();
@@ -777,4 +749,17 @@ pub(crate) fn percentile_us(h: &Histogram<u64>, p: f64) -> f64 {
     } else {
         h.value_at_quantile(p / 100.0) as f64 / 1_000.0
     }
+}
+
+/// The medians across runs of a measurement's rate and percentiles, and
+/// its errors in all.
+pub(crate) fn summary(ms: &[Measurement]) -> serde_json::Value {
+    let p = |q: f64| median(ms.iter().map(|m| m.percentile_us(q)).collect());
+    serde_json::json!({
+        "rate": median(ms.iter().map(Measurement::rate).collect()),
+        "p50_us": p(50.0),
+        "p99_us": p(99.0),
+        "p999_us": p(99.9),
+        "errors": ms.iter().map(|m| m.tally.errors).sum::<u64>(),
+    })
 }
