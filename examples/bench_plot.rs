@@ -1,10 +1,10 @@
-//! Draws the figures of a `fusebox bench --json FILE` run (the arms over
+//! Draws the figures of a `fusebox-bench --json FILE` run (the arms over
 //! the spreads) as a PNG: throughput per arm and spread as bars, with the
 //! ratio to the health baseline, and the latency percentiles (p50, p99,
 //! p999) on a log scale.
 //!
 //! ```sh
-//! fusebox bench --json bench.json
+//! fusebox-bench --json bench.json
 //! cargo run --example bench_plot -- bench.json docs/bench.png
 //! ```
 //!
@@ -45,7 +45,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(json)?)?;
     if doc["mode"] != "arms" {
         return Err(format!(
-            "{json}: bench_plot draws the arms of `fusebox bench` (no mode); this file is from mode {}",
+            "{json}: bench_plot draws the arms of `fusebox-bench` (no mode); this file is from mode {}",
             doc["mode"]
         )
         .into());
@@ -103,7 +103,7 @@ fn draw(doc: &Value, cells: &[Cell], png: &str) -> Result<(), Box<dyn Error>> {
     root.fill(&WHITE)?;
     let settings = &doc["settings"];
     let title = format!(
-        "fusebox bench — {} runs x {} ms, {} connections x {} in flight{}",
+        "fusebox-bench — {} runs x {} ms, {} connections x {} in flight{}",
         settings["runs"],
         settings["duration_ms"],
         settings["connections"],

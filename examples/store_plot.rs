@@ -1,8 +1,8 @@
 //! Draws what keeping state in Redis costs, from two runs of
 //! `scripts/bench-redis` on one Redis server, as a PNG: Redis's CPU per
-//! decision for each arm of `fusebox bench redis-cpu` (the floor, the
+//! decision for each arm of `fusebox-bench redis-cpu` (the floor, the
 //! module API's no-op, the module with 0, 32 and 1,000 live tickets, the
-//! Lua script), and the throughput of `fusebox bench beside` (a server on
+//! Lua script), and the throughput of `fusebox-bench beside` (a server on
 //! the store beside an embedded one), each with its ratio taken within
 //! the run.
 //!
@@ -76,7 +76,7 @@ fn number(v: &Value, k: &str) -> f64 {
 fn cpu_bars(doc: &Value) -> Result<Vec<Bar>, Box<dyn Error>> {
     let results = doc["figures"]["results"]
         .as_array()
-        .ok_or("REDIS-CPU.json: no figures.results (is it from `fusebox bench redis-cpu`?)")?;
+        .ok_or("REDIS-CPU.json: no figures.results (is it from `fusebox-bench redis-cpu`?)")?;
     let floor_of = |spread: &str| {
         results
             .iter()
@@ -118,7 +118,7 @@ fn cpu_bars(doc: &Value) -> Result<Vec<Bar>, Box<dyn Error>> {
 fn rate_bars(doc: &Value) -> Result<Vec<Bar>, Box<dyn Error>> {
     let results = doc["figures"]["results"]
         .as_array()
-        .ok_or("BESIDE.json: no figures.results (is it from `fusebox bench beside`?)")?;
+        .ok_or("BESIDE.json: no figures.results (is it from `fusebox-bench beside`?)")?;
     Ok(results
         .iter()
         .map(|r| {

@@ -1,5 +1,5 @@
 -- A consecutive-failures breaker with a concurrency limit, as one Redis
--- Lua script: the peer `fusebox bench redis-cpu` measures the fusebox
+-- Lua script: the peer `fusebox-bench redis-cpu` measures the fusebox
 -- Redis module against. It does the work of the module's
 --
 --   {"breaker":{"mode":"consecutive","failures":5,"break":30000},
