@@ -9,6 +9,10 @@
 //	})
 //	var blocked *fusebox.BlockedError
 //	if errors.As(err, &blocked) { retryLater(blocked.RetryAfter) }
+//
+// A guard pays one round trip to fusebox, its Acquire: the call's outcome
+// is reported in the background (see Flush), and Close reports what is
+// still queued before it closes.
 package fusebox
 
 import (
@@ -55,6 +59,9 @@ type Client struct {
 	stats    counters
 	backoff  outageBackoff
 	mux      *mux // the Decide stream, with TransportStream; nil otherwise
+	outcomes *outcomeQueue
+	closing  sync.Once
+	closeErr error
 }
 
 // Outage backoff: after fusebox was unavailable, guards do not ask it
@@ -111,6 +118,7 @@ type clientConfig struct {
 	cacheSize   int
 	now         func() time.Time
 	transport   Transport
+	queue       int
 }
 
 // Option configures a Client.
@@ -164,6 +172,13 @@ func WithClock(now func() time.Time) Option { return func(c *clientConfig) { c.n
 // TransportStream, frames of one Decide stream per client.
 func WithTransport(t Transport) Option { return func(c *clientConfig) { c.transport = t } }
 
+// WithOutcomeQueue bounds how many outcomes of guarded calls may wait to be
+// reported to fusebox (default DefaultOutcomeQueue, at least 1). While
+// fusebox is slow or unreachable the queue fills; an outcome past the
+// bound is dropped and counted in Stats.OutcomesDropped, and its ticket's
+// lease ends on the server.
+func WithOutcomeQueue(n int) Option { return func(c *clientConfig) { c.queue = n } }
+
 // TLSFromFiles builds a TLS configuration: caFile (PEM) is the roots to
 // trust (empty: the system's), certFile and keyFile a client certificate
 // for mutual TLS (both empty: none), serverName overrides the name checked
@@ -195,9 +210,12 @@ func TLSFromFiles(caFile, certFile, keyFile, serverName string) (*tls.Config, er
 // target). The connection is made lazily and re-made with backoff after a
 // failure; New does not wait for the server.
 func New(target string, opts ...Option) (*Client, error) {
-	cfg := clientConfig{logInterval: DefaultLogInterval, cacheSize: DefaultCacheSize}
+	cfg := clientConfig{logInterval: DefaultLogInterval, cacheSize: DefaultCacheSize, queue: DefaultOutcomeQueue}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	if cfg.queue < 1 {
+		return nil, fmt.Errorf("fusebox: WithOutcomeQueue(%d): the outcome queue must hold at least 1 outcome; leave the option out for the default of %d", cfg.queue, DefaultOutcomeQueue)
 	}
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
@@ -246,8 +264,9 @@ func New(target string, opts ...Option) (*Client, error) {
 	c.fusebox = pb.NewFuseboxClient(conn)
 	c.admin = pb.NewAdminClient(conn)
 	if cfg.transport == TransportStream {
-		c.mux = newMux(c.fusebox)
+		c.mux = newMux(c.fusebox, c.abandoned)
 	}
+	c.outcomes = newOutcomeQueue(cfg.queue, c.defaults.deadline, c.sendOutcomes, c.lostAtClose)
 	return c, nil
 }
 
@@ -273,8 +292,12 @@ func Shared(target string, opts ...Option) (*Client, error) {
 	return c, nil
 }
 
-// Close ends the client's Decide stream, if any, and closes the
-// connection (unless it was given with WithConn).
+// Close first reports the outcomes still queued (Flush) within the
+// client's deadline, at least 1 s; those it could not report in that time
+// are counted in Stats.CompleteFailures. Then it ends the client's Decide
+// stream, if any, and closes the connection (unless it was given with
+// WithConn). Outcomes of guards that end after Close are not reported.
+// Later calls of Close do nothing and return the first one's error.
 func (c *Client) Close() error {
 	sharedMu.Lock()
 	for t, s := range sharedClients {
@@ -283,13 +306,19 @@ func (c *Client) Close() error {
 		}
 	}
 	sharedMu.Unlock()
-	if c.mux != nil {
-		c.mux.close()
-	}
-	if c.ownsConn {
-		return c.conn.Close()
-	}
-	return nil
+	c.closing.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), c.outcomes.deadline)
+		_ = c.outcomes.flush(ctx) // what is left is counted by close
+		cancel()
+		c.outcomes.close()
+		if c.mux != nil {
+			c.mux.close()
+		}
+		if c.ownsConn {
+			c.closeErr = c.conn.Close()
+		}
+	})
+	return c.closeErr
 }
 
 // Conn is the client's connection, for the generated Admin and Clock stubs.
@@ -324,21 +353,6 @@ func (c *Client) acquire(ctx context.Context, req *pb.AcquireRequest) (*pb.Acqui
 		return nil, err
 	}
 	if resp := r.GetAcquire(); resp != nil {
-		return resp, nil
-	}
-	return nil, unexpected(r)
-}
-
-// completeCall is the Complete call, unary or as a frame of the Decide stream.
-func (c *Client) completeCall(ctx context.Context, req *pb.CompleteRequest) (*pb.CompleteResponse, error) {
-	if c.mux == nil {
-		return c.fusebox.Complete(ctx, req)
-	}
-	r, err := c.mux.call(ctx, &pb.DecideFrame{Request: &pb.DecideFrame_Complete{Complete: req}})
-	if err != nil {
-		return nil, err
-	}
-	if resp := r.GetComplete(); resp != nil {
 		return resp, nil
 	}
 	return nil, unexpected(r)

@@ -3,6 +3,7 @@ package fusebox
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -133,7 +134,9 @@ func AdmissionFrom(ctx context.Context) (Admission, bool) {
 // Guard asks fusebox before running call for key, runs it when admitted and
 // reports how it went: Success when it returns nil, the classifier's
 // outcome for an error (Failure by default), Ignored when ctx is cancelled.
-// A panic in call is reported as Failure and goes on.
+// A panic in call is reported as Failure and goes on. The outcome is
+// queued and reported in the background, so Guard returns as soon as call
+// does; Flush waits until fusebox has it.
 //
 // When fusebox answers no, Guard returns a *BlockedError, *RefusedError or
 // *DeniedError (all Refusal) without running call. When fusebox is down or
@@ -231,22 +234,19 @@ func isUnavailable(err error) bool {
 }
 
 // run makes the call under an admission, renews its lease in the
-// background, and reports the outcome.
+// background, and queues its outcome for the sender (outcomes.go): the
+// caller does not wait for fusebox to hear of it.
 func (c *Client) run(ctx context.Context, adm Admission, lease time.Duration, cfg guardConfig, call func(context.Context) error) (err error) {
 	if adm.Ticket == "" { // a status check: nothing to renew or report
 		return call(context.WithValue(ctx, admissionKey{}, adm))
 	}
-	stop := make(chan struct{})
-	renewDone := make(chan struct{})
+	var renewal *renewal
 	if cfg.renew && lease > 0 {
-		go c.renewLoop(adm.Ticket, lease, cfg, stop, renewDone)
-	} else {
-		close(renewDone)
+		renewal = c.startRenewal(adm.Ticket, lease, cfg)
 	}
 	finished := false
 	defer func() {
-		close(stop)
-		<-renewDone
+		renewal.stop() // before the outcome is queued
 		var outcome Outcome
 		switch {
 		case !finished: // call panicked
@@ -258,65 +258,108 @@ func (c *Client) run(ctx context.Context, adm Admission, lease time.Duration, cf
 		default:
 			outcome = cfg.classifier(err)
 		}
-		c.complete(ctx, adm, outcome, cfg)
+		c.report(adm.Key, adm.Ticket, outcome)
 	}()
 	err = call(context.WithValue(ctx, admissionKey{}, adm))
 	finished = true
 	return err
 }
 
-func (c *Client) complete(ctx context.Context, adm Admission, outcome Outcome, cfg guardConfig) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.deadline)
-	defer cancel()
-	_, err := c.completeCall(cctx, &pb.CompleteRequest{Ticket: adm.Ticket, Outcome: pb.Outcome(outcome)})
-	if err != nil {
-		c.stats.completeErrs.Add(1)
-		c.logs.warn("complete", "fusebox: could not report an outcome", "key", adm.Key, "outcome", outcome.String(), "err", err)
+// abandoned reports IGNORED for a ticket granted to an Acquire whose caller
+// had already given up (its answer came after it was withdrawn): nobody
+// runs a call under it, and its permits come back now rather than when its
+// lease ends.
+func (c *Client) abandoned(key, ticket string) {
+	c.report(key, ticket, Ignored)
+}
+
+// renewal renews one ticket's lease each time half of it has passed, from
+// a timer: no goroutine waits while the call runs, and stopping it never
+// waits on the network.
+type renewal struct {
+	c      *Client
+	ticket string
+	lease  time.Duration // the lease granted last
+	ask    time.Duration // the lease to ask for (0: the policy's)
+	within time.Duration // the deadline of one renewal
+
+	mu      sync.Mutex
+	stopped bool
+	cancel  context.CancelFunc // of the renewal in flight, if any
+	timer   *time.Timer
+}
+
+func (c *Client) startRenewal(ticket string, lease time.Duration, cfg guardConfig) *renewal {
+	r := &renewal{c: c, ticket: ticket, lease: lease, ask: cfg.lease, within: cfg.deadline}
+	r.mu.Lock() // the timer's first run waits until r.timer is set
+	r.timer = time.AfterFunc(lease/2, r.renew)
+	r.mu.Unlock()
+	return r
+}
+
+// stop ends the renewal: no renewal starts after it, and the one in
+// flight, if any, is cancelled and its answer ignored.
+func (r *renewal) stop() {
+	if r == nil {
 		return
 	}
-	c.stats.completed.Add(1)
+	r.mu.Lock()
+	r.stopped = true
+	r.timer.Stop()
+	if r.cancel != nil {
+		r.cancel()
+	}
+	r.mu.Unlock()
 }
 
-// renewLoop renews the ticket each time half its lease has passed, until
-// stop is closed or the ticket is gone.
-func (c *Client) renewLoop(ticket string, lease time.Duration, cfg guardConfig, stop <-chan struct{}, done chan<- struct{}) {
-	defer close(done)
-	timer := time.NewTimer(lease / 2)
-	defer timer.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-timer.C:
+// renew sends one renewal and sets the timer for the next, unless the
+// ticket is gone or the renewal was stopped meanwhile.
+func (r *renewal) renew() {
+	r.mu.Lock()
+	if r.stopped {
+		r.mu.Unlock()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.within)
+	r.cancel = cancel
+	r.mu.Unlock()
+
+	req := &pb.RenewRequest{Ticket: r.ticket}
+	if r.ask > 0 {
+		req.Lease = durationpb.New(r.ask)
+	}
+	resp, err := r.c.renew(ctx, req)
+	cancel()
+
+	r.mu.Lock()
+	r.cancel = nil
+	if r.stopped { // the call ended: this answer no longer matters
+		r.mu.Unlock()
+		return
+	}
+	next := r.lease / 2
+	if err != nil {
+		r.c.stats.renewErrors.Add(1)
+		r.c.logs.warn("renew", "fusebox: could not renew a lease", "err", err)
+		next = r.lease / 4 // try again before the lease ends
+	} else {
+		r.c.stats.renewals.Add(1)
+		if l := resp.GetLease().AsDuration(); l > 0 {
+			r.lease = l
+			next = l / 2
 		}
-		req := &pb.RenewRequest{Ticket: ticket}
-		if cfg.lease > 0 {
-			req.Lease = durationpb.New(cfg.lease)
-		}
-		rctx, cancel := context.WithTimeout(context.Background(), cfg.deadline)
-		resp, err := c.renew(rctx, req)
-		cancel()
-		next := lease / 2
-		if err != nil {
-			c.stats.renewErrors.Add(1)
-			c.logs.warn("renew", "fusebox: could not renew a lease", "err", err)
-			if status.Code(err) == codes.NotFound {
-				return // completed, expired or stale: nothing left to renew
-			}
-			next = lease / 4 // try again before the lease ends
-		} else {
-			c.stats.renewals.Add(1)
-			if l := resp.GetLease().AsDuration(); l > 0 {
-				lease = l
-				next = l / 2
-			}
-		}
-		if renewHook != nil {
-			renewHook(ticket, err)
-		}
-		timer.Reset(next)
+	}
+	// NOT_FOUND: completed, expired or stale: nothing left to renew.
+	if status.Code(err) != codes.NotFound {
+		r.timer.Reset(next)
+	}
+	hook := renewHook // read before the call can end and a test unset it
+	r.mu.Unlock()
+	if hook != nil {
+		hook(r.ticket, err)
 	}
 }
 
-// renewHook, when set (by tests), is told of every renewal attempt.
+// renewHook, when set (by tests), is told of every renewal answered while
+// its call still runs.
 var renewHook func(ticket string, err error)

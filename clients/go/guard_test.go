@@ -32,6 +32,16 @@ func newClient(t *testing.T, s *server, opts ...Option) *Client {
 func ok(context.Context) error   { return nil }
 func fail(context.Context) error { return errBoom }
 
+// flush waits until fusebox has the outcomes of the guards that returned.
+func flush(t *testing.T, c *Client) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Flush(ctx); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+}
+
 func TestSuccessAndFailureAreReported(t *testing.T) {
 	s := startServer(t)
 	s.setPolicy("k", breaker(5, 10*time.Second))
@@ -43,6 +53,7 @@ func TestSuccessAndFailureAreReported(t *testing.T) {
 	if err := c.Guard(ctx, "k", fail); err != errBoom {
 		t.Fatalf("want the call's own error, got %v", err)
 	}
+	flush(t, c)
 	st := s.key("k").GetStats()
 	if st.GetSuccesses() != 1 || st.GetFailures() != 1 {
 		t.Fatalf("server saw %v", st)
@@ -57,6 +68,7 @@ func TestBreakerTripsThenLocalShortCircuitThenProbe(t *testing.T) {
 	ctx := context.Background()
 	c.Guard(ctx, "k", fail)
 	c.Guard(ctx, "k", fail)
+	flush(t, c) // the next Acquire must find the breaker tripped
 
 	var blocked *BlockedError
 	err := c.Guard(ctx, "k", ok)
@@ -86,6 +98,7 @@ func TestBreakerTripsThenLocalShortCircuitThenProbe(t *testing.T) {
 	if err != nil || !probed {
 		t.Fatalf("want the probe to run, got %v (probe %v)", err, probed)
 	}
+	flush(t, c)
 	if ph := s.key("k").GetPhase().String(); ph != "PHASE_CLOSED" {
 		t.Fatalf("after a good probe the breaker is %s", ph)
 	}
@@ -137,6 +150,7 @@ func TestCancelledCallIsIgnored(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
 	}
+	flush(t, c)
 	st := s.key("k")
 	if st.GetStats().GetIgnored() != 1 || st.GetPhase().String() != "PHASE_CLOSED" {
 		t.Fatalf("server saw %v", st)
@@ -151,6 +165,7 @@ func TestClassifierIsReplaceable(t *testing.T) {
 	if err != errBoom {
 		t.Fatal(err)
 	}
+	flush(t, c)
 	if st := s.key("k"); st.GetStats().GetIgnored() != 1 || st.GetPhase().String() != "PHASE_CLOSED" {
 		t.Fatalf("server saw %v", st)
 	}
@@ -164,6 +179,7 @@ func TestPanicIsAFailure(t *testing.T) {
 		defer func() { recover() }()
 		c.Guard(context.Background(), "k", func(context.Context) error { panic("x") })
 	}()
+	flush(t, c)
 	if n := s.key("k").GetStats().GetFailures(); n != 1 {
 		t.Fatalf("failures %d", n)
 	}
@@ -187,6 +203,7 @@ func TestLeaseIsRenewedInTheBackground(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	flush(t, c)
 	if st := c.Stats(); st.Renewals < 2 || st.Completed != 1 {
 		t.Fatalf("stats %+v", st)
 	}

@@ -2,12 +2,15 @@ package fusebox
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -76,6 +79,48 @@ func (s *server) stop() {
 		s.cmd.Process.Kill()
 		s.cmd.Wait()
 	})
+}
+
+// pause stops the server process (SIGSTOP) and returns once every one of
+// its threads has stopped: its sockets stay open, so calls to it are sent
+// and wait, but nothing is answered until resume. A test that ends while
+// it is paused resumes it first, so that its clients close at once.
+func (s *server) pause() {
+	s.t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() { s.cmd.Process.Signal(syscall.SIGCONT) })
+	waitFor(s.t, "the server stopped", s.stopped)
+}
+
+// stopped reports whether every thread of the server is stopped, as
+// /proc/PID/task/*/stat says (state T).
+func (s *server) stopped() bool {
+	stats, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", s.cmd.Process.Pid))
+	if len(stats) == 0 {
+		s.t.Fatal("cannot read the server's threads from /proc")
+	}
+	for _, f := range stats {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			continue // a thread that just ended
+		}
+		// The state follows the command name, which is in parentheses.
+		rest := string(raw[bytes.LastIndexByte(raw, ')')+1:])
+		if fields := strings.Fields(rest); len(fields) == 0 || (fields[0] != "T" && fields[0] != "t") {
+			return false
+		}
+	}
+	return true
+}
+
+// resume lets a paused server go on (SIGCONT).
+func (s *server) resume() {
+	s.t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		s.t.Fatal(err)
+	}
 }
 
 func (s *server) setPolicy(match string, p *pb.Policy) {

@@ -20,14 +20,21 @@ type Stats struct {
 	FailedClosed uint64 // of which the call was not run (UnavailableError)
 	Renewals     uint64 // leases renewed
 	RenewErrors  uint64 // renewals that failed
-	Completed    uint64 // outcomes reported
-	CompleteErrs uint64 // outcomes that could not be reported
+	Completed    uint64 // outcomes fusebox accepted
+	// CompleteFailures counts outcomes not reported: their send failed,
+	// fusebox answered them with an error (an unknown or already completed
+	// ticket), or the client was closed before they could be sent. Their
+	// tickets' leases end on the server.
+	CompleteFailures uint64
+	// OutcomesDropped counts outcomes dropped because the outcome queue
+	// was full (WithOutcomeQueue); their tickets' leases end on the server.
+	OutcomesDropped uint64
 }
 
 type counters struct {
 	granted, probes, blocked, blockedLocal, refused, denied      atomic.Uint64
 	unavailable, failedOpen, failedClosed, renewals, renewErrors atomic.Uint64
-	completed, completeErrs                                      atomic.Uint64
+	completed, completeFailures, outcomesDropped                 atomic.Uint64
 }
 
 func (c *counters) snapshot() Stats {
@@ -37,7 +44,7 @@ func (c *counters) snapshot() Stats {
 		Unavailable: c.unavailable.Load(), FailedOpen: c.failedOpen.Load(),
 		FailedClosed: c.failedClosed.Load(), Renewals: c.renewals.Load(),
 		RenewErrors: c.renewErrors.Load(), Completed: c.completed.Load(),
-		CompleteErrs: c.completeErrs.Load(),
+		CompleteFailures: c.completeFailures.Load(), OutcomesDropped: c.outcomesDropped.Load(),
 	}
 }
 

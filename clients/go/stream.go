@@ -5,12 +5,15 @@ package fusebox
 // ready together go out in one message, and each answer is handed to its
 // caller by id. The stream is opened on the first call and again after it
 // ends (the calls in flight on it fail UNAVAILABLE, as a broken unary call
-// would).
+// would). The outcome sender's complete frames go together in one message
+// (callTogether); the late grant of an Acquire already given up is handed
+// back (onAbandoned) so that its ticket is completed IGNORED.
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -43,8 +46,8 @@ func (t Transport) String() string {
 }
 
 const (
-	// streamQueue is how many frames may wait for the stream at most (a
-	// caller past it waits).
+	// streamQueue is how many parts (a frame, or the frames of one send of
+	// outcomes) may wait for the stream at most (a caller past it waits).
 	streamQueue = 10_000
 	// framesPerMessage is the most frames sent in one message (the
 	// server's limit).
@@ -55,6 +58,13 @@ const (
 type mux struct {
 	fusebox pb.FuseboxClient
 	nextID  atomic.Uint64
+	// onAbandoned is given the key and ticket of a grant that came after
+	// its Acquire was given up.
+	onAbandoned func(key, ticket string)
+
+	// framesSent counts the frames written to the client's streams (tests
+	// read it to know a frame went out before the next).
+	framesSent atomic.Uint64
 
 	mu     sync.Mutex
 	cur    *decideStream // nil until opened; replaced once ended
@@ -63,16 +73,24 @@ type mux struct {
 
 // decideStream is one open Decide stream.
 type decideStream struct {
-	frames chan *pb.DecideFrame
-	done   chan struct{} // closed when the stream has ended
-	cancel context.CancelFunc
+	// parts to send; the frames of one part go out in one message.
+	parts       chan []*pb.DecideFrame
+	done        chan struct{} // closed when the stream has ended
+	cancel      context.CancelFunc
+	onAbandoned func(key, ticket string)
+	framesSent  *atomic.Uint64
 
 	mu      sync.Mutex
 	ended   bool
 	pending map[uint64]chan *pb.DecideResult
+	// abandoned holds the ids of Acquires given up, by key, until their
+	// answer comes: CANCELLED, or a grant made before the cancel.
+	abandoned map[uint64]string
 }
 
-func newMux(fusebox pb.FuseboxClient) *mux { return &mux{fusebox: fusebox} }
+func newMux(fusebox pb.FuseboxClient, onAbandoned func(key, ticket string)) *mux {
+	return &mux{fusebox: fusebox, onAbandoned: onAbandoned}
+}
 
 // stream returns the open stream, opening one if need be within ctx.
 func (m *mux) stream(ctx context.Context) (*decideStream, error) {
@@ -105,10 +123,13 @@ func (m *mux) stream(ctx context.Context) (*decideStream, error) {
 		return nil, err
 	}
 	s := &decideStream{
-		frames:  make(chan *pb.DecideFrame, streamQueue),
-		done:    make(chan struct{}),
-		cancel:  cancel,
-		pending: map[uint64]chan *pb.DecideResult{},
+		parts:       make(chan []*pb.DecideFrame, streamQueue),
+		done:        make(chan struct{}),
+		cancel:      cancel,
+		onAbandoned: m.onAbandoned,
+		framesSent:  &m.framesSent,
+		pending:     map[uint64]chan *pb.DecideResult{},
+		abandoned:   map[uint64]string{},
 	}
 	go s.send(stream)
 	go s.receive(stream)
@@ -127,22 +148,32 @@ func (m *mux) close() {
 	}
 }
 
-// send puts the frames ready together into one message.
+// send puts the frames ready together into one message, never splitting a
+// part: a part that does not fit goes first in the next message.
 func (s *decideStream) send(stream pb.Fusebox_DecideClient) {
 	defer s.end()
+	var next []*pb.DecideFrame
 	for {
-		var first *pb.DecideFrame
-		select {
-		case first = <-s.frames:
-		case <-s.done:
-			return
+		batch := next
+		next = nil
+		if batch == nil {
+			select {
+			case batch = <-s.parts:
+			case <-s.done:
+				return
+			}
 		}
-		batch := []*pb.DecideFrame{first}
+		// Appending must not write into the backing array of the part's caller.
+		batch = slices.Clip(batch)
 	more:
 		for len(batch) < framesPerMessage {
 			select {
-			case f := <-s.frames:
-				batch = append(batch, f)
+			case part := <-s.parts:
+				if len(batch)+len(part) > framesPerMessage {
+					next = part
+					break more
+				}
+				batch = append(batch, part...)
 			default:
 				break more
 			}
@@ -150,6 +181,7 @@ func (s *decideStream) send(stream pb.Fusebox_DecideClient) {
 		if err := stream.Send(&pb.DecideRequest{Frames: batch}); err != nil {
 			return
 		}
+		s.framesSent.Add(uint64(len(batch)))
 	}
 }
 
@@ -161,15 +193,35 @@ func (s *decideStream) receive(stream pb.Fusebox_DecideClient) {
 		if err != nil {
 			return
 		}
+		var late []abandonedGrant
 		s.mu.Lock()
 		for _, r := range msg.GetResults() {
-			if ch, ok := s.pending[r.GetId()]; ok {
-				delete(s.pending, r.GetId())
+			id := r.GetId()
+			if ch, ok := s.pending[id]; ok {
+				delete(s.pending, id)
 				ch <- r
+			} else if key, ok := s.abandoned[id]; ok {
+				delete(s.abandoned, id)
+				if ticket := grantedTicket(r); ticket != "" {
+					late = append(late, abandonedGrant{key, ticket})
+				}
 			}
 		}
 		s.mu.Unlock()
+		for _, g := range late {
+			s.onAbandoned(g.key, g.ticket)
+		}
 	}
+}
+
+type abandonedGrant struct{ key, ticket string }
+
+// grantedTicket is the ticket an Acquire's answer granted, if any.
+func grantedTicket(r *pb.DecideResult) string {
+	if r == nil {
+		return ""
+	}
+	return r.GetAcquire().GetTicket()
 }
 
 // end closes the stream once; the callers still waiting get UNAVAILABLE.
@@ -182,29 +234,57 @@ func (s *decideStream) end() {
 	s.ended = true
 	close(s.done)
 	s.cancel()
+	// The frames of one send share a channel: close each channel once.
+	closed := make(map[chan *pb.DecideResult]bool, len(s.pending))
 	for id, ch := range s.pending {
 		delete(s.pending, id)
-		close(ch)
+		if !closed[ch] {
+			closed[ch] = true
+			close(ch)
+		}
 	}
+	clear(s.abandoned)
 }
 
-// register makes id's answer go to the returned channel (closed if the
-// stream ends first).
-func (s *decideStream) register(id uint64) (chan *pb.DecideResult, bool) {
+// register makes the answers of frames go to ch, which must have room
+// for them all (it is closed if the stream ends first).
+func (s *decideStream) register(frames []*pb.DecideFrame, ch chan *pb.DecideResult) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ended {
-		return nil, false
+		return false
 	}
-	ch := make(chan *pb.DecideResult, 1)
-	s.pending[id] = ch
-	return ch, true
+	for _, f := range frames {
+		s.pending[f.GetId()] = ch
+	}
+	return true
 }
 
-func (s *decideStream) forget(id uint64) {
+func (s *decideStream) forget(frames []*pb.DecideFrame) {
 	s.mu.Lock()
-	delete(s.pending, id)
+	for _, f := range frames {
+		delete(s.pending, f.GetId())
+	}
 	s.mu.Unlock()
+}
+
+// abandon gives up the Acquire of frame id for key: a grant answered later
+// is handed to onAbandoned. It returns the answer already delivered to
+// answer, if there is one.
+func (s *decideStream) abandon(id uint64, key string, answer chan *pb.DecideResult) *pb.DecideResult {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, waiting := s.pending[id]; waiting {
+		delete(s.pending, id)
+		s.abandoned[id] = key
+		return nil
+	}
+	select {
+	case r := <-answer: // nil when the stream ended
+		return r
+	default:
+		return nil
+	}
 }
 
 var errStreamEnded = status.Error(codes.Unavailable, "fusebox: the Decide stream ended before fusebox answered")
@@ -213,22 +293,26 @@ var errStreamEnded = status.Error(codes.Unavailable, "fusebox: the Decide stream
 // its answer until ctx is done; a waiting Acquire given up is withdrawn
 // with a cancel frame of its id.
 func (m *mux) call(ctx context.Context, frame *pb.DecideFrame) (*pb.DecideResult, error) {
+	if err := ctx.Err(); err != nil { // given up already: send nothing
+		return nil, statusOf(err)
+	}
 	s, err := m.stream(ctx)
 	if err != nil {
 		return nil, err
 	}
 	id := m.nextID.Add(1)
 	frame.Id = id
-	answer, ok := s.register(id)
-	if !ok {
+	part := []*pb.DecideFrame{frame}
+	answer := make(chan *pb.DecideResult, 1)
+	if !s.register(part, answer) {
 		return nil, errStreamEnded
 	}
 	select {
-	case s.frames <- frame:
+	case s.parts <- part:
 	case <-s.done:
 		return nil, errStreamEnded
 	case <-ctx.Done():
-		s.forget(id)
+		s.forget(part)
 		return nil, statusOf(ctx.Err())
 	}
 	select {
@@ -241,15 +325,62 @@ func (m *mux) call(ctx context.Context, frame *pb.DecideFrame) (*pb.DecideResult
 		}
 		return r, nil
 	case <-ctx.Done():
-		s.forget(id)
-		if frame.GetAcquire() != nil {
-			select {
-			case s.frames <- &pb.DecideFrame{Id: id, Request: &pb.DecideFrame_Cancel{Cancel: &pb.CancelRequest{}}}:
-			default:
-			}
+		acquire := frame.GetAcquire()
+		if acquire == nil {
+			s.forget(part)
+			return nil, statusOf(ctx.Err())
+		}
+		if ticket := grantedTicket(s.abandon(id, acquire.GetKey(), answer)); ticket != "" {
+			s.onAbandoned(acquire.GetKey(), ticket)
+		}
+		select {
+		case s.parts <- []*pb.DecideFrame{{Id: id, Request: &pb.DecideFrame_Cancel{Cancel: &pb.CancelRequest{}}}}:
+		default:
 		}
 		return nil, statusOf(ctx.Err())
 	}
+}
+
+// callTogether sends frames (their requests set) in one message and waits
+// for every answer until ctx is done or the stream ends. results[i] is
+// frames[i]'s answer (an error answer included), nil when none came; err
+// says why some did not.
+func (m *mux) callTogether(ctx context.Context, frames []*pb.DecideFrame) (results []*pb.DecideResult, err error) {
+	s, err := m.stream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	index := make(map[uint64]int, len(frames))
+	for i, f := range frames {
+		f.Id = m.nextID.Add(1)
+		index[f.Id] = i
+	}
+	answers := make(chan *pb.DecideResult, len(frames))
+	if !s.register(frames, answers) {
+		return nil, errStreamEnded
+	}
+	select {
+	case s.parts <- frames:
+	case <-s.done:
+		return nil, errStreamEnded
+	case <-ctx.Done():
+		s.forget(frames)
+		return nil, statusOf(ctx.Err())
+	}
+	results = make([]*pb.DecideResult, len(frames))
+	for range frames {
+		select {
+		case r, ok := <-answers:
+			if !ok {
+				return results, errStreamEnded
+			}
+			results[index[r.GetId()]] = r
+		case <-ctx.Done():
+			s.forget(frames)
+			return results, statusOf(ctx.Err())
+		}
+	}
+	return results, nil
 }
 
 // statusOf turns a context error into the status a unary call would have

@@ -56,6 +56,7 @@ func TestStreamTransportSendsEveryCallOnOneDecideStream(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	flush(t, c)
 	st := s.key("k").GetStats()
 	if st.GetSuccesses() != 30 || st.GetFailures() != 10 {
 		t.Fatalf("server saw %v", st)
@@ -139,7 +140,12 @@ func TestStreamEndFailsCallsInFlightUnavailableThenReopens(t *testing.T) {
 	p.Limiter.QueueLimit = 1
 	s.setPolicy("k", p)
 	var n callCounter
-	c := newClient(t, s, WithTransport(TransportStream), n.options())
+	// The outage backoff reads this clock: the test moves it past the
+	// window instead of waiting for it.
+	var elapsed atomic.Int64
+	start := time.Unix(1_000_000, 0)
+	clock := func() time.Time { return start.Add(time.Duration(elapsed.Load())) }
+	c := newClient(t, s, WithTransport(TransportStream), n.options(), WithClock(clock))
 	release := make(chan struct{})
 	running := make(chan struct{})
 	held := make(chan error, 1)
@@ -170,10 +176,11 @@ func TestStreamEndFailsCallsInFlightUnavailableThenReopens(t *testing.T) {
 	if err := <-held; err != nil { // its Complete opens the next stream
 		t.Fatal(err)
 	}
+	flush(t, c)
 	if got := s.key("k").GetStats().GetSuccesses(); got != 1 {
 		t.Fatalf("%d successes, want 1 (the holder's Complete goes on a new stream)", got)
 	}
-	time.Sleep(2 * initialBackoff) // the outage backoff
+	elapsed.Add(int64(initialBackoff)) // past the outage backoff
 	if err := c.Guard(context.Background(), "other", ok); err != nil {
 		t.Fatal(err)
 	}

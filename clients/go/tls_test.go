@@ -67,6 +67,7 @@ func TestTLS(t *testing.T) {
 	if err := c.Guard(context.Background(), "k", ok, Deadline(2*time.Second)); err != nil {
 		t.Fatal(err)
 	}
+	flush(t, c)
 	if st := c.Stats(); st.Granted != 1 || st.Completed != 1 {
 		t.Fatalf("stats %+v", st)
 	}

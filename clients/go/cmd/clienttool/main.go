@@ -6,9 +6,12 @@
 //
 // worker reads JSON-lines commands (guard, release, forget) on standard
 // input and writes JSON-lines events (ready, running, done, forgotten,
-// error) on standard output. bench times the raw stub calls (Acquire then
-// Complete) against a guarded no-op on the same connection and writes one
-// line of medians and p99s. Logs go to standard error.
+// error) on standard output, and closes its client (which reports the
+// outcomes still queued) at the end of its input. bench times the raw
+// stub's Acquire against a guarded no-op (whose outcome is reported in the
+// background) on the same connection, checks that every outcome reached
+// fusebox, and writes one line of medians, p99s and outcome counts. Logs
+// go to standard error.
 package main
 
 import (
@@ -77,6 +80,11 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		out, _ := json.Marshal(line)
 		fmt.Fprintf(stdout, "%s\n", out)
+		if line.Outcomes.Lost > 0 {
+			fmt.Fprintf(stderr, "clienttool bench: %d of %d outcomes did not reach fusebox (%d dropped by the outcome queue, %d failed to send)\n",
+				line.Outcomes.Lost, line.Outcomes.Expected, line.Outcomes.Dropped, line.Outcomes.Failed)
+			return 1
+		}
 		return 0
 	}
 	fmt.Fprint(stderr, usage)
@@ -312,7 +320,10 @@ func worker(target, token string, stdin io.Reader, stdout io.Writer) int {
 		}
 	}
 	wg.Wait()
-	c.Close()
+	// Close reports the outcomes still queued before the process exits.
+	if err := c.Close(); err != nil {
+		fmt.Fprintf(os.Stderr, "clienttool worker: closing the client: %v\n", err)
+	}
 	return 0
 }
 
@@ -342,10 +353,20 @@ type summary struct {
 }
 
 type benchLine struct {
-	Lang       string  `json:"lang"`
-	Iterations int     `json:"iterations"`
-	RawUs      summary `json:"raw_us"`
-	GuardUs    summary `json:"guard_us"`
+	Lang       string   `json:"lang"`
+	Iterations int      `json:"iterations"`
+	RawUs      summary  `json:"raw_us"`
+	GuardUs    summary  `json:"guard_us"`
+	Outcomes   outcomes `json:"outcomes"`
+}
+
+// outcomes says whether every unit's outcome reached fusebox.
+type outcomes struct {
+	Expected uint64 `json:"expected"` // every raw and guard unit's, warm-up included
+	Reached  uint64 `json:"reached"`  // how much the key's successes grew
+	Lost     uint64 `json:"lost"`     // expected minus reached
+	Dropped  uint64 `json:"dropped"`  // the client's Stats.OutcomesDropped
+	Failed   uint64 `json:"failed"`   // the client's Stats.CompleteFailures
 }
 
 // quantile is the sample at q (nearest rank) of sorted samples, in µs
@@ -362,6 +383,10 @@ func summarize(samples []time.Duration) summary {
 	return summary{Median: quantile(samples, 0.5), P99: quantile(samples, 0.99)}
 }
 
+// flushWithin bounds the final flush: every outcome's send has a deadline
+// of its own, so this is only a guard against a server that stopped.
+const flushWithin = time.Minute
+
 func bench(target, token, key string, iterations int) (benchLine, error) {
 	if iterations < 1 {
 		return benchLine{}, errors.New("--iterations must be at least 1")
@@ -374,10 +399,24 @@ func bench(target, token, key string, iterations int) (benchLine, error) {
 	// The raw stub on the guard's own connection (which carries the token).
 	raw := pb.NewFuseboxClient(c.Conn())
 	ctx := context.Background()
+	successes := func() (uint64, error) {
+		state, err := c.Admin().GetKey(ctx, &pb.GetKeyRequest{Key: key})
+		if err != nil {
+			return 0, fmt.Errorf("Admin.GetKey(%s): %w", key, err)
+		}
+		return state.GetStats().GetSuccesses(), nil
+	}
+	before, err := successes()
+	if err != nil {
+		return benchLine{}, err
+	}
 	noop := func(context.Context) error { return nil }
+	// One round trip, timed; its Complete is awaited so that it does not
+	// overlap the next unit, but not timed.
 	rawUnit := func() (time.Duration, error) {
 		start := time.Now()
 		resp, err := raw.Acquire(ctx, &pb.AcquireRequest{Key: key})
+		took := time.Since(start)
 		if err != nil {
 			return 0, fmt.Errorf("Acquire: %w", err)
 		}
@@ -387,8 +426,10 @@ func bench(target, token, key string, iterations int) (benchLine, error) {
 		if _, err := raw.Complete(ctx, &pb.CompleteRequest{Ticket: resp.GetTicket(), Outcome: pb.Outcome_OUTCOME_SUCCESS}); err != nil {
 			return 0, fmt.Errorf("Complete: %w", err)
 		}
-		return time.Since(start), nil
+		return took, nil
 	}
+	// The guard's outcome is reported in the background: nothing is
+	// flushed between rounds.
 	guardUnit := func() (time.Duration, error) {
 		start := time.Now()
 		if err := c.Guard(ctx, key, noop); err != nil {
@@ -420,5 +461,25 @@ func bench(target, token, key string, iterations int) (benchLine, error) {
 	if n := c.Stats().Unavailable; n > 0 {
 		return benchLine{}, fmt.Errorf("fusebox was unavailable to the guard %d times: its timings would not be a guard's", n)
 	}
-	return benchLine{Lang: "go", Iterations: iterations, RawUs: summarize(rawUs), GuardUs: summarize(guardUs)}, nil
+	fctx, cancel := context.WithTimeout(ctx, flushWithin)
+	err = c.Flush(fctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "clienttool bench: the guards' outcomes were not all reported within %v: %v\n", flushWithin, err)
+	}
+	after, err := successes()
+	if err != nil {
+		return benchLine{}, err
+	}
+	st := c.Stats()
+	o := outcomes{
+		Expected: 2 * uint64(warmup+iterations),
+		Reached:  after - before,
+		Dropped:  st.OutcomesDropped,
+		Failed:   st.CompleteFailures,
+	}
+	if o.Reached < o.Expected {
+		o.Lost = o.Expected - o.Reached
+	}
+	return benchLine{Lang: "go", Iterations: iterations, RawUs: summarize(rawUs), GuardUs: summarize(guardUs), Outcomes: o}, nil
 }

@@ -207,6 +207,18 @@ func (w *workerProc) exitCode() int {
 	return w.cmd.ProcessState.ExitCode()
 }
 
+// adminOf is the Admin service of the server at addr, on a connection of
+// its own.
+func adminOf(t *testing.T, addr string) pb.AdminClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return pb.NewAdminClient(conn)
+}
+
 func TestWorkerProtocol(t *testing.T) {
 	addr := startServer(t, config)
 	w := startWorker(t, addr)
@@ -237,6 +249,18 @@ func TestWorkerProtocol(t *testing.T) {
 	w.done("g7", `{"ran":true,"refusal":null,"error":false}`)
 	if code := w.exitCode(); code != 0 {
 		t.Fatalf("exit code %d at the end of the input, want 0", code)
+	}
+	// It closed its client, which reported every outcome before the exit:
+	// one read, no waiting.
+	admin := adminOf(t, addr)
+	for key, successes := range map[string]uint64{"other/a": 2, "other/b": 1} {
+		state, err := admin.GetKey(context.Background(), &pb.GetKeyRequest{Key: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if state.GetStats().GetSuccesses() != successes || state.GetLiveTickets() != 0 {
+			t.Fatalf("%s: %v, want %d successes and no live ticket", key, state, successes)
+		}
 	}
 
 	// A command it cannot read: an error event, exit 1.
@@ -271,6 +295,7 @@ func TestBench(t *testing.T) {
 		Iterations int
 		RawUs      map[string]float64 `json:"raw_us"`
 		GuardUs    map[string]float64 `json:"guard_us"`
+		Outcomes   map[string]uint64  `json:"outcomes"`
 	}
 	dec := json.NewDecoder(strings.NewReader(lines[0]))
 	dec.DisallowUnknownFields()
@@ -286,16 +311,15 @@ func TestBench(t *testing.T) {
 		}
 	}
 	// Every round's two Acquires were granted and completed: 2 × 55.
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	want := map[string]uint64{"expected": 110, "reached": 110, "lost": 0, "dropped": 0, "failed": 0}
+	if !reflect.DeepEqual(line.Outcomes, want) {
+		t.Fatalf("outcomes %v, want %v", line.Outcomes, want)
+	}
+	state, err := adminOf(t, addr).GetKey(context.Background(), &pb.GetKeyRequest{Key: "bench/tool"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	state, err := pb.NewAdminClient(conn).GetKey(context.Background(), &pb.GetKeyRequest{Key: "bench/tool"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s := state.GetStats(); s.GetGranted() != 110 || s.GetSuccesses() != 110 {
-		t.Fatalf("granted %d, successes %d, want 110 each", s.GetGranted(), s.GetSuccesses())
+	if s := state.GetStats(); s.GetGranted() != 110 || s.GetSuccesses() != 110 || state.GetLiveTickets() != 0 {
+		t.Fatalf("granted %d, successes %d, live tickets %d, want 110, 110, 0", s.GetGranted(), s.GetSuccesses(), state.GetLiveTickets())
 	}
 }
