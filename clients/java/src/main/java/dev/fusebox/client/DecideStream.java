@@ -5,7 +5,6 @@ import dev.fusebox.v1.AcquireRequest;
 import dev.fusebox.v1.AcquireResponse;
 import dev.fusebox.v1.CancelRequest;
 import dev.fusebox.v1.CompleteRequest;
-import dev.fusebox.v1.CompleteResponse;
 import dev.fusebox.v1.DecideFrame;
 import dev.fusebox.v1.DecideRequest;
 import dev.fusebox.v1.DecideResponse;
@@ -21,6 +20,7 @@ import io.grpc.StatusRuntimeException;
 import io.grpc.stub.ClientCalls;
 import io.grpc.stub.StreamObserver;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CancellationException;
@@ -31,6 +31,7 @@ import java.util.concurrent.Executor;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.Function;
 
@@ -63,13 +64,77 @@ final class DecideStream {
         executor);
   }
 
-  CompletableFuture<CompleteResponse> complete(CompleteRequest req, long deadlineNanos, Executor executor) {
-    return call(
-        DecideFrame.newBuilder().setComplete(req),
-        false,
-        r -> r.getResultCase() == DecideResult.ResultCase.COMPLETE ? r.getComplete() : null,
-        deadlineNanos,
-        executor);
+  /**
+   * Sends {@code reqs} (at most {@value #FRAMES_PER_MESSAGE}) as complete frames together in one
+   * message. The future ends when every frame has its answer, its deadline passed or the stream
+   * ended: per request, null when it was answered, else why it was not. It is
+   * completed on the thread that handled the last answer (the stream's callback, the deadline's
+   * timer), so its dependent stages must not block.
+   */
+  CompletableFuture<List<OutcomeQueue.Failed>> completeAll(List<CompleteRequest> reqs, long deadlineNanos) {
+    int n = reqs.size();
+    if (n == 0 || n > FRAMES_PER_MESSAGE) {
+      throw new IllegalArgumentException("complete frames in one message: 1 to " + FRAMES_PER_MESSAGE + ", not " + n);
+    }
+    OutcomeQueue.Failed[] errors = new OutcomeQueue.Failed[n];
+    AtomicInteger left = new AtomicInteger(n);
+    CompletableFuture<List<OutcomeQueue.Failed>> future = new CompletableFuture<>();
+    Open o = stream();
+    long first = nextId.getAndAdd(n);
+    Waiter[] waiters = new Waiter[n];
+    List<DecideFrame> frames = new ArrayList<>(n);
+    for (int i = 0; i < n; i++) {
+      int at = i;
+      Runnable counted =
+          () -> {
+            if (left.decrementAndGet() == 0) {
+              future.complete(Arrays.asList(errors));
+            }
+          };
+      waiters[i] =
+          new Waiter(
+              result -> {
+                if (result.getResultCase() == DecideResult.ResultCase.ERROR) {
+                  errors[at] = new OutcomeQueue.Failed(statusOf(result.getError()), true);
+                } else if (result.getResultCase() != DecideResult.ResultCase.COMPLETE) {
+                  errors[at] =
+                      new OutcomeQueue.Failed(
+                          Status.INTERNAL.withDescription(
+                              "fusebox answered a complete frame with " + result.getResultCase()),
+                          true);
+                }
+                counted.run();
+                return null;
+              },
+              e -> { // no answer: the deadline passed or the stream ended
+                errors[at] = new OutcomeQueue.Failed(Status.fromThrowable(e), false);
+                counted.run();
+              },
+              Rpc.DIRECT);
+      o.pending.put(first + i, waiters[i]);
+      frames.add(DecideFrame.newBuilder().setId(first + i).setComplete(reqs.get(i)).build());
+    }
+    Runnable expire =
+        () -> {
+          for (int i = 0; i < n; i++) {
+            if (o.pending.remove(first + i, waiters[i])) {
+              waiters[i].fail(
+                  Status.DEADLINE_EXCEEDED.withDescription("fusebox did not answer in time").asRuntimeException());
+            }
+          }
+        };
+    ScheduledFuture<?> timer = Rpc.SCHEDULER.schedule(expire, deadlineNanos, TimeUnit.NANOSECONDS);
+    future.whenComplete((r, e) -> timer.cancel(false));
+    if (o.ended) { // it ended before the frames were in: no answer will come
+      for (int i = 0; i < n; i++) {
+        if (o.pending.remove(first + i, waiters[i])) {
+          waiters[i].fail(streamEnded());
+        }
+      }
+      return future;
+    }
+    o.send(frames);
+    return future;
   }
 
   CompletableFuture<RenewResponse> renew(RenewRequest req, long deadlineNanos, Executor executor) {
@@ -135,7 +200,7 @@ final class DecideStream {
             () -> {
               if (o.pending.remove(id, w)) {
                 if (cancellable) {
-                  o.send(cancelFrame(id));
+                  o.send(List.of(cancelFrame(id)));
                 }
                 w.fail(Status.DEADLINE_EXCEEDED.withDescription("fusebox did not answer in time").asRuntimeException());
               }
@@ -147,7 +212,7 @@ final class DecideStream {
           if (e instanceof CancellationException && o.pending.remove(id, w)) {
             w.stopTimer();
             if (cancellable) {
-              o.send(cancelFrame(id));
+              o.send(List.of(cancelFrame(id)));
             }
           }
         });
@@ -156,7 +221,7 @@ final class DecideStream {
       w.fail(streamEnded());
       return future;
     }
-    o.send(frame.setId(id).build());
+    o.send(List.of(frame.setId(id).build()));
     return future;
   }
 
@@ -218,7 +283,7 @@ final class DecideStream {
   /** One Decide stream: its sending side, its frames not sent yet and its callers waiting. */
   private final class Open implements StreamObserver<DecideResponse> {
     final Map<Long, Waiter> pending = new ConcurrentHashMap<>();
-    private final ConcurrentLinkedQueue<DecideFrame> queue = new ConcurrentLinkedQueue<>();
+    private final ConcurrentLinkedQueue<List<DecideFrame>> queue = new ConcurrentLinkedQueue<>();
     private final AtomicBoolean sending = new AtomicBoolean();
     private StreamObserver<DecideRequest> requests;
     volatile boolean ended;
@@ -230,11 +295,12 @@ final class DecideStream {
     }
 
     /**
-     * Queues {@code frame}; the queued frames are sent by one task at a time, up to {@value
+     * Queues {@code frames} (at most {@value #FRAMES_PER_MESSAGE}), to go out together in one
+     * message; the queued frames are sent by one task at a time, up to {@value
      * #FRAMES_PER_MESSAGE} a message, so that the frames queued while it runs go out together.
      */
-    void send(DecideFrame frame) {
-      queue.add(frame);
+    void send(List<DecideFrame> frames) {
+      queue.add(frames);
       if (sending.compareAndSet(false, true)) {
         Rpc.CALLBACKS.execute(this::drain);
       }
@@ -244,10 +310,12 @@ final class DecideStream {
       do {
         try {
           while (!queue.isEmpty()) {
+            // Only this task takes from the queue: what it peeks is what it polls.
             List<DecideFrame> batch = new ArrayList<>();
-            DecideFrame f;
-            while (batch.size() < FRAMES_PER_MESSAGE && (f = queue.poll()) != null) {
-              batch.add(f);
+            List<DecideFrame> group;
+            while ((group = queue.peek()) != null && batch.size() + group.size() <= FRAMES_PER_MESSAGE) {
+              queue.poll();
+              batch.addAll(group);
             }
             if (ended || batch.isEmpty()) {
               continue; // their callers fail with the stream

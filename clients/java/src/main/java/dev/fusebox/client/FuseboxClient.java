@@ -4,11 +4,14 @@ import com.google.protobuf.Duration;
 import dev.fusebox.v1.FuseboxGrpc;
 import dev.fusebox.v1.AcquireRequest;
 import dev.fusebox.v1.AcquireResponse;
+import dev.fusebox.v1.CompleteBatchRequest;
+import dev.fusebox.v1.CompleteBatchResponse;
 import dev.fusebox.v1.CompleteRequest;
-import dev.fusebox.v1.CompleteResponse;
+import dev.fusebox.v1.CompleteResult;
 import dev.fusebox.v1.Reason;
 import dev.fusebox.v1.RenewRequest;
 import dev.fusebox.v1.RenewResponse;
+import io.grpc.CallOptions;
 import io.grpc.ChannelCredentials;
 import io.grpc.ConnectivityState;
 import io.grpc.Grpc;
@@ -17,11 +20,15 @@ import io.grpc.ManagedChannel;
 import io.grpc.ManagedChannelBuilder;
 import io.grpc.Metadata;
 import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
 import io.grpc.TlsChannelCredentials;
+import io.grpc.stub.ClientCalls;
 import io.grpc.stub.MetadataUtils;
 import java.io.File;
 import java.io.IOException;
 import java.io.UncheckedIOException;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 import java.util.Objects;
@@ -63,6 +70,12 @@ public final class FuseboxClient implements AutoCloseable {
   /** The least time between two log lines about the same kind of trouble, by default. */
   public static final java.time.Duration DEFAULT_LOG_INTERVAL = java.time.Duration.ofSeconds(10);
 
+  /** How many outcomes wait to be reported at most, by default (see {@link Builder#outcomeQueue}). */
+  public static final int DEFAULT_OUTCOME_QUEUE = OutcomeQueue.DEFAULT_CAPACITY;
+
+  /** The least time a report of outcomes, or {@link #close()}'s flush, is given. */
+  static final long LEAST_REPORT_DEADLINE = TimeUnit.SECONDS.toNanos(1);
+
   static final Logger LOG = LoggerFactory.getLogger("dev.fusebox.client");
 
   private static final Map<String, FuseboxClient> SHARED = new ConcurrentHashMap<>();
@@ -76,6 +89,7 @@ public final class FuseboxClient implements AutoCloseable {
   private final LongSupplier ticker;
   private final Reconnector reconnector;
   private final DecideStream stream;
+  private final OutcomeQueue outcomes;
   final OutageBackoff backoff = new OutageBackoff();
   final LogLimiter logs;
   final Counters counters = new Counters();
@@ -102,6 +116,8 @@ public final class FuseboxClient implements AutoCloseable {
     this.logs = new LogLimiter(b.logger, b.logInterval.toNanos());
     this.reconnector = new Reconnector(channel);
     this.stream = b.transport == Transport.STREAM ? new DecideStream(channel) : null;
+    this.outcomes =
+        new OutcomeQueue(b.outcomeQueue, reportDeadline(), this::callCompleteAll, counters, logs);
     // Connect now, so that the first guard's small deadline is not spent on the handshake.
     reconnector.start();
   }
@@ -144,11 +160,60 @@ public final class FuseboxClient implements AutoCloseable {
     cache.forget(key);
   }
 
-  /** Closes the channel (and drops the client from the shared ones). */
+  /**
+   * Waits until every outcome queued before this call (by guards that returned, tickets
+   * completed) has been answered by fusebox, or has failed and been counted; at most {@code
+   * timeout}. Guards report outcomes in the background, so a caller whose next call must see its
+   * last outcome (a concurrency limit of one, used by one process), or a program about to exit,
+   * flushes first.
+   *
+   * @return true when they all were answered, false when {@code timeout} passed first
+   * @throws InterruptedException the thread was interrupted while waiting (the outcomes are still
+   *     reported)
+   */
+  public boolean flush(java.time.Duration timeout) throws InterruptedException {
+    Objects.requireNonNull(timeout, "timeout");
+    return outcomes.flush(Math.max(0, saturatedNanos(timeout)));
+  }
+
+  /**
+   * Flushes the outcomes queued so far (within the client's deadline, at least 1 s; see {@link
+   * #flush}), then closes the channel and drops the client from the shared ones. An interrupt
+   * cuts the flush short (and is kept). Outcomes queued after this fail and are counted in {@link
+   * Stats#completeFailures()}.
+   */
   @Override
   public void close() {
     SHARED.remove(target, this);
+    try {
+      if (!outcomes.flush(reportDeadline())) {
+        logs.warn(
+            "close",
+            "fusebox: closing the client before fusebox answered every outcome reported; those"
+                + " tickets' leases will end on the server, which counts them as expired");
+      }
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    }
     channel.shutdownNow();
+  }
+
+  /** The deadline of a report of outcomes, and of close's flush: the client's, at least 1 s. */
+  private long reportDeadline() {
+    return Math.max(deadlineNanos, LEAST_REPORT_DEADLINE);
+  }
+
+  private static long saturatedNanos(java.time.Duration d) {
+    try {
+      return d.toNanos();
+    } catch (ArithmeticException e) {
+      return d.isNegative() ? Long.MIN_VALUE : Long.MAX_VALUE;
+    }
+  }
+
+  /** Queues a ticket's outcome for the sender; never waits on the network. */
+  void report(String key, String ticket, Outcome outcome) {
+    outcomes.add(new OutcomeQueue.Item(key, ticket, outcome));
   }
 
   /** Guards {@code call} for {@code key} with the default options. */
@@ -160,7 +225,8 @@ public final class FuseboxClient implements AutoCloseable {
    * Asks fusebox before running {@code call} for {@code key}, runs it when admitted and reports how
    * it went: SUCCESS when it returns, the classifier's outcome for an exception (FAILURE unless it
    * is a cancellation), IGNORED when the thread was interrupted (the caller cancelled). The call's
-   * own exception is thrown unchanged.
+   * own exception is thrown unchanged. The outcome is reported in the background: the guard queues
+   * it and returns at once (see {@link #flush}).
    *
    * @throws BlockedException the breaker is open or its probe is running; the call was not made
    * @throws RefusedException the key is isolated; the call was not made
@@ -201,6 +267,9 @@ public final class FuseboxClient implements AutoCloseable {
     if (Thread.currentThread().isInterrupted()) {
       throw new CancellationException("interrupted before asking fusebox");
     }
+    if (stream == null) {
+      return acquireUnary(key, opts);
+    }
     CompletableFuture<AcquireResponse> f = startAcquire(key, opts, Rpc.DIRECT);
     AcquireResponse resp = null;
     Throwable err = null;
@@ -222,8 +291,10 @@ public final class FuseboxClient implements AutoCloseable {
    * future fails with the refusals of {@link #guard(String, GuardOptions, Callable)} or the call's
    * own exception; cancelling it cancels the call's future and reports IGNORED. {@code call} runs
    * on a gRPC executor thread (on the caller's when answered without asking fusebox), where {@link
-   * #admission()} is set. The returned future is never completed on gRPC's network threads, so
-   * its dependent stages may block.
+   * #admission()} is set. The outcome is reported in the background: the returned future is
+   * completed once it is queued, on the thread that completed the call's future (the executor
+   * thread that ran {@code call} when it returned a completed one, or for a refusal), never on the
+   * client's network threads, so its dependent stages may block.
    */
   public <T> CompletableFuture<T> guardAsync(
       String key, GuardOptions opts, Supplier<? extends CompletableFuture<T>> call) {
@@ -248,7 +319,7 @@ public final class FuseboxClient implements AutoCloseable {
           if (result.isCancelled()) {
             if (err == null) { // an admission nobody uses any more
               try {
-                decide(key, opts, resp, null).completeAsync(Outcome.IGNORED);
+                decide(key, opts, resp, null).complete(Outcome.IGNORED);
               } catch (FuseboxException ignored) {
                 // refused anyway
               }
@@ -271,7 +342,7 @@ public final class FuseboxClient implements AutoCloseable {
               throw new NullPointerException("the guarded call returned no future");
             }
           } catch (Throwable e) {
-            t.completeAsync(t.outcomeOf(e));
+            t.complete(t.outcomeOf(e));
             result.completeExceptionally(e);
             return;
           } finally {
@@ -280,19 +351,21 @@ public final class FuseboxClient implements AutoCloseable {
           result.whenComplete(
               (v, e) -> {
                 if (result.isCancelled()) {
-                  t.completeAsync(Outcome.IGNORED);
+                  t.complete(Outcome.IGNORED);
                   inner.cancel(true);
                 }
               });
           inner.whenComplete(
               (v, e) -> {
                 if (e == null) {
-                  t.completeAsync(Outcome.SUCCESS, null).whenComplete((x, y) -> result.complete(v));
+                  t.complete(Outcome.SUCCESS);
+                  result.complete(v);
                   return;
                 }
                 Throwable cause = unwrap(e);
                 Outcome o = result.isCancelled() ? Outcome.IGNORED : t.outcomeOf(cause);
-                t.completeAsync(o, null).whenComplete((x, y) -> result.completeExceptionally(cause));
+                t.complete(o);
+                result.completeExceptionally(cause);
               });
         });
     return result;
@@ -318,10 +391,43 @@ public final class FuseboxClient implements AutoCloseable {
     return opts.deadline != null ? opts.deadline.toNanos() : deadlineNanos;
   }
 
+  /**
+   * A unary Acquire on the calling thread, as the generated blocking stub makes it (the answer is
+   * handled on this thread, with no future in between): the one round trip of a guard.
+   */
+  private Ticket acquireUnary(String key, GuardOptions opts) {
+    if (backoff.backingOff(ticker.getAsLong())) {
+      return decide(key, opts, null, new BackingOffException());
+    }
+    long deadline = deadlineOf(opts) + opts.maxWait.toNanos();
+    AcquireResponse resp = null;
+    Throwable err = null;
+    try {
+      resp =
+          ClientCalls.blockingUnaryCall(
+              channel,
+              FuseboxGrpc.getAcquireMethod(),
+              CallOptions.DEFAULT.withDeadlineAfter(deadline, TimeUnit.NANOSECONDS),
+              acquireRequest(key, opts));
+    } catch (StatusRuntimeException e) {
+      // An interrupted wait cancels the call (CANCELLED) and keeps the interrupt.
+      if (e.getStatus().getCode() == Status.Code.CANCELLED && Thread.currentThread().isInterrupted()) {
+        throw new CancellationException("interrupted while asking fusebox");
+      }
+      err = e;
+    }
+    return decide(key, opts, resp, err);
+  }
+
   private CompletableFuture<AcquireResponse> startAcquire(String key, GuardOptions opts, java.util.concurrent.Executor executor) {
     if (backoff.backingOff(ticker.getAsLong())) {
       return CompletableFuture.failedFuture(new BackingOffException());
     }
+    long deadline = deadlineOf(opts) + opts.maxWait.toNanos();
+    return callAcquire(acquireRequest(key, opts), deadline, executor);
+  }
+
+  private static AcquireRequest acquireRequest(String key, GuardOptions opts) {
     AcquireRequest.Builder req = AcquireRequest.newBuilder().setKey(key);
     if (opts.permits != null) {
       req.setPermits(opts.permits);
@@ -332,8 +438,7 @@ public final class FuseboxClient implements AutoCloseable {
     if (opts.lease != null) {
       req.setLease(duration(opts.lease));
     }
-    long deadline = deadlineOf(opts) + opts.maxWait.toNanos();
-    return callAcquire(req.build(), deadline, executor);
+    return req.build();
   }
 
   /** Acquire, unary or as a frame of the Decide stream, within {@code deadlineNanos}. */
@@ -345,13 +450,36 @@ public final class FuseboxClient implements AutoCloseable {
     return Rpc.call(channel, FuseboxGrpc.getAcquireMethod(), req, deadlineNanos, executor);
   }
 
-  /** Complete, unary or as a frame of the Decide stream, within {@code deadlineNanos}. */
-  CompletableFuture<CompleteResponse> callComplete(
-      CompleteRequest req, long deadlineNanos, java.util.concurrent.Executor executor) {
+  /**
+   * One send of the outcome queue: the Completes as one CompleteBatch, or as complete frames of
+   * the Decide stream in one message, within {@code deadlineNanos}. Per request, null when it was
+   * answered, else why it was not; the future fails when the send failed as a whole. Completed on
+   * a network or timer thread: its dependent stages must not block.
+   */
+  CompletableFuture<List<OutcomeQueue.Failed>> callCompleteAll(List<CompleteRequest> reqs, long deadlineNanos) {
     if (stream != null) {
-      return stream.complete(req, deadlineNanos, executor);
+      return stream.completeAll(reqs, deadlineNanos);
     }
-    return Rpc.call(channel, FuseboxGrpc.getCompleteMethod(), req, deadlineNanos, executor);
+    CompleteBatchRequest req = CompleteBatchRequest.newBuilder().addAllItems(reqs).build();
+    return Rpc.call(channel, FuseboxGrpc.getCompleteBatchMethod(), req, deadlineNanos, Rpc.DIRECT)
+        .thenApply(resp -> itemErrors(resp, reqs.size()));
+  }
+
+  private static List<OutcomeQueue.Failed> itemErrors(CompleteBatchResponse resp, int sent) {
+    List<OutcomeQueue.Failed> out = new ArrayList<>(sent);
+    for (int i = 0; i < sent; i++) {
+      if (i >= resp.getResultsCount()) {
+        out.add(
+            new OutcomeQueue.Failed(
+                Status.INTERNAL.withDescription(
+                    "fusebox answered " + resp.getResultsCount() + " of " + sent + " items of a CompleteBatch"),
+                false));
+        continue;
+      }
+      CompleteResult r = resp.getResults(i);
+      out.add(r.hasError() ? new OutcomeQueue.Failed(DecideStream.statusOf(r.getError()), true) : null);
+    }
+    return out;
   }
 
   /** Renew, unary or as a frame of the Decide stream, within {@code deadlineNanos}. */
@@ -522,7 +650,8 @@ public final class FuseboxClient implements AutoCloseable {
     final LongAdder renewals = new LongAdder();
     final LongAdder renewErrors = new LongAdder();
     final LongAdder completed = new LongAdder();
-    final LongAdder completeErrors = new LongAdder();
+    final LongAdder completeFailures = new LongAdder();
+    final LongAdder outcomesDropped = new LongAdder();
 
     Stats snapshot() {
       return new Stats(
@@ -539,7 +668,9 @@ public final class FuseboxClient implements AutoCloseable {
           renewals.sum(),
           renewErrors.sum(),
           completed.sum(),
-          completeErrors.sum());
+          completeFailures.sum(),
+          outcomesDropped.sum(),
+          completeFailures.sum());
     }
   }
 
@@ -618,6 +749,7 @@ public final class FuseboxClient implements AutoCloseable {
     private LongSupplier ticker = System::nanoTime;
     private io.grpc.ClientInterceptor interceptor;
     private Transport transport = Transport.UNARY;
+    private int outcomeQueue = DEFAULT_OUTCOME_QUEUE;
 
     private Builder(String target) {
       this.target = Objects.requireNonNull(target, "target");
@@ -659,7 +791,10 @@ public final class FuseboxClient implements AutoCloseable {
       return this;
     }
 
-    /** Bounds each call to fusebox itself (default 50 ms; plus max-wait for Acquire). */
+    /**
+     * Bounds each call to fusebox itself (default 50 ms; plus max-wait for Acquire). A report of
+     * outcomes in the background, and {@link FuseboxClient#close()}'s flush, get at least 1 s.
+     */
     public Builder deadline(java.time.Duration d) {
       if (d.isNegative() || d.isZero()) {
         throw new IllegalArgumentException("deadline must be positive");
@@ -674,6 +809,21 @@ public final class FuseboxClient implements AutoCloseable {
      */
     public Builder transport(Transport t) {
       this.transport = Objects.requireNonNull(t);
+      return this;
+    }
+
+    /**
+     * Bounds the outcome queue (default 10,000): the outcomes of ended calls waiting to be reported
+     * while a report is in flight. With the queue full an outcome is dropped and counted ({@link
+     * Stats#outcomesDropped()}), and its ticket's lease ends on the server.
+     *
+     * @throws IllegalArgumentException {@code n} is less than 1
+     */
+    public Builder outcomeQueue(int n) {
+      if (n < 1) {
+        throw new IllegalArgumentException("outcomeQueue must be at least 1 (outcomes waiting to be reported), not " + n);
+      }
+      this.outcomeQueue = n;
       return this;
     }
 

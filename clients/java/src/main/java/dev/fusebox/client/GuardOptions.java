@@ -76,7 +76,10 @@ public final class GuardOptions {
         permits, maxWait, lease, Objects.requireNonNull(c), deadline, onUnavailable, noRenew);
   }
 
-  /** Bounds each call to fusebox itself (default: the client's, 50 ms unless set). */
+  /**
+   * Bounds this guard's Acquire (plus max-wait) and Renews (default: the client's, 50 ms unless
+   * set). Its outcome is reported in the background with the client's deadline, at least 1 s.
+   */
   public GuardOptions deadline(Duration d) {
     if (positive(d).isZero()) {
       throw new IllegalArgumentException("deadline must be positive");

@@ -8,7 +8,6 @@ import io.grpc.stub.ClientCalls;
 import io.grpc.stub.StreamObserver;
 import java.util.concurrent.CancellationException;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.ExecutionException;
 import java.util.concurrent.Executor;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.ThreadFactory;
@@ -96,31 +95,5 @@ final class Rpc {
           }
         });
     return future;
-  }
-
-  /**
-   * Waits for a call that must not be given up when the thread is interrupted (reporting an
-   * outcome); the interrupt is kept for the caller. Returns the call's error, or null.
-   */
-  static Throwable awaitUninterruptibly(CompletableFuture<?> f) {
-    boolean interrupted = false;
-    try {
-      while (true) {
-        try {
-          f.get();
-          return null;
-        } catch (InterruptedException e) {
-          interrupted = true;
-        } catch (ExecutionException e) {
-          return e.getCause();
-        } catch (CancellationException e) {
-          return e;
-        }
-      }
-    } finally {
-      if (interrupted) {
-        Thread.currentThread().interrupt();
-      }
-    }
   }
 }

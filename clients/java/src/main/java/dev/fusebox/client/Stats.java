@@ -15,8 +15,13 @@ package dev.fusebox.client;
  * @param requestErrors Acquires fusebox rejected ({@link FuseboxRequestException})
  * @param renewals leases renewed
  * @param renewErrors renewals that failed
- * @param completed outcomes reported
- * @param completeErrors outcomes that could not be reported
+ * @param completed outcomes reported and answered by fusebox
+ * @param completeErrors the same count as {@code completeFailures}, under its earlier name
+ * @param outcomesDropped outcomes not reported because the outcome queue was full (their leases
+ *     end on the server)
+ * @param completeFailures outcomes whose report failed: in a send that failed (fusebox down, slow,
+ *     or the client closed), or answered with an error (an unknown or already completed ticket);
+ *     one per outcome
  */
 public record Stats(
     long granted,
@@ -32,4 +37,45 @@ public record Stats(
     long renewals,
     long renewErrors,
     long completed,
-    long completeErrors) {}
+    long completeErrors,
+    long outcomesDropped,
+    long completeFailures) {
+
+  /**
+   * The snapshot of a client without the outcome queue's counters ({@code outcomesDropped} 0,
+   * {@code completeFailures} the same as {@code completeErrors}), as the record was before them.
+   */
+  public Stats(
+      long granted,
+      long probes,
+      long blocked,
+      long blockedLocal,
+      long refused,
+      long denied,
+      long unavailable,
+      long failedOpen,
+      long failedClosed,
+      long requestErrors,
+      long renewals,
+      long renewErrors,
+      long completed,
+      long completeErrors) {
+    this(
+        granted,
+        probes,
+        blocked,
+        blockedLocal,
+        refused,
+        denied,
+        unavailable,
+        failedOpen,
+        failedClosed,
+        requestErrors,
+        renewals,
+        renewErrors,
+        completed,
+        completeErrors,
+        0,
+        completeErrors);
+  }
+}

@@ -1,12 +1,11 @@
 package dev.fusebox.client;
 
-import dev.fusebox.v1.CompleteRequest;
-import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.atomic.AtomicBoolean;
 
 /**
  * An admission from {@link FuseboxClient#acquire(String, GuardOptions)}: run the call, then report
- * how it went, once. Its lease is renewed in the background until then.
+ * how it went, once. Its lease is renewed in the background until then; the outcome is queued and
+ * reported in the background, as a guard's is.
  *
  * <pre>{@code
  * try (Ticket t = client.acquire("payments/charge", GuardOptions.defaults())) {
@@ -22,7 +21,6 @@ public final class Ticket implements AutoCloseable {
   private final FuseboxClient client;
   private final Admission admission;
   private final GuardOptions opts;
-  private final long deadlineNanos;
   private final Renewer renewer;
   private final AtomicBoolean done = new AtomicBoolean();
 
@@ -30,7 +28,6 @@ public final class Ticket implements AutoCloseable {
     this.client = client;
     this.admission = admission;
     this.opts = opts;
-    this.deadlineNanos = deadlineNanos;
     if (admission.ticket() != null && !opts.noRenew && leaseNanos > 0) {
       renewer = new Renewer(client, admission.key(), admission.ticket(), leaseNanos, opts, deadlineNanos);
       renewer.start();
@@ -69,12 +66,21 @@ public final class Ticket implements AutoCloseable {
   }
 
   /**
-   * Reports {@code outcome}, waiting (at most the deadline) for fusebox to take it; the first
-   * outcome of a ticket wins, later ones do nothing. An interrupt does not stop the report.
+   * Reports {@code outcome}: stops the renewal and queues the outcome for the client's sender,
+   * without waiting for fusebox ({@link FuseboxClient#flush} waits for it). The first outcome of a
+   * ticket wins; later ones do nothing.
    */
   public void complete(Outcome outcome) {
-    CompletableFuture<Void> f = completeAsync(outcome);
-    Rpc.awaitUninterruptibly(f);
+    java.util.Objects.requireNonNull(outcome, "outcome");
+    if (!done.compareAndSet(false, true)) {
+      return;
+    }
+    if (renewer != null) {
+      renewer.stop();
+    }
+    if (admission.ticket() != null) {
+      client.report(admission.key(), admission.ticket(), outcome);
+    }
   }
 
   Outcome outcomeOf(Throwable error) {
@@ -89,48 +95,5 @@ public final class Ticket implements AutoCloseable {
       FuseboxClient.LOG.warn("fusebox: the classifier failed; reporting FAILURE", e);
       return Outcome.FAILURE;
     }
-  }
-
-  /** Stops the renewal and reports {@code outcome}; the future ends when fusebox answered. */
-  CompletableFuture<Void> completeAsync(Outcome outcome) {
-    return completeAsync(outcome, Rpc.DIRECT);
-  }
-
-  /**
-   * As {@link #completeAsync(Outcome)}, with the report's future completed on {@code executor}
-   * (null: gRPC's default executor, never its network threads).
-   */
-  CompletableFuture<Void> completeAsync(Outcome outcome, java.util.concurrent.Executor executor) {
-    if (!done.compareAndSet(false, true)) {
-      return CompletableFuture.completedFuture(null);
-    }
-    CompletableFuture<Void> stopped =
-        renewer != null ? renewer.stop() : CompletableFuture.completedFuture(null);
-    if (admission.ticket() == null) {
-      return stopped;
-    }
-    CompleteRequest req =
-        CompleteRequest.newBuilder().setTicket(admission.ticket()).setOutcome(outcome.proto).build();
-    return stopped
-        .thenCompose(
-            v ->
-client.callComplete(req, deadlineNanos, executor))
-        .handle(
-            (r, e) -> {
-              if (e == null) {
-                client.counters.completed.increment();
-              } else {
-                client.counters.completeErrors.increment();
-                client.logs.warn(
-                    "complete",
-                    "fusebox: could not report outcome "
-                        + outcome
-                        + " of \""
-                        + admission.key()
-                        + "\": "
-                        + io.grpc.Status.fromThrowable(e).getCode());
-              }
-              return null;
-            });
   }
 }

@@ -41,6 +41,7 @@ class AuthTest {
       FuseboxRequestException e = assertThrows(FuseboxRequestException.class, () -> without.guard("k", () -> "ran"));
       assertEquals(Status.Code.UNAUTHENTICATED, e.status().getCode());
       assertEquals("ran", with.guard("k", () -> "ran"));
+      GuardTest.flush(with);
       assertEquals(1, with.stats().completed());
     }
   }
@@ -97,6 +98,7 @@ class AuthTest {
       Admission a = c.guard("k", () -> FuseboxClient.admission().orElseThrow());
       assertFalse(a.failedOpen());
       assertTrue(a.ticket() != null);
+      GuardTest.flush(c);
       assertEquals(1, c.stats().completed());
       Admission p = plain.guard("k", () -> FuseboxClient.admission().orElseThrow());
       assertTrue(p.failedOpen(), "a plaintext client cannot reach a TLS server");

@@ -84,6 +84,15 @@ class GuardTest {
     return "ok";
   }
 
+  /**
+   * Waits until fusebox answered every outcome the client queued: guards report in the
+   * background, so a test reads the server's state, or makes a call that must see an outcome,
+   * after this.
+   */
+  static void flush(FuseboxClient c) throws InterruptedException {
+    assertTrue(c.flush(java.time.Duration.ofSeconds(30)), "the outcomes were not answered within 30 s");
+  }
+
   static String fail() throws Boom {
     throw new Boom();
   }
@@ -95,6 +104,7 @@ class GuardTest {
     FuseboxClient c = client(s);
     assertEquals("ok", c.guard("k", GuardTest::ok));
     assertThrows(Boom.class, () -> c.guard("k", GuardTest::fail), "the call's own exception, unchanged");
+    flush(c);
     KeyState st = s.key("k");
     assertEquals(1, st.getStats().getSuccesses());
     assertEquals(1, st.getStats().getFailures());
@@ -109,6 +119,7 @@ class GuardTest {
     FuseboxClient c = client(FuseboxClient.builder(s.addr).deadline(java.time.Duration.ofSeconds(2)).ticker(now::get));
     assertThrows(Boom.class, () -> c.guard("k", GuardTest::fail));
     assertThrows(Boom.class, () -> c.guard("k", GuardTest::fail));
+    flush(c); // the failures reach fusebox before the next Acquire
 
     BlockedException b = assertThrows(BlockedException.class, () -> c.guard("k", GuardTest::ok));
     assertFalse(b.local());
@@ -123,6 +134,7 @@ class GuardTest {
     now.addAndGet(TimeUnit.SECONDS.toNanos(10));
     boolean probe = c.guard("k", () -> FuseboxClient.admission().orElseThrow().probe());
     assertTrue(probe, "the first call after the break is the probe");
+    flush(c);
     assertEquals(Phase.PHASE_CLOSED, s.key("k").getPhase());
     Stats st = c.stats();
     assertEquals(1, st.blockedLocal());
@@ -180,6 +192,7 @@ class GuardTest {
     t.start();
     t.join(10_000);
     assertInstanceOf(InterruptedException.class, got.get());
+    flush(c);
     KeyState st = s.key("k");
     assertEquals(1, st.getStats().getIgnored());
     assertEquals(Phase.PHASE_CLOSED, st.getPhase());
@@ -191,6 +204,7 @@ class GuardTest {
     s.setPolicy("k", breaker(1, 1));
     FuseboxClient c = client(s);
     assertThrows(Boom.class, () -> c.guard("k", GuardOptions.defaults().classifier(e -> Outcome.IGNORED), GuardTest::fail));
+    flush(c);
     KeyState st = s.key("k");
     assertEquals(1, st.getStats().getIgnored());
     assertEquals(Phase.PHASE_CLOSED, st.getPhase());
@@ -213,6 +227,7 @@ class GuardTest {
     assertThrows(AssertionError.class, () -> c.guard("k", () -> {
       throw new AssertionError("x");
     }));
+    flush(c);
     assertEquals(1, s.key("k").getStats().getFailures());
   }
 
@@ -221,6 +236,7 @@ class GuardTest {
     TestServer s = server();
     s.setPolicy("k", breaker(5, 1));
     FuseboxClient c = client(s);
+    int timers = Renewer.Timers.INSTANCE.size();
     long renewals =
         c.guard(
             "k",
@@ -230,10 +246,12 @@ class GuardTest {
               return c.stats().renewals();
             });
     assertTrue(renewals >= 2);
+    flush(c);
     assertEquals(1, c.stats().completed());
     KeyState st = s.key("k");
     assertEquals(1, st.getStats().getSuccesses());
     assertEquals(0, st.getLiveTickets());
+    assertEquals(timers, Renewer.Timers.INSTANCE.size(), "the ended call left its renewal timer");
     long after = c.stats().renewals() + c.stats().renewErrors();
     // Renewal stopped with the call: nothing more is sent, whatever time passes.
     CountDownLatch never = new CountDownLatch(1);
@@ -302,52 +320,13 @@ class GuardTest {
   @Test
   void unavailableIsLoggedOncePerInterval() throws Exception {
     TestServer s = server();
-    List<String> lines = new ArrayList<>();
-    org.slf4j.Logger logger = new org.slf4j.helpers.LegacyAbstractLogger() {
-      @Override
-      protected String getFullyQualifiedCallerName() {
-        return null;
-      }
-
-      @Override
-      protected synchronized void handleNormalizedLoggingCall(
-          org.slf4j.event.Level level, org.slf4j.Marker marker, String message, Object[] args, Throwable t) {
-        lines.add(message);
-      }
-
-      @Override
-      public boolean isTraceEnabled() {
-        return true;
-      }
-
-      @Override
-      public boolean isDebugEnabled() {
-        return true;
-      }
-
-      @Override
-      public boolean isInfoEnabled() {
-        return true;
-      }
-
-      @Override
-      public boolean isWarnEnabled() {
-        return true;
-      }
-
-      @Override
-      public boolean isErrorEnabled() {
-        return true;
-      }
-    };
+    RecordingLogger logger = new RecordingLogger();
     FuseboxClient c = client(FuseboxClient.builder(s.addr).logger(logger).logInterval(java.time.Duration.ofHours(1)));
     s.stop();
     for (int i = 0; i < 3; i++) {
       c.guard("k", GuardTest::ok);
     }
-    synchronized (lines) {
-      assertEquals(1, lines.stream().filter(l -> l.contains("failing open")).count(), lines.toString());
-    }
+    assertEquals(1, logger.count("failing open"), logger.lines().toString());
     assertEquals(3, c.stats().failedOpen());
   }
 
@@ -382,6 +361,7 @@ class GuardTest {
       t.failure();
       t.success(); // the first outcome wins
     }
+    flush(c);
     KeyState st = s.key("k");
     assertEquals(1, st.getStats().getIgnored());
     assertEquals(1, st.getStats().getFailures());
@@ -427,6 +407,7 @@ class GuardTest {
     inner.complete("ok");
     Admission a = nested.get(30, TimeUnit.SECONDS);
     assertFalse(a.failedOpen(), "a guard in a dependent stage was answered");
+    flush(c);
     assertEquals(1, s.key("k").getStats().getSuccesses());
   }
 
@@ -566,6 +547,7 @@ class GuardTest {
     s.setPolicy("k", breaker(1, 10));
     FuseboxClient c = client(FuseboxClient.builder(s.addr).deadline(java.time.Duration.ofSeconds(2)).cacheSize(0));
     assertThrows(Boom.class, () -> c.guard("k", GuardTest::fail));
+    flush(c);
     assertFalse(assertThrows(BlockedException.class, () -> c.guard("k", GuardTest::ok)).local());
     assertFalse(assertThrows(BlockedException.class, () -> c.guard("k", GuardTest::ok)).local());
     assertEquals(2, s.key("k").getStats().getBlocked());
@@ -577,6 +559,7 @@ class GuardTest {
     s.setPolicy("k", breaker(1, 10));
     FuseboxClient c = client(s);
     assertThrows(Boom.class, () -> c.guard("k", GuardTest::fail));
+    flush(c);
     assertFalse(assertThrows(BlockedException.class, () -> c.guard("k", GuardTest::ok)).local());
     assertTrue(assertThrows(BlockedException.class, () -> c.guard("k", GuardTest::ok)).local());
     c.forget("k");

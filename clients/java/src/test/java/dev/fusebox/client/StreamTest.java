@@ -110,11 +110,14 @@ class StreamTest {
     assertEquals(Transport.STREAM, c.transport());
     assertEquals("ok", c.guard("k", GuardTest::ok));
     assertThrows(GuardTest.Boom.class, () -> c.guard("k", GuardTest::fail));
-    ScenarioTest.waitFor("two outcomes", () -> s.key("k").getStats().getSuccesses() == 1 && s.key("k").getStats().getFailures() == 1);
+    GuardTest.flush(c);
+    assertEquals(1, s.key("k").getStats().getSuccesses());
+    assertEquals(1, s.key("k").getStats().getFailures());
     assertEquals(2, c.stats().completed());
     assertEquals(1, counting.calls(FuseboxGrpc.getDecideMethod()), "one stream");
     assertEquals(0, counting.calls(FuseboxGrpc.getAcquireMethod()));
     assertEquals(0, counting.calls(FuseboxGrpc.getCompleteMethod()));
+    assertEquals(0, counting.calls(FuseboxGrpc.getCompleteBatchMethod()));
     assertEquals(4, counting.frames.sum(), "two Acquires and two Completes");
   }
 

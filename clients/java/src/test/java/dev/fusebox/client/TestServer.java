@@ -128,6 +128,59 @@ final class TestServer implements AutoCloseable {
     clock.advance(AdvanceRequest.newBuilder().setBy(Duration.newBuilder().setSeconds(d.getSeconds()).setNanos(d.getNano())).build());
   }
 
+  /**
+   * Stops the server process (SIGSTOP) and waits until every thread of it is stopped: it keeps
+   * its connections but answers nothing until {@link #resume()}.
+   */
+  void pause() throws Exception {
+    signal("STOP");
+    waitForState(true);
+  }
+
+  /** Lets a paused server go on (SIGCONT) and waits until it runs again. */
+  void resume() throws Exception {
+    signal("CONT");
+    waitForState(false);
+  }
+
+  private void signal(String name) throws Exception {
+    Process kill = new ProcessBuilder("kill", "-" + name, Long.toString(process.pid())).redirectErrorStream(true).start();
+    String out = new String(kill.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+    if (kill.waitFor() != 0) {
+      throw new IllegalStateException("kill -" + name + " " + process.pid() + " failed: " + out);
+    }
+  }
+
+  /** Polls /proc until every thread of the server is stopped (or none is), at most 10 s. */
+  private void waitForState(boolean stopped) throws Exception {
+    long end = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+    while (allStopped() != stopped) {
+      if (System.nanoTime() - end > 0) {
+        throw new IllegalStateException("fusebox " + process.pid() + (stopped ? " did not stop" : " did not go on"));
+      }
+      Thread.sleep(1);
+    }
+  }
+
+  /** True when every thread of the server is stopped ('T' in /proc/PID/task/TID/stat). */
+  private boolean allStopped() throws IOException {
+    try (java.util.stream.Stream<Path> tasks = Files.list(Path.of("/proc", Long.toString(process.pid()), "task"))) {
+      for (Path t : (Iterable<Path>) tasks::iterator) {
+        String stat;
+        try {
+          stat = Files.readString(t.resolve("stat"));
+        } catch (java.nio.file.NoSuchFileException e) {
+          continue; // a thread that ended
+        }
+        char state = stat.charAt(stat.lastIndexOf(')') + 2);
+        if (state != 'T' && state != 't') {
+          return false;
+        }
+      }
+      return true;
+    }
+  }
+
   /** Kills the server and waits for it to exit. */
   void stop() {
     process.destroyForcibly();

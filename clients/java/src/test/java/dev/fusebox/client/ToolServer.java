@@ -16,6 +16,11 @@ public final class ToolServer implements AutoCloseable {
     return server.addr;
   }
 
+  /** The key's state, read over the test server's own channel. */
+  public dev.fusebox.v1.KeyState key(String key) {
+    return server.key(key);
+  }
+
   @Override
   public void close() {
     server.close();

@@ -14,8 +14,11 @@ import dev.fusebox.client.DeniedException;
 import dev.fusebox.client.FuseboxClient;
 import dev.fusebox.client.FuseboxRequestException;
 import dev.fusebox.client.RefusedException;
+import dev.fusebox.client.Stats;
 import dev.fusebox.client.UnavailableException;
+import dev.fusebox.v1.AdminGrpc;
 import dev.fusebox.v1.FuseboxGrpc;
+import dev.fusebox.v1.GetKeyRequest;
 import dev.fusebox.v1.AcquireRequest;
 import dev.fusebox.v1.AcquireResponse;
 import dev.fusebox.v1.CompleteRequest;
@@ -47,9 +50,11 @@ import java.util.concurrent.CountDownLatch;
  * </pre>
  *
  * <p>worker reads JSON-lines commands (guard, release, forget) on standard input and writes
- * JSON-lines events (ready, running, done, forgotten, error) on standard output. bench times the
- * raw stub calls (Acquire then Complete) against a guarded no-op on the same channel and writes one
- * line of medians and p99s. Logs go to standard error.
+ * JSON-lines events (ready, running, done, forgotten, error) on standard output; at the end of its
+ * input it closes its client, which reports the outcomes still queued. bench times the raw stub's
+ * Acquire (its Complete awaited, not timed) against a guarded no-op on the same channel, whose
+ * outcome goes in the background, and writes one line of medians and p99s and of how many outcomes
+ * reached fusebox (exit 1 when any did not). Logs go to standard error.
  */
 public final class ClientTool {
   /** The deadline of calls to fusebox, as the scenario runners use it. */
@@ -124,7 +129,14 @@ public final class ClientTool {
       return 1;
     }
     try {
-      out.println(GSON.toJson(bench(target, token, key, iterations)));
+      JsonObject line = bench(target, token, key, iterations);
+      out.println(GSON.toJson(line));
+      long lost = line.getAsJsonObject("outcomes").get("lost").getAsLong();
+      if (lost > 0) {
+        System.err.println(
+            "ClientTool bench: " + lost + " outcomes did not reach fusebox (dropped and failed reports are counted in the line)");
+        return 1;
+      }
       return 0;
     } catch (Exception e) {
       System.err.println("ClientTool bench: " + e.getMessage());
@@ -285,7 +297,7 @@ public final class ClientTool {
       for (Thread t : threads.values()) {
         joinUninterruptibly(t);
       }
-      return 0;
+      return 0; // closing the client reports the outcomes still queued first
     }
   }
 
@@ -391,14 +403,29 @@ public final class ClientTool {
     return s;
   }
 
+  /** How long the bench waits, at the end, for the outcomes reported in the background. */
+  static final Duration BENCH_FLUSH = Duration.ofSeconds(60);
+
+  /** The key's successes as fusebox counts them (a key never used reads as fresh: 0). */
+  static long successes(AdminGrpc.AdminBlockingStub admin, String key) {
+    return admin.getKey(GetKeyRequest.newBuilder().setKey(key).build()).getStats().getSuccesses();
+  }
+
+  /**
+   * Times a raw Acquire (its Complete awaited, not timed) against a guarded no-op (its outcome
+   * reported in the background, nothing flushed between rounds), alternating which goes first;
+   * then checks that every unit's outcome reached fusebox.
+   */
   static JsonObject bench(String target, String token, String key, int iterations) throws Exception {
     try (FuseboxClient c = client(target, token)) {
       // The raw stub on the guard's own channel (which carries the token).
       FuseboxGrpc.FuseboxBlockingStub raw = FuseboxGrpc.newBlockingStub(c.channel());
+      AdminGrpc.AdminBlockingStub admin = AdminGrpc.newBlockingStub(c.channel());
       AcquireRequest acquire = AcquireRequest.newBuilder().setKey(key).build();
       int warmup = iterations / 10;
       long[] rawNs = new long[iterations];
       long[] guardNs = new long[iterations];
+      long before = successes(admin, key);
       for (int round = 0; round < warmup + iterations; round++) {
         long rawTook = 0;
         long guardTook = 0;
@@ -406,6 +433,7 @@ public final class ClientTool {
           if ((unit == 0) == (round % 2 == 0)) {
             long start = System.nanoTime();
             AcquireResponse resp = raw.acquire(acquire);
+            rawTook = System.nanoTime() - start;
             if (resp.getDecision() != Decision.DECISION_GRANTED) {
               throw new IllegalStateException(key + " was not granted: " + resp);
             }
@@ -414,7 +442,6 @@ public final class ClientTool {
                     .setTicket(resp.getTicket())
                     .setOutcome(dev.fusebox.v1.Outcome.OUTCOME_SUCCESS)
                     .build());
-            rawTook = System.nanoTime() - start;
           } else {
             long start = System.nanoTime();
             c.guard(key, () -> null);
@@ -431,11 +458,24 @@ public final class ClientTool {
         throw new IllegalStateException(
             "fusebox was unavailable to the guard " + unavailable + " times: its timings would not be a guard's");
       }
+      if (!c.flush(BENCH_FLUSH)) {
+        System.err.println("ClientTool bench: the guards' outcomes were not all answered within " + BENCH_FLUSH);
+      }
+      long expected = 2L * (warmup + iterations);
+      long reached = successes(admin, key) - before;
+      Stats st = c.stats();
+      JsonObject outcomes = new JsonObject();
+      outcomes.addProperty("expected", expected);
+      outcomes.addProperty("reached", reached);
+      outcomes.addProperty("lost", Math.max(0, expected - reached));
+      outcomes.addProperty("dropped", st.outcomesDropped());
+      outcomes.addProperty("failed", st.completeFailures());
       JsonObject line = new JsonObject();
       line.addProperty("lang", "java");
       line.addProperty("iterations", iterations);
       line.add("raw_us", summarize(rawNs));
       line.add("guard_us", summarize(guardNs));
+      line.add("outcomes", outcomes);
       return line;
     }
   }

@@ -95,6 +95,12 @@ class ClientToolTest {
         assertEquals(json("{\"event\":\"done\",\"id\":\"" + id + "\",\"ran\":true,\"refusal\":null,\"reason\":null,"
             + "\"retry_after_ms\":null,\"local\":false,\"error\":true,\"unavailable\":false}"), t.next());
       }
+      // The failures are reported in the background: the next Acquire must come after fusebox has them.
+      long end = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
+      while (s.key("svc/a").getPhase() != dev.fusebox.v1.Phase.PHASE_OPEN) {
+        assertTrue(System.nanoTime() - end < 0, "the two failures did not open svc/a: " + s.key("svc/a"));
+        Thread.sleep(5);
+      }
       t.send("{\"op\":\"guard\",\"id\":\"b1\",\"key\":\"svc/a\",\"call\":\"succeed\"}");
       assertEquals(json("{\"event\":\"done\",\"id\":\"b1\",\"ran\":false,\"refusal\":\"blocked\",\"reason\":\"open\","
           + "\"retry_after_ms\":10000,\"local\":false,\"error\":false,\"unavailable\":false}"), t.next());
@@ -122,6 +128,10 @@ class ClientToolTest {
       assertEquals(json("{\"event\":\"running\",\"id\":\"left\"}"), t.next());
       assertEquals(0, t.exit(), "the end of the input releases a hanging call");
       assertEquals("left", t.next().get("id").getAsString());
+      // The worker closed its client before it exited, which reported the outcomes still queued.
+      dev.fusebox.v1.KeyState left = s.key("svc/c");
+      assertEquals(1, left.getStats().getSuccesses(), left.toString());
+      assertEquals(0, left.getLiveTickets(), left.toString());
     }
   }
 
@@ -151,6 +161,10 @@ class ClientToolTest {
         double median = u.get("median").getAsDouble();
         assertTrue(median > 0 && median <= u.get("p99").getAsDouble(), line.toString());
       }
+      // 20 rounds and 2 of warm-up, a raw and a guard unit each: every outcome counted once.
+      assertEquals(
+          json("{\"expected\":44,\"reached\":44,\"lost\":0,\"dropped\":0,\"failed\":0}"),
+          line.getAsJsonObject("outcomes"));
     }
   }
 
