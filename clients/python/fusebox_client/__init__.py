@@ -4,6 +4,10 @@
     client = FuseboxClient("127.0.0.1:7070")
     with client.guard("payments/charge"):
         charge()
+    client.close()  # reports the outcomes still queued
+
+The guard returns as soon as its call ends; the outcome is reported in the
+background (`client.flush()` waits for it).
 
 The asyncio client is `fusebox_client.aio.AsyncFuseboxClient`.
 """

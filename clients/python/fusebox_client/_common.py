@@ -206,7 +206,12 @@ def secs(d, present: bool) -> Optional[float]:
 
 @dataclass
 class Counters:
-    """What the client has seen; read with `client.counters.snapshot()`."""
+    """What the client has seen: read one by name (`client.stats.outcomes_dropped`)
+    or all at once with `client.counters.snapshot()`.
+
+    `completes` counts the outcomes fusebox took, `complete_failures` those it
+    refused or that could not be sent, `outcomes_dropped` those dropped with
+    the outcome queue full."""
 
     acquired: int = 0
     probes: int = 0
@@ -221,6 +226,7 @@ class Counters:
     renew_failures: int = 0
     completes: int = 0
     complete_failures: int = 0
+    outcomes_dropped: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, name: str, n: int = 1) -> None:

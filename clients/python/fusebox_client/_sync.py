@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 import grpc
 
 from . import _common as c
-from . import _stream
+from . import _outcomes, _stream
 from ._gen import fusebox_pb2 as pb
 from ._gen import fusebox_pb2_grpc as pbg
 
@@ -62,6 +62,14 @@ class FuseboxClient:
       default), one call each, or "stream", frames of one Decide stream per
       client (the frames ready together in one message), opened on first use
       and again after it ends.
+    outcome_queue: outcomes waiting to be reported at most (default 10,000).
+      A guard queues its call's outcome and returns; a sender reports them in
+      the background, one send in flight at a time. With the queue full an
+      outcome is dropped and counted (`stats.outcomes_dropped`); its ticket's
+      lease then ends on the server.
+
+    `flush()` waits until the outcomes queued so far are answered; `close()`
+    (or leaving `with client:`) flushes, then ends the Decide stream.
     """
 
     def __init__(
@@ -78,9 +86,11 @@ class FuseboxClient:
         clock: Callable[[], float] = time.monotonic,
         channel: Optional[grpc.Channel] = None,
         transport: str = "unary",
+        outcome_queue: int = _outcomes.DEFAULT_QUEUE,
     ):
         self.target = target
         self.transport = _stream.check_transport(transport)
+        _outcomes.check_outcome_queue(outcome_queue)
         self.channel = channel if channel is not None else shared_channel(target, tls)
         self.stub = pbg.FuseboxStub(self.channel)
         self.metadata = c.metadata(token)
@@ -92,31 +102,66 @@ class FuseboxClient:
         # One rate-limited log per kind of trouble, so that one does not hide another.
         self.outage_log = c.RateLimitedLog(log_interval, clock)
         self.renew_log = c.RateLimitedLog(log_interval, clock)
-        self.complete_log = c.RateLimitedLog(log_interval, clock)
         self.backoff = c.OutageBackoff()
         self.renewals = _Renewals()
-        self.mux = _stream.Mux(self.stub, self.metadata) if transport == "stream" else None
+        self.outcomes = _outcomes.OutcomeQueue(
+            self._send_outcomes, outcome_queue, deadline, self.counters, log_interval, clock
+        )
+        self.mux = (
+            _stream.Mux(self.stub, self.metadata, self._abandoned)
+            if transport == "stream"
+            else None
+        )
+
+    @property
+    def stats(self) -> c.Counters:
+        """The client's counters, read by name (`stats.outcomes_dropped`)."""
+        return self.counters
 
     def _acquire(self, req: pb.AcquireRequest, timeout: float) -> pb.AcquireResponse:
         if self.mux is None:
             return self.stub.Acquire(req, timeout=timeout, metadata=self.metadata)
         return self.mux.call("acquire", req, timeout)
 
-    def _complete(self, req: pb.CompleteRequest, timeout: float) -> pb.CompleteResponse:
+    def _send_outcomes(self, batch: List[_outcomes.Item], timeout: float) -> _outcomes.ItemErrors:
+        """One send of the outcome queue (on its sender thread)."""
+        requests = _outcomes.requests(batch)
         if self.mux is None:
-            return self.stub.Complete(req, timeout=timeout, metadata=self.metadata)
-        return self.mux.call("complete", req, timeout)
+            resp = self.stub.CompleteBatch(
+                pb.CompleteBatchRequest(items=requests), timeout=timeout, metadata=self.metadata
+            )
+            return _outcomes.batch_errors(resp, len(batch))
+        return self.mux.complete_batch(requests, timeout)
+
+    def _abandoned(self, key: str, ticket: str) -> None:
+        # A grant that came after its Acquire was given up: no call runs.
+        self.outcomes.put(key, ticket, pb.OUTCOME_IGNORED)
 
     def _renew(self, req: pb.RenewRequest, timeout: float) -> pb.RenewResponse:
         if self.mux is None:
             return self.stub.Renew(req, timeout=timeout, metadata=self.metadata)
         return self.mux.call("renew", req, timeout)
 
+    def flush(self, timeout: Optional[float] = None) -> bool:
+        """Waits until every outcome queued before the call has been answered
+        by fusebox (or its send failed, which is counted): True, or False when
+        `timeout` seconds passed first. Call it where a next call must see the
+        last one's outcome (a concurrency limit of one used by one process)."""
+        return self.outcomes.flush(timeout)
+
     def close(self) -> None:
-        """Ends the client's Decide stream, if any (the channel, shared, stays
-        open)."""
+        """Flushes the outcome queue (within the client's deadline, at least
+        1 s), then ends the client's Decide stream, if any (the channel,
+        shared, stays open)."""
+        self.outcomes.close(max(self.deadline, _outcomes.MIN_SEND_DEADLINE))
         if self.mux is not None:
             self.mux.close()
+
+    def __enter__(self) -> FuseboxClient:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
 
     def guard(
         self,
@@ -159,34 +204,35 @@ class _Renewal:
         self.ticket = ticket
         self.lease = lease
         self.stopped = False
-        # Held while a Renew is on the wire, so that stop() returns only when
-        # no renewal of this ticket is being sent or will be.
-        self.lock = threading.Lock()
 
     def renew(self) -> Optional[float]:
         """Sends one Renew; returns the seconds until the next, or None to stop."""
-        with self.lock:
+        if self.stopped:
+            return None
+        g = self.guard
+        req = pb.RenewRequest(ticket=self.ticket, lease=c.dur(g.lease))
+        try:
+            resp = g.client._renew(req, g.deadline)
+        except grpc.RpcError as err:
             if self.stopped:
+                # The call ended while this Renew was on the wire: its outcome
+                # may have reached fusebox first (NOT_FOUND then is no trouble).
                 return None
-            g = self.guard
-            req = pb.RenewRequest(ticket=self.ticket, lease=c.dur(g.lease))
-            try:
-                resp = g.client._renew(req, g.deadline)
-                g.client.counters.add("renewals")
-                g.renewals += 1
-                if resp.HasField("lease"):
-                    self.lease = max(resp.lease.ToMilliseconds() / 1000.0, 0.002)
-            except grpc.RpcError as err:
-                g.client.counters.add("renew_failures")
-                g.client.renew_log.warn("fusebox: renew for %r failed: %s", g.key, err.code())
-                if err.code() == grpc.StatusCode.NOT_FOUND:
-                    return None
-                return self.lease / 4  # try again before the lease ends
-            return self.lease / 2
+            g.client.counters.add("renew_failures")
+            g.client.renew_log.warn("fusebox: renew for %r failed: %s", g.key, err.code())
+            if err.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            return self.lease / 4  # try again before the lease ends
+        g.client.counters.add("renewals")
+        g.renewals += 1
+        if resp.HasField("lease"):
+            self.lease = max(resp.lease.ToMilliseconds() / 1000.0, 0.002)
+        return None if self.stopped else self.lease / 2
 
     def stop(self) -> None:
-        with self.lock:
-            self.stopped = True
+        """No Renew of this ticket is sent after this returns (one already on
+        the wire is not waited for: the caller's path never waits on fusebox)."""
+        self.stopped = True
 
 
 class _Renewals:
@@ -216,13 +262,17 @@ class _Renewals:
 
     def _push(self, renewal: _Renewal, due: float) -> None:
         with self._cv:
+            earliest = self._heap[0][0] if self._heap else None
             heapq.heappush(self._heap, (due, next(self._seq), renewal))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="fusebox-renewals", daemon=True
                 )
                 self._thread.start()
-            self._cv.notify()
+            elif earliest is None or due < earliest:
+                # Woken only when its wait must end sooner: waking the thread
+                # for every guard would cost each guard a thread switch.
+                self._cv.notify()
 
     def _next_due(self) -> _Renewal:
         with self._cv:
@@ -388,24 +438,16 @@ class Guard:
     def __exit__(self, exc_type, exc, tb) -> None:
         if self._renewal is not None:
             self.client.renewals.stop(self._renewal)
+        self._classify(exc)
+        if self.ticket:
+            self.client.outcomes.put(self.key, self.ticket, self._outcome_pb())
+
+    def _classify(self, exc: Optional[BaseException]) -> None:
         if exc is None:
             self.outcome = c.Outcome.SUCCESS
-        else:
-            try:
-                self.outcome = c.Outcome(self.classifier(exc))
-            except Exception:  # a broken classifier must not hide the call's error
-                c.log.exception("fusebox: classifier failed; reporting FAILURE")
-                self.outcome = c.Outcome.FAILURE
-        if self.ticket:
-            self._complete()
-
-    def _complete(self) -> None:
-        cl = self.client
+            return
         try:
-            cl._complete(
-                pb.CompleteRequest(ticket=self.ticket, outcome=self._outcome_pb()), self.deadline
-            )
-            cl.counters.add("completes")
-        except grpc.RpcError as err:
-            cl.counters.add("complete_failures")
-            cl.complete_log.warn("fusebox: complete for %r failed: %s", self.key, err.code().name)
+            self.outcome = c.Outcome(self.classifier(exc))
+        except Exception:  # a broken classifier must not hide the call's error
+            c.log.exception("fusebox: classifier failed; reporting FAILURE")
+            self.outcome = c.Outcome.FAILURE

@@ -7,13 +7,13 @@ import asyncio
 import functools
 import time
 import weakref
-from typing import Awaitable, Callable, Dict, Optional, Tuple
+from typing import Awaitable, Callable, Dict, List, Optional, Tuple
 
 import grpc
 import grpc.aio
 
 from . import _common as c
-from . import _stream
+from . import _outcomes, _stream
 from ._gen import fusebox_pb2 as pb
 from ._gen import fusebox_pb2_grpc as pbg
 from ._sync import Guard as _SyncGuard
@@ -41,7 +41,13 @@ def shared_channel(target: str, tls: Optional[c.TLS] = None) -> grpc.aio.Channel
 
 class AsyncFuseboxClient:
     """The asyncio twin of `FuseboxClient`, with the same options (including
-    transport="unary"|"stream"). Create it inside the running event loop."""
+    transport="unary"|"stream" and outcome_queue). Create it inside the
+    running event loop.
+
+    A guard queues its call's outcome and returns; one sender task per client
+    reports them in the background. `await flush()` waits until the outcomes
+    queued so far are answered; `await aclose()` (or leaving
+    `async with client:`) flushes, then ends the Decide stream."""
 
     def __init__(
         self,
@@ -57,9 +63,11 @@ class AsyncFuseboxClient:
         clock: Callable[[], float] = time.monotonic,
         channel: Optional[grpc.aio.Channel] = None,
         transport: str = "unary",
+        outcome_queue: int = _outcomes.DEFAULT_QUEUE,
     ):
         self.target = target
         self.transport = _stream.check_transport(transport)
+        _outcomes.check_outcome_queue(outcome_queue)
         self.channel = channel if channel is not None else shared_channel(target, tls)
         self.stub = pbg.FuseboxStub(self.channel)
         self.metadata = c.metadata(token)
@@ -71,30 +79,82 @@ class AsyncFuseboxClient:
         # One rate-limited log per kind of trouble, so that one does not hide another.
         self.outage_log = c.RateLimitedLog(log_interval, clock)
         self.renew_log = c.RateLimitedLog(log_interval, clock)
-        self.complete_log = c.RateLimitedLog(log_interval, clock)
         self.backoff = c.OutageBackoff()
-        self.mux = _stream.AsyncMux(self.stub, self.metadata) if transport == "stream" else None
+        self.outcomes = _outcomes.AsyncOutcomeQueue(
+            self._send_outcomes, outcome_queue, deadline, self.counters, log_interval, clock
+        )
+        self.mux = (
+            _stream.AsyncMux(self.stub, self.metadata, self._abandoned)
+            if transport == "stream"
+            else None
+        )
+        self._closing: Optional[asyncio.Task] = None
+
+    @property
+    def stats(self) -> c.Counters:
+        """The client's counters, read by name (`stats.outcomes_dropped`)."""
+        return self.counters
 
     async def _acquire(self, req: pb.AcquireRequest, timeout: float) -> pb.AcquireResponse:
         if self.mux is None:
             return await self.stub.Acquire(req, timeout=timeout, metadata=self.metadata)
         return await self.mux.call("acquire", req, timeout)
 
-    async def _complete(self, req: pb.CompleteRequest, timeout: float) -> pb.CompleteResponse:
+    async def _send_outcomes(
+        self, batch: List[_outcomes.Item], timeout: float
+    ) -> _outcomes.ItemErrors:
+        """One send of the outcome queue (in its sender task)."""
+        requests = _outcomes.requests(batch)
         if self.mux is None:
-            return await self.stub.Complete(req, timeout=timeout, metadata=self.metadata)
-        return await self.mux.call("complete", req, timeout)
+            resp = await self.stub.CompleteBatch(
+                pb.CompleteBatchRequest(items=requests), timeout=timeout, metadata=self.metadata
+            )
+            return _outcomes.batch_errors(resp, len(batch))
+        return await self.mux.complete_batch(requests, timeout)
+
+    def _abandoned(self, key: str, ticket: str) -> None:
+        # A grant that came after its Acquire was given up: no call runs.
+        self.outcomes.put(key, ticket, pb.OUTCOME_IGNORED)
 
     async def _renew(self, req: pb.RenewRequest, timeout: float) -> pb.RenewResponse:
         if self.mux is None:
             return await self.stub.Renew(req, timeout=timeout, metadata=self.metadata)
         return await self.mux.call("renew", req, timeout)
 
-    def close(self) -> None:
-        """Ends the client's Decide stream, if any (the channel, shared, stays
-        open)."""
+    async def flush(self, timeout: Optional[float] = None) -> bool:
+        """Waits until every outcome queued before the call has been answered
+        by fusebox (or its send failed, which is counted): True, or False when
+        `timeout` seconds passed first. Await it where a next call must see the
+        last one's outcome (a concurrency limit of one used by one process)."""
+        return await self.outcomes.flush(timeout)
+
+    async def aclose(self) -> None:
+        """Flushes the outcome queue (within the client's deadline, at least
+        1 s), then ends the client's Decide stream, if any (the channel,
+        shared, stays open)."""
+        await self.outcomes.close(max(self.deadline, _outcomes.MIN_SEND_DEADLINE))
         if self.mux is not None:
             self.mux.close()
+
+    def close(self) -> Optional[asyncio.Task]:
+        """Starts `aclose()` in the running loop and returns its task (await it
+        to wait for the flush). Outside a running loop nothing can be sent: it
+        only ends the Decide stream, and returns None."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            if self.mux is not None:
+                self.mux.close()
+            return None
+        if self._closing is None or self._closing.done():
+            self._closing = loop.create_task(self.aclose())
+        return self._closing
+
+    async def __aenter__(self) -> AsyncFuseboxClient:
+        return self
+
+    async def __aexit__(self, *_exc) -> None:
+        await self.aclose()
 
     def guard(
         self,
@@ -131,6 +191,7 @@ class AsyncGuard(_SyncGuard):
     """One guarded call in asyncio; same attributes as the sync `Guard`."""
 
     _task: Optional[asyncio.Task] = None
+    _renewal_stopped = False
 
     def _fresh(self) -> AsyncGuard:
         return AsyncGuard(
@@ -198,43 +259,20 @@ class AsyncGuard(_SyncGuard):
                 cl.renew_log.warn("fusebox: renew for %r failed: %r", self.key, err)
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
-        cancelled = False
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                # Waits for the renewal to end without taking on its result.
-                await asyncio.wait([self._task])
-            except asyncio.CancelledError:
-                cancelled = True  # our own task: report first, then go on cancelling
-            task = self._task
-            if task.done() and not task.cancelled() and task.exception() is not None:
+        # Nothing here awaits: the guard returns as soon as its call ends, and
+        # a task being cancelled still reports (IGNORED, by the classifier).
+        task = self._task
+        if task is not None and not self._renewal_stopped:
+            self._renewal_stopped = True
+            if not task.done():
+                task.cancel()  # no Renew is sent after this
+            elif not task.cancelled() and task.exception() is not None:
                 self.client.renew_log.warn(
                     "fusebox: renewal for %r ended: %r", self.key, task.exception()
                 )
-        if exc is None:
-            self.outcome = c.Outcome.SUCCESS
-        else:
-            try:
-                self.outcome = c.Outcome(self.classifier(exc))
-            except Exception:
-                c.log.exception("fusebox: classifier failed; reporting FAILURE")
-                self.outcome = c.Outcome.FAILURE
+        self._classify(exc)
         if self.ticket:
-            # Report even when our task is being cancelled.
-            await asyncio.shield(self._complete_async())
-        if cancelled:
-            raise asyncio.CancelledError()
+            self.client.outcomes.put(self.key, self.ticket, self._outcome_pb())
 
     def renewing(self) -> bool:
-        return self._task is not None and not self._task.done()
-
-    async def _complete_async(self) -> None:
-        cl = self.client
-        try:
-            await cl._complete(
-                pb.CompleteRequest(ticket=self.ticket, outcome=self._outcome_pb()), self.deadline
-            )
-            cl.counters.add("completes")
-        except grpc.RpcError as err:
-            cl.counters.add("complete_failures")
-            cl.complete_log.warn("fusebox: complete for %r failed: %s", self.key, err.code().name)
+        return self._task is not None and not self._renewal_stopped and not self._task.done()

@@ -7,10 +7,12 @@ the fleet test, and the overhead bench.
 
 `worker` guards calls with the asyncio client as told by JSON-lines commands
 (guard, release, forget) on standard input, and writes JSON-lines events
-(ready, running, done, forgotten, error) on standard output. `bench` times the
-raw stub calls (Acquire then Complete) against a guarded no-op of the sync
-client on the same channel, and writes one line of medians and p99s. Logs go
-to standard error."""
+(ready, running, done, forgotten, error) on standard output, and closes its
+client (which reports the outcomes still queued) at the end of its input.
+`bench` times the raw stub's Acquire against a guarded no-op of the sync
+client on the same channel, checks that every outcome reached fusebox, and
+writes one line of medians, p99s and outcome counts. Logs go to standard
+error."""
 
 from __future__ import annotations
 
@@ -188,6 +190,7 @@ async def worker(target: str, token: Optional[str]) -> int:
         if fut is not None and not fut.done():
             fut.set_result(None)
     await asyncio.gather(*tasks)
+    await client.aclose()  # reports the outcomes still queued
     await client.channel.close()
     return 0
 
@@ -204,23 +207,32 @@ def summary(samples: List[int]) -> dict:
 
 
 def bench(target: str, token: Optional[str], key: str, iterations: int) -> dict:
+    """The bench line (clients/README.md, "bench"); its `outcomes.lost` is
+    what did not reach fusebox."""
     if iterations < 1:
         raise ValueError("--iterations must be at least 1")
     client = FuseboxClient(target, token=token, deadline=DEADLINE)
     # The raw stub on the guard's own channel.
     raw = pbg.FuseboxStub(client.channel)
+    admin = pbg.AdminStub(client.channel)
     md = client.metadata
     clock = time.perf_counter_ns
+
+    def successes() -> int:
+        state = admin.GetKey(pb.GetKeyRequest(key=key), timeout=DEADLINE, metadata=md)
+        return state.stats.successes
 
     def raw_unit() -> int:
         start = clock()
         resp = raw.Acquire(pb.AcquireRequest(key=key), metadata=md)
+        took = clock() - start
         if resp.decision != pb.DECISION_GRANTED:
             raise RuntimeError(f"{key} was not granted: {resp}")
+        # Reported, awaited, not timed: the guard's outcome goes in the background.
         raw.Complete(
             pb.CompleteRequest(ticket=resp.ticket, outcome=pb.OUTCOME_SUCCESS), metadata=md
         )
-        return clock() - start
+        return took
 
     def guard_unit() -> int:
         start = clock()
@@ -228,6 +240,7 @@ def bench(target: str, token: Optional[str], key: str, iterations: int) -> dict:
             pass
         return clock() - start
 
+    before = successes()
     warmup = iterations // 10
     raw_ns: List[int] = []
     guard_ns: List[int] = []
@@ -239,6 +252,8 @@ def bench(target: str, token: Optional[str], key: str, iterations: int) -> dict:
         if rnd >= warmup:
             raw_ns.append(raw_took)
             guard_ns.append(guard_took)
+    client.close()  # flushes the outcome queue
+    reached = successes() - before
     counters = client.counters.snapshot()
     unavailable = counters["fail_open"] + counters["fail_closed"]
     if unavailable:
@@ -246,11 +261,19 @@ def bench(target: str, token: Optional[str], key: str, iterations: int) -> dict:
             f"fusebox was unavailable to the guard {unavailable} times: "
             "its timings would not be a guard's"
         )
+    expected = 2 * (warmup + iterations)
     return {
         "lang": "python",
         "iterations": iterations,
         "raw_us": summary(raw_ns),
         "guard_us": summary(guard_ns),
+        "outcomes": {
+            "expected": expected,
+            "reached": reached,
+            "lost": expected - reached,
+            "dropped": counters["outcomes_dropped"],
+            "failed": counters["complete_failures"],
+        },
     }
 
 
@@ -262,7 +285,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     w = sub.add_parser("worker", help="guard calls as told on standard input")
     w.add_argument("--target", required=True, help="fusebox's gRPC address, HOST:PORT")
     w.add_argument("--token", help="sent as `authorization: Bearer TOKEN`")
-    b = sub.add_parser("bench", help="time raw stub calls against guarded no-op calls")
+    b = sub.add_parser("bench", help="time a raw stub Acquire against a guarded no-op call")
     b.add_argument("--target", required=True, help="fusebox's gRPC address, HOST:PORT")
     b.add_argument("--key", required=True, help="the key (always granted)")
     b.add_argument("--iterations", type=int, required=True, help="timed rounds")
@@ -276,6 +299,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"client_tool.py bench: {e}", file=sys.stderr)
         return 1
     emit(line)
+    lost = line["outcomes"]["lost"]
+    if lost:
+        print(
+            f"client_tool.py bench: {lost} outcomes did not reach fusebox"
+            f" ({line['outcomes']['dropped']} dropped, {line['outcomes']['failed']} failed)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -5,8 +5,10 @@ The binary is $FUSEBOX_BIN, else ../../target/debug/fusebox from clients/python.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -31,6 +33,7 @@ from google.protobuf.duration_pb2 import Duration  # noqa: E402
 from fusebox_client._gen import fusebox_pb2 as pb  # noqa: E402
 from fusebox_client._gen import fusebox_pb2_grpc as pbg  # noqa: E402
 
+WAIT = 10.0  # seconds: the bound of every wait for a condition in the tests
 BIN = os.environ.get("FUSEBOX_BIN", os.path.join(ROOT, "..", "..", "target", "debug", "fusebox"))
 
 
@@ -60,6 +63,32 @@ class Server:
         )
         self.admin = pbg.AdminStub(self.channel)
         self.clock = pbg.ClockStub(self.channel)
+        self.paused = False
+
+    def state(self) -> str:
+        """The process's state letter from /proc (T: stopped)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+
+    def pause(self) -> None:
+        """Stops the server process (SIGSTOP) and waits until it is stopped:
+        its connections stay open, and nothing is answered until `resume`."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        self.paused = True
+        end = time.monotonic() + WAIT
+        while self.state() != "T":
+            assert time.monotonic() < end, "the server did not stop on SIGSTOP"
+            time.sleep(0.001)  # polling the process's state, bounded by WAIT
+
+    def resume(self) -> None:
+        """Lets a paused server go on (SIGCONT)."""
+        os.kill(self.proc.pid, signal.SIGCONT)
+        self.paused = False
+
+    def kill(self) -> None:
+        """Kills the server process and waits for it to exit."""
+        self.proc.kill()
+        self.proc.wait(WAIT)
 
     def advance(self, millis: int) -> None:
         self.clock.Advance(pb.AdvanceRequest(by=ms(millis)))
@@ -74,9 +103,28 @@ class Server:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
+            if self.paused:
+                self.resume()
             self.proc.terminate()
             self.proc.wait(10)
         self.channel.close()
+
+
+@pytest.fixture(autouse=True)
+def fresh_channels():
+    """Forgets the sync client's shared channels after each test: a later
+    server may get the port of one that has stopped, and a channel still
+    backing off from that one would fail its first calls fast. (Not closed:
+    grpcio's close races its own connectivity thread; unsubscribed, that
+    thread ends, and the channel goes with its last reference.)"""
+    yield
+    from fusebox_client import _sync
+
+    with _sync._channels_lock:
+        channels = list(_sync._channels.values())
+        _sync._channels.clear()
+    for channel in channels:
+        channel.unsubscribe(_sync._ignore_state)
 
 
 @pytest.fixture

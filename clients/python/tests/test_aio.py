@@ -2,7 +2,7 @@ import asyncio
 import socket
 
 import pytest
-from conftest import FakeClock, breaker, concurrency
+from conftest import WAIT, FakeClock, breaker, concurrency
 
 from fusebox_client import Blocked, Denied, Outcome, aio
 from fusebox_client._common import BackingOff
@@ -26,6 +26,7 @@ async def test_success_failure_and_decorator(server):
 
     with pytest.raises(Boom):
         await bad()
+    assert await client.flush(WAIT)
     st = server.key("a").stats
     assert (st.successes, st.failures) == (1, 1)
 
@@ -45,6 +46,7 @@ async def test_cancellation_is_ignored(server):
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    assert await client.flush(WAIT)
     st = server.key("cx").stats
     assert (st.ignored, st.failures, st.successes) == (1, 0, 0)
     assert server.key("cx").live_tickets == 0
@@ -57,6 +59,7 @@ async def test_trip_then_local_short_circuit(server):
     with pytest.raises(Boom):
         async with client.guard("ta"):
             raise Boom()
+    assert await client.flush(WAIT)  # the next Acquire must see the failure
     with pytest.raises(Blocked) as e:
         async with client.guard("ta"):
             pass
@@ -96,6 +99,7 @@ async def test_renewal_stops_when_call_ends(server):
             await asyncio.sleep(0.01)
         server.advance(90)
     assert not g.renewing()
+    assert await client.flush(WAIT)
     st = server.key("ra").stats
     assert (st.successes, st.expired) == (1, 0)
 
@@ -149,7 +153,7 @@ async def test_outage_backs_off_before_asking_again():
 
 
 class RecordingStub:
-    """Renew fails with UNAVAILABLE; Complete is recorded."""
+    """Renew fails with UNAVAILABLE; the outcomes sent are recorded."""
 
     def __init__(self):
         self.completes = 0
@@ -157,9 +161,11 @@ class RecordingStub:
     async def Renew(self, req, timeout=None, metadata=None):
         raise BackingOff()
 
-    async def Complete(self, req, timeout=None, metadata=None):
-        self.completes += 1
-        return pb.CompleteResponse()
+    async def CompleteBatch(self, req, timeout=None, metadata=None):
+        self.completes += len(req.items)
+        return pb.CompleteBatchResponse(
+            results=[pb.CompleteResult(response=pb.CompleteResponse()) for _ in req.items]
+        )
 
 
 async def test_a_failed_renewal_is_retried_at_a_quarter_of_the_lease(monkeypatch):
@@ -198,10 +204,11 @@ async def test_exit_reports_even_when_the_renewal_task_failed():
     g._task = asyncio.get_running_loop().create_task(broken())
     await asyncio.wait([g._task])
     await g.__aexit__(None, None, None)
+    assert await client.flush(WAIT)
     assert stub.completes == 1
 
 
-async def test_exit_cancelled_while_stopping_renewal_reports_and_stays_cancelled():
+async def test_exit_does_not_wait_for_the_renewal_to_end():
     client = AsyncFuseboxClient(free_addr(), deadline=0.05)
     stub = client.stub = RecordingStub()  # type: ignore[assignment]
     started, stopping, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
@@ -218,11 +225,12 @@ async def test_exit_cancelled_while_stopping_renewal_reports_and_stays_cancelled
     g.ticket = "ticket"
     g._task = asyncio.get_running_loop().create_task(slow_to_stop())
     await started.wait()
-    exiting = asyncio.get_running_loop().create_task(g.__aexit__(None, None, None))
-    await stopping.wait()
-    exiting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await exiting
+    # Exit returns at once (it awaits nothing), the renewal told to stop.
+    await g.__aexit__(None, None, None)
+    assert not g.renewing()
+    assert await client.flush(WAIT)
     assert stub.completes == 1
+    await stopping.wait()
+    assert not g._task.done()
     release.set()
     await asyncio.wait([g._task])

@@ -12,9 +12,10 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
-from conftest import HERE, Server
+from conftest import HERE, WAIT, Server, pb
 
 TOOL = os.path.join(HERE, "client_tool.py")
 LIMIT = 30.0
@@ -102,6 +103,11 @@ def test_worker_speaks_the_protocol(configured):
         w.done("g2", ran=True, refusal=None, error=False)
 
         w.guard("g3", "svc/a", "fail", True, ran=True, refusal=None, error=True)
+        # The failure is reported in the background: fusebox trips a moment later.
+        end = time.monotonic() + WAIT
+        while configured.key("svc/a").phase != pb.PHASE_OPEN:
+            assert time.monotonic() < end, "the failure did not trip svc/a"
+            time.sleep(0.005)  # polling a condition, bounded by WAIT
         w.guard("g4", "svc/a", "succeed", False, ran=False, refusal="blocked", reason="open",
                 retry_after_ms=10000, local=False, error=False)  # fmt: skip
         w.guard("g5", "svc/a", "succeed", False, ran=False, refusal="blocked", reason="open",
@@ -119,6 +125,9 @@ def test_worker_speaks_the_protocol(configured):
         w.proc.stdin.close()
         w.done("g7", ran=True, refusal=None, error=False)
         assert w.exit_code() == 0
+        # It closed its client, which reported the outcomes still queued.
+        state = configured.key("other/b")
+        assert (state.stats.successes, state.live_tickets) == (1, 0), state
     finally:
         w.kill()
 
@@ -156,11 +165,14 @@ def test_bench_writes_one_line(server):
     lines = out.stdout.splitlines()
     assert len(lines) == 1, out.stdout
     line = json.loads(lines[0])
-    assert set(line) == {"lang", "iterations", "raw_us", "guard_us"}, line
+    assert set(line) == {"lang", "iterations", "raw_us", "guard_us", "outcomes"}, line
     assert line["lang"] == "python" and line["iterations"] == 50, line
     for unit in ("raw_us", "guard_us"):
         assert set(line[unit]) == {"median", "p99"}, line
         assert 0 < line[unit]["median"] <= line[unit]["p99"], line
     # Every round's two Acquires were granted and completed: 2 x 55.
-    stats = server.key("bench/tool").stats
-    assert (stats.granted, stats.successes) == (110, 110), stats
+    assert line["outcomes"] == {
+        "expected": 110, "reached": 110, "lost": 0, "dropped": 0, "failed": 0
+    }, line  # fmt: skip
+    state = server.key("bench/tool")
+    assert (state.stats.granted, state.stats.successes, state.live_tickets) == (110, 110, 0), state

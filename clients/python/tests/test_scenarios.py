@@ -277,7 +277,7 @@ async def replay(scenario: dict, tmp_path, transport: str) -> None:
                 r.task.cancel()
     finally:
         if client is not None:
-            client.close()
+            await client.aclose()
         server.stop()
 
 

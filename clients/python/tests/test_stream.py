@@ -6,10 +6,9 @@ import time
 
 import grpc
 import pytest
-from conftest import breaker, concurrency, pb
+from conftest import WAIT, breaker, concurrency, pb
 
 from fusebox_client import CallError, FuseboxClient, Unavailable
-from fusebox_client._common import INITIAL_BACKOFF
 from fusebox_client.aio import AsyncFuseboxClient
 
 
@@ -18,12 +17,13 @@ class Boom(Exception):
 
 
 def no_unary(client) -> None:
-    """Makes any unary Acquire, Complete or Renew of client fail the test."""
+    """Makes any unary Acquire, Complete(Batch) or Renew of client fail the test."""
 
     def unary(*_args, **_kwargs):
         raise AssertionError("a unary call with transport='stream'")
 
     client.stub.Acquire = client.stub.Complete = client.stub.Renew = unary
+    client.stub.CompleteBatch = unary
 
 
 def queued(permits: int = 1) -> pb.Limiter:
@@ -66,6 +66,7 @@ def test_every_call_goes_on_one_stream(server):
     for t in threads:
         t.join()
     assert not errors
+    assert client.flush(WAIT)
     st = server.key("k").stats
     assert (st.successes, st.failures) == (30, 10)
     assert client.counters.snapshot()["completes"] == 40
@@ -126,9 +127,10 @@ def test_calls_in_flight_fail_unavailable_when_the_stream_ends_then_it_reopens(s
         t.join(5)
         assert result == {"code": grpc.StatusCode.UNAVAILABLE}
     # The holder's Complete went on a new stream.
+    assert client.flush(WAIT)
     assert server.key("k").stats.successes == 1
     assert client.mux._stream is not first
-    time.sleep(2 * INITIAL_BACKOFF)  # the outage backoff
+    until(lambda: not client.backoff.backing_off(), "the outage backoff")
     with client.guard("other") as g:
         assert g.ticket
     client.close()
@@ -148,10 +150,11 @@ async def test_async_every_call_goes_on_one_stream(server):
             pass
 
     await asyncio.gather(*(one(i) for i in range(40)))
+    assert await client.flush(WAIT)
     st = server.key("k").stats
     assert (st.successes, st.failures) == (30, 10)
     assert client.counters.snapshot()["completes"] == 40
-    client.close()
+    await client.aclose()
 
 
 async def test_async_error_answer_and_cancelled_waiter(server):
@@ -181,6 +184,7 @@ async def test_async_error_answer_and_cancelled_waiter(server):
                 break
             await asyncio.sleep(0.005)
         assert server.key("k").waiters == 0
+    assert await client.flush(WAIT)  # the permit is free again before the next Acquire
 
     # Past its deadline: fails open, and the waiter is withdrawn.
     async with client.guard("k"):
@@ -192,4 +196,4 @@ async def test_async_error_answer_and_cancelled_waiter(server):
                 break
             await asyncio.sleep(0.005)
         assert server.key("k").waiters == 0
-    client.close()
+    await client.aclose()

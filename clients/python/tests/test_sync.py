@@ -2,7 +2,7 @@ import socket
 import threading
 
 import pytest
-from conftest import FakeClock, breaker, concurrency
+from conftest import WAIT, FakeClock, breaker, concurrency
 
 from fusebox_client import (
     Blocked,
@@ -25,6 +25,8 @@ def fail(client, key):
     with pytest.raises(Boom):
         with client.guard(key):
             raise Boom()
+    # The outcome goes in the background: the next Acquire must see it.
+    assert client.flush(WAIT)
 
 
 def test_success_is_reported(server):
@@ -32,6 +34,7 @@ def test_success_is_reported(server):
     with client.guard("k") as g:
         assert g.decision == "DECISION_GRANTED" and g.ticket
     assert g.outcome == Outcome.SUCCESS
+    assert client.flush(WAIT)
     assert server.key("k").stats.successes == 1
 
 
@@ -47,6 +50,7 @@ def test_decorator_reports_each_call(server):
     assert work(2) == 4
     with pytest.raises(Boom):
         work(-1)
+    assert client.flush(WAIT)
     st = server.key("dec").stats
     assert (st.successes, st.failures) == (1, 1)
 
@@ -73,6 +77,7 @@ def test_trip_blocks_then_short_circuits_locally_then_probes(server):
     clock.now += 10.0
     with client.guard("t/a") as g:
         assert g.decision == "DECISION_PROBE"
+    assert client.flush(WAIT)
     assert server.key("t/a").phase == 1  # PHASE_CLOSED
     assert client.counters.snapshot()["short_circuited"] == 1
 
@@ -95,6 +100,7 @@ def test_no_permits_is_denied(server):
             with client.guard("c"):
                 pass
     assert e.value.reason == "no_permits"
+    assert client.flush(WAIT)
     assert server.key("c").free == 1
 
 
@@ -106,6 +112,7 @@ def test_interrupt_is_ignored_and_classifier_is_replaceable(server):
     with pytest.raises(Boom):
         with client.guard("i", classifier=lambda e: Outcome.IGNORED):
             raise Boom()
+    assert client.flush(WAIT)
     st = server.key("i").stats
     assert (st.ignored, st.failures) == (2, 0)
 
@@ -135,8 +142,9 @@ def test_long_call_is_renewed_and_renewal_stops(server):
         n = renewals()
         wait_for(n + 1)
     assert g._renewal is not None and g._renewal.stopped
-    # Stopped means no Renew is on the wire or will be sent for this ticket.
+    # Stopped means no Renew will be sent for this ticket.
     assert g._renewal.renew() is None
+    assert client.flush(WAIT)
     st = server.key("r").stats
     assert (st.successes, st.expired) == (1, 0)
 
