@@ -16,7 +16,11 @@ import { duration, millis, proto } from './proto';
 import type { Logger, Stats } from './stats';
 import { LogLimiter, consoleLogger, emptyStats } from './stats';
 import { DecideMux, statusError } from './stream';
+import { OutcomeSender } from './outcomes';
+import type { ItemAnswer, QueuedOutcome } from './outcomes';
+import type { CompleteBatchResponse__Output } from './generated/fusebox/v1/CompleteBatchResponse';
 import type { DecideResult__Output } from './generated/fusebox/v1/DecideResult';
+import type { ItemError__Output } from './generated/fusebox/v1/ItemError';
 import type { RenewResponse__Output } from './generated/fusebox/v1/RenewResponse';
 
 /** How long a guard waits for fusebox itself (Acquire, Complete, Renew), in ms. */
@@ -25,6 +29,10 @@ export const DEFAULT_DEADLINE_MS = 50;
 export const DEFAULT_CACHE_SIZE = 1024;
 /** The least time between two log lines about the same kind of trouble, in ms. */
 export const DEFAULT_LOG_INTERVAL_MS = 10_000;
+/** The bound of the outcome queue: outcomes waiting to be reported. */
+export const DEFAULT_OUTCOME_QUEUE = 10_000;
+/** The least deadline of a send of outcomes, and of the flush that `close` does, in ms. */
+const MIN_BACKGROUND_DEADLINE_MS = 1000;
 
 /** How a guarded call went, as reported to fusebox. */
 export type Outcome = 'success' | 'failure' | 'ignored';
@@ -95,7 +103,10 @@ export interface ClientOptions {
   token?: string;
   /** Connect with TLS; without it the connection is plaintext. */
   tls?: TlsOptions;
-  /** Default deadline of each call to fusebox, in ms (default 50). */
+  /**
+   * Default deadline of each call to fusebox, in ms (default 50). Sends of
+   * outcomes, which nobody waits on, get at least 1 s.
+   */
   deadlineMs?: number;
   /** Default policy when fusebox cannot be asked in time (default `open`). */
   onUnavailable?: UnavailablePolicy;
@@ -117,6 +128,13 @@ export interface ClientOptions {
    * client, the frames of one event-loop turn sent in one message.
    */
   transport?: 'unary' | 'stream';
+  /**
+   * Bound of the outcome queue (default 10 000): the outcomes of guarded
+   * calls waiting to be reported in the background. With the queue full an
+   * outcome is dropped (counted in `stats().outcomesDropped`, logged), and
+   * its ticket ends with its lease on the server.
+   */
+  outcomeQueue?: number;
 }
 
 const CANCELLED = grpc.status.CANCELLED;
@@ -225,11 +243,20 @@ export class FuseboxClient {
   private adminStub?: AdminStub;
   private clockStub?: ClockStub;
   private readonly mux: DecideMux | undefined;
+  private readonly outcomes: OutcomeSender;
+  private readonly backgroundDeadlineMs: number;
+  private closing: Promise<void> | undefined;
 
   constructor(
     readonly target: string,
     options: ClientOptions = {},
   ) {
+    const outcomeQueue = options.outcomeQueue ?? DEFAULT_OUTCOME_QUEUE;
+    if (!Number.isSafeInteger(outcomeQueue) || outcomeQueue < 1) {
+      throw new RangeError(
+        `fusebox: the outcomeQueue option must be a whole number of at least 1 (got ${String(outcomeQueue)}); leave it out for the default of ${DEFAULT_OUTCOME_QUEUE}`,
+      );
+    }
     this.opts = {
       deadlineMs: options.deadlineMs ?? DEFAULT_DEADLINE_MS,
       onUnavailable: options.onUnavailable ?? 'open',
@@ -273,7 +300,18 @@ export class FuseboxClient {
     // Start connecting now, so that the first guard's deadline is not spent
     // on the handshake.
     this.stub.getChannel().getConnectivityState(true);
-    this.mux = options.transport === 'stream' ? new DecideMux(this.stub) : undefined;
+    this.mux =
+      options.transport === 'stream'
+        ? new DecideMux(this.stub, (key, ticket) => this.outcomes.enqueue({ key, ticket, outcome: 'ignored' }))
+        : undefined;
+    this.backgroundDeadlineMs = Math.max(this.opts.deadlineMs, MIN_BACKGROUND_DEADLINE_MS);
+    this.outcomes = new OutcomeSender(
+      outcomeQueue,
+      this.backgroundDeadlineMs,
+      (batch, deadlineMs) => this.sendOutcomes(batch, deadlineMs),
+      this.counters,
+      this.logs,
+    );
   }
 
   /**
@@ -290,13 +328,42 @@ export class FuseboxClient {
     return c;
   }
 
-  /** Closes the channel (and forgets the client as the shared one of its target). */
-  close(): void {
-    if (shared.get(this.target) === this) {
-      shared.delete(this.target);
+  /**
+   * Waits until every outcome queued before this call has been reported
+   * (or counted as not reported), at most timeoutMs (default: the client's
+   * deadline, at least 1 s; Infinity waits as long as it takes). Resolves
+   * true when they all were, false when the time ran out first (the rest
+   * are still sent in the background). Call it where the next call must
+   * see the last outcome, say before an Acquire under a concurrency limit
+   * of one.
+   */
+  flush(timeoutMs: number = this.backgroundDeadlineMs): Promise<boolean> {
+    if (typeof timeoutMs !== 'number' || !(timeoutMs >= 0)) {
+      return Promise.reject(
+        new RangeError(`fusebox: flush's timeoutMs must be a number of milliseconds, 0 or more (got ${String(timeoutMs)})`),
+      );
     }
-    this.mux?.close();
-    this.stub.close();
+    return this.outcomes.flush(timeoutMs);
+  }
+
+  /**
+   * Flushes the outcome queue (within the client's deadline, at least 1 s),
+   * then closes the stream and the channel. The client is forgotten as the
+   * shared one of its target at once; an outcome that ends after the call
+   * is counted as not reported. Calling it again returns the same promise.
+   */
+  close(): Promise<void> {
+    if (this.closing === undefined) {
+      if (shared.get(this.target) === this) {
+        shared.delete(this.target);
+      }
+      this.closing = this.outcomes.flush(this.backgroundDeadlineMs).then(() => {
+        this.outcomes.close();
+        this.mux?.close();
+        this.stub.close();
+      });
+    }
+    return this.closing;
   }
 
   /** The operator API (generated Admin stub) on the client's channel. */
@@ -342,7 +409,9 @@ export class FuseboxClient {
    * error unchanged, or with a refusal (BlockedError, RefusedError,
    * DeniedError) without running it, an UnavailableError when fusebox cannot
    * be asked and the policy is fail closed, or a FuseboxRequestError when
-   * fusebox rejects the request itself.
+   * fusebox rejects the request itself. The outcome goes into the client's
+   * outcome queue and is reported in the background: the guard settles as
+   * soon as the call does (see `flush`).
    */
   async guard<T>(key: string, call: (ctx: GuardContext) => Promise<T> | T, options: GuardOptions = {}): Promise<T> {
     const cfg: Resolved = {
@@ -451,7 +520,7 @@ export class FuseboxClient {
     return (...args: A) => this.guard(typeof key === 'string' ? key : key(...args), () => fn(...args), options);
   }
 
-  // Runs the call under a ticket, renews its lease and reports the outcome.
+  // Runs the call under a ticket, renews its lease and queues the outcome.
   private async run<T>(
     ctx: GuardContext,
     leaseMs: number,
@@ -463,27 +532,24 @@ export class FuseboxClient {
     if (ticket === null) {
       return runBare(ctx, call, signal); // a status check: nothing to renew or report
     }
-    const renewer = cfg.renew && leaseMs > 0 ? new Renewer(leaseMs, (lease) => this.renewOnce(ticket, lease, cfg)) : null;
-    let outcome: Outcome;
-    let value: T | undefined;
-    let failed = false;
-    let error: unknown;
+    const renewer =
+      cfg.renew && leaseMs > 0
+        ? new Renewer(leaseMs, (lease, stopped) => this.renewOnce(ticket, lease, cfg, stopped))
+        : null;
+    let value: T;
     try {
       value = await call(ctx);
-      outcome = 'success';
     } catch (err) {
-      failed = true;
-      error = err;
-      outcome = signal?.aborted ? 'ignored' : this.classify(cfg.classifier, err);
+      const outcome = signal?.aborted ? 'ignored' : this.classify(cfg.classifier, err);
+      renewer?.stop();
+      this.outcomes.enqueue({ key: ctx.key, ticket, outcome });
+      throw signal?.aborted ? signal.reason : err;
     }
-    if (renewer !== null) {
-      await renewer.stop();
-    }
-    await this.complete(ctx.key, ticket, outcome, cfg.deadlineMs);
-    if (failed) {
-      throw signal?.aborted ? signal.reason : error;
-    }
-    return value as T;
+    // Renewal stops before the outcome is queued; the guard returns without
+    // waiting for fusebox to take it.
+    renewer?.stop();
+    this.outcomes.enqueue({ key: ctx.key, ticket, outcome: 'success' });
+    return value;
   }
 
   private classify(classifier: Classifier, err: unknown): Outcome {
@@ -499,7 +565,7 @@ export class FuseboxClient {
   }
 
   // A stream answer as the unary call's result (or error).
-  private static answer<T>(result: DecideResult__Output, kind: 'acquire' | 'complete' | 'renew'): T {
+  private static answer<T>(result: DecideResult__Output, kind: 'acquire' | 'renew'): T {
     if (result.error) {
       throw statusError(result.error.code, result.error.message);
     }
@@ -539,27 +605,37 @@ export class FuseboxClient {
     });
   }
 
-  private async complete(key: string, ticket: string, outcome: Outcome, deadlineMs: number): Promise<void> {
-    try {
-      const message = { ticket, outcome: OUTCOME[outcome] };
-      if (this.mux !== undefined) {
-        FuseboxClient.answer(await this.mux.request({ complete: message }, deadlineMs), 'complete');
-      } else {
-        await new Promise<void>((resolve, reject) => {
-          this.stub.Complete(message, { deadline: Date.now() + deadlineMs }, (err) =>
-            err !== null ? reject(err) : resolve(),
-          );
-        });
-      }
-      this.counters.completed++;
-    } catch (err) {
-      this.counters.completeErrs++;
-      this.logs.warn('complete', 'fusebox: could not report an outcome', { key, outcome, err: String(err) });
+  // One send of the outcome queue: a CompleteBatch, or complete frames of
+  // the Decide stream in one message. An item's error is its answer.
+  private async sendOutcomes(batch: readonly QueuedOutcome[], deadlineMs: number): Promise<ItemAnswer[]> {
+    const items = batch.map((o) => ({ ticket: o.ticket, outcome: OUTCOME[o.outcome] }));
+    const itemError = (e: ItemError__Output): Error => statusError(e.code, e.message);
+    if (this.mux !== undefined) {
+      const answers = await this.mux.requestBatch(
+        items.map((complete) => ({ complete })),
+        deadlineMs,
+      );
+      return answers.map((a) => {
+        if (a instanceof Error) {
+          return a;
+        }
+        if (a.error) {
+          return itemError(a.error);
+        }
+        return a.complete ? null : statusError(grpc.status.INTERNAL, `fusebox answered a complete frame with ${a.result ?? 'nothing'}`);
+      });
     }
+    const resp = await new Promise<CompleteBatchResponse__Output>((resolve, reject) => {
+      this.stub.CompleteBatch({ items }, { deadline: Date.now() + deadlineMs }, (err, res) =>
+        err !== null || res === undefined ? reject(err ?? new Error('no response')) : resolve(res),
+      );
+    });
+    return resp.results.map((r) => (r.error ? itemError(r.error) : null));
   }
 
-  // One renewal; the delay before the next (null: stop).
-  private async renewOnce(ticket: string, leaseMs: number, cfg: Resolved): Promise<number | null> {
+  // One renewal; the delay before the next (null: stop). A renewal whose
+  // call has ended meanwhile is let go quietly: the outcome supersedes it.
+  private async renewOnce(ticket: string, leaseMs: number, cfg: Resolved, stopped: () => boolean): Promise<number | null> {
     try {
       const message = cfg.leaseMs > 0 ? { ticket, lease: duration(cfg.leaseMs) } : { ticket };
       const mux = this.mux;
@@ -578,6 +654,9 @@ export class FuseboxClient {
       this.counters.renewals++;
       return Math.max((resp.lease ?? leaseMs) / 2, 1);
     } catch (err) {
+      if (stopped()) {
+        return null;
+      }
       this.counters.renewErrors++;
       this.logs.warn('renew', 'fusebox: could not renew a lease', { err: String(err) });
       if (isServiceError(err) && err.code === grpc.status.NOT_FOUND) {
@@ -606,12 +685,11 @@ async function runBare<T>(
 // ticket is gone. Its timers do not keep the process alive.
 class Renewer {
   private timer: NodeJS.Timeout | undefined;
-  private inflight: Promise<void> | undefined;
   private stopped = false;
 
   constructor(
     private leaseMs: number,
-    private readonly renew: (leaseMs: number) => Promise<number | null>,
+    private readonly renew: (leaseMs: number, stopped: () => boolean) => Promise<number | null>,
   ) {
     this.schedule(leaseMs / 2);
   }
@@ -623,8 +701,7 @@ class Renewer {
 
   private fire(): void {
     this.timer = undefined;
-    this.inflight = this.renew(this.leaseMs).then((next) => {
-      this.inflight = undefined;
+    void this.renew(this.leaseMs, () => this.stopped).then((next) => {
       if (next !== null && !this.stopped) {
         this.leaseMs = next * 2;
         this.schedule(next);
@@ -632,14 +709,13 @@ class Renewer {
     });
   }
 
-  async stop(): Promise<void> {
+  // Stops renewing without waiting: a renewal in flight is let go (its
+  // answer, or NOT_FOUND once the outcome is in, changes nothing).
+  stop(): void {
     this.stopped = true;
     if (this.timer !== undefined) {
       clearTimeout(this.timer);
       this.timer = undefined;
-    }
-    if (this.inflight !== undefined) {
-      await this.inflight;
     }
   }
 }

@@ -11,6 +11,7 @@ export {
   DEFAULT_CACHE_SIZE,
   DEFAULT_DEADLINE_MS,
   DEFAULT_LOG_INTERVAL_MS,
+  DEFAULT_OUTCOME_QUEUE,
   FuseboxClient,
   defaultClassifier,
   tlsFromFiles,

@@ -22,9 +22,17 @@ export interface Stats {
   renewals: number;
   /** Renewals that failed. */
   renewErrors: number;
-  /** Outcomes reported. */
+  /** Outcomes reported (answered by fusebox). */
   completed: number;
-  /** Outcomes that could not be reported. */
+  /**
+   * Outcomes that could not be reported: their send failed, or fusebox
+   * answered the item with an error (an unknown or already completed
+   * ticket). Their tickets end with their leases on the server.
+   */
+  completeFailures: number;
+  /** Outcomes dropped because the outcome queue was full (the `outcomeQueue` option). */
+  outcomesDropped: number;
+  /** @deprecated The same count as `completeFailures`, under its old name. */
   completeErrs: number;
 }
 
@@ -42,6 +50,8 @@ export function emptyStats(): Stats {
     renewals: 0,
     renewErrors: 0,
     completed: 0,
+    completeFailures: 0,
+    outcomesDropped: 0,
     completeErrs: 0,
   };
 }

@@ -7,7 +7,7 @@ import * as path from 'node:path';
 import { createInterface } from 'node:readline';
 import { after, before, test } from 'node:test';
 
-import { Server, within } from './server';
+import { Server, waitFor, within } from './server';
 
 const TOOL = path.join(__dirname, 'client-tool.js');
 
@@ -19,7 +19,16 @@ before(async () => {
   });
 });
 
-after(() => server.close());
+const tools: Tool[] = [];
+
+after(async () => {
+  for (const t of tools) {
+    if (t.proc.exitCode === null && t.proc.signalCode === null) {
+      t.proc.kill(); // a test that failed midway leaves no process behind
+    }
+  }
+  await server.close();
+});
 
 type Event = Record<string, unknown>;
 
@@ -31,6 +40,7 @@ class Tool {
 
   constructor(args: string[]) {
     this.proc = spawn(process.execPath, [TOOL, ...args], { stdio: 'pipe' });
+    tools.push(this);
     this.exited = new Promise((resolve) => this.proc.once('exit', (code) => resolve(code)));
     createInterface({ input: this.proc.stdout }).on('line', (line) => {
       this.events.push(JSON.parse(line) as Event);
@@ -78,6 +88,9 @@ void test('worker: guards, refusals, the local short-circuit, forget, hang and r
     assert.deepEqual(await w.next(), { event: 'running', id });
     assert.deepEqual(await w.next(), done(id, { ran: true, error: true }));
   }
+  // The outcomes are reported in the background: wait until fusebox has
+  // both before the next Acquire, as the fleet test does.
+  await waitFor('the two failures reach fusebox', async () => (await server.key('svc/a')).phase === 'PHASE_OPEN');
   w.send({ op: 'guard', id: 'b1', key: 'svc/a', call: 'succeed' });
   assert.deepEqual(await w.next(), done('b1', { refusal: 'blocked', reason: 'open', retry_after_ms: 10000 }));
   w.send({ op: 'guard', id: 'b2', key: 'svc/a', call: 'succeed' });
@@ -99,6 +112,7 @@ void test('worker: guards, refusals, the local short-circuit, forget, hang and r
   w.proc.stdin.end(); // a call still hanging at the end is released
   assert.deepEqual(await w.next(), done('h2', { ran: true }));
   assert.equal(await within('the worker exits', w.exited), 0);
+  // Read once: the worker closed its client, which flushed the outcomes.
   assert.equal((await server.key('svc/b')).stats?.successes, '2');
 });
 
@@ -114,13 +128,15 @@ void test('bench: one JSON line with the medians and p99s of raw and guarded uni
   const b = new Tool(['bench', '--target', server.addr, '--key', 'bench/k', '--iterations', '20']);
   const line = await b.next();
   assert.equal(await within('the bench exits', b.exited, 30_000), 0);
-  assert.deepEqual(Object.keys(line), ['lang', 'iterations', 'raw_us', 'guard_us']);
+  assert.deepEqual(Object.keys(line), ['lang', 'iterations', 'raw_us', 'guard_us', 'outcomes']);
   assert.equal(line.lang, 'node');
   assert.equal(line.iterations, 20);
   for (const k of ['raw_us', 'guard_us']) {
     const s = line[k] as { median: number; p99: number };
     assert.ok(s.median > 0 && s.p99 >= s.median, `${k} ${JSON.stringify(s)}`);
   }
+  assert.deepEqual(line.outcomes, { expected: 44, reached: 44, lost: 0, dropped: 0, failed: 0 });
   const st = await server.key('bench/k');
   assert.equal(st.stats?.successes, '44', '22 rounds (2 warm-up) of one raw and one guarded unit');
+  assert.equal(st.liveTickets, 0);
 });

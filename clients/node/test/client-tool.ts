@@ -4,15 +4,20 @@
 //   node dist-test/test/client-tool.js bench  --target HOST:PORT --key KEY --iterations N [--token T]
 //
 // `worker` reads JSON commands from standard input and writes JSON events to
-// standard output, one per line; `bench` times raw Acquire+Complete against
-// a guard of a no-op and prints one JSON line.
+// standard output, one per line, and closes its client (which flushes the
+// outcome queue) at the end of its input; `bench` times the stub's Acquire
+// alone against a guard of a no-op (whose outcome is reported in the
+// background), counts the outcomes that reached fusebox and prints one JSON
+// line.
 import { createInterface } from 'node:readline';
 
 import { BlockedError, DeniedError, FuseboxClient, RefusedError, UnavailableError } from '@fusebox/client';
-import type { AcquireResponse } from '@fusebox/client';
+import type { AcquireResponse, KeyState } from '@fusebox/client';
 
 const LANG = 'node';
 const DEADLINE_MS = 2000;
+/** How long the bench waits for its last outcomes to be answered. */
+const FLUSH_MS = 10_000;
 
 function usage(msg: string): never {
   process.stderr.write(
@@ -189,14 +194,23 @@ function unary<T>(start: (cb: (err: Error | null, res?: T) => void) => void): Pr
   });
 }
 
-async function rawUnit(client: FuseboxClient, key: string): Promise<void> {
+// The stub's Acquire alone is timed; its Complete follows, awaited but not timed.
+async function rawUnit(client: FuseboxClient, key: string): Promise<number> {
+  const t0 = process.hrtime.bigint();
   const resp = await unary<AcquireResponse>((cb) => client.stub.Acquire({ key }, { deadline: Date.now() + DEADLINE_MS }, cb));
+  const took = Number(process.hrtime.bigint() - t0) / 1000;
   if (resp.decision !== 'DECISION_GRANTED' || resp.ticket === '') {
     throw new Error(`raw Acquire was not granted: ${resp.decision} ${resp.reason}`);
   }
   await unary((cb) =>
     client.stub.Complete({ ticket: resp.ticket, outcome: 'OUTCOME_SUCCESS' }, { deadline: Date.now() + DEADLINE_MS }, cb),
   );
+  return took;
+}
+
+async function successes(client: FuseboxClient, key: string): Promise<number> {
+  const state = await unary<KeyState>((cb) => client.admin().GetKey({ key }, { deadline: Date.now() + DEADLINE_MS }, cb));
+  return Number(state.stats?.successes ?? 0);
 }
 
 function summary(samples: number[]): { median: number; p99: number } {
@@ -206,21 +220,19 @@ function summary(samples: number[]): { median: number; p99: number } {
   return { median: round(at(0.5)), p99: round(at(0.99)) };
 }
 
-async function bench(client: FuseboxClient, key: string, iterations: number): Promise<void> {
+// Exits 1 when an outcome did not reach fusebox.
+async function bench(client: FuseboxClient, key: string, iterations: number): Promise<boolean> {
   const noop = (): Promise<void> => Promise.resolve();
   const raw: number[] = [];
   const guarded: number[] = [];
-  const timeRaw = async (): Promise<number> => {
-    const t0 = process.hrtime.bigint();
-    await rawUnit(client, key);
-    return Number(process.hrtime.bigint() - t0) / 1000;
-  };
+  const timeRaw = (): Promise<number> => rawUnit(client, key);
   const timeGuard = async (): Promise<number> => {
     const t0 = process.hrtime.bigint();
     await client.guard(key, noop);
     return Number(process.hrtime.bigint() - t0) / 1000;
   };
   const warmup = Math.floor(iterations / 10);
+  const before = await successes(client, key);
   for (let i = 0; i < warmup + iterations; i++) {
     let r: number;
     let g: number;
@@ -236,11 +248,27 @@ async function bench(client: FuseboxClient, key: string, iterations: number): Pr
       guarded.push(g);
     }
   }
+  await client.flush(FLUSH_MS);
+  const reached = (await successes(client, key)) - before;
   const st = client.stats();
-  if (st.unavailable > 0 || st.completeErrs > 0 || st.granted !== warmup + iterations) {
-    throw new Error(`the guards were not all granted and reported: ${JSON.stringify(st)}`);
+  if (st.unavailable > 0 || st.granted !== warmup + iterations) {
+    throw new Error(`the guards were not all granted: ${JSON.stringify(st)}`);
   }
-  emit({ lang: LANG, iterations, raw_us: summary(raw), guard_us: summary(guarded) });
+  const expected = 2 * (warmup + iterations);
+  const lost = expected - reached;
+  emit({
+    lang: LANG,
+    iterations,
+    raw_us: summary(raw),
+    guard_us: summary(guarded),
+    outcomes: { expected, reached, lost, dropped: st.outcomesDropped, failed: st.completeFailures },
+  });
+  if (lost !== 0) {
+    process.stderr.write(
+      `client-tool: ${lost} of ${expected} outcomes did not reach fusebox (dropped ${st.outcomesDropped}, failed ${st.completeFailures})\n`,
+    );
+  }
+  return lost === 0;
 }
 
 async function main(): Promise<void> {
@@ -257,10 +285,12 @@ async function main(): Promise<void> {
       if (!Number.isInteger(n) || n <= 0) {
         usage('--iterations must be a positive integer');
       }
-      await bench(client, key, n);
+      if (!(await bench(client, key, n))) {
+        process.exitCode = 1;
+      }
     }
   } finally {
-    client.close();
+    await client.close(); // flushes the outcome queue first
   }
 }
 

@@ -1,6 +1,8 @@
 // The guard against a real fusebox (manual clock, port 0): outcomes,
 // refusals, the local short-circuit, renewal, fail open/closed, the
-// classifier, wrap, shared clients and the bounded cache.
+// classifier, wrap, shared clients and the bounded cache. Outcomes are
+// reported in the background: a test that reads the server's state after a
+// guard flushes the client first.
 import assert from 'node:assert/strict';
 import * as net from 'node:net';
 import type { Socket } from 'node:net';
@@ -32,9 +34,7 @@ before(async () => {
 });
 
 after(async () => {
-  for (const c of clients) {
-    c.close();
-  }
+  await Promise.all(clients.map((c) => c.close()));
   await server.close();
 });
 
@@ -84,6 +84,7 @@ void test('success and failure are reported; the call gets its value or its own 
     boom,
     'a synchronous throw is the call failing',
   );
+  assert.equal(await c.flush(), true);
   const st = (await server.key(key)).stats;
   assert.equal(st?.successes, '1');
   assert.equal(st?.failures, '2');
@@ -98,6 +99,7 @@ void test('the breaker trips, then the key is short-circuited locally, then one 
   for (let i = 0; i < 2; i++) {
     assert.equal(await rejection(c.guard(key, () => Promise.reject(boom))), boom);
   }
+  await c.flush(); // the next Acquire must see both failures
   const first = await rejection(c.guard(key, () => Promise.resolve(1)));
   assert.ok(first instanceof BlockedError && first instanceof FuseboxRefusal);
   assert.equal(first.local, false);
@@ -124,6 +126,7 @@ void test('the breaker trips, then the key is short-circuited locally, then one 
     return Promise.resolve();
   });
   assert.equal(admission, 'probe');
+  await c.flush();
   assert.equal((await server.key(key)).phase, 'PHASE_CLOSED');
   const st = c.stats();
   assert.deepEqual([st.blockedLocal, st.blocked, st.probes], [1, 1, 1]);
@@ -134,6 +137,7 @@ void test('forget drops a local short-circuit entry', async () => {
   await server.setPolicy(key, breaker(1, 60_000));
   const c = client();
   await rejection(c.guard(key, () => Promise.reject(boom)));
+  await c.flush();
   assert.ok(((await rejection(c.guard(key, () => Promise.resolve()))) as BlockedError).local === false);
   assert.ok(((await rejection(c.guard(key, () => Promise.resolve()))) as BlockedError).local === true);
   c.forget(key);
@@ -186,6 +190,7 @@ void test("a call cancelled by its caller's signal is ignored, and the guard rej
     ),
   );
   assert.equal(err, ac.signal.reason);
+  await c.flush();
   const st = await server.key(key);
   assert.equal(st.stats?.ignored, '1');
   assert.equal(st.phase, 'PHASE_CLOSED');
@@ -229,6 +234,7 @@ void test('the default classifier ignores an AbortError; a replaced classifier d
   const abortErr = new DOMException('gone', 'AbortError');
   assert.equal(await rejection(c.guard(key, () => Promise.reject(abortErr))), abortErr);
   assert.equal(await rejection(c.guard(key, () => Promise.reject(boom), { classifier: () => 'ignored' })), boom);
+  await c.flush();
   const st = await server.key(key);
   assert.equal(st.stats?.ignored, '2');
   assert.equal(st.phase, 'PHASE_CLOSED');
@@ -239,6 +245,7 @@ void test('the default classifier ignores an AbortError; a replaced classifier d
     },
   });
   await rejection(throwing.guard(key, () => Promise.reject(boom)));
+  await throwing.flush();
   assert.equal((await server.key(key)).stats?.failures, '1', 'a failing classifier reports a failure');
 });
 
@@ -252,6 +259,7 @@ void test('the lease is renewed in the background at half its length, and renewa
     },
     { leaseMs: 100 },
   );
+  assert.equal(await c.flush(), true);
   const st = c.stats();
   assert.ok(st.renewals >= 2);
   assert.equal(st.renewErrors, 0);
@@ -279,9 +287,10 @@ void test('a renewal answered NOT_FOUND (the lease ended) stops renewing; the la
     },
     { leaseMs: 100 },
   );
+  assert.equal(await c.flush(), true);
   const st = c.stats();
   assert.equal(st.renewErrors, 1);
-  assert.deepEqual([st.completed, st.completeErrs], [0, 1]);
+  assert.deepEqual([st.completed, st.completeFailures, st.completeErrs], [0, 1, 1]);
   assert.equal((await server.key(key)).stats?.expired, '1');
 });
 
@@ -290,6 +299,7 @@ void test('with fusebox down a guard fails open (the call knows) or closed, and 
   const lines: string[] = [];
   const c = client({ logger: { warn: (m) => lines.push(m) }, logIntervalMs: 3_600_000 }, down.addr);
   await c.guard('k', () => Promise.resolve());
+  assert.equal(await c.flush(), true);
   await down.close();
 
   for (let i = 0; i < 3; i++) {
@@ -352,7 +362,7 @@ void test('the 50 ms default deadline: a fusebox that does not answer costs one 
   const took = performance.now() - t0;
   assert.equal(admission, 'failed_open');
   assert.ok(took < 1000, `took ${took} ms`);
-  c.close();
+  await c.close();
   for (const s of sockets) {
     s.destroy();
   }
@@ -380,6 +390,7 @@ void test('a status check (permits 0) runs without a ticket and reports nothing'
     { permits: 0 },
   );
   assert.equal(ticket, null);
+  await c.flush();
   assert.equal(c.stats().completed, 0);
 });
 
@@ -394,18 +405,21 @@ void test('wrap guards a function each time it is called, with a fixed key or on
     (user: string) => Promise.resolve(user.toUpperCase()),
   );
   assert.equal(await byUser('ann'), 'ANN');
+  await c.flush();
   assert.equal((await server.key(key)).stats?.successes, '2');
   assert.equal((await server.key(`${key}/ann`)).stats?.successes, '1');
 });
 
-void test('shared is one client (and channel) per target until closed', () => {
+void test('shared is one client (and channel) per target until closed', async () => {
   const a = FuseboxClient.shared(server.addr, { logger: quiet });
   const b = FuseboxClient.shared(server.addr, { token: 'ignored' });
   assert.equal(a, b);
-  a.close();
+  const closing = a.close(); // forgotten at once, closed once flushed
   const c = FuseboxClient.shared(server.addr, { logger: quiet });
   assert.notEqual(c, a);
-  c.close();
+  assert.equal(a.close(), closing, 'closing again is the same close');
+  await closing;
+  await c.close();
 });
 
 void test('the local cache is bounded: ended entries go first, then the one ending soonest', () => {

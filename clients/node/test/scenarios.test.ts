@@ -364,7 +364,7 @@ async function runScenario(sc: Scenario, transport: 'unary' | 'stream'): Promise
       }
     }
     await within('the guards did not end', Promise.all([...guards.values()].map((g) => g.done)), STEP_WAIT_MS);
-    client.close();
+    await client.close();
     await server.close();
   }
 }

@@ -41,13 +41,12 @@ void test('the token is sent as authorization: Bearer', async () => {
     assert.equal(err.code, 16); // UNAUTHENTICATED
     assert.equal(without.stats().unavailable, 0, 'a refused credential is not an outage');
     assert.equal(await withToken.guard('k', () => Promise.resolve('ran')), 'ran');
+    assert.equal(await withToken.flush(), true);
     assert.equal(withToken.stats().completed, 1);
     const wrongErr = await wrong.guard('k', () => Promise.resolve()).catch((e: unknown) => e);
     assert.ok(wrongErr instanceof FuseboxRequestError);
   } finally {
-    without.close();
-    withToken.close();
-    wrong.close();
+    await Promise.all([without.close(), withToken.close(), wrong.close()]);
     await server.close();
   }
 });
@@ -85,15 +84,14 @@ void test('TLS with a private CA and a client certificate; plaintext or no clien
   const plain = client(server.addr);
   try {
     assert.equal(await admission(mutual), 'granted');
+    assert.equal(await mutual.flush(), true);
     assert.deepEqual([mutual.stats().granted, mutual.stats().completed], [1, 1]);
     assert.equal(await admission(byName), 'granted');
     assert.equal(await admission(noCert), 'failed_open', 'a client without a certificate is turned away');
     assert.equal(await admission(plain), 'failed_open', 'a plaintext client cannot reach a TLS server');
     assert.equal(plain.stats().failedOpen, 1);
   } finally {
-    for (const c of [mutual, byName, noCert, plain]) {
-      c.close();
-    }
+    await Promise.all([mutual, byName, noCert, plain].map((c) => c.close()));
     await server.close();
     tmp.cleanup();
   }

@@ -2,7 +2,7 @@
 // port 0, its address read from the first line it prints.
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import * as path from 'node:path';
 import { createInterface } from 'node:readline';
@@ -128,9 +128,28 @@ export class Server {
     await this.exited;
   }
 
+  /**
+   * Stops the server process with SIGSTOP and waits until it is stopped (on
+   * Linux, where /proc tells): it then answers nothing, but its sockets stay
+   * open, so calls to it wait rather than fail. `resume` undoes it.
+   */
+  async pause(): Promise<void> {
+    this.proc.kill('SIGSTOP');
+    const stat = `/proc/${String(this.proc.pid)}/stat`;
+    if (existsSync(stat)) {
+      // The state is the field after the command's closing parenthesis.
+      await waitFor('the server stopped', () => /\)\s+([A-Za-z])/.exec(readFileSync(stat, 'utf8'))?.[1] === 'T');
+    }
+  }
+
+  /** Lets a server stopped by `pause` run again (SIGCONT). */
+  resume(): void {
+    this.proc.kill('SIGCONT');
+  }
+
   /** Stops the server, closes the admin client and removes the temporary files. */
   async close(): Promise<void> {
-    this.client?.close();
+    await this.client?.close();
     await this.stop();
     this.cleanupDir();
   }
