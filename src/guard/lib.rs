@@ -60,32 +60,14 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use fusebox_proto::v1 as pb;
 
+mod clock;
 mod layer;
 mod outcomes;
 mod stream;
 
+pub use clock::Clock;
 pub use layer::{GuardLayer, GuardService};
-
-/// What fusebox is told about a call that ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// The call worked.
-    Success,
-    /// The call failed in a way that counts against the dependency.
-    Failure,
-    /// The call says nothing about the dependency.
-    Ignored,
-}
-
-impl Outcome {
-    fn wire(self) -> i32 {
-        match self {
-            Outcome::Success => pb::Outcome::Success as i32,
-            Outcome::Failure => pb::Outcome::Failure as i32,
-            Outcome::Ignored => pb::Outcome::Ignored as i32,
-        }
-    }
-}
+pub use outcomes::{FlushError, Outcome};
 
 /// What to do when fusebox cannot answer within the deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -236,41 +218,6 @@ pub struct GuardOptions {
     /// ([`GuardStats::outcomes_dropped`]). The send in flight (up to 1,000
     /// outcomes) is not counted against it.
     pub outcome_queue: usize,
-}
-
-/// Where a guard reads the time, for its cache of open keys, its backoff
-/// and its log interval: the system's monotonic clock by default; a test
-/// against a server on a manual clock moves its own.
-#[derive(Clone)]
-pub struct Clock(Arc<dyn Fn() -> Instant + Send + Sync>);
-
-impl Clock {
-    /// The system's monotonic clock ([`Instant::now`]).
-    pub fn system() -> Clock {
-        Clock(Arc::new(Instant::now))
-    }
-
-    /// A clock that reads `now`.
-    pub fn from_fn(now: impl Fn() -> Instant + Send + Sync + 'static) -> Clock {
-        Clock(Arc::new(now))
-    }
-
-    /// The time now.
-    pub fn now(&self) -> Instant {
-        (self.0)()
-    }
-}
-
-impl Default for Clock {
-    fn default() -> Self {
-        Clock::system()
-    }
-}
-
-impl std::fmt::Debug for Clock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Clock")
-    }
 }
 
 /// How a guard's calls reach fusebox.
@@ -426,19 +373,6 @@ pub enum ConnectError {
         "GuardOptions::outcome_queue is 0: it must be at least 1 (10,000 by default), or every outcome would be dropped"
     )]
     OutcomeQueue,
-}
-
-/// [`Guard::flush`] gave up: outcomes queued before it were still
-/// unanswered at its deadline.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{unanswered} outcomes were still unanswered by fusebox after {waited:?}: fusebox is slow or unreachable; their tickets' leases will end on fusebox if they never arrive"
-)]
-pub struct FlushError {
-    /// Outcomes queued before the flush and not answered yet.
-    pub unanswered: u64,
-    /// How long the flush waited.
-    pub waited: Duration,
 }
 
 fn sanitize_duration(d: Duration) -> prost_types::Duration {
@@ -600,7 +534,13 @@ impl Guard {
             mux: mux.clone(),
             authorization: authorization.clone(),
         };
-        let outcomes = outcomes::Outcomes::new(route, &options);
+        let outcomes = outcomes::Outcomes::new(
+            route,
+            options.outcome_queue,
+            options.deadline,
+            options.clock.clone(),
+            options.log_interval,
+        );
         Ok(Guard {
             inner: Arc::new(Inner {
                 client,
@@ -748,7 +688,7 @@ impl Guard {
         {
             Answer::Acquire(reply) => Ok(reply),
             Answer::Error(error) => Err(stream::status_of(error)),
-            other => Err(unexpected(other)),
+            other => Err(stream::unexpected(other)),
         }
     }
 
@@ -770,7 +710,7 @@ impl Guard {
         {
             Answer::Renew(reply) => Ok(reply),
             Answer::Error(error) => Err(stream::status_of(error)),
-            other => Err(unexpected(other)),
+            other => Err(stream::unexpected(other)),
         }
     }
 
@@ -995,13 +935,6 @@ impl Guard {
 }
 
 /// A call to fusebox under the guard's own deadline, as one status.
-/// A stream answer of the wrong kind for its frame.
-fn unexpected(answer: pb::decide_result::Result) -> tonic::Status {
-    tonic::Status::internal(format!(
-        "fusebox answered a frame with {answer:?}, not the answer of its kind"
-    ))
-}
-
 fn answer_of<T>(
     answer: Result<Result<T, tonic::Status>, tokio::time::error::Elapsed>,
 ) -> Result<T, tonic::Status> {

@@ -24,8 +24,8 @@ use tonic::Status;
 
 use fusebox_proto::v1 as pb;
 
+use crate::clock::Clock;
 use crate::stream::{self, Mux};
-use crate::{Clock, FlushError, GuardOptions, Outcome};
 
 /// Outcomes in one send at most: the server's limit per message (items of
 /// a `CompleteBatch`, frames of a `Decide` message).
@@ -36,6 +36,40 @@ const PER_SEND: usize = 1_000;
 const MIN_SEND_DEADLINE: Duration = Duration::from_secs(1);
 
 type Authorization = tonic::metadata::MetadataValue<tonic::metadata::Ascii>;
+
+/// What fusebox is told about a call that ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The call worked.
+    Success,
+    /// The call failed in a way that counts against the dependency.
+    Failure,
+    /// The call says nothing about the dependency.
+    Ignored,
+}
+
+impl Outcome {
+    fn wire(self) -> i32 {
+        match self {
+            Outcome::Success => pb::Outcome::Success as i32,
+            Outcome::Failure => pb::Outcome::Failure as i32,
+            Outcome::Ignored => pb::Outcome::Ignored as i32,
+        }
+    }
+}
+
+/// [`Guard::flush`](crate::Guard::flush) gave up: outcomes queued before it were still
+/// unanswered at its deadline.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{unanswered} outcomes were still unanswered by fusebox after {waited:?}: fusebox is slow or unreachable; their tickets' leases will end on fusebox if they never arrive"
+)]
+pub struct FlushError {
+    /// Outcomes queued before the flush and not answered yet.
+    pub unanswered: u64,
+    /// How long the flush waited.
+    pub waited: Duration,
+}
 
 /// How the sender reaches fusebox: the guard's unary client, or its
 /// `Decide` stream when it has one.
@@ -92,13 +126,22 @@ fn due(last: &Mutex<Option<Instant>>, now: Instant, interval: Duration) -> bool 
 }
 
 impl Outcomes {
-    pub(crate) fn new(route: Route, options: &GuardOptions) -> Arc<Outcomes> {
+    /// A queue of `capacity` outcomes waiting at most, sent on `route`
+    /// with the guard's `deadline` (at least 1 s); trouble is logged at
+    /// most once per `log_interval` on `clock`.
+    pub(crate) fn new(
+        route: Route,
+        capacity: usize,
+        deadline: Duration,
+        clock: Clock,
+        log_interval: Duration,
+    ) -> Arc<Outcomes> {
         Arc::new(Outcomes {
             route,
-            capacity: options.outcome_queue,
-            send_deadline: options.deadline.max(MIN_SEND_DEADLINE),
-            clock: options.clock.clone(),
-            log_interval: options.log_interval,
+            capacity,
+            send_deadline: deadline.max(MIN_SEND_DEADLINE),
+            clock,
+            log_interval,
             queue: Mutex::new(Queue {
                 waiting: VecDeque::new(),
                 queued: 0,
@@ -319,7 +362,7 @@ impl Outcomes {
             let status = match answer {
                 Ok(Answer::Complete(_)) => continue,
                 Ok(Answer::Error(error)) => stream::status_of(error),
-                Ok(other) => crate::unexpected(other),
+                Ok(other) => stream::unexpected(other),
                 Err(status) => status,
             };
             failed += 1;

@@ -228,6 +228,13 @@ async fn deliver(mut answers: tonic::Streaming<pb::DecideResponse>, pending: Pen
     pending.lock().expect("pending lock").clear();
 }
 
+/// A stream answer of the wrong kind for its frame.
+pub(super) fn unexpected(answer: pb::decide_result::Result) -> tonic::Status {
+    tonic::Status::internal(format!(
+        "fusebox answered a frame with {answer:?}, not the answer of its kind"
+    ))
+}
+
 /// An error answer as the status the unary call would have failed with.
 pub(super) fn status_of(error: pb::ItemError) -> Status {
     Status::new(tonic::Code::from(error.code), error.message)
