@@ -8,9 +8,12 @@
 //!
 //! `worker` reads JSON-lines commands (`guard`, `release`, `forget`) on
 //! standard input and writes JSON-lines events (`ready`, `running`, `done`,
-//! `forgotten`, `error`) on standard output, for the fleet test. `bench`
-//! times the raw stub calls (`Acquire` then `Complete`) against a guarded
-//! no-op on the same channel, and writes one line of medians and p99s.
+//! `forgotten`, `error`) on standard output, for the fleet test; at the end
+//! of its input it flushes the guard's outcomes before it exits. `bench`
+//! times a raw stub `Acquire` (its `Complete` follows, untimed) against a
+//! guarded no-op on the same channel (its outcome reported in the
+//! background), checks that every outcome reached fusebox, and writes one
+//! line of medians, p99s and the outcome count.
 //!
 //! Build: `cargo build --example client_tool`; the binary is
 //! `target/<profile>/examples/client_tool`. Logs go to standard error
@@ -51,7 +54,7 @@ enum Command {
         #[arg(long)]
         token: Option<String>,
     },
-    /// Times raw stub calls against guarded no-op calls.
+    /// Times a raw Acquire against a guarded no-op call.
     Bench {
         /// fusebox's gRPC address, HOST:PORT.
         #[arg(long)]
@@ -373,6 +376,11 @@ async fn worker(target: &str, token: Option<String>) -> i32 {
             return 1;
         }
     }
+    // What closing a client does in the other libraries: the outcomes
+    // still queued are sent before the process ends.
+    if let Err(e) = guard.flush().await {
+        tracing::warn!("exiting with outcomes unsent: {e}");
+    }
     0
 }
 
@@ -398,6 +406,21 @@ fn summary(mut samples: Vec<Duration>) -> Summary {
     }
 }
 
+/// Where every unit's outcome went.
+#[derive(Serialize)]
+struct Outcomes {
+    /// Every raw and guard unit's outcome, warm-up included.
+    expected: u64,
+    /// How much the key's `successes` grew.
+    reached: u64,
+    /// Expected but not reached.
+    lost: u64,
+    /// The guard's count of outcomes dropped (queue full).
+    dropped: u64,
+    /// The guard's count of outcomes fusebox did not take.
+    failed: u64,
+}
+
 /// The line `bench` writes, its fields in the order of the README.
 #[derive(Serialize)]
 struct BenchLine {
@@ -405,12 +428,20 @@ struct BenchLine {
     iterations: usize,
     raw_us: Summary,
     guard_us: Summary,
+    outcomes: Outcomes,
 }
 
 async fn bench(target: &str, key: &str, iterations: usize, token: Option<String>) -> i32 {
     match run_bench(target, key, iterations, token).await {
         Ok(line) => {
+            let lost = line.outcomes.lost;
             emit(line);
+            if lost > 0 {
+                eprintln!(
+                    "client_tool bench: {lost} outcomes did not reach fusebox (see dropped and failed)"
+                );
+                return 1;
+            }
             0
         }
         Err(message) => {
@@ -433,6 +464,24 @@ fn request<T>(message: T, authorization: &Option<Authorization>) -> tonic::Reque
     request
 }
 
+/// The key's count of successes (`Admin.GetKey`).
+async fn successes(
+    admin: &mut pb::admin_client::AdminClient<Channel>,
+    key: &str,
+    authorization: &Option<Authorization>,
+) -> Result<u64, String> {
+    let state = admin
+        .get_key(request(
+            pb::GetKeyRequest {
+                key: key.to_owned(),
+            },
+            authorization,
+        ))
+        .await
+        .map_err(|s| format!("GetKey: {s}"))?;
+    Ok(state.into_inner().stats.unwrap_or_default().successes)
+}
+
 async fn run_bench(
     target: &str,
     key: &str,
@@ -444,7 +493,8 @@ async fn run_bench(
     }
     let channel = channel(target)?;
     let guard = make_guard(channel.clone(), token.clone())?;
-    let mut raw = pb::fusebox_client::FuseboxClient::new(channel);
+    let mut raw = pb::fusebox_client::FuseboxClient::new(channel.clone());
+    let mut admin = pb::admin_client::AdminClient::new(channel);
     let authorization: Option<Authorization> = match &token {
         Some(t) => Some(
             format!("Bearer {t}")
@@ -453,6 +503,7 @@ async fn run_bench(
         ),
         None => None,
     };
+    let before = successes(&mut admin, key, &authorization).await?;
     let options = CallOptions::default();
     let mut raw_us = Vec::with_capacity(iterations);
     let mut guard_us = Vec::with_capacity(iterations);
@@ -474,6 +525,7 @@ async fn run_bench(
                     .await
                     .map_err(|s| format!("Acquire: {s}"))?
                     .into_inner();
+                raw_took = start.elapsed();
                 if reply.decision != pb::Decision::Granted as i32 {
                     return Err(format!("{key} was not granted: {reply:?}"));
                 }
@@ -486,7 +538,6 @@ async fn run_bench(
                 ))
                 .await
                 .map_err(|s| format!("Complete: {s}"))?;
-                raw_took = start.elapsed();
             } else {
                 let start = Instant::now();
                 guard
@@ -501,16 +552,32 @@ async fn run_bench(
             guard_us.push(guard_took);
         }
     }
-    let unavailable = guard.stats().unavailable;
-    if unavailable > 0 {
+    let stats = guard.stats();
+    if stats.unavailable > 0 {
         return Err(format!(
-            "fusebox was unavailable to the guard {unavailable} times: its timings would not be a guard's"
+            "fusebox was unavailable to the guard {} times: its timings would not be a guard's",
+            stats.unavailable
         ));
     }
+    if let Err(e) = guard.flush().await {
+        eprintln!("client_tool bench: {e}");
+    }
+    let reached = successes(&mut admin, key, &authorization)
+        .await?
+        .saturating_sub(before);
+    let expected = 2 * (warmup + iterations) as u64;
+    let stats = guard.stats();
     Ok(BenchLine {
         lang: "rust",
         iterations,
         raw_us: summary(raw_us),
         guard_us: summary(guard_us),
+        outcomes: Outcomes {
+            expected,
+            reached,
+            lost: expected.saturating_sub(reached),
+            dropped: stats.outcomes_dropped,
+            failed: stats.complete_failures,
+        },
     })
 }

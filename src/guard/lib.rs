@@ -8,9 +8,26 @@
 //! [`GuardError::Denied`]), distinct from the call's own error
 //! ([`GuardError::Call`]).
 //!
+//! A guarded call pays one round trip to fusebox, its Acquire: the outcome
+//! goes into the guard's **outcome queue** (bounded,
+//! [`GuardOptions::outcome_queue`]) and the guard returns the call's result
+//! at once. A sender reports what is queued in the background, one send in
+//! flight at a time, the outcomes that ended meanwhile together in the
+//! next (one `CompleteBatch`, or `complete` frames of the guard's `Decide`
+//! stream in one message). An outcome may therefore reach fusebox after the
+//! caller's next Acquire: where the next call must see the last one's
+//! outcome, call [`Guard::flush`] between them. With the queue full, an
+//! outcome is dropped and counted ([`GuardStats::outcomes_dropped`]); a
+//! send fusebox did not take is counted too
+//! ([`GuardStats::complete_failures`]); either way the ticket's lease ends
+//! on the server. A guard has no close: a service calls [`Guard::flush`]
+//! before it exits (when the last clone is dropped, the sender still sends
+//! what is queued while the runtime runs).
+//!
 //! Also:
-//! - leases are renewed in the background every half of the granted lease,
-//!   and renewal stops the moment the call ends;
+//! - leases are renewed every half of the granted lease while the call
+//!   runs, and renewal stops the moment the call ends, before its outcome
+//!   is queued;
 //! - a key answered BLOCKED/open with a retry-after is remembered (a bounded
 //!   cache) and answered [`GuardError::Blocked`] locally, with `local: true`,
 //!   until then; the call after that goes to fusebox, so one probe per fleet
@@ -28,7 +45,7 @@
 //!   the log interval, so that tests on a manual clock move both sides.
 //!
 //! Make one [`Guard`] per process and clone it: clones share the channel,
-//! the cache and the counters.
+//! the cache, the outcome queue and the counters.
 //!
 //! This module talks to fusebox only through the wire types of
 //! [`fusebox_proto`].
@@ -43,31 +60,14 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use fusebox_proto::v1 as pb;
 
+mod clock;
 mod layer;
+mod outcomes;
 mod stream;
 
+pub use clock::Clock;
 pub use layer::{GuardLayer, GuardService};
-
-/// What fusebox is told about a call that ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// The call worked.
-    Success,
-    /// The call failed in a way that counts against the dependency.
-    Failure,
-    /// The call says nothing about the dependency.
-    Ignored,
-}
-
-impl Outcome {
-    fn wire(self) -> i32 {
-        match self {
-            Outcome::Success => pb::Outcome::Success as i32,
-            Outcome::Failure => pb::Outcome::Failure as i32,
-            Outcome::Ignored => pb::Outcome::Ignored as i32,
-        }
-    }
-}
+pub use outcomes::{FlushError, Outcome};
 
 /// What to do when fusebox cannot answer within the deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -192,7 +192,8 @@ pub struct CallOptions {
 /// Options of a guard.
 #[derive(Debug, Clone)]
 pub struct GuardOptions {
-    /// The deadline of each call to fusebox (Acquire adds its `max_wait`).
+    /// The deadline of each call to fusebox (Acquire adds its `max_wait`;
+    /// a background send of outcomes has at least 1 s).
     pub deadline: Duration,
     /// What to do when fusebox cannot answer in time.
     pub on_unavailable: FailPolicy,
@@ -212,41 +213,11 @@ pub struct GuardOptions {
     pub transport: Transport,
     /// Where the guard reads the time ([`Clock::system`] by default).
     pub clock: Clock,
-}
-
-/// Where a guard reads the time, for its cache of open keys, its backoff
-/// and its log interval: the system's monotonic clock by default; a test
-/// against a server on a manual clock moves its own.
-#[derive(Clone)]
-pub struct Clock(Arc<dyn Fn() -> Instant + Send + Sync>);
-
-impl Clock {
-    /// The system's monotonic clock ([`Instant::now`]).
-    pub fn system() -> Clock {
-        Clock(Arc::new(Instant::now))
-    }
-
-    /// A clock that reads `now`.
-    pub fn from_fn(now: impl Fn() -> Instant + Send + Sync + 'static) -> Clock {
-        Clock(Arc::new(now))
-    }
-
-    /// The time now.
-    pub fn now(&self) -> Instant {
-        (self.0)()
-    }
-}
-
-impl Default for Clock {
-    fn default() -> Self {
-        Clock::system()
-    }
-}
-
-impl std::fmt::Debug for Clock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Clock")
-    }
+    /// Outcomes waiting to be sent at most (10,000 by default; at least
+    /// 1): past it an outcome is dropped and counted
+    /// ([`GuardStats::outcomes_dropped`]). The send in flight (up to 1,000
+    /// outcomes) is not counted against it.
+    pub outcome_queue: usize,
 }
 
 /// How a guard's calls reach fusebox.
@@ -273,6 +244,7 @@ impl Default for GuardOptions {
             max_backoff: Duration::from_secs(5),
             transport: Transport::Unary,
             clock: Clock::system(),
+            outcome_queue: 10_000,
         }
     }
 }
@@ -292,8 +264,11 @@ pub struct GuardStats {
     pub renewals: u64,
     /// Renewals that failed.
     pub renew_failures: u64,
-    /// Completes that could not be delivered.
+    /// Outcomes fusebox did not take: their send failed, or it answered
+    /// the item with an error (an unknown or already completed ticket).
     pub complete_failures: u64,
+    /// Outcomes dropped because the outcome queue was full.
+    pub outcomes_dropped: u64,
 }
 
 #[derive(Default)]
@@ -304,7 +279,6 @@ struct Counters {
     failed_closed: AtomicU64,
     renewals: AtomicU64,
     renew_failures: AtomicU64,
-    complete_failures: AtomicU64,
 }
 
 /// Keys known open, until a real-time instant; bounded.
@@ -355,12 +329,14 @@ struct Backoff {
 }
 
 struct Inner {
-    /// When a failed Renew and a failed Complete were last logged.
+    /// When a failed Renew was last logged.
     renew_log: Mutex<Option<Instant>>,
-    complete_log: Mutex<Option<Instant>>,
     client: pb::fusebox_client::FuseboxClient<Channel>,
-    /// The `Decide` stream, with [`Transport::Stream`].
-    mux: Option<stream::Mux>,
+    /// The `Decide` stream, with [`Transport::Stream`] (shared with the
+    /// outcome sender).
+    mux: Option<Arc<stream::Mux>>,
+    /// The outcome queue and its sender.
+    outcomes: Arc<outcomes::Outcomes>,
     options: GuardOptions,
     authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     cache: Mutex<OpenCache>,
@@ -368,7 +344,16 @@ struct Inner {
     counters: Counters,
 }
 
-/// A guard: cheap to clone, one per process.
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The last clone is gone: the sender sends what is queued, then
+        // ends.
+        self.outcomes.close();
+    }
+}
+
+/// A guard: cheap to clone, one per process. It has no close: call
+/// [`Guard::flush`] before the process exits.
 #[derive(Clone)]
 pub struct Guard {
     inner: Arc<Inner>,
@@ -383,6 +368,11 @@ pub enum ConnectError {
     /// The token is not a valid header value.
     #[error("the token is not a valid header value")]
     Token,
+    /// [`GuardOptions::outcome_queue`] is 0.
+    #[error(
+        "GuardOptions::outcome_queue is 0: it must be at least 1 (10,000 by default), or every outcome would be dropped"
+    )]
+    OutcomeQueue,
 }
 
 fn sanitize_duration(d: Duration) -> prost_types::Duration {
@@ -430,8 +420,8 @@ pub fn count_errors_not_cancellations<E: 'static>(e: &E) -> Outcome {
     }
 }
 
-enum Admission {
-    Ticket(Ticket, Admitted),
+enum Admission<'a> {
+    Ticket(Ticket<'a>, Admitted),
     WithoutTicket(Admitted),
 }
 
@@ -460,34 +450,29 @@ pub fn admitted() -> Option<Admitted> {
     ADMITTED.try_with(|a| *a).ok()
 }
 
-/// A ticket held for a running call. Dropped without being completed (the
-/// caller dropped the future), it reports IGNORED in the background.
-struct Ticket {
-    guard: Guard,
+/// A ticket held for a running call. Its outcome goes into the guard's
+/// outcome queue when the call ends; dropped without that (the caller
+/// dropped the future, or the call panics), it queues IGNORED (FAILURE
+/// while panicking).
+struct Ticket<'a> {
+    outcomes: &'a Arc<outcomes::Outcomes>,
+    /// `None` once its outcome is queued.
     id: Option<String>,
-    renewal: Option<tokio::task::JoinHandle<()>>,
+    /// The lease fusebox granted, when there is one to renew.
+    lease: Option<Duration>,
 }
 
-impl Ticket {
-    async fn complete(mut self, outcome: Outcome) {
-        if let Some(r) = self.renewal.take() {
-            r.abort();
-        }
+impl Ticket<'_> {
+    /// Queues the call's outcome; never waits.
+    fn finish(mut self, outcome: Outcome) {
         if let Some(id) = self.id.take() {
-            // A task of its own: a caller that drops the future while the
-            // outcome is on its way (a timeout just after the call returned)
-            // does not lose it.
-            let guard = self.guard.clone();
-            let _ = tokio::spawn(async move { guard.complete(id, outcome).await }).await;
+            self.outcomes.push(id, outcome);
         }
     }
 }
 
-impl Drop for Ticket {
+impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        if let Some(r) = self.renewal.take() {
-            r.abort();
-        }
         if let Some(id) = self.id.take() {
             // Dropped by a caller that went away: IGNORED. Dropped while the
             // call panics: the call failed.
@@ -496,10 +481,7 @@ impl Drop for Ticket {
             } else {
                 Outcome::Ignored
             };
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                let guard = self.guard.clone();
-                handle.spawn(async move { guard.complete(id, outcome).await });
-            }
+            self.outcomes.push(id, outcome);
         }
     }
 }
@@ -541,20 +523,35 @@ impl Guard {
             next: options.backoff,
             last_logged: None,
         };
+        if options.outcome_queue == 0 {
+            return Err(ConnectError::OutcomeQueue);
+        }
         let client = pb::fusebox_client::FuseboxClient::new(channel);
         let mux = (options.transport == Transport::Stream)
-            .then(|| stream::Mux::new(client.clone(), authorization.clone()));
+            .then(|| Arc::new(stream::Mux::new(client.clone(), authorization.clone())));
+        let route = outcomes::Route {
+            client: client.clone(),
+            mux: mux.clone(),
+            authorization: authorization.clone(),
+        };
+        let outcomes = outcomes::Outcomes::new(
+            route,
+            options.outcome_queue,
+            options.deadline,
+            options.clock.clone(),
+            options.log_interval,
+        );
         Ok(Guard {
             inner: Arc::new(Inner {
                 client,
                 mux,
+                outcomes,
                 options,
                 authorization,
                 cache: Mutex::new(cache),
                 backoff: Mutex::new(backoff),
                 counters: Counters::default(),
                 renew_log: Mutex::new(None),
-                complete_log: Mutex::new(None),
             }),
         })
     }
@@ -569,8 +566,25 @@ impl Guard {
             failed_closed: c.failed_closed.load(Ordering::Relaxed),
             renewals: c.renewals.load(Ordering::Relaxed),
             renew_failures: c.renew_failures.load(Ordering::Relaxed),
-            complete_failures: c.complete_failures.load(Ordering::Relaxed),
+            complete_failures: self.inner.outcomes.failed(),
+            outcomes_dropped: self.inner.outcomes.dropped(),
         }
+    }
+
+    /// Waits until every outcome queued before this call has been answered
+    /// by fusebox, or its send failed (counted in
+    /// [`GuardStats::complete_failures`]). Call it before the process exits
+    /// (a guard has no close), and between two calls where the second must
+    /// see the first's outcome (a concurrency limit of one, used by one
+    /// process).
+    ///
+    /// Each send has a deadline of its own, the guard's
+    /// [`deadline`](GuardOptions::deadline) but at least 1 s, so a flush
+    /// ends while fusebox is down too. It gives up with [`FlushError`]
+    /// after one such deadline more than the sends ahead of it can take
+    /// (the send in flight, and one per 1,000 outcomes queued before it).
+    pub async fn flush(&self) -> Result<(), FlushError> {
+        self.inner.outcomes.flush().await
     }
 
     /// Forgets that `key` is known open: its next call asks fusebox.
@@ -618,14 +632,30 @@ impl Guard {
         };
         // Both the closure and the future it returns see `admitted()`.
         let future = ADMITTED.sync_scope(how, call);
-        let result = ADMITTED.scope(how, future).await;
-        if let Admission::Ticket(ticket, _) = admission {
-            let outcome = match &result {
-                Ok(_) => Outcome::Success,
-                Err(e) => classify(e),
-            };
-            ticket.complete(outcome).await;
-        }
+        let future = ADMITTED.scope(how, future);
+        let Admission::Ticket(ticket, _) = admission else {
+            return future.await.map_err(GuardError::Call);
+        };
+        let result = match (ticket.id.as_deref(), ticket.lease) {
+            (Some(id), Some(lease)) => {
+                // Renewal runs beside the call, in the caller's task, and
+                // ends when the call does: before the outcome is queued.
+                let renewal = self.renew_while_running(id, lease, options.lease);
+                tokio::pin!(future);
+                tokio::pin!(renewal);
+                tokio::select! {
+                    biased;
+                    result = &mut future => result,
+                    () = &mut renewal => future.await,
+                }
+            }
+            _ => future.await,
+        };
+        let outcome = match &result {
+            Ok(_) => Outcome::Success,
+            Err(e) => classify(e),
+        };
+        ticket.finish(outcome);
         result.map_err(GuardError::Call)
     }
 
@@ -658,29 +688,7 @@ impl Guard {
         {
             Answer::Acquire(reply) => Ok(reply),
             Answer::Error(error) => Err(stream::status_of(error)),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// Complete, unary or as a stream frame, within `deadline`.
-    async fn call_complete(
-        &self,
-        message: pb::CompleteRequest,
-        deadline: Duration,
-    ) -> Result<pb::CompleteResponse, tonic::Status> {
-        use pb::decide_result::Result as Answer;
-        let Some(mux) = &self.inner.mux else {
-            let mut client = self.inner.client.clone();
-            let call = client.complete(self.request(message, deadline));
-            return answer_of(tokio::time::timeout(deadline, call).await).map(|r| r.into_inner());
-        };
-        match mux
-            .call(pb::decide_frame::Request::Complete(message), deadline)
-            .await?
-        {
-            Answer::Complete(reply) => Ok(reply),
-            Answer::Error(error) => Err(stream::status_of(error)),
-            other => Err(unexpected(other)),
+            other => Err(stream::unexpected(other)),
         }
     }
 
@@ -702,11 +710,15 @@ impl Guard {
         {
             Answer::Renew(reply) => Ok(reply),
             Answer::Error(error) => Err(stream::status_of(error)),
-            other => Err(unexpected(other)),
+            other => Err(stream::unexpected(other)),
         }
     }
 
-    async fn admit<E>(&self, key: &str, options: &CallOptions) -> Result<Admission, GuardError<E>> {
+    async fn admit<E>(
+        &self,
+        key: &str,
+        options: &CallOptions,
+    ) -> Result<Admission<'_>, GuardError<E>> {
         let now = self.inner.options.clock.now();
         if let Some(left) = self.inner.cache.lock().expect("cache lock").get(key, now) {
             self.inner
@@ -758,16 +770,11 @@ impl Guard {
                 } else {
                     Admitted::Granted
                 };
-                let renewal = duration_from(reply.lease)
-                    .filter(|l| !l.is_zero())
-                    .map(|lease| {
-                        self.renew_in_background(reply.ticket.clone(), lease, options.lease)
-                    });
                 Ok(Admission::Ticket(
                     Ticket {
-                        guard: self.clone(),
+                        outcomes: &self.inner.outcomes,
                         id: Some(reply.ticket),
-                        renewal,
+                        lease: duration_from(reply.lease).filter(|l| !l.is_zero()),
                     },
                     how,
                 ))
@@ -805,7 +812,7 @@ impl Guard {
         &self,
         policy: FailPolicy,
         status: tonic::Status,
-    ) -> Result<Admission, GuardError<E>> {
+    ) -> Result<Admission<'static>, GuardError<E>> {
         let c = &self.inner.counters;
         c.unavailable.fetch_add(1, Ordering::Relaxed);
         match policy {
@@ -864,85 +871,55 @@ impl Guard {
         }
     }
 
-    fn renew_in_background(
-        &self,
-        ticket: String,
-        granted: Duration,
-        asked: Option<Duration>,
-    ) -> tokio::task::JoinHandle<()> {
-        let guard = self.clone();
-        tokio::spawn(async move {
-            let mut lease = granted;
-            loop {
-                tokio::time::sleep(lease / 2).await;
-                let deadline = guard.inner.options.deadline;
-                let message = pb::RenewRequest {
-                    ticket: ticket.clone(),
-                    lease: asked.map(sanitize_duration),
-                };
-                match guard.call_renew(message, deadline).await {
-                    Ok(reply) => {
-                        guard
-                            .inner
-                            .counters
-                            .renewals
-                            .fetch_add(1, Ordering::Relaxed);
-                        if let Some(l) = duration_from(reply.lease).filter(|l| !l.is_zero()) {
-                            lease = l;
-                        }
+    /// Renews `ticket` every half of its lease, for as long as it is
+    /// polled (the call runs); ends when fusebox no longer knows the ticket
+    /// or renewals keep failing.
+    async fn renew_while_running(&self, ticket: &str, granted: Duration, asked: Option<Duration>) {
+        let mut lease = granted;
+        loop {
+            tokio::time::sleep(lease / 2).await;
+            let deadline = self.inner.options.deadline;
+            let message = pb::RenewRequest {
+                ticket: ticket.to_owned(),
+                lease: asked.map(sanitize_duration),
+            };
+            match self.call_renew(message, deadline).await {
+                Ok(reply) => {
+                    self.inner.counters.renewals.fetch_add(1, Ordering::Relaxed);
+                    if let Some(l) = duration_from(reply.lease).filter(|l| !l.is_zero()) {
+                        lease = l;
                     }
-                    Err(status) if status.code() == tonic::Code::NotFound => {
-                        // The ticket is gone (expired or completed): stop.
-                        guard
-                            .inner
-                            .counters
-                            .renew_failures
-                            .fetch_add(1, Ordering::Relaxed);
-                        guard.warn_once(
-                            &guard.inner.renew_log,
-                            "fusebox no longer knows a running call's ticket; renewal stops",
-                            &status,
-                        );
+                }
+                Err(status) if status.code() == tonic::Code::NotFound => {
+                    // The ticket is gone (expired or completed): stop.
+                    self.inner
+                        .counters
+                        .renew_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.warn_once(
+                        &self.inner.renew_log,
+                        "fusebox no longer knows a running call's ticket; renewal stops",
+                        &status,
+                    );
+                    return;
+                }
+                Err(trouble) => {
+                    self.inner
+                        .counters
+                        .renew_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.warn_once(
+                        &self.inner.renew_log,
+                        "fusebox did not renew a running call's lease; trying again sooner",
+                        &trouble,
+                    );
+                    // Try again sooner: what is left of the lease halves.
+                    lease /= 2;
+                    if lease < Duration::from_millis(2) {
                         return;
-                    }
-                    Err(trouble) => {
-                        guard
-                            .inner
-                            .counters
-                            .renew_failures
-                            .fetch_add(1, Ordering::Relaxed);
-                        guard.warn_once(
-                            &guard.inner.renew_log,
-                            "fusebox did not renew a running call's lease; trying again sooner",
-                            &trouble,
-                        );
-                        // Try again sooner: what is left of the lease halves.
-                        lease /= 2;
-                        if lease < Duration::from_millis(2) {
-                            return;
-                        }
                     }
                 }
             }
-        })
-    }
-
-    async fn complete(&self, ticket: String, outcome: Outcome) {
-        let deadline = self.inner.options.deadline;
-        let message = pb::CompleteRequest {
-            ticket,
-            outcome: outcome.wire(),
-        };
-        if let Err(trouble) = self.call_complete(message, deadline).await {
-            self.inner
-                .counters
-                .complete_failures
-                .fetch_add(1, Ordering::Relaxed);
-            self.warn_once(
-                &self.inner.complete_log,
-                "fusebox did not take an outcome; the ticket's lease will end on the server",
-                &trouble,
-            );
         }
     }
 
@@ -958,13 +935,6 @@ impl Guard {
 }
 
 /// A call to fusebox under the guard's own deadline, as one status.
-/// A stream answer of the wrong kind for its frame.
-fn unexpected(answer: pb::decide_result::Result) -> tonic::Status {
-    tonic::Status::internal(format!(
-        "fusebox answered a frame with {answer:?}, not the answer of its kind"
-    ))
-}
-
 fn answer_of<T>(
     answer: Result<Result<T, tonic::Status>, tokio::time::error::Elapsed>,
 ) -> Result<T, tonic::Status> {
@@ -991,6 +961,46 @@ mod tests {
         let defaults = GuardOptions::default();
         assert_eq!(b.next, defaults.backoff * 2, "one doubling, not eight");
         assert!(b.until.expect("backing off") <= Instant::now() + defaults.backoff);
+    }
+
+    #[tokio::test]
+    async fn an_outcome_queue_of_zero_is_refused_naming_the_option() {
+        let options = GuardOptions {
+            outcome_queue: 0,
+            ..GuardOptions::default()
+        };
+        let refused = Guard::connect("http://127.0.0.1:1", None, options)
+            .err()
+            .expect("refused");
+        assert!(matches!(refused, ConnectError::OutcomeQueue));
+        assert!(refused.to_string().contains("GuardOptions::outcome_queue"));
+    }
+
+    /// Outside a runtime no sender starts, so nothing leaves the queue: it
+    /// holds `outcome_queue` outcomes, and drops and counts the rest.
+    #[test]
+    fn a_full_outcome_queue_drops_and_counts() {
+        let options = GuardOptions {
+            outcome_queue: 3,
+            ..GuardOptions::default()
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        // The channel needs a runtime; the pushes below are made outside it.
+        let guard = {
+            let _inside = runtime.enter();
+            Guard::connect("http://127.0.0.1:1", None, options).expect("a lazy channel")
+        };
+        for n in 0..5 {
+            guard
+                .inner
+                .outcomes
+                .push(format!("ticket-{n}"), Outcome::Success);
+        }
+        let stats = guard.stats();
+        assert_eq!((stats.outcomes_dropped, stats.complete_failures), (2, 0));
     }
 
     #[test]

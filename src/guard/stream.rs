@@ -17,7 +17,8 @@ use tonic::Status;
 
 use fusebox_proto::v1 as pb;
 
-/// Frames queued for the stream at most (a caller past it waits).
+/// Groups of frames queued for the stream at most (a caller past it
+/// waits). A group is one call's frame, or one send of outcomes.
 const QUEUE: usize = 10_000;
 
 /// Frames sent in one message at most (the server's limit).
@@ -25,14 +26,16 @@ const FRAMES_PER_MESSAGE: usize = 1_000;
 
 type Answer = pb::decide_result::Result;
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;
+/// Frames that go out in one message: one call's, or one send of outcomes.
+type Group = Vec<pb::DecideFrame>;
 
 /// One guard's `Decide` stream, opened on demand.
 pub(super) struct Mux {
     client: pb::fusebox_client::FuseboxClient<Channel>,
     authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
-    /// The open stream's frame queue and the callers waiting for its
-    /// answers; `None` until opened.
-    open: tokio::sync::Mutex<Option<(mpsc::Sender<pb::DecideFrame>, Pending)>>,
+    /// The open stream's queue of frame groups and the callers waiting for
+    /// its answers; `None` until opened.
+    open: tokio::sync::Mutex<Option<(mpsc::Sender<Group>, Pending)>>,
     next_id: AtomicU64,
 }
 
@@ -51,15 +54,12 @@ impl Mux {
 
     /// The open stream's frame queue and pending answers, opening the
     /// stream if need be.
-    async fn stream(
-        &self,
-        deadline: Duration,
-    ) -> Result<(mpsc::Sender<pb::DecideFrame>, Pending), Status> {
+    async fn stream(&self, deadline: Duration) -> Result<(mpsc::Sender<Group>, Pending), Status> {
         let mut open = self.open.lock().await;
         if let Some((tx, pending)) = open.as_ref().filter(|(tx, _)| !tx.is_closed()) {
             return Ok((tx.clone(), pending.clone()));
         }
-        let (tx, rx) = mpsc::channel::<pb::DecideFrame>(QUEUE);
+        let (tx, rx) = mpsc::channel::<Group>(QUEUE);
         let (messages_tx, messages_rx) = mpsc::channel::<pb::DecideRequest>(16);
         let mut request =
             tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(messages_rx));
@@ -99,7 +99,7 @@ impl Mux {
                 id,
                 request: Some(request),
             };
-            if frames.send(frame).await.is_err() {
+            if frames.send(vec![frame]).await.is_err() {
                 pending.lock().expect("pending lock").remove(&id);
                 return Err(Status::unavailable("the Decide stream ended"));
             }
@@ -117,35 +117,98 @@ impl Mux {
             Err(_) => {
                 pending.lock().expect("pending lock").remove(&id);
                 if cancellable {
-                    let _ = frames.try_send(pb::DecideFrame {
+                    let _ = frames.try_send(vec![pb::DecideFrame {
                         id,
                         request: Some(pb::decide_frame::Request::Cancel(pb::CancelRequest {})),
-                    });
+                    }]);
                 }
                 Err(Status::deadline_exceeded("fusebox did not answer in time"))
             }
         }
     }
+
+    /// Sends `requests` (at most [`FRAMES_PER_MESSAGE`], none a waiting
+    /// Acquire) as frames of one message and waits, at most `deadline` in
+    /// all, for their answers: one per request, in order, an answer or the
+    /// status of the frame that got none.
+    pub(super) async fn call_group(
+        &self,
+        requests: Vec<pb::decide_frame::Request>,
+        deadline: Duration,
+    ) -> Vec<Result<Answer, Status>> {
+        let count = requests.len();
+        let first = self.next_id.fetch_add(count as u64, Ordering::Relaxed);
+        let mut answers = Vec::with_capacity(count);
+        let mut waiting: Option<Pending> = None;
+        let sent = async {
+            let (frames, pending) = self.stream(deadline).await?;
+            waiting = Some(pending.clone());
+            let mut receivers = Vec::with_capacity(count);
+            let mut group = Vec::with_capacity(count);
+            {
+                let mut pending = pending.lock().expect("pending lock");
+                for (id, request) in (first..).zip(requests) {
+                    let (tx, rx) = oneshot::channel();
+                    pending.insert(id, tx);
+                    receivers.push(rx);
+                    group.push(pb::DecideFrame {
+                        id,
+                        request: Some(request),
+                    });
+                }
+            }
+            if frames.send(group).await.is_err() {
+                return Err(Status::unavailable("the Decide stream ended"));
+            }
+            for rx in receivers {
+                answers.push(rx.await.map_err(|_| {
+                    Status::unavailable("the Decide stream ended before fusebox answered")
+                }));
+            }
+            Ok(())
+        };
+        let trouble = match tokio::time::timeout(deadline, sent).await {
+            Ok(Ok(())) => return answers,
+            Ok(Err(status)) => status,
+            Err(_) => Status::deadline_exceeded("fusebox did not answer in time"),
+        };
+        // The frames still unanswered: nobody waits for them any more.
+        if let Some(pending) = waiting {
+            let mut pending = pending.lock().expect("pending lock");
+            for id in first + answers.len() as u64..first + count as u64 {
+                pending.remove(&id);
+            }
+        }
+        answers.resize_with(count, || Err(trouble.clone()));
+        answers
+    }
 }
 
-/// Puts the frames ready together into one message.
-async fn batch(
-    mut frames: mpsc::Receiver<pb::DecideFrame>,
-    messages: mpsc::Sender<pb::DecideRequest>,
-) {
-    while let Some(first) = frames.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < FRAMES_PER_MESSAGE {
-            match frames.try_recv() {
-                Ok(frame) => batch.push(frame),
+/// Puts the groups of frames ready together into one message, up to the
+/// server's limit of frames per message; a group is never split.
+async fn batch(mut groups: mpsc::Receiver<Group>, messages: mpsc::Sender<pb::DecideRequest>) {
+    let mut carried: Option<Group> = None;
+    loop {
+        let mut frames = match carried.take() {
+            Some(group) => group,
+            None => match groups.recv().await {
+                Some(group) => group,
+                None => return,
+            },
+        };
+        while frames.len() < FRAMES_PER_MESSAGE {
+            match groups.try_recv() {
+                Ok(group) if frames.len() + group.len() <= FRAMES_PER_MESSAGE => {
+                    frames.extend(group)
+                }
+                Ok(group) => {
+                    carried = Some(group);
+                    break;
+                }
                 Err(_) => break,
             }
         }
-        if messages
-            .send(pb::DecideRequest { frames: batch })
-            .await
-            .is_err()
-        {
+        if messages.send(pb::DecideRequest { frames }).await.is_err() {
             return;
         }
     }
@@ -165,7 +228,49 @@ async fn deliver(mut answers: tonic::Streaming<pb::DecideResponse>, pending: Pen
     pending.lock().expect("pending lock").clear();
 }
 
+/// A stream answer of the wrong kind for its frame.
+pub(super) fn unexpected(answer: pb::decide_result::Result) -> tonic::Status {
+    tonic::Status::internal(format!(
+        "fusebox answered a frame with {answer:?}, not the answer of its kind"
+    ))
+}
+
 /// An error answer as the status the unary call would have failed with.
 pub(super) fn status_of(error: pb::ItemError) -> Status {
     Status::new(tonic::Code::from(error.code), error.message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(first: u64, count: u64) -> Group {
+        (first..first + count)
+            .map(|id| pb::DecideFrame { id, request: None })
+            .collect()
+    }
+
+    /// Groups ready together share a message up to the server's limit; a
+    /// group is never split, and the frames keep their order.
+    #[tokio::test]
+    async fn groups_share_messages_up_to_the_limit_and_are_never_split() {
+        let sizes = [1, 999, 1, 1000, 500, 600, 3];
+        let (tx, rx) = mpsc::channel::<Group>(QUEUE);
+        let mut first = 0;
+        for size in sizes {
+            tx.send(group(first, size)).await.expect("queued");
+            first += size;
+        }
+        drop(tx);
+        let (messages_tx, mut messages) = mpsc::channel(16);
+        batch(rx, messages_tx).await;
+        let mut lengths = Vec::new();
+        let mut ids = Vec::new();
+        while let Ok(message) = messages.try_recv() {
+            lengths.push(message.frames.len());
+            ids.extend(message.frames.iter().map(|f| f.id));
+        }
+        assert_eq!(lengths, [1000, 1, 1000, 500, 603]);
+        assert_eq!(ids, (0..first).collect::<Vec<_>>());
+    }
 }

@@ -19,6 +19,7 @@ mod harness;
 mod hostile;
 mod http;
 mod in_process;
+mod outcomes;
 mod properties;
 mod queues;
 // The Redis module's harness (real redis-servers with the module loaded).
