@@ -141,6 +141,12 @@ async fn the_worker_speaks_the_client_tool_protocol() {
 
     let done = w.guard("g3", "svc/a", "fail", true).await;
     check(&done, json!({"ran": true, "refusal": null, "error": true}));
+    // Its failure is reported in the background (clients/README.md,
+    // "Outcomes off the caller's path"): the next guard must find it there.
+    crate::harness::eventually("svc/a to open", LIMIT, || async {
+        (server.get("svc/a").await.phase == fusebox::proto::v1::Phase::Open as i32).then_some(())
+    })
+    .await;
 
     let done = w.guard("g4", "svc/a", "succeed", false).await;
     check(

@@ -937,6 +937,7 @@ async fn the_rust_guard_calls_over_tls_and_an_untrusted_server_counts_as_unavail
         .await;
     assert_eq!(answer.expect("granted over TLS"), "done");
     assert_eq!(guard.stats().unavailable, 0);
+    guard.flush().await.expect("the outcome is answered");
     let channel = channel(&server, &ca.pem(), None).await.expect("a channel");
     let state = pb::admin_client::AdminClient::new(channel)
         .get_key(pb::GetKeyRequest {
