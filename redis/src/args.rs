@@ -2,6 +2,7 @@
 //! errors are `ERR <field>: <what to do>`, like the contract's messages.
 
 use fusebox_domain::policy::MAX_DURATION;
+use fusebox_domain::wire::ReplyForm;
 use fusebox_domain::{Millis, Outcome, TicketId};
 use redis_module::{RedisError, RedisString};
 
@@ -50,26 +51,18 @@ pub fn now(arg: &RedisString) -> Result<Now, RedisError> {
     .map(Now::At)
 }
 
-/// How a command answers: the documented array, or `packed` (one string
-/// of the same fields, for fusebox servers: [`crate::reply`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Form {
-    /// An array of names and numbers.
-    Array,
-    /// One string, the fields separated by spaces.
-    Packed,
-}
-
-/// The `REPLY` option: `array` (the default) or `packed`.
-pub fn form(arg: Option<&RedisString>) -> Result<Form, RedisError> {
-    match arg.map(RedisString::as_slice) {
-        None => Ok(Form::Array),
-        Some(v) if v.eq_ignore_ascii_case(b"array") => Ok(Form::Array),
-        Some(v) if v.eq_ignore_ascii_case(b"packed") => Ok(Form::Packed),
-        Some(_) => Err(RedisError::Str(
+/// The `REPLY` option: `array` (the default) or `packed` ([`ReplyForm`],
+/// what a fusebox server asks for: [`crate::reply`]).
+pub fn form(arg: Option<&RedisString>) -> Result<ReplyForm, RedisError> {
+    let Some(arg) = arg else {
+        return Ok(ReplyForm::Array);
+    };
+    std::str::from_utf8(arg.as_slice())
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .ok_or(RedisError::Str(
             "ERR reply: must be array or packed; leave REPLY out for the array",
-        )),
-    }
+        ))
 }
 
 /// A duration option (`LEASE`, `MAXWAIT`): 0 to 365 days in milliseconds.
@@ -102,10 +95,8 @@ fn id(arg: &RedisString, field: &str, todo: &str) -> Result<TicketId, RedisError
 pub fn outcome(arg: &RedisString) -> Result<Outcome, RedisError> {
     const WHAT: &str = "success, failure or ignored";
     let text = text(arg, "outcome", WHAT)?;
-    [Outcome::Success, Outcome::Failure, Outcome::Ignored]
-        .into_iter()
-        .find(|o| o.as_str().eq_ignore_ascii_case(text))
-        .ok_or_else(|| RedisError::String(format!("ERR outcome: must be {WHAT}, not {text:?}")))
+    text.parse()
+        .map_err(|_| RedisError::String(format!("ERR outcome: must be {WHAT}, not {text:?}")))
 }
 
 /// `BY who` / `WHY text`: at most 256 bytes of UTF-8.
