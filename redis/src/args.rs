@@ -3,7 +3,7 @@
 
 use fusebox_domain::policy::MAX_DURATION;
 use fusebox_domain::wire::ReplyForm;
-use fusebox_domain::{Millis, Outcome, TicketId};
+use fusebox_domain::{Millis, Named, Outcome, TicketId};
 use redis_module::{RedisError, RedisString};
 
 use crate::clock::{Now, MAX_NOW};
@@ -57,12 +57,9 @@ pub fn form(arg: Option<&RedisString>) -> Result<ReplyForm, RedisError> {
     let Some(arg) = arg else {
         return Ok(ReplyForm::Array);
     };
-    std::str::from_utf8(arg.as_slice())
-        .ok()
-        .and_then(|text| text.parse().ok())
-        .ok_or(RedisError::Str(
-            "ERR reply: must be array or packed; leave REPLY out for the array",
-        ))
+    ReplyForm::from_name(arg.as_slice()).ok_or(RedisError::Str(
+        "ERR reply: must be array or packed; leave REPLY out for the array",
+    ))
 }
 
 /// A duration option (`LEASE`, `MAXWAIT`): 0 to 365 days in milliseconds.
@@ -94,9 +91,13 @@ fn id(arg: &RedisString, field: &str, todo: &str) -> Result<TicketId, RedisError
 /// `outcome`: `success`, `failure` or `ignored`, in any case.
 pub fn outcome(arg: &RedisString) -> Result<Outcome, RedisError> {
     const WHAT: &str = "success, failure or ignored";
+    if let Some(outcome) = Outcome::from_name(arg.as_slice()) {
+        return Ok(outcome);
+    }
     let text = text(arg, "outcome", WHAT)?;
-    text.parse()
-        .map_err(|_| RedisError::String(format!("ERR outcome: must be {WHAT}, not {text:?}")))
+    Err(RedisError::String(format!(
+        "ERR outcome: must be {WHAT}, not {text:?}"
+    )))
 }
 
 /// `BY who` / `WHY text`: at most 256 bytes of UTF-8.

@@ -1,11 +1,8 @@
 //! The answer to a request, as a value (STYLE: decisions are values, not
 //! booleans or error strings), and its kind, the name it is written by.
 
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 
-use crate::names::{self, UnknownName};
 use crate::ticket::TicketId;
 use crate::{Millis, Reason};
 
@@ -112,10 +109,4 @@ impl DecisionKind {
     }
 }
 
-impl FromStr for DecisionKind {
-    type Err = UnknownName;
-    /// A name [`DecisionKind::as_str`] writes, in any case.
-    fn from_str(text: &str) -> Result<Self, UnknownName> {
-        names::find("decision", &DecisionKind::ALL, DecisionKind::as_str, text)
-    }
-}
+crate::names::named!(DecisionKind, "decision");

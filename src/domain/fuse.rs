@@ -116,13 +116,7 @@ impl Cause {
     }
 }
 
-impl std::str::FromStr for Cause {
-    type Err = crate::UnknownName;
-    /// The words [`Cause::as_str`] writes, in any case.
-    fn from_str(text: &str) -> Result<Self, crate::UnknownName> {
-        crate::names::find("cause", &Cause::ALL, Cause::as_str, text)
-    }
-}
+crate::names::named!(Cause, "cause");
 
 /// Something that happened inside an operation that the engine must pass on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

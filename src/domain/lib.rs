@@ -23,8 +23,6 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-use std::str::FromStr;
-
 pub mod book;
 pub mod breaker;
 pub mod decision;
@@ -46,7 +44,7 @@ pub use fuse::{
     TicketState, TicketTable, Tickets, View, WaiterState, WindowBucket, STATE_VERSION,
 };
 pub use key::{validate_key, KeyError, IDLE_AFTER};
-pub use names::UnknownName;
+pub use names::{Named, UnknownName};
 pub use policy::{
     policy_id, BreakerPolicy, DurationSpec, LeasePolicy, LimiterKind, LimiterPolicy, Order, Policy,
     PolicyError, PolicySpec, Trip,
@@ -104,14 +102,7 @@ impl Phase {
     }
 }
 
-impl FromStr for Phase {
-    type Err = UnknownName;
-    /// A name [`Phase::as_str`] writes, in any case (the Redis module
-    /// writes phases in lower case).
-    fn from_str(text: &str) -> Result<Self, UnknownName> {
-        names::find("phase", &Phase::ALL, Phase::as_str, text)
-    }
-}
+names::named!(Phase, "phase");
 
 impl std::fmt::Display for Phase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -145,13 +136,7 @@ impl Outcome {
     }
 }
 
-impl FromStr for Outcome {
-    type Err = UnknownName;
-    /// A name [`Outcome::as_str`] writes, in any case.
-    fn from_str(text: &str) -> Result<Self, UnknownName> {
-        names::find("outcome", &Outcome::ALL, Outcome::as_str, text)
-    }
-}
+names::named!(Outcome, "outcome");
 
 /// Why a request was blocked or denied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
@@ -199,17 +184,12 @@ impl Reason {
     ];
 }
 
-impl FromStr for Reason {
-    type Err = UnknownName;
-    /// A name [`Reason::as_str`] writes, in any case.
-    fn from_str(text: &str) -> Result<Self, UnknownName> {
-        names::find("reason", &Reason::ALL, Reason::as_str, text)
-    }
-}
+names::named!(Reason, "reason");
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::str::FromStr;
 
     /// Serde's names (the state's and the config's) are the `as_str`
     /// names, and each reads back in any case.

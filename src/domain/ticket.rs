@@ -43,15 +43,19 @@ impl TicketId {
     /// The id written as 1 to 32 hex digits (either case); `None` for
     /// anything else.
     pub fn from_hex(text: &[u8]) -> Option<TicketId> {
-        if text.is_empty() || text.len() > 32 {
-            return None;
-        }
-        // Fewer than 32 digits are the low end of the id: padded with
-        // zeros in front to the 32 the decoder reads.
-        let mut digits = [b'0'; 32];
-        digits[32 - text.len()..].copy_from_slice(text);
         let mut bytes = [0u8; 16];
-        hex::decode_to_slice(digits, &mut bytes).ok()?;
+        match text.len() {
+            // The form every id is written in: read as it is.
+            32 => hex::decode_to_slice(text, &mut bytes).ok()?,
+            1..32 => {
+                // Fewer digits are the low end of the id: padded with
+                // zeros in front to the 32 the decoder reads.
+                let mut digits = [b'0'; 32];
+                digits[32 - text.len()..].copy_from_slice(text);
+                hex::decode_to_slice(digits, &mut bytes).ok()?;
+            }
+            _ => return None,
+        }
         Some(TicketId(u128::from_be_bytes(bytes)))
     }
 }

@@ -25,13 +25,12 @@
 //! and the servers read Redis replies into them.
 
 use std::borrow::Cow;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
 use crate::decision::{Decision, DecisionKind, Grant};
 use crate::fuse::{Cause, Fuse, Stats, TicketTable, View};
-use crate::names::{self, UnknownName};
+use crate::names::{self, Named, UnknownName};
 use crate::policy::PolicySpec;
 use crate::ticket::TicketId;
 use crate::{Millis, Phase, Reason};
@@ -101,13 +100,7 @@ impl Channel {
     }
 }
 
-impl FromStr for Channel {
-    type Err = UnknownName;
-    /// A name [`Channel::as_str`] writes.
-    fn from_str(text: &str) -> Result<Self, UnknownName> {
-        names::find("channel", &Channel::ALL, Channel::as_str, text)
-    }
-}
+names::named!(Channel, "channel");
 
 /// How a command answers a decision (its `REPLY` option).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -133,42 +126,7 @@ impl ReplyForm {
     }
 }
 
-impl FromStr for ReplyForm {
-    type Err = UnknownName;
-    /// A name [`ReplyForm::as_str`] writes, in any case.
-    fn from_str(text: &str) -> Result<Self, UnknownName> {
-        names::find("reply", &ReplyForm::ALL, ReplyForm::as_str, text)
-    }
-}
-
-/// An enum written by its name; the wire writes the name in lower case.
-trait Named: Copy + FromStr<Err = UnknownName> {
-    fn name(self) -> &'static str;
-}
-
-impl Named for Phase {
-    fn name(self) -> &'static str {
-        self.as_str()
-    }
-}
-
-impl Named for Reason {
-    fn name(self) -> &'static str {
-        self.as_str()
-    }
-}
-
-impl Named for DecisionKind {
-    fn name(self) -> &'static str {
-        self.as_str()
-    }
-}
-
-impl Named for Cause {
-    fn name(self) -> &'static str {
-        self.as_str()
-    }
-}
+names::named!(ReplyForm, "reply");
 
 /// The longest name written in lower case without allocating.
 const SHORT_NAME: usize = 64;
@@ -209,7 +167,7 @@ mod lower {
                 f.write_str("a name")
             }
             fn visit_str<E: de::Error>(self, text: &str) -> Result<T, E> {
-                text.parse().map_err(E::custom)
+                T::parse_name(text).map_err(E::custom)
             }
         }
         d.deserialize_str(Name(std::marker::PhantomData))
@@ -423,14 +381,11 @@ fn number_of(what: &'static str, field: &[u8]) -> Result<u64, WireError> {
 }
 
 /// A packed field that is `-` or a name.
-fn name_of<T: FromStr<Err = UnknownName>>(
-    what: &'static str,
-    field: &[u8],
-) -> Result<Option<T>, WireError> {
+fn name_of<T: Named>(what: &'static str, field: &[u8]) -> Result<Option<T>, WireError> {
     if field == NIL {
         return Ok(None);
     }
-    Ok(Some(text_of(what, field)?.parse()?))
+    Ok(Some(T::parse_name(text_of(what, field)?)?))
 }
 
 /// The fields of a packed reply: exactly `N`, separated by one space,
