@@ -287,11 +287,6 @@ impl RedisStore {
         &self.url
     }
 
-    /// What the connection did, for `/metrics`.
-    pub fn figures_of_connection(&self) -> &StoreFigures {
-        self.conn.figures()
-    }
-
     /// Checks that every primary runs the module of this release (its state
     /// encoding at least [`MODULE_ENCODING`]), and signs its notices
     /// with this server's secret (or that neither signs).
