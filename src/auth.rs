@@ -239,14 +239,14 @@ pub fn hash(token: &str) -> [u8; 32] {
 
 /// The SHA-256 of a token as 64 lower-case hex digits, as the config takes it.
 pub fn hash_hex(token: &str) -> String {
-    crate::domain::hex::hex(&hash(token))
+    crate::domain::hex::encode(hash(token))
 }
 
 /// A new random token: 32 bytes from the operating system, in hex.
 pub fn new_token() -> Result<String, getrandom::Error> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)?;
-    Ok(crate::domain::hex::hex(&bytes))
+    Ok(crate::domain::hex::encode(bytes))
 }
 
 /// The refusal for a request with no credential at all.

@@ -2,7 +2,8 @@
 //! errors are `ERR <field>: <what to do>`, like the contract's messages.
 
 use fusebox_domain::policy::MAX_DURATION;
-use fusebox_domain::{Millis, Outcome, TicketId};
+use fusebox_domain::wire::ReplyForm;
+use fusebox_domain::{Millis, Named, Outcome, TicketId};
 use redis_module::{RedisError, RedisString};
 
 use crate::clock::{Now, MAX_NOW};
@@ -50,26 +51,15 @@ pub fn now(arg: &RedisString) -> Result<Now, RedisError> {
     .map(Now::At)
 }
 
-/// How a command answers: the documented array, or `packed` (one string
-/// of the same fields, for fusebox servers: [`crate::reply`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Form {
-    /// An array of names and numbers.
-    Array,
-    /// One string, the fields separated by spaces.
-    Packed,
-}
-
-/// The `REPLY` option: `array` (the default) or `packed`.
-pub fn form(arg: Option<&RedisString>) -> Result<Form, RedisError> {
-    match arg.map(RedisString::as_slice) {
-        None => Ok(Form::Array),
-        Some(v) if v.eq_ignore_ascii_case(b"array") => Ok(Form::Array),
-        Some(v) if v.eq_ignore_ascii_case(b"packed") => Ok(Form::Packed),
-        Some(_) => Err(RedisError::Str(
-            "ERR reply: must be array or packed; leave REPLY out for the array",
-        )),
-    }
+/// The `REPLY` option: `array` (the default) or `packed` ([`ReplyForm`],
+/// what a fusebox server asks for: [`crate::reply`]).
+pub fn form(arg: Option<&RedisString>) -> Result<ReplyForm, RedisError> {
+    let Some(arg) = arg else {
+        return Ok(ReplyForm::Array);
+    };
+    ReplyForm::from_name(arg.as_slice()).ok_or(RedisError::Str(
+        "ERR reply: must be array or packed; leave REPLY out for the array",
+    ))
 }
 
 /// A duration option (`LEASE`, `MAXWAIT`): 0 to 365 days in milliseconds.
@@ -101,11 +91,13 @@ fn id(arg: &RedisString, field: &str, todo: &str) -> Result<TicketId, RedisError
 /// `outcome`: `success`, `failure` or `ignored`, in any case.
 pub fn outcome(arg: &RedisString) -> Result<Outcome, RedisError> {
     const WHAT: &str = "success, failure or ignored";
+    if let Some(outcome) = Outcome::from_name(arg.as_slice()) {
+        return Ok(outcome);
+    }
     let text = text(arg, "outcome", WHAT)?;
-    [Outcome::Success, Outcome::Failure, Outcome::Ignored]
-        .into_iter()
-        .find(|o| o.as_str().eq_ignore_ascii_case(text))
-        .ok_or_else(|| RedisError::String(format!("ERR outcome: must be {WHAT}, not {text:?}")))
+    Err(RedisError::String(format!(
+        "ERR outcome: must be {WHAT}, not {text:?}"
+    )))
 }
 
 /// `BY who` / `WHY text`: at most 256 bytes of UTF-8.

@@ -7,14 +7,19 @@
 //! A value of version 1 (JSON) is read whole, and one of version 2 has its
 //! ticket table read whole; either is written back in version 3.
 
-use fusebox_domain::{Fuse, FuseHead, Millis, Notice, Ticket, TicketId, TicketTable, Tickets};
+use fusebox_domain::{
+    Fuse, FuseError, FuseHead, Millis, Notice, Ticket, TicketId, TicketTable, Tickets,
+};
 use redis_module::key::{RedisKeyWritable, StringDMA};
 use redis_module::{Context, KeyType, RedisError, RedisString};
 
+use crate::clock::Now;
+use crate::notices::{self, Note};
 use crate::policy::{self, Known};
+use crate::refusal::{err, fuse_err};
+use crate::registry;
 use crate::state::{self, Frame, Header, StateError, Summary, AT_REST, HEADER};
 use crate::table::{self, Bytes, Dirty, Table};
-use crate::{notices, registry};
 
 /// How long a key at rest is kept before Redis forgets it (SPEC K2): the
 /// embedded engine's default `idle_after`.
@@ -146,10 +151,6 @@ impl<'k> Opened<'k> {
     }
 }
 
-fn err(e: &dyn std::fmt::Display) -> RedisError {
-    RedisError::String(format!("ERR {e}"))
-}
-
 fn state_err(e: StateError) -> RedisError {
     err(&e)
 }
@@ -276,6 +277,17 @@ pub fn fresh<'k>(policy: Known, now: Millis) -> Opened<'k> {
     }
 }
 
+/// The time a step at `opened` runs at, refused when it is earlier than
+/// the key's last (the clock is monotonic, SPEC T0).
+pub fn time_at(when: Now, opened: Option<&Opened<'_>>) -> Result<Millis, RedisError> {
+    let last = opened.map(|o| o.fuse.last_now());
+    let now = when.resolve(last);
+    if let Some(last) = last.filter(|&last| now < last) {
+        return Err(fuse_err(FuseError::ClockWentBack { now, last }));
+    }
+    Ok(now)
+}
+
 /// The fuse a value holds, read on a copy (nothing is written): for
 /// reads and listings.
 pub fn read_copy(value: &[u8]) -> Result<CopyFuse, StateError> {
@@ -309,15 +321,6 @@ pub fn drain<T: TicketTable>(fuse: &mut Fuse<T>) -> Vec<Notice> {
             return drained;
         }
     }
-}
-
-/// Who asked for an operator's step, and why, for the events it causes.
-#[derive(Clone, Debug, Default)]
-pub struct Note {
-    /// Who.
-    pub who: Option<String>,
-    /// Why.
-    pub why: Option<String>,
 }
 
 /// Stores the step at `key` (named `name`): drains the fuse's notices,

@@ -6,14 +6,17 @@
 //! [secret-file PATH]` (see README.md). The module is named `fusebox`; its
 //! commands are `FB.*`.
 //!
-//! Layout: [`args`] (arguments), [`clock`] (time), [`policy`] (policies
-//! parsed once, by id), [`state`] (a key's value: a binary layout written
-//! in place), [`table`] (the live tickets inside it), [`keyed`] (a step at
-//! a key: open, store, replicate as `FB.PATCH`), [`commands`] (the `FB.*`
-//! commands), [`reply`] (what they answer), [`notices`] and [`sign`] (what
-//! the servers are told, signed), [`registry`] (what each node keeps in
-//! memory: keys not at rest, deadlines, the census) and [`settler`] (the
-//! timer and the background pass).
+//! Layout: [`args`] (arguments), [`clock`] (time), [`refusal`] (how a
+//! command refuses), [`policy`] (policies parsed once, by id), [`state`]
+//! (a key's value: a binary layout written in place), [`table`] (the live
+//! tickets inside it), [`keyed`] (a step at a key: open, store, replicate
+//! as `FB.PATCH`), [`commands`] (the `FB.*` commands, one file per job),
+//! [`reply`] (what they answer), [`notices`] and [`sign`] (what the
+//! servers are told, signed), [`registry`] (what each node keeps in
+//! memory: keys not at rest, deadlines, the census), [`scan`] (`SCAN`
+//! from inside) and [`settler`] (the timer and the background pass). What
+//! crosses to the fusebox servers (replies, views, notices) is the
+//! domain's [`fusebox_domain::wire`], which the servers read.
 //!
 //! Rules of this crate:
 //! - no `unsafe` of its own: only the safe API of `redis-module`, so no
@@ -35,8 +38,10 @@ pub mod commands;
 pub mod keyed;
 pub mod notices;
 pub mod policy;
+pub mod refusal;
 pub mod registry;
 pub mod reply;
+pub mod scan;
 pub mod settler;
 pub mod sign;
 pub mod state;

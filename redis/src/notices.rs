@@ -1,11 +1,14 @@
 //! What a step tells the fusebox servers: the domain's notices, published
-//! on Redis pub/sub after the key is stored, signed ([`crate::sign`]).
+//! on Redis pub/sub after the key is stored, signed ([`crate::sign`]), as
+//! the wire's types ([`fusebox_domain::wire`]) that the servers read.
 //!
 //! - `Notice::Answered` (a waiter's final answer) goes to
-//!   [`ANSWERS`] as `{"key", "waiter", "decision", "reason", "ticket",
-//!   "lease_ms", "retry_after_ms", "phase", "now_ms"}`;
-//! - `Notice::Phase` (the breaker changed phase) goes to [`EVENTS`] as
-//!   `{"key", "from", "to", "cause", "at_ms", "who", "why", "view"}`;
+//!   [`Channel::Answers`] as an [`AnswerNotice`]: `{"key", "waiter",
+//!   "decision", "reason", "ticket", "lease_ms", "retry_after_ms",
+//!   "phase", "now_ms"}`;
+//! - `Notice::Phase` (the breaker changed phase) goes to
+//!   [`Channel::Events`] as a [`PhaseNotice`]: `{"key", "from", "to",
+//!   "cause", "at_ms", "who", "why", "view"}`;
 //! - `Notice::Expired` is not published (the key's stats count it).
 //!
 //! Only a primary that is not replaying publishes: a replica, and a
@@ -13,18 +16,20 @@
 //! every message twice. Plain `PUBLISH`, which Redis Cluster broadcasts to
 //! every node, so a server subscribed to any node hears every key.
 
+use fusebox_domain::wire::{Answer, AnswerFields, AnswerNotice, Channel, KeyView, PhaseNotice};
 use fusebox_domain::{Fuse, Millis, Notice, TicketTable};
 use redis_module::{Context, ContextFlags};
 
-use crate::keyed::Note;
-use crate::reply::{parts, phase_name, view_json};
 use crate::sign;
 
-/// The channel of waiters' answers.
-pub const ANSWERS: &str = "fusebox:answers";
-
-/// The channel of breaker events (phase changes).
-pub const EVENTS: &str = "fusebox:events";
+/// Who asked for an operator's step, and why, for the events it causes.
+#[derive(Clone, Debug, Default)]
+pub struct Note {
+    /// Who.
+    pub who: Option<String>,
+    /// Why.
+    pub why: Option<String>,
+}
 
 /// True when this node is to publish: a primary, not running a command
 /// from its primary or from its AOF.
@@ -45,13 +50,13 @@ pub fn messages<T: TicketTable>(
     now: Millis,
     notices: &[Notice],
     note: &Note,
-) -> Vec<(&'static str, String)> {
+) -> Vec<(Channel, String)> {
     if notices.is_empty() || !may_publish(ctx) {
         return Vec::new();
     }
     payloads(&String::from_utf8_lossy(key), fuse, now, notices, note)
         .into_iter()
-        .map(|(channel, payload)| (channel, sign::seal(channel, &payload)))
+        .map(|(channel, payload)| (channel, sign::seal(channel.as_str(), &payload)))
         .collect()
 }
 
@@ -62,54 +67,58 @@ pub fn payloads<T: TicketTable>(
     now: Millis,
     notices: &[Notice],
     note: &Note,
-) -> Vec<(&'static str, String)> {
-    let phase = phase_name(fuse.phase());
+) -> Vec<(Channel, String)> {
+    let phase = fuse.phase();
     let mut view = None;
     notices
         .iter()
-        .filter_map(|notice| match notice {
-            Notice::Answered { waiter, decision } => {
-                let p = parts(decision, now);
-                let json = serde_json::json!({
-                    "key": key,
-                    "waiter": waiter.to_string(),
-                    "decision": p.decision,
-                    "reason": p.reason,
-                    "ticket": p.ticket.map(|t| t.to_string()),
-                    "lease_ms": p.lease_ms,
-                    "retry_after_ms": p.retry_after_ms,
-                    "phase": phase,
-                    "now_ms": now,
-                });
-                Some((ANSWERS, json.to_string()))
-            }
-            Notice::Phase {
-                from,
-                to,
-                cause,
-                at,
-            } => {
-                let view = view.get_or_insert_with(|| view_json(fuse, now)).clone();
-                let json = serde_json::json!({
-                    "key": key,
-                    "from": phase_name(*from),
-                    "to": phase_name(*to),
-                    "cause": cause.as_str(),
-                    "at_ms": at,
-                    "who": note.who,
-                    "why": note.why,
-                    "view": view,
-                });
-                Some((EVENTS, json.to_string()))
-            }
-            Notice::Expired { .. } => None,
+        .filter_map(|notice| {
+            let (channel, json) = match *notice {
+                Notice::Answered { waiter, decision } => {
+                    let answer = Answer {
+                        decision,
+                        phase,
+                        now,
+                    };
+                    let message = AnswerNotice {
+                        key: key.to_owned(),
+                        waiter,
+                        answer: AnswerFields::from(&answer),
+                    };
+                    (Channel::Answers, serde_json::to_string(&message))
+                }
+                Notice::Phase {
+                    from,
+                    to,
+                    cause,
+                    at,
+                } => {
+                    let view = view.get_or_insert_with(|| KeyView::of(fuse, now)).clone();
+                    let message = PhaseNotice {
+                        key: key.to_owned(),
+                        from,
+                        to,
+                        cause,
+                        at_ms: at,
+                        who: note.who.clone(),
+                        why: note.why.clone(),
+                        view,
+                    };
+                    (Channel::Events, serde_json::to_string(&message))
+                }
+                Notice::Expired { .. } => return None,
+            };
+            // Plain data always serializes; a message that did not would
+            // be one the servers could not read either.
+            json.ok().map(|json| (channel, json))
         })
         .collect()
 }
 
 /// Publishes `messages` (made by [`messages`]).
-pub fn publish(ctx: &Context, messages: Vec<(&'static str, String)>) {
+pub fn publish(ctx: &Context, messages: Vec<(Channel, String)>) {
     for (channel, message) in messages {
+        let channel = channel.as_str();
         if let Err(e) = ctx.call("PUBLISH", &[channel, message.as_str()]) {
             ctx.log_warning(&format!("fusebox: PUBLISH to {channel} failed: {e}"));
         }

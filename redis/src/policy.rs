@@ -49,7 +49,7 @@ pub fn id_of(json: &[u8]) -> PolicyId {
 
 /// An id as the 32 hex digits commands send.
 pub fn hex_of(id: &PolicyId) -> String {
-    fusebox_domain::hex::hex(id)
+    fusebox_domain::hex::encode(id)
 }
 
 fn cached(id: &PolicyId) -> Option<Known> {
@@ -124,20 +124,10 @@ pub fn of_arg(arg: &[u8]) -> Result<Known, RedisError> {
     of_json(arg).map_err(|e| RedisError::String(format!("ERR {e}")))
 }
 
+/// An id from its 32 hex digits, in either case.
 fn parse_id(hex: &[u8]) -> Option<PolicyId> {
-    if hex.len() != 32 {
-        return None;
-    }
-    let nibble = |b: u8| match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    };
     let mut id = [0u8; 16];
-    for (byte, pair) in id.iter_mut().zip(hex.chunks_exact(2)) {
-        *byte = (nibble(pair[0])? << 4) | nibble(pair[1])?;
-    }
+    fusebox_domain::hex::decode_to_slice(hex, &mut id).ok()?;
     Some(id)
 }
 

@@ -23,8 +23,9 @@ use fusebox_domain::Millis;
 use redis_module::{Context, ContextFlags, RedisString};
 
 use crate::clock::{wall_ms, MAX_NOW};
-use crate::commands::scan_step;
-use crate::keyed::{self, Note};
+use crate::keyed;
+use crate::notices::Note;
+use crate::scan::scan_step;
 use crate::{registry, state};
 
 /// How often the timer runs.

@@ -12,10 +12,12 @@
 //!
 //! A signed message is the MAC in 64 lower-case hex digits, a space, and
 //! the payload; the MAC covers the channel's name, a newline, and the
-//! payload, so a message signed for one channel is refused on another.
+//! payload, so a message signed for one channel is refused on another
+//! (the envelope is the wire's: [`wire::seal`], [`wire::signed_parts`]).
 
 use std::sync::OnceLock;
 
+use fusebox_domain::wire;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
@@ -77,19 +79,21 @@ fn secret() -> Option<&'static [u8]> {
     SECRET.get().and_then(|s| s.as_deref())
 }
 
-/// The MAC of `payload` on `channel` under `secret`, in hex.
-pub fn mac(secret: &[u8], channel: &str, payload: &[u8]) -> String {
+/// The MAC of `payload` on `channel` under `secret` (over
+/// [`wire::signed_parts`]).
+pub fn mac(secret: &[u8], channel: &str, payload: &[u8]) -> [u8; wire::MAC_BYTES] {
     let mut m = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
-    m.update(channel.as_bytes());
-    m.update(b"\n");
-    m.update(payload);
-    fusebox_domain::hex::hex(&m.finalize().into_bytes())
+    for part in wire::signed_parts(channel, payload) {
+        m.update(part);
+    }
+    m.finalize().into_bytes().into()
 }
 
-/// What to publish for `payload` on `channel`: signed when a secret is set.
+/// What to publish for `payload` on `channel`: signed when a secret is set
+/// ([`wire::seal`]).
 pub fn seal(channel: &str, payload: &str) -> String {
     match secret() {
-        Some(secret) => format!("{} {payload}", mac(secret, channel, payload.as_bytes())),
+        Some(secret) => wire::seal(&mac(secret, channel, payload.as_bytes()), payload),
         None => payload.to_owned(),
     }
 }
@@ -97,12 +101,13 @@ pub fn seal(channel: &str, payload: &str) -> String {
 /// A fingerprint of `secret`, which a server compares with its own
 /// (it says nothing of the secret itself).
 pub fn fingerprint_of(secret: &[u8]) -> String {
-    mac(secret, "fusebox", b"fingerprint")[..16].to_owned()
+    let (channel, payload) = wire::FINGERPRINT_OF;
+    wire::fingerprint(&mac(secret, channel, payload))
 }
 
-/// This node's fingerprint, or `off` without a secret.
-pub fn fingerprint() -> String {
-    secret().map_or_else(|| "off".to_owned(), fingerprint_of)
+/// This node's fingerprint, or `None` without a secret.
+pub fn fingerprint() -> Option<String> {
+    secret().map(fingerprint_of)
 }
 
 #[cfg(test)]
@@ -113,10 +118,15 @@ mod tests {
     fn a_mac_binds_the_channel_and_the_payload() {
         let k = b"0123456789abcdef";
         let a = mac(k, "fusebox:answers", b"{}");
-        assert_eq!(a.len(), 64);
         assert_ne!(a, mac(k, "fusebox:events", b"{}"));
         assert_ne!(a, mac(k, "fusebox:answers", b"{ }"));
         assert_ne!(a, mac(b"0123456789abcdeF", "fusebox:answers", b"{}"));
-        assert_eq!(fingerprint_of(k).len(), 16);
+        // The same MAC and fingerprint as the servers compute
+        // (src/engine/redis/sign.rs checks these very values).
+        assert_eq!(
+            wire::seal(&a, "{}"),
+            "639d0a93b48492f1788f46c61d1878770ae0ddc0306b53713202efb96e02d9ec {}"
+        );
+        assert_eq!(fingerprint_of(k), "08c2720d49dc191e");
     }
 }

@@ -249,7 +249,7 @@ fn token_of(spec: &TokenSpec, entry: &str) -> Result<([u8; 32], Arc<Grant>), Aut
         problem,
     };
     let hash = match (&spec.sha256, &spec.env) {
-        (Some(hex), None) => parse_hex(&hex.to_ascii_lowercase()).ok_or_else(|| {
+        (Some(hex), None) => sha256_of(hex).ok_or_else(|| {
             err(
                 "sha256",
                 "must be 64 hex digits: the SHA-256 of the token, as `fusebox token` prints it".into(),
@@ -294,13 +294,9 @@ fn token_of(spec: &TokenSpec, entry: &str) -> Result<([u8; 32], Arc<Grant>), Aut
     ))
 }
 
-fn parse_hex(text: &str) -> Option<[u8; 32]> {
-    if text.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
+/// The 32 bytes of a token's SHA-256 written as 64 hex digits (either case).
+fn sha256_of(hex: &str) -> Option<[u8; 32]> {
+    let mut sha = [0u8; 32];
+    crate::domain::hex::decode_to_slice(hex, &mut sha).ok()?;
+    Some(sha)
 }

@@ -1,6 +1,6 @@
 //! The permit book: a key's limiter and its wait queue, counted in permits
 //! (SPEC P3–P8). The book keeps order and room; the decisions that use it
-//! live in [`super::Fuse`], where the breaker is known too.
+//! live in [`Fuse`](crate::Fuse), where the breaker is known too.
 //!
 //! Most queues are short: up to [`FEW`] waiters sit in one vector in arrival
 //! order and are found by scanning it. A longer queue moves to indexed maps
@@ -8,10 +8,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::fuse::{PackedId, TicketId};
-use super::limiter::Limiter;
-use super::policy::{LimiterPolicy, Order};
-use super::Millis;
+use crate::limiter::Limiter;
+use crate::policy::{LimiterPolicy, Order};
+use crate::ticket::{PackedId, TicketId};
+use crate::Millis;
 
 /// The most waiters kept in a plain vector; beyond this the queue is indexed.
 pub const FEW: usize = 8;

@@ -2,13 +2,14 @@
 //! backoff, the probe slot and epochs.
 //!
 //! The breaker knows nothing of permits or tickets' identities: the combined
-//! decision ([`super::Fuse`]) asks [`Breaker::admission`] first, which
+//! decision ([`Fuse`](crate::Fuse)) asks [`Breaker::admission`] first, which
 //! changes nothing, and only commits a probe with [`Breaker::begin_probe`]
 //! once the limiter has granted it (C2).
 
-use super::health::HealthWindow;
-use super::policy::{BreakerPolicy, Trip};
-use super::{Millis, Outcome, Phase, Reason};
+use crate::decision::Decision;
+use crate::health::HealthWindow;
+use crate::policy::{BreakerPolicy, Trip};
+use crate::{Millis, Outcome, Phase, Reason};
 
 /// What the breaker would do with a request at `now`; computing it changes nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,16 +32,16 @@ pub enum Admission {
 impl Admission {
     /// The breaker's own answer when it does not admit (blocked or
     /// refused); `None` when it admits.
-    pub fn refusal(self) -> Option<super::Decision> {
+    pub fn refusal(self) -> Option<Decision> {
         match self {
             Admission::Blocked {
                 reason,
                 retry_after,
-            } => Some(super::Decision::Blocked {
+            } => Some(Decision::Blocked {
                 reason,
                 retry_after,
             }),
-            Admission::Refused => Some(super::Decision::Refused),
+            Admission::Refused => Some(Decision::Refused),
             Admission::Normal | Admission::Probe => None,
         }
     }

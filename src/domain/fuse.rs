@@ -10,34 +10,13 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::book::{Book, Waiter};
-use super::breaker::{Admission, Breaker};
-use super::limiter::Limiter;
-use super::policy::{Order, Policy};
-use super::{Millis, Outcome, Phase, Reason};
-
-/// A ticket's identity: 128 bits chosen by the engine (from the operating
-/// system's random source), never reused. The fuse only compares them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TicketId(pub u128);
-
-/// A [`TicketId`] as kept in a key's tables: two `u64`s in the same order,
-/// without the 16-byte alignment of `u128`, so that tickets and waiters pay
-/// no padding.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct PackedId([u64; 2]);
-
-impl From<TicketId> for PackedId {
-    fn from(id: TicketId) -> Self {
-        PackedId([(id.0 >> 64) as u64, id.0 as u64])
-    }
-}
-
-impl From<PackedId> for TicketId {
-    fn from(id: PackedId) -> Self {
-        TicketId((u128::from(id.0[0]) << 64) | u128::from(id.0[1]))
-    }
-}
+use crate::book::{Book, Waiter};
+use crate::breaker::{Admission, Breaker};
+use crate::decision::{Decision, Grant};
+use crate::limiter::Limiter;
+use crate::policy::{Order, Policy};
+use crate::ticket::TicketId;
+use crate::{Millis, Outcome, Phase, Reason};
 
 /// What a live ticket remembers (SPEC B3, L2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,55 +60,6 @@ impl Default for Ask {
     }
 }
 
-/// A ticket handed out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Grant {
-    /// The ticket.
-    pub ticket: TicketId,
-    /// When its lease ends.
-    pub lease_end: Millis,
-}
-
-/// The answer to a request (SPEC B1, P2–P6, E1). Decisions are values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Decision {
-    /// Admitted; `None` for a status check, which gets no ticket.
-    Granted(Option<Grant>),
-    /// Admitted as the key's one probe.
-    Probe(Grant),
-    /// Not now, by the breaker.
-    Blocked {
-        /// `Open` or `ProbeInFlight`.
-        reason: Reason,
-        /// When to ask again, in ms from now.
-        retry_after: Millis,
-    },
-    /// Isolated by an operator.
-    Refused,
-    /// Not granted by the permit book.
-    Denied {
-        /// Why.
-        reason: Reason,
-        /// When `n` permits may be there, in ms from now, where the algorithm can tell.
-        retry_after: Option<Millis>,
-    },
-    /// Waiting; the final answer comes as a [`Notice::Answered`].
-    Queued,
-}
-
-impl Decision {
-    /// The ticket this decision hands out, if any.
-    pub fn grant(&self) -> Option<Grant> {
-        match *self {
-            Decision::Granted(grant) => grant,
-            Decision::Probe(grant) => Some(grant),
-            _ => None,
-        }
-    }
-}
-
 /// The reply to a completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Completed {
@@ -160,7 +90,19 @@ pub enum Cause {
 }
 
 impl Cause {
-    /// The cause in plain words.
+    /// Every cause.
+    pub const ALL: [Cause; 7] = [
+        Cause::Tripped,
+        Cause::ProbeAdmitted,
+        Cause::ProbeSucceeded,
+        Cause::ProbeFailed,
+        Cause::Isolated,
+        Cause::Closed,
+        Cause::PolicyChanged,
+    ];
+
+    /// The cause in plain words: what watchers are told, and what the
+    /// Redis module's events carry.
     pub fn as_str(self) -> &'static str {
         match self {
             Cause::Tripped => "failures reached the trip condition",
@@ -173,6 +115,8 @@ impl Cause {
         }
     }
 }
+
+crate::names::named!(Cause, "cause");
 
 /// Something that happened inside an operation that the engine must pass on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -472,7 +416,7 @@ impl Fuse {
     /// an open or half-open key under one comes back closed (as Y4 does).
     pub fn restore(
         policy: impl Into<Arc<Policy>>,
-        kept: &super::breaker::Durable,
+        kept: &crate::breaker::Durable,
         now: Millis,
     ) -> Self {
         let mut fuse = Fuse::new(policy, now);
@@ -1075,7 +1019,7 @@ impl<T: TicketTable> Fuse<T> {
     }
 
     /// What of this key is to be kept across a restart (its breaker's).
-    pub fn durable(&self) -> super::breaker::Durable {
+    pub fn durable(&self) -> crate::breaker::Durable {
         self.breaker.durable()
     }
 

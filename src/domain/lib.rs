@@ -10,36 +10,53 @@
 //! - [`breaker`] and [`health`]: the circuit breaker of SPEC section 1;
 //! - [`limiter`]: the four limiter kinds of SPEC section 2, one file each;
 //! - [`book`]: the permit book, a limiter with its wait queue (P1–P8);
+//! - [`ticket`]: a ticket's id and its text form;
+//! - [`decision`]: the answer to a request, a value;
 //! - [`fuse`]: everything kept for one key, and the one decision over breaker
 //!   and book (C1–C6), tickets and leases (L1–L4); [`FuseState`] is a key's
 //!   exact, versioned, serde-able snapshot;
 //! - [`key`]: the key syntax of K1;
-//! - [`hex`]: the lower-case hexadecimal every text form here uses.
+//! - [`names`]: how the enums written as text are read back;
+//! - [`wire`]: what the Redis module and the fusebox servers say to each
+//!   other (replies, views, notices), one type for both sides;
+//! - [`hex`]: the lower-case hexadecimal of ids and MACs (the `hex` crate).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod book;
 pub mod breaker;
+pub mod decision;
 pub mod fuse;
 pub mod health;
-pub mod hex;
 pub mod key;
 pub mod limiter;
+pub mod names;
 pub mod policy;
+pub mod ticket;
+pub mod wire;
 
 pub use book::{Book, Waiter};
 pub use breaker::{Admission, Breaker, Durable};
+pub use decision::{Decision, DecisionKind, Grant};
 pub use fuse::{
-    sorted_tickets, Ask, BreakerState, Cause, Completed, CounterState, Decision, Fuse, FuseError,
-    FuseHead, FuseState, Grant, HeapParts, LimiterState, Notice, ReasonCounts, StateError, Stats,
-    Ticket, TicketId, TicketState, TicketTable, Tickets, View, WaiterState, WindowBucket,
-    STATE_VERSION,
+    sorted_tickets, Ask, BreakerState, Cause, Completed, CounterState, Fuse, FuseError, FuseHead,
+    FuseState, HeapParts, LimiterState, Notice, ReasonCounts, StateError, Stats, Ticket,
+    TicketState, TicketTable, Tickets, View, WaiterState, WindowBucket, STATE_VERSION,
 };
 pub use key::{validate_key, KeyError, IDLE_AFTER};
+pub use names::{Named, UnknownName};
 pub use policy::{
     policy_id, BreakerPolicy, DurationSpec, LeasePolicy, LimiterKind, LimiterPolicy, Order, Policy,
     PolicyError, PolicySpec, Trip,
 };
+pub use ticket::TicketId;
+
+/// Lower-case hexadecimal: the `hex` crate, through the domain so that its
+/// users need no dependency of their own. Every hex form fusebox writes is
+/// lower case (ticket ids, policy ids, page tokens, MACs).
+pub mod hex {
+    pub use ::hex::{decode, decode_to_slice, encode, encode_to_slice, FromHexError};
+}
 
 /// A count of milliseconds on the engine's monotonic clock, or a duration in
 /// milliseconds (SPEC T0, T1).
@@ -79,6 +96,8 @@ impl Phase {
     }
 }
 
+names::named!(Phase, "phase");
+
 impl std::fmt::Display for Phase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -98,6 +117,9 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome.
+    pub const ALL: [Outcome; 3] = [Outcome::Success, Outcome::Failure, Outcome::Ignored];
+
     /// The name used in the config, the vectors and the CLI.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -107,6 +129,8 @@ impl Outcome {
         }
     }
 }
+
+names::named!(Outcome, "outcome");
 
 /// Why a request was blocked or denied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
@@ -152,4 +176,64 @@ impl Reason {
         Reason::Evicted,
         Reason::Timeout,
     ];
+}
+
+names::named!(Reason, "reason");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::str::FromStr;
+
+    /// Serde's names (the state's and the config's) are the `as_str`
+    /// names, and each reads back in any case.
+    #[test]
+    fn each_name_is_written_once_and_reads_back() {
+        fn check<T>(all: &[T], name: fn(T) -> &'static str)
+        where
+            T: Copy + PartialEq + std::fmt::Debug + FromStr + serde::Serialize,
+            T::Err: std::fmt::Debug,
+        {
+            for &v in all {
+                let text = name(v);
+                assert_eq!(serde_json::to_value(v).unwrap(), text);
+                assert_eq!(text.parse::<T>().unwrap(), v);
+                assert_eq!(text.to_ascii_lowercase().parse::<T>().unwrap(), v);
+                assert_eq!(text.to_ascii_uppercase().parse::<T>().unwrap(), v);
+            }
+            assert!("no such name".parse::<T>().is_err());
+        }
+        check(&Phase::ALL, Phase::as_str);
+        check(&Outcome::ALL, Outcome::as_str);
+        check(&Reason::ALL, Reason::as_str);
+        // A decision's serde name (in a stored state's notices) is its kind's.
+        let grant = Grant {
+            ticket: TicketId(1),
+            lease_end: 2,
+        };
+        let decisions = [
+            Decision::Granted(None),
+            Decision::Probe(grant),
+            Decision::Blocked {
+                reason: Reason::Open,
+                retry_after: 1,
+            },
+            Decision::Refused,
+            Decision::Denied {
+                reason: Reason::NoPermits,
+                retry_after: None,
+            },
+            Decision::Queued,
+        ];
+        for (decision, kind) in decisions.into_iter().zip(DecisionKind::ALL) {
+            assert_eq!(decision.kind(), kind);
+            let tag = match serde_json::to_value(decision).unwrap() {
+                serde_json::Value::Object(fields) => fields.keys().next().cloned().unwrap(),
+                serde_json::Value::String(name) => name,
+                other => panic!("{other}"),
+            };
+            assert_eq!(tag, kind.as_str());
+            assert_eq!(kind.as_str().parse::<DecisionKind>().unwrap(), kind);
+        }
+    }
 }

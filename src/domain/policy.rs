@@ -551,13 +551,7 @@ impl Policy {
         let lease = LeaseSpec {
             default: Some(DurationSpec(self.lease.default.get())),
             max: Some(DurationSpec(self.lease.max.get())),
-            expired_outcome: Some(
-                match self.lease.expired_outcome {
-                    Outcome::Failure => "FAILURE",
-                    _ => "IGNORED",
-                }
-                .into(),
-            ),
+            expired_outcome: Some(self.lease.expired_outcome.as_str().into()),
         };
         PolicySpec {
             breaker,
@@ -772,15 +766,24 @@ impl LeaseSpec {
                 ),
             ));
         }
+        // Written exactly as the config writes outcomes (upper case), and
+        // never SUCCESS: a lost caller is no evidence of health.
+        let allowed = [Outcome::Ignored, Outcome::Failure];
         let expired_outcome = match self.expired_outcome.as_deref() {
-            None | Some("IGNORED") => Outcome::Ignored,
-            Some("FAILURE") => Outcome::Failure,
-            Some(other) => {
-                return Err(invalid(
-                    "lease.expired_outcome",
-                    format!("must be \"IGNORED\" or \"FAILURE\", not {other:?}"),
-                ))
-            }
+            None => Outcome::Ignored,
+            Some(text) => allowed
+                .into_iter()
+                .find(|o| o.as_str() == text)
+                .ok_or_else(|| {
+                    invalid(
+                        "lease.expired_outcome",
+                        format!(
+                            "must be {:?} or {:?}, not {text:?}",
+                            Outcome::Ignored.as_str(),
+                            Outcome::Failure.as_str()
+                        ),
+                    )
+                })?,
         };
         Ok(LeasePolicy {
             default,

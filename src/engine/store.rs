@@ -1,9 +1,11 @@
 //! The one store interface: where the keys live, chosen once at start-up.
 //! The gRPC services, the HTTP side, the timer and the tools hold a
 //! [`Store`] and call it; each method has one implementation per store,
-//! the embedded [`Engine`] (keys in this process) and the [`RedisStore`]
-//! (keys in Redis or Redis Cluster, through the fusebox module), and
-//! nothing outside this file asks which one it has.
+//! the embedded [`Engine`] (keys in this process) and a [`SharedStore`]
+//! (keys that many servers share: Redis or Redis Cluster, through the
+//! fusebox module, `super::redis`), and nothing outside this file asks
+//! which one it has. This file names no store's own types: a shared store
+//! implements [`SharedStore`] and is handed over as one.
 //!
 //! A figure one store cannot give is an `Option` here, not a branch in the
 //! caller. Figures are this server's (decisions, transitions, busiest keys)
@@ -11,9 +13,12 @@
 //! embedded engine the two are the same; with Redis the second kind is the
 //! fleet's, read from every primary (see [`Figures::fleet_wide`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use super::redis::{RedisStore, StoreFigures};
+use futures_util::future::BoxFuture;
+
 use super::rules::{Pattern, Rule, Rules};
 use super::shares::{self, Kind, Share};
 use super::tickets::ticket_of;
@@ -21,7 +26,8 @@ use super::{
     AcquireArgs, AcquireReply, CompleteReply, Core, Engine, EngineError, KeyReading,
     StorageFigures, Totals,
 };
-use crate::domain::{Millis, Outcome, Phase, Policy};
+use crate::domain::wire::Channel;
+use crate::domain::{Millis, Outcome, Phase, Policy, TicketId};
 
 /// Where a listing goes on from: the start, after a key (the embedded
 /// engine lists in key order), or a scan cursor of one primary (Redis).
@@ -122,24 +128,159 @@ pub struct Figures {
     pub fleet_wide: bool,
 }
 
+/// A change to the rules in force; refused changes change nothing.
+pub type RulesChange<'a> = Box<dyn FnOnce(&mut Rules) -> Result<(), EngineError> + 'a>;
+
+/// A store that many servers share (Redis, through the fusebox module):
+/// the keys live outside this process, and each operation is a round trip
+/// to it. Its methods are those of [`Store`] (see there); futures are
+/// boxed, since the store is held as a trait object, picked at start-up.
+pub trait SharedStore: Send + Sync + std::fmt::Debug {
+    /// What the store shares with the server around it.
+    fn core(&self) -> &Arc<Core>;
+    /// Answers an acquire, waiting while queued.
+    fn acquire(&self, args: AcquireArgs) -> BoxFuture<'_, Result<AcquireReply, EngineError>>;
+    /// Records a ticket's outcome.
+    fn complete<'a>(
+        &'a self,
+        token: &'a str,
+        outcome: Outcome,
+    ) -> BoxFuture<'a, Result<CompleteReply, EngineError>>;
+    /// Extends a live ticket's lease; returns the time left.
+    fn renew<'a>(
+        &'a self,
+        token: &'a str,
+        lease: Option<Millis>,
+    ) -> BoxFuture<'a, Result<Millis, EngineError>>;
+    /// The id in a ticket's token.
+    fn ticket_id(&self, token: &str) -> Option<TicketId>;
+    /// The key a ticket's token names.
+    fn ticket_key(&self, token: &str) -> Result<Arc<str>, EngineError>;
+    /// Reads a key, and whether the store holds it.
+    fn read<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(KeyReading, bool), EngineError>>;
+    /// Isolates (`isolate`) or closes a key, recording who and why.
+    fn operate<'a>(
+        &'a self,
+        key: &'a str,
+        reason: &'a str,
+        who: &'a str,
+        isolate: bool,
+    ) -> BoxFuture<'a, Result<KeyReading, EngineError>>;
+    /// A page of keys.
+    fn list_page<'a>(
+        &'a self,
+        prefix: &'a str,
+        phases: &'a [Phase],
+        from: &'a Cursor,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Listed, EngineError>>;
+    /// Up to `limit` keys not CLOSED, and whether more are.
+    fn not_closed<'a>(
+        &'a self,
+        prefix: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<(Vec<KeyReading>, bool), EngineError>>;
+    /// The `n` keys with the most requests lately, on this server.
+    fn busiest(&self, n: usize) -> BoxFuture<'_, Vec<KeyReading>>;
+    /// The figures of `/metrics` and the dashboard.
+    fn figures(&self) -> BoxFuture<'_, Figures>;
+    /// What the connection to the store did.
+    fn connection_figures(&self) -> &StoreFigures;
+    /// Applies `change` to the rules, puts them in force and shares them.
+    fn change_rules(&self, change: RulesChange<'_>) -> Result<(), EngineError>;
+    /// Runs what the store does on time until the server shuts down.
+    fn run_timer(&self) -> BoxFuture<'_, ()>;
+    /// Moves the manual clock forward; `None` without one.
+    fn advance_clock(&self, by: Millis) -> BoxFuture<'_, Option<Millis>>;
+    /// Stops taking requests and answers every waiter with UNAVAILABLE.
+    fn shutdown(&self);
+}
+
+/// What the connection to a shared store did, for /metrics.
+#[derive(Debug, Default)]
+pub struct StoreFigures {
+    /// Commands sent.
+    pub commands: AtomicU64,
+    /// Commands that failed because the store could not be reached (or
+    /// timed out, or its cluster was down): each answered UNAVAILABLE.
+    pub unavailable: AtomicU64,
+    /// Commands that met a slot on the move (MOVED, ASK, TRYAGAIN) and
+    /// failed after the cluster client's retries.
+    pub moved: AtomicU64,
+    /// Times the answers/events subscription was (re)connected.
+    pub subscriptions: AtomicU64,
+    /// Operator actions whose replica confirmation (`WAIT`) timed out.
+    pub unconfirmed: AtomicU64,
+    /// Probes no replica confirmed in time, given back (the caller was
+    /// told to ask again).
+    pub unconfirmed_probes: AtomicU64,
+    /// Messages dropped because they could not be verified (or, on the
+    /// answers channel, named another key or ticket than their waiter's),
+    /// by channel, in the order of [`NOTICE_CHANNELS`].
+    pub notices_dropped: [AtomicU64; 3],
+    /// Reads of the shared policies (the `fusebox:policies` key) whose
+    /// content could not be verified; the running rules stayed.
+    pub policies_unverified: AtomicU64,
+    /// When a dropped notice was last logged, and how many were dropped
+    /// since.
+    drops_logged: std::sync::Mutex<(Option<Instant>, u64)>,
+}
+
+/// The channels whose messages are verified, as `notices_dropped` counts
+/// them ([`Channel::ALL`]).
+pub const NOTICE_CHANNELS: [&str; 3] = [
+    Channel::ALL[0].as_str(),
+    Channel::ALL[1].as_str(),
+    Channel::ALL[2].as_str(),
+];
+
+/// How often dropped notices are logged at most.
+const DROPS_LOGGED_EVERY: Duration = Duration::from_secs(5);
+
+impl StoreFigures {
+    /// Counts a message dropped on `channel` (or the policies key when
+    /// `channel` is `None`) and logs it, at most once every few seconds,
+    /// with `why`.
+    pub(crate) fn dropped(&self, channel: Option<Channel>, why: &str) {
+        match channel {
+            Some(channel) => {
+                self.notices_dropped[channel.index()].fetch_add(1, Ordering::Relaxed);
+            }
+            None => {
+                self.policies_unverified.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let mut logged = self.drops_logged.lock().expect("drops logged");
+        logged.1 += 1;
+        if logged.0.is_some_and(|at| at.elapsed() < DROPS_LOGGED_EVERY) {
+            return;
+        }
+        let count = std::mem::take(&mut logged.1);
+        logged.0 = Some(Instant::now());
+        drop(logged);
+        let place = channel.map_or_else(
+            || "the policies key fusebox:policies".to_owned(),
+            |c| format!("channel {}", c.as_str()),
+        );
+        tracing::warn!(
+            dropped = count,
+            "dropped {count} message(s) from the store that could not be trusted (the last on {place}: {why}); someone who can reach Redis may be forging them, or a node or server has another secret; see fusebox_store_notices_dropped_total"
+        );
+    }
+}
+
 /// Where the keys live.
 #[derive(Clone, Debug)]
 pub enum Store {
     /// In this process.
     Embedded(Arc<Engine>),
-    /// In Redis, through the fusebox module.
-    Redis(Arc<RedisStore>),
+    /// In a store the servers share: Redis, through the fusebox module.
+    Redis(Arc<dyn SharedStore>),
 }
 
 impl From<Arc<Engine>> for Store {
     fn from(engine: Arc<Engine>) -> Store {
         Store::Embedded(engine)
-    }
-}
-
-impl From<Arc<RedisStore>> for Store {
-    fn from(store: Arc<RedisStore>) -> Store {
-        Store::Redis(store)
     }
 }
 
@@ -199,10 +340,10 @@ impl Store {
     }
 
     /// The id in a ticket's token (a Redis store's token also names its key).
-    fn ticket_id(&self, token: &str) -> Option<crate::domain::TicketId> {
+    fn ticket_id(&self, token: &str) -> Option<TicketId> {
         match self {
             Store::Embedded(_) => ticket_of(token).ok(),
-            Store::Redis(_) => super::redis::ticket_id(token),
+            Store::Redis(r) => r.ticket_id(token),
         }
     }
 
@@ -263,7 +404,7 @@ impl Store {
     pub fn ticket_key(&self, token: &str) -> Result<Arc<str>, EngineError> {
         match self {
             Store::Embedded(e) => e.ticket_key(token),
-            Store::Redis(_) => super::redis::ticket_and_key(token).map(|(_, key)| Arc::from(key)),
+            Store::Redis(r) => r.ticket_key(token),
         }
     }
 
@@ -271,7 +412,7 @@ impl Store {
     pub async fn get(&self, key: &str) -> Result<KeyReading, EngineError> {
         match self {
             Store::Embedded(e) => e.get(key),
-            Store::Redis(r) => r.get(key).await,
+            Store::Redis(r) => r.read(key).await.map(|(reading, _)| reading),
         }
     }
 
@@ -293,7 +434,7 @@ impl Store {
     ) -> Result<KeyReading, EngineError> {
         match self {
             Store::Embedded(e) => e.isolate(key, reason, who),
-            Store::Redis(r) => r.manual(key, reason, who, true).await,
+            Store::Redis(r) => r.operate(key, reason, who, true).await,
         }
     }
 
@@ -306,7 +447,7 @@ impl Store {
     ) -> Result<KeyReading, EngineError> {
         match self {
             Store::Embedded(e) => e.close(key, reason, who),
-            Store::Redis(r) => r.manual(key, reason, who, false).await,
+            Store::Redis(r) => r.operate(key, reason, who, false).await,
         }
     }
 
@@ -420,7 +561,7 @@ impl Store {
     pub fn store_figures(&self) -> Option<&StoreFigures> {
         match self {
             Store::Embedded(_) => None,
-            Store::Redis(r) => Some(r.figures_of_connection()),
+            Store::Redis(r) => Some(r.connection_figures()),
         }
     }
 
@@ -446,7 +587,14 @@ impl Store {
         }
         match self {
             Store::Embedded(e) => e.set_rule(rule),
-            Store::Redis(r) => Ok(r.change_rules(|rules| super::rules::put_rule(rules, rule))),
+            Store::Redis(r) => {
+                let mut at = 0;
+                r.change_rules(Box::new(|rules| {
+                    at = super::rules::put_rule(rules, rule);
+                    Ok(())
+                }))?;
+                Ok(at)
+            }
         }
     }
 
@@ -476,10 +624,10 @@ impl Store {
     pub fn set_default(&self, policy: Policy) -> Result<(), EngineError> {
         match self {
             Store::Embedded(e) => e.set_default(policy),
-            Store::Redis(r) => {
-                r.change_rules(|rules| rules.default = policy);
+            Store::Redis(r) => r.change_rules(Box::new(|rules| {
+                rules.default = policy;
                 Ok(())
-            }
+            })),
         }
     }
 
@@ -487,7 +635,9 @@ impl Store {
     pub fn delete_rule(&self, pattern: &str) -> Result<(), EngineError> {
         match self {
             Store::Embedded(e) => e.delete_rule(pattern),
-            Store::Redis(r) => r.try_change_rules(|rules| super::rules::drop_rule(rules, pattern)),
+            Store::Redis(r) => {
+                r.change_rules(Box::new(|rules| super::rules::drop_rule(rules, pattern)))
+            }
         }
     }
 
@@ -495,7 +645,15 @@ impl Store {
     pub fn reload_rules(&self, rules: Rules) {
         match self {
             Store::Embedded(e) => e.reload_rules(rules),
-            Store::Redis(r) => r.change_rules(|current| *current = rules),
+            Store::Redis(r) => {
+                let put = r.change_rules(Box::new(|current| {
+                    *current = rules;
+                    Ok(())
+                }));
+                if let Err(e) = put {
+                    tracing::error!("reloaded rules could not be put in force: {e}");
+                }
+            }
         }
     }
 

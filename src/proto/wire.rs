@@ -86,21 +86,14 @@ pub fn filter_of(prefix: &str, phases: &[i32]) -> String {
 /// An opaque page token: the filter it is bound to and the last key of
 /// its page, in hexadecimal (tokens hold no server state, A6).
 pub fn page_token(filter: &str, last: &str) -> String {
-    fusebox_domain::hex::hex(format!("{filter}\u{0}{last}").as_bytes())
+    fusebox_domain::hex::encode(format!("{filter}\u{0}{last}"))
 }
 
 /// The last key of the page `token` ends, if `token` was made for
 /// `filter`; otherwise `INVALID_ARGUMENT` naming `page_token` (A6).
 pub fn page_after(token: &str, filter: &str) -> Result<String, Status> {
     let bad = || invalid("page_token", "is not a token from a previous ListKeys page");
-    if !token.len().is_multiple_of(2) {
-        return Err(bad());
-    }
-    let bytes: Vec<u8> = (0..token.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(token.get(i..i + 2).unwrap_or("zz"), 16))
-        .collect::<Result<_, _>>()
-        .map_err(|_| bad())?;
+    let bytes = fusebox_domain::hex::decode(token).map_err(|_| bad())?;
     let text = String::from_utf8(bytes).map_err(|_| bad())?;
     let (token_filter, last) = text.rsplit_once('\u{0}').ok_or_else(bad)?;
     if token_filter != filter {

@@ -21,17 +21,17 @@
 //! place away).
 
 use std::collections::VecDeque;
-use std::fmt;
 use std::sync::Arc;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
-use super::{Counters, Fuse, Live, MoreCounters, Notice, Ticket, TicketId, TicketTable};
+use super::{Counters, Fuse, Live, MoreCounters, Notice, Ticket, TicketTable};
 use crate::book::{Book, Waiter};
 use crate::breaker::Breaker;
 use crate::health::HealthWindow;
 use crate::limiter::{Concurrency, FixedWindow, Limiter, SlidingWindow, TokenBucket};
 use crate::policy::{LimiterKind, Policy, PolicyError, PolicySpec};
+use crate::ticket::TicketId;
 use crate::{Millis, Phase, Reason};
 
 /// The version of [`FuseState`] this build writes and reads.
@@ -355,63 +355,6 @@ pub enum StateError {
         /// The policy's limiter kind, or "none".
         limiter: &'static str,
     },
-}
-
-impl TicketId {
-    /// The id as 32 lower-case hex digits.
-    pub fn to_hex(self) -> [u8; 32] {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut out = [0u8; 32];
-        for (i, byte) in self.0.to_be_bytes().iter().enumerate() {
-            out[2 * i] = DIGITS[usize::from(byte >> 4)];
-            out[2 * i + 1] = DIGITS[usize::from(byte & 0xf)];
-        }
-        out
-    }
-
-    /// The id written as 1 to 32 hex digits (either case); `None` for
-    /// anything else.
-    pub fn from_hex(text: &[u8]) -> Option<TicketId> {
-        if text.is_empty() || text.len() > 32 {
-            return None;
-        }
-        let mut id = 0u128;
-        for &b in text {
-            let digit = match b {
-                b'0'..=b'9' => b - b'0',
-                b'a'..=b'f' => b - b'a' + 10,
-                b'A'..=b'F' => b - b'A' + 10,
-                _ => return None,
-            };
-            id = (id << 4) | u128::from(digit);
-        }
-        Some(TicketId(id))
-    }
-}
-
-impl fmt::Display for TicketId {
-    /// 32 lower-case hex digits.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let hex = self.to_hex();
-        f.write_str(std::str::from_utf8(&hex).map_err(|_| fmt::Error)?)
-    }
-}
-
-impl Serialize for TicketId {
-    /// As 32 lower-case hex digits: exact in every format, `u128` or not.
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for TicketId {
-    /// From 1 to 32 hex digits.
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        TicketId::from_hex(text.as_bytes()).ok_or_else(|| {
-            serde::de::Error::custom(format!("ticket id {text:?} is not 1 to 32 hex digits"))
-        })
-    }
 }
 
 fn at_most(field: &'static str, value: u64, max: u64) -> Result<(), StateError> {

@@ -6,6 +6,7 @@ use std::num::{NonZeroU32, NonZeroU64};
 
 use super::*;
 use crate::policy::{BreakerPolicy, LeasePolicy, LimiterKind, LimiterPolicy, Trip};
+use crate::ticket::PackedId;
 
 fn nz32(n: u32) -> NonZeroU32 {
     NonZeroU32::new(n).expect("non-zero")

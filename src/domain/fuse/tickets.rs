@@ -10,7 +10,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::{PackedId, Ticket, TicketId};
+use super::Ticket;
+use crate::ticket::{PackedId, TicketId};
 use crate::Millis;
 
 /// The most tickets kept in a plain vector; beyond this they are indexed.

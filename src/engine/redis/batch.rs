@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use redis::{Cmd, RedisError, Value};
 
-use super::conn::Link;
+use super::link::Link;
 use tokio::sync::{mpsc, oneshot};
 
 /// The most commands in one pipeline.

@@ -12,16 +12,18 @@
 
 use std::fmt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster_async::ClusterConnection;
+use redis::aio::ConnectionManagerConfig;
 use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind, Value};
 
 use super::super::error::invalid;
+use super::super::store::StoreFigures;
 use super::super::EngineError;
+use super::batch::Batcher;
+use super::link::Link;
 
 /// How long one command may take before the call answers UNAVAILABLE.
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(1000);
@@ -162,8 +164,9 @@ fn percent_decoded(text: &str) -> Option<String> {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
+            let mut byte = [0u8; 1];
+            crate::domain::hex::decode_to_slice(bytes.get(i + 1..i + 3)?, &mut byte).ok()?;
+            out.push(byte[0]);
             i += 3;
         } else {
             out.push(bytes[i]);
@@ -450,77 +453,6 @@ impl Reach {
     }
 }
 
-/// What the store did, for /metrics.
-#[derive(Debug, Default)]
-pub struct StoreFigures {
-    /// Commands sent.
-    pub commands: AtomicU64,
-    /// Commands that failed because the store could not be reached (or
-    /// timed out, or its cluster was down): each answered UNAVAILABLE.
-    pub unavailable: AtomicU64,
-    /// Commands that met a slot on the move (MOVED, ASK, TRYAGAIN) and
-    /// failed after the cluster client's retries.
-    pub moved: AtomicU64,
-    /// Times the answers/events subscription was (re)connected.
-    pub subscriptions: AtomicU64,
-    /// Operator actions whose replica confirmation (`WAIT`) timed out.
-    pub unconfirmed: AtomicU64,
-    /// Probes no replica confirmed in time, given back (the caller was
-    /// told to ask again).
-    pub unconfirmed_probes: AtomicU64,
-    /// Messages dropped because they could not be verified (or, on the
-    /// answers channel, named another key or ticket than their waiter's),
-    /// by channel, in the order of [`NOTICE_CHANNELS`].
-    pub notices_dropped: [AtomicU64; 3],
-    /// Reads of the shared policies (the `fusebox:policies` key) whose
-    /// content could not be verified; the running rules stayed.
-    pub policies_unverified: AtomicU64,
-    /// When a dropped notice was last logged, and how many were dropped
-    /// since.
-    drops_logged: std::sync::Mutex<(Option<Instant>, u64)>,
-}
-
-/// The channels whose messages are verified, as `notices_dropped` counts
-/// them.
-pub const NOTICE_CHANNELS: [&str; 3] = ["fusebox:answers", "fusebox:events", "fusebox:policies"];
-
-/// How often dropped notices are logged at most.
-const DROPS_LOGGED_EVERY: Duration = Duration::from_secs(5);
-
-impl StoreFigures {
-    /// Counts a message dropped on `channel` (one of [`NOTICE_CHANNELS`],
-    /// or the policies key when `channel` is `None`) and logs it, at most
-    /// once every few seconds, with `why`.
-    pub(super) fn dropped(&self, channel: Option<&str>, why: &str) {
-        match channel {
-            Some(channel) => {
-                if let Some(at) = NOTICE_CHANNELS.iter().position(|c| *c == channel) {
-                    self.notices_dropped[at].fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            None => {
-                self.policies_unverified.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        let mut logged = self.drops_logged.lock().expect("drops logged");
-        logged.1 += 1;
-        if logged.0.is_some_and(|at| at.elapsed() < DROPS_LOGGED_EVERY) {
-            return;
-        }
-        let count = std::mem::take(&mut logged.1);
-        logged.0 = Some(Instant::now());
-        drop(logged);
-        let place = channel.map_or_else(
-            || "the policies key fusebox:policies".to_owned(),
-            |c| format!("channel {c}"),
-        );
-        tracing::warn!(
-            dropped = count,
-            "dropped {count} message(s) from the store that could not be trusted (the last on {place}: {why}); someone who can reach Redis may be forging them, or a node or server has another secret; see fusebox_store_notices_dropped_total"
-        );
-    }
-}
-
 /// How many replicas must have a probe before it is handed out (B2 across
 /// a failover).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -598,13 +530,6 @@ fn primaries_of(listing: &str) -> Vec<Primary> {
     primaries.into_iter().map(|(_, p)| p).collect()
 }
 
-/// A connection to the store.
-#[derive(Clone)]
-pub(super) enum Link {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
 /// How to make more links to the store.
 #[derive(Clone)]
 enum Client {
@@ -647,7 +572,7 @@ pub(super) struct Conn {
     figures: Arc<StoreFigures>,
     reach: Arc<Reach>,
     /// The shared link's commands, in batches.
-    batcher: super::batch::Batcher,
+    batcher: Batcher,
 }
 
 impl Conn {
@@ -683,7 +608,7 @@ impl Conn {
             Client::Single(Box::new(reach.client(&url.nodes[0]).map_err(unreachable)?))
         };
         let conn = client.link().await.map_err(unreachable)?;
-        let batcher = super::batch::Batcher::new(conn.clone());
+        let batcher = Batcher::new(conn.clone());
         Ok(Conn {
             conn,
             client,

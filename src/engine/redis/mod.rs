@@ -6,9 +6,16 @@
 //!
 //! What stays in each server: its [`Core`] (the rules, shared through
 //! Redis, see [`policies`]; the events its watchers hear, which come from
-//! Redis on `fusebox:events`, see [`listen`]), the callers waiting in a
+//! Redis on `fusebox:events`, see `listen`), the callers waiting in a
 //! queue (their answers come back on `fusebox:answers`), and its own
 //! counters (decisions it answered, its busiest keys).
+//!
+//! Layout: `keys` (names in Redis: keys, tokens, policy ids), `link`,
+//! `batch` and `conn` (the connection: links, batches, errors), `reply`
+//! (the module's replies read as the wire's types), `sign` (the fleet's
+//! secret), `listen` (the subscription), [`policies`] (the shared rules),
+//! and this file, the [`RedisStore`] that the server holds as its
+//! [`SharedStore`].
 //!
 //! Time is the primary Redis server's clock (`now_ms` = `*`), except on a
 //! `--manual-clock` server, which sends its own clock's time: every server
@@ -16,9 +23,12 @@
 
 mod batch;
 mod conn;
-pub mod listen;
+mod keys;
+mod link;
+mod listen;
 pub mod policies;
 mod reply;
+mod sign;
 
 use std::collections::BTreeSet;
 use std::hash::BuildHasher;
@@ -27,25 +37,31 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
 use tokio::sync::oneshot;
 
 use super::error::{check_key, invalid, zero_lease};
 use super::rules::Rules;
 use super::shards::Hitters;
-use super::store::{Cursor, Figures, Listed};
+use super::store::{Cursor, Figures, Listed, RulesChange, SharedStore, Store};
+/// The connection's figures and the channels they count, kept by the store
+/// interface (re-exported here, where /metrics finds them).
+pub use super::store::{StoreFigures, NOTICE_CHANNELS};
 use super::tickets::random_ticket;
 use super::{AcquireArgs, AcquireReply, CompleteReply, Core, EngineError, KeyReading, Totals};
+use crate::domain::wire::{Answer, Channel, ReplyForm};
 use crate::domain::{Decision, Millis, Outcome, Phase, Policy, TicketId};
 use conn::Conn;
 pub use conn::{
-    read_password, redacted, Named, ProbeReplicas, Secret, StoreFigures, StoreTls, StoreUrl,
-    NOTICE_CHANNELS, PROBE_WAIT,
+    read_password, redacted, Named, ProbeReplicas, Secret, StoreTls, StoreUrl, PROBE_WAIT,
 };
-pub use listen::{NoticeKey, ANSWERS, EVENTS, POLICIES};
-use reply::{census_of, decision_of, reading_of, Answer, Census};
-
-/// The prefix of every key's Redis key: `fusebox:k:<key>`.
-pub const KEY_PREFIX: &str = "fusebox:k:";
+use keys::hex_id;
+pub use keys::{policy_id, redis_key, ticket_and_key, ticket_id, token_with_key, KEY_PREFIX};
+use listen::Heard;
+use policies::SharedRules;
+use reply::{census_of, decision_of, reading_of, Census};
+pub use sign::NoticeKey;
 
 /// The state encoding of the module this server is built with: a module
 /// that writes an older one does not know `REPLY packed` either, and is
@@ -68,12 +84,6 @@ const BUSIEST_DECAY: Duration = Duration::from_secs(10);
 
 /// A waiting caller's answer, as the module published it.
 type Waiter = oneshot::Sender<Answer>;
-
-/// The id the module knows a policy's JSON by: the first 16 bytes of its
-/// SHA-256, in hex (a command names a known policy as `@` and the id).
-pub fn policy_id(json: &str) -> String {
-    crate::domain::hex::hex(&crate::domain::policy_id(json.as_bytes()))
-}
 
 /// A policy as sent to the module: its JSON, and `@` and its id.
 struct Sent {
@@ -153,8 +163,8 @@ pub struct RedisStore {
     probe_wait: Duration,
     /// The fleet's secret for notices, if it has one.
     notices: Option<NoticeKey>,
-    /// This server's writes of the shared policies, in order.
-    policy_writes: policies::Writes,
+    /// The rules, shared through Redis.
+    shared_rules: SharedRules,
     /// Callers of this server waiting in a key's queue, by waiter id, with
     /// the Redis key they wait on.
     waiters: DashMap<TicketId, (String, Waiter)>,
@@ -181,53 +191,6 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// The Redis key of a fusebox key.
-pub fn redis_key(key: &str) -> String {
-    format!("{KEY_PREFIX}{key}")
-}
-
-/// A ticket's token with its key in it, so that `Complete` and `Renew`
-/// find the key (and its hash slot) from the ticket alone: the id's 32 hex
-/// digits, a dot, and the key's bytes in hex.
-pub fn token_with_key(id: TicketId, key: &str) -> String {
-    let mut token = String::with_capacity(33 + 2 * key.len());
-    token.push_str(std::str::from_utf8(&id.to_hex()).unwrap_or_default());
-    token.push('.');
-    crate::domain::hex::push_hex(&mut token, key.as_bytes());
-    token
-}
-
-/// The id a token names, without reading its key.
-pub fn ticket_id(token: &str) -> Option<TicketId> {
-    let (id, _) = token.split_once('.')?;
-    let lower_hex = id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    if id.len() != 32 || !lower_hex {
-        return None;
-    }
-    TicketId::from_hex(id.as_bytes())
-}
-
-/// The id and key a token names; a token of another shape is not found
-/// (L4), an empty one is malformed.
-pub fn ticket_and_key(token: &str) -> Result<(TicketId, String), EngineError> {
-    if token.is_empty() {
-        return Err(invalid(
-            "ticket",
-            "is required: pass the ticket that Acquire returned",
-        ));
-    }
-    let id = ticket_id(token).ok_or(EngineError::TicketNotFound)?;
-    let (_, key) = token.split_once('.').ok_or(EngineError::TicketNotFound)?;
-    let bytes = crate::domain::hex::unhex(key.as_bytes()).ok_or(EngineError::TicketNotFound)?;
-    let key = String::from_utf8(bytes).map_err(|_| EngineError::TicketNotFound)?;
-    check_key(&key).map_err(|_| EngineError::TicketNotFound)?;
-    Ok((id, key))
-}
-
-fn hex_id(id: TicketId) -> String {
-    String::from_utf8_lossy(&id.to_hex()).into_owned()
-}
-
 impl RedisStore {
     /// Keeps every key's state in the Redis store at `url` for a server
     /// around `core`: connects, checks the module, subscribes to what it
@@ -249,7 +212,7 @@ impl RedisStore {
         let conn = Conn::connect(reach, figures).await?;
         core.replace_rules(rules);
         core.use_unix_times();
-        let policy_writes = policies::Writes::start(&conn);
+        let shared_rules = SharedRules::new(core.clone(), &conn, options.notices.clone());
         let store = Arc::new(RedisStore {
             core,
             conn,
@@ -257,7 +220,7 @@ impl RedisStore {
             probe_replicas: options.probe_replicas,
             probe_wait: options.probe_wait,
             notices: options.notices.clone(),
-            policy_writes,
+            shared_rules,
             waiters: DashMap::new(),
             known: Mutex::new(BTreeSet::new()),
             policies: Mutex::new(Vec::new()),
@@ -269,7 +232,21 @@ impl RedisStore {
         });
         store.check_module().await?;
         let (ready, subscribed) = oneshot::channel();
-        tokio::spawn(listen::listen(store.clone(), ready));
+        let subscriber = listen::Subscriber {
+            conn: store.conn.clone(),
+            nodes: store.url.nodes.clone(),
+            notices: store.notices.clone(),
+        };
+        let hearer = store.clone();
+        tokio::spawn(listen::listen(
+            subscriber,
+            store.core.stopped(),
+            ready,
+            move |heard| {
+                let store = hearer.clone();
+                async move { store.hear(heard).await }
+            },
+        ));
         if tokio::time::timeout(Duration::from_secs(5), subscribed)
             .await
             .is_err()
@@ -278,8 +255,26 @@ impl RedisStore {
                 "cannot subscribe to the answers and events of {url} within 5 s"
             )));
         }
-        policies::start(&store).await?;
+        store.shared_rules.start().await?;
         Ok(store)
+    }
+
+    /// Acts on what the subscription heard: an answer goes to its waiter,
+    /// an event to this server's watchers, a policy change is read.
+    async fn hear(&self, heard: Heard) {
+        match heard {
+            Heard::Answer {
+                key,
+                waiter,
+                answer,
+            } => self.deliver(&key, waiter, answer),
+            Heard::Event(event) => {
+                tracing::info!(key = %event.key, from = %event.from, to = %event.to, at_ms = event.at, "breaker {} -> {}: {}", event.from, event.to, event.cause);
+                self.counted.transitions.fetch_add(1, Ordering::Relaxed);
+                self.core.publish(|| vec![*event]);
+            }
+            Heard::Policies => self.shared_rules.load().await,
+        }
     }
 
     /// What the store shares with the server around it.
@@ -290,11 +285,6 @@ impl RedisStore {
     /// The store's address, as given.
     pub fn url(&self) -> &StoreUrl {
         &self.url
-    }
-
-    /// What the connection did, for `/metrics`.
-    pub fn figures_of_connection(&self) -> &StoreFigures {
-        self.conn.figures()
     }
 
     /// Checks that every primary runs the module of this release (its state
@@ -311,14 +301,15 @@ impl RedisStore {
                 )),
                 Err(e) => return Err(e),
             };
-            let encoding = reply::encoding_of(&version);
+            let version = reply::module_version(&version).ok();
+            let encoding = version.as_ref().map(|v| v.encoding);
             if encoding.is_none_or(|n| n < MODULE_ENCODING) {
                 return Err(EngineError::StoreUnavailable(format!(
                     "the fusebox module on {node} is older than this server (it writes state encoding {}, this server needs {MODULE_ENCODING} and the replies that come with it): load this release's libfusebox_redis.so on every node",
                     encoding.map_or_else(|| "unknown".to_owned(), |n| n.to_string())
                 )));
             }
-            let theirs = reply::signing_of(&version);
+            let theirs = version.and_then(|v| v.signing);
             let refuse = |what: String| Err(EngineError::StoreUnavailable(what));
             match (theirs.as_deref(), mine.as_deref()) {
                 (None, None) => {}
@@ -438,7 +429,7 @@ impl RedisStore {
                 cmd.arg("MAXWAIT").arg(args.max_wait);
             }
             // One string to parse, not an array of seven (decisions 89).
-            cmd.arg("REPLY").arg("packed");
+            cmd.arg("REPLY").arg(ReplyForm::Packed.as_str());
             cmd
         };
         let mut waiting = None;
@@ -560,7 +551,7 @@ impl RedisStore {
             .arg(hex_id(id))
             .arg(outcome.as_str())
             .arg("REPLY")
-            .arg("packed");
+            .arg(ReplyForm::Packed.as_str());
         let value = self.conn.query(&cmd).await?;
         reply::completed(&value)
     }
@@ -854,26 +845,13 @@ impl RedisStore {
         }
     }
 
-    /// A phase change heard from the store, counted.
-    pub(crate) fn heard_transition(&self) {
-        self.counted.transitions.fetch_add(1, Ordering::Relaxed);
-    }
-
     /// Applies `change` to the rules, puts them in force here, and shares
-    /// them through Redis; returns what `change` returned.
-    pub fn change_rules<R>(&self, change: impl FnOnce(&mut Rules) -> R) -> R {
-        policies::change(self, |rules| {
-            Ok::<_, std::convert::Infallible>(change(rules))
-        })
-        .unwrap_or_else(|never| match never {})
-    }
-
-    /// [`RedisStore::change_rules`] with a change that may be refused.
-    pub fn try_change_rules(
+    /// them through Redis; nothing changes when `change` refuses.
+    pub fn change_rules<R>(
         &self,
-        change: impl FnOnce(&mut Rules) -> Result<(), EngineError>,
-    ) -> Result<(), EngineError> {
-        policies::change(self, change)
+        change: impl FnOnce(&mut Rules) -> Result<R, EngineError>,
+    ) -> Result<R, EngineError> {
+        self.shared_rules.change(change)
     }
 
     /// Moves the manual clock and settles every key this server touched at
@@ -909,7 +887,7 @@ impl RedisStore {
     /// one for another key than the waiter's, or granting a ticket that is
     /// not the waiter's, is dropped (counted, logged) and the waiter goes
     /// on waiting.
-    pub(crate) fn deliver(&self, key: &str, waiter: TicketId, answer: Answer) {
+    fn deliver(&self, key: &str, waiter: TicketId, answer: Answer) {
         let fits = |(wanted, _): &(String, Waiter)| {
             wanted == key && answer.decision.grant().is_none_or(|g| g.ticket == waiter)
         };
@@ -917,7 +895,7 @@ impl RedisStore {
             let _gone = tx.send(answer);
         } else if self.waiters.contains_key(&waiter) {
             self.conn.figures().dropped(
-                Some(ANSWERS),
+                Some(Channel::Answers),
                 "an answer for this server's waiter named another key or ticket",
             );
         }
@@ -1056,41 +1034,102 @@ fn address_mark(addr: &str) -> u32 {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+impl From<Arc<RedisStore>> for Store {
+    fn from(store: Arc<RedisStore>) -> Store {
+        Store::Redis(store)
+    }
+}
 
-    #[test]
-    fn a_token_carries_its_key() {
-        let id = TicketId(0x0123_4567_89ab_cdef_0011_2233_4455_6677);
-        for key in ["payments", "a.b/c:{d}", "ключ", "k"] {
-            let token = token_with_key(id, key);
-            assert_eq!(ticket_and_key(&token).unwrap(), (id, key.to_owned()));
-        }
-        for bad in [
-            "x",
-            "0123.6b",
-            "0123456789abcdef0011223344556677.6",
-            "0123456789abcdef0011223344556677.ZZ",
-            "0123456789ABCDEF0011223344556677.6b",
-            "0123456789abcdef0011223344556677.",
-            "0123456789abcdef0011223344556677.ff",
-        ] {
-            assert_eq!(
-                ticket_and_key(bad),
-                Err(EngineError::TicketNotFound),
-                "{bad}"
-            );
-        }
-        assert!(matches!(
-            ticket_and_key(""),
-            Err(EngineError::Invalid { .. })
-        ));
+impl SharedStore for RedisStore {
+    fn core(&self) -> &Arc<Core> {
+        &self.core
     }
 
-    #[test]
-    fn a_policy_id_is_the_modules() {
-        // The module's own test checks the same id for the same bytes.
-        assert_eq!(policy_id("{}"), "44136fa355b3678a1146ad16f7e8649e");
+    fn acquire(&self, args: AcquireArgs) -> BoxFuture<'_, Result<AcquireReply, EngineError>> {
+        RedisStore::acquire(self, args).boxed()
+    }
+
+    fn complete<'a>(
+        &'a self,
+        token: &'a str,
+        outcome: Outcome,
+    ) -> BoxFuture<'a, Result<CompleteReply, EngineError>> {
+        RedisStore::complete(self, token, outcome).boxed()
+    }
+
+    fn renew<'a>(
+        &'a self,
+        token: &'a str,
+        lease: Option<Millis>,
+    ) -> BoxFuture<'a, Result<Millis, EngineError>> {
+        RedisStore::renew(self, token, lease).boxed()
+    }
+
+    fn ticket_id(&self, token: &str) -> Option<TicketId> {
+        ticket_id(token)
+    }
+
+    fn ticket_key(&self, token: &str) -> Result<Arc<str>, EngineError> {
+        ticket_and_key(token).map(|(_, key)| Arc::from(key))
+    }
+
+    fn read<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(KeyReading, bool), EngineError>> {
+        RedisStore::read(self, key).boxed()
+    }
+
+    fn operate<'a>(
+        &'a self,
+        key: &'a str,
+        reason: &'a str,
+        who: &'a str,
+        isolate: bool,
+    ) -> BoxFuture<'a, Result<KeyReading, EngineError>> {
+        self.manual(key, reason, who, isolate).boxed()
+    }
+
+    fn list_page<'a>(
+        &'a self,
+        prefix: &'a str,
+        phases: &'a [Phase],
+        from: &'a Cursor,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Listed, EngineError>> {
+        RedisStore::list_page(self, prefix, phases, from, limit).boxed()
+    }
+
+    fn not_closed<'a>(
+        &'a self,
+        prefix: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<(Vec<KeyReading>, bool), EngineError>> {
+        RedisStore::not_closed(self, prefix, limit).boxed()
+    }
+
+    fn busiest(&self, n: usize) -> BoxFuture<'_, Vec<KeyReading>> {
+        RedisStore::busiest(self, n).boxed()
+    }
+
+    fn figures(&self) -> BoxFuture<'_, Figures> {
+        RedisStore::figures(self).boxed()
+    }
+
+    fn connection_figures(&self) -> &StoreFigures {
+        self.conn.figures()
+    }
+
+    fn change_rules(&self, change: RulesChange<'_>) -> Result<(), EngineError> {
+        RedisStore::change_rules(self, change)
+    }
+
+    fn run_timer(&self) -> BoxFuture<'_, ()> {
+        RedisStore::run_timer(self).boxed()
+    }
+
+    fn advance_clock(&self, by: Millis) -> BoxFuture<'_, Option<Millis>> {
+        RedisStore::advance_clock(self, by).boxed()
+    }
+
+    fn shutdown(&self) {
+        RedisStore::shutdown(self);
     }
 }

@@ -15,9 +15,10 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::super::EngineError;
-use super::listen::POLICIES;
-use super::RedisStore;
+use super::super::{Core, EngineError};
+use super::conn::Conn;
+use super::sign::NoticeKey;
+use crate::domain::wire::Channel;
 use crate::domain::PolicySpec;
 use crate::engine::{Pattern, Rule, Rules};
 
@@ -25,7 +26,7 @@ use crate::engine::{Pattern, Rule, Rules};
 pub const POLICIES_KEY: &str = "fusebox:policies";
 
 #[derive(Debug, Serialize, Deserialize)]
-struct Shared {
+struct RulesJson {
     rules: Vec<SharedRule>,
     default: PolicySpec,
 }
@@ -39,7 +40,7 @@ struct SharedRule {
 
 /// The rules as JSON.
 pub fn to_json(rules: &Rules) -> String {
-    let shared = Shared {
+    let shared = RulesJson {
         rules: rules
             .rules
             .iter()
@@ -55,7 +56,7 @@ pub fn to_json(rules: &Rules) -> String {
 
 /// Rules from their JSON, every policy validated.
 pub fn from_json(text: &[u8]) -> Result<Rules, String> {
-    let shared: Shared = serde_json::from_slice(text).map_err(|e| e.to_string())?;
+    let shared: RulesJson = serde_json::from_slice(text).map_err(|e| e.to_string())?;
     let rules = shared
         .rules
         .into_iter()
@@ -72,136 +73,36 @@ pub fn from_json(text: &[u8]) -> Result<Rules, String> {
     })
 }
 
-/// `text` as it is written to the key or published: signed when the store
-/// has a secret.
-fn sealed(store: &RedisStore, name: &str, text: &str) -> String {
-    match &store.notices {
-        Some(key) => key.seal(name, text),
-        None => text.to_owned(),
-    }
-}
-
-/// At start-up: adopts the rules Redis holds, or writes this server's.
-pub async fn start(store: &Arc<RedisStore>) -> Result<(), EngineError> {
-    let mut get = redis::cmd("GET");
-    get.arg(POLICIES_KEY);
-    match store.conn.query(&get).await? {
-        redis::Value::Nil => {
-            let mut set = redis::cmd("SET");
-            set.arg(POLICIES_KEY)
-                .arg(sealed(store, POLICIES_KEY, &to_json(&store.core().rules())))
-                .arg("NX");
-            store.conn.query(&set).await?;
-            tracing::info!("the store held no policies: this server's config is now the fleet's");
-            // Another server may have written first (NX): read what won.
-            load(store).await;
-        }
-        _ => load(store).await,
-    }
-    Ok(())
-}
-
-/// Reads the shared rules and puts them in force (logged when they fail
-/// to read: the running rules stay).
-pub async fn load(store: &Arc<RedisStore>) {
-    let mut get = redis::cmd("GET");
-    get.arg(POLICIES_KEY);
-    match store.conn.query(&get).await {
-        Ok(redis::Value::BulkString(bytes)) => match content(store, &bytes) {
-            None => {}
-            Some(json) => match from_json(json) {
-                Ok(rules) => {
-                    let count = rules.rules.len();
-                    if store.policy_writes.adopt(store.core(), json, rules) {
-                        tracing::info!(rules = count, "the fleet's policies changed in the store: keys adopt them at their next operation");
-                    }
-                }
-                Err(e) => tracing::error!(
-                    "the policies in the store ({POLICIES_KEY}) do not read: {e}; the running ones stay"
-                ),
-            },
-        },
-        Ok(redis::Value::Nil) => {}
-        Ok(other) => {
-            tracing::error!("{POLICIES_KEY} holds {other:?}, not policies; the running ones stay")
-        }
-        Err(e) => tracing::warn!(
-            "cannot read the fleet's policies from the store: {e}; the running ones stay"
-        ),
-    }
-}
-
-/// The JSON in the key's content, verified when the store has a secret;
-/// `None` (counted and logged) when it does not verify.
-fn content<'a>(store: &RedisStore, bytes: &'a [u8]) -> Option<&'a [u8]> {
-    let Some(key) = &store.notices else {
-        return Some(bytes);
-    };
-    match key.open(POLICIES_KEY, bytes) {
-        Ok(json) => Some(json),
-        Err(why) => {
-            store.conn.figures().dropped(
-                None,
-                &format!("{why}; the running policies stay, and the next SetPolicy, DeletePolicy or config reload writes signed ones"),
-            );
-            None
-        }
-    }
-}
-
-/// A change on this server: `change` is applied to the rules in force,
-/// which are then put in force here, and written to Redis and the other
-/// servers told, through the writer task. Nothing is changed when
-/// `change` refuses.
-pub fn change<R, E>(
-    store: &RedisStore,
-    change: impl FnOnce(&mut Rules) -> Result<R, E>,
-) -> Result<R, E> {
-    // One lock for reading, changing, noting, sending and putting in
-    // force, and for reading back (adopt): two changes cannot lose one
-    // another, and a read of an earlier write cannot come in between.
-    let mut sent = store.policy_writes.sent.lock().expect("policy writes");
-    let mut rules = (*store.core().rules()).clone();
-    let out = change(&mut rules)?;
-    let text = to_json(&rules);
-    let json = sealed(store, POLICIES_KEY, &text);
-    let changed = sealed(store, POLICIES, "changed");
-    if sent.len() == REMEMBERED_WRITES {
-        sent.pop_front();
-    }
-    sent.push_back(Writes::hash(text.as_bytes()));
-    let _ = store.policy_writes.writer.send((json, changed));
-    store.core().replace_rules(rules);
-    Ok(out)
-}
-
-/// This server's writes of the shared policies: sent by one task, in the
-/// order they were made (two changes in a row reach Redis in that order),
-/// and remembered, so that reading back an earlier one of them, already
-/// replaced here, does not undo the later (decisions 100).
-#[derive(Debug)]
-pub struct Writes {
-    /// Hashes of the last writes, oldest first.
+/// The rules as this server shares them through Redis: what it writes,
+/// in order, and what it reads back.
+pub struct SharedRules {
+    core: Arc<Core>,
+    conn: Conn,
+    /// The fleet's secret, if it has one.
+    notices: Option<NoticeKey>,
+    /// Hashes of this server's last writes, oldest first: reading back an
+    /// earlier one of them, already replaced here, does not undo the later
+    /// (decisions 100).
     sent: std::sync::Mutex<std::collections::VecDeque<u64>>,
+    /// The writes, sent by one task in the order they were made (two
+    /// changes in a row reach Redis in that order).
     writer: tokio::sync::mpsc::UnboundedSender<(String, String)>,
 }
 
-/// Writes remembered.
-const REMEMBERED_WRITES: usize = 64;
-
-impl Writes {
-    /// The writes of a server on `conn`, and the task that sends them.
-    pub(super) fn start(conn: &super::conn::Conn) -> Writes {
+impl SharedRules {
+    /// The shared rules of a server around `core` on `conn`, and the task
+    /// that writes them.
+    pub(super) fn new(core: Arc<Core>, conn: &Conn, notices: Option<NoticeKey>) -> SharedRules {
         let (writer, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
-        let conn = conn.clone();
+        let link = conn.clone();
         tokio::spawn(async move {
             while let Some((json, changed)) = rx.recv().await {
                 let mut set = redis::cmd("SET");
                 set.arg(POLICIES_KEY).arg(&json);
                 let mut publish = redis::cmd("PUBLISH");
-                publish.arg(POLICIES).arg(&changed);
-                let written = match conn.query(&set).await {
-                    Ok(_) => conn.query(&publish).await.map(drop),
+                publish.arg(Channel::Policies.as_str()).arg(&changed);
+                let written = match link.query(&set).await {
+                    Ok(_) => link.query(&publish).await.map(drop),
                     Err(e) => Err(e),
                 };
                 if let Err(e) = written {
@@ -209,30 +110,133 @@ impl Writes {
                 }
             }
         });
-        Writes {
+        SharedRules {
+            core,
+            conn: conn.clone(),
+            notices,
             sent: std::sync::Mutex::new(std::collections::VecDeque::new()),
             writer,
         }
     }
 
-    fn hash(text: &[u8]) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        text.hash(&mut h);
-        h.finish()
+    /// `text` as it is written to the key or published: signed when the
+    /// store has a secret.
+    fn sealed(&self, name: &str, text: &str) -> String {
+        match &self.notices {
+            Some(key) => key.seal(name, text),
+            None => text.to_owned(),
+        }
+    }
+
+    /// At start-up: adopts the rules Redis holds, or writes this server's.
+    pub async fn start(&self) -> Result<(), EngineError> {
+        let mut get = redis::cmd("GET");
+        get.arg(POLICIES_KEY);
+        if let redis::Value::Nil = self.conn.query(&get).await? {
+            let mut set = redis::cmd("SET");
+            set.arg(POLICIES_KEY)
+                .arg(self.sealed(POLICIES_KEY, &to_json(&self.core.rules())))
+                .arg("NX");
+            self.conn.query(&set).await?;
+            tracing::info!("the store held no policies: this server's config is now the fleet's");
+            // Another server may have written first (NX): read what won.
+        }
+        self.load().await;
+        Ok(())
+    }
+
+    /// Reads the shared rules and puts them in force (logged when they
+    /// fail to read: the running rules stay).
+    pub async fn load(&self) {
+        let mut get = redis::cmd("GET");
+        get.arg(POLICIES_KEY);
+        match self.conn.query(&get).await {
+            Ok(redis::Value::BulkString(bytes)) => match self.content(&bytes) {
+                None => {}
+                Some(json) => match from_json(json) {
+                    Ok(rules) => {
+                        let count = rules.rules.len();
+                        if self.adopt(json, rules) {
+                            tracing::info!(rules = count, "the fleet's policies changed in the store: keys adopt them at their next operation");
+                        }
+                    }
+                    Err(e) => tracing::error!(
+                        "the policies in the store ({POLICIES_KEY}) do not read: {e}; the running ones stay"
+                    ),
+                },
+            },
+            Ok(redis::Value::Nil) => {}
+            Ok(other) => {
+                tracing::error!("{POLICIES_KEY} holds {other:?}, not policies; the running ones stay")
+            }
+            Err(e) => tracing::warn!(
+                "cannot read the fleet's policies from the store: {e}; the running ones stay"
+            ),
+        }
+    }
+
+    /// The JSON in the key's content, verified when the store has a
+    /// secret; `None` (counted and logged) when it does not verify.
+    fn content<'a>(&self, bytes: &'a [u8]) -> Option<&'a [u8]> {
+        let Some(key) = &self.notices else {
+            return Some(bytes);
+        };
+        match key.open(POLICIES_KEY, bytes) {
+            Ok(json) => Some(json),
+            Err(why) => {
+                self.conn.figures().dropped(
+                    None,
+                    &format!("{why}; the running policies stay, and the next SetPolicy, DeletePolicy or config reload writes signed ones"),
+                );
+                None
+            }
+        }
+    }
+
+    /// A change on this server: `change` is applied to the rules in force,
+    /// which are then put in force here, and written to Redis and the
+    /// other servers told, through the writer task. Nothing is changed
+    /// when `change` refuses.
+    pub fn change<R, E>(&self, change: impl FnOnce(&mut Rules) -> Result<R, E>) -> Result<R, E> {
+        // One lock for reading, changing, noting, sending and putting in
+        // force, and for reading back (adopt): two changes cannot lose one
+        // another, and a read of an earlier write cannot come in between.
+        let mut sent = self.sent.lock().expect("policy writes");
+        let mut rules = (*self.core.rules()).clone();
+        let out = change(&mut rules)?;
+        let text = to_json(&rules);
+        let json = self.sealed(POLICIES_KEY, &text);
+        let changed = self.sealed(Channel::Policies.as_str(), "changed");
+        if sent.len() == REMEMBERED_WRITES {
+            sent.pop_front();
+        }
+        sent.push_back(hash(text.as_bytes()));
+        let _ = self.writer.send((json, changed));
+        self.core.replace_rules(rules);
+        Ok(out)
     }
 
     /// Puts `rules`, read back from Redis as `json`, in force unless they
     /// are one of this server's writes that a later one replaced, or
     /// what is in force already; true when they were put in force.
-    fn adopt(&self, core: &super::super::Core, json: &[u8], rules: Rules) -> bool {
-        let h = Writes::hash(json);
+    fn adopt(&self, json: &[u8], rules: Rules) -> bool {
+        let h = hash(json);
         let sent = self.sent.lock().expect("policy writes");
         let superseded = sent.back() != Some(&h) && sent.contains(&h);
-        if superseded || *core.rules() == rules {
+        if superseded || *self.core.rules() == rules {
             return false;
         }
-        core.replace_rules(rules);
+        self.core.replace_rules(rules);
         true
     }
+}
+
+/// Writes remembered.
+const REMEMBERED_WRITES: usize = 64;
+
+fn hash(text: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
 }
