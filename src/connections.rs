@@ -18,7 +18,7 @@
 //! real client out.
 //!
 //! Every cap here must fit the process's open-file limit with a reserve for
-//! the store, config reloads and logs ([`caps`]); and when descriptors run
+//! the store, config reloads and logs ([`Ports::new`]); and when descriptors run
 //! out all the same, accepting backs off briefly ([`accept`]) instead of
 //! spinning and logging per attempt.
 
@@ -27,7 +27,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -162,7 +162,9 @@ impl Default for Limits {
     }
 }
 
-/// Figures of both ports, for the metrics.
+/// Figures of the gRPC port, and of accepting on both ports, for the
+/// metrics. One server's ([`Ports`]); the HTTP side counts its own
+/// connections.
 #[derive(Debug, Default)]
 pub struct Figures {
     /// Open gRPC connections.
@@ -178,60 +180,55 @@ pub struct Figures {
     /// Connections closed because their handshake was not HTTP/2 (or the
     /// upgrade failed).
     pub handshakes_failed: AtomicU64,
-    /// Open HTTP connections.
-    pub http_connections: AtomicU64,
-    /// HTTP connections closed at once because the cap was reached and
-    /// none was idle.
-    pub http_connections_refused: AtomicU64,
-    /// Idle HTTP connections closed to make room for a new one.
-    pub http_idle_closed: AtomicU64,
-    /// Times accepting paused because descriptors ran out.
+    /// Times accepting paused because descriptors ran out (either port).
     pub accept_backoffs: AtomicU64,
-    /// gRPC calls in flight.
-    pub calls_in_flight: AtomicU64,
     /// gRPC connections closed because they had shown no credential while
     /// others needed room (`max_strangers`, `max_strangers_per_peer`).
     pub strangers_closed: AtomicU64,
-    /// gRPC calls answered UNAUTHENTICATED on their headers, before their
-    /// body was read.
-    pub calls_unauthenticated: AtomicU64,
-    /// `Decide` streams open.
-    pub decide_streams: AtomicU64,
-    /// `Decide` streams refused: the connection had the most open.
-    pub decide_streams_refused: AtomicU64,
-    /// Frames received on `Decide` streams.
-    pub decide_frames: AtomicU64,
-    /// Frames answered RESOURCE_EXHAUSTED at a stream's limits (per message,
-    /// unanswered).
-    pub decide_frames_refused: AtomicU64,
-    /// Answers sent on `Decide` streams.
-    pub decide_answers: AtomicU64,
-    /// Items of AcquireBatch and CompleteBatch calls.
-    pub batch_items: AtomicU64,
 }
 
-/// The process's figures (both ports serve one engine per process).
-pub static FIGURES: Figures = Figures {
-    connections: AtomicU64::new(0),
-    connections_refused: AtomicU64::new(0),
-    handshakes: AtomicU64::new(0),
-    handshakes_refused: AtomicU64::new(0),
-    handshakes_timed_out: AtomicU64::new(0),
-    handshakes_failed: AtomicU64::new(0),
-    http_connections: AtomicU64::new(0),
-    http_connections_refused: AtomicU64::new(0),
-    http_idle_closed: AtomicU64::new(0),
-    accept_backoffs: AtomicU64::new(0),
-    calls_in_flight: AtomicU64::new(0),
-    strangers_closed: AtomicU64::new(0),
-    calls_unauthenticated: AtomicU64::new(0),
-    decide_streams: AtomicU64::new(0),
-    decide_streams_refused: AtomicU64::new(0),
-    decide_frames: AtomicU64::new(0),
-    decide_frames_refused: AtomicU64::new(0),
-    decide_answers: AtomicU64::new(0),
-    batch_items: AtomicU64::new(0),
-};
+/// One server's ports as this module sees them: the caps in force, the
+/// gRPC port's figures and its strangers. [`crate::node::Node`] holds one,
+/// made once per server, so that two servers in one process count apart.
+#[derive(Debug)]
+pub struct Ports {
+    caps: Caps,
+    figures: Figures,
+    strangers: std::sync::Mutex<Strangers>,
+}
+
+impl Ports {
+    /// The ports of a server with the caps `limits`: raises the soft
+    /// open-file limit to the hard one where allowed, then [`fit`]s the
+    /// caps to it (logged when they are lowered).
+    pub fn new(limits: &Limits) -> Ports {
+        Ports {
+            caps: caps(limits),
+            figures: Figures::default(),
+            strangers: std::sync::Mutex::new(Strangers::default()),
+        }
+    }
+
+    /// The caps in force for the HTTP port and the handshakes.
+    pub fn caps(&self) -> Caps {
+        self.caps
+    }
+
+    /// The gRPC port's figures.
+    pub fn figures(&self) -> &Figures {
+        &self.figures
+    }
+
+    /// gRPC connections open now that have shown no credential yet.
+    pub fn strangers(&self) -> u64 {
+        let strangers = self.strangers.lock().unwrap_or_else(|e| e.into_inner());
+        strangers
+            .open
+            .iter()
+            .filter(|(_, t)| t.is_stranger())
+            .count() as u64
+    }
+}
 
 /// The caps in force for the HTTP port and the handshakes: those of the
 /// config, lowered if need be to fit the open-file limit.
@@ -245,16 +242,17 @@ pub struct Caps {
     pub open_files: Option<u64>,
 }
 
-static CAPS: OnceLock<Caps> = OnceLock::new();
-
-/// The caps in force, worked out once per process: raises the soft
-/// open-file limit to the hard one where allowed, then [`fit`]s the caps.
-pub fn caps(limits: &Limits) -> Caps {
-    *CAPS.get_or_init(|| {
+/// The caps in force: raises the soft open-file limit to the hard one
+/// where allowed (the process's, shared by every server in it), then
+/// [`fit`]s the caps.
+fn caps(limits: &Limits) -> Caps {
+    {
         let open_files = match rlimit::increase_nofile_limit(u64::MAX) {
             Ok(n) => Some(n),
             Err(e) => {
-                tracing::warn!("cannot read the open-file limit ({e}); connection caps are as configured");
+                tracing::warn!(
+                    "cannot read the open-file limit ({e}); connection caps are as configured"
+                );
                 None
             }
         };
@@ -285,7 +283,7 @@ pub fn caps(limits: &Limits) -> Caps {
             }
         }
         caps
-    })
+    }
 }
 
 /// The caps of `limits` within `open_files` descriptors: gRPC connections,
@@ -329,13 +327,17 @@ fn out_of_descriptors(e: &io::Error) -> bool {
 
 /// The next connection on `listener`. When descriptors run out it pauses
 /// [`FD_BACKOFF`] and tries again (the connection waits in the backlog),
-/// logging the first time and then at powers of two.
-pub async fn accept(listener: &TcpListener, port: &'static str) -> (TcpStream, SocketAddr) {
+/// counted in `backoffs`, logging the first time and then at powers of two.
+pub async fn accept(
+    listener: &TcpListener,
+    port: &'static str,
+    backoffs: &AtomicU64,
+) -> (TcpStream, SocketAddr) {
     loop {
         match listener.accept().await {
             Ok(accepted) => return accepted,
             Err(e) if out_of_descriptors(&e) => {
-                let n = FIGURES.accept_backoffs.fetch_add(1, Ordering::Relaxed) + 1;
+                let n = backoffs.fetch_add(1, Ordering::Relaxed) + 1;
                 if n.is_power_of_two() {
                     tracing::warn!(
                         port,
@@ -382,23 +384,25 @@ impl Upgrade for Plain {
 }
 
 /// A gauge held while a connection is in its handshake, if the cap allows.
-struct Handshaking;
+struct Handshaking(Arc<Ports>);
 
 impl Handshaking {
-    fn start(cap: u64) -> Option<Handshaking> {
-        FIGURES
+    fn start(ports: &Arc<Ports>) -> Option<Handshaking> {
+        let cap = ports.caps.max_handshakes;
+        ports
+            .figures
             .handshakes
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 (n < cap).then_some(n + 1)
             })
             .ok()
-            .map(|_| Handshaking)
+            .map(|_| Handshaking(ports.clone()))
     }
 }
 
 impl Drop for Handshaking {
     fn drop(&mut self) {
-        FIGURES.handshakes.fetch_sub(1, Ordering::Relaxed);
+        self.0.figures.handshakes.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -408,26 +412,32 @@ fn seldom(n: u64) -> bool {
 }
 
 /// The gRPC connections of `listener` that finished their handshake,
-/// each upgraded by `upgrade`, within `limits`; with `[auth]` in `access`
-/// (read as each connection comes), a connection is a stranger until it
-/// shows a credential. Accepting stops when the stream is dropped.
+/// each upgraded by `upgrade`, within `limits` and counted in `ports`;
+/// with `[auth]` in `access` (read as each connection comes), a
+/// connection is a stranger until it shows a credential. Accepting stops
+/// when the stream is dropped.
 pub fn incoming<U: Upgrade>(
     listener: TcpListener,
+    ports: Arc<Ports>,
     limits: Limits,
     access: tokio::sync::watch::Receiver<Option<Arc<Access>>>,
     upgrade: U,
 ) -> ReceiverStream<io::Result<Counted<Prefixed<U::Stream>>>> {
-    let caps = caps(&limits);
+    let caps = ports.caps;
     let timeout = Duration::from_millis(limits.handshake_timeout);
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
         loop {
             let (tcp, remote) = tokio::select! {
-                accepted = accept(&listener, "gRPC") => accepted,
+                accepted = accept(&listener, "gRPC", &ports.figures.accept_backoffs) => accepted,
                 () = tx.closed() => return,
             };
-            let Some(handshaking) = Handshaking::start(caps.max_handshakes) else {
-                let n = FIGURES.handshakes_refused.fetch_add(1, Ordering::Relaxed) + 1;
+            let Some(handshaking) = Handshaking::start(&ports) else {
+                let n = ports
+                    .figures
+                    .handshakes_refused
+                    .fetch_add(1, Ordering::Relaxed)
+                    + 1;
                 if seldom(n) {
                     tracing::warn!(
                         cap = caps.max_handshakes,
@@ -446,20 +456,29 @@ pub fn incoming<U: Upgrade>(
             let upgrade = upgrade.clone();
             let access = access.clone();
             let tx = tx.clone();
+            let ports = ports.clone();
             tokio::spawn(async move {
                 let shaken = tokio::time::timeout(timeout, handshake(tcp, &upgrade)).await;
                 drop(handshaking);
                 let stream = match shaken {
                     Ok(Ok(stream)) => stream,
                     Ok(Err(e)) => {
-                        let n = FIGURES.handshakes_failed.fetch_add(1, Ordering::Relaxed) + 1;
+                        let n = ports
+                            .figures
+                            .handshakes_failed
+                            .fetch_add(1, Ordering::Relaxed)
+                            + 1;
                         if seldom(n) {
                             tracing::info!(%remote, failed = n, "closing a gRPC connection whose handshake failed: {e}");
                         }
                         return;
                     }
                     Err(_) => {
-                        let n = FIGURES.handshakes_timed_out.fetch_add(1, Ordering::Relaxed) + 1;
+                        let n = ports
+                            .figures
+                            .handshakes_timed_out
+                            .fetch_add(1, Ordering::Relaxed)
+                            + 1;
                         if seldom(n) {
                             tracing::info!(
                                 %remote,
@@ -482,7 +501,7 @@ pub fn incoming<U: Upgrade>(
                     identity: U::identity(&stream.inner),
                     trust: Arc::new(trust),
                 };
-                if let Some(counted) = Counted::take(stream, info, &limits) {
+                if let Some(counted) = Counted::take(stream, info, &limits, ports) {
                     let _ = tx.send(Ok(counted)).await;
                 }
             });
@@ -541,25 +560,27 @@ write_through!(Prefixed, inner);
 pub struct Counted<S> {
     stream: S,
     info: PeerInfo,
+    ports: Arc<Ports>,
 }
 
 impl<S> Counted<S> {
-    /// Takes a slot for `stream`, or closes it (counted) when none is free.
-    fn take(stream: S, info: PeerInfo, limits: &Limits) -> Option<Counted<S>> {
+    /// Takes a slot of `ports` for `stream`, or closes it (counted) when
+    /// none is free.
+    fn take(stream: S, info: PeerInfo, limits: &Limits, ports: Arc<Ports>) -> Option<Counted<S>> {
         let cap = limits.max_connections;
-        let counters = &FIGURES;
+        let counters = &ports.figures;
         if !info.trust.is_trusted() {
             let peer = info
                 .tcp
                 .remote_addr
                 .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
             let full = counters.connections.load(Ordering::Relaxed) >= cap;
-            let mut strangers = STRANGERS.lock().unwrap_or_else(|e| e.into_inner());
+            let mut strangers = ports.strangers.lock().unwrap_or_else(|e| e.into_inner());
             let closed = strangers.make_room(peer, limits, full);
             strangers.open.push_back((peer, info.trust.clone()));
             drop(strangers);
             if closed > 0 {
-                let n = FIGURES
+                let n = counters
                     .strangers_closed
                     .fetch_add(closed, Ordering::Relaxed)
                     + closed;
@@ -574,7 +595,11 @@ impl<S> Counted<S> {
                 // The closed strangers' slots free up as they close; this
                 // one may run over the cap until then.
                 counters.connections.fetch_add(1, Ordering::Relaxed);
-                return Some(Counted { stream, info });
+                return Some(Counted {
+                    stream,
+                    info,
+                    ports,
+                });
             }
         }
         if counters.connections.fetch_add(1, Ordering::Relaxed) >= cap {
@@ -591,7 +616,11 @@ impl<S> Counted<S> {
             }
             return None;
         }
-        Some(Counted { stream, info })
+        Some(Counted {
+            stream,
+            info,
+            ports,
+        })
     }
 }
 
@@ -601,7 +630,10 @@ impl<S> Drop for Counted<S> {
             .trust
             .closed
             .store(true, std::sync::atomic::Ordering::Release);
-        FIGURES.connections.fetch_sub(1, Ordering::Relaxed);
+        self.ports
+            .figures
+            .connections
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -714,20 +746,6 @@ impl Strangers {
         }
         closed
     }
-}
-
-static STRANGERS: std::sync::Mutex<Strangers> = std::sync::Mutex::new(Strangers {
-    open: std::collections::VecDeque::new(),
-});
-
-/// gRPC connections open now that have shown no credential yet.
-pub fn strangers() -> u64 {
-    let strangers = STRANGERS.lock().unwrap_or_else(|e| e.into_inner());
-    strangers
-        .open
-        .iter()
-        .filter(|(_, t)| t.is_stranger())
-        .count() as u64
 }
 
 /// An accepted gRPC connection, plain or TLS.

@@ -15,7 +15,9 @@
 //!   files change; [`connections`]: the ports' caps and handshakes.
 //! - [`config`]: the config file, validated into what each part takes.
 //! - [`node`]: one server's own part beside its store (who may call, its
-//!   caps and counters); [`reload`]: the config watcher.
+//!   caps, its counters and figures, its budget of unread answers, its
+//!   TLS): nothing of a server is a process-wide static, so that two
+//!   servers in one process stay apart; [`reload`]: the config watcher.
 //! - [`server`]: the gRPC services, which only convert and delegate.
 //! - [`http`]: metrics, health and the dashboard over HTTP.
 //! - [`serve`]: start-up, from the config to both ports.

@@ -1,17 +1,24 @@
 //! One fusebox server's own part, beside the store it serves: who may call
 //! it (watched, since a reload replaces it), every cap of its `[server]`
-//! section, the host names its HTTP side answers to, and its counters.
-//! [`crate::serve::bind`] makes one from the config; the gRPC services,
-//! the HTTP side and the config watcher share it. The store (embedded or
-//! Redis) knows nothing of it.
+//! section, the host names its HTTP side answers to, its counters, its
+//! ports' caps and figures, its budget of unread answers and the TLS it
+//! serves with. [`crate::serve::bind`] makes one from the config; the gRPC
+//! services, the HTTP side and the config watcher share it. The store
+//! (embedded or Redis) knows nothing of it.
+//!
+//! Nothing of a server is kept in a process-wide static: two servers in
+//! one process (tests, an embedding program) count, cap and bound apart.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::auth::{Access, Grant};
 use crate::config::Limits;
+use crate::connections::Ports;
 use crate::engine::shares::Share;
 use crate::engine::Store;
+use crate::outbox::Budget;
+use crate::tls::Tls;
 
 /// Counters of a server around its store, for metrics (the store's own
 /// figures are [`Store::figures`]).
@@ -27,6 +34,25 @@ pub struct Counters {
     pub watch_streams: AtomicU64,
     /// Watch streams refused because the cap was reached.
     pub watch_streams_refused: AtomicU64,
+    /// gRPC calls in flight.
+    pub calls_in_flight: AtomicU64,
+    /// gRPC calls answered UNAUTHENTICATED on their headers, before their
+    /// body was read.
+    pub calls_unauthenticated: AtomicU64,
+    /// `Decide` streams open.
+    pub decide_streams: AtomicU64,
+    /// `Decide` streams refused: their connection, the server or their
+    /// credential had the most open.
+    pub decide_streams_refused: AtomicU64,
+    /// Frames received on `Decide` streams.
+    pub decide_frames: AtomicU64,
+    /// Frames answered RESOURCE_EXHAUSTED at a stream's limits (per message,
+    /// unanswered).
+    pub decide_frames_refused: AtomicU64,
+    /// Answers sent on `Decide` streams.
+    pub decide_answers: AtomicU64,
+    /// Items of AcquireBatch and CompleteBatch calls.
+    pub batch_items: AtomicU64,
 }
 
 impl Default for Counters {
@@ -37,6 +63,14 @@ impl Default for Counters {
             last_reload_ok: AtomicU64::new(1),
             watch_streams: AtomicU64::new(0),
             watch_streams_refused: AtomicU64::new(0),
+            calls_in_flight: AtomicU64::new(0),
+            calls_unauthenticated: AtomicU64::new(0),
+            decide_streams: AtomicU64::new(0),
+            decide_streams_refused: AtomicU64::new(0),
+            decide_frames: AtomicU64::new(0),
+            decide_frames_refused: AtomicU64::new(0),
+            decide_answers: AtomicU64::new(0),
+            batch_items: AtomicU64::new(0),
         }
     }
 }
@@ -49,12 +83,16 @@ pub struct Node {
     limits: Limits,
     http_hosts: Vec<String>,
     counters: Counters,
+    ports: Arc<Ports>,
+    unread: Arc<Budget>,
+    tls: Option<Arc<Tls>>,
 }
 
 impl Node {
     /// A server of `store` under `access` (`None`: no `[auth]`), with the
-    /// caps `limits` and the extra HTTP host names `http_hosts`. Each
-    /// credential gets its share of the store's caps.
+    /// caps `limits` and the extra HTTP host names `http_hosts`, without
+    /// TLS. Each credential gets its share of the store's caps; the ports'
+    /// caps are fitted to the open-file limit.
     pub fn new(
         store: Store,
         access: Option<Access>,
@@ -67,9 +105,19 @@ impl Node {
             limits,
             http_hosts,
             counters: Counters::default(),
+            ports: Arc::new(Ports::new(&limits.connections())),
+            unread: Arc::new(Budget::new(&limits.unread())),
+            tls: None,
         };
         node.set_access(access.map(Arc::new));
         node
+    }
+
+    /// The same server, serving with `tls` (its figures are shown in the
+    /// metrics).
+    pub fn with_tls(mut self, tls: Option<Arc<Tls>>) -> Node {
+        self.tls = tls;
+        self
     }
 
     /// The store it serves.
@@ -114,6 +162,21 @@ impl Node {
     /// The server's counters.
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// Its ports' caps in force, the gRPC port's figures and strangers.
+    pub fn ports(&self) -> &Arc<Ports> {
+        &self.ports
+    }
+
+    /// Its budget of stream answers not yet read, and their figures.
+    pub fn unread(&self) -> &Arc<Budget> {
+        &self.unread
+    }
+
+    /// The TLS it serves with, if any.
+    pub fn tls(&self) -> Option<&Arc<Tls>> {
+        self.tls.as_ref()
     }
 
     /// Whether it is shutting down.

@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -43,7 +43,8 @@ impl Kind {
     }
 }
 
-/// The server-wide budget and figures.
+/// One server's budget of unread bytes and its figures, shared by all its
+/// streams ([`crate::node::Node`] holds it).
 #[derive(Debug)]
 pub struct Budget {
     bytes: Arc<Semaphore>,
@@ -77,26 +78,19 @@ impl Default for Limits {
     }
 }
 
-static BUDGET: OnceLock<Budget> = OnceLock::new();
-
-/// The server's budget, set from `limits` by the first stream.
-pub fn budget(limits: &Limits) -> &'static Budget {
-    BUDGET.get_or_init(|| Budget {
-        bytes: Arc::new(Semaphore::new(limits.max_unread_bytes as usize)),
-        limit: limits.max_unread_bytes,
-        per_stream: limits.max_unread_bytes_per_stream,
-        stuck_after: Duration::from_millis(limits.stuck_stream_timeout),
-        unread: AtomicU64::new(0),
-        stuck: Default::default(),
-    })
-}
-
-/// The figures, once a stream has opened (`None` before).
-pub fn figures() -> Option<&'static Budget> {
-    BUDGET.get()
-}
-
 impl Budget {
+    /// The budget of a server with the bounds `limits`.
+    pub fn new(limits: &Limits) -> Budget {
+        Budget {
+            bytes: Arc::new(Semaphore::new(limits.max_unread_bytes as usize)),
+            limit: limits.max_unread_bytes,
+            per_stream: limits.max_unread_bytes_per_stream,
+            stuck_after: Duration::from_millis(limits.stuck_stream_timeout),
+            unread: AtomicU64::new(0),
+            stuck: Default::default(),
+        }
+    }
+
     /// Bytes answered and not yet read, server-wide.
     pub fn unread(&self) -> u64 {
         self.unread.load(Ordering::Relaxed)
@@ -114,7 +108,7 @@ struct Held {
     _stream: OwnedSemaphorePermit,
     _server: OwnedSemaphorePermit,
     bytes: u64,
-    budget: &'static Budget,
+    budget: Arc<Budget>,
 }
 
 impl Drop for Held {
@@ -144,7 +138,7 @@ pub struct Outbox<T> {
     shared: Arc<Shared<T>>,
     messages: Arc<Semaphore>,
     bytes: Arc<Semaphore>,
-    budget: &'static Budget,
+    budget: Arc<Budget>,
     kind: Kind,
     size: fn(&T) -> usize,
     stuck: fn(String) -> T,
@@ -155,17 +149,17 @@ pub struct Unread<T> {
     shared: Arc<Shared<T>>,
 }
 
-/// A stream's outbox of at most `messages` unread messages, under the
-/// server's budget from `limits`; `size` measures a message, `stuck`
-/// makes the message a stuck stream ends with.
+/// A stream's outbox of at most `messages` unread messages, under its
+/// server's `budget`; `size` measures a message, `stuck` makes the message
+/// a stuck stream ends with.
 pub fn outbox<T>(
-    limits: &Limits,
+    budget: &Arc<Budget>,
     kind: Kind,
     messages: usize,
     size: fn(&T) -> usize,
     stuck: fn(String) -> T,
 ) -> (Outbox<T>, Unread<T>) {
-    let budget = budget(limits);
+    let budget = budget.clone();
     let shared = Arc::new(Shared {
         state: Mutex::new(State {
             queue: VecDeque::new(),
@@ -225,7 +219,7 @@ impl<T> Outbox<T> {
                     _stream: mine,
                     _server: server,
                     bytes: u64::from(bytes),
-                    budget: self.budget,
+                    budget: self.budget.clone(),
                 };
                 self.budget
                     .unread
@@ -355,14 +349,13 @@ mod tests {
             max_unread_bytes: 1 << 30,
             max_unread_bytes_per_stream: per_stream,
             stuck_stream_timeout: stuck_ms,
-            ..Limits::default()
         }
     }
 
     #[tokio::test]
     async fn messages_come_in_order_and_the_sender_waits_at_the_bound() {
-        let (tx, mut rx) =
-            outbox::<String>(&limits(1 << 20, 30_000), Kind::Watch, 2, String::len, |m| m);
+        let budget = Arc::new(Budget::new(&limits(1 << 20, 30_000)));
+        let (tx, mut rx) = outbox::<String>(&budget, Kind::Watch, 2, String::len, |m| m);
         assert!(tx.send("one".into()).await);
         assert!(tx.send("two".into()).await);
         // A third waits for the reader.

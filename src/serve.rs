@@ -115,7 +115,6 @@ pub async fn bind(options: Options) -> anyhow::Result<Bound> {
         None => None,
     };
     if let Some(tls) = &tls {
-        crate::tls::serve_with(tls.clone());
         // Before the address is printed: a SIGHUP from then on reloads.
         tokio::spawn(tls.clone().watch());
     }
@@ -221,7 +220,9 @@ pub async fn bind(options: Options) -> anyhow::Result<Bound> {
         Some(listener) => Some(listener.local_addr()?),
         None => None,
     };
-    let node = Arc::new(Node::new(engine, access, limits, http_hosts));
+    // The server's own part: its counters, its ports' caps and figures, its
+    // budget of unread answers and its TLS, made here once for this server.
+    let node = Arc::new(Node::new(engine, access, limits, http_hosts).with_tls(tls.clone()));
     if let Some(path) = config_path {
         // Before the address is printed: a SIGHUP or an edit from then on counts.
         tokio::spawn(crate::reload::watch_config(node.clone(), path));

@@ -239,19 +239,6 @@ fn read(field: &str, path: &Path) -> Result<Vec<u8>, TlsError> {
     })
 }
 
-/// The TLS set-up the process serves with, for the metrics.
-static SERVED: std::sync::OnceLock<Arc<Tls>> = std::sync::OnceLock::new();
-
-/// Records `tls` as the set-up the process serves with (once).
-pub fn serve_with(tls: Arc<Tls>) {
-    let _ = SERVED.set(tls);
-}
-
-/// The set-up the process serves with, if TLS is on.
-pub fn served() -> Option<&'static Arc<Tls>> {
-    SERVED.get()
-}
-
 impl Tls {
     /// Reads and checks the files of `config`.
     pub fn load(config: &TlsConfig) -> Result<Arc<Tls>, TlsError> {

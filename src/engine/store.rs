@@ -284,6 +284,9 @@ impl From<Arc<Engine>> for Store {
     }
 }
 
+/// A credential's share of rules and which rules it holds (the patterns
+/// inside its prefixes), for [`Store::set_rule_within`].
+pub type RuleShare<'a> = (&'a Share, &'a dyn Fn(&Pattern) -> bool);
 impl Store {
     /// What the store shares with the server around it.
     pub fn core(&self) -> &Arc<Core> {
@@ -606,7 +609,7 @@ impl Store {
     pub fn set_rule_within(
         &self,
         rule: Rule,
-        share: Option<(&Share, &dyn Fn(&Pattern) -> bool)>,
+        share: Option<RuleShare<'_>>,
     ) -> Result<usize, EngineError> {
         if let Some((share, covers)) = share {
             let rules = self.rules();

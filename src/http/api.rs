@@ -4,9 +4,8 @@
 //! fault. No answer walks every key, and none holds more than a page of
 //! rows ([`PAGE`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
@@ -16,13 +15,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use tokio::sync::broadcast::error::RecvError;
 
+use super::error::ApiError;
 use super::guard::Caller;
-use super::trends::{Board, Trend, ATTENTION};
-use super::AppState;
-use crate::domain::{Millis, Phase};
-use crate::engine::{Core, Cursor, EngineError, Event, EventKind, KeyReading, Totals};
+use super::json::{KeyJson, TotalsJson, TransitionJson};
+use super::state::AppState;
+use super::trends::{current_board, Board, Trend, ATTENTION};
+use crate::engine::{Cursor, EngineError, KeyReading};
 use crate::proto::wire::{filter_of, page_after, page_token};
 
 /// Most keys in a page of `/api/keys`, and its default size.
@@ -31,229 +30,8 @@ pub const PAGE: usize = 100;
 /// How many of the busiest keys the overview shows.
 pub const BUSIEST_SHOWN: usize = 10;
 
-/// Transitions remembered for the timeline.
-pub const HISTORY: usize = 200;
-
 /// Longest prefix filter accepted, in bytes (the longest key).
 const MAX_PREFIX_BYTES: usize = 256;
-
-/// A key as the dashboard shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct KeyJson {
-    /// The key.
-    pub key: String,
-    /// `CLOSED`, `OPEN`, `HALF_OPEN` or `ISOLATED`.
-    pub phase: &'static str,
-    /// Time left in the break when open (0 once it is over).
-    pub open_remaining_ms: Option<Millis>,
-    /// When the phase last changed, in ms since the Unix epoch.
-    pub phase_changed_at_ms: u64,
-    /// Failures in a row.
-    pub consecutive_failures: u32,
-    /// Probes admitted since the breaker last closed.
-    pub half_open_attempts: u32,
-    /// Share of failures in the sampling window (ratio mode only).
-    pub failure_ratio: Option<f64>,
-    /// Permits free now (0 without a limiter).
-    pub free: u32,
-    /// The limiter's limit (0 without a limiter).
-    pub limit: u32,
-    /// Permits asked for by waiters.
-    pub queued: u64,
-    /// Waiting requests.
-    pub waiters: usize,
-    /// Live tickets.
-    pub live_tickets: usize,
-    /// Answers to acquires since the key was made.
-    pub requests: u64,
-    /// Of which blocked, refused or denied.
-    pub turned_away: u64,
-    /// Outcomes recorded as failures.
-    pub failures: u64,
-    /// Outcomes recorded as successes.
-    pub successes: u64,
-}
-
-/// Milliseconds since the Unix epoch of an engine time.
-pub fn unix_ms(core: &Core, at: Millis) -> u64 {
-    core.wall_time(at)
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-impl KeyJson {
-    /// The JSON form of a reading.
-    pub fn of(core: &Core, r: &KeyReading) -> KeyJson {
-        let v = &r.view;
-        let s = &v.stats;
-        KeyJson {
-            key: r.key.clone(),
-            phase: v.phase.as_str(),
-            open_remaining_ms: v.open_until.map(|until| until.saturating_sub(r.now)),
-            phase_changed_at_ms: unix_ms(core, v.changed_at),
-            consecutive_failures: v.consecutive_failures,
-            half_open_attempts: v.half_open_attempts,
-            failure_ratio: v.failure_ratio.filter(|f| f.is_finite()),
-            free: v.free,
-            limit: v.limit,
-            queued: v.queued,
-            waiters: v.waiters,
-            live_tickets: v.live_tickets,
-            requests: s.granted + s.probes + s.blocked + s.refused + s.denied,
-            turned_away: s.blocked + s.refused + s.denied,
-            failures: s.failures,
-            successes: s.successes,
-        }
-    }
-}
-
-/// A phase change, isolate or close, for the timeline.
-#[derive(Clone, Debug, Serialize)]
-pub struct TransitionJson {
-    /// The event's number (unique; later events of a key have larger ones).
-    pub sequence: u64,
-    /// The key.
-    pub key: String,
-    /// `phase_change`, `isolate`, `close` or `policy`.
-    pub kind: &'static str,
-    /// The phase before.
-    pub from: &'static str,
-    /// The phase after.
-    pub to: &'static str,
-    /// Why, in words.
-    pub cause: &'static str,
-    /// Who asked (isolate and close).
-    pub who: String,
-    /// The operator's reason (isolate and close).
-    pub reason: String,
-    /// When, in ms since the Unix epoch.
-    pub at_ms: u64,
-}
-
-impl TransitionJson {
-    /// The JSON form of an event.
-    pub fn of(core: &Core, e: &Event) -> TransitionJson {
-        TransitionJson {
-            sequence: e.sequence,
-            key: e.key.to_string(),
-            kind: match e.kind {
-                EventKind::PhaseChange => "phase_change",
-                EventKind::Isolate => "isolate",
-                EventKind::Close => "close",
-                EventKind::Policy => "policy",
-            },
-            from: e.from.as_str(),
-            to: e.to.as_str(),
-            cause: e.cause,
-            who: e.who.clone(),
-            reason: e.reason.clone(),
-            at_ms: unix_ms(core, e.at),
-        }
-    }
-}
-
-/// The last [`HISTORY`] transitions, kept by a task that watches the engine.
-#[derive(Debug, Default)]
-pub struct History {
-    recent: Mutex<VecDeque<TransitionJson>>,
-}
-
-impl History {
-    /// Remembers transitions from now until the engine stops.
-    pub fn record(core: Arc<Core>) -> Arc<History> {
-        let history = Arc::new(History::default());
-        let mut events = core.subscribe();
-        let stopped = core.stopped();
-        let keep = history.clone();
-        tokio::spawn(async move {
-            let record = async {
-                loop {
-                    match events.recv().await {
-                        Ok(e) => keep.push(TransitionJson::of(&core, &e)),
-                        // Missed ones stay missing: the timeline is a view,
-                        // not a record (the log is the record).
-                        Err(RecvError::Lagged(_)) => {}
-                        Err(RecvError::Closed) => return,
-                    }
-                }
-            };
-            tokio::select! {
-                () = record => {}
-                () = stopped => {}
-            }
-        });
-        history
-    }
-
-    fn push(&self, t: TransitionJson) {
-        let mut recent = self.recent.lock().expect("history lock");
-        if recent.len() == HISTORY {
-            recent.pop_front();
-        }
-        recent.push_back(t);
-    }
-
-    /// The remembered transitions of keys that start with `prefix`, oldest first.
-    pub fn matching(&self, prefix: &str) -> Vec<TransitionJson> {
-        let recent = self.recent.lock().expect("history lock");
-        recent
-            .iter()
-            .filter(|t| t.key.starts_with(prefix))
-            .cloned()
-            .collect()
-    }
-}
-
-/// Keys by phase, named as phases are written.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
-pub struct PhaseCounts {
-    /// Closed keys.
-    #[serde(rename = "CLOSED")]
-    pub closed: u64,
-    /// Open keys.
-    #[serde(rename = "OPEN")]
-    pub open: u64,
-    /// Half-open keys.
-    #[serde(rename = "HALF_OPEN")]
-    pub half_open: u64,
-    /// Isolated keys.
-    #[serde(rename = "ISOLATED")]
-    pub isolated: u64,
-}
-
-/// Engine-wide figures, as the dashboard shows them.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
-pub struct TotalsJson {
-    /// Live keys.
-    pub keys: u64,
-    /// Live keys by phase.
-    pub by_phase: PhaseCounts,
-    /// Live tickets.
-    pub tickets: u64,
-    /// Waiting requests.
-    pub waiters: u64,
-    /// The cap on live keys.
-    pub max_keys: u64,
-}
-
-impl TotalsJson {
-    /// The JSON form of the engine's totals.
-    pub fn of(totals: &Totals, max_keys: u64) -> TotalsJson {
-        let n = |p: Phase| totals.by_phase[p.index()];
-        TotalsJson {
-            keys: totals.keys,
-            by_phase: PhaseCounts {
-                closed: n(Phase::Closed),
-                open: n(Phase::Open),
-                half_open: n(Phase::HalfOpen),
-                isolated: n(Phase::Isolated),
-            },
-            tickets: totals.tickets,
-            waiters: totals.waiters,
-            max_keys,
-        }
-    }
-}
 
 /// What the dashboard shows above its pages: `GET /api/overview`, and each
 /// `snapshot` of `/api/events`.
@@ -371,90 +149,6 @@ pub async fn page(
     })
 }
 
-/// A request the API refuses, answered as
-/// `{"error": {"field": ..., "message": ...}}`.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    field: Option<&'static str>,
-    message: String,
-}
-
-impl ApiError {
-    /// 503 with `message`: the server cannot take this request now.
-    pub fn unavailable(message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            field: None,
-            message: message.into(),
-        }
-    }
-
-    /// `status` with `field` and `message`.
-    pub fn with_status(
-        status: StatusCode,
-        field: Option<&'static str>,
-        message: impl Into<String>,
-    ) -> ApiError {
-        ApiError {
-            status,
-            field,
-            message: message.into(),
-        }
-    }
-
-    fn invalid(field: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            field: Some(field),
-            message: message.into(),
-        }
-    }
-}
-
-impl From<EngineError> for ApiError {
-    fn from(e: EngineError) -> ApiError {
-        let message = e.to_string();
-        let (status, field) = match e {
-            EngineError::Invalid { field, problem } => {
-                return ApiError {
-                    status: StatusCode::BAD_REQUEST,
-                    field: Some(field),
-                    message: problem,
-                }
-            }
-            EngineError::TicketNotFound | EngineError::RuleNotFound { .. } => {
-                (StatusCode::NOT_FOUND, None)
-            }
-            EngineError::Exhausted { .. } | EngineError::ShareExhausted { .. } => {
-                (StatusCode::TOO_MANY_REQUESTS, None)
-            }
-            EngineError::ShuttingDown | EngineError::StoreUnavailable(_) => {
-                (StatusCode::SERVICE_UNAVAILABLE, None)
-            }
-            EngineError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, None),
-        };
-        ApiError {
-            status,
-            field,
-            message,
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = serde_json::json!({
-            "error": { "field": self.field, "message": self.message }
-        });
-        if self.status == StatusCode::UNAUTHORIZED {
-            let challenge = [(header::WWW_AUTHENTICATE, "Bearer realm=\"fusebox\"")];
-            return (self.status, challenge, Json(body)).into_response();
-        }
-        (self.status, Json(body)).into_response()
-    }
-}
-
 /// The query of `/api/keys` and `/api/events`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -537,7 +231,7 @@ pub async fn overview_json(
 ) -> Result<Json<Overview>, ApiError> {
     let prefix = prefix_of(query)?;
     let mut boards = state.trends.subscribe();
-    let board = super::events::current_board(&mut boards)
+    let board = current_board(&mut boards)
         .await
         .ok_or_else(|| ApiError::from(EngineError::ShuttingDown))?;
     overview(&state, &board, &prefix).await.map(Json)

@@ -20,11 +20,13 @@ use std::time::Duration;
 use axum::extract::{Query, State};
 use axum::response::sse::{Event as SseEvent, KeepAlive, KeepAliveStream, Sse};
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::watch;
 
-use super::api::{overview, prefix_of, ApiError, KeyJson, PrefixQuery, TransitionJson};
-use super::trends::Board;
-use super::{AppState, StreamSlot};
+use super::api::{overview, prefix_of, PrefixQuery};
+use super::error::ApiError;
+use super::guard::Caller;
+use super::json::{KeyJson, TransitionJson};
+use super::state::{AppState, StreamSlot};
+use super::trends::{current_board, Board};
 use crate::auth::Role;
 use crate::engine::{Event, KeyReading};
 
@@ -36,21 +38,10 @@ type Sink = crate::outbox::Outbox<Result<SseEvent, Infallible>>;
 /// The stream of one reader.
 pub type Feed = crate::outbox::Unread<Result<SseEvent, Infallible>>;
 
-/// The latest board once the sampler made one; `None` when it stopped.
-pub async fn current_board(boards: &mut watch::Receiver<Arc<Board>>) -> Option<Arc<Board>> {
-    loop {
-        let board = boards.borrow_and_update().clone();
-        if board.round > 0 {
-            return Some(board);
-        }
-        boards.changed().await.ok()?;
-    }
-}
-
 /// `GET /api/events?prefix=`.
 pub async fn events(
     State(state): State<AppState>,
-    axum::Extension(caller): axum::Extension<super::guard::Caller>,
+    axum::Extension(caller): axum::Extension<Caller>,
     query: Result<Query<PrefixQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Sse<KeepAliveStream<Feed>>, ApiError> {
     let prefix = prefix_of(query)?;
@@ -64,11 +55,11 @@ pub async fn events(
         return Err(ApiError::unavailable(format!(
             "too many dashboard event streams: {} are open, the most this server keeps; \
              close a dashboard tab or try again later",
-            state.streams.figures().max_event_streams
+            state.streams.max()
         )));
     };
     let (tx, rx) = crate::outbox::outbox(
-        &state.node.limits().unread(),
+        state.node.unread(),
         crate::outbox::Kind::Events,
         STREAM_BUFFER,
         |_| 0,

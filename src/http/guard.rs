@@ -10,13 +10,13 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::http::{header, HeaderMap, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::api::ApiError;
-use super::AppState;
-use crate::auth::{Grant, Refusal, Role};
+use super::error::ApiError;
+use super::state::AppState;
+use crate::auth::{Grant, Role};
 
 /// The credential a request came with (`None` when `[auth]` is off), for
 /// the handlers that check a key.
@@ -158,25 +158,6 @@ pub async fn guard(State(state): State<AppState>, mut request: Request, next: Ne
     }
     request.extensions_mut().insert(caller);
     next.run(request).await
-}
-
-impl ApiError {
-    /// 401 or 403 for a refusal of `[auth]`.
-    pub fn refused(refusal: Refusal) -> ApiError {
-        match refusal {
-            Refusal::Unauthenticated(message) => {
-                ApiError::with_status(StatusCode::UNAUTHORIZED, Some("Authorization"), message)
-            }
-            Refusal::Denied(message) => {
-                ApiError::with_status(StatusCode::FORBIDDEN, Some("Authorization"), message)
-            }
-        }
-    }
-
-    /// 403 naming the header at fault.
-    pub fn forbidden(field: &'static str, message: String) -> ApiError {
-        ApiError::with_status(StatusCode::FORBIDDEN, Some(field), message)
-    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,9 @@
 //! when none is idle is the new one refused. So idle sockets cannot keep
 //! an operator's dashboard out, and a dashboard's event stream, which is
 //! never idle, is never closed for room.
+//!
+//! The slots and their figures are one server's ([`Slots`], in its HTTP
+//! side's state): two servers in one process count apart.
 
 use std::collections::VecDeque;
 use std::io;
@@ -16,8 +19,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, ReadBuf};
-
-use crate::connections::FIGURES;
 
 /// One open HTTP connection, as the slots see it.
 #[derive(Debug, Default)]
@@ -30,24 +31,60 @@ struct Open {
     waker: futures_util::task::AtomicWaker,
 }
 
-/// The open connections, oldest first.
-static OPEN: Mutex<VecDeque<Weak<Open>>> = Mutex::new(VecDeque::new());
+/// One server's HTTP connection slots: the open connections, oldest
+/// first, and their figures.
+#[derive(Debug, Default)]
+pub struct Slots {
+    open: Mutex<VecDeque<Weak<Open>>>,
+    /// Open HTTP connections.
+    connections: AtomicU64,
+    /// HTTP connections closed at once because the cap was reached and
+    /// none was idle.
+    refused: AtomicU64,
+    /// Idle HTTP connections closed to make room for a new one.
+    idle_closed: AtomicU64,
+}
+
+/// The figures of the slots, for the metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotFigures {
+    /// Open HTTP connections.
+    pub connections: u64,
+    /// HTTP connections closed at once because the cap was reached and
+    /// none was idle.
+    pub refused: u64,
+    /// Idle HTTP connections closed to make room for a new one.
+    pub idle_closed: u64,
+}
+
+impl Slots {
+    /// The figures now.
+    pub fn figures(&self) -> SlotFigures {
+        SlotFigures {
+            connections: self.connections.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+            idle_closed: self.idle_closed.load(Ordering::Relaxed),
+        }
+    }
+}
 
 /// One of the `max_http_connections` slots, given back when dropped.
-pub struct HttpSlot(Arc<Open>);
+pub struct HttpSlot {
+    open: Arc<Open>,
+    slots: Arc<Slots>,
+}
 
 impl HttpSlot {
-    /// A slot, or `None` (counted, and logged now and then) when every slot
-    /// is taken by a connection that is not idle.
-    pub fn take(cap: u64) -> Option<HttpSlot> {
-        let figures = &FIGURES;
-        let taken =
-            figures
-                .http_connections
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                    (n < cap).then_some(n + 1)
-                });
-        let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+    /// A slot of `slots`, or `None` (counted, and logged now and then)
+    /// when all `cap` slots are taken by connections that are not idle.
+    pub fn take(slots: &Arc<Slots>, cap: u64) -> Option<HttpSlot> {
+        let figures = &**slots;
+        let taken = figures
+            .connections
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < cap).then_some(n + 1)
+            });
+        let mut open = slots.open.lock().unwrap_or_else(|e| e.into_inner());
         open.retain(|o| o.strong_count() > 0);
         if taken.is_err() {
             // Every slot is taken: close the oldest idle connection, and
@@ -59,42 +96,42 @@ impl HttpSlot {
             });
             let Some(at) = idle else {
                 drop(open);
-                refused(cap);
+                refused(slots, cap);
                 return None;
             };
             if let Some(oldest) = open.remove(at).and_then(|o| o.upgrade()) {
                 oldest.evicted.store(true, Ordering::Release);
                 oldest.waker.wake();
             }
-            figures.http_connections.fetch_add(1, Ordering::Relaxed);
-            figures.http_idle_closed.fetch_add(1, Ordering::Relaxed);
+            figures.connections.fetch_add(1, Ordering::Relaxed);
+            figures.idle_closed.fetch_add(1, Ordering::Relaxed);
         }
         let slot = Arc::new(Open::default());
         open.push_back(Arc::downgrade(&slot));
-        Some(HttpSlot(slot))
+        Some(HttpSlot {
+            open: slot,
+            slots: slots.clone(),
+        })
     }
 
     /// Marks the connection busy until the guard is dropped: from a
     /// request's arrival to the end of its answer's body.
     pub fn busy(&self) -> Busy {
-        self.0.busy.fetch_add(1, Ordering::AcqRel);
-        Busy(self.0.clone())
+        self.open.busy.fetch_add(1, Ordering::AcqRel);
+        Busy(self.open.clone())
     }
 
     /// `stream`, reading as ended once this connection is asked to close.
     pub fn wrap<S>(&self, stream: S) -> Evictable<S> {
         Evictable {
             stream,
-            open: self.0.clone(),
+            open: self.open.clone(),
         }
     }
 }
 
-fn refused(cap: u64) {
-    let n = FIGURES
-        .http_connections_refused
-        .fetch_add(1, Ordering::Relaxed)
-        + 1;
+fn refused(slots: &Slots, cap: u64) {
+    let n = slots.refused.fetch_add(1, Ordering::Relaxed) + 1;
     if n.is_power_of_two() {
         tracing::warn!(
             cap,
@@ -106,7 +143,7 @@ fn refused(cap: u64) {
 
 impl Drop for HttpSlot {
     fn drop(&mut self) {
-        FIGURES.http_connections.fetch_sub(1, Ordering::Relaxed);
+        self.slots.connections.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -280,6 +280,17 @@ impl Trends {
     }
 }
 
+/// The latest board once the sampler made one; `None` when it stopped.
+pub async fn current_board(boards: &mut watch::Receiver<Arc<Board>>) -> Option<Arc<Board>> {
+    loop {
+        let board = boards.borrow_and_update().clone();
+        if board.round > 0 {
+            return Some(board);
+        }
+        boards.changed().await.ok()?;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,20 +13,32 @@ use tokio::sync::Notify;
 use tonic::body::Body;
 use tonic::{Code, Status};
 
-use crate::connections::FIGURES;
+use crate::node::Node;
 
-/// The calls in flight on one server, with a way to wait until there are
-/// none. (The process's gauge, for the metrics, counts them too.)
-#[derive(Debug, Default)]
+/// The calls in flight on one server (its counter, which the metrics
+/// show), with a way to wait until there are none.
+#[derive(Debug)]
 pub struct InFlight {
-    count: AtomicU64,
+    node: Arc<Node>,
     idle: Notify,
 }
 
 impl InFlight {
+    /// The calls in flight on `node`.
+    pub fn of(node: Arc<Node>) -> InFlight {
+        InFlight {
+            node,
+            idle: Notify::new(),
+        }
+    }
+
+    fn count_of(&self) -> &AtomicU64 {
+        &self.node.counters().calls_in_flight
+    }
+
     /// Calls in flight now.
     pub fn count(&self) -> u64 {
-        self.count.load(Ordering::Acquire)
+        self.count_of().load(Ordering::Acquire)
     }
 
     /// Resolves once no call is in flight.
@@ -48,16 +60,14 @@ struct Call(Arc<InFlight>);
 
 impl Call {
     fn start(calls: &Arc<InFlight>) -> Call {
-        calls.count.fetch_add(1, Ordering::AcqRel);
-        FIGURES.calls_in_flight.fetch_add(1, Ordering::Relaxed);
+        calls.count_of().fetch_add(1, Ordering::AcqRel);
         Call(calls.clone())
     }
 }
 
 impl Drop for Call {
     fn drop(&mut self) {
-        FIGURES.calls_in_flight.fetch_sub(1, Ordering::Relaxed);
-        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if self.0.count_of().fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.idle.notify_waiters();
         }
     }

@@ -16,37 +16,28 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 use tonic::{Request, Status, Streaming};
 
-use super::{status_of_refusal, Api};
+use super::api::Api;
+use super::bounds::{Calling, PeerStream, STORE_PART};
+use super::status::status_of_refusal;
 use crate::auth::{Grant, Role};
-use crate::connections::FIGURES;
 use crate::engine::shares::{Hold, Kind, Share};
+use crate::node::Node;
 use crate::proto::v1 as pb;
+
+pub use super::bounds::{MAX_STORE_FRAMES_IN_FLIGHT, MAX_STREAMS_PER_CONNECTION};
 
 /// The most frames (or batch items) in one message.
 pub const MAX_FRAMES_PER_MESSAGE: usize = 1_000;
 
 /// The most frames of one stream unanswered at a time.
 pub const MAX_UNANSWERED: usize = 10_000;
-
-/// The most Decide frames in flight to the store at once, server-wide
-/// (decisions 102): two parts, enough to keep a Redis busy.
-pub const MAX_STORE_FRAMES_IN_FLIGHT: usize = 2 * STORE_PART;
-
-const _: () = assert!(crate::engine::shares::STORE_FRAMES_PER_CREDENTIAL == STORE_PART);
-
-/// With a store, a message's frames are sent in parts of this many.
-const STORE_PART: usize = 256;
-
-/// The Decide frames in flight to the store.
-static STORE_FRAMES: tokio::sync::Semaphore =
-    tokio::sync::Semaphore::const_new(MAX_STORE_FRAMES_IN_FLIGHT);
 
 /// With a store, after each part a credential's next part waits this many
 /// times as long as the part took, while another credential's calls are
@@ -57,40 +48,14 @@ const PACE: u32 = 2;
 /// frames.
 const YIELD_EVERY: usize = 32;
 
-/// Single calls (Acquire, Complete, Renew and the batches) in flight with
-/// a credential, with a store: what Decide parts yield to.
-static CALLING: AtomicU64 = AtomicU64::new(0);
-
-/// One single call in flight, counted for its credential and the server
-/// until dropped.
-pub struct Calling(Arc<Share>);
-
 /// Counts a single call of `share`'s credential while it is in flight, with
 /// a store (embedded, nothing waits on the store and nothing is counted).
 pub fn calling(api: &Api, share: Option<&Arc<Share>>) -> Option<Calling> {
     if !matches!(api.store, crate::engine::Store::Redis(_)) {
         return None;
     }
-    let share = share?;
-    share.calls_in_flight().fetch_add(1, Ordering::Relaxed);
-    CALLING.fetch_add(1, Ordering::Relaxed);
-    Some(Calling(share.clone()))
+    Some(api.bounds.calling(share?))
 }
-
-impl Drop for Calling {
-    fn drop(&mut self) {
-        self.0.calls_in_flight().fetch_sub(1, Ordering::Relaxed);
-        CALLING.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Whether a credential other than `share`'s has a single call in flight.
-fn others_calling(share: &Share) -> bool {
-    CALLING.load(Ordering::Relaxed) > share.calls_in_flight().load(Ordering::Relaxed)
-}
-
-/// The most `Decide` streams open on one connection.
-pub const MAX_STREAMS_PER_CONNECTION: u32 = 16;
 
 /// Response messages queued for a slow reader before the stream stops
 /// reading new frames.
@@ -109,25 +74,24 @@ fn size_of(message: &Result<pb::DecideResponse, Status>) -> usize {
     })
 }
 
-/// Open `Decide` streams by connection (the peer's address).
-static STREAMS: LazyLock<Mutex<HashMap<SocketAddr, u32>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
-
 /// One open stream counted against its connection's cap, the server's
 /// (`max_decide_streams`) and its credential's share, until dropped.
 struct Counted {
-    peer: Option<SocketAddr>,
+    node: Arc<Node>,
+    _peer: Option<PeerStream>,
     share: Option<Hold>,
 }
 
 impl Counted {
     fn open(
+        api: &Api,
         peer: Option<SocketAddr>,
         cap: u64,
         share: Option<Arc<Share>>,
     ) -> Result<Counted, Status> {
+        let counters = api.node.counters();
         let refused = |message: String| {
-            FIGURES
+            counters
                 .decide_streams_refused
                 .fetch_add(1, Ordering::Relaxed);
             Status::resource_exhausted(message)
@@ -136,30 +100,29 @@ impl Counted {
             .map(|s| s.take(Kind::DecideStreams))
             .transpose()
             .map_err(|e| refused(e.to_string()))?;
-        if FIGURES.decide_streams.fetch_add(1, Ordering::Relaxed) >= cap {
-            FIGURES.decide_streams.fetch_sub(1, Ordering::Relaxed);
+        if counters.decide_streams.fetch_add(1, Ordering::Relaxed) >= cap {
+            counters.decide_streams.fetch_sub(1, Ordering::Relaxed);
             return Err(refused(format!(
                 "too many Decide streams: the server's max_decide_streams cap ({cap}) is reached; \
                  send more frames on the open ones, or raise [server].max_decide_streams"
             )));
         }
         let mut counted = Counted {
-            peer: None,
+            node: api.node.clone(),
+            _peer: None,
             share: held,
         };
         if let Some(peer) = peer {
-            let mut streams = STREAMS.lock().expect("streams lock");
-            let open = streams.entry(peer).or_insert(0);
-            if *open >= MAX_STREAMS_PER_CONNECTION {
-                drop(streams);
-                drop(counted);
-                return Err(refused(format!(
-                    "this connection has {MAX_STREAMS_PER_CONNECTION} Decide streams open, the most it may; \
-                     send more frames on the open ones, or open another connection"
-                )));
+            match api.bounds.peer_stream(peer) {
+                Some(place) => counted._peer = Some(place),
+                None => {
+                    drop(counted);
+                    return Err(refused(format!(
+                        "this connection has {MAX_STREAMS_PER_CONNECTION} Decide streams open, the most it may; \
+                         send more frames on the open ones, or open another connection"
+                    )));
+                }
             }
-            *open += 1;
-            counted.peer = Some(peer);
         }
         Ok(counted)
     }
@@ -167,16 +130,10 @@ impl Counted {
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        FIGURES.decide_streams.fetch_sub(1, Ordering::Relaxed);
-        if let Some(peer) = self.peer {
-            let mut streams = STREAMS.lock().expect("streams lock");
-            if let Some(open) = streams.get_mut(&peer) {
-                *open -= 1;
-                if *open == 0 {
-                    streams.remove(&peer);
-                }
-            }
-        }
+        self.node
+            .counters()
+            .decide_streams
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -210,6 +167,7 @@ pub fn open(api: &Api, request: Request<Streaming<pb::DecideRequest>>) -> Result
     }
     let limits = api.node.limits();
     let counted = Counted::open(
+        api,
         super::tls::remote_addr(&request),
         limits.max_decide_streams,
         api.node.share_of(grant.as_deref()),
@@ -217,7 +175,7 @@ pub fn open(api: &Api, request: Request<Streaming<pb::DecideRequest>>) -> Result
     let credential = crate::auth::Credential::of(api.node.watch_access());
     let frames = request.into_inner();
     let (tx, rx) = crate::outbox::outbox(
-        &limits.unread(),
+        api.node.unread(),
         crate::outbox::Kind::Decide,
         OUTBOX,
         size_of,
@@ -363,7 +321,9 @@ impl Stream {
         if results.is_empty() {
             return true;
         }
-        FIGURES
+        self.api
+            .node
+            .counters()
             .decide_answers
             .fetch_add(results.len() as u64, Ordering::Relaxed);
         self.tx.send(Ok(pb::DecideResponse { results })).await
@@ -384,10 +344,11 @@ impl Stream {
     /// the next; returns their answers once every frame that does not wait
     /// in a queue has answered (those that do answer when they are served).
     async fn frames(&mut self, frames: Vec<pb::DecideFrame>) -> Vec<pb::DecideResult> {
-        FIGURES
+        let api = self.api.clone();
+        let counters = api.node.counters();
+        counters
             .decide_frames
             .fetch_add(frames.len() as u64, Ordering::Relaxed);
-        let api = self.api.clone();
         let grant = self.grant.clone();
         let share = self.counted.share.as_ref().map(|h| h.share().clone());
         // With a store, each frame is a command in flight to Redis: the
@@ -419,7 +380,13 @@ impl Stream {
                     };
                     (
                         own,
-                        Some(STORE_FRAMES.acquire_many(n).await.expect("never closed")),
+                        Some(
+                            api.bounds
+                                .store_frames()
+                                .acquire_many(n)
+                                .await
+                                .expect("never closed"),
+                        ),
                     )
                 }
                 false => (None, None),
@@ -434,7 +401,7 @@ impl Stream {
                 }
                 let id = frame.id;
                 if at >= MAX_FRAMES_PER_MESSAGE {
-                    FIGURES
+                    counters
                         .decide_frames_refused
                         .fetch_add(1, Ordering::Relaxed);
                     results.push((at, failed(
@@ -456,7 +423,7 @@ impl Stream {
             // While another credential's calls are in flight, its parts
             // take at most a third of the time (decisions 103).
             if let (Some(share), Some(_)) = (&share, &own) {
-                if others_calling(share) {
+                if api.bounds.others_calling(share) {
                     tokio::time::sleep(started.elapsed() * PACE).await;
                 }
             }
@@ -507,7 +474,8 @@ impl Stream {
             ));
         }
         if self.waiting.len() >= MAX_UNANSWERED {
-            FIGURES
+            api.node
+                .counters()
                 .decide_frames_refused
                 .fetch_add(1, Ordering::Relaxed);
             return Started::Answered(failed(
@@ -614,7 +582,8 @@ pub async fn acquire_batch(
     let _calling = calling(api, share.as_ref());
     let items = request.into_inner().items;
     check_items(items.len())?;
-    FIGURES
+    api.node
+        .counters()
         .batch_items
         .fetch_add(items.len() as u64, Ordering::Relaxed);
     let (grant, share) = (grant.as_deref(), share.as_ref());
@@ -664,7 +633,8 @@ pub async fn complete_batch(
     let _calling = calling(api, share.as_ref());
     let items = request.into_inner().items;
     check_items(items.len())?;
-    FIGURES
+    api.node
+        .counters()
         .batch_items
         .fetch_add(items.len() as u64, Ordering::Relaxed);
     let (grant, share) = (grant.as_deref(), share.as_ref());

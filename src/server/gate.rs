@@ -18,8 +18,9 @@ use futures_util::future::Either;
 use http::{Request, Response};
 use tonic::body::Body;
 
+use super::status::status_of_refusal;
 use crate::auth::Grant;
-use crate::connections::{PeerInfo, FIGURES};
+use crate::connections::PeerInfo;
 use crate::node::Node;
 
 /// The grant the gate found for a call, in its request's extensions.
@@ -86,10 +87,11 @@ where
                         request.extensions_mut().insert(Authenticated(grant));
                     }
                     Err(refusal) => {
-                        FIGURES
+                        self.node
+                            .counters()
                             .calls_unauthenticated
                             .fetch_add(1, Ordering::Relaxed);
-                        let status = super::status_of_refusal(refusal);
+                        let status = status_of_refusal(refusal);
                         return Either::Left(std::future::ready(Ok(status.into_http())));
                     }
                 }

@@ -8,8 +8,9 @@ use crate::domain::policy::{BreakerSpec, LeaseSpec, LimiterSpec};
 use crate::domain::{DurationSpec, LimiterKind, Order, Outcome, Policy, PolicySpec, Trip};
 use crate::proto::v1 as pb;
 
-use super::{duration_of, millis_of, status_of};
+use super::status::status_of;
 use crate::engine::EngineError;
+use crate::proto::wire::{duration_of, millis_of};
 
 fn duration(
     field: &'static str,

@@ -9,44 +9,25 @@ use std::sync::Arc;
 use tokio::sync::broadcast::error::RecvError;
 use tonic::Status;
 
-use super::{key_state_of, phase_of, timestamp_of};
+use super::bounds::Bounds;
+use super::status::status_of_refusal;
+use super::wire::key_state_of;
 use crate::auth::{Grant, Role};
 use crate::engine::{Core, Cursor, Event, EventKind, KeyReading, Store};
 use crate::node::Node;
 use crate::proto::v1 as pb;
+use crate::proto::wire::{phase_of, timestamp_of};
 
 /// Keys per snapshot message, so that every message stays small and a
 /// page of the snapshot is quick to read.
 const SNAPSHOT_CHUNK: usize = 100;
 
-/// One snapshot page is read at a time, across every Watch stream, and
-/// snapshots together take at most [`SNAPSHOT_SHARE`] of one core: a
-/// hundred watchers that open at once (each taking as much as its client's
-/// flow-control window lets through, megabytes of keys) wait their turn
-/// instead of filling the workers, so decisions keep their latency.
-static SNAPSHOT_TURN: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
-
-/// The share of one core that snapshot pages may use together.
-const SNAPSHOT_SHARE: f64 = 0.1;
-
-/// Time spent reading snapshot pages since `since`.
-static SNAPSHOT_SPENT: std::sync::Mutex<Option<(std::time::Instant, std::time::Duration)>> =
-    std::sync::Mutex::new(None);
-
-/// Records `spent` on a page and says how long to pause so that snapshots
-/// stay within their share (counted over windows of about a second).
-fn snapshot_pause(spent: std::time::Duration) -> std::time::Duration {
-    let now = std::time::Instant::now();
-    let mut budget = SNAPSHOT_SPENT.lock().expect("snapshot budget lock");
-    let (since, used) = budget.get_or_insert((now, std::time::Duration::ZERO));
-    if now.duration_since(*since) > std::time::Duration::from_secs(1) {
-        *since = now;
-        *used = std::time::Duration::ZERO;
-    }
-    *used += spent;
-    let allowed = used.div_f64(SNAPSHOT_SHARE);
-    allowed.saturating_sub(now.duration_since(*since))
-}
+// One snapshot page is read at a time, across every Watch stream of the
+// server, and snapshots together take at most a tenth of one core
+// ([`Bounds::snapshot_pause`]): a hundred watchers that open at once (each
+// taking as much as its client's flow-control window lets through,
+// megabytes of keys) wait their turn instead of filling the workers, so
+// decisions keep their latency.
 
 /// Messages buffered for a watcher before the stream waits for it to read.
 /// The snapshot is read a page at a time, only when there is room for it,
@@ -118,10 +99,12 @@ impl Drop for Place {
     }
 }
 
-/// Starts a Watch stream of the keys that start with `prefix`, or refuses
-/// it with `RESOURCE_EXHAUSTED` past the cap.
+/// Starts a Watch stream of `node`'s keys that start with `prefix`, its
+/// snapshot pages taken in turn under `bounds`, or refuses it with
+/// `RESOURCE_EXHAUSTED` past the cap.
 pub fn stream(
     node: Arc<Node>,
+    bounds: Arc<Bounds>,
     prefix: String,
     grant: Option<Arc<Grant>>,
 ) -> Result<Events, Status> {
@@ -129,7 +112,7 @@ pub fn stream(
     let mut credential = crate::auth::Credential::of(node.watch_access());
     let store = node.store().clone();
     let (tx, rx) = crate::outbox::outbox(
-        &node.limits().unread(),
+        node.unread(),
         crate::outbox::Kind::Watch,
         STREAM_BUFFER,
         size_of,
@@ -145,9 +128,9 @@ pub fn stream(
             g.on_prefix(Role::Operator, "Watch", &prefix)
         });
         tokio::select! {
-            _ = forward(&store, &prefix, events, &tx) => {}
+            _ = forward(&store, &bounds, &prefix, events, &tx) => {}
             refusal = revoked => {
-                tx.end(Err(super::status_of_refusal(refusal)));
+                tx.end(Err(status_of_refusal(refusal)));
             }
             () = stopped => {
                 // The stream ends UNAVAILABLE, not OK: the watcher did not
@@ -167,11 +150,12 @@ pub fn stream(
 
 async fn forward(
     store: &Store,
+    bounds: &Bounds,
     prefix: &str,
     mut events: tokio::sync::broadcast::Receiver<Event>,
     tx: &Sink,
 ) -> Option<()> {
-    snapshot(store, prefix, tx).await?;
+    snapshot(store, bounds, prefix, tx).await?;
     loop {
         match events.recv().await {
             Ok(event) if event.key.starts_with(prefix) => {
@@ -189,7 +173,7 @@ async fn forward(
                 // before reading the snapshot, so that nothing after it is
                 // missed (an event may show in both, as at the start).
                 events = events.resubscribe();
-                snapshot(store, prefix, tx).await?;
+                snapshot(store, bounds, prefix, tx).await?;
             }
             Err(RecvError::Closed) => return None,
         }
@@ -204,11 +188,11 @@ async fn send(tx: &Sink, event: pb::watch_event::Event) -> Option<()> {
 
 /// Sends the keys as they are now, a page at a time in key order, each
 /// page read only once the watcher has room for it.
-async fn snapshot(store: &Store, prefix: &str, tx: &Sink) -> Option<()> {
+async fn snapshot(store: &Store, bounds: &Bounds, prefix: &str, tx: &Sink) -> Option<()> {
     let mut from = Cursor::Start;
     loop {
         let (keys, more) = {
-            let _turn = SNAPSHOT_TURN.acquire().await.ok()?;
+            let _turn = bounds.snapshot_turn().acquire().await.ok()?;
             let started = std::time::Instant::now();
             let page = store
                 .list_page(prefix, &[], &from, SNAPSHOT_CHUNK)
@@ -219,7 +203,7 @@ async fn snapshot(store: &Store, prefix: &str, tx: &Sink) -> Option<()> {
                 .iter()
                 .map(|r: &KeyReading| key_state_of(store.core(), r))
                 .collect();
-            let pause = snapshot_pause(started.elapsed());
+            let pause = bounds.snapshot_pause(started.elapsed());
             if !pause.is_zero() {
                 tokio::time::sleep(pause).await;
             }

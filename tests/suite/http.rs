@@ -1173,3 +1173,81 @@ async fn event_streams_past_the_cap_are_refused_with_503_and_counted() {
     })
     .await;
 }
+
+// ---------- /metrics through a Rust parser ----------
+
+/// Every family the server has is in `/metrics` with its type, as a parser
+/// of the text format (the `openmetrics-parser` crate) reads it, and a key
+/// with quotes and backslashes comes back as it was in its label. (A key
+/// cannot hold a line feed: the unit tests of the exposition give a label
+/// one.)
+#[tokio::test]
+async fn metrics_read_by_a_rust_parser_have_every_family_with_its_type() {
+    use fusebox::http::metrics::{When, FAMILIES};
+    use openmetrics_parser::PrometheusType;
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let data = dir.path().join("data");
+    let data = data.to_str().expect("a UTF-8 path");
+    let server = Server::start(Options {
+        args: vec!["--data-dir", data],
+        ..Options::default()
+    })
+    .await;
+    let mut c = server.fusebox().await;
+    let ticket = granted(&mut c, ODD_KEY).await;
+    let text = metrics_text(&server).await;
+    let parsed = openmetrics_parser::prometheus::parse_prometheus(&text)
+        .unwrap_or_else(|e| panic!("the text does not parse: {e:?}\n{text}"));
+    for family in FAMILIES {
+        let present = match family.when {
+            When::Always | When::Embedded | When::DataDir => true,
+            When::Linux => cfg!(target_os = "linux"),
+            When::Store | When::Tls | When::TlsExpiry => false,
+        };
+        let found = parsed.families.get(family.name);
+        assert_eq!(
+            found.is_some(),
+            present,
+            "{} ({:?}) in /metrics:\n{text}",
+            family.name,
+            family.when
+        );
+        if let Some(found) = found {
+            let kind = match family.kind {
+                fusebox::http::metrics::Type::Counter => PrometheusType::Counter,
+                fusebox::http::metrics::Type::Gauge => PrometheusType::Gauge,
+            };
+            assert_eq!(found.family_type, kind, "{}", family.name);
+            assert_eq!(found.help, family.help, "{}", family.name);
+            let mut labels: Vec<&str> = family.labels.to_vec();
+            labels.sort_unstable();
+            for sample in found.iter_samples() {
+                let set = sample.get_labelset().expect("labels");
+                let mut names: Vec<&str> = set.iter_names().map(String::as_str).collect();
+                names.sort_unstable();
+                assert_eq!(names, labels, "{}", family.name);
+            }
+        }
+    }
+    assert_eq!(
+        parsed.families.len(),
+        FAMILIES
+            .iter()
+            .filter(|f| parsed.families.contains_key(f.name))
+            .count(),
+        "every family in /metrics is in the table"
+    );
+    let live = &parsed.families["fusebox_key_live_tickets"];
+    let odd = live
+        .iter_samples()
+        .find(|s| {
+            s.get_labelset()
+                .is_ok_and(|l| l.get_label_value("key") == Some(ODD_KEY))
+        })
+        .unwrap_or_else(|| panic!("{ODD_KEY} round-trips in its label:\n{text}"));
+    match &odd.value {
+        openmetrics_parser::PrometheusValue::Gauge(n) => assert_eq!(n.as_f64(), 1.0),
+        other => panic!("a gauge, not {other:?}"),
+    }
+    complete(&mut c, ticket, pb::Outcome::Success).await;
+}

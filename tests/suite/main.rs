@@ -33,6 +33,7 @@ mod reload;
 mod resp;
 mod scale;
 mod scenarios;
+mod servers;
 mod service;
 mod shares;
 mod store;

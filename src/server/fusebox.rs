@@ -1,0 +1,76 @@
+//! The `Fusebox` service: Acquire, Complete and Renew ([`super::unary`]),
+//! the Decide stream and the batches ([`super::decide`]).
+
+use tonic::{Request, Response, Status};
+
+use crate::proto::v1 as pb;
+use pb::fusebox_server::Fusebox;
+
+use super::api::Api;
+use super::decide;
+
+#[tonic::async_trait]
+impl Fusebox for Api {
+    async fn acquire(
+        &self,
+        request: Request<pb::AcquireRequest>,
+    ) -> Result<Response<pb::AcquireResponse>, Status> {
+        let grant = self.grant(&request)?;
+        let share = self.node.share_of(grant.as_deref());
+        let _calling = decide::calling(self, share.as_ref());
+        self.acquire_as(grant.as_deref(), share.as_ref(), request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn complete(
+        &self,
+        request: Request<pb::CompleteRequest>,
+    ) -> Result<Response<pb::CompleteResponse>, Status> {
+        let grant = self.grant(&request)?;
+        let share = self.node.share_of(grant.as_deref());
+        let _calling = decide::calling(self, share.as_ref());
+        self.complete_as(grant.as_deref(), share.as_ref(), request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn renew(
+        &self,
+        request: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::RenewResponse>, Status> {
+        let grant = self.grant(&request)?;
+        let share = self.node.share_of(grant.as_deref());
+        let _calling = decide::calling(self, share.as_ref());
+        self.renew_as(grant.as_deref(), share.as_ref(), request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type DecideStream = decide::Answers;
+
+    async fn decide(
+        &self,
+        request: Request<tonic::Streaming<pb::DecideRequest>>,
+    ) -> Result<Response<Self::DecideStream>, Status> {
+        decide::open(self, request).map(Response::new)
+    }
+
+    async fn acquire_batch(
+        &self,
+        request: Request<pb::AcquireBatchRequest>,
+    ) -> Result<Response<pb::AcquireBatchResponse>, Status> {
+        decide::acquire_batch(self, request)
+            .await
+            .map(Response::new)
+    }
+
+    async fn complete_batch(
+        &self,
+        request: Request<pb::CompleteBatchRequest>,
+    ) -> Result<Response<pb::CompleteBatchResponse>, Status> {
+        decide::complete_batch(self, request)
+            .await
+            .map(Response::new)
+    }
+}
