@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import glob
 import json
 import os
@@ -192,14 +193,14 @@ def key_mismatch(state, want: dict) -> list:
     return bad
 
 
+@dataclasses.dataclass
 class KeyCheck:
     """An expect_key step: the condition polled, and what it last found wrong."""
 
-    def __init__(self, server: Server, want: dict, where: str):
-        self.server = server
-        self.want = want
-        self.where = where
-        self.last: list = []
+    server: Server
+    want: dict
+    where: str
+    last: list = dataclasses.field(default_factory=list)
 
     def __call__(self) -> bool:
         self.last = key_mismatch(self.server.key(self.want["key"]), self.want)
