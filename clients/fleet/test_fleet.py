@@ -178,7 +178,9 @@ def fleet_round(r: int, workers: List[Worker], admin, clock) -> None:
         w = workers[(3 * r + n) % SEATS]
         done = w.guard(f"r{r}-fail{n}", "fail")
         assert done["ran"] and done["error"] and done["refusal"] is None, done
-    state = settled(admin, "the three failures did not trip the key", lambda s: s.phase == pb.PHASE_OPEN)
+    state = settled(
+        admin, "the three failures did not trip the key", lambda s: s.phase == pb.PHASE_OPEN
+    )
     assert state.stats.failures == base.failures + 3, state
 
     # Tripped: each process hears it from the server once (with the break's
@@ -223,7 +225,9 @@ def fleet_round(r: int, workers: List[Worker], admin, clock) -> None:
     prober.send(op="release", id=f"r{r}-probe{i}")
     done = prober.expect("done", id=f"r{r}-probe{i}")
     assert done["ran"] and done["refusal"] is None and not done["error"], done
-    state = settled(admin, "the probe's success did not close the key", lambda s: s.phase == pb.PHASE_CLOSED)
+    state = settled(
+        admin, "the probe's success did not close the key", lambda s: s.phase == pb.PHASE_CLOSED
+    )
     assert state.stats.probes == base.probes + 1, state
 
     # Closed again: every process runs its calls, and fusebox hears of each.

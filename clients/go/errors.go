@@ -36,14 +36,18 @@ type BlockedError struct {
 	Local      bool
 }
 
-func (e *BlockedError) Error() string {
-	s := fmt.Sprintf("fusebox: %q blocked (%s)", e.Key, e.Reason)
-	if e.RetryAfter > 0 {
-		s += fmt.Sprintf(", retry after %v", e.RetryAfter)
+func (e *BlockedError) Error() string { return refusalText(e.Key, "blocked", e.Reason, e.RetryAfter) }
+func (*BlockedError) refusal()        {}
+
+// refusalText is the message of a blocked or denied call: the key, what
+// fusebox answered and why, and when to try again if the server said.
+func refusalText(key, answer string, reason Reason, retryAfter time.Duration) string {
+	s := fmt.Sprintf("fusebox: %q %s (%s)", key, answer, reason)
+	if retryAfter > 0 {
+		s += fmt.Sprintf(", retry after %v", retryAfter)
 	}
 	return s
 }
-func (*BlockedError) refusal() {}
 
 // RefusedError: the key is isolated by an operator; the call was not made.
 type RefusedError struct {
@@ -61,14 +65,8 @@ type DeniedError struct {
 	RetryAfter time.Duration
 }
 
-func (e *DeniedError) Error() string {
-	s := fmt.Sprintf("fusebox: %q denied (%s)", e.Key, e.Reason)
-	if e.RetryAfter > 0 {
-		s += fmt.Sprintf(", retry after %v", e.RetryAfter)
-	}
-	return s
-}
-func (*DeniedError) refusal() {}
+func (e *DeniedError) Error() string { return refusalText(e.Key, "denied", e.Reason, e.RetryAfter) }
+func (*DeniedError) refusal()        {}
 
 // UnavailableError: fusebox could not be asked in time (down, slow, or
 // unreachable) and the guard fails closed, so the call was not made. Err

@@ -19,6 +19,18 @@ const testWait = 30 * time.Second
 
 var transports = []Transport{TransportUnary, TransportStream}
 
+// withEachTransport runs test once per transport, as a subtest named after
+// it, with a server of its own and a client of it on that transport (made
+// with opts too).
+func withEachTransport(t *testing.T, opts []Option, test func(t *testing.T, s *server, c *Client)) {
+	for _, tr := range transports {
+		t.Run(tr.String(), func(t *testing.T) {
+			s := startServer(t)
+			test(t, s, newClient(t, s, append([]Option{WithTransport(tr)}, opts...)...))
+		})
+	}
+}
+
 // within fails the test unless ch yields within testWait.
 func within[T any](t *testing.T, what string, ch <-chan T) T {
 	t.Helper()
@@ -35,198 +47,174 @@ func within[T any](t *testing.T, what string, ch <-chan T) T {
 // A guard returns its call's result while fusebox, stopped, cannot have
 // answered the call's Complete; the outcome reaches fusebox once it goes on.
 func TestOutcomeIsReportedOffTheCallersPath(t *testing.T) {
-	for _, tr := range transports {
-		t.Run(tr.String(), func(t *testing.T) {
-			s := startServer(t)
-			// A guard that waited for its Complete would wait for this
-			// deadline, far past testWait.
-			c := newClient(t, s, WithTransport(tr), WithGuardDefaults(Deadline(10*testWait)))
-			granted, paused := make(chan struct{}), make(chan struct{})
-			returned := make(chan error, 1)
-			go func() {
-				returned <- c.Guard(context.Background(), "k", func(ctx context.Context) error {
-					close(granted)
-					<-paused
-					return nil
-				})
-			}()
-			within(t, "the call started", granted)
-			s.pause()
-			close(paused)
-			if err := within(t, "the guard returned while fusebox was stopped", returned); err != nil {
-				t.Fatal(err)
-			}
-			// Stopped, fusebox cannot have answered: a flush runs out of time.
-			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-			err := c.Flush(ctx)
-			cancel()
-			if !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("a flush while fusebox is stopped: %v, want a deadline exceeded (stats %+v)", err, c.Stats())
-			}
-			s.resume()
-			flush(t, c)
-			if st := s.key("k"); st.GetStats().GetSuccesses() != 1 || st.GetLiveTickets() != 0 {
-				t.Fatalf("server saw %v", st)
-			}
-			if st := c.Stats(); st.Completed != 1 || st.CompleteFailures != 0 || st.OutcomesDropped != 0 {
-				t.Fatalf("stats %+v", st)
-			}
-		})
-	}
+	// A guard that waited for its Complete would wait for this
+	// deadline, far past testWait.
+	withEachTransport(t, []Option{WithGuardDefaults(Deadline(10 * testWait))}, func(t *testing.T, s *server, c *Client) {
+		granted, paused := make(chan struct{}), make(chan struct{})
+		returned := make(chan error, 1)
+		go func() {
+			returned <- c.Guard(context.Background(), "k", func(ctx context.Context) error {
+				close(granted)
+				<-paused
+				return nil
+			})
+		}()
+		within(t, "the call started", granted)
+		s.pause()
+		close(paused)
+		if err := within(t, "the guard returned while fusebox was stopped", returned); err != nil {
+			t.Fatal(err)
+		}
+		// Stopped, fusebox cannot have answered: a flush runs out of time.
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		err := c.Flush(ctx)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a flush while fusebox is stopped: %v, want a deadline exceeded (stats %+v)", err, c.Stats())
+		}
+		s.resume()
+		flush(t, c)
+		if st := s.key("k"); st.GetStats().GetSuccesses() != 1 || st.GetLiveTickets() != 0 {
+			t.Fatalf("server saw %v", st)
+		}
+		if st := c.Stats(); st.Completed != 1 || st.CompleteFailures != 0 || st.OutcomesDropped != 0 {
+			t.Fatalf("stats %+v", st)
+		}
+	})
 }
 
 // With room for one outcome, outcomes that end while fusebox is stopped
 // are one send in flight and one queued at most; the rest are dropped,
 // counted, and their tickets live on until their leases end.
 func TestOutcomeQueueIsBounded(t *testing.T) {
-	for _, tr := range transports {
-		t.Run(tr.String(), func(t *testing.T) {
-			s := startServer(t)
-			c := newClient(t, s, WithTransport(tr), WithOutcomeQueue(1), WithGuardDefaults(Deadline(10*testWait)))
-			const calls = 4
-			running := make(chan struct{}, calls)
-			latch := make(chan struct{})
-			returned := make(chan error, calls)
-			for range calls {
-				go func() {
-					returned <- c.Guard(context.Background(), "k", func(context.Context) error {
-						running <- struct{}{}
-						<-latch
-						return nil
-					})
-				}()
+	withEachTransport(t, []Option{WithOutcomeQueue(1), WithGuardDefaults(Deadline(10 * testWait))}, func(t *testing.T, s *server, c *Client) {
+		const calls = 4
+		running := make(chan struct{}, calls)
+		latch := make(chan struct{})
+		returned := make(chan error, calls)
+		for range calls {
+			go func() {
+				returned <- c.Guard(context.Background(), "k", func(context.Context) error {
+					running <- struct{}{}
+					<-latch
+					return nil
+				})
+			}()
+		}
+		for range calls {
+			within(t, "four calls running", running)
+		}
+		s.pause()
+		close(latch)
+		for range calls {
+			if err := within(t, "the guards returned", returned); err != nil {
+				t.Fatal(err)
 			}
-			for range calls {
-				within(t, "four calls running", running)
-			}
-			s.pause()
-			close(latch)
-			for range calls {
-				if err := within(t, "the guards returned", returned); err != nil {
-					t.Fatal(err)
-				}
-			}
-			s.resume()
-			flush(t, c)
-			st, key := c.Stats(), s.key("k")
-			dropped := st.OutcomesDropped
-			if key.GetStats().GetSuccesses()+dropped != calls || dropped < calls-2 || uint64(key.GetLiveTickets()) != dropped {
-				t.Fatalf("%d dropped, server saw %v", dropped, key)
-			}
-			if st.CompleteFailures != 0 || st.Completed != calls-dropped {
-				t.Fatalf("stats %+v", st)
-			}
-		})
-	}
+		}
+		s.resume()
+		flush(t, c)
+		st, key := c.Stats(), s.key("k")
+		dropped := st.OutcomesDropped
+		if key.GetStats().GetSuccesses()+dropped != calls || dropped < calls-2 || uint64(key.GetLiveTickets()) != dropped {
+			t.Fatalf("%d dropped, server saw %v", dropped, key)
+		}
+		if st.CompleteFailures != 0 || st.Completed != calls-dropped {
+			t.Fatalf("stats %+v", st)
+		}
+	})
 }
 
 // Flush returns once fusebox has the outcomes of the guards before it.
 func TestFlushWaitsForTheOutcomes(t *testing.T) {
-	for _, tr := range transports {
-		t.Run(tr.String(), func(t *testing.T) {
-			s := startServer(t)
-			c := newClient(t, s, WithTransport(tr))
-			if err := c.Guard(context.Background(), "k", ok); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.Guard(context.Background(), "k", fail); !errors.Is(err, errBoom) {
-				t.Fatal(err)
-			}
-			flush(t, c)
-			st := s.key("k")
-			if st.GetStats().GetSuccesses() != 1 || st.GetStats().GetFailures() != 1 || st.GetLiveTickets() != 0 {
-				t.Fatalf("server saw %v", st)
-			}
-		})
-	}
+	withEachTransport(t, nil, func(t *testing.T, s *server, c *Client) {
+		if err := c.Guard(context.Background(), "k", ok); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Guard(context.Background(), "k", fail); !errors.Is(err, errBoom) {
+			t.Fatal(err)
+		}
+		flush(t, c)
+		st := s.key("k")
+		if st.GetStats().GetSuccesses() != 1 || st.GetStats().GetFailures() != 1 || st.GetLiveTickets() != 0 {
+			t.Fatalf("server saw %v", st)
+		}
+	})
 }
 
 // Close reports every queued outcome before it closes the connection.
 func TestCloseFlushes(t *testing.T) {
-	for _, tr := range transports {
-		t.Run(tr.String(), func(t *testing.T) {
-			s := startServer(t)
-			c := newClient(t, s, WithTransport(tr))
-			const calls = 20
-			returned := make(chan error, calls)
-			for range calls {
-				go func() { returned <- c.Guard(context.Background(), "k", ok) }()
-			}
-			for range calls {
-				if err := within(t, "the guards returned", returned); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := c.Close(); err != nil {
+	withEachTransport(t, nil, func(t *testing.T, s *server, c *Client) {
+		const calls = 20
+		returned := make(chan error, calls)
+		for range calls {
+			go func() { returned <- c.Guard(context.Background(), "k", ok) }()
+		}
+		for range calls {
+			if err := within(t, "the guards returned", returned); err != nil {
 				t.Fatal(err)
 			}
-			st := s.key("k") // on the server helper's own connection
-			if st.GetStats().GetSuccesses() != calls || st.GetLiveTickets() != 0 {
-				t.Fatalf("server saw %v", st)
-			}
-			if got := c.Stats(); got.Completed != calls || got.CompleteFailures != 0 {
-				t.Fatalf("stats %+v", got)
-			}
-			// A guard that ends after Close cannot report; it is counted.
-			c.report("k", "a-ticket", Success)
-			if got := c.Stats(); got.CompleteFailures != 1 {
-				t.Fatalf("stats %+v", got)
-			}
-			if err := c.Close(); err != nil {
-				t.Fatalf("a second Close: %v", err)
-			}
-		})
-	}
+		}
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		st := s.key("k") // on the server helper's own connection
+		if st.GetStats().GetSuccesses() != calls || st.GetLiveTickets() != 0 {
+			t.Fatalf("server saw %v", st)
+		}
+		if got := c.Stats(); got.Completed != calls || got.CompleteFailures != 0 {
+			t.Fatalf("stats %+v", got)
+		}
+		// A guard that ends after Close cannot report; it is counted.
+		c.report("k", "a-ticket", Success)
+		if got := c.Stats(); got.CompleteFailures != 1 {
+			t.Fatalf("stats %+v", got)
+		}
+		if err := c.Close(); err != nil {
+			t.Fatalf("a second Close: %v", err)
+		}
+	})
 }
 
 // A send that fails is counted, and a flush does not wait past it.
 func TestFailedSendIsCounted(t *testing.T) {
-	for _, tr := range transports {
-		t.Run(tr.String(), func(t *testing.T) {
-			s := startServer(t)
-			c := newClient(t, s, WithTransport(tr))
-			err := c.Guard(context.Background(), "k", func(context.Context) error {
-				s.stop()
-				return nil
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			flush(t, c)
-			if st := c.Stats(); st.CompleteFailures != 1 || st.Completed != 0 {
-				t.Fatalf("stats %+v", st)
-			}
+	withEachTransport(t, nil, func(t *testing.T, s *server, c *Client) {
+		err := c.Guard(context.Background(), "k", func(context.Context) error {
+			s.stop()
+			return nil
 		})
-	}
+		if err != nil {
+			t.Fatal(err)
+		}
+		flush(t, c)
+		if st := c.Stats(); st.CompleteFailures != 1 || st.Completed != 0 {
+			t.Fatalf("stats %+v", st)
+		}
+	})
 }
 
 // An outcome fusebox answers with an error (an unknown ticket) is counted
 // as a failed complete, and the others of its send are reported.
 func TestOutcomeAnsweredWithAnErrorIsCounted(t *testing.T) {
-	for _, tr := range transports {
-		t.Run(tr.String(), func(t *testing.T) {
-			s := startServer(t)
-			c := newClient(t, s, WithTransport(tr))
-			resp, err := c.acquire(context.Background(), &pb.AcquireRequest{Key: "k"})
-			if err != nil || resp.GetTicket() == "" {
-				t.Fatalf("acquire: %v %v", resp, err)
-			}
-			// Stopped, fusebox answers nothing: the first outcome's send
-			// waits, and the other two go together in the next.
-			s.pause()
-			c.report("k", "unknown-1", Success)
-			c.report("k", "unknown-2", Success)
-			c.report("k", resp.GetTicket(), Success)
-			s.resume()
-			flush(t, c)
-			if st := c.Stats(); st.CompleteFailures != 2 || st.Completed != 1 {
-				t.Fatalf("stats %+v", st)
-			}
-			if st := s.key("k"); st.GetStats().GetSuccesses() != 1 || st.GetLiveTickets() != 0 {
-				t.Fatalf("server saw %v", st)
-			}
-		})
-	}
+	withEachTransport(t, nil, func(t *testing.T, s *server, c *Client) {
+		resp, err := c.acquire(context.Background(), &pb.AcquireRequest{Key: "k"})
+		if err != nil || resp.GetTicket() == "" {
+			t.Fatalf("acquire: %v %v", resp, err)
+		}
+		// Stopped, fusebox answers nothing: the first outcome's send
+		// waits, and the other two go together in the next.
+		s.pause()
+		c.report("k", "unknown-1", Success)
+		c.report("k", "unknown-2", Success)
+		c.report("k", resp.GetTicket(), Success)
+		s.resume()
+		flush(t, c)
+		if st := c.Stats(); st.CompleteFailures != 2 || st.Completed != 1 {
+			t.Fatalf("stats %+v", st)
+		}
+		if st := s.key("k"); st.GetStats().GetSuccesses() != 1 || st.GetLiveTickets() != 0 {
+			t.Fatalf("server saw %v", st)
+		}
+	})
 }
 
 func TestOutcomeQueueMustHoldOne(t *testing.T) {
@@ -240,21 +228,7 @@ func TestOutcomeQueueMustHoldOne(t *testing.T) {
 // the cancel reached fusebox) is completed IGNORED through the queue, so
 // its permit comes back at once.
 func TestStreamCompletesTheLateGrantOfAnAbandonedAcquire(t *testing.T) {
-	s := startServer(t)
-	p := concurrency(1)
-	p.Limiter.QueueLimit = 1
-	s.setPolicy("k", p)
-	c := newClient(t, s, WithTransport(TransportStream))
-	running, release := make(chan struct{}), make(chan struct{})
-	held := make(chan error, 1)
-	go func() {
-		held <- c.Guard(context.Background(), "k", func(context.Context) error {
-			close(running)
-			<-release
-			return nil
-		})
-	}()
-	within(t, "the holder runs", running)
+	s, c, release := heldPermit(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	waited := make(chan error, 1)
 	ran := atomic.Bool{}
@@ -268,8 +242,7 @@ func TestStreamCompletesTheLateGrantOfAnAbandonedAcquire(t *testing.T) {
 	// grant after its caller gave up.
 	s.pause()
 	sent := c.mux.framesSent.Load()
-	close(release)
-	if err := within(t, "the holder returned", held); err != nil {
+	if err := release(); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the holder's Complete sent", func() bool { return c.mux.framesSent.Load() == sent+1 })

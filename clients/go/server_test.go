@@ -1,7 +1,6 @@
 package fusebox
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -17,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/fusebox/fusebox/clients/go/fuseboxpb"
+	"github.com/fusebox/fusebox/clients/go/internal/fuseboxtest"
 )
 
 // server is a real fusebox started with --manual-clock on port 0.
@@ -30,46 +30,16 @@ type server struct {
 	once  sync.Once
 }
 
-// fuseboxBin is $FUSEBOX_BIN, else ../../target/debug/fusebox; without
-// either the test is skipped.
-func fuseboxBin(t *testing.T) string {
-	if b := os.Getenv("FUSEBOX_BIN"); b != "" {
-		return b
-	}
-	for _, b := range []string{"../../target/debug/fusebox"} {
-		if _, err := os.Stat(b); err == nil {
-			abs, _ := filepath.Abs(b)
-			return abs
-		}
-	}
-	t.Skip("no fusebox binary: build it with `cargo build` or set FUSEBOX_BIN")
-	return ""
-}
-
+// startServer starts fusebox ($FUSEBOX_BIN, else ../../target/debug/fusebox)
+// with args; without a binary the test is skipped.
 func startServer(t *testing.T, args ...string) *server {
 	t.Helper()
-	all := append([]string{"serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--manual-clock"}, args...)
-	cmd := exec.Command(fuseboxBin(t), all...)
-	out, err := cmd.StdoutPipe()
+	cmd, addr := fuseboxtest.Start(t, fuseboxtest.Bin(t, "../.."), args...)
+	c, err := New(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || !strings.HasPrefix(line, "listening on ") {
-		cmd.Process.Kill()
-		cmd.Wait()
-		t.Fatalf("fusebox did not start: %q %v", line, err)
-	}
-	s := &server{t: t, cmd: cmd, addr: strings.TrimSpace(strings.TrimPrefix(line, "listening on "))}
-	s.c, err = New(s.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.admin = s.c.Admin()
-	s.clock = pb.NewClockClient(s.c.Conn())
+	s := &server{t: t, cmd: cmd, addr: addr, c: c, admin: c.Admin(), clock: pb.NewClockClient(c.Conn())}
 	t.Cleanup(func() { s.c.Close(); s.stop() })
 	return s
 }

@@ -31,6 +31,33 @@ func (n *callCounter) options() Option {
 	)
 }
 
+// heldPermit starts a server on which key "k" has one permit and room for
+// one waiter, and a client of it on the stream transport (made with opts
+// too) whose guard of "k" holds the permit until release, which returns
+// the guard's error.
+func heldPermit(t *testing.T, opts ...Option) (s *server, c *Client, release func() error) {
+	t.Helper()
+	s = startServer(t)
+	p := concurrency(1)
+	p.Limiter.QueueLimit = 1
+	s.setPolicy("k", p)
+	c = newClient(t, s, append([]Option{WithTransport(TransportStream)}, opts...)...)
+	running, done := make(chan struct{}), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		held <- c.Guard(context.Background(), "k", func(context.Context) error {
+			close(running)
+			<-done
+			return nil
+		})
+	}()
+	within(t, "the holder runs", running)
+	return s, c, func() error {
+		close(done)
+		return within(t, "the holder returned", held)
+	}
+}
+
 func TestStreamTransportSendsEveryCallOnOneDecideStream(t *testing.T) {
 	s := startServer(t)
 	s.setPolicy("k", breaker(100, 10*time.Second))
@@ -82,22 +109,7 @@ func TestStreamErrorIsTheUnaryCallsError(t *testing.T) {
 }
 
 func TestStreamCancelsAWaitingAcquire(t *testing.T) {
-	s := startServer(t)
-	p := concurrency(1)
-	p.Limiter.QueueLimit = 1
-	s.setPolicy("k", p)
-	c := newClient(t, s, WithTransport(TransportStream))
-	release := make(chan struct{})
-	held := make(chan error, 1)
-	running := make(chan struct{})
-	go func() {
-		held <- c.Guard(context.Background(), "k", func(context.Context) error {
-			close(running)
-			<-release
-			return nil
-		})
-	}()
-	<-running
+	s, c, release := heldPermit(t)
 
 	// Given up by its caller.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -128,35 +140,19 @@ func TestStreamCancelsAWaitingAcquire(t *testing.T) {
 	}
 	waitFor(t, "the waiter withdrawn", func() bool { return s.key("k").GetWaiters() == 0 })
 
-	close(release)
-	if err := <-held; err != nil {
+	if err := release(); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func TestStreamEndFailsCallsInFlightUnavailableThenReopens(t *testing.T) {
-	s := startServer(t)
-	p := concurrency(1)
-	p.Limiter.QueueLimit = 1
-	s.setPolicy("k", p)
 	var n callCounter
 	// The outage backoff reads this clock: the test moves it past the
 	// window instead of waiting for it.
 	var elapsed atomic.Int64
 	start := time.Unix(1_000_000, 0)
 	clock := func() time.Time { return start.Add(time.Duration(elapsed.Load())) }
-	c := newClient(t, s, WithTransport(TransportStream), n.options(), WithClock(clock))
-	release := make(chan struct{})
-	running := make(chan struct{})
-	held := make(chan error, 1)
-	go func() {
-		held <- c.Guard(context.Background(), "k", func(context.Context) error {
-			close(running)
-			<-release
-			return nil
-		})
-	}()
-	<-running
+	s, c, release := heldPermit(t, n.options(), WithClock(clock))
 	waited := make(chan *UnavailableError, 1)
 	go func() {
 		err := c.Guard(context.Background(), "k", ok, MaxWait(time.Minute), OnUnavailable(FailClosed))
@@ -172,8 +168,7 @@ func TestStreamEndFailsCallsInFlightUnavailableThenReopens(t *testing.T) {
 	if un == nil || status.Code(un.Err) != codes.Unavailable {
 		t.Fatalf("want UNAVAILABLE failing closed, got %v", un)
 	}
-	close(release)
-	if err := <-held; err != nil { // its Complete opens the next stream
+	if err := release(); err != nil { // its Complete opens the next stream
 		t.Fatal(err)
 	}
 	flush(t, c)

@@ -368,26 +368,22 @@ export class FuseboxClient {
 
   /** The operator API (generated Admin stub) on the client's channel. */
   admin(): AdminStub {
-    if (this.adminStub === undefined) {
-      const { Admin } = proto().fusebox.v1;
-      this.adminStub = new Admin(this.target, this.credentials, {
-        channelOverride: this.stub.getChannel(),
-        interceptors: this.interceptors,
-      });
-    }
+    this.adminStub ??= this.onChannel(proto().fusebox.v1.Admin);
     return this.adminStub;
   }
 
   /** The manual-clock testing hook (generated Clock stub) on the client's channel. */
   clock(): ClockStub {
-    if (this.clockStub === undefined) {
-      const { Clock } = proto().fusebox.v1;
-      this.clockStub = new Clock(this.target, this.credentials, {
-        channelOverride: this.stub.getChannel(),
-        interceptors: this.interceptors,
-      });
-    }
+    this.clockStub ??= this.onChannel(proto().fusebox.v1.Clock);
     return this.clockStub;
+  }
+
+  /** A stub of another fusebox service, on the client's channel and with its interceptors. */
+  private onChannel<S>(Service: new (target: string, credentials: grpc.ChannelCredentials, options: grpc.ClientOptions) => S): S {
+    return new Service(this.target, this.credentials, {
+      channelOverride: this.stub.getChannel(),
+      interceptors: this.interceptors,
+    });
   }
 
   /** A snapshot of the client's counters. */

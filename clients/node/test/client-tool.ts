@@ -11,8 +11,10 @@
 // line.
 import { createInterface } from 'node:readline';
 
-import { BlockedError, DeniedError, FuseboxClient, RefusedError, UnavailableError } from '@fusebox/client';
+import { FuseboxClient, UnavailableError } from '@fusebox/client';
 import type { AcquireResponse, KeyState } from '@fusebox/client';
+
+import { refusalFields } from './refusal';
 
 const LANG = 'node';
 const DEADLINE_MS = 2000;
@@ -103,29 +105,13 @@ async function worker(client: FuseboxClient): Promise<void> {
         (err: unknown) => err,
       )
       .then((err) => {
-        let refusal: string | null = null;
-        let reason: string | null = null;
-        let retry: number | null = null;
-        if (err instanceof BlockedError) {
-          [refusal, reason, retry] = ['blocked', err.reason, err.retryAfterMs];
-        } else if (err instanceof DeniedError) {
-          [refusal, reason, retry] = ['denied', err.reason, err.retryAfterMs];
-        } else if (err instanceof RefusedError) {
-          refusal = 'refused';
-        } else if (err instanceof UnavailableError) {
-          refusal = 'unavailable';
-          unavailable = true;
-        }
         emit({
           event: 'done',
           id,
           ran,
-          refusal,
-          reason,
-          retry_after_ms: retry,
-          local: err instanceof BlockedError && err.local,
+          ...refusalFields(err),
           error: err instanceof CallError,
-          unavailable,
+          unavailable: unavailable || err instanceof UnavailableError,
         });
       });
     running.push(done);

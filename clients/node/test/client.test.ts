@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import * as net from 'node:net';
 import type { Socket } from 'node:net';
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 
 import {
   BlockedError,
@@ -20,36 +20,15 @@ import {
 } from '@fusebox/client';
 import type { ClientOptions, GuardContext, Logger } from '@fusebox/client';
 
-import { Server, breaker, concurrency, waitFor } from './server';
+import { Server, SharedServer, breaker, concurrency, waitFor } from './server';
 
 const boom = new Error('boom');
 const quiet: Logger = { warn() {} };
 
-let server: Server;
-let seq = 0;
-const clients: FuseboxClient[] = [];
-
-before(async () => {
-  server = await Server.start();
-});
-
-after(async () => {
-  await Promise.all(clients.map((c) => c.close()));
-  await server.close();
-});
-
-/** A key no other test uses. */
-function freshKey(): string {
-  seq += 1;
-  return `node-test/${seq}`;
-}
-
-/** A client of the shared server, with a deadline a debug build meets. */
-function client(opts: ClientOptions = {}, addr = server.addr): FuseboxClient {
-  const c = new FuseboxClient(addr, { deadlineMs: 2000, logger: quiet, ...opts });
-  clients.push(c);
-  return c;
-}
+// One server for the file's tests; their clients' deadline is one a debug build meets.
+const shared = new SharedServer('node-test', { deadlineMs: 2000, logger: quiet });
+const freshKey = (): string => shared.freshKey();
+const client = (opts?: ClientOptions, addr?: string): FuseboxClient => shared.client(opts, addr);
 
 async function rejection(p: Promise<unknown>): Promise<unknown> {
   try {
@@ -62,7 +41,7 @@ async function rejection(p: Promise<unknown>): Promise<unknown> {
 
 void test('success and failure are reported; the call gets its value or its own error back', async () => {
   const key = freshKey();
-  await server.setPolicy(key, breaker(5, 10_000));
+  await shared.server.setPolicy(key, breaker(5, 10_000));
   const c = client();
   let ctx: GuardContext | undefined;
   assert.equal(
@@ -85,7 +64,7 @@ void test('success and failure are reported; the call gets its value or its own 
     'a synchronous throw is the call failing',
   );
   assert.equal(await c.flush(), true);
-  const st = (await server.key(key)).stats;
+  const st = (await shared.server.key(key)).stats;
   assert.equal(st?.successes, '1');
   assert.equal(st?.failures, '2');
   assert.equal(c.stats().completed, 3);
@@ -93,7 +72,7 @@ void test('success and failure are reported; the call gets its value or its own 
 
 void test('the breaker trips, then the key is short-circuited locally, then one probe closes it', async () => {
   const key = freshKey();
-  await server.setPolicy(key, breaker(2, 10_000));
+  await shared.server.setPolicy(key, breaker(2, 10_000));
   let now = 0;
   const c = client({ clock: () => now });
   for (let i = 0; i < 2; i++) {
@@ -116,9 +95,9 @@ void test('the breaker trips, then the key is short-circuited locally, then one 
   );
   assert.ok(second instanceof BlockedError && second.local && !ran);
   assert.equal(second.retryAfterMs, 10_000);
-  assert.equal((await server.key(key)).stats?.blocked, '1', 'the local answer did not reach the server');
+  assert.equal((await shared.server.key(key)).stats?.blocked, '1', 'the local answer did not reach the server');
 
-  await server.advance(10_000);
+  await shared.server.advance(10_000);
   now += 10_000;
   let admission = '';
   await c.guard(key, (ctx) => {
@@ -127,14 +106,14 @@ void test('the breaker trips, then the key is short-circuited locally, then one 
   });
   assert.equal(admission, 'probe');
   await c.flush();
-  assert.equal((await server.key(key)).phase, 'PHASE_CLOSED');
+  assert.equal((await shared.server.key(key)).phase, 'PHASE_CLOSED');
   const st = c.stats();
   assert.deepEqual([st.blockedLocal, st.blocked, st.probes], [1, 1, 1]);
 });
 
 void test('forget drops a local short-circuit entry', async () => {
   const key = freshKey();
-  await server.setPolicy(key, breaker(1, 60_000));
+  await shared.server.setPolicy(key, breaker(1, 60_000));
   const c = client();
   await rejection(c.guard(key, () => Promise.reject(boom)));
   await c.flush();
@@ -146,7 +125,7 @@ void test('forget drops a local short-circuit entry', async () => {
 
 void test('an isolated key is refused without running the call', async () => {
   const key = freshKey();
-  await server.isolate(key, 'test');
+  await shared.server.isolate(key, 'test');
   const c = client();
   let ran = false;
   const err = await rejection(
@@ -162,7 +141,7 @@ void test('an isolated key is refused without running the call', async () => {
 
 void test('a call finding every permit held is denied (no_permits)', async () => {
   const key = freshKey();
-  await server.setPolicy(key, concurrency(1));
+  await shared.server.setPolicy(key, concurrency(1));
   const c = client();
   let inner: unknown;
   await c.guard(key, async () => {
@@ -175,7 +154,7 @@ void test('a call finding every permit held is denied (no_permits)', async () =>
 
 void test("a call cancelled by its caller's signal is ignored, and the guard rejects with the abort reason", async () => {
   const key = freshKey();
-  await server.setPolicy(key, breaker(1, 10_000));
+  await shared.server.setPolicy(key, breaker(1, 10_000));
   const c = client();
   const ac = new AbortController();
   const err = await rejection(
@@ -191,18 +170,18 @@ void test("a call cancelled by its caller's signal is ignored, and the guard rej
   );
   assert.equal(err, ac.signal.reason);
   await c.flush();
-  const st = await server.key(key);
+  const st = await shared.server.key(key);
   assert.equal(st.stats?.ignored, '1');
   assert.equal(st.phase, 'PHASE_CLOSED');
 
   const before = await rejection(c.guard(key, () => Promise.resolve(), { signal: AbortSignal.abort() }));
   assert.ok(before instanceof Error && before.name === 'AbortError', 'aborted before asking: not asked');
-  assert.equal((await server.key(key)).stats?.granted, '1');
+  assert.equal((await shared.server.key(key)).stats?.granted, '1');
 });
 
 void test('aborting a guard that waits in the queue withdraws the request; the call never runs', async () => {
   const key = freshKey();
-  await server.setPolicy(key, { limiter: { concurrency: { permits: 1 }, queueLimit: 1 } });
+  await shared.server.setPolicy(key, { limiter: { concurrency: { permits: 1 }, queueLimit: 1 } });
   const c = client();
   const ac = new AbortController();
   let ran = false;
@@ -217,11 +196,11 @@ void test('aborting a guard that waits in the queue withdraws the request; the c
         { maxWaitMs: 60_000, signal: ac.signal },
       ),
     );
-    await waitFor('the request waits', async () => (await server.key(key)).waiters === 1);
+    await waitFor('the request waits', async () => (await shared.server.key(key)).waiters === 1);
     ac.abort();
     assert.equal(await waiting, ac.signal.reason);
     // While the permit is still held, so that the waiter cannot be served first.
-    await waitFor('the waiter withdrawn', async () => (await server.key(key)).stats?.withdrawn === '1');
+    await waitFor('the waiter withdrawn', async () => (await shared.server.key(key)).stats?.withdrawn === '1');
   });
   assert.equal(ran, false);
   assert.equal(c.stats().unavailable, 0, 'the caller aborting is not an outage');
@@ -229,13 +208,13 @@ void test('aborting a guard that waits in the queue withdraws the request; the c
 
 void test('the default classifier ignores an AbortError; a replaced classifier decides', async () => {
   const key = freshKey();
-  await server.setPolicy(key, breaker(1, 10_000));
+  await shared.server.setPolicy(key, breaker(1, 10_000));
   const c = client();
   const abortErr = new DOMException('gone', 'AbortError');
   assert.equal(await rejection(c.guard(key, () => Promise.reject(abortErr))), abortErr);
   assert.equal(await rejection(c.guard(key, () => Promise.reject(boom), { classifier: () => 'ignored' })), boom);
   await c.flush();
-  const st = await server.key(key);
+  const st = await shared.server.key(key);
   assert.equal(st.stats?.ignored, '2');
   assert.equal(st.phase, 'PHASE_CLOSED');
 
@@ -246,7 +225,7 @@ void test('the default classifier ignores an AbortError; a replaced classifier d
   });
   await rejection(throwing.guard(key, () => Promise.reject(boom)));
   await throwing.flush();
-  assert.equal((await server.key(key)).stats?.failures, '1', 'a failing classifier reports a failure');
+  assert.equal((await shared.server.key(key)).stats?.failures, '1', 'a failing classifier reports a failure');
 });
 
 void test('the lease is renewed in the background at half its length, and renewal stops with the call', async () => {
@@ -264,7 +243,7 @@ void test('the lease is renewed in the background at half its length, and renewa
   assert.ok(st.renewals >= 2);
   assert.equal(st.renewErrors, 0);
   assert.equal(st.completed, 1);
-  const ks = await server.key(key);
+  const ks = await shared.server.key(key);
   assert.equal(ks.stats?.successes, '1');
   assert.equal(ks.liveTickets, 0);
   const settled = c.stats().renewals;
@@ -279,7 +258,7 @@ void test('a renewal answered NOT_FOUND (the lease ended) stops renewing; the la
     key,
     async () => {
       await waitFor('a first renewal', () => c.stats().renewals >= 1);
-      await server.advance(1000); // past the 100 ms lease on the server's clock
+      await shared.server.advance(1000); // past the 100 ms lease on the server's clock
       await waitFor('a renewal refused', () => c.stats().renewErrors >= 1);
       const settled = c.stats();
       await new Promise((r) => setTimeout(r, 150)); // three renewal periods: none may happen
@@ -291,7 +270,7 @@ void test('a renewal answered NOT_FOUND (the lease ended) stops renewing; the la
   const st = c.stats();
   assert.equal(st.renewErrors, 1);
   assert.deepEqual([st.completed, st.completeFailures, st.completeErrs], [0, 1, 1]);
-  assert.equal((await server.key(key)).stats?.expired, '1');
+  assert.equal((await shared.server.key(key)).stats?.expired, '1');
 });
 
 void test('with fusebox down a guard fails open (the call knows) or closed, and both are counted and logged once', async () => {
@@ -351,8 +330,7 @@ void test('the 50 ms default deadline: a fusebox that does not answer costs one 
   await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r));
   const addr = silent.address();
   assert.ok(addr !== null && typeof addr === 'object');
-  const c = new FuseboxClient(`127.0.0.1:${addr.port}`, { logger: quiet });
-  clients.push(c);
+  const c = shared.closeAfter(new FuseboxClient(`127.0.0.1:${addr.port}`, { logger: quiet }));
   const t0 = performance.now();
   let admission = '';
   await c.guard('k', (ctx) => {
@@ -406,16 +384,16 @@ void test('wrap guards a function each time it is called, with a fixed key or on
   );
   assert.equal(await byUser('ann'), 'ANN');
   await c.flush();
-  assert.equal((await server.key(key)).stats?.successes, '2');
-  assert.equal((await server.key(`${key}/ann`)).stats?.successes, '1');
+  assert.equal((await shared.server.key(key)).stats?.successes, '2');
+  assert.equal((await shared.server.key(`${key}/ann`)).stats?.successes, '1');
 });
 
 void test('shared is one client (and channel) per target until closed', async () => {
-  const a = FuseboxClient.shared(server.addr, { logger: quiet });
-  const b = FuseboxClient.shared(server.addr, { token: 'ignored' });
+  const a = FuseboxClient.shared(shared.server.addr, { logger: quiet });
+  const b = FuseboxClient.shared(shared.server.addr, { token: 'ignored' });
   assert.equal(a, b);
   const closing = a.close(); // forgotten at once, closed once flushed
-  const c = FuseboxClient.shared(server.addr, { logger: quiet });
+  const c = FuseboxClient.shared(shared.server.addr, { logger: quiet });
   assert.notEqual(c, a);
   assert.equal(a.close(), closing, 'closing again is the same close');
   await closing;

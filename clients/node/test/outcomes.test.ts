@@ -4,47 +4,49 @@
 // reported is counted. Against a real fusebox (port 0), stopped with SIGSTOP
 // where a test needs a server that answers nothing.
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 
 import { FuseboxClient } from '@fusebox/client';
 import type { ClientOptions, Logger } from '@fusebox/client';
 
-import { Server, waitFor, within } from './server';
+import { Server, SharedServer, waitFor, within } from './server';
 
 const quiet: Logger = { warn() {} };
 const TRANSPORTS = ['unary', 'stream'] as const;
 
-let server: Server;
-let seq = 0;
-const clients: FuseboxClient[] = [];
-
-before(async () => {
-  server = await Server.start();
-});
-
-after(async () => {
-  server.resume(); // in case a test failed while the server was stopped
-  await Promise.all(clients.map((c) => c.close()));
-  await server.close();
-});
-
-function freshKey(): string {
-  seq += 1;
-  return `node-outcomes/${seq}`;
-}
-
-/** A client with a deadline that outlasts a stop of the server. */
-function client(opts: ClientOptions = {}, addr = server.addr): FuseboxClient {
-  const c = new FuseboxClient(addr, { deadlineMs: 10_000, logger: quiet, ...opts });
-  clients.push(c);
-  return c;
-}
+// One server for the file's tests; their clients' deadline outlasts a stop of the server.
+const shared = new SharedServer('node-outcomes', { deadlineMs: 10_000, logger: quiet });
+const freshKey = (): string => shared.freshKey();
+const client = (opts?: ClientOptions, addr?: string): FuseboxClient => shared.client(opts, addr);
 
 /** A promise and the function that resolves it. */
 function latch(): { open: () => void; opened: Promise<void> } {
   let open!: () => void;
   const opened = new Promise<void>((resolve) => (open = resolve));
   return { open, opened };
+}
+
+/**
+ * Starts `calls` guards of key on c whose calls wait for `release.open()`,
+ * and returns once every call runs (`what` names that wait).
+ */
+async function heldCalls(
+  c: FuseboxClient,
+  key: string,
+  calls: number,
+  what: string,
+  timeoutMs?: number,
+): Promise<{ guards: Promise<void>[]; release: ReturnType<typeof latch> }> {
+  const release = latch();
+  let started = 0;
+  const guards = Array.from({ length: calls }, () =>
+    c.guard(key, async () => {
+      started++;
+      await release.opened;
+    }),
+  );
+  await waitFor(what, () => started === calls, timeoutMs);
+  return { guards, release };
 }
 
 for (const transport of TRANSPORTS) {
@@ -60,17 +62,17 @@ for (const transport of TRANSPORTS) {
       return 'value';
     });
     await within('the call is granted', granted.opened);
-    await server.pause();
+    await shared.server.pause();
     try {
       release.open();
       assert.equal(await within('the guard returns with fusebox stopped', guarded), 'value');
       const st = c.stats();
       assert.deepEqual([st.completed, st.completeFailures], [0, 0], 'the guard did not wait for its outcome to be answered');
     } finally {
-      server.resume();
+      shared.server.resume();
     }
     assert.equal(await c.flush(), true);
-    const ks = await server.key(key);
+    const ks = await shared.server.key(key);
     assert.equal(ks.stats?.successes, '1');
     assert.equal(ks.liveTickets, 0);
     assert.equal(c.stats().completed, 1);
@@ -83,7 +85,7 @@ for (const transport of TRANSPORTS) {
     await c.guard(key, () => Promise.reject(new Error('boom'))).catch(() => undefined);
     assert.equal(await c.flush(), true);
     assert.equal(c.stats().completed, 2, 'both answered when flush returns');
-    const ks = await server.key(key); // once, no polling
+    const ks = await shared.server.key(key); // once, no polling
     assert.deepEqual([ks.stats?.successes, ks.stats?.failures, ks.liveTickets], ['1', '1', 0]);
     assert.equal(await c.flush(), true, 'nothing queued: at once');
   });
@@ -92,31 +94,23 @@ for (const transport of TRANSPORTS) {
     const key = freshKey();
     const c = client({ transport });
     const calls = 1200;
-    const release = latch();
-    let started = 0;
-    const guards = Array.from({ length: calls }, () =>
-      c.guard(key, async () => {
-        started++;
-        await release.opened;
-      }),
-    );
-    await waitFor('all calls run', () => started === calls, 30_000);
+    const { guards, release } = await heldCalls(c, key, calls, 'all calls run', 30_000);
     release.open(); // every outcome is queued in this turn: one send cannot take them all
     await Promise.all(guards);
     assert.equal(await c.flush(30_000), true);
     const st = c.stats();
     assert.deepEqual([st.completed, st.completeFailures, st.outcomesDropped], [calls, 0, 0]);
-    const ks = await server.key(key);
+    const ks = await shared.server.key(key);
     assert.deepEqual([ks.stats?.successes, ks.liveTickets], [String(calls), 0]);
   });
 
   void test(`${transport}: close flushes the outcome queue, then closes`, async () => {
     const key = freshKey();
-    const c = new FuseboxClient(server.addr, { deadlineMs: 10_000, logger: quiet, transport });
+    const c = new FuseboxClient(shared.server.addr, { deadlineMs: 10_000, logger: quiet, transport });
     const n = 5;
     await Promise.all(Array.from({ length: n }, (_, i) => c.guard(key, () => i)));
     await c.close();
-    const ks = await server.key(key); // the admin client's own channel
+    const ks = await shared.server.key(key); // the admin client's own channel
     assert.deepEqual([ks.stats?.successes, ks.liveTickets], [String(n), 0]);
     const late = await c.guard(key, () => 'ran', { onUnavailable: 'open' }).catch((e: unknown) => e);
     assert.equal(late, 'ran', 'a closed client fails open as for any outage');
@@ -157,26 +151,17 @@ for (const transport of TRANSPORTS) {
       const where = `${calls} calls, outcomeQueue ${queue}`;
       const key = freshKey();
       const c = client({ transport, outcomeQueue: queue });
-      const release = latch();
-      let started = 0;
-      const guards = Array.from({ length: calls }, () =>
-        c.guard(key, async () => {
-          started++;
-          await release.opened;
-          return 1;
-        }),
-      );
-      await waitFor(`${where}: all calls run`, () => started === calls);
-      await server.pause();
+      const { guards, release } = await heldCalls(c, key, calls, `${where}: all calls run`);
+      await shared.server.pause();
       try {
         release.open();
         await within(`${where}: the guards return`, Promise.all(guards));
       } finally {
-        server.resume();
+        shared.server.resume();
       }
       assert.equal(await c.flush(), true, where);
       const st = c.stats();
-      const ks = await server.key(key);
+      const ks = await shared.server.key(key);
       const reached = Number(ks.stats?.successes);
       assert.equal(reached + st.outcomesDropped, calls, `${where}: every outcome reached fusebox or was dropped`);
       assert.ok(st.outcomesDropped >= calls - queue - 1, `${where}: at most one send in flight and a full queue (dropped ${st.outcomesDropped})`);
@@ -191,7 +176,7 @@ void test('stream: an Acquire given up but granted after all reports its ticket 
   const c = client({ transport: 'stream', deadlineMs: 200 });
   await c.guard(key, () => 1); // the stream is open and the key known
   assert.equal(await c.flush(), true);
-  await server.pause();
+  await shared.server.pause();
   let admission = '';
   try {
     // The Acquire reaches fusebox only after its deadline: the guard fails
@@ -200,12 +185,12 @@ void test('stream: an Acquire given up but granted after all reports its ticket 
       admission = ctx.admission;
     });
   } finally {
-    server.resume();
+    shared.server.resume();
   }
   assert.equal(admission, 'failed_open');
   let last = '';
   await waitFor('the abandoned ticket reported', async () => {
-    const ks = await server.key(key);
+    const ks = await shared.server.key(key);
     last = JSON.stringify({ ignored: ks.stats?.ignored, live: ks.liveTickets, granted: ks.stats?.granted });
     return ks.stats?.ignored === '1' && ks.liveTickets === 0;
   }).catch((err: unknown) => assert.fail(`${String(err)}: ${last}`));
@@ -213,7 +198,7 @@ void test('stream: an Acquire given up but granted after all reports its ticket 
 
 void test("the outcomeQueue option and flush's timeout are checked", async () => {
   for (const bad of [0, -1, 1.5, Number.NaN]) {
-    assert.throws(() => new FuseboxClient(server.addr, { outcomeQueue: bad }), /outcomeQueue/);
+    assert.throws(() => new FuseboxClient(shared.server.addr, { outcomeQueue: bad }), /outcomeQueue/);
   }
   const c = client();
   for (const bad of [-1, Number.NaN]) {

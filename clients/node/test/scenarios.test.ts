@@ -7,9 +7,10 @@ import { readFileSync, readdirSync } from 'node:fs';
 import * as path from 'node:path';
 import { test } from 'node:test';
 
-import { BlockedError, DeniedError, FuseboxClient, RefusedError, UnavailableError } from '@fusebox/client';
+import { FuseboxClient, UnavailableError } from '@fusebox/client';
 import type { GuardOptions, KeyState } from '@fusebox/client';
 
+import { refusalFields } from './refusal';
 import { REPO_ROOT, Server, waitFor, within } from './server';
 
 type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
@@ -203,24 +204,9 @@ function checkExpect(where: string, r: Result, exp: Obj | undefined): void {
   }
   checkFields(exp, EXPECT_FIELDS, `${where}: expect`);
   const e = r.err;
-  let refusal: string | null = null;
-  let reason: string | null = null;
-  let retry: number | null = null;
-  if (e instanceof BlockedError) {
-    [refusal, reason, retry] = ['blocked', e.reason, e.retryAfterMs];
-  } else if (e instanceof DeniedError) {
-    [refusal, reason, retry] = ['denied', e.reason, e.retryAfterMs];
-  } else if (e instanceof RefusedError) {
-    refusal = 'refused';
-  } else if (e instanceof UnavailableError) {
-    refusal = 'unavailable';
-  }
   const got: Record<string, Json> = {
     ran: r.ran,
-    refusal,
-    reason,
-    retry_after_ms: retry,
-    local: e instanceof BlockedError && e.local,
+    ...refusalFields(e),
     error: r.failed && e === boom,
     cancelled: r.failed && e instanceof Error && e.name === 'AbortError',
     unavailable: r.unavailable,

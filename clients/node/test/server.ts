@@ -6,9 +6,10 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'no
 import { tmpdir } from 'node:os';
 import * as path from 'node:path';
 import { createInterface } from 'node:readline';
+import { after, before } from 'node:test';
 
 import { FuseboxClient, duration } from '@fusebox/client';
-import type { AdminStub, ClockStub, KeyState, Policy } from '@fusebox/client';
+import type { AdminStub, ClientOptions, ClockStub, KeyState, Policy } from '@fusebox/client';
 
 /** The repository's root (this file runs as clients/node/dist-test/test/server.js). */
 export const REPO_ROOT = path.resolve(__dirname, '..', '..', '..', '..');
@@ -184,6 +185,57 @@ export class Server {
     return new Promise((resolve, reject) => {
       this.admin.SetPolicy({ rule: { match, policy } }, { deadline: Date.now() + 5000 }, (err) => (err ? reject(err) : resolve()));
     });
+  }
+}
+
+/**
+ * The server a test file's tests share, started before them, and the
+ * clients they make: after the tests the clients are closed, then the server
+ * (let go on first, in case a test failed while it was stopped).
+ */
+export class SharedServer {
+  private started?: Server;
+  private seq = 0;
+  private readonly clients: FuseboxClient[] = [];
+
+  /** keyPrefix starts the file's keys; defaults are its clients' options. */
+  constructor(
+    private readonly keyPrefix: string,
+    private readonly defaults: ClientOptions,
+  ) {
+    before(async () => {
+      this.started = await Server.start();
+    });
+    after(async () => {
+      this.started?.resume();
+      await Promise.all(this.clients.map((c) => c.close()));
+      await this.started?.close();
+    });
+  }
+
+  /** The server (from the file's first test on). */
+  get server(): Server {
+    if (this.started === undefined) {
+      throw new Error('the shared server starts before the tests');
+    }
+    return this.started;
+  }
+
+  /** A key no other test of the file uses. */
+  freshKey(): string {
+    this.seq += 1;
+    return `${this.keyPrefix}/${this.seq}`;
+  }
+
+  /** A client of the server (or of addr) with the file's defaults and opts. */
+  client(opts: ClientOptions = {}, addr = this.server.addr): FuseboxClient {
+    return this.closeAfter(new FuseboxClient(addr, { ...this.defaults, ...opts }));
+  }
+
+  /** Closes c after the file's tests; returns it. */
+  closeAfter(c: FuseboxClient): FuseboxClient {
+    this.clients.push(c);
+    return c;
   }
 }
 

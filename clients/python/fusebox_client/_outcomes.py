@@ -20,7 +20,7 @@ import asyncio
 import collections
 import threading
 import time
-from typing import Awaitable, Callable, Deque, List, Optional, Tuple
+from typing import Awaitable, Callable, Deque, Generic, List, Optional, Tuple, TypeVar
 
 import grpc
 
@@ -36,6 +36,8 @@ IDLE = 30.0  # seconds with nothing to send before the sender ends (it restarts 
 Item = Tuple[str, pb.Outcome]
 # A send's per-item answers: None when reported, else what went wrong.
 ItemErrors = List[Optional[str]]
+# What a send returns: the sync sender's answers, or the asyncio sender's awaitable of them.
+Sent = TypeVar("Sent")
 
 
 def check_outcome_queue(n: object) -> int:
@@ -81,18 +83,20 @@ def _resolve(future: asyncio.Future, value: object) -> None:
         future.set_result(value)
 
 
-class _Book:
-    """The bookkeeping both senders share: the queue, its bound, what was
-    queued and answered (for flush), the counters and the logs."""
+class _Book(Generic[Sent]):
+    """The bookkeeping both senders share: the send, the queue, its bound,
+    what was queued and answered (for flush), the counters and the logs."""
 
     def __init__(
         self,
+        send: Callable[[List[Item], float], Sent],
         capacity: int,
         deadline: float,
         counters: c.Counters,
         log_interval: float,
         clock: Callable[[], float],
     ):
+        self._send = send
         self.capacity = check_outcome_queue(capacity)
         self.timeout = max(deadline, MIN_SEND_DEADLINE)
         self.counters = counters
@@ -102,6 +106,10 @@ class _Book:
         self._queued = 0  # outcomes ever queued
         self._answered = 0  # of those, sent and answered (or failed)
         self._closed = False
+        self._init_sender()
+
+    def _init_sender(self) -> None:
+        """Makes the state of the sync or the asyncio sender."""
 
     def _take(self) -> List[Item]:
         items = self._items
@@ -143,7 +151,7 @@ class _Book:
             )
 
 
-class OutcomeQueue(_Book):
+class OutcomeQueue(_Book[ItemErrors]):
     """The sync client's outcome queue; its sender is a thread of its own
     (started with the first outcome, ended after IDLE seconds with nothing to
     send, and started again on demand). grpcio's `future()` would start the
@@ -151,17 +159,7 @@ class OutcomeQueue(_Book):
     channel is in flight, on the caller's path; a thread waiting on a
     condition costs the caller one notify."""
 
-    def __init__(
-        self,
-        send: Callable[[List[Item], float], ItemErrors],
-        capacity: int,
-        deadline: float,
-        counters: c.Counters,
-        log_interval: float,
-        clock: Callable[[], float],
-    ):
-        super().__init__(capacity, deadline, counters, log_interval, clock)
-        self._send = send
+    def _init_sender(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # the sender waits for outcomes
         self._flushed = threading.Condition(self._lock)  # flush waits for answers
@@ -251,22 +249,12 @@ class OutcomeQueue(_Book):
         return flushed
 
 
-class AsyncOutcomeQueue(_Book):
+class AsyncOutcomeQueue(_Book[Awaitable[ItemErrors]]):
     """The asyncio client's outcome queue; its sender is one task per client
     (started with the first outcome in the running loop, ended after IDLE
     seconds with nothing to send, and started again on demand)."""
 
-    def __init__(
-        self,
-        send: Callable[[List[Item], float], Awaitable[ItemErrors]],
-        capacity: int,
-        deadline: float,
-        counters: c.Counters,
-        log_interval: float,
-        clock: Callable[[], float],
-    ):
-        super().__init__(capacity, deadline, counters, log_interval, clock)
-        self._send = send
+    def _init_sender(self) -> None:
         self._task: Optional[asyncio.Task] = None
         self._wakeup: Optional[asyncio.Future] = None
         self._flushers: List[Tuple[int, asyncio.Future]] = []

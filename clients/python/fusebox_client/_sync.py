@@ -8,7 +8,7 @@ import inspect
 import itertools
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Generic, List, Optional, Tuple, Type, TypeVar
 
 import grpc
 
@@ -20,6 +20,8 @@ from ._gen import fusebox_pb2_grpc as pbg
 _channels: Dict[Tuple[str, Optional[c.TLS]], grpc.Channel] = {}
 _channels_lock = threading.Lock()
 G = TypeVar("G", bound="Guard")
+GuardT = TypeVar("GuardT", bound="Guard")
+ChannelT = TypeVar("ChannelT")
 _OUTCOMES = {
     c.Outcome.SUCCESS: pb.OUTCOME_SUCCESS,
     c.Outcome.FAILURE: pb.OUTCOME_FAILURE,
@@ -45,155 +47,6 @@ def shared_channel(target: str, tls: Optional[c.TLS] = None) -> grpc.Channel:
             ch.subscribe(_ignore_state, try_to_connect=True)
             _channels[(target, tls)] = ch
         return ch
-
-
-class FuseboxClient:
-    """Guards calls with fusebox.
-
-    deadline: seconds allowed for each call to fusebox (default 50 ms).
-    fail_open: when fusebox is slow or down, run the call without a ticket
-      (True, the default) or raise `Unavailable` (False).
-    classifier: maps an exception raised by a guarded call to an Outcome.
-    cache_size: keys remembered OPEN for the local short-circuit (0 disables).
-    log_interval: each kind of trouble (fusebox unavailable, a failed renewal or
-      Complete) is logged at most once per this many seconds.
-    clock: the monotonic clock used by the short-circuit cache and logging.
-    transport: how Acquire, Complete and Renew reach fusebox: "unary" (the
-      default), one call each, or "stream", frames of one Decide stream per
-      client (the frames ready together in one message), opened on first use
-      and again after it ends.
-    outcome_queue: outcomes waiting to be reported at most (default 10,000).
-      A guard queues its call's outcome and returns; a sender reports them in
-      the background, one send in flight at a time. With the queue full an
-      outcome is dropped and counted (`stats.outcomes_dropped`); its ticket's
-      lease then ends on the server.
-
-    `flush()` waits until the outcomes queued so far are answered; `close()`
-    (or leaving `with client:`) flushes, then ends the Decide stream.
-    """
-
-    def __init__(
-        self,
-        target: str,
-        *,
-        token: Optional[str] = None,
-        tls: Optional[c.TLS] = None,
-        deadline: float = c.DEFAULT_DEADLINE,
-        fail_open: bool = True,
-        classifier: c.Classifier = c.default_classifier,
-        cache_size: int = 1024,
-        log_interval: float = 10.0,
-        clock: Callable[[], float] = time.monotonic,
-        channel: Optional[grpc.Channel] = None,
-        transport: str = "unary",
-        outcome_queue: int = _outcomes.DEFAULT_QUEUE,
-    ):
-        self.target = target
-        self.transport = _stream.check_transport(transport)
-        _outcomes.check_outcome_queue(outcome_queue)
-        self.channel = channel if channel is not None else shared_channel(target, tls)
-        self.stub = pbg.FuseboxStub(self.channel)
-        self.metadata = c.metadata(token)
-        self.deadline = deadline
-        self.fail_open = fail_open
-        self.classifier = classifier
-        self.cache = c.OpenCache(cache_size, clock)
-        self.counters = c.Counters()
-        # One rate-limited log per kind of trouble, so that one does not hide another.
-        self.outage_log = c.RateLimitedLog(log_interval, clock)
-        self.renew_log = c.RateLimitedLog(log_interval, clock)
-        self.backoff = c.OutageBackoff()
-        self.renewals = _Renewals()
-        self.outcomes = _outcomes.OutcomeQueue(
-            self._send_outcomes, outcome_queue, deadline, self.counters, log_interval, clock
-        )
-        self.mux = (
-            _stream.Mux(self.stub, self.metadata, self._abandoned)
-            if transport == "stream"
-            else None
-        )
-
-    @property
-    def stats(self) -> c.Counters:
-        """The client's counters, read by name (`stats.outcomes_dropped`)."""
-        return self.counters
-
-    def _acquire(self, req: pb.AcquireRequest, timeout: float) -> pb.AcquireResponse:
-        if self.mux is None:
-            return self.stub.Acquire(req, timeout=timeout, metadata=self.metadata)
-        return self.mux.call("acquire", req, timeout)
-
-    def _send_outcomes(self, batch: List[_outcomes.Item], timeout: float) -> _outcomes.ItemErrors:
-        """One send of the outcome queue (on its sender thread)."""
-        requests = _outcomes.requests(batch)
-        if self.mux is None:
-            resp = self.stub.CompleteBatch(
-                pb.CompleteBatchRequest(items=requests), timeout=timeout, metadata=self.metadata
-            )
-            return _outcomes.batch_errors(resp, len(batch))
-        return self.mux.complete_batch(requests, timeout)
-
-    def _abandoned(self, key: str, ticket: str) -> None:
-        # A grant that came after its Acquire was given up: no call runs.
-        self.outcomes.put(key, ticket, pb.OUTCOME_IGNORED)
-
-    def _renew(self, req: pb.RenewRequest, timeout: float) -> pb.RenewResponse:
-        if self.mux is None:
-            return self.stub.Renew(req, timeout=timeout, metadata=self.metadata)
-        return self.mux.call("renew", req, timeout)
-
-    def flush(self, timeout: Optional[float] = None) -> bool:
-        """Waits until every outcome queued before the call has been answered
-        by fusebox (or its send failed, which is counted): True, or False when
-        `timeout` seconds passed first. Call it where a next call must see the
-        last one's outcome (a concurrency limit of one used by one process)."""
-        return self.outcomes.flush(timeout)
-
-    def close(self) -> None:
-        """Flushes the outcome queue (within the client's deadline, at least
-        1 s), then ends the client's Decide stream, if any (the channel,
-        shared, stays open)."""
-        self.outcomes.close(max(self.deadline, _outcomes.MIN_SEND_DEADLINE))
-        if self.mux is not None:
-            self.mux.close()
-
-    def __enter__(self) -> FuseboxClient:
-        return self
-
-    def __exit__(self, *_exc) -> None:
-        self.close()
-
-    def guard(
-        self,
-        key: str,
-        *,
-        permits: Optional[int] = None,
-        max_wait: Optional[float] = None,
-        lease: Optional[float] = None,
-        classifier: Optional[c.Classifier] = None,
-        fail_open: Optional[bool] = None,
-        deadline: Optional[float] = None,
-    ) -> Guard:
-        """A context manager (and decorator) that runs its body under a ticket."""
-        return Guard(
-            self,
-            key,
-            permits,
-            max_wait,
-            lease,
-            classifier,
-            self.fail_open if fail_open is None else fail_open,
-            self.deadline if deadline is None else deadline,
-        )
-
-    def forget(self, key: str) -> None:
-        """Drops the local short-circuit entry for key (the next guard asks fusebox)."""
-        self.cache.forget(key)
-
-    def call(self, key: str, fn: Callable, *args, **kwargs):
-        """Runs fn(*args, **kwargs) under a guard with default options."""
-        with self.guard(key):
-            return fn(*args, **kwargs)
 
 
 class _Renewal:
@@ -324,8 +177,9 @@ class Guard:
         self.renewals = 0
         self._renewal: Optional[_Renewal] = None
 
-    def _fresh(self) -> Guard:
-        return Guard(
+    def _fresh(self: G) -> G:
+        """A guard with the same options, for one call of a decorated function."""
+        return type(self)(
             self.client,
             self.key,
             self.permits,
@@ -451,3 +305,183 @@ class Guard:
         except Exception:  # a broken classifier must not hide the call's error
             c.log.exception("fusebox: classifier failed; reporting FAILURE")
             self.outcome = c.Outcome.FAILURE
+
+
+class _BaseClient(Generic[ChannelT, GuardT]):
+    """What the sync and the asyncio clients share: their options, counters,
+    local cache, logs and backoff, and the making of their guards. The I/O
+    (calls, the outcome sender, renewals) is each one's own."""
+
+    _guard_type: Type[GuardT]
+    _outcome_queue_type: Any  # _outcomes.OutcomeQueue or AsyncOutcomeQueue
+    _mux_type: Any  # _stream.Mux or AsyncMux
+    _shared_channel: Callable[[str, Optional[c.TLS]], ChannelT]
+    outcomes: Any
+    mux: Any
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: Optional[str] = None,
+        tls: Optional[c.TLS] = None,
+        deadline: float = c.DEFAULT_DEADLINE,
+        fail_open: bool = True,
+        classifier: c.Classifier = c.default_classifier,
+        cache_size: int = 1024,
+        log_interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        channel: Optional[ChannelT] = None,
+        transport: str = "unary",
+        outcome_queue: int = _outcomes.DEFAULT_QUEUE,
+    ):
+        self.target = target
+        self.transport = _stream.check_transport(transport)
+        _outcomes.check_outcome_queue(outcome_queue)
+        self.channel = channel if channel is not None else self._shared_channel(target, tls)
+        self.stub = pbg.FuseboxStub(self.channel)
+        self.metadata = c.metadata(token)
+        self.deadline = deadline
+        self.fail_open = fail_open
+        self.classifier = classifier
+        self.cache = c.OpenCache(cache_size, clock)
+        self.counters = c.Counters()
+        # One rate-limited log per kind of trouble, so that one does not hide another.
+        self.outage_log = c.RateLimitedLog(log_interval, clock)
+        self.renew_log = c.RateLimitedLog(log_interval, clock)
+        self.backoff = c.OutageBackoff()
+        self._init_kind()
+        self.outcomes = self._outcome_queue_type(
+            self._send_outcomes, outcome_queue, deadline, self.counters, log_interval, clock
+        )
+        self.mux = (
+            self._mux_type(self.stub, self.metadata, self._abandoned)
+            if transport == "stream"
+            else None
+        )
+
+    def _init_kind(self) -> None:
+        """Makes what only the sync or only the asyncio client has."""
+
+    def _send_outcomes(self, batch: List[_outcomes.Item], timeout: float) -> Any:
+        """One send of the outcome queue: each client's own I/O."""
+        raise NotImplementedError
+
+    @property
+    def stats(self) -> c.Counters:
+        """The client's counters, read by name (`stats.outcomes_dropped`)."""
+        return self.counters
+
+    def _abandoned(self, key: str, ticket: str) -> None:
+        # A grant that came after its Acquire was given up: no call runs.
+        self.outcomes.put(key, ticket, pb.OUTCOME_IGNORED)
+
+    def guard(
+        self,
+        key: str,
+        *,
+        permits: Optional[int] = None,
+        max_wait: Optional[float] = None,
+        lease: Optional[float] = None,
+        classifier: Optional[c.Classifier] = None,
+        fail_open: Optional[bool] = None,
+        deadline: Optional[float] = None,
+    ) -> GuardT:
+        """A context manager (and decorator) that runs its body under a ticket
+        (`async with`, and coroutine functions, with the asyncio client)."""
+        return self._guard_type(
+            self,
+            key,
+            permits,
+            max_wait,
+            lease,
+            classifier,
+            self.fail_open if fail_open is None else fail_open,
+            self.deadline if deadline is None else deadline,
+        )
+
+    def forget(self, key: str) -> None:
+        """Drops the local short-circuit entry for key (the next guard asks fusebox)."""
+        self.cache.forget(key)
+
+
+class FuseboxClient(_BaseClient[grpc.Channel, Guard]):
+    """Guards calls with fusebox.
+
+    deadline: seconds allowed for each call to fusebox (default 50 ms).
+    fail_open: when fusebox is slow or down, run the call without a ticket
+      (True, the default) or raise `Unavailable` (False).
+    classifier: maps an exception raised by a guarded call to an Outcome.
+    cache_size: keys remembered OPEN for the local short-circuit (0 disables).
+    log_interval: each kind of trouble (fusebox unavailable, a failed renewal or
+      Complete) is logged at most once per this many seconds.
+    clock: the monotonic clock used by the short-circuit cache and logging.
+    transport: how Acquire, Complete and Renew reach fusebox: "unary" (the
+      default), one call each, or "stream", frames of one Decide stream per
+      client (the frames ready together in one message), opened on first use
+      and again after it ends.
+    outcome_queue: outcomes waiting to be reported at most (default 10,000).
+      A guard queues its call's outcome and returns; a sender reports them in
+      the background, one send in flight at a time. With the queue full an
+      outcome is dropped and counted (`stats.outcomes_dropped`); its ticket's
+      lease then ends on the server.
+
+    `flush()` waits until the outcomes queued so far are answered; `close()`
+    (or leaving `with client:`) flushes, then ends the Decide stream.
+    """
+
+    _guard_type = Guard
+    _outcome_queue_type = _outcomes.OutcomeQueue
+    _mux_type = _stream.Mux
+    _shared_channel = staticmethod(shared_channel)
+    outcomes: _outcomes.OutcomeQueue
+    mux: Optional[_stream.Mux]
+
+    def _init_kind(self) -> None:
+        self.renewals = _Renewals()
+
+    def _acquire(self, req: pb.AcquireRequest, timeout: float) -> pb.AcquireResponse:
+        if self.mux is None:
+            return self.stub.Acquire(req, timeout=timeout, metadata=self.metadata)
+        return self.mux.call("acquire", req, timeout)
+
+    def _send_outcomes(self, batch: List[_outcomes.Item], timeout: float) -> _outcomes.ItemErrors:
+        """One send of the outcome queue (on its sender thread)."""
+        requests = _outcomes.requests(batch)
+        if self.mux is None:
+            resp = self.stub.CompleteBatch(
+                pb.CompleteBatchRequest(items=requests), timeout=timeout, metadata=self.metadata
+            )
+            return _outcomes.batch_errors(resp, len(batch))
+        return self.mux.complete_batch(requests, timeout)
+
+    def _renew(self, req: pb.RenewRequest, timeout: float) -> pb.RenewResponse:
+        if self.mux is None:
+            return self.stub.Renew(req, timeout=timeout, metadata=self.metadata)
+        return self.mux.call("renew", req, timeout)
+
+    def flush(self, timeout: Optional[float] = None) -> bool:
+        """Waits until every outcome queued before the call has been answered
+        by fusebox (or its send failed, which is counted): True, or False when
+        `timeout` seconds passed first. Call it where a next call must see the
+        last one's outcome (a concurrency limit of one used by one process)."""
+        return self.outcomes.flush(timeout)
+
+    def close(self) -> None:
+        """Flushes the outcome queue (within the client's deadline, at least
+        1 s), then ends the client's Decide stream, if any (the channel,
+        shared, stays open)."""
+        self.outcomes.close(max(self.deadline, _outcomes.MIN_SEND_DEADLINE))
+        if self.mux is not None:
+            self.mux.close()
+
+    def __enter__(self) -> FuseboxClient:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+    def call(self, key: str, fn: Callable, *args, **kwargs):
+        """Runs fn(*args, **kwargs) under a guard with default options."""
+        with self.guard(key):
+            return fn(*args, **kwargs)

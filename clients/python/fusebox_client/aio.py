@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 import weakref
 from typing import Awaitable, Callable, Dict, List, Optional, Tuple
 
@@ -15,8 +14,8 @@ import grpc.aio
 from . import _common as c
 from . import _outcomes, _stream
 from ._gen import fusebox_pb2 as pb
-from ._gen import fusebox_pb2_grpc as pbg
 from ._sync import Guard as _SyncGuard
+from ._sync import _BaseClient
 
 # grpc.aio channels belong to an event loop: one per (loop, target, TLS), and
 # forgotten with their loop.
@@ -39,171 +38,11 @@ def shared_channel(target: str, tls: Optional[c.TLS] = None) -> grpc.aio.Channel
     return ch
 
 
-class AsyncFuseboxClient:
-    """The asyncio twin of `FuseboxClient`, with the same options (including
-    transport="unary"|"stream" and outcome_queue). Create it inside the
-    running event loop.
-
-    A guard queues its call's outcome and returns; one sender task per client
-    reports them in the background. `await flush()` waits until the outcomes
-    queued so far are answered; `await aclose()` (or leaving
-    `async with client:`) flushes, then ends the Decide stream."""
-
-    def __init__(
-        self,
-        target: str,
-        *,
-        token: Optional[str] = None,
-        tls: Optional[c.TLS] = None,
-        deadline: float = c.DEFAULT_DEADLINE,
-        fail_open: bool = True,
-        classifier: c.Classifier = c.default_classifier,
-        cache_size: int = 1024,
-        log_interval: float = 10.0,
-        clock: Callable[[], float] = time.monotonic,
-        channel: Optional[grpc.aio.Channel] = None,
-        transport: str = "unary",
-        outcome_queue: int = _outcomes.DEFAULT_QUEUE,
-    ):
-        self.target = target
-        self.transport = _stream.check_transport(transport)
-        _outcomes.check_outcome_queue(outcome_queue)
-        self.channel = channel if channel is not None else shared_channel(target, tls)
-        self.stub = pbg.FuseboxStub(self.channel)
-        self.metadata = c.metadata(token)
-        self.deadline = deadline
-        self.fail_open = fail_open
-        self.classifier = classifier
-        self.cache = c.OpenCache(cache_size, clock)
-        self.counters = c.Counters()
-        # One rate-limited log per kind of trouble, so that one does not hide another.
-        self.outage_log = c.RateLimitedLog(log_interval, clock)
-        self.renew_log = c.RateLimitedLog(log_interval, clock)
-        self.backoff = c.OutageBackoff()
-        self.outcomes = _outcomes.AsyncOutcomeQueue(
-            self._send_outcomes, outcome_queue, deadline, self.counters, log_interval, clock
-        )
-        self.mux = (
-            _stream.AsyncMux(self.stub, self.metadata, self._abandoned)
-            if transport == "stream"
-            else None
-        )
-        self._closing: Optional[asyncio.Task] = None
-
-    @property
-    def stats(self) -> c.Counters:
-        """The client's counters, read by name (`stats.outcomes_dropped`)."""
-        return self.counters
-
-    async def _acquire(self, req: pb.AcquireRequest, timeout: float) -> pb.AcquireResponse:
-        if self.mux is None:
-            return await self.stub.Acquire(req, timeout=timeout, metadata=self.metadata)
-        return await self.mux.call("acquire", req, timeout)
-
-    async def _send_outcomes(
-        self, batch: List[_outcomes.Item], timeout: float
-    ) -> _outcomes.ItemErrors:
-        """One send of the outcome queue (in its sender task)."""
-        requests = _outcomes.requests(batch)
-        if self.mux is None:
-            resp = await self.stub.CompleteBatch(
-                pb.CompleteBatchRequest(items=requests), timeout=timeout, metadata=self.metadata
-            )
-            return _outcomes.batch_errors(resp, len(batch))
-        return await self.mux.complete_batch(requests, timeout)
-
-    def _abandoned(self, key: str, ticket: str) -> None:
-        # A grant that came after its Acquire was given up: no call runs.
-        self.outcomes.put(key, ticket, pb.OUTCOME_IGNORED)
-
-    async def _renew(self, req: pb.RenewRequest, timeout: float) -> pb.RenewResponse:
-        if self.mux is None:
-            return await self.stub.Renew(req, timeout=timeout, metadata=self.metadata)
-        return await self.mux.call("renew", req, timeout)
-
-    async def flush(self, timeout: Optional[float] = None) -> bool:
-        """Waits until every outcome queued before the call has been answered
-        by fusebox (or its send failed, which is counted): True, or False when
-        `timeout` seconds passed first. Await it where a next call must see the
-        last one's outcome (a concurrency limit of one used by one process)."""
-        return await self.outcomes.flush(timeout)
-
-    async def aclose(self) -> None:
-        """Flushes the outcome queue (within the client's deadline, at least
-        1 s), then ends the client's Decide stream, if any (the channel,
-        shared, stays open)."""
-        await self.outcomes.close(max(self.deadline, _outcomes.MIN_SEND_DEADLINE))
-        if self.mux is not None:
-            self.mux.close()
-
-    def close(self) -> Optional[asyncio.Task]:
-        """Starts `aclose()` in the running loop and returns its task (await it
-        to wait for the flush). Outside a running loop nothing can be sent: it
-        only ends the Decide stream, and returns None."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            if self.mux is not None:
-                self.mux.close()
-            return None
-        if self._closing is None or self._closing.done():
-            self._closing = loop.create_task(self.aclose())
-        return self._closing
-
-    async def __aenter__(self) -> AsyncFuseboxClient:
-        return self
-
-    async def __aexit__(self, *_exc) -> None:
-        await self.aclose()
-
-    def guard(
-        self,
-        key: str,
-        *,
-        permits: Optional[int] = None,
-        max_wait: Optional[float] = None,
-        lease: Optional[float] = None,
-        classifier: Optional[c.Classifier] = None,
-        fail_open: Optional[bool] = None,
-        deadline: Optional[float] = None,
-    ) -> AsyncGuard:
-        return AsyncGuard(
-            self,
-            key,
-            permits,
-            max_wait,
-            lease,
-            classifier,
-            self.fail_open if fail_open is None else fail_open,
-            self.deadline if deadline is None else deadline,
-        )
-
-    def forget(self, key: str) -> None:
-        """Drops the local short-circuit entry for key (the next guard asks fusebox)."""
-        self.cache.forget(key)
-
-    async def call(self, key: str, fn: Callable[..., Awaitable], *args, **kwargs):
-        async with self.guard(key):
-            return await fn(*args, **kwargs)
-
-
 class AsyncGuard(_SyncGuard):
     """One guarded call in asyncio; same attributes as the sync `Guard`."""
 
     _task: Optional[asyncio.Task] = None
     _renewal_stopped = False
-
-    def _fresh(self) -> AsyncGuard:
-        return AsyncGuard(
-            self.client,
-            self.key,
-            self.permits,
-            self.max_wait,
-            self.lease,
-            self.classifier,
-            self.fail_open,
-            self.deadline,
-        )
 
     def __call__(self, fn):
         @functools.wraps(fn)
@@ -276,3 +115,85 @@ class AsyncGuard(_SyncGuard):
 
     def renewing(self) -> bool:
         return self._task is not None and not self._renewal_stopped and not self._task.done()
+
+
+class AsyncFuseboxClient(_BaseClient[grpc.aio.Channel, AsyncGuard]):
+    """The asyncio twin of `FuseboxClient`, with the same options (including
+    transport="unary"|"stream" and outcome_queue). Create it inside the
+    running event loop.
+
+    A guard queues its call's outcome and returns; one sender task per client
+    reports them in the background. `await flush()` waits until the outcomes
+    queued so far are answered; `await aclose()` (or leaving
+    `async with client:`) flushes, then ends the Decide stream."""
+
+    _guard_type = AsyncGuard
+    _outcome_queue_type = _outcomes.AsyncOutcomeQueue
+    _mux_type = _stream.AsyncMux
+    _shared_channel = staticmethod(shared_channel)
+    outcomes: _outcomes.AsyncOutcomeQueue
+    mux: Optional[_stream.AsyncMux]
+
+    def _init_kind(self) -> None:
+        self._closing: Optional[asyncio.Task] = None
+
+    async def _acquire(self, req: pb.AcquireRequest, timeout: float) -> pb.AcquireResponse:
+        if self.mux is None:
+            return await self.stub.Acquire(req, timeout=timeout, metadata=self.metadata)
+        return await self.mux.call("acquire", req, timeout)
+
+    async def _send_outcomes(
+        self, batch: List[_outcomes.Item], timeout: float
+    ) -> _outcomes.ItemErrors:
+        """One send of the outcome queue (in its sender task)."""
+        requests = _outcomes.requests(batch)
+        if self.mux is None:
+            resp = await self.stub.CompleteBatch(
+                pb.CompleteBatchRequest(items=requests), timeout=timeout, metadata=self.metadata
+            )
+            return _outcomes.batch_errors(resp, len(batch))
+        return await self.mux.complete_batch(requests, timeout)
+
+    async def _renew(self, req: pb.RenewRequest, timeout: float) -> pb.RenewResponse:
+        if self.mux is None:
+            return await self.stub.Renew(req, timeout=timeout, metadata=self.metadata)
+        return await self.mux.call("renew", req, timeout)
+
+    async def flush(self, timeout: Optional[float] = None) -> bool:
+        """Waits until every outcome queued before the call has been answered
+        by fusebox (or its send failed, which is counted): True, or False when
+        `timeout` seconds passed first. Await it where a next call must see the
+        last one's outcome (a concurrency limit of one used by one process)."""
+        return await self.outcomes.flush(timeout)
+
+    async def aclose(self) -> None:
+        """Flushes the outcome queue (within the client's deadline, at least
+        1 s), then ends the client's Decide stream, if any (the channel,
+        shared, stays open)."""
+        await self.outcomes.close(max(self.deadline, _outcomes.MIN_SEND_DEADLINE))
+        if self.mux is not None:
+            self.mux.close()
+
+    def close(self) -> Optional[asyncio.Task]:
+        """Starts `aclose()` in the running loop and returns its task (await it
+        to wait for the flush). Outside a running loop nothing can be sent: it
+        only ends the Decide stream, and returns None."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            if self.mux is not None:
+                self.mux.close()
+            return None
+        if self._closing is None or self._closing.done():
+            self._closing = loop.create_task(self.aclose())
+        return self._closing
+
+    async def __aenter__(self) -> AsyncFuseboxClient:
+        return self
+
+    async def __aexit__(self, *_exc) -> None:
+        await self.aclose()
+
+    async def call(self, key: str, fn: Callable[..., Awaitable], *args, **kwargs):
+        async with self.guard(key):
+            return await fn(*args, **kwargs)

@@ -4,8 +4,10 @@ The binary is $FUSEBOX_BIN, else ../../target/debug/fusebox from clients/python.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -140,6 +142,46 @@ def breaker(failures: int = 2, break_ms: int = 10_000) -> pb.Breaker:
 
 def concurrency(permits: int) -> pb.Limiter:
     return pb.Limiter(concurrency=pb.Concurrency(permits=permits))
+
+
+def free_addr() -> str:
+    """An address of this machine where nothing listens (a port just freed)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    addr = f"127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    return addr
+
+
+def until(pred, what: str, wait: float = WAIT) -> None:
+    """Polls pred every 5 ms until it holds; fails the test after `wait` seconds."""
+    end = time.monotonic() + wait
+    while not pred():
+        assert time.monotonic() < end, f"{what}: not within {wait} s"
+        time.sleep(0.005)  # polling a condition, bounded by wait
+
+
+async def until_async(pred, what: str, wait: float = WAIT) -> None:
+    """`until` for a test running in the event loop."""
+    end = time.monotonic() + wait
+    while not pred():
+        assert time.monotonic() < end, f"{what}: not within {wait} s"
+        await asyncio.sleep(0.005)  # polling a condition, bounded by wait
+
+
+class CountingStub:
+    """The client's stub, counting the Acquires that reach the channel."""
+
+    def __init__(self, stub):
+        self.stub = stub
+        self.acquires = 0
+
+    def Acquire(self, *args, **kwargs):
+        self.acquires += 1
+        return self.stub.Acquire(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.stub, name)
 
 
 class FakeClock:

@@ -1,8 +1,7 @@
 import asyncio
-import socket
 
 import pytest
-from conftest import WAIT, FakeClock, breaker, concurrency
+from conftest import WAIT, CountingStub, FakeClock, breaker, concurrency, free_addr
 
 from fusebox_client import Blocked, Denied, Outcome, aio
 from fusebox_client._common import BackingOff
@@ -105,11 +104,7 @@ async def test_renewal_stops_when_call_ends(server):
 
 
 async def test_fail_open_and_closed():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    addr = f"127.0.0.1:{s.getsockname()[1]}"
-    s.close()
-    client = AsyncFuseboxClient(addr, deadline=0.05)
+    client = AsyncFuseboxClient(free_addr(), deadline=0.05)
     async with client.guard("down") as g:
         pass
     assert g.degraded
@@ -118,27 +113,6 @@ async def test_fail_open_and_closed():
     with pytest.raises(Unavailable):
         async with client.guard("down", fail_open=False):
             pass
-
-
-class CountingStub:
-    def __init__(self, stub):
-        self.stub = stub
-        self.acquires = 0
-
-    def Acquire(self, *args, **kwargs):
-        self.acquires += 1
-        return self.stub.Acquire(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.stub, name)
-
-
-def free_addr() -> str:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    addr = f"127.0.0.1:{s.getsockname()[1]}"
-    s.close()
-    return addr
 
 
 async def test_outage_backs_off_before_asking_again():

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
-from conftest import WAIT, pb
+from conftest import WAIT, pb, until, until_async
 
 from fusebox_client import FuseboxClient
 from fusebox_client._outcomes import PER_SEND
@@ -23,20 +22,6 @@ TRANSPORTS = ["unary", "stream"]
 # server is stopped would hang this long, then count a failure.
 LONG = 60.0
 VALUE = "the call's value"
-
-
-def until(pred, what: str) -> None:
-    end = time.monotonic() + WAIT
-    while not pred():
-        assert time.monotonic() < end, f"{what}: not within {WAIT} s"
-        time.sleep(0.005)  # polling a condition, bounded by WAIT
-
-
-async def until_async(pred, what: str) -> None:
-    end = time.monotonic() + WAIT
-    while not pred():
-        assert time.monotonic() < end, f"{what}: not within {WAIT} s"
-        await asyncio.sleep(0.005)  # polling a condition, bounded by WAIT
 
 
 def answered(client) -> tuple:

@@ -13,15 +13,17 @@ reports one skipped test saying so."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import glob
 import json
 import os
 import queue
 import threading
-import time
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import pytest
-from conftest import ROOT, Server, pb
+from conftest import ROOT, Server, pb, until, until_async
 
 from fusebox_client import FuseboxClient, FuseboxRefusal, Unavailable
 from fusebox_client.aio import AsyncFuseboxClient
@@ -111,18 +113,42 @@ def new_result() -> dict:
             "unavailable": False}  # fmt: skip
 
 
-async def run_guard(client, spec, r: Running) -> dict:
+@contextlib.contextmanager
+def guard_result(r, cancelled: type[BaseException]) -> Iterator[dict]:
+    """The result of the guard run in its body, as the scenarios expect it:
+    a refusal, the call's own error, or its cancellation (`cancelled`, the
+    exception that stands for it) is recorded, not raised. `r.started` is set
+    however the guard ends."""
     res = new_result()
-    opts = guard_opts(spec)
     try:
-        async with client.guard(spec["key"], **opts) as g:
-            r.guard = g
-            res["ran"] = True
-            res["unavailable"] = g.degraded
-            r.started.set()
-            call = spec["call"]
-            if call == "fail":
-                raise CallFailed()
+        yield res
+    except (FuseboxRefusal, Unavailable) as e:
+        refusal(res, e)
+    except CallFailed:
+        res["error"] = True
+    except cancelled:
+        res["cancelled"] = True
+    finally:
+        r.started.set()
+
+
+def entered(r, res: dict, g) -> str:
+    """Records the guard g that let its call run; returns the call to make
+    (raising for a call that fails at once)."""
+    r.guard = g
+    res["ran"] = True
+    res["unavailable"] = g.degraded
+    r.started.set()
+    call = r.spec["call"]
+    if call == "fail":
+        raise CallFailed()
+    return call
+
+
+async def run_guard(client, spec, r: Running) -> dict:
+    with guard_result(r, asyncio.CancelledError) as res:
+        async with client.guard(spec["key"], **guard_opts(spec)) as g:
+            call = entered(r, res, g)
             if call == "hang":
                 if await r.release == "fail":
                     raise CallFailed()
@@ -130,14 +156,6 @@ async def run_guard(client, spec, r: Running) -> dict:
                 await asyncio.get_running_loop().create_future()  # until cancelled
             elif call != "succeed":
                 raise AssertionError(f"unknown call {call!r}")
-    except (FuseboxRefusal, Unavailable) as e:
-        refusal(res, e)
-    except CallFailed:
-        res["error"] = True
-    except asyncio.CancelledError:
-        res["cancelled"] = True
-    finally:
-        r.started.set()
     return res
 
 
@@ -175,38 +193,104 @@ def key_mismatch(state, want: dict) -> list:
     return bad
 
 
-async def until(pred, what: str):
-    end = time.monotonic() + WAIT
-    while not pred():
-        if time.monotonic() > end:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)  # polling a condition, bounded by WAIT
+@dataclasses.dataclass
+class KeyCheck:
+    """An expect_key step: the condition polled, and what it last found wrong."""
+
+    server: Server
+    want: dict
+    where: str
+    last: list = dataclasses.field(default_factory=list)
+
+    def __call__(self) -> bool:
+        self.last = key_mismatch(self.server.key(self.want["key"]), self.want)
+        return not self.last
+
+    def fail(self) -> None:
+        pytest.fail(
+            f"{self.where}: key {self.want['key']} mismatched (field, want, got): {self.last}"
+        )
+
+
+def renewed(r) -> Callable[[], bool]:
+    """The condition: the running guard r renewed its ticket since this call."""
+    base = r.guard.renewals if r.guard else 0
+    return lambda: r.guard is not None and r.guard.renewals > base
 
 
 TRANSPORTS = ["unary", "stream"]
 
 
-async def replay(scenario: dict, tmp_path, transport: str) -> None:
+def start_server(scenario: dict, tmp_path) -> Server:
+    """The scenario's own server, with its config."""
     cfg = None
     if "config" in scenario:
         cfg = tmp_path / "fusebox.toml"
         cfg.write_text(scenario["config"])
-    server = Server(str(cfg) if cfg else None)
+    return Server(str(cfg) if cfg else None)
+
+
+class Step(NamedTuple):
+    where: str  # the scenario, the replay and the step's number, for messages
+    action: str
+    arg: Any
+    expect: Optional[dict]
+    release_as: str  # how a released call ends ("as")
+
+
+def client_steps(scenario: dict, run: str, server: Server, client) -> Iterator[Step]:
+    """Takes the scenario's steps in order: checks each, runs those that both
+    replays take alike (`server_step`), and yields the others; `run` names
+    the replay in their `where`."""
+    for i, step in enumerate(scenario["steps"]):
+        where = f"{scenario['name']} ({run}) step {i}"
+        actions = set(step) & ACTIONS
+        extra = set(step) - ACTIONS - {"expect", "as"}
+        assert len(actions) == 1 and not extra, f"{where}: bad step {step}"
+        (action,) = actions
+        arg = step[action]
+        if action == "guard":
+            assert set(arg) <= GUARD_FIELDS, f"{where}: unknown guard fields {arg}"
+        if not server_step(action, arg, server, client):
+            yield Step(where, action, arg, step.get("expect"), step.get("as", "succeed"))
+
+
+def server_step(action: str, arg: Any, server: Server, client) -> bool:
+    """Runs an action on the server (or the client's local cache) that both
+    replays take alike; False for any other action."""
+    if action == "advance_ms":
+        server.advance(arg)
+    elif action == "isolate":
+        server.admin.Isolate(pb.IsolateRequest(key=arg, reason="scenario"))
+    elif action == "close":
+        server.admin.Close(pb.CloseRequest(key=arg, reason="scenario"))
+    elif action == "forget_local":
+        client.forget(arg)
+    elif action == "stop_server":
+        server.proc.kill()
+        server.proc.wait(10)
+    else:
+        return False
+    return True
+
+
+def each_scenario(test):
+    """Runs test once per scenario file and transport."""
+    ids = [os.path.basename(f)[:-5] for f in FILES]
+    test = pytest.mark.parametrize("path", FILES, ids=ids)(test)
+    return pytest.mark.parametrize("transport", TRANSPORTS)(test)
+
+
+async def replay(scenario: dict, tmp_path, transport: str) -> None:
+    server = start_server(scenario, tmp_path)
     client = None
     try:
         # The scenarios' deadline on fusebox calls (clients/scenarios/README.md).
         client = AsyncFuseboxClient(server.addr, deadline=2.0, transport=transport)
         running: dict[str, Running] = {}
-        for i, step in enumerate(scenario["steps"]):
-            where = f"{scenario['name']} ({transport}) step {i}"
-            actions = set(step) & ACTIONS
-            extra = set(step) - ACTIONS - {"expect", "as"}
-            assert len(actions) == 1 and not extra, f"{where}: bad step {step}"
-            (action,) = actions
-            arg = step[action]
-            expect = step.get("expect")
+        steps = client_steps(scenario, transport, server, client)
+        for where, action, arg, expect, release_as in steps:
             if action == "guard":
-                assert set(arg) <= GUARD_FIELDS, f"{where}: unknown guard fields {arg}"
                 r = Running(arg, expect)
                 if "id" not in arg:
                     if arg["call"] == "cancel":
@@ -233,7 +317,7 @@ async def replay(scenario: dict, tmp_path, transport: str) -> None:
             elif action == "release":
                 r = running[arg]
                 assert r.task is not None
-                r.release.set_result(step.get("as", "succeed"))
+                r.release.set_result(release_as)
                 got = await asyncio.wait_for(asyncio.shield(r.task), WAIT)
                 check(r.expect, got, where)
             elif action == "cancel":
@@ -243,35 +327,13 @@ async def replay(scenario: dict, tmp_path, transport: str) -> None:
                 got = await asyncio.wait_for(asyncio.shield(r.task), WAIT)
                 check(expect or r.expect, got, where)
             elif action == "wait_renewed":
-                r = running[arg]
-                base = r.guard.renewals if r.guard else 0
-                await until(
-                    lambda r=r, base=base: r.guard is not None and r.guard.renewals > base,
-                    f"{where}: renewal of {arg}",
-                )
-            elif action == "advance_ms":
-                server.advance(arg)
-            elif action == "isolate":
-                server.admin.Isolate(pb.IsolateRequest(key=arg, reason="scenario"))
-            elif action == "close":
-                server.admin.Close(pb.CloseRequest(key=arg, reason="scenario"))
-            elif action == "forget_local":
-                client.forget(arg)
-            elif action == "stop_server":
-                server.proc.kill()
-                server.proc.wait(10)
+                await until_async(renewed(running[arg]), f"{where}: renewal of {arg}", WAIT)
             elif action == "expect_key":
-                last: list = []
-
-                def matches(want=arg):
-                    nonlocal last
-                    last = key_mismatch(server.key(want["key"]), want)
-                    return not last
-
+                key_check = KeyCheck(server, arg, where)
                 try:
-                    await until(matches, f"{where}: key state")
+                    await until_async(key_check, f"{where}: key state", WAIT)
                 except BaseException:
-                    pytest.fail(f"{where}: key {arg['key']} mismatched (field, want, got): {last}")
+                    key_check.fail()
         for r in running.values():
             if r.task and not r.task.done():
                 r.task.cancel()
@@ -283,8 +345,7 @@ async def replay(scenario: dict, tmp_path, transport: str) -> None:
 
 if FILES:
 
-    @pytest.mark.parametrize("transport", TRANSPORTS)
-    @pytest.mark.parametrize("path", FILES, ids=[os.path.basename(f)[:-5] for f in FILES])
+    @each_scenario
     async def test_scenario(path, transport, tmp_path):
         with open(path) as f:
             await replay(json.load(f), tmp_path, transport)
@@ -321,16 +382,9 @@ class SyncRunning:
 
 
 def run_guard_sync(client, spec, r: SyncRunning) -> dict:
-    res = new_result()
-    try:
+    with guard_result(r, KeyboardInterrupt) as res:
         with client.guard(spec["key"], **guard_opts(spec)) as g:
-            r.guard = g
-            res["ran"] = True
-            res["unavailable"] = g.degraded
-            r.started.set()
-            call = spec["call"]
-            if call == "fail":
-                raise CallFailed()
+            call = entered(r, res, g)
             if call in ("hang", "cancel"):
                 how = r.release.get(timeout=60)
                 if how == "fail":
@@ -339,46 +393,18 @@ def run_guard_sync(client, spec, r: SyncRunning) -> dict:
                     raise KeyboardInterrupt()  # sync Python's cancellation
             elif call != "succeed":
                 raise AssertionError(f"unknown call {call!r}")
-    except (FuseboxRefusal, Unavailable) as e:
-        refusal(res, e)
-    except CallFailed:
-        res["error"] = True
-    except KeyboardInterrupt:
-        res["cancelled"] = True
-    finally:
-        r.started.set()
     return res
 
 
-def until_sync(pred, what: str) -> None:
-    end = time.monotonic() + WAIT
-    tick = threading.Event()
-    while not pred():
-        if time.monotonic() > end:
-            pytest.fail(f"timed out waiting for {what}")
-        tick.wait(0.005)  # polling a condition, bounded by WAIT
-
-
 def replay_sync(scenario: dict, tmp_path, transport: str) -> None:
-    cfg = None
-    if "config" in scenario:
-        cfg = tmp_path / "fusebox.toml"
-        cfg.write_text(scenario["config"])
-    server = Server(str(cfg) if cfg else None)
+    server = start_server(scenario, tmp_path)
     running: dict[str, SyncRunning] = {}
     client = None
     try:
         client = FuseboxClient(server.addr, deadline=2.0, transport=transport)
-        for i, step in enumerate(scenario["steps"]):
-            where = f"{scenario['name']} (sync, {transport}) step {i}"
-            actions = set(step) & ACTIONS
-            extra = set(step) - ACTIONS - {"expect", "as"}
-            assert len(actions) == 1 and not extra, f"{where}: bad step {step}"
-            (action,) = actions
-            arg = step[action]
-            expect = step.get("expect")
+        steps = client_steps(scenario, f"sync, {transport}", server, client)
+        for where, action, arg, expect, release_as in steps:
             if action == "guard":
-                assert set(arg) <= GUARD_FIELDS, f"{where}: unknown guard fields {arg}"
                 r = SyncRunning(arg, expect)
                 if "id" not in arg:
                     assert arg["call"] != "hang", f"{where}: hang needs an id"
@@ -398,42 +424,20 @@ def replay_sync(scenario: dict, tmp_path, transport: str) -> None:
                 check(expect or running[arg].expect, running[arg].join(where), where)
             elif action == "release":
                 r = running[arg]
-                r.release.put(step.get("as", "succeed"))
+                r.release.put(release_as)
                 check(r.expect, r.join(where), where)
             elif action == "cancel":
                 r = running[arg]
                 r.release.put("cancel")
                 check(expect or r.expect, r.join(where), where)
             elif action == "wait_renewed":
-                r = running[arg]
-                base = r.guard.renewals if r.guard else 0
-                until_sync(
-                    lambda r=r, base=base: r.guard is not None and r.guard.renewals > base,
-                    f"{where}: renewal of {arg}",
-                )
-            elif action == "advance_ms":
-                server.advance(arg)
-            elif action == "isolate":
-                server.admin.Isolate(pb.IsolateRequest(key=arg, reason="scenario"))
-            elif action == "close":
-                server.admin.Close(pb.CloseRequest(key=arg, reason="scenario"))
-            elif action == "forget_local":
-                client.forget(arg)
-            elif action == "stop_server":
-                server.proc.kill()
-                server.proc.wait(10)
+                until(renewed(running[arg]), f"{where}: renewal of {arg}", WAIT)
             elif action == "expect_key":
-                last: list = []
-
-                def matches(want=arg):
-                    nonlocal last
-                    last = key_mismatch(server.key(want["key"]), want)
-                    return not last
-
+                key_check = KeyCheck(server, arg, where)
                 try:
-                    until_sync(matches, f"{where}: key state")
+                    until(key_check, f"{where}: key state", WAIT)
                 except BaseException:
-                    pytest.fail(f"{where}: key {arg['key']} mismatched (field, want, got): {last}")
+                    key_check.fail()
     finally:
         for r in running.values():
             if r.thread is not None and r.thread.is_alive() and r.release.empty():
@@ -445,8 +449,7 @@ def replay_sync(scenario: dict, tmp_path, transport: str) -> None:
 
 if FILES:
 
-    @pytest.mark.parametrize("transport", TRANSPORTS)
-    @pytest.mark.parametrize("path", FILES, ids=[os.path.basename(f)[:-5] for f in FILES])
+    @each_scenario
     def test_scenario_sync(path, transport, tmp_path):
         with open(path) as f:
             replay_sync(json.load(f), tmp_path, transport)

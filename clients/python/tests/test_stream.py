@@ -2,11 +2,11 @@
 
 import asyncio
 import threading
-import time
+from typing import Callable
 
 import grpc
 import pytest
-from conftest import WAIT, breaker, concurrency, pb
+from conftest import WAIT, breaker, concurrency, pb, until, until_async
 
 from fusebox_client import CallError, FuseboxClient, Unavailable
 from fusebox_client.aio import AsyncFuseboxClient
@@ -32,11 +32,22 @@ def queued(permits: int = 1) -> pb.Limiter:
     return limiter
 
 
-def until(pred, what: str, wait: float = 5.0) -> None:
-    end = time.monotonic() + wait
-    while not pred():
-        assert time.monotonic() < end, f"{what}: not within {wait} s"
-        time.sleep(0.005)
+@pytest.fixture
+def queued_k(server):
+    """A stream client; key "k" has one permit and room for one waiter."""
+    server.rule("k", limiter=queued())
+    client = FuseboxClient(server.addr, deadline=2, transport="stream")
+    yield client
+    client.close()
+
+
+def waiting(server, waiter: Callable[[], None]) -> threading.Thread:
+    """Runs waiter, a guard of "k" that queues for the permit the test holds,
+    on a thread of its own; returns once fusebox has it waiting."""
+    t = threading.Thread(target=waiter)
+    t.start()
+    until(lambda: server.key("k").waiters == 1, "a waiter")
+    return t
 
 
 def test_transport_is_checked(server):
@@ -85,9 +96,8 @@ def test_an_error_answer_is_the_unary_calls_error(server, transport):
     client.close()
 
 
-def test_an_acquire_past_its_deadline_is_withdrawn(server):
-    server.rule("k", limiter=queued())
-    client = FuseboxClient(server.addr, deadline=2, transport="stream")
+def test_an_acquire_past_its_deadline_is_withdrawn(server, queued_k):
+    client = queued_k
     with client.guard("k"):
         result = {}
 
@@ -96,18 +106,13 @@ def test_an_acquire_past_its_deadline_is_withdrawn(server):
             with client.guard("k", max_wait=1.0, deadline=0.1) as g:
                 result["degraded"] = g.degraded
 
-        t = threading.Thread(target=waiter)
-        t.start()
-        until(lambda: server.key("k").waiters == 1, "a waiter")
-        t.join()
+        waiting(server, waiter).join()
         assert result == {"degraded": True}
         until(lambda: server.key("k").waiters == 0, "the waiter withdrawn")
-    client.close()
 
 
-def test_calls_in_flight_fail_unavailable_when_the_stream_ends_then_it_reopens(server):
-    server.rule("k", limiter=queued())
-    client = FuseboxClient(server.addr, deadline=2, transport="stream")
+def test_calls_in_flight_fail_unavailable_when_the_stream_ends_then_it_reopens(server, queued_k):
+    client = queued_k
     with client.guard("k"):
         result = {}
 
@@ -119,9 +124,7 @@ def test_calls_in_flight_fail_unavailable_when_the_stream_ends_then_it_reopens(s
                 assert isinstance(e.cause, grpc.RpcError)
                 result["code"] = e.cause.code()
 
-        t = threading.Thread(target=waiter)
-        t.start()
-        until(lambda: server.key("k").waiters == 1, "a waiter")
+        t = waiting(server, waiter)
         first = client.mux._stream
         first.end()
         t.join(5)
@@ -133,7 +136,6 @@ def test_calls_in_flight_fail_unavailable_when_the_stream_ends_then_it_reopens(s
     until(lambda: not client.backoff.backing_off(), "the outage backoff")
     with client.guard("other") as g:
         assert g.ticket
-    client.close()
 
 
 async def test_async_every_call_goes_on_one_stream(server):
@@ -171,19 +173,11 @@ async def test_async_error_answer_and_cancelled_waiter(server):
 
     async with client.guard("k"):
         task = asyncio.get_running_loop().create_task(waits())
-        for _ in range(1000):
-            if server.key("k").waiters == 1:
-                break
-            await asyncio.sleep(0.005)
-        assert server.key("k").waiters == 1
+        await until_async(lambda: server.key("k").waiters == 1, "a waiter")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        for _ in range(1000):
-            if server.key("k").waiters == 0:
-                break
-            await asyncio.sleep(0.005)
-        assert server.key("k").waiters == 0
+        await until_async(lambda: server.key("k").waiters == 0, "the waiter withdrawn")
     assert await client.flush(WAIT)  # the permit is free again before the next Acquire
 
     # Past its deadline: fails open, and the waiter is withdrawn.
@@ -191,9 +185,5 @@ async def test_async_error_answer_and_cancelled_waiter(server):
         waiter = client.guard("k", max_wait=1.0, deadline=0.1)
         async with waiter:
             assert waiter.degraded
-        for _ in range(1000):
-            if server.key("k").waiters == 0:
-                break
-            await asyncio.sleep(0.005)
-        assert server.key("k").waiters == 0
+        await until_async(lambda: server.key("k").waiters == 0, "the waiter withdrawn")
     await client.aclose()

@@ -1,8 +1,7 @@
-import socket
 import threading
 
 import pytest
-from conftest import WAIT, FakeClock, breaker, concurrency
+from conftest import WAIT, CountingStub, FakeClock, breaker, concurrency, free_addr
 
 from fusebox_client import (
     Blocked,
@@ -149,16 +148,8 @@ def test_long_call_is_renewed_and_renewal_stops(server):
     assert (st.successes, st.expired) == (1, 0)
 
 
-def free_port_addr():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    addr = f"127.0.0.1:{s.getsockname()[1]}"
-    s.close()
-    return addr
-
-
 def test_fail_open_runs_without_ticket_and_counts(caplog):
-    client = FuseboxClient(free_port_addr(), deadline=0.05, log_interval=60)
+    client = FuseboxClient(free_addr(), deadline=0.05, log_interval=60)
     ran = []
     for _ in range(3):
         with client.guard("down") as g:
@@ -169,7 +160,7 @@ def test_fail_open_runs_without_ticket_and_counts(caplog):
 
 
 def test_fail_closed_raises_unavailable():
-    client = FuseboxClient(free_port_addr(), deadline=0.05, fail_open=False)
+    client = FuseboxClient(free_addr(), deadline=0.05, fail_open=False)
     with pytest.raises(Unavailable):
         with client.guard("down"):
             pytest.fail("must not run")
@@ -245,23 +236,8 @@ def test_tls(tmp_path):
         s.stop()
 
 
-class CountingStub:
-    """The client's stub, counting the Acquires that reach the channel."""
-
-    def __init__(self, stub):
-        self.stub = stub
-        self.acquires = 0
-
-    def Acquire(self, *args, **kwargs):
-        self.acquires += 1
-        return self.stub.Acquire(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.stub, name)
-
-
 def test_outage_backs_off_before_asking_again():
-    client = FuseboxClient(free_port_addr(), deadline=0.05, fail_open=False)
+    client = FuseboxClient(free_addr(), deadline=0.05, fail_open=False)
     stub = client.stub = CountingStub(client.stub)
     for _ in range(3):
         with pytest.raises(Unavailable):
@@ -273,7 +249,7 @@ def test_outage_backs_off_before_asking_again():
 
 
 def test_renew_and_outage_warnings_are_logged_apart(caplog):
-    client = FuseboxClient(free_port_addr(), deadline=0.05, log_interval=60)
+    client = FuseboxClient(free_addr(), deadline=0.05, log_interval=60)
     client.renew_log.warn("fusebox: renew for %r failed: %s", "k", "UNAVAILABLE")
     with client.guard("down") as g:
         assert g.degraded
@@ -281,7 +257,7 @@ def test_renew_and_outage_warnings_are_logged_apart(caplog):
 
 
 def test_a_failed_renewal_is_retried_at_a_quarter_of_the_lease():
-    client = FuseboxClient(free_port_addr(), deadline=0.05)
+    client = FuseboxClient(free_addr(), deadline=0.05)
     renewal = _Renewal(client.guard("k"), "ticket", 0.2)
     assert renewal.renew() == pytest.approx(0.05)
 
@@ -302,7 +278,7 @@ class FlakyRenewStub:
 
 
 def test_renewal_thread_survives_an_unexpected_error():
-    client = FuseboxClient(free_port_addr(), deadline=0.05, log_interval=60)
+    client = FuseboxClient(free_addr(), deadline=0.05, log_interval=60)
     stub = client.stub = FlakyRenewStub()  # type: ignore[assignment]
     client.renewals.start(_Renewal(client.guard("k"), "ticket", 0.02))
     assert stub.renewed.wait(10), "the renewal thread died"
@@ -310,7 +286,7 @@ def test_renewal_thread_survives_an_unexpected_error():
 
 
 def test_sync_guard_refuses_to_decorate_a_coroutine_function():
-    client = FuseboxClient(free_port_addr())
+    client = FuseboxClient(free_addr())
 
     async def call():
         pass

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/fusebox/fusebox/clients/go/fuseboxpb"
+	"github.com/fusebox/fusebox/clients/go/internal/fuseboxtest"
 )
 
 func TestMain(m *testing.M) {
@@ -38,23 +39,12 @@ const limit = 30 * time.Second
 // One failure opens svc/* for 10 s; other keys have the default policy.
 const config = "[[rule]]\nmatch = \"svc/*\"\nbreaker = { mode = \"consecutive\", failures = 1, break = \"10s\" }\n"
 
-// fuseboxBin is $FUSEBOX_BIN, else the repository's target/debug/fusebox;
-// without either the test is skipped.
-func fuseboxBin(t *testing.T) string {
-	if b := os.Getenv("FUSEBOX_BIN"); b != "" {
-		return b
-	}
-	b, _ := filepath.Abs("../../../../target/debug/fusebox")
-	if _, err := os.Stat(b); err != nil {
-		t.Skip("no fusebox binary: build it with `cargo build` or set FUSEBOX_BIN")
-	}
-	return b
-}
-
-// startServer starts fusebox on port 0 with config and returns its address.
+// startServer starts fusebox ($FUSEBOX_BIN, else the repository's
+// target/debug/fusebox) with config and returns its address; without a
+// binary the test is skipped.
 func startServer(t *testing.T, config string) string {
 	t.Helper()
-	args := []string{"serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--manual-clock"}
+	var args []string
 	if config != "" {
 		file := filepath.Join(t.TempDir(), "fusebox.toml")
 		if err := os.WriteFile(file, []byte(config), 0o600); err != nil {
@@ -62,21 +52,8 @@ func startServer(t *testing.T, config string) string {
 		}
 		args = append(args, "--config", file)
 	}
-	cmd := exec.Command(fuseboxBin(t), args...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || !strings.HasPrefix(line, "listening on ") {
-		t.Fatalf("fusebox did not start: %q %v", line, err)
-	}
-	go io.Copy(io.Discard, out)
-	return strings.TrimSpace(strings.TrimPrefix(line, "listening on "))
+	_, addr := fuseboxtest.Start(t, fuseboxtest.Bin(t, "../../../.."), args...)
+	return addr
 }
 
 // tool is the client tool as a subprocess (this test binary running main).
@@ -233,6 +210,20 @@ func TestWorkerProtocol(t *testing.T) {
 	w.done("g2", `{"ran":true,"refusal":null,"error":false}`)
 
 	w.guard("g3", "svc/a", "fail", true, `{"ran":true,"refusal":null,"error":true}`)
+	// The outcome is reported in the background: wait until fusebox has it
+	// (svc/a open) before the next Acquire, as the fleet test does.
+	admin := adminOf(t, addr)
+	end := time.Now().Add(limit)
+	for {
+		state, err := admin.GetKey(context.Background(), &pb.GetKeyRequest{Key: "svc/a"})
+		if err == nil && state.GetPhase() == pb.Phase_PHASE_OPEN {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the failure did not open svc/a within %v: %v %v", limit, state, err)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition, bounded by limit
+	}
 	w.guard("g4", "svc/a", "succeed", false,
 		`{"ran":false,"refusal":"blocked","reason":"open","retry_after_ms":10000,"local":false,"error":false}`)
 	w.guard("g5", "svc/a", "succeed", false, `{"ran":false,"refusal":"blocked","reason":"open","local":true}`)
@@ -252,7 +243,6 @@ func TestWorkerProtocol(t *testing.T) {
 	}
 	// It closed its client, which reported every outcome before the exit:
 	// one read, no waiting.
-	admin := adminOf(t, addr)
 	for key, successes := range map[string]uint64{"other/a": 2, "other/b": 1} {
 		state, err := admin.GetKey(context.Background(), &pb.GetKeyRequest{Key: key})
 		if err != nil {

@@ -18,46 +18,22 @@ import dev.fusebox.v1.Limiter;
 import dev.fusebox.v1.Phase;
 import dev.fusebox.v1.Policy;
 import io.grpc.Status;
-import java.util.ArrayList;
-import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
-import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 
 /** The guard against a real fusebox server. */
-class GuardTest {
+class GuardTest extends LiveServers {
   static final class Boom extends Exception {
     private static final long serialVersionUID = 1L;
 
     Boom() {
       super("boom");
     }
-  }
-
-  private final List<AutoCloseable> closing = new ArrayList<>();
-
-  @AfterEach
-  void closeAll() throws Exception {
-    for (int i = closing.size() - 1; i >= 0; i--) {
-      closing.get(i).close();
-    }
-  }
-
-  TestServer server(String... args) throws Exception {
-    TestServer s = TestServer.start(args);
-    closing.add(s);
-    return s;
-  }
-
-  FuseboxClient client(FuseboxClient.Builder b) {
-    FuseboxClient c = b.build();
-    closing.add(c);
-    return c;
   }
 
   /** A client with a deadline that a busy machine running a debug server keeps. */
@@ -569,14 +545,12 @@ class GuardTest {
   @Test
   void sharedIsOneClientPerTarget() throws Exception {
     TestServer s = server();
-    FuseboxClient a = FuseboxClient.shared(s.addr);
-    closing.add(a);
+    FuseboxClient a = closed(FuseboxClient.shared(s.addr));
     FuseboxClient b = FuseboxClient.builder(s.addr).token("ignored").shared();
     assertSame(a, b);
     assertSame(a.channel(), b.channel());
     a.close();
-    FuseboxClient again = FuseboxClient.shared(s.addr);
-    closing.add(again);
+    FuseboxClient again = closed(FuseboxClient.shared(s.addr));
     assertFalse(again == a, "a closed client is no longer shared");
   }
 }

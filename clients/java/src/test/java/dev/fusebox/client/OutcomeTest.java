@@ -24,7 +24,6 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
-import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.EnumSource;
@@ -33,34 +32,13 @@ import org.junit.jupiter.params.provider.EnumSource;
  * Outcomes off the caller's path (clients/README.md): the outcome queue, its sender, flush and
  * close, against a real server that the tests stop (SIGSTOP) and let go on (SIGCONT) or kill.
  */
-class OutcomeTest {
-  private final List<AutoCloseable> closing = new ArrayList<>();
-
-  @AfterEach
-  void closeAll() throws Exception {
-    for (int i = closing.size() - 1; i >= 0; i--) {
-      closing.get(i).close();
-    }
-  }
-
-  TestServer server() throws Exception {
-    TestServer s = TestServer.start();
-    closing.add(s);
-    return s;
-  }
-
+class OutcomeTest extends LiveServers {
   /**
    * A client whose deadline outlasts any stop of the server in these tests: a report in flight
    * while it is stopped is answered once it goes on, not failed.
    */
   static FuseboxClient.Builder builder(TestServer s, Transport t) {
     return FuseboxClient.builder(s.addr).deadline(Duration.ofSeconds(10)).transport(t);
-  }
-
-  FuseboxClient client(FuseboxClient.Builder b) {
-    FuseboxClient c = b.build();
-    closing.add(c);
-    return c;
   }
 
   static final Duration FLUSH = Duration.ofSeconds(30);

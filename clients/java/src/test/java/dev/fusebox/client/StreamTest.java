@@ -26,20 +26,10 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.LongAdder;
-import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 
 /** {@link Transport#STREAM} against a real fusebox server. */
-class StreamTest {
-  private final List<AutoCloseable> closing = new ArrayList<>();
-
-  @AfterEach
-  void closeAll() throws Exception {
-    for (int i = closing.size() - 1; i >= 0; i--) {
-      closing.get(i).close();
-    }
-  }
-
+class StreamTest extends LiveServers {
   /** Counts the calls the client starts, by method, and the Decide messages and frames it sends. */
   static final class Counting implements ClientInterceptor {
     final Map<String, LongAdder> calls = new ConcurrentHashMap<>();
@@ -78,20 +68,12 @@ class StreamTest {
         .build();
   }
 
-  TestServer server() throws Exception {
-    TestServer s = TestServer.start();
-    closing.add(s);
-    return s;
-  }
-
   FuseboxClient client(String addr, Counting counting, Duration deadline) {
     FuseboxClient.Builder b = FuseboxClient.builder(addr).deadline(deadline).transport(Transport.STREAM);
     if (counting != null) {
       b.interceptor(counting);
     }
-    FuseboxClient c = b.build();
-    closing.add(c);
-    return c;
+    return client(b);
   }
 
   @Test
@@ -146,8 +128,7 @@ class StreamTest {
   void anErrorAnswerIsTheUnaryCallsError() throws Exception {
     TestServer s = server();
     FuseboxClient stream = client(s.addr, null, Duration.ofSeconds(2));
-    FuseboxClient unary = FuseboxClient.builder(s.addr).deadline(Duration.ofSeconds(2)).build();
-    closing.add(unary);
+    FuseboxClient unary = client(FuseboxClient.builder(s.addr).deadline(Duration.ofSeconds(2)));
     FuseboxRequestException a = assertThrows(FuseboxRequestException.class, () -> stream.guard("", GuardTest::ok));
     FuseboxRequestException b = assertThrows(FuseboxRequestException.class, () -> unary.guard("", GuardTest::ok));
     assertEquals(Status.Code.INVALID_ARGUMENT, a.status().getCode());
@@ -183,8 +164,7 @@ class StreamTest {
 
   @Test
   void callsInFlightFailUnavailableWhenTheStreamEndsAndItIsOpenedAgain() throws Exception {
-    TestServer first = TestServer.start();
-    closing.add(first);
+    TestServer first = server();
     String addr = first.addr;
     first.setPolicy("k", queued());
     Counting counting = new Counting();
