@@ -213,9 +213,12 @@ class KeyCheck:
 
 
 def renewed(r) -> Callable[[], bool]:
-    """The condition: the running guard r renewed its ticket since this call."""
+    """The condition: the running guard r's lease was renewed twice since
+    this call (the first may have been sent before it; the second was sent
+    after the first was answered, so fusebox saw it after every earlier
+    step: clients/scenarios/README.md, wait_renewed)."""
     base = r.guard.renewals if r.guard else 0
-    return lambda: r.guard is not None and r.guard.renewals > base
+    return lambda: r.guard is not None and r.guard.renewals >= base + 2
 
 
 TRANSPORTS = ["unary", "stream"]
@@ -327,7 +330,7 @@ async def replay(scenario: dict, tmp_path, transport: str) -> None:
                 got = await asyncio.wait_for(asyncio.shield(r.task), WAIT)
                 check(expect or r.expect, got, where)
             elif action == "wait_renewed":
-                await until_async(renewed(running[arg]), f"{where}: renewal of {arg}", WAIT)
+                await until_async(renewed(running[arg]), f"{where}: two renewals of {arg}", WAIT)
             elif action == "expect_key":
                 key_check = KeyCheck(server, arg, where)
                 try:
@@ -431,7 +434,7 @@ def replay_sync(scenario: dict, tmp_path, transport: str) -> None:
                 r.release.put("cancel")
                 check(expect or r.expect, r.join(where), where)
             elif action == "wait_renewed":
-                until(renewed(running[arg]), f"{where}: renewal of {arg}", WAIT)
+                until(renewed(running[arg]), f"{where}: two renewals of {arg}", WAIT)
             elif action == "expect_key":
                 key_check = KeyCheck(server, arg, where)
                 try:
