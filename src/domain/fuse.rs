@@ -118,6 +118,34 @@ impl Cause {
 
 crate::names::named!(Cause, "cause");
 
+/// What an operator does to a key (B5): isolate it or close it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OperatorAction {
+    /// Put the breaker in `ISOLATED`: every request is refused.
+    Isolate,
+    /// Put the breaker in `CLOSED` with everything cleared.
+    Close,
+}
+
+impl OperatorAction {
+    /// The action's name, as the `Admin` service and the permission
+    /// checks spell it: `Isolate` or `Close`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperatorAction::Isolate => "Isolate",
+            OperatorAction::Close => "Close",
+        }
+    }
+
+    /// Why the key's phase changes when the action is taken.
+    pub fn cause(self) -> Cause {
+        match self {
+            OperatorAction::Isolate => Cause::Isolated,
+            OperatorAction::Close => Cause::Closed,
+        }
+    }
+}
+
 /// Something that happened inside an operation that the engine must pass on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
