@@ -176,7 +176,10 @@ pub enum Notice {
 }
 
 /// Per-key statistics; they restart from zero when a key is forgotten (K2).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// A key's view carries them as they are ([`crate::wire::KeyView`]), the
+/// reasons by name; a count the writer did not send reads as 0.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Stats {
     /// Tickets granted as ordinary requests, at once or after waiting.
     pub granted: u64,
@@ -189,6 +192,7 @@ pub struct Stats {
     /// Requests denied by the permit book (any reason).
     pub denied: u64,
     /// Blocked and denied requests by reason, indexed by [`Reason::ALL`].
+    #[serde(with = "crate::wire::by_reason")]
     pub by_reason: [u64; 7],
     /// Requests that waited in the queue.
     pub queued: u64,
