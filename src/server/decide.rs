@@ -572,14 +572,25 @@ fn check_items(count: usize) -> Result<(), Status> {
     }
 }
 
-/// Checks and counts a batch's `items`, then starts each in order with
-/// `one` (its command sent) and awaits the rest together: one round trip
-/// per node, per-key order kept. The results are in the items' order.
-async fn each_in_order<'a, I, T>(
+/// A batch: `request`'s items (`items_of`), each answered by `one` for
+/// the batch's caller (its grant and share, counted as one call in
+/// flight). The batch's size is checked and its items counted; each item
+/// is started in order (its command sent), then the rest are awaited
+/// together: one round trip per node, per-key order kept. The results are
+/// in the items' order.
+async fn each_in_order<B, I, T, F>(
     api: &Api,
-    items: Vec<I>,
-    mut one: impl FnMut(I) -> Boxed<'a, T>,
-) -> Result<Vec<T>, Status> {
+    request: Request<B>,
+    items_of: impl FnOnce(B) -> Vec<I>,
+    mut one: F,
+) -> Result<Vec<T>, Status>
+where
+    F: for<'b> FnMut(&'b Api, Option<&'b Grant>, Option<&'b Arc<Share>>, I) -> Boxed<'b, T>,
+{
+    let grant = api.grant(&request)?;
+    let share = api.node.share_of(grant.as_deref());
+    let _calling = calling(api, share.as_ref());
+    let items = items_of(request.into_inner());
     check_items(items.len())?;
     api.node
         .counters()
@@ -588,7 +599,7 @@ async fn each_in_order<'a, I, T>(
     let mut results = Vec::with_capacity(items.len());
     let mut pending = Vec::new();
     for (at, item) in items.into_iter().enumerate() {
-        match start(one(item)).await {
+        match start(one(api, grant.as_deref(), share.as_ref(), item)).await {
             Ok(result) => results.push((at, result)),
             Err(later) => pending.push((at, later)),
         }
@@ -604,11 +615,7 @@ pub async fn acquire_batch(
     request: Request<pb::AcquireBatchRequest>,
 ) -> Result<pb::AcquireBatchResponse, Status> {
     use pb::acquire_result::Result as R;
-    let grant = api.grant(&request)?;
-    let share = api.node.share_of(grant.as_deref());
-    let _calling = calling(api, share.as_ref());
-    let (grant, share) = (grant.as_deref(), share.as_ref());
-    let results = each_in_order(api, request.into_inner().items, |item| {
+    let results = each_in_order(api, request, |r| r.items, |api, grant, share, item| {
         let waits = item
             .max_wait
             .is_some_and(|d| d.seconds != 0 || d.nanos != 0);
@@ -638,20 +645,21 @@ pub async fn complete_batch(
     request: Request<pb::CompleteBatchRequest>,
 ) -> Result<pb::CompleteBatchResponse, Status> {
     use pb::complete_result::Result as R;
-    let grant = api.grant(&request)?;
-    let share = api.node.share_of(grant.as_deref());
-    let _calling = calling(api, share.as_ref());
-    let (grant, share) = (grant.as_deref(), share.as_ref());
-    let results = each_in_order(api, request.into_inner().items, |item| {
-        Box::pin(async move {
-            pb::CompleteResult {
-                result: Some(match api.complete_as(grant, share, item).await {
-                    Ok(response) => R::Response(response),
-                    Err(status) => R::Error(error_of(&status)),
-                }),
-            }
-        })
-    })
+    let results = each_in_order(
+        api,
+        request,
+        |r| r.items,
+        |api, grant, share, item| {
+            Box::pin(async move {
+                pb::CompleteResult {
+                    result: Some(match api.complete_as(grant, share, item).await {
+                        Ok(response) => R::Response(response),
+                        Err(status) => R::Error(error_of(&status)),
+                    }),
+                }
+            })
+        },
+    )
     .await?;
     Ok(pb::CompleteBatchResponse { results })
 }
