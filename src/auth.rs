@@ -144,57 +144,49 @@ impl Grant {
     /// Ok when the grant has `role` and covers `key`.
     pub fn on_key(&self, role: Role, what: &str, key: &str) -> Result<(), Refusal> {
         self.needs(role, what)?;
-        if self.scope.covers_key(key) {
-            Ok(())
-        } else {
-            Err(Refusal::Denied(format!(
-                "{} may not use key {key:?}: it is limited to {}",
-                self.who(),
-                self.scope.text()
-            )))
-        }
+        self.covers(self.scope.covers_key(key), |who, scope| {
+            format!("{who} may not use key {key:?}: it is limited to {scope}")
+        })
     }
 
     /// Ok when the grant has `role` and covers every key under `prefix`.
     pub fn on_prefix(&self, role: Role, what: &str, prefix: &str) -> Result<(), Refusal> {
         self.needs(role, what)?;
-        if self.scope.covers_prefix(prefix) {
-            Ok(())
-        } else {
-            Err(Refusal::Denied(format!(
-                "{} may not read every key under {prefix:?}: it is limited to {}; pass a prefix inside them",
-                self.who(),
-                self.scope.text()
-            )))
-        }
+        self.covers(self.scope.covers_prefix(prefix), |who, scope| {
+            format!("{who} may not read every key under {prefix:?}: it is limited to {scope}; pass a prefix inside them")
+        })
     }
 
     /// Ok when the grant has `role` and covers every key of `pattern`.
     pub fn on_pattern(&self, role: Role, what: &str, pattern: &Pattern) -> Result<(), Refusal> {
         self.needs(role, what)?;
-        if self.scope.covers_pattern(pattern) {
-            Ok(())
-        } else {
-            Err(Refusal::Denied(format!(
-                "{} may not set policies for {:?}: it is limited to {}",
-                self.who(),
-                pattern.text(),
-                self.scope.text()
-            )))
-        }
+        self.covers(self.scope.covers_pattern(pattern), |who, scope| {
+            format!(
+                "{who} may not set policies for {:?}: it is limited to {scope}",
+                pattern.text()
+            )
+        })
     }
 
     /// Ok when the grant has `role` over every key (the default rule).
     pub fn on_everything(&self, role: Role, what: &str) -> Result<(), Refusal> {
         self.needs(role, what)?;
-        if self.scope.is_all() {
+        self.covers(self.scope.is_all(), |who, scope| {
+            format!("{who} may not use {what}: it changes every key, and the credential is limited to {scope}")
+        })
+    }
+
+    /// Ok when the grant's scope covers what was asked (`covered`); else
+    /// the refusal `denial` writes from who the grant is and its scope.
+    fn covers(
+        &self,
+        covered: bool,
+        denial: impl FnOnce(String, String) -> String,
+    ) -> Result<(), Refusal> {
+        if covered {
             Ok(())
         } else {
-            Err(Refusal::Denied(format!(
-                "{} may not use {what}: it changes every key, and the credential is limited to {}",
-                self.who(),
-                self.scope.text()
-            )))
+            Err(Refusal::Denied(denial(self.who(), self.scope.text())))
         }
     }
 

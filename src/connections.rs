@@ -337,8 +337,7 @@ pub async fn accept(
         match listener.accept().await {
             Ok(accepted) => return accepted,
             Err(e) if out_of_descriptors(&e) => {
-                let n = backoffs.fetch_add(1, Ordering::Relaxed) + 1;
-                if n.is_power_of_two() {
+                if let Some(n) = seldom(backoffs, 1) {
                     tracing::warn!(
                         port,
                         times = n,
@@ -406,9 +405,11 @@ impl Drop for Handshaking {
     }
 }
 
-/// Logs the first time and then at powers of two of a counter just bumped.
-fn seldom(n: u64) -> bool {
-    n.is_power_of_two()
+/// Adds `by` to `counter`; the new count when it is a power of two, so
+/// that what is counted is logged the first time, then ever more seldom.
+pub(crate) fn seldom(counter: &AtomicU64, by: u64) -> Option<u64> {
+    let n = counter.fetch_add(by, Ordering::Relaxed) + by;
+    n.is_power_of_two().then_some(n)
 }
 
 /// The gRPC connections of `listener` that finished their handshake,
@@ -433,12 +434,7 @@ pub fn incoming<U: Upgrade>(
                 () = tx.closed() => return,
             };
             let Some(handshaking) = Handshaking::start(&ports) else {
-                let n = ports
-                    .figures
-                    .handshakes_refused
-                    .fetch_add(1, Ordering::Relaxed)
-                    + 1;
-                if seldom(n) {
+                if let Some(n) = seldom(&ports.figures.handshakes_refused, 1) {
                     tracing::warn!(
                         cap = caps.max_handshakes,
                         refused = n,
@@ -463,23 +459,13 @@ pub fn incoming<U: Upgrade>(
                 let stream = match shaken {
                     Ok(Ok(stream)) => stream,
                     Ok(Err(e)) => {
-                        let n = ports
-                            .figures
-                            .handshakes_failed
-                            .fetch_add(1, Ordering::Relaxed)
-                            + 1;
-                        if seldom(n) {
+                        if let Some(n) = seldom(&ports.figures.handshakes_failed, 1) {
                             tracing::info!(%remote, failed = n, "closing a gRPC connection whose handshake failed: {e}");
                         }
                         return;
                     }
                     Err(_) => {
-                        let n = ports
-                            .figures
-                            .handshakes_timed_out
-                            .fetch_add(1, Ordering::Relaxed)
-                            + 1;
-                        if seldom(n) {
+                        if let Some(n) = seldom(&ports.figures.handshakes_timed_out, 1) {
                             tracing::info!(
                                 %remote,
                                 timed_out = n,
@@ -580,11 +566,7 @@ impl<S> Counted<S> {
             strangers.open.push_back((peer, info.trust.clone()));
             drop(strangers);
             if closed > 0 {
-                let n = counters
-                    .strangers_closed
-                    .fetch_add(closed, Ordering::Relaxed)
-                    + closed;
-                if seldom(n) {
+                if let Some(n) = seldom(&counters.strangers_closed, closed) {
                     tracing::warn!(
                         closed = n,
                         "closing gRPC connections that have shown no credential, to make room for new ones ([server] max_strangers {}, max_strangers_per_peer {}); if they are clients, they should send their token on their first call",

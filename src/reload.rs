@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::node::Node;
+use crate::tls::Hangup;
 
 /// How often the config file is checked for changes.
 pub const POLL_EVERY: Duration = Duration::from_millis(250);
@@ -102,39 +103,13 @@ pub fn watch_config(node: Arc<Node>, path: PathBuf) -> impl std::future::Future<
         .map(std::fs::read)
         .collect::<Result<Vec<_>, _>>()
         .ok();
-    #[cfg(unix)]
-    let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    #[cfg(unix)]
-    return watch(node, path, seen, hangup);
-    #[cfg(not(unix))]
-    return watch(node, path, seen, None::<()>);
+    watch(node, path, seen, Hangup::install())
 }
 
-#[cfg(unix)]
-type Hangup = tokio::signal::unix::Signal;
-#[cfg(not(unix))]
-type Hangup = ();
-
-async fn watch(
-    node: Arc<Node>,
-    path: PathBuf,
-    mut seen: Option<Vec<Vec<u8>>>,
-    mut hangup: Option<Hangup>,
-) {
+async fn watch(node: Arc<Node>, path: PathBuf, mut seen: Option<Vec<Vec<u8>>>, mut hangup: Hangup) {
     loop {
-        #[cfg(unix)]
-        let signalled = async {
-            match hangup.as_mut() {
-                Some(h) => {
-                    h.recv().await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
-        #[cfg(not(unix))]
-        let signalled = std::future::pending::<()>();
         tokio::select! {
-            () = signalled => {
+            () = hangup.next() => {
                 reload(&node, &path, "SIGHUP");
                 seen = read_all(&watched_files(&node, &path)).await;
             }

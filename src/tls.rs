@@ -452,27 +452,14 @@ impl Tls {
     /// [`POLL_EVERY`]); runs until the task is dropped. Call it within a
     /// runtime: the SIGHUP handler is installed before this returns.
     pub fn watch(self: Arc<Self>) -> impl std::future::Future<Output = ()> {
-        #[cfg(unix)]
-        let mut hangup =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        let mut hangup = Hangup::install();
         async move {
             let mut tick = tokio::time::interval(POLL_EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                #[cfg(unix)]
-                let hup = async {
-                    match hangup.as_mut() {
-                        Some(h) => {
-                            h.recv().await;
-                        }
-                        None => std::future::pending::<()>().await,
-                    }
-                };
-                #[cfg(not(unix))]
-                let hup = std::future::pending::<()>();
                 tokio::select! {
                     _ = tick.tick() => {}
-                    () = hup => {}
+                    () = hangup.next() => {}
                 }
                 let this = self.clone();
                 let outcome = match tokio::task::spawn_blocking(move || this.reload()).await {
@@ -510,6 +497,35 @@ impl Tls {
             inner: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
             tls: self.clone(),
         }
+    }
+}
+
+/// SIGHUP, on which the certificates and the config are reloaded. It
+/// never comes off Unix, nor when its handler could not be installed.
+#[derive(Debug)]
+pub(crate) struct Hangup {
+    #[cfg(unix)]
+    signal: Option<tokio::signal::unix::Signal>,
+}
+
+impl Hangup {
+    /// Installs the handler (which also keeps SIGHUP's default action
+    /// from ending the process). Call it within a runtime.
+    pub(crate) fn install() -> Hangup {
+        Hangup {
+            #[cfg(unix)]
+            signal: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok(),
+        }
+    }
+
+    /// Returns when the next SIGHUP comes.
+    pub(crate) async fn next(&mut self) {
+        #[cfg(unix)]
+        if let Some(signal) = self.signal.as_mut() {
+            signal.recv().await;
+            return;
+        }
+        std::future::pending::<()>().await
     }
 }
 

@@ -45,7 +45,7 @@ use fusebox_domain::{
     ReasonCounts, TicketId, WaiterState, WindowBucket,
 };
 
-use crate::table;
+use crate::table::{self, u32_at, u64_at};
 
 /// The first bytes of every value the module writes.
 pub const MAGIC: &[u8; 3] = b"FBX";
@@ -115,18 +115,6 @@ pub fn version(value: &[u8]) -> Result<u8, StateError> {
         Some(&v) if v > ENCODING_VERSION => Err(StateError::NewerEncoding(v)),
         Some(&v) => Ok(v),
     }
-}
-
-pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
-    b.get(at..at + 8)
-        .and_then(|s| s.try_into().ok())
-        .map_or(0, u64::from_le_bytes)
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    b.get(at..at + 4)
-        .and_then(|s| s.try_into().ok())
-        .map_or(0, u32::from_le_bytes)
 }
 
 fn u16_at(b: &[u8], at: usize) -> u16 {

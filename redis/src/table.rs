@@ -147,13 +147,17 @@ impl Dirty {
     }
 }
 
-fn read_u64(b: &[u8], at: usize) -> u64 {
+/// The little-endian `u64` at `at` of `b`; 0 past its end.
+#[inline]
+pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
     b.get(at..at + 8)
         .and_then(|s| s.try_into().ok())
         .map_or(0, u64::from_le_bytes)
 }
 
-fn read_u32(b: &[u8], at: usize) -> u32 {
+/// The little-endian `u32` at `at` of `b`; 0 past its end.
+#[inline]
+pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
     b.get(at..at + 4)
         .and_then(|s| s.try_into().ok())
         .map_or(0, u32::from_le_bytes)
@@ -176,11 +180,11 @@ struct Slot {
 fn slot_at(b: &[u8], at: usize) -> Option<Slot> {
     let flags = b.get(at + 40).copied().unwrap_or(0);
     (flags & IN_USE != 0).then(|| Slot {
-        id: (u128::from(read_u64(b, at)) << 64) | u128::from(read_u64(b, at + 8)),
+        id: (u128::from(u64_at(b, at)) << 64) | u128::from(u64_at(b, at + 8)),
         ticket: Ticket {
-            lease_end: read_u64(b, at + 16),
-            epoch: read_u64(b, at + 24),
-            permits: read_u32(b, at + 32),
+            lease_end: u64_at(b, at + 16),
+            epoch: u64_at(b, at + 24),
+            permits: u32_at(b, at + 32),
             probe: flags & PROBE != 0,
             holds: flags & HOLDS != 0,
         },
@@ -230,7 +234,7 @@ impl<B: Bytes> Table<B> {
         if !(fits && shaped) {
             return None;
         }
-        let heap_len = read_u32(bytes.bytes(), base + cap * SLOT) as usize;
+        let heap_len = u32_at(bytes.bytes(), base + cap * SLOT) as usize;
         let mut table = Table {
             bytes,
             base,
@@ -373,8 +377,8 @@ impl<B: Bytes> Table<B> {
     /// The heap entry at `pos`.
     fn entry(&self, pos: usize) -> Entry {
         let (b, at) = (self.bytes.bytes(), self.heap_at(pos));
-        let id = (u128::from(read_u64(b, at + 8)) << 64) | u128::from(read_u64(b, at + 16));
-        (read_u64(b, at), id)
+        let id = (u128::from(u64_at(b, at + 8)) << 64) | u128::from(u64_at(b, at + 16));
+        (u64_at(b, at), id)
     }
 
     fn set_entry(&mut self, pos: usize, (lease_end, id): Entry) {

@@ -131,22 +131,27 @@ fn checked_name(name: &str, entry: &str) -> Result<(), AuthError> {
     Ok(())
 }
 
+/// A setting of `[auth]` that is one of two words (`words`, the default
+/// first): whether it is the second.
+fn either(value: Option<&str>, field: &str, words: (&str, &str)) -> Result<bool, AuthError> {
+    match value {
+        None => Ok(false),
+        Some(v) if v == words.0 => Ok(false),
+        Some(v) if v == words.1 => Ok(true),
+        Some(other) => Err(AuthError {
+            entry: "[auth]".into(),
+            field: field.into(),
+            problem: format!("{other:?} is not {:?} or {:?}", words.0, words.1),
+        }),
+    }
+}
+
 impl AuthSpec {
     /// Validates `[auth]`; `dir` is the config file's directory, against
     /// which a relative `token_file` resolves. Reads the token file and the
     /// environment variables that `env` names.
     pub fn validate(&self, dir: Option<&Path>) -> Result<Access, AuthError> {
-        let metrics_open = match self.metrics.as_deref() {
-            None | Some("open") => true,
-            Some("token") => false,
-            Some(other) => {
-                return Err(AuthError {
-                    entry: "[auth]".into(),
-                    field: "metrics".into(),
-                    problem: format!("{other:?} is not \"open\" or \"token\""),
-                })
-            }
-        };
+        let metrics_open = !either(self.metrics.as_deref(), "metrics", ("open", "token"))?;
         let mut tokens = Vec::new();
         for (i, spec) in self.token.iter().enumerate() {
             let entry = format!("auth.token {} ({:?})", i + 1, spec.name);
@@ -205,17 +210,11 @@ impl AuthSpec {
                 });
             }
         }
-        let client_first = match self.client_ambiguous.as_deref() {
-            None | Some("refuse") => false,
-            Some("first") => true,
-            Some(other) => {
-                return Err(AuthError {
-                    entry: "[auth]".into(),
-                    field: "client_ambiguous".into(),
-                    problem: format!("{other:?} is not \"refuse\" or \"first\""),
-                })
-            }
-        };
+        let client_first = either(
+            self.client_ambiguous.as_deref(),
+            "client_ambiguous",
+            ("refuse", "first"),
+        )?;
         let share = match self.share {
             None => DEFAULT_SHARE,
             Some(share) if share > 0.0 && share <= 1.0 => share,

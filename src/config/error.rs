@@ -31,3 +31,14 @@ pub enum ConfigError {
         problem: String,
     },
 }
+
+impl ConfigError {
+    /// An invalid field of `[server]`.
+    pub(super) fn server(field: &str, problem: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            rule: "[server]".into(),
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+}

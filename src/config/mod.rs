@@ -447,11 +447,7 @@ impl ConfigFile {
         let tls = self.tls.as_ref().map(|t| t.validate(dir)).transpose()?;
         let defaults = Limits::default();
         let cap = |value: Option<u64>, field: &str, default: u64| match value {
-            Some(0) => Err(ConfigError::Invalid {
-                rule: "[server]".into(),
-                field: field.into(),
-                problem: "must be at least 1".into(),
-            }),
+            Some(0) => Err(ConfigError::server(field, "must be at least 1")),
             Some(v) => Ok(v),
             None => Ok(default),
         };
@@ -459,18 +455,13 @@ impl ConfigFile {
             // As for every other duration; a bare number of ms is not
             // checked when it is read, as a string with a unit is.
             Some(d) if d.0 > MAX_DURATION => {
-                return Err(ConfigError::Invalid {
-                    rule: "[server]".into(),
-                    field: "idle_after".into(),
-                    problem: "must be at most 365 days".into(),
-                })
+                return Err(ConfigError::server(
+                    "idle_after",
+                    "must be at most 365 days",
+                ))
             }
             Some(d) => NonZeroU64::new(d.0)
-                .ok_or_else(|| ConfigError::Invalid {
-                    rule: "[server]".into(),
-                    field: "idle_after".into(),
-                    problem: "must be longer than 0 ms".into(),
-                })?
+                .ok_or_else(|| ConfigError::server("idle_after", "must be longer than 0 ms"))?
                 .get(),
             None => defaults.idle_after,
         };
@@ -486,35 +477,32 @@ impl ConfigFile {
         if let Some(bad) = http_hosts.iter().find(|h| {
             h.is_empty() || h.contains(['/', ' ', '@']) || h.chars().any(char::is_control)
         }) {
-            return Err(ConfigError::Invalid {
-                rule: "[server]".into(),
-                field: "http_hosts".into(),
-                problem: format!("{bad:?} is not a host name (write names such as \"fusebox.internal\", without scheme or port)"),
-            });
+            return Err(ConfigError::server(
+                "http_hosts",
+                format!("{bad:?} is not a host name (write names such as \"fusebox.internal\", without scheme or port)"),
+            ));
         }
         let handshake_timeout = match self.server.handshake_timeout {
             Some(d) if d.0 == 0 || d.0 > MAX_HANDSHAKE_TIMEOUT => {
-                return Err(ConfigError::Invalid {
-                    rule: "[server]".into(),
-                    field: "handshake_timeout".into(),
-                    problem: format!(
+                return Err(ConfigError::server(
+                    "handshake_timeout",
+                    format!(
                         "must be longer than 0 ms and at most {} s, e.g. \"5s\"",
                         MAX_HANDSHAKE_TIMEOUT / 1000
                     ),
-                })
+                ))
             }
             Some(d) => d.0,
             None => defaults.handshake_timeout,
         };
         let commit_window = match self.server.commit_window {
             Some(DurationSpec(ms)) if !(1..=MAX_COMMIT_WINDOW).contains(&ms) => {
-                return Err(ConfigError::Invalid {
-                    rule: "[server]".into(),
-                    field: "commit_window".into(),
-                    problem: format!(
+                return Err(ConfigError::server(
+                    "commit_window",
+                    format!(
                         "must be from 1ms to {MAX_COMMIT_WINDOW}ms, not {ms}ms: it is how much breaker history a crash may lose"
                     ),
-                })
+                ))
             }
             Some(DurationSpec(ms)) => ms,
             None => defaults.commit_window,
@@ -525,11 +513,10 @@ impl ConfigFile {
             .as_ref()
             .is_some_and(|d| d.as_os_str().is_empty())
         {
-            return Err(ConfigError::Invalid {
-                rule: "[server]".into(),
-                field: "data_dir".into(),
-                problem: "must not be empty: name a directory, or leave the field out to keep state in memory only".into(),
-            });
+            return Err(ConfigError::server(
+                "data_dir",
+                "must not be empty: name a directory, or leave the field out to keep state in memory only",
+            ));
         }
         let max_rules = cap(self.server.max_rules, "max_rules", defaults.max_rules)?;
         let max_unread_bytes = cap(
@@ -544,23 +531,21 @@ impl ConfigFile {
             defaults.max_unread_bytes_per_stream,
         )?;
         if max_unread_bytes_per_stream > max_unread_bytes {
-            return Err(ConfigError::Invalid {
-                rule: "[server]".into(),
-                field: "max_unread_bytes_per_stream".into(),
-                problem: format!(
+            return Err(ConfigError::server(
+                "max_unread_bytes_per_stream",
+                format!(
                     "is {max_unread_bytes_per_stream}, more than max_unread_bytes ({max_unread_bytes}): one stream's part cannot be more than the whole"
                 ),
-            });
+            ));
         }
         let stuck_stream_timeout = match self.server.stuck_stream_timeout {
             Some(DurationSpec(ms)) if !(100..=MAX_STUCK_STREAM_TIMEOUT).contains(&ms) => {
-                return Err(ConfigError::Invalid {
-                    rule: "[server]".into(),
-                    field: "stuck_stream_timeout".into(),
-                    problem: format!(
+                return Err(ConfigError::server(
+                    "stuck_stream_timeout",
+                    format!(
                         "must be from 100ms to 10m, not {ms}ms: it is how long a stream may wait for its client to read"
                     ),
-                })
+                ))
             }
             Some(DurationSpec(ms)) => ms,
             None => defaults.stuck_stream_timeout,
@@ -577,23 +562,21 @@ impl ConfigFile {
             (max_connections / 2).clamp(1, defaults.max_strangers),
         )?;
         if max_strangers > max_connections {
-            return Err(ConfigError::Invalid {
-                rule: "[server]".into(),
-                field: "max_strangers".into(),
-                problem: format!(
+            return Err(ConfigError::server(
+                "max_strangers",
+                format!(
                     "is {max_strangers}, more than max_connections ({max_connections}): strangers are a part of the connections"
                 ),
-            });
+            ));
         }
         if rules.len() as u64 > max_rules {
-            return Err(ConfigError::Invalid {
-                rule: "[server]".into(),
-                field: "max_rules".into(),
-                problem: format!(
+            return Err(ConfigError::server(
+                "max_rules",
+                format!(
                     "is {max_rules}, and the file has {} rules: raise max_rules or merge rules",
                     rules.len()
                 ),
-            });
+            ));
         }
         // Like every path in the file, a relative one is taken from the
         // file's directory, not the working directory.

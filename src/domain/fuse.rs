@@ -118,6 +118,34 @@ impl Cause {
 
 crate::names::named!(Cause, "cause");
 
+/// What an operator does to a key (B5): isolate it or close it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OperatorAction {
+    /// Put the breaker in `ISOLATED`: every request is refused.
+    Isolate,
+    /// Put the breaker in `CLOSED` with everything cleared.
+    Close,
+}
+
+impl OperatorAction {
+    /// The action's name, as the `Admin` service and the permission
+    /// checks spell it: `Isolate` or `Close`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperatorAction::Isolate => "Isolate",
+            OperatorAction::Close => "Close",
+        }
+    }
+
+    /// Why the key's phase changes when the action is taken.
+    pub fn cause(self) -> Cause {
+        match self {
+            OperatorAction::Isolate => Cause::Isolated,
+            OperatorAction::Close => Cause::Closed,
+        }
+    }
+}
+
 /// Something that happened inside an operation that the engine must pass on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -148,7 +176,10 @@ pub enum Notice {
 }
 
 /// Per-key statistics; they restart from zero when a key is forgotten (K2).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// A key's view carries them as they are ([`crate::wire::KeyView`]), the
+/// reasons by name; a count the writer did not send reads as 0.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Stats {
     /// Tickets granted as ordinary requests, at once or after waiting.
     pub granted: u64,
@@ -161,6 +192,7 @@ pub struct Stats {
     /// Requests denied by the permit book (any reason).
     pub denied: u64,
     /// Blocked and denied requests by reason, indexed by [`Reason::ALL`].
+    #[serde(with = "crate::wire::by_reason")]
     pub by_reason: [u64; 7],
     /// Requests that waited in the queue.
     pub queued: u64,

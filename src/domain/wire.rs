@@ -508,7 +508,7 @@ pub fn stale_of(n: u64) -> Result<bool, WireError> {
 
 /// Blocked and denied requests by reason, written as an object of the
 /// reasons' names; a name this side does not know is skipped.
-mod by_reason {
+pub(crate) mod by_reason {
     use serde::de::{IgnoredAny, MapAccess, Visitor};
     use serde::ser::SerializeMap;
     use serde::{Deserializer, Serializer};
@@ -544,114 +544,6 @@ mod by_reason {
             }
         }
         d.deserialize_map(Counts)
-    }
-}
-
-/// A key's statistics as the view carries them ([`Stats`], the reasons
-/// by name); a count the writer did not send reads as 0.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-#[allow(missing_docs)]
-pub struct ViewStats {
-    pub granted: u64,
-    pub probes: u64,
-    pub blocked: u64,
-    pub refused: u64,
-    pub denied: u64,
-    #[serde(with = "by_reason")]
-    pub by_reason: [u64; 7],
-    pub queued: u64,
-    pub evicted: u64,
-    pub timed_out: u64,
-    pub withdrawn: u64,
-    pub failed: u64,
-    pub successes: u64,
-    pub failures: u64,
-    pub ignored: u64,
-    pub stale: u64,
-    pub expired: u64,
-}
-
-impl From<&Stats> for ViewStats {
-    fn from(s: &Stats) -> ViewStats {
-        // Every field named: a field added to `Stats` must be added here.
-        let Stats {
-            granted,
-            probes,
-            blocked,
-            refused,
-            denied,
-            by_reason,
-            queued,
-            evicted,
-            timed_out,
-            withdrawn,
-            failed,
-            successes,
-            failures,
-            ignored,
-            stale,
-            expired,
-        } = *s;
-        ViewStats {
-            granted,
-            probes,
-            blocked,
-            refused,
-            denied,
-            by_reason,
-            queued,
-            evicted,
-            timed_out,
-            withdrawn,
-            failed,
-            successes,
-            failures,
-            ignored,
-            stale,
-            expired,
-        }
-    }
-}
-
-impl From<&ViewStats> for Stats {
-    fn from(s: &ViewStats) -> Stats {
-        let ViewStats {
-            granted,
-            probes,
-            blocked,
-            refused,
-            denied,
-            by_reason,
-            queued,
-            evicted,
-            timed_out,
-            withdrawn,
-            failed,
-            successes,
-            failures,
-            ignored,
-            stale,
-            expired,
-        } = *s;
-        Stats {
-            granted,
-            probes,
-            blocked,
-            refused,
-            denied,
-            by_reason,
-            queued,
-            evicted,
-            timed_out,
-            withdrawn,
-            failed,
-            successes,
-            failures,
-            ignored,
-            stale,
-            expired,
-        }
     }
 }
 
@@ -696,7 +588,7 @@ pub struct KeyView {
     pub next_deadline: Option<Millis>,
     /// Statistics.
     #[serde(default)]
-    pub stats: ViewStats,
+    pub stats: Stats,
     /// The policy in force, for people reading `FB.GET`. Not read back: a
     /// server runs the policies of its own rules, and a policy of a later
     /// release must not keep it from reading a view.
@@ -757,7 +649,7 @@ impl KeyView {
             last_now,
             now_ms: now,
             next_deadline,
-            stats: stats.into(),
+            stats: stats.clone(),
             policy,
         }
     }
@@ -777,7 +669,7 @@ impl KeyView {
             epoch: self.epoch,
             failure_ratio: self.failure_ratio,
             changed_at: self.changed_at,
-            stats: (&self.stats).into(),
+            stats: self.stats.clone(),
         }
     }
 }

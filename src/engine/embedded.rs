@@ -28,7 +28,7 @@ use super::storage::{Actor, Storage};
 use super::sweep::SweepCounters;
 use super::tickets::{random_ticket, ticket_of, token_of};
 use crate::domain::{
-    Ask, Decision, Fuse, FuseError, Grant, Millis, Notice, Outcome, Phase, TicketId,
+    Ask, Decision, Fuse, FuseError, Grant, Millis, Notice, OperatorAction, Outcome, Phase, TicketId,
 };
 
 pub(super) type WaiterAnswer = Result<(Decision, Phase, Millis), EngineError>;
@@ -676,25 +676,27 @@ impl Engine {
 
     /// Isolates a key (B5), recording who asked and why.
     pub fn isolate(&self, key: &str, reason: &str, who: &str) -> Result<KeyReading, EngineError> {
-        self.manual(key, reason, who, true)
+        self.operate(key, reason, who, OperatorAction::Isolate)
     }
 
     /// Closes a key (B5), recording who asked and why.
     pub fn close(&self, key: &str, reason: &str, who: &str) -> Result<KeyReading, EngineError> {
-        self.manual(key, reason, who, false)
+        self.operate(key, reason, who, OperatorAction::Close)
     }
 
-    pub(super) fn manual(
+    /// Takes an operator's `action` on a key (B5), recording who asked
+    /// and why.
+    pub(super) fn operate(
         &self,
         key: &str,
         reason: &str,
         who: &str,
-        isolate: bool,
+        action: OperatorAction,
     ) -> Result<KeyReading, EngineError> {
-        let why = operator_action(key, reason, who, isolate)?;
+        let why = operator_action(key, reason, who, action)?;
         // Closing a key that does not exist would make a fresh key: nothing to do.
         let access = Reach {
-            create: isolate,
+            create: action == OperatorAction::Isolate,
             request: false,
             actor: Some((who, why)),
             settling: false,
@@ -702,10 +704,9 @@ impl Engine {
         };
         let read = self.with_fuse(key, access, |fuse, ctx| {
             let now = ctx.now;
-            let done = if isolate {
-                fuse.isolate(now)
-            } else {
-                fuse.close(now)
+            let done = match action {
+                OperatorAction::Isolate => fuse.isolate(now),
+                OperatorAction::Close => fuse.close(now),
             };
             done.map(|()| (fuse.view(now), now))
         })?;
@@ -725,13 +726,13 @@ impl Engine {
     }
 }
 
-/// Checks an operator's isolate (`isolate`) or close of `key` and logs
-/// it; returns the reason to record (B5).
+/// Checks an operator's `action` on `key` and logs it; returns the reason
+/// to record (B5).
 pub(super) fn operator_action<'a>(
     key: &str,
     reason: &'a str,
     who: &str,
-    isolate: bool,
+    action: OperatorAction,
 ) -> Result<&'a str, EngineError> {
     check_key(key)?;
     check_reason(reason)?;
@@ -740,8 +741,7 @@ pub(super) fn operator_action<'a>(
     } else {
         reason
     };
-    let action = if isolate { "isolated" } else { "closed" };
-    tracing::info!(key, who, why, "{action} by an operator");
+    tracing::info!(key, who, why, "{}", action.cause().as_str());
     Ok(why)
 }
 

@@ -119,29 +119,28 @@ impl Hitters {
 
     /// Counts a request for `name`.
     pub fn bump(&mut self, hash: u64, name: &Arc<str>) {
-        let bucket = self.bucket(hash);
-        if let Some((_, count)) = bucket
-            .iter_mut()
-            .find(|(held, _)| held.as_ref().is_some_and(|h| Arc::ptr_eq(h, name)))
-        {
-            *count = count.saturating_add(1);
-            return;
-        }
-        let (held, count) = bucket
-            .iter_mut()
-            .min_by_key(|(held, count)| (held.is_some(), *count))
-            .expect("a bucket has entries");
-        *held = Some(name.clone());
-        *count = count.saturating_add(1);
+        self.count(hash, |held| Arc::ptr_eq(held, name), || name.clone());
     }
 
     /// Counts a request for the key named `name`, matched by its name (for
     /// callers that hold no shared name for it).
     pub fn bump_named(&mut self, hash: u64, name: &str) {
+        self.count(hash, |held| **held == *name, || Arc::from(name));
+    }
+
+    /// Counts a request for the key in `hash`'s bucket that `is` it; a key
+    /// not held takes the entry of the least count (an empty one first),
+    /// named by `name`.
+    fn count(
+        &mut self,
+        hash: u64,
+        is: impl Fn(&Arc<str>) -> bool,
+        name: impl FnOnce() -> Arc<str>,
+    ) {
         let bucket = self.bucket(hash);
         if let Some((_, count)) = bucket
             .iter_mut()
-            .find(|(held, _)| held.as_deref() == Some(name))
+            .find(|(held, _)| held.as_ref().is_some_and(&is))
         {
             *count = count.saturating_add(1);
             return;
@@ -150,7 +149,7 @@ impl Hitters {
             .iter_mut()
             .min_by_key(|(held, count)| (held.is_some(), *count))
             .expect("a bucket has entries");
-        *held = Some(Arc::from(name));
+        *held = Some(name());
         *count = count.saturating_add(1);
     }
 

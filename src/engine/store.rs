@@ -27,7 +27,7 @@ use super::{
     StorageFigures, Totals,
 };
 use crate::domain::wire::Channel;
-use crate::domain::{Millis, Outcome, Phase, Policy, TicketId};
+use crate::domain::{Millis, OperatorAction, Outcome, Phase, Policy, TicketId};
 
 /// Where a listing goes on from: the start, after a key (the embedded
 /// engine lists in key order), or a scan cursor of one primary (Redis).
@@ -158,13 +158,13 @@ pub trait SharedStore: Send + Sync + std::fmt::Debug {
     fn ticket_key(&self, token: &str) -> Result<Arc<str>, EngineError>;
     /// Reads a key, and whether the store holds it.
     fn read<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(KeyReading, bool), EngineError>>;
-    /// Isolates (`isolate`) or closes a key, recording who and why.
+    /// Takes an operator's `action` on a key, recording who and why.
     fn operate<'a>(
         &'a self,
         key: &'a str,
         reason: &'a str,
         who: &'a str,
-        isolate: bool,
+        action: OperatorAction,
     ) -> BoxFuture<'a, Result<KeyReading, EngineError>>;
     /// A page of keys.
     fn list_page<'a>(
@@ -428,29 +428,18 @@ impl Store {
         }
     }
 
-    /// Isolates a key (B5), recording who asked and why.
-    pub async fn isolate(
+    /// Takes an operator's `action` on a key (B5): isolates or closes it,
+    /// recording who asked and why.
+    pub async fn operate(
         &self,
         key: &str,
         reason: &str,
         who: &str,
+        action: OperatorAction,
     ) -> Result<KeyReading, EngineError> {
         match self {
-            Store::Embedded(e) => e.isolate(key, reason, who),
-            Store::Redis(r) => r.operate(key, reason, who, true).await,
-        }
-    }
-
-    /// Closes a key (B5), recording who asked and why.
-    pub async fn close(
-        &self,
-        key: &str,
-        reason: &str,
-        who: &str,
-    ) -> Result<KeyReading, EngineError> {
-        match self {
-            Store::Embedded(e) => e.close(key, reason, who),
-            Store::Redis(r) => r.operate(key, reason, who, false).await,
+            Store::Embedded(e) => e.operate(key, reason, who, action),
+            Store::Redis(r) => r.operate(key, reason, who, action).await,
         }
     }
 

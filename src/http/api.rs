@@ -21,6 +21,7 @@ use super::guard::Caller;
 use super::json::{KeyJson, TotalsJson, TransitionJson};
 use super::state::AppState;
 use super::trends::{current_board, Board, Trend, ATTENTION};
+use crate::domain::OperatorAction;
 use crate::engine::{Cursor, EngineError, KeyReading};
 use crate::proto::wire::{filter_of, page_after, page_token};
 
@@ -355,67 +356,26 @@ pub async fn refuse_large_bodies(
     }
 }
 
-/// `POST /api/keys/{key}/isolate` with `{"reason": "..."}`.
-pub async fn isolate(
+/// `POST /api/keys/{key}/isolate` and `POST /api/keys/{key}/close`, with
+/// `{"reason": "..."}`: an operator's action from the dashboard (the
+/// route gives which, as an extension), with its reason and who asked.
+/// The key and the body are read, the caller checked against the key,
+/// then the action runs.
+pub async fn operate(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Extension(caller): Extension<Caller>,
+    Extension(action): Extension<OperatorAction>,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<KeyJson>, ApiError> {
-    let request = Steer {
-        peer,
-        caller,
-        path,
-        headers,
-        body,
-    };
-    steer(&state, request, true).await
-}
-
-/// `POST /api/keys/{key}/close` with `{"reason": "..."}`.
-pub async fn close(
-    State(state): State<AppState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Extension(caller): Extension<Caller>,
-    path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<KeyJson>, ApiError> {
-    let request = Steer {
-        peer,
-        caller,
-        path,
-        headers,
-        body,
-    };
-    steer(&state, request, false).await
-}
-
-/// What an isolate or close request brings.
-struct Steer {
-    peer: SocketAddr,
-    caller: Caller,
-    path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-}
-
-/// An operator's isolate (`isolate`) or close from the dashboard, with
-/// its reason and who asked: the key and the body are read, the caller
-/// checked against the key, then the action runs.
-async fn steer(state: &AppState, request: Steer, isolate: bool) -> Result<Json<KeyJson>, ApiError> {
-    let what = if isolate { "Isolate" } else { "Close" };
-    let key = key_of(request.path)?;
-    let body = body_of(request.body)?;
-    request.caller.may_steer(&key, what)?;
-    let reason = reason_of(&request.headers, &body)?;
-    let who = who(request.peer, &request.caller);
-    let r = match isolate {
-        true => state.store.isolate(&key, &reason, &who).await?,
-        false => state.store.close(&key, &reason, &who).await?,
-    };
+    let key = key_of(path)?;
+    let body = body_of(body)?;
+    caller.may_steer(&key, action.as_str())?;
+    let reason = reason_of(&headers, &body)?;
+    let who = who(peer, &caller);
+    let r = state.store.operate(&key, &reason, &who, action).await?;
     Ok(Json(KeyJson::of(state.store.core(), &r)))
 }
 

@@ -7,12 +7,13 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use axum::Router;
+use axum::{Extension, Router};
 
 use super::guard::Caller;
 use super::metrics::{self, Shown};
 use super::state::{AppState, Options};
 use super::{api, dashboard, events, guard};
+use crate::domain::OperatorAction;
 use crate::node::Node;
 
 /// The routes of `node`, with the default [`Options`].
@@ -41,8 +42,14 @@ pub fn router_of(state: AppState) -> Router {
         .route("/api/keys", get(api::keys))
         .route("/api/transitions", get(api::transitions))
         .route("/api/events", get(events::events))
-        .route("/api/keys/{key}/isolate", post(api::isolate))
-        .route("/api/keys/{key}/close", post(api::close))
+        .route(
+            "/api/keys/{key}/isolate",
+            post(api::operate).layer(Extension(OperatorAction::Isolate)),
+        )
+        .route(
+            "/api/keys/{key}/close",
+            post(api::operate).layer(Extension(OperatorAction::Close)),
+        )
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::max(api::MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(api::refuse_large_bodies))

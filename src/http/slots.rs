@@ -131,8 +131,7 @@ impl HttpSlot {
 }
 
 fn refused(slots: &Slots, cap: u64) {
-    let n = slots.refused.fetch_add(1, Ordering::Relaxed) + 1;
-    if n.is_power_of_two() {
+    if let Some(n) = crate::connections::seldom(&slots.refused, 1) {
         tracing::warn!(
             cap,
             refused = n,

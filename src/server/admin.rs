@@ -4,6 +4,7 @@
 use tonic::{Request, Response, Status};
 
 use crate::auth::Role;
+use crate::domain::OperatorAction;
 use crate::engine::Cursor;
 use crate::proto::v1 as pb;
 use crate::proto::wire::{duration_of, filter_of, millis_of, page_after, page_token};
@@ -40,40 +41,18 @@ impl Admin for Api {
         &self,
         request: Request<pb::IsolateRequest>,
     ) -> Result<Response<pb::KeyState>, Status> {
-        let grant = self.allow(
-            &request,
-            Role::Operator,
-            "Isolate",
-            On::Key(&request.get_ref().key),
-        )?;
-        let who = who(&request, grant.as_deref());
-        let req = request.into_inner();
-        let reading = self
-            .store
-            .isolate(&req.key, &req.reason, &who)
+        let pb::IsolateRequest { key, reason } = request.get_ref();
+        self.operate(&request, key, reason, OperatorAction::Isolate)
             .await
-            .map_err(status_of)?;
-        Ok(Response::new(key_state_of(self.store.core(), &reading)))
     }
 
     async fn close(
         &self,
         request: Request<pb::CloseRequest>,
     ) -> Result<Response<pb::KeyState>, Status> {
-        let grant = self.allow(
-            &request,
-            Role::Operator,
-            "Close",
-            On::Key(&request.get_ref().key),
-        )?;
-        let who = who(&request, grant.as_deref());
-        let req = request.into_inner();
-        let reading = self
-            .store
-            .close(&req.key, &req.reason, &who)
+        let pb::CloseRequest { key, reason } = request.get_ref();
+        self.operate(&request, key, reason, OperatorAction::Close)
             .await
-            .map_err(status_of)?;
-        Ok(Response::new(key_state_of(self.store.core(), &reading)))
     }
 
     async fn list_keys(
@@ -259,6 +238,28 @@ impl Admin for Api {
                 default: true,
             }),
         }))
+    }
+}
+
+impl Api {
+    /// `Isolate` or `Close` (`action`) of `key`, for `reason`: checked
+    /// against the caller's grant, recorded with who asked, answered with
+    /// the key's state.
+    async fn operate<T>(
+        &self,
+        request: &Request<T>,
+        key: &str,
+        reason: &str,
+        action: OperatorAction,
+    ) -> Result<Response<pb::KeyState>, Status> {
+        let grant = self.allow(request, Role::Operator, action.as_str(), On::Key(key))?;
+        let who = who(request, grant.as_deref());
+        let reading = self
+            .store
+            .operate(key, reason, &who, action)
+            .await
+            .map_err(status_of)?;
+        Ok(Response::new(key_state_of(self.store.core(), &reading)))
     }
 }
 

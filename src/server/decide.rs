@@ -572,31 +572,54 @@ fn check_items(count: usize) -> Result<(), Status> {
     }
 }
 
-/// `AcquireBatch`: each item as the unary Acquire, in order; none waits.
-pub async fn acquire_batch(
+/// A batch: `request`'s items (`items_of`), each answered by `one` for
+/// the batch's caller (its grant and share, counted as one call in
+/// flight). The batch's size is checked and its items counted; each item
+/// is started in order (its command sent), then the rest are awaited
+/// together: one round trip per node, per-key order kept. The results are
+/// in the items' order.
+async fn each_in_order<B, I, T, F>(
     api: &Api,
-    request: Request<pb::AcquireBatchRequest>,
-) -> Result<pb::AcquireBatchResponse, Status> {
+    request: Request<B>,
+    items_of: impl FnOnce(B) -> Vec<I>,
+    mut one: F,
+) -> Result<Vec<T>, Status>
+where
+    F: for<'b> FnMut(&'b Api, Option<&'b Grant>, Option<&'b Arc<Share>>, I) -> Boxed<'b, T>,
+{
     let grant = api.grant(&request)?;
     let share = api.node.share_of(grant.as_deref());
     let _calling = calling(api, share.as_ref());
-    let items = request.into_inner().items;
+    let items = items_of(request.into_inner());
     check_items(items.len())?;
     api.node
         .counters()
         .batch_items
         .fetch_add(items.len() as u64, Ordering::Relaxed);
-    let (grant, share) = (grant.as_deref(), share.as_ref());
-    // Each item started in order (its command sent), then all awaited
-    // together: one round trip per node, per-key order kept.
     let mut results = Vec::with_capacity(items.len());
     let mut pending = Vec::new();
     for (at, item) in items.into_iter().enumerate() {
-        use pb::acquire_result::Result as R;
+        match start(one(api, grant.as_deref(), share.as_ref(), item)).await {
+            Ok(result) => results.push((at, result)),
+            Err(later) => pending.push((at, later)),
+        }
+    }
+    results.extend(all(pending).await);
+    results.sort_unstable_by_key(|(at, _)| *at);
+    Ok(results.into_iter().map(|(_, r)| r).collect())
+}
+
+/// `AcquireBatch`: each item as the unary Acquire, in order; none waits.
+pub async fn acquire_batch(
+    api: &Api,
+    request: Request<pb::AcquireBatchRequest>,
+) -> Result<pb::AcquireBatchResponse, Status> {
+    use pb::acquire_result::Result as R;
+    let results = each_in_order(api, request, |r| r.items, |api, grant, share, item| {
         let waits = item
             .max_wait
             .is_some_and(|d| d.seconds != 0 || d.nanos != 0);
-        let one: Pin<Box<dyn Future<Output = pb::AcquireResult> + Send>> = Box::pin(async move {
+        Box::pin(async move {
             let result = if waits {
                 Err(Status::invalid_argument(
                     "max_wait: a batch item does not wait; leave it out, or use Acquire or Decide to wait",
@@ -610,17 +633,10 @@ pub async fn acquire_batch(
                     Err(status) => R::Error(error_of(&status)),
                 }),
             }
-        });
-        match start(one).await {
-            Ok(result) => results.push((at, result)),
-            Err(later) => pending.push((at, later)),
-        }
-    }
-    results.extend(all(pending).await);
-    results.sort_unstable_by_key(|(at, _)| *at);
-    Ok(pb::AcquireBatchResponse {
-        results: results.into_iter().map(|(_, r)| r).collect(),
+        })
     })
+    .await?;
+    Ok(pb::AcquireBatchResponse { results })
 }
 
 /// `CompleteBatch`: each item as the unary Complete, in order.
@@ -628,38 +644,24 @@ pub async fn complete_batch(
     api: &Api,
     request: Request<pb::CompleteBatchRequest>,
 ) -> Result<pb::CompleteBatchResponse, Status> {
-    let grant = api.grant(&request)?;
-    let share = api.node.share_of(grant.as_deref());
-    let _calling = calling(api, share.as_ref());
-    let items = request.into_inner().items;
-    check_items(items.len())?;
-    api.node
-        .counters()
-        .batch_items
-        .fetch_add(items.len() as u64, Ordering::Relaxed);
-    let (grant, share) = (grant.as_deref(), share.as_ref());
-    let mut results = Vec::with_capacity(items.len());
-    let mut pending = Vec::new();
-    for (at, item) in items.into_iter().enumerate() {
-        use pb::complete_result::Result as R;
-        let one: Pin<Box<dyn Future<Output = pb::CompleteResult> + Send>> = Box::pin(async move {
-            pb::CompleteResult {
-                result: Some(match api.complete_as(grant, share, item).await {
-                    Ok(response) => R::Response(response),
-                    Err(status) => R::Error(error_of(&status)),
-                }),
-            }
-        });
-        match start(one).await {
-            Ok(result) => results.push((at, result)),
-            Err(later) => pending.push((at, later)),
-        }
-    }
-    results.extend(all(pending).await);
-    results.sort_unstable_by_key(|(at, _)| *at);
-    Ok(pb::CompleteBatchResponse {
-        results: results.into_iter().map(|(_, r)| r).collect(),
-    })
+    use pb::complete_result::Result as R;
+    let results = each_in_order(
+        api,
+        request,
+        |r| r.items,
+        |api, grant, share, item| {
+            Box::pin(async move {
+                pb::CompleteResult {
+                    result: Some(match api.complete_as(grant, share, item).await {
+                        Ok(response) => R::Response(response),
+                        Err(status) => R::Error(error_of(&status)),
+                    }),
+                }
+            })
+        },
+    )
+    .await?;
+    Ok(pb::CompleteBatchResponse { results })
 }
 
 #[cfg(test)]

@@ -584,25 +584,22 @@ impl<T: TicketTable> Fuse<T> {
                 holds: t.holds,
             })
             .collect();
-        let waiters = live
-            .into_iter()
-            .flat_map(|l| l.book.iter())
-            .map(|w| WaiterState {
-                id: w.id,
-                permits: w.permits,
-                until: w.until,
-                lease: w.lease,
-            })
-            .collect();
+        let FuseHead {
+            last_now,
+            breaker,
+            limiter,
+            waiters,
+            counters,
+        } = self.head();
         FuseState {
             version: STATE_VERSION,
             policy: self.policy.spec(),
-            last_now: self.last_now,
-            breaker: self.breaker.state(),
-            limiter: self.limiter().map(Limiter::state),
+            last_now,
+            breaker,
+            limiter,
             tickets,
             waiters,
-            counters: self.counters.state(),
+            counters,
             notices: live.map_or_else(Vec::new, |l| l.notices.clone()),
         }
     }

@@ -51,7 +51,7 @@ pub use super::store::{StoreFigures, NOTICE_CHANNELS};
 use super::tickets::random_ticket;
 use super::{AcquireArgs, AcquireReply, CompleteReply, Core, EngineError, KeyReading, Totals};
 use crate::domain::wire::{Answer, Channel, ReplyForm};
-use crate::domain::{Decision, Millis, Outcome, Phase, Policy, TicketId};
+use crate::domain::{Decision, Millis, OperatorAction, Outcome, Phase, Policy, TicketId};
 use conn::Conn;
 pub use conn::{
     read_password, redacted, Named, ProbeReplicas, Secret, StoreTls, StoreUrl, PROBE_WAIT,
@@ -605,22 +605,25 @@ impl RedisStore {
         })
     }
 
-    /// Isolates (`isolate`) or closes a key (B5), recording who and why in
-    /// the event; the reply waits for a replica to have it (`WAIT`).
-    pub async fn manual(
+    /// Takes an operator's `action` on a key (B5), recording who and why
+    /// in the event; the reply waits for a replica to have it (`WAIT`).
+    pub async fn operate(
         &self,
         key: &str,
         reason: &str,
         who: &str,
-        isolate: bool,
+        action: OperatorAction,
     ) -> Result<KeyReading, EngineError> {
-        let why = super::embedded::operator_action(key, reason, who, isolate)?;
+        let why = super::embedded::operator_action(key, reason, who, action)?;
         let rk = redis_key(key);
         let now = self.now_arg();
         let make = |policy: &str| {
-            let mut cmd = redis::cmd(if isolate { "FB.ISOLATE" } else { "FB.CLOSE" });
+            let mut cmd = match action {
+                OperatorAction::Isolate => redis::cmd("FB.ISOLATE"),
+                OperatorAction::Close => redis::cmd("FB.CLOSE"),
+            };
             cmd.arg(&rk).arg(&now);
-            if isolate {
+            if action == OperatorAction::Isolate {
                 cmd.arg("POLICY").arg(policy);
             }
             cmd.arg("BY")
@@ -1082,9 +1085,9 @@ impl SharedStore for RedisStore {
         key: &'a str,
         reason: &'a str,
         who: &'a str,
-        isolate: bool,
+        action: OperatorAction,
     ) -> BoxFuture<'a, Result<KeyReading, EngineError>> {
-        self.manual(key, reason, who, isolate).boxed()
+        RedisStore::operate(self, key, reason, who, action).boxed()
     }
 
     fn list_page<'a>(
