@@ -660,7 +660,7 @@ pub struct PeerInfo {
 }
 
 /// A connection's standing: a stranger until a call on it shows a known
-/// credential; a stranger may be closed to make room ([`Strangers`]).
+/// credential; a stranger may be closed to make room (the strangers).
 #[derive(Debug, Default)]
 pub struct Trust {
     trusted: std::sync::atomic::AtomicBool,

@@ -515,7 +515,7 @@ fn patch_of(value: &[u8], at_rest: bool, ranges: &[(usize, usize)]) -> Vec<u8> {
     blob
 }
 
-/// `FB.PATCH key patch`: what a primary's step wrote ([`patch_of`]),
+/// `FB.PATCH key patch`: what a primary's step wrote (`patch_of`),
 /// applied by a replica (or an AOF replay): the value becomes the patch's
 /// length (new bytes zero), each range is written, a key at rest gets its
 /// idle expiry, and the registry notes the key. Only for replication: a

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use super::{Millis, Outcome};
 
 /// The id of a policy's JSON, as the Redis module keeps it and a command
-/// names it (`@` and [`hex`](super::hex::hex) of it): the first 16 bytes of
+/// names it (`@` and [`hex`](super::hex::encode) of it): the first 16 bytes of
 /// the JSON's SHA-256.
 pub fn policy_id(json: &[u8]) -> [u8; 16] {
     let digest = Sha256::digest(json);

@@ -50,7 +50,7 @@ pub struct KeyReading {
     pub now: Millis,
 }
 
-/// Engine-wide figures (see [`Engine::totals`]); each shard keeps its own
+/// Engine-wide figures (see [`Engine::totals`](super::Engine::totals)); each shard keeps its own
 /// as they change, and a read sums them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Totals {

@@ -206,7 +206,7 @@ impl Engine {
     }
 
     /// A receiver of every event published from now on (bounded: a receiver
-    /// that falls [`EVENT_BUFFER`] events behind is told it lagged).
+    /// that falls [`EVENT_BUFFER`](super::EVENT_BUFFER) events behind is told it lagged).
     pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event> {
         self.core.subscribe()
     }

@@ -1,10 +1,10 @@
-//! The engine: every key's [`Fuse`] in a sharded store, tickets and
+//! The engine: every key's [`Fuse`](crate::domain::Fuse) in a sharded store, tickets and
 //! waiters, one timer that settles leases and waits on time, idle
 //! forgetting in batches, and the caps.
 //!
 //! Each operation runs one pure domain step under its key's shard lock
 //! (C6), reading the clock inside the lock so that a key never sees time go
-//! backwards. What the step reports ([`Notice`]s) is recorded under the
+//! backwards. What the step reports ([`Notice`](crate::domain::Notice)s) is recorded under the
 //! lock (tickets indexed, figures kept, events queued in the shard's
 //! outbox); waiters are woken, events sent and changes logged after the
 //! lock is released.

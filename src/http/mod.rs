@@ -15,8 +15,8 @@
 //! | `POST /api/keys/{key}/isolate` | isolate, with `{"reason": "..."}` (who: `dashboard:PEER`) |
 //! | `POST /api/keys/{key}/close` | close, with `{"reason": "..."}` |
 //!
-//! Nothing here walks every key: totals come from [`Engine::totals`], the
-//! rows from bounded reads ([`Engine::busiest`], [`Engine::list`] pages),
+//! Nothing here walks every key: totals come from [`Engine::totals`](crate::engine::Engine::totals), the
+//! rows from bounded reads ([`Engine::busiest`](crate::engine::Engine::busiest), [`Engine::list`](crate::engine::Engine::list) pages),
 //! and one sampler task ([`trends`]) serves every viewer.
 //!
 //! Connections are capped (`[server] max_http_connections`, lowered if

@@ -59,7 +59,7 @@ pub(crate) enum On<'a> {
 }
 
 /// The three fusebox services over one store: cloned into each service,
-/// one value per server ([`Api::new`] makes its [`Bounds`]).
+/// one value per server ([`Api::new`] makes its `Bounds`).
 #[derive(Clone, Debug)]
 pub struct Api {
     pub(crate) store: Store,

@@ -1,6 +1,6 @@
 //! The gRPC face of fusebox (SPEC section 8): services that convert wire
 //! messages to engine calls and back, and nothing more. Errors become
-//! `tonic::Status` in exactly one place ([`status`]).
+//! `tonic::Status` in exactly one place (`status.rs`).
 //!
 //! This file only names the others and opens their doors; none of them
 //! imports a file that imports it:

@@ -52,7 +52,7 @@ fn waiter_reply(fuse: &StepFuse<'_>, id: TicketId, now: Millis, notices: &[Notic
 /// `FB.SETTLE key now_ms [WAITER id]`: advances the key to `now_ms`
 /// (leases that ended, waits that timed out, a break that is over), stores
 /// it when the key holds state, and replies `[next_deadline_ms|nil,
-/// waiter|nil]`, the waiter's part being what [`waiter_reply`] says.
+/// waiter|nil]`, the waiter's part being what `waiter_reply` says.
 pub fn settle(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     if args.len() < 3 {
         return Err(RedisError::WrongArity);

@@ -27,7 +27,7 @@ impl std::fmt::Debug for NoticeKey {
 }
 
 impl NoticeKey {
-    /// A key of these bytes, at least [`MIN_SECRET`] of them.
+    /// A key of these bytes, at least `MIN_SECRET` of them.
     pub fn new(secret: &[u8]) -> Result<NoticeKey, String> {
         if secret.len() < MIN_SECRET {
             return Err(format!(

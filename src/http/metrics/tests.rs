@@ -50,7 +50,10 @@ fn reference() -> String {
             f.kind.as_str(),
             labels,
             f.when.words(),
+            // Markdown (rustdoc reads the file): `[server]` is no link.
             help.replace('|', "\\|")
+                .replace('[', "\\[")
+                .replace(']', "\\]")
         ));
     }
     out
