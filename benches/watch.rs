@@ -80,6 +80,28 @@ fn us(d: Duration) -> String {
     format!("{:.0} µs", d.as_secs_f64() * 1e6)
 }
 
+/// Acquire on `key`, with the policy's defaults.
+async fn acquire(c: &mut Fusebox, key: &str) -> pb::AcquireResponse {
+    c.acquire(pb::AcquireRequest {
+        key: key.to_owned(),
+        ..Default::default()
+    })
+    .await
+    .expect("Acquire answers")
+    .into_inner()
+}
+
+/// Complete of `ticket` with `outcome`.
+async fn complete(c: &mut Fusebox, ticket: String, outcome: pb::Outcome) -> pb::CompleteResponse {
+    c.complete(pb::CompleteRequest {
+        ticket,
+        outcome: outcome as i32,
+    })
+    .await
+    .expect("Complete answers")
+    .into_inner()
+}
+
 /// Part 1: the delay from a tripping Complete to its Watch event.
 async fn trip_delay(addr: &str, trips: usize) {
     let mut watch = pb::admin_client::AdminClient::new(connect(addr, false).await)
@@ -106,24 +128,9 @@ async fn trip_delay(addr: &str, trips: usize) {
     let mut replies = Vec::with_capacity(trips);
     for i in 0..warm_up + trips {
         let key = format!("trip/{i}");
-        let ticket = c
-            .acquire(pb::AcquireRequest {
-                key: key.clone(),
-                ..Default::default()
-            })
-            .await
-            .expect("Acquire answers")
-            .into_inner()
-            .ticket;
+        let ticket = acquire(&mut c, &key).await.ticket;
         let sent = Instant::now();
-        let done = c
-            .complete(pb::CompleteRequest {
-                ticket,
-                outcome: pb::Outcome::Failure as i32,
-            })
-            .await
-            .expect("Complete answers")
-            .into_inner();
+        let done = complete(&mut c, ticket, pb::Outcome::Failure).await;
         let replied = Instant::now();
         assert_eq!(done.phase, pb::Phase::Open as i32);
         let (got, arrived) = tokio::time::timeout(Duration::from_secs(5), arrivals.recv())
@@ -164,26 +171,14 @@ async fn run_load(channels: &[Channel], clients: usize, length: Duration, run: u
             let key = format!("load/{run}/{client}");
             let mut calls = 0u64;
             while Instant::now() < deadline {
-                let reply = c
-                    .acquire(pb::AcquireRequest {
-                        key: key.clone(),
-                        ..Default::default()
-                    })
-                    .await
-                    .expect("Acquire answers")
-                    .into_inner();
+                let reply = acquire(&mut c, &key).await;
                 if !reply.ticket.is_empty() {
                     let outcome = if calls % 4 == 3 {
                         pb::Outcome::Failure
                     } else {
                         pb::Outcome::Success
                     };
-                    c.complete(pb::CompleteRequest {
-                        ticket: reply.ticket,
-                        outcome: outcome as i32,
-                    })
-                    .await
-                    .expect("Complete answers");
+                    complete(&mut c, reply.ticket, outcome).await;
                 }
                 calls += 1;
             }

@@ -7,19 +7,16 @@
 //! fusebox-bench --json bench.json
 //! cargo run --example bench_plot -- bench.json docs/bench.png
 //! ```
-//!
-//! Text is drawn with DejaVu Sans embedded in the program (the `dejavu`
-//! crate), so no system font is needed.
+
+mod chart;
 
 use std::error::Error;
 
 use plotters::prelude::*;
-use plotters::style::text_anchor::{HPos, Pos, VPos};
-use plotters::style::FontStyle;
 use serde_json::Value;
 
-const WIDTH: u32 = 1400;
-const HEIGHT: u32 = 1000;
+use chart::{axes, bar, bar_chart, bar_name, canvas, legend, note, number, HEIGHT, WIDTH};
+
 /// The colours of the p50, p99 and p999 bars.
 const PERCENTILES: [(&str, &str, RGBColor); 3] = [
     ("p50_us", "p50", RGBColor(76, 114, 176)),
@@ -42,7 +39,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let [json, png] = args.as_slice() else {
         return Err("usage: bench_plot BENCH.json OUT.png".into());
     };
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(json)?)?;
+    let doc = chart::read_json(json)?;
     if doc["mode"] != "arms" {
         return Err(format!(
             "{json}: bench_plot draws the arms of `fusebox-bench` (no mode); this file is from mode {}",
@@ -51,10 +48,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         .into());
     }
     let cells = cells(&doc)?;
-    plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
-        .map_err(|_| "the embedded font is not readable")?;
-    plotters::style::register_font("sans-serif", FontStyle::Bold, dejavu::sans::bold())
-        .map_err(|_| "the embedded font is not readable")?;
+    chart::register_fonts()?;
     draw(&doc, &cells, png)?;
     println!("wrote {png}");
     Ok(())
@@ -64,7 +58,6 @@ fn cells(doc: &Value) -> Result<Vec<Cell>, Box<dyn Error>> {
     let results = doc["figures"]["results"]
         .as_array()
         .ok_or("no figures.results in the JSON")?;
-    let number = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
     Ok(results
         .iter()
         .map(|r| {
@@ -99,8 +92,6 @@ fn arm_colour(arm: &str) -> RGBColor {
 }
 
 fn draw(doc: &Value, cells: &[Cell], png: &str) -> Result<(), Box<dyn Error>> {
-    let root = BitMapBackend::new(png, (WIDTH, HEIGHT)).into_drawing_area();
-    root.fill(&WHITE)?;
     let settings = &doc["settings"];
     let title = format!(
         "fusebox-bench — {} runs x {} ms, {} connections x {} in flight{}",
@@ -113,58 +104,40 @@ fn draw(doc: &Value, cells: &[Cell], png: &str) -> Result<(), Box<dyn Error>> {
             .map(|c| format!(", commit {}", &c[..c.len().min(12)]))
             .unwrap_or_default()
     );
-    let root = root.titled(
-        &title,
-        ("sans-serif", 24).into_font().style(FontStyle::Bold),
-    )?;
+    let root = canvas(png, &title, 24)?;
     let (top, bottom) = root.split_vertically(HEIGHT / 2 - 20);
     let n = cells.len();
-    let label = |x: &SegmentValue<usize>| match x {
-        SegmentValue::CenterOf(i) if *i < n => cells[*i].label.clone(),
-        _ => String::new(),
-    };
+    let names: Vec<String> = cells.iter().map(|c| c.label.clone()).collect();
+    let label = |x: &SegmentValue<usize>| bar_name(&names, x);
 
     // Throughput.
     let max_rate = cells.iter().map(|c| c.rate).fold(1.0, f64::max);
-    let mut chart = ChartBuilder::on(&top)
-        .caption(
-            "throughput (calls/s; pairs/s for pair) and ratio to health",
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(80)
-        .build_cartesian_2d(
-            (0..n.saturating_sub(1)).into_segmented(),
-            0.0..max_rate * 1.15,
-        )?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(n)
-        .x_label_formatter(&label)
+    let mut chart = bar_chart(
+        &top,
+        "throughput (calls/s; pairs/s for pair) and ratio to health",
+        18,
+        (40, 80),
+        n,
+        0.0..max_rate * 1.15,
+    )?;
+    axes(&mut chart, n, &label)
         .y_desc("per second")
         .y_label_formatter(&|v| format!("{v:.0}"))
         .label_style(("sans-serif", 13))
         .draw()?;
+    chart.draw_series(
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| bar(i, (0.0, c.rate), arm_colour(&c.arm), (12, 12))),
+    )?;
     chart.draw_series(cells.iter().enumerate().map(|(i, c)| {
-        let mut bar = Rectangle::new(
-            [
-                (SegmentValue::Exact(i), 0.0),
-                (SegmentValue::Exact(i + 1), c.rate),
-            ],
-            arm_colour(&c.arm).filled(),
-        );
-        bar.set_margin(0, 0, 12, 12);
-        bar
-    }))?;
-    chart.draw_series(cells.iter().enumerate().map(|(i, c)| {
-        Text::new(
+        note(
             format!("{:.0} {} ({:.2}x)", c.rate, c.unit, c.ratio),
-            (SegmentValue::CenterOf(i), c.rate + max_rate * 0.01),
-            ("sans-serif", 12)
-                .into_text_style(&top)
-                .pos(Pos::new(HPos::Center, VPos::Bottom)),
+            i,
+            c.rate + max_rate * 0.01,
+            12,
+            &top,
         )
     }))?;
 
@@ -176,23 +149,15 @@ fn draw(doc: &Value, cells: &[Cell], png: &str) -> Result<(), Box<dyn Error>> {
         .collect();
     let low = all.iter().copied().fold(f64::INFINITY, f64::min).max(0.1) * 0.5;
     let high = all.iter().copied().fold(1.0, f64::max) * 2.0;
-    let mut chart = ChartBuilder::on(&bottom)
-        .caption(
-            "latency percentiles (µs; acquire: the Acquire call, pair: Acquire + Complete)",
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(80)
-        .build_cartesian_2d(
-            (0..n.saturating_sub(1)).into_segmented(),
-            (low..high).log_scale(),
-        )?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(n)
-        .x_label_formatter(&label)
+    let mut chart = bar_chart(
+        &bottom,
+        "latency percentiles (µs; acquire: the Acquire call, pair: Acquire + Complete)",
+        18,
+        (40, 80),
+        n,
+        (low..high).log_scale(),
+    )?;
+    axes(&mut chart, n, &label)
         .y_desc("µs")
         .y_labels(12)
         .y_label_formatter(&|v| format!("{v:.0}"))
@@ -201,19 +166,12 @@ fn draw(doc: &Value, cells: &[Cell], png: &str) -> Result<(), Box<dyn Error>> {
     for (p, (_, name, colour)) in PERCENTILES.iter().enumerate() {
         chart
             .draw_series(cells.iter().enumerate().map(|(i, c)| {
-                let mut bar = Rectangle::new(
-                    [
-                        (SegmentValue::Exact(i), low),
-                        (SegmentValue::Exact(i + 1), c.percentiles[p].max(low)),
-                    ],
-                    colour.filled(),
-                );
                 // Three bars side by side in each segment.
                 let segment = (WIDTH - 120) / n.max(1) as u32;
                 let slot = segment.saturating_sub(24) / 3;
                 let left = 12 + slot * p as u32;
-                bar.set_margin(0, 0, left, segment.saturating_sub(left + slot));
-                bar
+                let right = segment.saturating_sub(left + slot);
+                bar(i, (low, c.percentiles[p].max(low)), *colour, (left, right))
             }))?
             .label(*name)
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled()));
@@ -227,21 +185,15 @@ fn draw(doc: &Value, cells: &[Cell], png: &str) -> Result<(), Box<dyn Error>> {
     };
     chart.draw_series(cells.iter().enumerate().map(|(i, c)| {
         let [p50, p99, p999] = c.percentiles;
-        Text::new(
+        note(
             format!("{} / {} / {}", short(p50), short(p99), short(p999)),
-            (SegmentValue::CenterOf(i), p999.max(low) * 1.08),
-            ("sans-serif", 12)
-                .into_text_style(&bottom)
-                .pos(Pos::new(HPos::Center, VPos::Bottom)),
+            i,
+            p999.max(low) * 1.08,
+            12,
+            &bottom,
         )
     }))?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 13))
-        .draw()?;
+    legend(&mut chart)?;
     root.present()?;
     Ok(())
 }

@@ -156,6 +156,16 @@ struct Done<'a> {
     unavailable: bool,
 }
 
+impl Done<'_> {
+    /// A refusal of `kind` (blocked or denied) for `reason`, to be asked
+    /// again after `retry_after`.
+    fn refused(&mut self, kind: &'static str, reason: String, retry_after: Option<Duration>) {
+        self.refusal = Some(kind);
+        self.reason = Some(reason);
+        self.retry_after_ms = millis(retry_after);
+    }
+}
+
 fn millis(d: Option<Duration>) -> Option<u64> {
     d.filter(|d| !d.is_zero()).map(|d| d.as_millis() as u64)
 }
@@ -182,20 +192,14 @@ fn done(
             retry_after,
             local,
         }) => {
-            done.refusal = Some("blocked");
-            done.reason = Some(reason.name());
-            done.retry_after_ms = millis(retry_after);
+            done.refused("blocked", reason.name(), retry_after);
             done.local = local;
         }
         Err(GuardError::Refused) => done.refusal = Some("refused"),
         Err(GuardError::Denied {
             reason,
             retry_after,
-        }) => {
-            done.refusal = Some("denied");
-            done.reason = Some(reason.name());
-            done.retry_after_ms = millis(retry_after);
-        }
+        }) => done.refused("denied", reason.name(), retry_after),
         Err(GuardError::Unavailable(_)) => {
             done.refusal = Some("unavailable");
             done.unavailable = true;

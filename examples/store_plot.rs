@@ -12,15 +12,14 @@
 //!     target/bench/redis-beside-single.json docs/store.png
 //! ```
 
+mod chart;
+
 use std::error::Error;
 
 use plotters::prelude::*;
-use plotters::style::text_anchor::{HPos, Pos, VPos};
-use plotters::style::FontStyle;
 use serde_json::Value;
 
-const WIDTH: u32 = 1400;
-const HEIGHT: u32 = 1000;
+use chart::{axes, bar, bar_chart, bar_name, canvas, note, number, Area, HEIGHT};
 
 /// One bar.
 struct Bar {
@@ -35,21 +34,14 @@ fn main() -> Result<(), Box<dyn Error>> {
     let [cpu, beside, png] = args.as_slice() else {
         return Err("usage: store_plot REDIS-CPU.json BESIDE.json OUT.png".into());
     };
-    let read = |path: &str| -> Result<Value, Box<dyn Error>> {
-        Ok(serde_json::from_str(&std::fs::read_to_string(path)?)?)
-    };
-    let (cpu, beside) = (read(cpu)?, read(beside)?);
+    let (cpu, beside) = (chart::read_json(cpu)?, chart::read_json(beside)?);
     let cpu_bars = cpu_bars(&cpu)?;
     let rate_bars = rate_bars(&beside)?;
-    plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
-        .map_err(|_| "the embedded font is not readable")?;
-    plotters::style::register_font("sans-serif", FontStyle::Bold, dejavu::sans::bold())
-        .map_err(|_| "the embedded font is not readable")?;
-    let root = BitMapBackend::new(png, (WIDTH, HEIGHT)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let root = root.titled(
+    chart::register_fonts()?;
+    let root = canvas(
+        png,
         "fusebox on Redis: the cost of a decision, beside its floors (medians, ratios within each run)",
-        ("sans-serif", 22).into_font().style(FontStyle::Bold),
+        22,
     )?;
     let (top, bottom) = root.split_vertically(HEIGHT / 2 - 20);
     panel(
@@ -67,10 +59,6 @@ fn main() -> Result<(), Box<dyn Error>> {
     root.present()?;
     println!("wrote {png}");
     Ok(())
-}
-
-fn number(v: &Value, k: &str) -> f64 {
-    v[k].as_f64().unwrap_or(0.0)
 }
 
 fn cpu_bars(doc: &Value) -> Result<Vec<Bar>, Box<dyn Error>> {
@@ -151,32 +139,20 @@ fn rate_bars(doc: &Value) -> Result<Vec<Bar>, Box<dyn Error>> {
         .collect())
 }
 
-fn panel(
-    area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
-    bars: &[Bar],
-    caption: &str,
-    unit: &str,
-) -> Result<(), Box<dyn Error>> {
+fn panel(area: &Area<'_>, bars: &[Bar], caption: &str, unit: &str) -> Result<(), Box<dyn Error>> {
     let n = bars.len();
     let max = bars.iter().map(|b| b.value).fold(1.0, f64::max);
-    let label = |x: &SegmentValue<usize>| match x {
-        SegmentValue::CenterOf(i) if *i < n => bars[*i].label.clone(),
-        _ => String::new(),
-    };
-    let mut chart = ChartBuilder::on(area)
-        .caption(caption, ("sans-serif", 16))
-        .margin(12)
-        .x_label_area_size(60)
-        .y_label_area_size(80)
-        .build_cartesian_2d(
-            (0..n.saturating_sub(1)).into_segmented(),
-            (max / 200.0..max * 2.0).log_scale(),
-        )?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(n)
-        .x_label_formatter(&label)
+    let names: Vec<String> = bars.iter().map(|b| b.label.clone()).collect();
+    let label = |x: &SegmentValue<usize>| bar_name(&names, x);
+    let mut chart = bar_chart(
+        area,
+        caption,
+        16,
+        (60, 80),
+        n,
+        (max / 200.0..max * 2.0).log_scale(),
+    )?;
+    axes(&mut chart, n, &label)
         .x_label_style(
             ("sans-serif", 11)
                 .into_font()
@@ -187,25 +163,15 @@ fn panel(
         .label_style(("sans-serif", 12))
         .draw()?;
     let floor = max / 200.0;
-    chart.draw_series(bars.iter().enumerate().map(|(i, b)| {
-        let mut bar = Rectangle::new(
-            [
-                (SegmentValue::Exact(i), floor),
-                (SegmentValue::Exact(i + 1), b.value.max(floor)),
-            ],
-            b.colour.filled(),
-        );
-        bar.set_margin(0, 0, 6, 6);
-        bar
-    }))?;
-    chart.draw_series(bars.iter().enumerate().map(|(i, b)| {
-        Text::new(
-            b.note.clone(),
-            (SegmentValue::CenterOf(i), b.value.max(floor) * 1.05),
-            ("sans-serif", 11)
-                .into_text_style(area)
-                .pos(Pos::new(HPos::Center, VPos::Bottom)),
-        )
-    }))?;
+    chart.draw_series(
+        bars.iter()
+            .enumerate()
+            .map(|(i, b)| bar(i, (floor, b.value.max(floor)), b.colour, (6, 6))),
+    )?;
+    chart.draw_series(
+        bars.iter()
+            .enumerate()
+            .map(|(i, b)| note(b.note.clone(), i, b.value.max(floor) * 1.05, 11, area)),
+    )?;
     Ok(())
 }

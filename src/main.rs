@@ -8,8 +8,9 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fusebox::config::parse_duration_flag;
 use fusebox::proto::v1 as pb;
+use fusebox_cli::calls::{self, Action};
 use fusebox_cli::connect::DEFAULT_ADDR;
-use fusebox_cli::{calls, ClientOptions, PhaseArg};
+use fusebox_cli::{ClientOptions, PhaseArg};
 use tokio::io::AsyncWriteExt;
 
 /// fusebox: shared circuit breakers and permits for a whole fleet.
@@ -23,118 +24,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the server.
-    Serve {
-        /// A TOML config file (rules, default policy, server limits).
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// The address to listen on; port 0 picks a free port.
-        #[arg(long, default_value = DEFAULT_ADDR)]
-        listen: SocketAddr,
-        /// Move time only when a client calls Clock.Advance (for tests).
-        #[arg(long)]
-        manual_clock: bool,
-        /// Serve metrics, health and the dashboard over HTTP on this address
-        /// (default 127.0.0.1:9090; port 0 picks a free port).
-        #[arg(long)]
-        http: Option<SocketAddr>,
-        /// Listen on a non-loopback address without [auth] in the config:
-        /// anyone who reaches the ports may then isolate keys and rewrite
-        /// policies.
-        #[arg(long)]
-        insecure_no_auth: bool,
-        /// Serve over TLS with this certificate chain (PEM); wins over [tls] cert.
-        #[arg(long)]
-        tls_cert: Option<PathBuf>,
-        /// The private key (PEM) of --tls-cert; wins over [tls] key.
-        #[arg(long)]
-        tls_key: Option<PathBuf>,
-        /// Mutual TLS: require client certificates signed by the CAs in this
-        /// PEM file; wins over [tls] client_ca.
-        #[arg(long)]
-        tls_client_ca: Option<PathBuf>,
-        /// Keep breakers, isolations and runtime policies in this directory
-        /// across restarts (made if missing; wins over `[server] data_dir`).
-        /// Without one, state is kept in memory only.
-        #[arg(long, value_name = "DIR", conflicts_with = "store")]
-        data_dir: Option<PathBuf>,
-        /// Keep every key's state in Redis instead, through the fusebox
-        /// module (see README, "Running a fleet of fusebox servers"):
-        /// redis://HOST:PORT, or redis-cluster://HOST:PORT,HOST:PORT,...
-        /// for a Redis Cluster; rediss:// and rediss-cluster:// for TLS.
-        /// Any number of servers may share it.
-        // Read as text and parsed in `serve`: a bad address must not be
-        // echoed whole, as clap would, password and all.
-        #[arg(long, value_name = "URL")]
-        store: Option<String>,
-        /// With a TLS store (rediss://): trust the CA certificates in this
-        /// PEM file for the store's certificates, instead of the system's.
-        #[arg(
-            long,
-            value_name = "FILE",
-            env = "FUSEBOX_STORE_TLS_CA",
-            requires = "store"
-        )]
-        store_tls_ca: Option<PathBuf>,
-        /// With a TLS store, for mutual TLS: this server's certificate
-        /// chain (PEM), shown to Redis (tls-auth-clients).
-        #[arg(
-            long,
-            value_name = "FILE",
-            env = "FUSEBOX_STORE_TLS_CERT",
-            requires = "store"
-        )]
-        store_tls_cert: Option<PathBuf>,
-        /// The private key (PEM) of --store-tls-cert.
-        #[arg(
-            long,
-            value_name = "FILE",
-            env = "FUSEBOX_STORE_TLS_KEY",
-            requires = "store"
-        )]
-        store_tls_key: Option<PathBuf>,
-        /// With --store: the Redis ACL user to log in as (README, "A store
-        /// on a network", has the least-privilege ACL line for it).
-        #[arg(
-            long,
-            value_name = "NAME",
-            env = "FUSEBOX_STORE_USER",
-            requires = "store"
-        )]
-        store_user: Option<String>,
-        /// With --store: read the Redis password from this file (the
-        /// password alone; a line ending after it is ignored). Or set
-        /// FUSEBOX_STORE_PASSWORD. Never on the command line, where process
-        /// listings show it.
-        #[arg(
-            long,
-            value_name = "FILE",
-            env = "FUSEBOX_STORE_PASSWORD_FILE",
-            requires = "store"
-        )]
-        store_password_file: Option<PathBuf>,
-        /// With --store: the fleet's secret, the file the module loads with
-        /// `secret-file` (at least 16 bytes): every answer, transition and
-        /// policy change heard from Redis is verified with it, and the
-        /// policies this server writes are signed with it.
-        #[arg(
-            long,
-            value_name = "FILE",
-            env = "FUSEBOX_STORE_SECRET_FILE",
-            requires = "store"
-        )]
-        store_secret_file: Option<PathBuf>,
-        /// With --store: how many replicas must have a probe before it is
-        /// handed out, so that a failover cannot let a second probe out
-        /// (auto: one with Redis Cluster when the key's primary has a
-        /// replica that is not failing, none with one Redis server; 0: at
-        /// once).
-        #[arg(long, value_name = "auto|N", default_value = "auto", value_parser = fusebox::engine::redis::ProbeReplicas::parse, requires = "store")]
-        store_probe_replicas: fusebox::engine::redis::ProbeReplicas,
-        /// With --store: how long a probe waits for those replicas before
-        /// it is given back and the caller told to ask again (10ms to 60s).
-        #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_probe_wait, requires = "store")]
-        store_probe_wait: u64,
-    },
+    Serve(ServeFlags),
     /// Make a new bearer token; prints it, and the [[auth.token]] entry
     /// (with its SHA-256 only) that the server's config takes.
     Token {
@@ -183,25 +73,9 @@ enum Command {
         client: ClientOptions,
     },
     /// Refuse every request on a key until it is closed.
-    Isolate {
-        /// The key.
-        key: String,
-        /// Why, for the record.
-        #[arg(long)]
-        reason: String,
-        #[command(flatten)]
-        client: ClientOptions,
-    },
+    Isolate(ActionFlags),
     /// Close a key's breaker, clearing its counts.
-    Close {
-        /// The key.
-        key: String,
-        /// Why, for the record.
-        #[arg(long)]
-        reason: String,
-        #[command(flatten)]
-        client: ClientOptions,
-    },
+    Close(ActionFlags),
     /// List keys: phase, time left in the break, failure ratio, permits,
     /// tickets and requests.
     Keys {
@@ -251,6 +125,118 @@ enum Command {
     },
 }
 
+/// `serve`'s flags.
+#[derive(clap::Args, Debug)]
+struct ServeFlags {
+    /// A TOML config file (rules, default policy, server limits).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The address to listen on; port 0 picks a free port.
+    #[arg(long, default_value = DEFAULT_ADDR)]
+    listen: SocketAddr,
+    /// Move time only when a client calls Clock.Advance (for tests).
+    #[arg(long)]
+    manual_clock: bool,
+    /// Serve metrics, health and the dashboard over HTTP on this address
+    /// (default 127.0.0.1:9090; port 0 picks a free port).
+    #[arg(long)]
+    http: Option<SocketAddr>,
+    /// Listen on a non-loopback address without [auth] in the config:
+    /// anyone who reaches the ports may then isolate keys and rewrite
+    /// policies.
+    #[arg(long)]
+    insecure_no_auth: bool,
+    #[command(flatten)]
+    tls: TlsFlags,
+    /// Keep breakers, isolations and runtime policies in this directory
+    /// across restarts (made if missing; wins over `[server] data_dir`).
+    /// Without one, state is kept in memory only.
+    #[arg(long, value_name = "DIR", conflicts_with = "store")]
+    data_dir: Option<PathBuf>,
+    /// Keep every key's state in Redis instead, through the fusebox
+    /// module (see README, "Running a fleet of fusebox servers"):
+    /// redis://HOST:PORT, or redis-cluster://HOST:PORT,HOST:PORT,...
+    /// for a Redis Cluster; rediss:// and rediss-cluster:// for TLS.
+    /// Any number of servers may share it.
+    // Read as text and parsed in `serve`: a bad address must not be
+    // echoed whole, as clap would, password and all.
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+    #[command(flatten)]
+    store_flags: StoreFlags,
+}
+
+/// `serve`'s `--tls-*` flags.
+#[derive(clap::Args, Debug)]
+struct TlsFlags {
+    /// Serve over TLS with this certificate chain (PEM); wins over [tls] cert.
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert; wins over [tls] key.
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: require client certificates signed by the CAs in this
+    /// PEM file; wins over [tls] client_ca.
+    #[arg(long)]
+    tls_client_ca: Option<PathBuf>,
+}
+
+/// `serve`'s `--store-*` flags, which go with `--store`.
+#[derive(clap::Args, Debug)]
+#[group(requires = "store")]
+struct StoreFlags {
+    /// With a TLS store (rediss://): trust the CA certificates in this
+    /// PEM file for the store's certificates, instead of the system's.
+    #[arg(long, value_name = "FILE", env = "FUSEBOX_STORE_TLS_CA")]
+    store_tls_ca: Option<PathBuf>,
+    /// With a TLS store, for mutual TLS: this server's certificate
+    /// chain (PEM), shown to Redis (tls-auth-clients).
+    #[arg(long, value_name = "FILE", env = "FUSEBOX_STORE_TLS_CERT")]
+    store_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --store-tls-cert.
+    #[arg(long, value_name = "FILE", env = "FUSEBOX_STORE_TLS_KEY")]
+    store_tls_key: Option<PathBuf>,
+    /// With --store: the Redis ACL user to log in as (README, "A store
+    /// on a network", has the least-privilege ACL line for it).
+    #[arg(long, value_name = "NAME", env = "FUSEBOX_STORE_USER")]
+    store_user: Option<String>,
+    /// With --store: read the Redis password from this file (the
+    /// password alone; a line ending after it is ignored). Or set
+    /// FUSEBOX_STORE_PASSWORD. Never on the command line, where process
+    /// listings show it.
+    #[arg(long, value_name = "FILE", env = "FUSEBOX_STORE_PASSWORD_FILE")]
+    store_password_file: Option<PathBuf>,
+    /// With --store: the fleet's secret, the file the module loads with
+    /// `secret-file` (at least 16 bytes): every answer, transition and
+    /// policy change heard from Redis is verified with it, and the
+    /// policies this server writes are signed with it.
+    #[arg(long, value_name = "FILE", env = "FUSEBOX_STORE_SECRET_FILE")]
+    store_secret_file: Option<PathBuf>,
+    /// With --store: how many replicas must have a probe before it is
+    /// handed out, so that a failover cannot let a second probe out
+    /// (auto: one with Redis Cluster when the key's primary has a
+    /// replica that is not failing, none with one Redis server; 0: at
+    /// once).
+    #[arg(long, value_name = "auto|N", default_value = "auto", value_parser = fusebox::engine::redis::ProbeReplicas::parse)]
+    store_probe_replicas: fusebox::engine::redis::ProbeReplicas,
+    /// With --store: how long a probe waits for those replicas before
+    /// it is given back and the caller told to ask again (10ms to 60s).
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_probe_wait)]
+    store_probe_wait: u64,
+}
+
+/// The key and the reason of `isolate` and `close`.
+#[derive(clap::Args, Debug)]
+struct ActionFlags {
+    /// The key.
+    key: String,
+    /// Why, for the record.
+    #[arg(long)]
+    reason: String,
+    #[command(flatten)]
+    client: ClientOptions,
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -270,55 +256,7 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Serve {
-            config,
-            listen,
-            manual_clock,
-            http,
-            insecure_no_auth,
-            tls_cert,
-            tls_key,
-            tls_client_ca,
-            data_dir,
-            store,
-            store_probe_replicas,
-            store_probe_wait,
-            store_tls_ca,
-            store_tls_cert,
-            store_tls_key,
-            store_user,
-            store_password_file,
-            store_secret_file,
-        } => {
-            let tls = TlsFlags {
-                cert: tls_cert,
-                key: tls_key,
-                client_ca: tls_client_ca,
-            };
-            serve(
-                config,
-                listen,
-                manual_clock,
-                http,
-                tls,
-                insecure_no_auth,
-                StateFlags {
-                    data_dir,
-                    store: store.map(|url| StoreFlags {
-                        url,
-                        probe_replicas: store_probe_replicas,
-                        probe_wait: store_probe_wait,
-                        tls_ca: store_tls_ca,
-                        tls_cert: store_tls_cert,
-                        tls_key: store_tls_key,
-                        user: store_user,
-                        password_file: store_password_file,
-                        secret_file: store_secret_file,
-                    }),
-                },
-            )
-            .await
-        }
+        Command::Serve(flags) => serve(flags).await,
         Command::Token {
             name,
             role,
@@ -365,16 +303,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             calls::complete(&client, ticket, outcome).await
         }
         Command::Get { key, client } => calls::get(&client, key).await,
-        Command::Isolate {
-            key,
-            reason,
-            client,
-        } => calls::isolate(&client, key, reason).await,
-        Command::Close {
-            key,
-            reason,
-            client,
-        } => calls::close(&client, key, reason).await,
+        Command::Isolate(flags) => {
+            calls::act(&flags.client, Action::Isolate, flags.key, flags.reason).await
+        }
+        Command::Close(flags) => {
+            calls::act(&flags.client, Action::Close, flags.key, flags.reason).await
+        }
         Command::Keys {
             prefix,
             phases,
@@ -393,45 +327,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// Where `serve` keeps state: `--data-dir` or `--store`.
-struct StateFlags {
-    data_dir: Option<PathBuf>,
-    store: Option<StoreFlags>,
-}
-
-/// `serve`'s `--store` and `--store-*` flags.
-struct StoreFlags {
-    url: String,
-    probe_replicas: fusebox::engine::redis::ProbeReplicas,
-    probe_wait: u64,
-    tls_ca: Option<PathBuf>,
-    tls_cert: Option<PathBuf>,
-    tls_key: Option<PathBuf>,
-    user: Option<String>,
-    password_file: Option<PathBuf>,
-    secret_file: Option<PathBuf>,
-}
-
 /// The environment variable that may hold the store's password.
 const STORE_PASSWORD_ENV: &str = "FUSEBOX_STORE_PASSWORD";
 
-/// How to use the store, from the flags (files read, the password found);
-/// and warnings for the log, once it is set up.
+/// How to use the store at `url` (`--store`), from the other flags (files
+/// read, the password found); and warnings for the log, once it is set up.
 fn store_options(
+    url: &str,
     flags: StoreFlags,
 ) -> anyhow::Result<(fusebox::engine::redis::StoreOptions, Vec<String>)> {
     use fusebox::engine::redis::{
         read_password, Named, NoticeKey, Secret, StoreOptions, StoreTls, StoreUrl,
     };
-    let url = StoreUrl::parse(&flags.url).map_err(|e| anyhow::anyhow!("--store: {e}"))?;
+    let url = StoreUrl::parse(url).map_err(|e| anyhow::anyhow!("--store: {e}"))?;
     let mut warnings = Vec::new();
     fn named<'a>(what: &'a str, path: &'a Option<PathBuf>) -> Option<Named<'a>> {
         path.as_deref().map(|path| Named { what, path })
     }
     let tls_flags = [
-        ("--store-tls-ca", &flags.tls_ca),
-        ("--store-tls-cert", &flags.tls_cert),
-        ("--store-tls-key", &flags.tls_key),
+        ("--store-tls-ca", &flags.store_tls_ca),
+        ("--store-tls-cert", &flags.store_tls_cert),
+        ("--store-tls-key", &flags.store_tls_key),
     ];
     if let (false, Some((flag, _))) = (url.tls, tls_flags.iter().find(|(_, p)| p.is_some())) {
         anyhow::bail!(
@@ -439,12 +355,12 @@ fn store_options(
         );
     }
     let tls = StoreTls::read(
-        named("--store-tls-ca", &flags.tls_ca),
-        named("--store-tls-cert", &flags.tls_cert),
-        named("--store-tls-key", &flags.tls_key),
+        named("--store-tls-ca", &flags.store_tls_ca),
+        named("--store-tls-cert", &flags.store_tls_cert),
+        named("--store-tls-key", &flags.store_tls_key),
     )
     .map_err(anyhow::Error::msg)?;
-    let user = match (flags.user, &url.user) {
+    let user = match (flags.store_user, &url.user) {
         (Some(flag), Some(inline)) if flag != *inline => anyhow::bail!(
             "the Redis user is given twice, as --store-user and in --store's URL: keep one"
         ),
@@ -458,7 +374,7 @@ fn store_options(
             anyhow::bail!("{STORE_PASSWORD_ENV} is not UTF-8 text; set it to the Redis password")
         }
     };
-    let from_file = named("--store-password-file", &flags.password_file)
+    let from_file = named("--store-password-file", &flags.store_password_file)
         .map(read_password)
         .transpose()
         .map_err(anyhow::Error::msg)?;
@@ -484,15 +400,15 @@ fn store_options(
     }
     let password = from_file.or(from_env).or_else(|| url.password.clone());
     let notices = flags
-        .secret_file
+        .store_secret_file
         .as_deref()
         .map(|path| NoticeKey::read("--store-secret-file", path))
         .transpose()
         .map_err(anyhow::Error::msg)?;
     let options = StoreOptions {
         url,
-        probe_replicas: flags.probe_replicas,
-        probe_wait: std::time::Duration::from_millis(flags.probe_wait),
+        probe_replicas: flags.store_probe_replicas,
+        probe_wait: std::time::Duration::from_millis(flags.store_probe_wait),
         tls,
         user,
         password,
@@ -501,23 +417,7 @@ fn store_options(
     Ok((options, warnings))
 }
 
-/// `serve`'s `--tls-*` flags.
-struct TlsFlags {
-    cert: Option<PathBuf>,
-    key: Option<PathBuf>,
-    client_ca: Option<PathBuf>,
-}
-
-async fn serve(
-    config: Option<PathBuf>,
-    listen: SocketAddr,
-    manual_clock: bool,
-    http: Option<SocketAddr>,
-    tls: TlsFlags,
-    insecure_no_auth: bool,
-    state: StateFlags,
-) -> anyhow::Result<()> {
-    let StateFlags { data_dir, store } = state;
+async fn serve(flags: ServeFlags) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         // A log reader that went away (`| head`) must not bring the server
@@ -530,9 +430,10 @@ async fn serve(
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let store = match store {
-        Some(flags) => {
-            let (options, warnings) = store_options(flags).context("the server did not start")?;
+    let store = match flags.store {
+        Some(url) => {
+            let (options, warnings) =
+                store_options(&url, flags.store_flags).context("the server did not start")?;
             for warning in warnings {
                 tracing::warn!("{warning}");
             }
@@ -541,17 +442,17 @@ async fn serve(
         None => None,
     };
     let bound = fusebox::serve::bind(fusebox::serve::Options {
-        config,
-        listen,
-        manual_clock,
-        http,
+        config: flags.config,
+        listen: flags.listen,
+        manual_clock: flags.manual_clock,
+        http: flags.http,
         tls: fusebox::serve::TlsFiles {
-            cert: tls.cert,
-            key: tls.key,
-            client_ca: tls.client_ca,
+            cert: flags.tls.tls_cert,
+            key: flags.tls.tls_key,
+            client_ca: flags.tls.tls_client_ca,
         },
-        insecure_no_auth,
-        data_dir,
+        insecure_no_auth: flags.insecure_no_auth,
+        data_dir: flags.data_dir,
         store,
     })
     .await?;

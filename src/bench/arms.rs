@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::channel;
 use crate::load::{percentile_us, Arm, Load, Measurement, DISTURBED, SATURATED};
-use crate::numbers::{bytes, median, ms, thousands};
+use crate::numbers::{bytes, interleaved, median, ms, thousands};
 use crate::options::Options;
 use crate::report::Report;
 use crate::spread::Spread;
@@ -137,10 +137,7 @@ pub(crate) async fn arms_mode(
         .collect();
     let mut watcher_growth: Vec<f64> = Vec::new();
     for run in 0..runs {
-        // Interleaved: every cell once per run, starting one further along
-        // each run, so that drift and noise fall on all cells alike.
-        for i in 0..cells.len() {
-            let at = (i + run) % cells.len();
+        for at in interleaved(run, cells.len()) {
             let m = measure_cell(o, &mut *target, &load, cells[at], run, runs).await?;
             measured[at].push(m);
         }

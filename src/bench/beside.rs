@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use fusebox_cli::render_table;
 
 use crate::load::{Arm, Load, Measurement};
-use crate::numbers::{median, ms, thousands};
+use crate::numbers::{interleaved, median, ms, thousands};
 use crate::options::Options;
 use crate::report::Report;
 use crate::spread::Spread;
@@ -104,8 +104,7 @@ async fn measure_all(
     let runs = usize::from(o.runs);
     let mut measured: Vec<Vec<Measurement>> = cells.iter().map(|_| Vec::new()).collect();
     for run in 0..runs {
-        for i in 0..cells.len() {
-            let at = (i + run) % cells.len();
+        for at in interleaved(run, cells.len()) {
             let c = cells[at];
             eprintln!(
                 "bench: run {}/{runs}: {} {} {}",

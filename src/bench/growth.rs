@@ -10,7 +10,7 @@ use crate::numbers::{ms, thousands};
 use crate::options::Options;
 use crate::report::Report;
 use crate::spread::Spread;
-use crate::target::Target;
+use crate::target::{Memory, Target};
 
 /// Pair on 1,000 keys `--runs` times, a fill up to `keys` live keys, and
 /// pair again.
@@ -61,27 +61,19 @@ pub(crate) async fn growth_mode(
     let (b, a) = (summary(&before), summary(&after));
     let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
     let ratio = f(&a, "p999_us") / f(&b, "p999_us").max(0.001);
+    let row = |when: &str, memory: &Memory, s: &Value| {
+        vec![
+            when.to_owned(),
+            memory.keys.map_or("?".to_owned(), |k| thousands(k as f64)),
+            thousands(f(s, "rate")),
+            format!("{:.1}", f(s, "p50_us")),
+            format!("{:.1}", f(s, "p99_us")),
+            format!("{:.1}", f(s, "p999_us")),
+        ]
+    };
     let rows = vec![
-        vec![
-            "before".to_owned(),
-            memory_before
-                .keys
-                .map_or("?".to_owned(), |k| thousands(k as f64)),
-            thousands(f(&b, "rate")),
-            format!("{:.1}", f(&b, "p50_us")),
-            format!("{:.1}", f(&b, "p99_us")),
-            format!("{:.1}", f(&b, "p999_us")),
-        ],
-        vec![
-            "after".to_owned(),
-            memory_after
-                .keys
-                .map_or("?".to_owned(), |k| thousands(k as f64)),
-            thousands(f(&a, "rate")),
-            format!("{:.1}", f(&a, "p50_us")),
-            format!("{:.1}", f(&a, "p99_us")),
-            format!("{:.1}", f(&a, "p999_us")),
-        ],
+        row("before", &memory_before, &b),
+        row("after", &memory_after, &a),
     ];
     let (lines, _) = render_table(
         &[

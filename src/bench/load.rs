@@ -305,6 +305,25 @@ impl Caller {
         started >= self.window.0 && ended < self.window.1
     }
 
+    /// Counts a sample that ran from `started` to `ended`, with its
+    /// latency, when it falls in the window; says whether it did.
+    fn sample(&mut self, started: Instant, ended: Instant) -> bool {
+        let counted = self.counts(started, ended);
+        if counted {
+            self.tally.samples += 1;
+            record(&mut self.tally.latency, started, ended);
+        }
+        counted
+    }
+
+    /// Counts a failed call; says whether the caller should give up, after
+    /// [`GIVE_UP_AFTER`] failures in a row.
+    fn give_up(&mut self, status: &tonic::Status, failures: &mut u32) -> bool {
+        self.tally.error(status);
+        *failures += 1;
+        *failures >= GIVE_UP_AFTER
+    }
+
     async fn health(mut self, channel: Channel) -> Tally {
         let mut client = HealthClient::new(channel);
         let mut failures = 0;
@@ -322,15 +341,10 @@ impl Caller {
             match result {
                 Ok(_) => {
                     failures = 0;
-                    if self.counts(started, ended) {
-                        self.tally.samples += 1;
-                        record(&mut self.tally.latency, started, ended);
-                    }
+                    self.sample(started, ended);
                 }
                 Err(status) => {
-                    self.tally.error(&status);
-                    failures += 1;
-                    if failures >= GIVE_UP_AFTER {
+                    if self.give_up(&status, &mut failures) {
                         return self.tally;
                     }
                 }
@@ -356,14 +370,7 @@ impl Caller {
             }
             let key = self.picker.next_key().to_owned();
             let started = Instant::now();
-            let acquired = client
-                .acquire(pb::AcquireRequest {
-                    key,
-                    permits: None,
-                    max_wait: None,
-                    lease: None,
-                })
-                .await;
+            let acquired = client.acquire(acquire_request(key)).await;
             let acquired_at = Instant::now();
             if acquired_at >= self.window.1 {
                 return self.tally;
@@ -371,9 +378,7 @@ impl Caller {
             let ticket = match acquired {
                 Ok(answer) => answer.into_inner().ticket,
                 Err(status) => {
-                    self.tally.error(&status);
-                    failures += 1;
-                    if failures >= GIVE_UP_AFTER {
+                    if self.give_up(&status, &mut failures) {
                         return self.tally;
                     }
                     continue;
@@ -381,15 +386,11 @@ impl Caller {
             };
             if ticket.is_empty() {
                 self.tally.not_granted += 1;
-                if self.counts(started, acquired_at) {
-                    self.tally.samples += 1;
-                    record(&mut self.tally.latency, started, acquired_at);
-                }
+                self.sample(started, acquired_at);
                 continue;
             }
-            if !pair && self.counts(started, acquired_at) {
-                self.tally.samples += 1;
-                record(&mut self.tally.latency, started, acquired_at);
+            if !pair {
+                self.sample(started, acquired_at);
             }
             let completed = client
                 .complete(pb::CompleteRequest {
@@ -405,9 +406,7 @@ impl Caller {
                 Ok(_) => {
                     failures = 0;
                     if pair {
-                        if self.counts(started, ended) {
-                            self.tally.samples += 1;
-                            record(&mut self.tally.latency, started, ended);
+                        if self.sample(started, ended) {
                             record(&mut self.tally.from_due, due.unwrap_or(started), ended);
                         }
                     } else if self.counts(acquired_at, ended) {
@@ -416,9 +415,7 @@ impl Caller {
                     }
                 }
                 Err(status) => {
-                    self.tally.error(&status);
-                    failures += 1;
-                    if failures >= GIVE_UP_AFTER {
+                    if self.give_up(&status, &mut failures) {
                         return self.tally;
                     }
                 }
@@ -477,12 +474,9 @@ impl Caller {
                 acquiring.insert(next_id, (now, *due));
                 out.push(pb::DecideFrame {
                     id: next_id,
-                    request: Some(pb::decide_frame::Request::Acquire(pb::AcquireRequest {
-                        key: self.picker.next_key().to_owned(),
-                        permits: None,
-                        max_wait: None,
-                        lease: None,
-                    })),
+                    request: Some(pb::decide_frame::Request::Acquire(acquire_request(
+                        self.picker.next_key().to_owned(),
+                    ))),
                 });
             }
             while !out.is_empty() {
@@ -531,9 +525,7 @@ impl Caller {
                         };
                         if answer.ticket.is_empty() {
                             self.tally.not_granted += 1;
-                            if self.counts(started, ended) {
-                                self.tally.samples += 1;
-                                record(&mut self.tally.latency, started, ended);
+                            if self.sample(started, ended) {
                                 record(&mut self.tally.from_due, due, ended);
                             }
                             continue;
@@ -553,9 +545,7 @@ impl Caller {
                     Some(R::Complete(_)) => {
                         failures = 0;
                         if let Some((started, due)) = completing.remove(&result.id) {
-                            if self.counts(started, ended) {
-                                self.tally.samples += 1;
-                                record(&mut self.tally.latency, started, ended);
+                            if self.sample(started, ended) {
                                 record(&mut self.tally.from_due, due, ended);
                             }
                         }
@@ -563,10 +553,8 @@ impl Caller {
                     Some(R::Error(e)) => {
                         acquiring.remove(&result.id);
                         completing.remove(&result.id);
-                        self.tally
-                            .error(&tonic::Status::new(e.code.into(), e.message));
-                        failures += 1;
-                        if failures >= GIVE_UP_AFTER {
+                        let status = tonic::Status::new(e.code.into(), e.message);
+                        if self.give_up(&status, &mut failures) {
                             return self.tally;
                         }
                     }
@@ -585,12 +573,7 @@ impl Caller {
         let mut failures = 0;
         loop {
             let items: Vec<pb::AcquireRequest> = (0..frames)
-                .map(|_| pb::AcquireRequest {
-                    key: self.picker.next_key().to_owned(),
-                    permits: None,
-                    max_wait: None,
-                    lease: None,
-                })
+                .map(|_| acquire_request(self.picker.next_key().to_owned()))
                 .collect();
             let started = Instant::now();
             let acquired = client
@@ -602,9 +585,7 @@ impl Caller {
             let results = match acquired {
                 Ok(answer) => answer.into_inner().results,
                 Err(status) => {
-                    self.tally.error(&status);
-                    failures += 1;
-                    if failures >= GIVE_UP_AFTER {
+                    if self.give_up(&status, &mut failures) {
                         return self.tally;
                     }
                     continue;
@@ -644,9 +625,7 @@ impl Caller {
                         }
                     }
                     Err(status) => {
-                        self.tally.error(&status);
-                        failures += 1;
-                        if failures >= GIVE_UP_AFTER {
+                        if self.give_up(&status, &mut failures) {
                             return self.tally;
                         }
                         continue;
@@ -684,20 +663,26 @@ impl Caller {
                     if !answer.allowed {
                         self.tally.not_granted += 1;
                     }
-                    if self.counts(started, ended) {
-                        self.tally.samples += 1;
-                        record(&mut self.tally.latency, started, ended);
-                    }
+                    self.sample(started, ended);
                 }
                 Err(status) => {
-                    self.tally.error(&status);
-                    failures += 1;
-                    if failures >= GIVE_UP_AFTER {
+                    if self.give_up(&status, &mut failures) {
                         return self.tally;
                     }
                 }
             }
         }
+    }
+}
+
+/// An Acquire of `key` with the defaults: its policy's permits, wait and
+/// lease.
+fn acquire_request(key: String) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        key,
+        permits: None,
+        max_wait: None,
+        lease: None,
     }
 }
 

@@ -54,6 +54,7 @@ use anyhow::bail;
 use clap::Parser;
 
 use crate::fill::FILL_PREFIX;
+use crate::numbers::listed;
 use crate::options::Options;
 use crate::report::report;
 use crate::target::{parse_cpu_list, Target};
@@ -337,11 +338,7 @@ async fn run(
     eprintln!(
         "bench: server {} (http {}){}",
         target.grpcs.join(", "),
-        if target.https.is_empty() {
-            "unknown".to_owned()
-        } else {
-            target.https.join(", ")
-        },
+        listed(&target.https, "unknown"),
         if target.pid.is_some() {
             " started by the tool"
         } else {

@@ -1,11 +1,19 @@
-//! The figures' arithmetic and their words: medians across runs, counts
-//! with thousands separators, sizes in bytes for people.
+//! The figures' arithmetic and their words: the order of the cells run by
+//! run, medians across runs, counts with thousands separators, sizes in
+//! bytes for people, lists of addresses.
 
 use std::time::Duration;
 
 /// `ms` milliseconds as a duration.
 pub(crate) fn ms(ms: u64) -> Duration {
     Duration::from_millis(ms)
+}
+
+/// The order in which run `run` measures `cells` cells: every one once,
+/// starting one further along each run, so that drift and noise fall on
+/// all cells alike.
+pub(crate) fn interleaved(run: usize, cells: usize) -> impl Iterator<Item = usize> {
+    (0..cells).map(move |i| (i + run) % cells)
 }
 
 /// The median; 0 for no values.
@@ -50,6 +58,15 @@ pub(crate) fn bytes(value: f64) -> String {
     }
 }
 
+/// `items` separated by commas, or `none` when there are none.
+pub(crate) fn listed(items: &[String], none: &str) -> String {
+    if items.is_empty() {
+        none.to_owned()
+    } else {
+        items.join(", ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +82,15 @@ mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(median(Vec::new()), 0.0);
+        assert_eq!(listed(&[], "none"), "none");
+        assert_eq!(listed(&["a".to_owned(), "b".to_owned()], "none"), "a, b");
+    }
+
+    #[test]
+    fn each_run_measures_every_cell_once_starting_one_further_along() {
+        assert_eq!(interleaved(0, 3).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(interleaved(1, 3).collect::<Vec<_>>(), [1, 2, 0]);
+        assert_eq!(interleaved(4, 3).collect::<Vec<_>>(), [1, 2, 0]);
+        assert_eq!(interleaved(2, 0).count(), 0);
     }
 }

@@ -37,7 +37,7 @@ use serde_json::{json, Value as Json};
 use fusebox_cli::render_table;
 
 use crate::load::{histogram, percentile_us, SATURATED};
-use crate::numbers::{median, ms, thousands};
+use crate::numbers::{interleaved, listed, median, ms, thousands};
 use crate::options::Options;
 use crate::report::Report;
 use crate::spread::{KeyPicker, Rng, Spread};
@@ -462,23 +462,23 @@ fn commands(plan: &Plan, key: &str, now: &str, ticket: &str) -> (redis::Cmd, red
             (a, c)
         }
         Arm::Lua => {
-            let mut a = redis::cmd("EVALSHA");
-            a.arg(&plan.sha)
-                .arg(1)
-                .arg(key)
-                .arg("acquire")
-                .arg(now)
-                .arg(ticket)
-                .arg(&plan.policy);
-            let mut c = redis::cmd("EVALSHA");
-            c.arg(&plan.sha)
-                .arg(1)
-                .arg(key)
-                .arg("complete")
-                .arg(now)
-                .arg(ticket)
-                .arg("success");
-            (a, c)
+            // The script's arguments: its one key, the operation, the time
+            // and the ticket, then the operation's own.
+            let script = |operation: &str, last: &str| {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(&plan.sha)
+                    .arg(1)
+                    .arg(key)
+                    .arg(operation)
+                    .arg(now)
+                    .arg(ticket)
+                    .arg(last);
+                cmd
+            };
+            (
+                script("acquire", &plan.policy),
+                script("complete", "success"),
+            )
         }
     }
 }
@@ -559,6 +559,19 @@ struct Cell {
     arm: Arm,
     spread: Spread,
     live: u32,
+}
+
+/// What the counters say at one moment.
+struct Readings {
+    /// CPU seconds of the primaries (INFO cpu, summed).
+    redis_cpu_s: f64,
+    /// The same of the replicas.
+    replica_cpu_s: f64,
+    /// Calls and microseconds per command of the primaries (INFO
+    /// commandstats).
+    commands: HashMap<String, (u64, u64)>,
+    /// The load generator's own CPU time.
+    client_cpu: Option<Duration>,
 }
 
 /// Everything the measurements share.
@@ -737,6 +750,16 @@ impl Bench {
         Ok(())
     }
 
+    /// The counters read at each edge of the measured window.
+    async fn readings(&mut self) -> anyhow::Result<Readings> {
+        Ok(Readings {
+            redis_cpu_s: redis_cpu(&mut self.nodes).await?,
+            replica_cpu_s: redis_cpu(&mut self.replicas).await?,
+            commands: commandstats(&info(&mut self.nodes, "commandstats").await?),
+            client_cpu: own_cpu_time(),
+        })
+    }
+
     async fn measure(
         &mut self,
         o: &Options,
@@ -772,23 +795,13 @@ impl Bench {
             }
         }
         tokio::time::sleep_until(begin.into()).await;
-        let before = (
-            redis_cpu(&mut self.nodes).await?,
-            redis_cpu(&mut self.replicas).await?,
-            commandstats(&info(&mut self.nodes, "commandstats").await?),
-            own_cpu_time(),
-        );
+        let before = self.readings().await?;
         tokio::time::sleep_until(end.into()).await;
-        let after = (
-            redis_cpu(&mut self.nodes).await?,
-            redis_cpu(&mut self.replicas).await?,
-            commandstats(&info(&mut self.nodes, "commandstats").await?),
-            own_cpu_time(),
-        );
+        let after = self.readings().await?;
         let (mut command_us, mut command_calls) = (0, 0);
         for name in cell.arm.commands() {
-            let (c0, u0) = before.2.get(*name).copied().unwrap_or_default();
-            let (c1, u1) = after.2.get(*name).copied().unwrap_or_default();
+            let (c0, u0) = before.commands.get(*name).copied().unwrap_or_default();
+            let (c1, u1) = after.commands.get(*name).copied().unwrap_or_default();
             command_calls += c1.saturating_sub(c0);
             command_us += u1.saturating_sub(u0);
         }
@@ -799,11 +812,11 @@ impl Bench {
             not_granted: 0,
             errors: 0,
             first_error: None,
-            redis_cpu_s: (after.0 - before.0).max(0.0),
-            replica_cpu_s: (after.1 - before.1).max(0.0),
+            redis_cpu_s: (after.redis_cpu_s - before.redis_cpu_s).max(0.0),
+            replica_cpu_s: (after.replica_cpu_s - before.replica_cpu_s).max(0.0),
             command_us,
             command_calls,
-            client_cpu: match (before.3, after.3) {
+            client_cpu: match (before.client_cpu, after.client_cpu) {
                 (Some(a), Some(b)) => {
                     Some(b.saturating_sub(a).as_secs_f64() / duration.as_secs_f64())
                 }
@@ -834,11 +847,7 @@ pub(crate) async fn redis_cpu_mode(
     eprintln!(
         "bench: Redis primaries {} (INFO cpu and commandstats read from each); replicas {}",
         bench.primaries.join(", "),
-        if bench.replica_addrs.is_empty() {
-            "none".to_owned()
-        } else {
-            bench.replica_addrs.join(", ")
-        }
+        listed(&bench.replica_addrs, "none")
     );
     let spreads: Vec<Spread> = Spread::ALL
         .into_iter()
@@ -866,9 +875,7 @@ pub(crate) async fn redis_cpu_mode(
     let runs = usize::from(o.runs);
     let mut measured: Vec<Vec<Measured>> = cells.iter().map(|_| Vec::new()).collect();
     for run in 0..runs {
-        // Interleaved, starting one further along each run.
-        for i in 0..cells.len() {
-            let at = (i + run) % cells.len();
+        for at in interleaved(run, cells.len()) {
             let cell = cells[at];
             eprintln!(
                 "bench: run {}/{runs}: {} {} live {}",

@@ -70,26 +70,38 @@ pub async fn get(client: &ClientOptions, key: String) -> anyhow::Result<()> {
     print_key(&s, client.json)
 }
 
-/// `fusebox isolate`: refuses every request on `key` until it is closed.
-pub async fn isolate(client: &ClientOptions, key: String, reason: String) -> anyhow::Result<()> {
-    let s = admin(client)
-        .await?
-        .isolate(operator(pb::IsolateRequest { key, reason }))
-        .await
-        .map_err(call_error)?
-        .into_inner();
-    print_key(&s, client.json)
+/// What `isolate` and `close` do to a key (B5), each one Admin call
+/// recorded with the operator's name and the reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// `Admin.Isolate`: refuse every request on the key until it is closed.
+    Isolate,
+    /// `Admin.Close`: close the key's breaker, clearing its counts.
+    Close,
 }
 
-/// `fusebox close`: closes `key`'s breaker, clearing its counts.
-pub async fn close(client: &ClientOptions, key: String, reason: String) -> anyhow::Result<()> {
-    let s = admin(client)
-        .await?
-        .close(operator(pb::CloseRequest { key, reason }))
-        .await
-        .map_err(call_error)?
-        .into_inner();
-    print_key(&s, client.json)
+/// `fusebox isolate` and `fusebox close`: does `action` to `key` for
+/// `reason`, then prints the key as the server answered it.
+pub async fn act(
+    client: &ClientOptions,
+    action: Action,
+    key: String,
+    reason: String,
+) -> anyhow::Result<()> {
+    let mut admin = admin(client).await?;
+    let answer = match action {
+        Action::Isolate => {
+            admin
+                .isolate(operator(pb::IsolateRequest { key, reason }))
+                .await
+        }
+        Action::Close => {
+            admin
+                .close(operator(pb::CloseRequest { key, reason }))
+                .await
+        }
+    };
+    print_key(&answer.map_err(call_error)?.into_inner(), client.json)
 }
 
 /// `fusebox advance`: moves a `--manual-clock` server's clock forward by

@@ -104,21 +104,21 @@ pub(crate) fn print_key(s: &pb::KeyState, json: bool) -> anyhow::Result<()> {
 
 /// Prints `text` on standard output with no newline, like [`emit`].
 pub(crate) fn print_part(text: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match write!(out, "{text}").and_then(|()| out.flush()) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
-        Err(e) => Err(e).context("cannot write to standard output"),
-    }
+    write_out(text, "")
 }
 
 /// Prints `text` and a newline on standard output. A reader that went away
 /// (`fusebox watch | head`) ends the command quietly.
 pub(crate) fn emit(text: &str) -> anyhow::Result<()> {
+    write_out(text, "\n")
+}
+
+/// Writes `text` then `end` on standard output, flushed; ends the command
+/// quietly when the reader went away.
+fn write_out(text: &str, end: &str) -> anyhow::Result<()> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+    match write!(out, "{text}{end}").and_then(|()| out.flush()) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
         Err(e) => Err(e).context("cannot write to standard output"),

@@ -297,79 +297,86 @@ async fn top_keys(
     Ok(keys)
 }
 
-/// Reads the keys worth showing now and then (or when poked), for `top`.
-fn top_poller(
-    mut admin: pb::admin_client::AdminClient<Conn>,
+/// What feeds `top`'s table: a connection, the keys asked for, how often
+/// to read them, where to send what it learns, and the poke that asks for
+/// a read now.
+#[derive(Clone)]
+struct Feed {
+    admin: pb::admin_client::AdminClient<Conn>,
     prefix: String,
     interval: std::time::Duration,
     news: tokio::sync::mpsc::Sender<TopNews>,
     poke: Arc<tokio::sync::Notify>,
-) {
-    tokio::spawn(async move {
-        let patience = interval.max(std::time::Duration::from_secs(5));
-        loop {
-            let read = match tokio::time::timeout(patience, top_keys(&mut admin, &prefix)).await {
-                Ok(Ok(keys)) => Ok(keys),
-                Ok(Err(e)) => Err(format!("{e:#}")),
-                Err(_) => Err(format!(
-                    "the server did not list its keys within {}",
-                    human_ms(patience.as_millis() as u64)
-                )),
-            };
-            if news.send(TopNews::Keys(read)).await.is_err() {
-                return;
-            }
-            tokio::select! {
-                () = tokio::time::sleep(interval) => {}
-                () = poke.notified() => {}
-            }
-        }
-    });
 }
 
-/// Follows the Watch stream for `top`, again after every break.
-fn top_watcher(
-    mut admin: pb::admin_client::AdminClient<Conn>,
-    prefix: String,
-    interval: std::time::Duration,
-    news: tokio::sync::mpsc::Sender<TopNews>,
-    poke: Arc<tokio::sync::Notify>,
-) {
-    tokio::spawn(async move {
-        loop {
-            if let Ok(response) = admin
-                .watch(pb::WatchRequest {
-                    prefix: prefix.clone(),
-                })
-                .await
-            {
-                let mut stream = response.into_inner();
-                if news.send(TopNews::Watching(true)).await.is_err() {
+impl Feed {
+    /// Reads the keys worth showing now and then (or when poked), for
+    /// `top`.
+    fn poll(mut self) {
+        tokio::spawn(async move {
+            let patience = self.interval.max(std::time::Duration::from_secs(5));
+            loop {
+                let read =
+                    match tokio::time::timeout(patience, top_keys(&mut self.admin, &self.prefix))
+                        .await
+                    {
+                        Ok(Ok(keys)) => Ok(keys),
+                        Ok(Err(e)) => Err(format!("{e:#}")),
+                        Err(_) => Err(format!(
+                            "the server did not list its keys within {}",
+                            human_ms(patience.as_millis() as u64)
+                        )),
+                    };
+                if self.news.send(TopNews::Keys(read)).await.is_err() {
                     return;
                 }
-                while let Ok(Some(event)) = stream.message().await {
-                    let news_item = match event.event {
-                        Some(pb::watch_event::Event::Transition(t)) => {
-                            TopNews::Transition(Box::new(t))
+                tokio::select! {
+                    () = tokio::time::sleep(self.interval) => {}
+                    () = self.poke.notified() => {}
+                }
+            }
+        });
+    }
+
+    /// Follows the Watch stream for `top`, again after every break.
+    fn watch(mut self) {
+        tokio::spawn(async move {
+            loop {
+                if let Ok(response) = self
+                    .admin
+                    .watch(pb::WatchRequest {
+                        prefix: self.prefix.clone(),
+                    })
+                    .await
+                {
+                    let mut stream = response.into_inner();
+                    if self.news.send(TopNews::Watching(true)).await.is_err() {
+                        return;
+                    }
+                    while let Ok(Some(event)) = stream.message().await {
+                        let news_item = match event.event {
+                            Some(pb::watch_event::Event::Transition(t)) => {
+                                TopNews::Transition(Box::new(t))
+                            }
+                            // Events were missed: read everything again.
+                            Some(pb::watch_event::Event::Lagged(_)) => {
+                                self.poke.notify_one();
+                                continue;
+                            }
+                            _ => continue,
+                        };
+                        if self.news.send(news_item).await.is_err() {
+                            return;
                         }
-                        // Events were missed: read everything again.
-                        Some(pb::watch_event::Event::Lagged(_)) => {
-                            poke.notify_one();
-                            continue;
-                        }
-                        _ => continue,
-                    };
-                    if news.send(news_item).await.is_err() {
+                    }
+                    if self.news.send(TopNews::Watching(false)).await.is_err() {
                         return;
                     }
                 }
-                if news.send(TopNews::Watching(false)).await.is_err() {
-                    return;
-                }
+                tokio::time::sleep(self.interval).await;
             }
-            tokio::time::sleep(interval).await;
-        }
-    });
+        });
+    }
 }
 
 /// `fusebox top`: a live table of the keys that start with `prefix`,
@@ -388,20 +395,15 @@ pub async fn top(client: ClientOptions, prefix: String, interval_ms: u64) -> any
     let interval = Duration::from_millis(interval_ms);
     let (tx, mut news) = tokio::sync::mpsc::channel(256);
     let poke = Arc::new(tokio::sync::Notify::new());
-    top_poller(
-        pb::admin_client::AdminClient::new(channel.clone()),
-        prefix.clone(),
+    let feed = Feed {
+        admin: pb::admin_client::AdminClient::new(channel),
+        prefix: prefix.clone(),
         interval,
-        tx.clone(),
-        poke.clone(),
-    );
-    top_watcher(
-        pb::admin_client::AdminClient::new(channel),
-        prefix.clone(),
-        interval,
-        tx,
-        poke.clone(),
-    );
+        news: tx,
+        poke: poke.clone(),
+    };
+    feed.clone().poll();
+    feed.watch();
     let colour = std::env::var_os("NO_COLOR").is_none();
 
     let screen = Screen::enter()?;
