@@ -27,7 +27,7 @@
 //! [`throttlecrab`] and [`channel`] (connections, with the credentials
 //! and TLS of `fusebox-cli`); [`target`] (the server under test); [`load`]
 //! (the callers and their figures); [`numbers`]; [`options`] (the shared
-//! flags); [`report`]; then one module per mode. This file parses the
+//! flags); [`mod@report`]; then one module per mode. This file parses the
 //! command line and runs the mode asked for.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -107,7 +107,7 @@ enum Mode {
     /// credential, HEADERS-only calls without a token, and Decide streams
     /// (another tenant's token) that never read their answers. Reports the
     /// p99 ratio attack/quiet and the server's memory growth. Starts the
-    /// server itself, with [auth] and the two tokens.
+    /// server itself, with `[auth]` and the two tokens.
     Attack {
         /// Connections that send the HTTP/2 preface and nothing more.
         #[arg(long, default_value_t = 1_000)]

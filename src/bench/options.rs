@@ -44,7 +44,7 @@ pub(crate) struct Options {
     pub(crate) config: Option<PathBuf>,
     /// The fusebox binary the tool starts as the server under test
     /// (default: the `fusebox` next to this tool, as cargo builds both
-    /// into the same target/<profile>/).
+    /// into the same `target/<profile>/`).
     #[arg(long, global = true, value_name = "PATH", conflicts_with = "target")]
     pub(crate) server_bin: Option<PathBuf>,
     /// Pin the server the tool starts to these CPUs (taskset -c LIST).
@@ -53,7 +53,7 @@ pub(crate) struct Options {
     /// Pin the load generator to these CPUs (its threads round-robin).
     #[arg(long, global = true, value_name = "LIST")]
     pub(crate) client_cpus: Option<String>,
-    /// The bearer token to call with, when the server has [auth] (the
+    /// The bearer token to call with, when the server has `[auth]` (the
     /// server the tool starts inherits FUSEBOX_TOKEN, for a config whose
     /// token has `env = "FUSEBOX_TOKEN"`).
     #[arg(long, global = true, env = "FUSEBOX_TOKEN", hide_env_values = true)]

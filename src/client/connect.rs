@@ -21,7 +21,7 @@ pub struct ClientOptions {
     /// Print JSON instead of readable text.
     #[arg(long, global = true)]
     pub json: bool,
-    /// The bearer token to call with, when the server has [auth].
+    /// The bearer token to call with, when the server has `[auth]`.
     #[arg(long, global = true, env = "FUSEBOX_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// Call the server over TLS, trusting the CA certificates in this PEM file.

@@ -2,22 +2,22 @@
 //! they print, for people and (`--json`) for programs.
 //!
 //! The `fusebox` binary parses its flags and calls in here; the load tool
-//! (`fusebox-bench`) reaches servers through [`connect`] too, so that a
+//! (`fusebox-bench`) reaches servers through [`mod@connect`] too, so that a
 //! connection, its credentials and its TLS are set up in one place. The
 //! crate speaks gRPC through `fusebox-proto` only: it holds none of the
 //! server.
 //!
 //! Layout, each module using only those listed before it:
-//! - [`connect`]: the server's address, the bearer token and TLS
+//! - [`mod@connect`]: the server's address, the bearer token and TLS
 //!   ([`ClientOptions`]), the connection, and failed calls in words that
 //!   say what to do ([`call_error`]).
-//! - [`print`]: keys, decisions and transitions in words and in JSON, and
+//! - [`mod@print`]: keys, decisions and transitions in words and in JSON, and
 //!   times and durations for people.
 //! - [`table`]: the aligned tables the commands and the load tool print.
 //! - [`signal`]: the signals that stop a command that runs until stopped.
 //! - [`calls`]: the one-call commands (`acquire`, `complete`, `get`,
 //!   `isolate`, `close`, `advance`).
-//! - [`keys`], [`watch`], [`top`]: the operations commands.
+//! - [`mod@keys`], [`mod@watch`], [`mod@top`]: the operations commands.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

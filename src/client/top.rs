@@ -2,7 +2,7 @@
 //!
 //! The terminal is driven through crossterm: raw mode (keys one at a time,
 //! no echo, Ctrl-C a key like any other), the alternate screen, the
-//! cursor hidden. [`Screen`] puts it back as it was on every way out: q,
+//! cursor hidden. A screen guard puts it back as it was on every way out: q,
 //! Ctrl-C, a signal, an error, and a panic (through the panic hook, which
 //! restores it before the message is printed).
 
