@@ -58,6 +58,20 @@ pub async fn complete(c: &mut Fusebox, ticket: &str, outcome: pb::Outcome) -> pb
     .into_inner()
 }
 
+/// A Complete (SUCCESS) of `ticket`, which must be refused as NOT_FOUND:
+/// the status.
+pub async fn complete_not_found(c: &mut Fusebox, ticket: &str) -> Status {
+    let status = c
+        .complete(pb::CompleteRequest {
+            ticket: ticket.into(),
+            outcome: pb::Outcome::Success as i32,
+        })
+        .await
+        .expect_err("the ticket is not found");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    status
+}
+
 /// One acquire and its outcome; returns the phase after.
 pub async fn call(c: &mut Fusebox, key: &str, outcome: pb::Outcome) -> pb::Phase {
     let t = ticket(c, key).await;
@@ -68,17 +82,18 @@ pub async fn call(c: &mut Fusebox, key: &str, outcome: pb::Outcome) -> pb::Phase
 
 /// Moves the manual clock; returns its reading.
 pub async fn advance(server: &Server, by: u64) -> u64 {
-    let r = server
-        .clock()
-        .await
+    advance_clock(&mut server.clock().await, by).await
+}
+
+/// Moves the manual clock through `clock`; returns its reading.
+pub async fn advance_clock(clock: &mut pb::clock_client::ClockClient<Channel>, by: u64) -> u64 {
+    let r = clock
         .advance(pb::AdvanceRequest { by: Some(ms(by)) })
         .await
         .expect("Advance answers")
         .into_inner();
     millis(r.now).expect("a reading")
 }
-
-pub use crate::harness::by;
 
 pub async fn get(admin: &mut Admin, key: &str) -> pb::KeyState {
     admin
@@ -1198,14 +1213,7 @@ lease = { default = "1s", max = "5s" }
 
     // t = 1000: tb's lease ends (expired, settled IGNORED).
     advance(&server, 500).await;
-    let gone = c
-        .complete(pb::CompleteRequest {
-            ticket: tb,
-            outcome: pb::Outcome::Success as i32,
-        })
-        .await
-        .expect_err("tb's lease ended");
-    assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
+    complete_not_found(&mut c, &tb).await;
     let tc = ticket(&mut c, key).await;
     let td = ticket(&mut c, key).await;
     complete(&mut c, &tc, pb::Outcome::Failure).await;

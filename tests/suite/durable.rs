@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use fusebox::proto::v1 as pb;
 use tonic::transport::Channel;
 
-use crate::harness::{by, eventually, ms, Options, Server, BIN};
+use crate::harness::{eventually, ms, refused_start, steer, Options, Server};
 
 type Client = pb::fusebox_client::FuseboxClient<Channel>;
 type Admin = pb::admin_client::AdminClient<Channel>;
@@ -73,12 +73,7 @@ async fn logged(server: &Server, text: &str) {
 }
 
 fn ask(key: &str) -> pb::AcquireRequest {
-    pb::AcquireRequest {
-        key: key.into(),
-        permits: None,
-        max_wait: None,
-        lease: None,
-    }
+    crate::admin::request(key)
 }
 
 async fn acquire(c: &mut Client, key: &str) -> pb::AcquireResponse {
@@ -91,14 +86,9 @@ async fn acquire(c: &mut Client, key: &str) -> pb::AcquireResponse {
 async fn fail(c: &mut Client, key: &str) -> pb::Phase {
     let r = acquire(c, key).await;
     assert!(!r.ticket.is_empty(), "{key}: {r:?}");
-    c.complete(pb::CompleteRequest {
-        ticket: r.ticket,
-        outcome: pb::Outcome::Failure as i32,
-    })
-    .await
-    .expect("Complete answers")
-    .into_inner()
-    .phase()
+    crate::admin::complete(c, &r.ticket, pb::Outcome::Failure)
+        .await
+        .phase()
 }
 
 fn millis(d: Option<prost_types::Duration>) -> u64 {
@@ -126,14 +116,7 @@ async fn open_half_open_isolated_and_failing_keys_come_back_after_a_crash_and_ti
     fail(&mut c, "open").await;
     assert_eq!(fail(&mut c, "open").await, pb::Phase::Open);
     assert_eq!(fail(&mut c, "fails").await, pb::Phase::Closed);
-    admin
-        .isolate(by(
-            "alice",
-            pb::IsolateRequest {
-                key: "iso".into(),
-                reason: "db migration".into(),
-            },
-        ))
+    steer(&mut admin, true, "alice", "iso", "db migration")
         .await
         .unwrap();
     let held = acquire(&mut c, "lim").await;
@@ -203,14 +186,7 @@ async fn open_half_open_isolated_and_failing_keys_come_back_after_a_crash_and_ti
     );
     // Tickets from before the crash are gone, and so are their permits.
     for ticket in [probe.ticket, held.ticket] {
-        let err = c
-            .complete(pb::CompleteRequest {
-                ticket,
-                outcome: pb::Outcome::Success as i32,
-            })
-            .await
-            .expect_err("an old ticket is not found");
-        assert_eq!(err.code(), tonic::Code::NotFound);
+        crate::admin::complete_not_found(&mut c, &ticket).await;
     }
     assert_eq!(
         acquire(&mut c, "lim").await.decision(),
@@ -301,12 +277,7 @@ breaker = { mode = "consecutive", failures = 3, break = "1s" }
     fail(&mut c, "k").await;
     stored(&server, 1).await;
     let ok = acquire(&mut c, "k").await;
-    c.complete(pb::CompleteRequest {
-        ticket: ok.ticket,
-        outcome: pb::Outcome::Success as i32,
-    })
-    .await
-    .unwrap();
+    crate::admin::complete(&mut c, &ok.ticket, pb::Outcome::Success).await;
     // A success ends the run: the key is at rest, and deleted.
     stored(&server, 0).await;
     server
@@ -374,17 +345,10 @@ async fn a_data_dir_that_cannot_be_used_stops_the_start_and_says_what_to_do() {
         (&file, "pick another --data-dir"),
         (&damaged, "move it aside"),
     ] {
-        let out = tokio::process::Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-            .arg("--data-dir")
-            .arg(data_dir)
-            .output()
-            .await
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{err}");
+        let data_dir = data_dir.to_str().expect("a UTF-8 path");
+        let err = refused_start(&["--data-dir", data_dir], None).await;
         assert!(err.contains("the server did not start"), "{err}");
-        assert!(err.contains(&*data_dir.to_string_lossy()), "{err}");
+        assert!(err.contains(data_dir), "{err}");
         assert!(err.contains(says), "{err}");
     }
 }
@@ -430,29 +394,7 @@ async fn workload(server_addr: String, client: usize, round: usize, seen: Arc<Mu
                     .or_default()
                     .1 = Some(to);
                 let reason = format!("round {round} step {step}");
-                let done = if isolate {
-                    admin
-                        .isolate(by(
-                            "crash-test",
-                            pb::IsolateRequest {
-                                key: key.clone(),
-                                reason,
-                            },
-                        ))
-                        .await
-                        .map(|_| ())
-                } else {
-                    admin
-                        .close(by(
-                            "crash-test",
-                            pb::CloseRequest {
-                                key: key.clone(),
-                                reason,
-                            },
-                        ))
-                        .await
-                        .map(|_| ())
-                };
+                let done = steer(&mut admin, isolate, "crash-test", &key, &reason).await;
                 if done.is_err() {
                     return;
                 }
@@ -630,16 +572,7 @@ async fn the_config_files_data_dir_is_used_when_no_flag_names_one_and_its_fields
     );
     let server = Server::manual(Some(&config)).await;
     logged(&server, "state is kept in").await;
-    server
-        .admin()
-        .await
-        .isolate(by(
-            "bob",
-            pb::IsolateRequest {
-                key: "k".into(),
-                reason: "maintenance".into(),
-            },
-        ))
+    steer(&mut server.admin().await, true, "bob", "k", "maintenance")
         .await
         .unwrap();
     // Written before the reply: one commit at least, and the key stored.
@@ -663,15 +596,7 @@ async fn the_config_files_data_dir_is_used_when_no_flag_names_one_and_its_fields
     ] {
         let path = dir.path().join("bad.toml");
         std::fs::write(&path, format!("[server]\n{bad}\n")).unwrap();
-        let out = tokio::process::Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-            .arg("--config")
-            .arg(&path)
-            .output()
-            .await
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{bad}: {err}");
+        let err = refused_start(&["--config", path.to_str().expect("a UTF-8 path")], None).await;
         assert!(err.contains(says), "{bad}: {err}");
     }
 }

@@ -22,7 +22,15 @@ const CONNECTIONS: usize = 16;
 const REQUESTS: usize = 400;
 const ROUNDS: u32 = 50;
 
+/// Every key opens on one failure, for a break of one second: the fleets
+/// on the manual clock.
+pub(crate) const ONE_SECOND_BREAKS: &str = r#"
+[default]
+breaker = { mode = "consecutive", failures = 1, break = "1s" }
+"#;
+
 type Client = pb::fusebox_client::FuseboxClient<Channel>;
+type ClockClient = pb::clock_client::ClockClient<Channel>;
 
 /// `CONNECTIONS` clients, each on its own HTTP/2 connection.
 async fn fleet(server: &Server) -> Vec<Client> {
@@ -34,12 +42,7 @@ async fn fleet(server: &Server) -> Vec<Client> {
 }
 
 fn acquire_one() -> pb::AcquireRequest {
-    pb::AcquireRequest {
-        key: KEY.into(),
-        permits: None,
-        max_wait: None,
-        lease: None,
-    }
+    crate::admin::request(KEY)
 }
 
 async fn acquire(client: &mut Client) -> pb::AcquireResponse {
@@ -55,27 +58,28 @@ async fn complete(
     ticket: String,
     outcome: pb::Outcome,
 ) -> pb::CompleteResponse {
-    client
-        .complete(pb::CompleteRequest {
-            ticket,
-            outcome: outcome as i32,
-        })
-        .await
-        .expect("Complete answers")
-        .into_inner()
+    crate::admin::complete(client, &ticket, outcome).await
 }
 
-/// Fires `REQUESTS` acquires at once, spread over the clients, and returns
-/// every answer.
-async fn fire(clients: &[Client]) -> Vec<pb::AcquireResponse> {
+/// Fires `REQUESTS` copies of `request` at once, spread over the clients,
+/// and returns every answer.
+pub(crate) async fn fire(
+    clients: &[Client],
+    request: pb::AcquireRequest,
+) -> Vec<pb::AcquireResponse> {
     let barrier = Arc::new(Barrier::new(REQUESTS));
     let tasks: Vec<_> = (0..REQUESTS)
         .map(|i| {
             let mut client = clients[i % clients.len()].clone();
             let barrier = barrier.clone();
+            let request = request.clone();
             tokio::spawn(async move {
                 barrier.wait().await;
-                acquire(&mut client).await
+                client
+                    .acquire(request)
+                    .await
+                    .expect("Acquire answers")
+                    .into_inner()
             })
         })
         .collect();
@@ -148,6 +152,30 @@ pub(crate) async fn check_half_open(server: &Server, round: u32) {
     );
 }
 
+/// The start of a round on the manual clock: the key is open with its whole
+/// break (1 s) ahead; then `clock` moves past it.
+pub(crate) async fn end_the_break(server: &Server, clock: &mut ClockClient, round: u32) {
+    let state = server.get(KEY).await;
+    assert_eq!(
+        state.phase,
+        pb::Phase::Open as i32,
+        "round {round}: {state:?}"
+    );
+    assert_eq!(
+        millis(state.open_remaining),
+        Some(1000),
+        "round {round}: {state:?}"
+    );
+    crate::admin::advance_clock(clock, 1000).await;
+}
+
+/// Checks the answer to the failure of a round's probe: it was current, and
+/// the breaker opened again.
+pub(crate) fn probe_failed(round: u32, done: &pb::CompleteResponse) {
+    assert!(!done.stale, "round {round}: the probe is current");
+    assert_eq!(done.phase, pb::Phase::Open as i32, "round {round}");
+}
+
 /// Trips the breaker of a fresh key (consecutive, 1 failure).
 async fn trip(client: &mut Client) {
     let first = acquire(client).await;
@@ -159,41 +187,22 @@ async fn trip(client: &mut Client) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_probe_for_a_fleet_on_the_manual_clock() {
-    let server = Server::manual(Some(
-        r#"
-[default]
-breaker = { mode = "consecutive", failures = 1, break = "1s" }
-"#,
-    ))
-    .await;
+    let server = Server::manual(Some(ONE_SECOND_BREAKS)).await;
     let clients = fleet(&server).await;
     let mut clock = server.clock().await;
     let mut control = server.fusebox().await;
     trip(&mut control).await;
     for round in 1..=ROUNDS {
-        let state = server.get(KEY).await;
-        assert_eq!(
-            state.phase,
-            pb::Phase::Open as i32,
-            "round {round}: {state:?}"
-        );
-        assert_eq!(
-            millis(state.open_remaining),
-            Some(1000),
-            "round {round}: {state:?}"
-        );
-        clock
-            .advance(pb::AdvanceRequest {
-                by: Some(crate::harness::ms(1000)),
-            })
-            .await
-            .expect("Clock.Advance answers");
+        end_the_break(&server, &mut clock, round).await;
         // Time stands still: the probe slot is held for exactly probe_lease (= break).
-        let probe = one_probe(round, &fire(&clients).await, |retry| retry == 1000);
+        let probe = one_probe(round, &fire(&clients, acquire_one()).await, |retry| {
+            retry == 1000
+        });
         check_half_open(&server, round).await;
-        let done = complete(&mut control, probe, pb::Outcome::Failure).await;
-        assert!(!done.stale, "round {round}: the probe is current");
-        assert_eq!(done.phase, pb::Phase::Open as i32, "round {round}");
+        probe_failed(
+            round,
+            &complete(&mut control, probe, pb::Outcome::Failure).await,
+        );
     }
 }
 
@@ -247,12 +256,13 @@ breaker = { mode = "consecutive", failures = 1, break = "50ms", probe_lease = "3
             pb::Phase::Open as i32,
             "round {round}: status checks do not move the breaker: {state:?}"
         );
-        let probe = one_probe(round, &fire(&clients).await, |retry| {
+        let probe = one_probe(round, &fire(&clients, acquire_one()).await, |retry| {
             retry > 0 && retry <= 30_000
         });
         check_half_open(&server, round).await;
-        let done = complete(&mut control, probe, pb::Outcome::Failure).await;
-        assert!(!done.stale, "round {round}: the probe is current");
-        assert_eq!(done.phase, pb::Phase::Open as i32, "round {round}");
+        probe_failed(
+            round,
+            &complete(&mut control, probe, pb::Outcome::Failure).await,
+        );
     }
 }

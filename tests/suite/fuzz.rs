@@ -1118,10 +1118,8 @@ fn fuzz_raw_bytes_at_every_rpc_never_fail_the_server() {
                 let mut fusebox = server.fusebox().await;
                 let asked = fusebox
                     .acquire(pb::AcquireRequest {
-                        key: "fz/alive".into(),
                         permits: Some(0),
-                        max_wait: None,
-                        lease: None,
+                        ..crate::admin::request("fz/alive")
                     })
                     .await;
                 prop_assert!(asked.is_ok(), "Acquire after the batch: {asked:?}");

@@ -90,10 +90,8 @@ fn frame(id: u64, key: &str) -> pb::DecideFrame {
     pb::DecideFrame {
         id,
         request: Some(pb::decide_frame::Request::Acquire(pb::AcquireRequest {
-            key: key.into(),
             permits: Some(0),
-            max_wait: None,
-            lease: None,
+            ..crate::admin::request(key)
         })),
     }
 }

@@ -5,13 +5,12 @@
 //! Without redis-server these tests are skipped, saying so, unless
 //! `FUSEBOX_TEST_REQUIRE_TOOLS=1` (as `./scripts/test` sets).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use fusebox::proto::v1 as pb;
-use tokio::sync::Barrier;
 
-use crate::harness::{eventually, millis, servers_on, Server};
+use crate::admin::complete;
+use crate::harness::{eventually, servers_on, Server};
 use crate::redis_harness::Cluster;
 use crate::vectors::{load_all, replay, GrpcTarget};
 
@@ -84,7 +83,6 @@ pub fn store_of(cluster: &Cluster) -> String {
 }
 
 const FLEET_KEY: &str = "fleet/payments";
-const REQUESTS: usize = 400;
 const ROUNDS: u32 = 50;
 const CONNECTIONS_PER_SERVER: usize = 6;
 
@@ -139,66 +137,13 @@ breaker = { mode = "consecutive", failures = 1, break = "50ms", probe_lease = "3
             }
         })
         .await;
-        let barrier = Arc::new(Barrier::new(REQUESTS));
-        let tasks: Vec<_> = (0..REQUESTS)
-            .map(|i| {
-                let mut client = clients[i % clients.len()].clone();
-                let barrier = barrier.clone();
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    client.acquire(ask(None)).await
-                })
-            })
-            .collect();
-        let mut probes = Vec::new();
-        let mut blocked = 0;
-        let mut other = Vec::new();
-        for task in tasks {
-            let a = task
-                .await
-                .expect("an acquire task")
-                .expect("Acquire answers")
-                .into_inner();
-            match (
-                pb::Decision::try_from(a.decision),
-                pb::Reason::try_from(a.reason),
-            ) {
-                (Ok(pb::Decision::Probe), _) if !a.ticket.is_empty() => probes.push(a.ticket),
-                (Ok(pb::Decision::Blocked), Ok(pb::Reason::ProbeInFlight))
-                    if millis(a.retry_after).is_some() =>
-                {
-                    blocked += 1
-                }
-                _ => other.push(a),
-            }
-        }
-        assert!(
-            probes.len() == 1 && blocked == REQUESTS - 1,
-            "round {round}: expected 1 PROBE and {} BLOCKED probe_in_flight, got {} probes, {blocked} blocked, others: {:?}",
-            REQUESTS - 1,
-            probes.len(),
-            other.iter().take(5).collect::<Vec<_>>()
-        );
-        let state = servers[round as usize % 3].get(FLEET_KEY).await;
-        assert_eq!(
-            state.phase,
-            pb::Phase::HalfOpen as i32,
-            "round {round}: {state:?}"
-        );
-        assert_eq!(state.half_open_attempts, round, "round {round}: {state:?}");
-        assert_eq!(state.live_tickets, 1, "round {round}: {state:?}");
+        let answers = crate::fleet::fire(&clients, ask(None)).await;
+        let probe = crate::fleet::one_probe(round, &answers, |_| true);
+        crate::fleet::check_half_open(&servers[round as usize % 3], round).await;
         // The probe fails, through another server: the breaker opens again.
         let mut finisher = servers[(round as usize + 1) % 3].fusebox().await;
-        let done = finisher
-            .complete(pb::CompleteRequest {
-                ticket: probes.pop().expect("one probe"),
-                outcome: pb::Outcome::Failure as i32,
-            })
-            .await
-            .expect("Complete answers")
-            .into_inner();
-        assert!(!done.stale, "round {round}: the probe is current");
-        assert_eq!(done.phase, pb::Phase::Open as i32, "round {round}");
+        let done = complete(&mut finisher, &probe, pb::Outcome::Failure).await;
+        crate::fleet::probe_failed(round, &done);
     }
 }
 
@@ -232,15 +177,7 @@ pub async fn pair(client: &mut Client, key: &str, outcome: pb::Outcome) -> i32 {
         .expect("Acquire")
         .into_inner();
     assert_eq!(a.decision, pb::Decision::Granted as i32, "{key}: {a:?}");
-    client
-        .complete(pb::CompleteRequest {
-            ticket: a.ticket,
-            outcome: outcome as i32,
-        })
-        .await
-        .expect("Complete")
-        .into_inner()
-        .phase
+    complete(client, &a.ticket, outcome).await.phase
 }
 
 /// Trips `key` (a breaker that one failure trips): one granted call that
@@ -457,13 +394,7 @@ limiter = { kind = "concurrency", permits = 1, queue_limit = 10 }
     waiters(2).await;
     gone.abort();
     waiters(1).await;
-    holder
-        .complete(pb::CompleteRequest {
-            ticket: held.ticket,
-            outcome: pb::Outcome::Success as i32,
-        })
-        .await
-        .expect("Complete answers");
+    complete(&mut holder, &held.ticket, pb::Outcome::Success).await;
     let served = tokio::time::timeout(Duration::from_secs(10), stays)
         .await
         .expect("the waiter is served in time")

@@ -166,6 +166,24 @@ async fn calls_without_a_credential_are_refused_on_their_headers() {
     drop(response);
 }
 
+/// A status check (`permits: 0`) of `key` as `token`: `Ok`, or the code it
+/// was refused with.
+pub(crate) async fn check_as(server: &Server, token: &str, key: &str) -> Result<(), tonic::Code> {
+    let request = fusebox::proto::v1::AcquireRequest {
+        key: key.into(),
+        permits: Some(0),
+        max_wait: None,
+        lease: None,
+    };
+    server
+        .fusebox()
+        .await
+        .acquire(bearer(token, request))
+        .await
+        .map(|_| ())
+        .map_err(|s| s.code())
+}
+
 pub(crate) fn bearer<T>(token: &str, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.metadata_mut().insert(
@@ -257,10 +275,8 @@ async fn streams_end_when_their_token_is_removed_in(args: &[&str]) {
         frames: vec![pb::DecideFrame {
             id,
             request: Some(pb::decide_frame::Request::Acquire(pb::AcquireRequest {
-                key: "a/k".into(),
                 permits: Some(0),
-                max_wait: None,
-                lease: None,
+                ..crate::admin::request("a/k")
             })),
         }],
     };
@@ -315,26 +331,7 @@ async fn streams_end_when_their_token_is_removed_in(args: &[&str]) {
     );
 
     std::fs::write(&file, token_entry("kept", "caller", KEPT)).unwrap();
-    let unary = |token: &'static str| {
-        let server = &server;
-        async move {
-            server
-                .fusebox()
-                .await
-                .acquire(bearer(
-                    token,
-                    pb::AcquireRequest {
-                        key: "a/k".into(),
-                        permits: Some(0),
-                        max_wait: None,
-                        lease: None,
-                    },
-                ))
-                .await
-                .map(|_| ())
-                .map_err(|s| s.code())
-        }
-    };
+    let unary = |token: &'static str| check_as(&server, token, "a/k");
     crate::harness::eventually(
         "the new token file to be read",
         Duration::from_secs(10),
@@ -429,10 +426,8 @@ async fn key_names_are_shown_only_to_their_namespace_in(args: &[&str]) {
         b.acquire(bearer(
             B,
             pb::AcquireRequest {
-                key: key.into(),
                 permits: Some(1),
-                max_wait: None,
-                lease: None,
+                ..crate::admin::request(key)
             },
         ))
         .await
@@ -441,10 +436,8 @@ async fn key_names_are_shown_only_to_their_namespace_in(args: &[&str]) {
     b.acquire(bearer(
         A_OPS,
         pb::AcquireRequest {
-            key: "a/mine".into(),
             permits: Some(1),
-            max_wait: None,
-            lease: None,
+            ..crate::admin::request("a/mine")
         },
     ))
     .await
@@ -668,10 +661,8 @@ async fn acquire_raw(
     use prost::Message;
     let mut client = client.ready().await.expect("the connection is open");
     let message = pb::AcquireRequest {
-        key: "a/k".into(),
         permits: Some(0),
-        max_wait: None,
-        lease: None,
+        ..crate::admin::request("a/k")
     }
     .encode_to_vec();
     let mut framed = vec![0u8];
@@ -788,10 +779,8 @@ async fn decide_answers_never_read_are_bounded_and_the_stream_ends_in(args: &[&s
             .map(|id| pb::DecideFrame {
                 id,
                 request: Some(pb::decide_frame::Request::Acquire(pb::AcquireRequest {
-                    key: format!("a/k{}", id % 7),
                     permits: Some(0),
-                    max_wait: None,
-                    lease: None,
+                    ..crate::admin::request(&format!("a/k{}", id % 7))
                 })),
             })
             .collect(),
@@ -895,10 +884,8 @@ async fn decide_answers_never_read_are_bounded_and_the_stream_ends_in(args: &[&s
         .acquire(bearer(
             TOKEN,
             pb::AcquireRequest {
-                key: "a/after".into(),
                 permits: Some(1),
-                max_wait: None,
-                lease: None,
+                ..crate::admin::request("a/after")
             },
         ))
         .await
