@@ -11,7 +11,7 @@ use fusebox::proto::v1 as pb;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use crate::harness::{eventually, millis, ms, Server};
+use crate::harness::{eventually, millis, ms, steer, Server};
 
 pub type Fusebox = pb::fusebox_client::FuseboxClient<Channel>;
 pub type Admin = pb::admin_client::AdminClient<Channel>;
@@ -25,6 +25,22 @@ pub fn request(key: &str) -> pb::AcquireRequest {
         permits: None,
         max_wait: None,
         lease: None,
+    }
+}
+
+/// A status check of `key` (`permits: 0`, P2a).
+pub fn status_check(key: &str) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        permits: Some(0),
+        ..request(key)
+    }
+}
+
+/// An acquire of one permit of `key`, said explicitly.
+pub fn one_permit(key: &str) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        permits: Some(1),
+        ..request(key)
     }
 }
 
@@ -70,6 +86,15 @@ pub async fn complete_not_found(c: &mut Fusebox, ticket: &str) -> Status {
         .expect_err("the ticket is not found");
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
     status
+}
+
+/// Checks that `reply` was DENIED for `reason`.
+pub fn assert_denied(reply: &pb::AcquireResponse, reason: pb::Reason) {
+    assert_eq!(
+        (reply.decision, reply.reason),
+        (pb::Decision::Denied as i32, reason as i32),
+        "{reply:?}"
+    );
 }
 
 /// One acquire and its outcome; returns the phase after.
@@ -248,11 +273,7 @@ async fn list_keys_filters_by_prefix_and_phase_in_key_order() {
         call(&mut c, "svc/b", pb::Outcome::Failure).await,
         pb::Phase::Open
     );
-    admin
-        .isolate(pb::IsolateRequest {
-            key: "svc/c".into(),
-            reason: "maintenance".into(),
-        })
+    steer(&mut admin, true, None, "svc/c", "maintenance")
         .await
         .expect("Isolate answers");
     let t = ticket(&mut c, "svc/d").await;
@@ -536,14 +557,7 @@ async fn list_keys_never_creates_or_moves_keys() {
     let page = list(&mut admin, "", &[], 0, "").await.expect("ListKeys");
     assert_eq!(names(&page), ["svc/open"]);
     // A status check (n = 0) makes nothing.
-    let check = acquire(
-        &mut c,
-        pb::AcquireRequest {
-            permits: Some(0),
-            ..request("svc/checked")
-        },
-    )
-    .await;
+    let check = acquire(&mut c, status_check("svc/checked")).await;
     assert_eq!(check.decision, pb::Decision::Granted as i32);
     let page = list(&mut admin, "", &[], 0, "").await.expect("ListKeys");
     assert_eq!(names(&page), ["svc/open"]);
@@ -1173,17 +1187,11 @@ lease = { default = "1s", max = "5s" }
     waiters_are(1).await;
     let w2 = spawn_acquire(&server, waiting(500)).await;
     let evicted = w1.await.expect("a task").expect("Acquire answers");
-    assert_eq!(
-        (evicted.decision, evicted.reason),
-        (pb::Decision::Denied as i32, pb::Reason::Evicted as i32)
-    );
+    assert_denied(&evicted, pb::Reason::Evicted);
     waiters_are(1).await;
     advance(&server, 500).await;
     let timed_out = w2.await.expect("a task").expect("Acquire answers");
-    assert_eq!(
-        (timed_out.decision, timed_out.reason),
-        (pb::Decision::Denied as i32, pb::Reason::Timeout as i32)
-    );
+    assert_denied(&timed_out, pb::Reason::Timeout);
     // t = 500: no permits, exceeds the limit, a waiter whose caller leaves.
     let none = acquire(&mut c, request(key)).await;
     assert_eq!(none.reason, pb::Reason::NoPermits as i32, "{none:?}");
@@ -1256,11 +1264,7 @@ lease = { default = "1s", max = "5s" }
 
     // t = 2010: isolated, a request refused.
     advance(&server, 10).await;
-    admin
-        .isolate(pb::IsolateRequest {
-            key: key.into(),
-            reason: "stats".into(),
-        })
+    steer(&mut admin, true, None, key, "stats")
         .await
         .expect("Isolate answers");
     let refused = acquire(&mut c, request(key)).await;

@@ -105,10 +105,7 @@ async fn rpc(server: &Server, call: &str, token: Option<&str>) -> char {
     let mut f = pb::fusebox_client::FuseboxClient::new(channel.clone());
     let mut a = pb::admin_client::AdminClient::new(channel.clone());
     let mut c = pb::clock_client::ClockClient::new(channel.clone());
-    let acquire = |key: &str| pb::AcquireRequest {
-        permits: Some(1),
-        ..crate::admin::request(key)
-    };
+    let acquire = |key: &str| crate::admin::one_permit(key);
     let rule = |m: &str, default: bool| pb::SetPolicyRequest {
         rule: Some(pb::PolicyRule {
             r#match: m.into(),
@@ -291,10 +288,7 @@ async fn refusals_say_which_credential_lacks_what() {
     let config = config();
     let server = Server::manual(Some(&config)).await;
     let mut f = server.fusebox().await;
-    let ask = pb::AcquireRequest {
-        permits: Some(1),
-        ..crate::admin::request("b/k")
-    };
+    let ask = crate::admin::one_permit("b/k");
     let none = f.acquire(with(None, ask.clone())).await.unwrap_err();
     assert!(none.message().contains("authorization: Bearer"), "{none:?}");
     let unknown = f
@@ -509,12 +503,7 @@ async fn tokens_added_to_the_token_file_are_taken_without_a_restart() {
     );
     // A broken token file keeps the running tokens.
     std::fs::write(&file, "[[token]]\nname = \"x\"\n").unwrap();
-    eventually(
-        "the broken file is reported",
-        Duration::from_secs(10),
-        || async { server.logs().contains("config not reloaded").then_some(()) },
-    )
-    .await;
+    server.until_logged("config not reloaded").await;
     assert_eq!(ask("second-token-0123456789").await, Ok(()));
 }
 
@@ -551,10 +540,7 @@ async fn a_config_files_relative_paths_are_taken_from_its_directory() {
         .await
         .acquire(with(
             Some("relative-token-0123456789"),
-            pb::AcquireRequest {
-                permits: Some(0),
-                ..crate::admin::request("k")
-            },
+            crate::admin::status_check("k"),
         ))
         .await;
     assert!(answer.is_ok(), "the token file was read: {answer:?}");

@@ -240,10 +240,7 @@ fn cases(t: &Tickets) -> Vec<Case> {
         );
         add(
             format!("Acquire status check, {what}"),
-            Call::Acquire(pb::AcquireRequest {
-                permits: Some(0),
-                ..crate::admin::request(&key)
-            }),
+            Call::Acquire(crate::admin::status_check(&key)),
             invalid,
             "key",
         );
@@ -564,12 +561,7 @@ async fn cap_reached_changes_nothing(c: &mut Clients) {
         assert!(status.message().contains("max_keys"), "{status:?}");
     }
     // Isolate makes a key too.
-    let status = c
-        .admin
-        .isolate(pb::IsolateRequest {
-            key: THIRD.into(),
-            reason: "test".into(),
-        })
+    let status = crate::harness::steer(&mut c.admin, true, None, THIRD, "test")
         .await
         .expect_err("the key cap is reached");
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
@@ -580,10 +572,7 @@ async fn cap_reached_changes_nothing(c: &mut Clients) {
     // A status check makes no key, so it is not capped (K2, P2a).
     let r = c
         .fusebox
-        .acquire(pb::AcquireRequest {
-            permits: Some(0),
-            ..crate::admin::request(THIRD)
-        })
+        .acquire(crate::admin::status_check(THIRD))
         .await
         .expect("a status check is not capped")
         .into_inner();

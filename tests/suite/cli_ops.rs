@@ -46,10 +46,7 @@ async fn acquire(server: &Server, key: &str) -> (pb::Decision, String) {
     let r = server
         .fusebox()
         .await
-        .acquire(pb::AcquireRequest {
-            permits: Some(1),
-            ..crate::admin::request(key)
-        })
+        .acquire(crate::admin::one_permit(key))
         .await
         .expect("Acquire answers")
         .into_inner();
@@ -83,13 +80,13 @@ async fn trip(server: &Server, key: &str) {
 
 async fn isolate(server: &Server, key: &str, who: &str, reason: &str) {
     let mut admin = server.admin().await;
-    let isolated = harness::steer(&mut admin, true, who, key, reason).await;
+    let isolated = harness::steer(&mut admin, true, Some(who), key, reason).await;
     isolated.expect("Isolate answers");
 }
 
 async fn close(server: &Server, key: &str, who: &str, reason: &str) {
     let mut admin = server.admin().await;
-    let closed = harness::steer(&mut admin, false, who, key, reason).await;
+    let closed = harness::steer(&mut admin, false, Some(who), key, reason).await;
     closed.expect("Close answers");
 }
 
@@ -396,10 +393,7 @@ async fn keys_fetches_every_page() {
         done.expect("the acquire task ends");
     }
     admitter
-        .acquire(pb::AcquireRequest {
-            permits: Some(1),
-            ..crate::admin::request("other")
-        })
+        .acquire(crate::admin::one_permit("other"))
         .await
         .expect("Acquire answers");
 
@@ -722,20 +716,11 @@ async fn a_watcher_that_falls_behind_says_so_and_shows_a_fresh_snapshot() {
         let reason = reason.clone();
         tasks.spawn(async move {
             for _ in 0..PAIRS / TASKS {
-                admin
-                    .isolate(pb::IsolateRequest {
-                        key: key.clone(),
-                        reason: reason.clone(),
-                    })
-                    .await
-                    .expect("Isolate answers");
-                admin
-                    .close(pb::CloseRequest {
-                        key: key.clone(),
-                        reason: reason.clone(),
-                    })
-                    .await
-                    .expect("Close answers");
+                for isolate in [true, false] {
+                    harness::steer(&mut admin, isolate, None, &key, &reason)
+                        .await
+                        .expect("Isolate and Close answer");
+                }
             }
         });
     }

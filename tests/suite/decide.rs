@@ -141,10 +141,14 @@ impl Decider {
         answers
     }
 
+    /// Sends one frame (not a Cancel): the receiver of its answer.
+    async fn send_one(&self, frame: pb::DecideFrame) -> oneshot::Receiver<pb::DecideResult> {
+        self.send(vec![frame]).await.pop().expect("one receiver")
+    }
+
     /// Sends one frame and waits for its answer.
     async fn ask(&self, frame: pb::DecideFrame) -> pb::DecideResult {
-        let rx = self.send(vec![frame]).await.pop().expect("one receiver");
-        answered(rx).await
+        answered(self.send_one(frame).await).await
     }
 
     /// The next stray answer.
@@ -207,6 +211,17 @@ fn cancel_frame(id: u64) -> pb::DecideFrame {
         id,
         request: Some(Frame::Cancel(pb::CancelRequest {})),
     }
+}
+
+/// A SUCCESS for each of `tickets`, as batch items.
+fn successes(tickets: &[String]) -> Vec<pb::CompleteRequest> {
+    tickets
+        .iter()
+        .map(|t| pb::CompleteRequest {
+            ticket: t.clone(),
+            outcome: pb::Outcome::Success as i32,
+        })
+        .collect()
 }
 
 /// The acquire answer of `result`, or a panic saying what came instead.
@@ -350,10 +365,8 @@ impl Target for DecideTarget {
         let id = self.id();
         let rx = self
             .stream
-            .send(vec![acquire_frame(id, wire_acquire(step))])
-            .await
-            .pop()
-            .expect("one receiver");
+            .send_one(acquire_frame(id, wire_acquire(step)))
+            .await;
         if step.max_wait.unwrap_or(0) == 0 {
             return self.waiting.answered(step, sent_of(Ok(answered(rx).await)));
         }
@@ -747,10 +760,8 @@ async fn a_waiting_frame_holds_nothing_up_and_cancel_withdraws_it() {
 
     // Frame 2 waits...
     let mut first_waiter = stream
-        .send(vec![acquire_frame(2, acquire_request(key, FOREVER_MS))])
-        .await
-        .pop()
-        .expect("one receiver");
+        .send_one(acquire_frame(2, acquire_request(key, FOREVER_MS)))
+        .await;
     until_waiters(&admin, key, 1).await;
     // ...while later frames of the same stream are answered, on this key
     // and on another.
@@ -789,10 +800,8 @@ async fn a_waiting_frame_holds_nothing_up_and_cancel_withdraws_it() {
 
     // A second waiter; then frame 2 is cancelled.
     let second_waiter = stream
-        .send(vec![acquire_frame(5, acquire_request(key, FOREVER_MS))])
-        .await
-        .pop()
-        .expect("one receiver");
+        .send_one(acquire_frame(5, acquire_request(key, FOREVER_MS)))
+        .await;
     until_waiters(&admin, key, 2).await;
     // The Cancel frame carries the waiter's id: its answer is frame 2's.
     stream.send_raw(vec![cancel_frame(2)]).await;
@@ -904,13 +913,8 @@ async fn a_cancel_behind_the_complete_that_served_the_waiter_does_nothing() {
     for round in 1..=50u64 {
         let waiter = round * 10;
         let rx = stream
-            .send(vec![acquire_frame(
-                waiter,
-                acquire_request(key, FOREVER_MS),
-            )])
-            .await
-            .pop()
-            .expect("one receiver");
+            .send_one(acquire_frame(waiter, acquire_request(key, FOREVER_MS)))
+            .await;
         until_waiters(&admin, key, 1).await;
         let done = stream
             .send(vec![
@@ -1014,13 +1018,7 @@ async fn batches_answer_each_item_as_the_unary_call_in_order() {
     assert_eq!((a.live_tickets, a.waiters, a.free), (3, 0, 0), "{a:?}");
     assert_eq!(waiters(&admin, "batch/b").await.live_tickets, 1);
 
-    let mut items: Vec<_> = tickets
-        .iter()
-        .map(|t| pb::CompleteRequest {
-            ticket: t.clone(),
-            outcome: pb::Outcome::Success as i32,
-        })
-        .collect();
+    let mut items = successes(&tickets);
     items.push(pb::CompleteRequest {
         ticket: UNKNOWN_TICKET.into(),
         outcome: pb::Outcome::Success as i32,
@@ -1102,13 +1100,7 @@ async fn batches_hold_1_to_1000_items() {
     assert!(tickets.iter().all(|t| !t.is_empty()));
     assert_eq!(waiters(&admin, key).await.live_tickets, 1000);
 
-    let mut items: Vec<_> = tickets
-        .iter()
-        .map(|t| pb::CompleteRequest {
-            ticket: t.clone(),
-            outcome: pb::Outcome::Success as i32,
-        })
-        .collect();
+    let mut items = successes(&tickets);
     items.push(items[0].clone());
     let over = client
         .complete_batch(pb::CompleteBatchRequest {

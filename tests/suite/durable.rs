@@ -61,17 +61,6 @@ async fn stored(server: &Server, n: u64) {
     .await;
 }
 
-/// Waits until the server logged `text`.
-async fn logged(server: &Server, text: &str) {
-    let found = tokio::time::timeout(Duration::from_secs(10), async {
-        while !server.logs().contains(text) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-    assert!(found.is_ok(), "no {text:?} in the log:\n{}", server.logs());
-}
-
 fn ask(key: &str) -> pb::AcquireRequest {
     crate::admin::request(key)
 }
@@ -116,7 +105,7 @@ async fn open_half_open_isolated_and_failing_keys_come_back_after_a_crash_and_ti
     fail(&mut c, "open").await;
     assert_eq!(fail(&mut c, "open").await, pb::Phase::Open);
     assert_eq!(fail(&mut c, "fails").await, pb::Phase::Closed);
-    steer(&mut admin, true, "alice", "iso", "db migration")
+    steer(&mut admin, true, Some("alice"), "iso", "db migration")
         .await
         .unwrap();
     let held = acquire(&mut c, "lim").await;
@@ -131,11 +120,9 @@ async fn open_half_open_isolated_and_failing_keys_come_back_after_a_crash_and_ti
 
     let started = Instant::now();
     let server = start(dir.path(), Some(TRIPS_AT_TWO), true).await;
-    logged(
-        &server,
-        "restored 4 keys (1 open, 1 half-open, 1 isolated, 1 closed with failures)",
-    )
-    .await;
+    server
+        .until_logged("restored 4 keys (1 open, 1 half-open, 1 isolated, 1 closed with failures)")
+        .await;
     let logs = server.logs();
     assert!(
         logs.contains("key stays isolated, as alice asked at"),
@@ -256,7 +243,7 @@ breaker = { mode = "consecutive", failures = 2, break = "1s" }
     assert_eq!(matches, ["a", "c*", "d"]);
     crash(server).await;
     let server = start(dir.path(), Some(config), true).await;
-    logged(&server, "and 5 runtime policy changes").await;
+    server.until_logged("and 5 runtime policy changes").await;
     let mut admin = server.admin().await;
     assert_eq!(policies(&mut admin).await, before);
 }
@@ -296,7 +283,7 @@ breaker = { mode = "consecutive", failures = 3, break = "1s" }
     .await;
     crash(server).await;
     let server = start(dir.path(), Some(config), true).await;
-    logged(&server, "restored 0 keys").await;
+    server.until_logged("restored 0 keys").await;
     let listed = server
         .admin()
         .await
@@ -310,7 +297,7 @@ breaker = { mode = "consecutive", failures = 3, break = "1s" }
 #[tokio::test]
 async fn without_a_data_dir_the_server_says_state_is_in_memory_only() {
     let server = Server::manual(None).await;
-    logged(&server, "fusebox is serving").await;
+    server.until_logged("fusebox is serving").await;
     assert!(
         server.logs().contains("state is kept in memory only: pass --data-dir DIR to keep breakers, isolations and policies across restarts"),
         "{}",
@@ -394,7 +381,7 @@ async fn workload(server_addr: String, client: usize, round: usize, seen: Arc<Mu
                     .or_default()
                     .1 = Some(to);
                 let reason = format!("round {round} step {step}");
-                let done = steer(&mut admin, isolate, "crash-test", &key, &reason).await;
+                let done = steer(&mut admin, isolate, Some("crash-test"), &key, &reason).await;
                 if done.is_err() {
                     return;
                 }
@@ -571,16 +558,22 @@ async fn the_config_files_data_dir_is_used_when_no_flag_names_one_and_its_fields
         dir.path().join("state").to_str().unwrap()
     );
     let server = Server::manual(Some(&config)).await;
-    logged(&server, "state is kept in").await;
-    steer(&mut server.admin().await, true, "bob", "k", "maintenance")
-        .await
-        .unwrap();
+    server.until_logged("state is kept in").await;
+    steer(
+        &mut server.admin().await,
+        true,
+        Some("bob"),
+        "k",
+        "maintenance",
+    )
+    .await
+    .unwrap();
     // Written before the reply: one commit at least, and the key stored.
     assert!(metric(&server, "fusebox_storage_commits_total").await >= Some(1.0));
     assert_eq!(metric(&server, "fusebox_storage_keys").await, Some(1.0));
     crash(server).await;
     let server = Server::manual(Some(&config)).await;
-    logged(&server, "1 isolated").await;
+    server.until_logged("1 isolated").await;
     assert_eq!(server.get("k").await.phase(), pb::Phase::Isolated);
     drop(server);
     for (bad, says) in [

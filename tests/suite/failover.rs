@@ -132,14 +132,9 @@ async fn acquire(c: &mut Client, key: &str) -> pb::AcquireResponse {
 }
 
 async fn isolate(admin: &mut pb::admin_client::AdminClient<Channel>, key: &str) {
-    let state = admin
-        .isolate(pb::IsolateRequest {
-            key: key.into(),
-            reason: "failover test".into(),
-        })
+    let state = crate::harness::steer(admin, true, None, key, "failover test")
         .await
-        .unwrap_or_else(|s| panic!("Isolate {key}: {s:?}"))
-        .into_inner();
+        .unwrap_or_else(|s| panic!("Isolate {key}: {s:?}"));
     assert_eq!(state.phase, pb::Phase::Isolated as i32, "{key}: {state:?}");
 }
 

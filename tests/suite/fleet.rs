@@ -176,6 +176,33 @@ pub(crate) fn probe_failed(round: u32, done: &pb::CompleteResponse) {
     assert_eq!(done.phase, pb::Phase::Open as i32, "round {round}");
 }
 
+/// Waits, on the real clock, until the break of a round has ended: a status
+/// check through `checker` answers BLOCKED (open) until then, and GRANTED
+/// after, and never moves the breaker (P2a, B6).
+pub(crate) async fn until_the_break_ends(checker: &Client, round: u32) {
+    eventually("the break to end", Duration::from_secs(10), || {
+        let mut checker = checker.clone();
+        async move {
+            let a = checker
+                .acquire(crate::admin::status_check(KEY))
+                .await
+                .expect("a status check answers")
+                .into_inner();
+            match (
+                pb::Decision::try_from(a.decision),
+                pb::Reason::try_from(a.reason),
+            ) {
+                (Ok(pb::Decision::Granted), _) => Some(()),
+                (Ok(pb::Decision::Blocked), Ok(pb::Reason::Open)) => None,
+                _ => panic!(
+                    "round {round}: a status check answers BLOCKED open or GRANTED, not {a:?}"
+                ),
+            }
+        }
+    })
+    .await;
+}
+
 /// Trips the breaker of a fresh key (consecutive, 1 failure).
 async fn trip(client: &mut Client) {
     let first = acquire(client).await;
@@ -223,33 +250,7 @@ breaker = { mode = "consecutive", failures = 1, break = "50ms", probe_lease = "3
     let mut control = server.fusebox().await;
     trip(&mut control).await;
     for round in 1..=ROUNDS {
-        // A status check answers BLOCKED (open) until the break ends, then
-        // GRANTED, and never moves the breaker (P2a, B6).
-        let checker = control.clone();
-        eventually("the break to end", Duration::from_secs(10), || {
-            let mut checker = checker.clone();
-            async move {
-                let a = checker
-                    .acquire(pb::AcquireRequest {
-                        permits: Some(0),
-                        ..acquire_one()
-                    })
-                    .await
-                    .expect("a status check answers")
-                    .into_inner();
-                match (
-                    pb::Decision::try_from(a.decision),
-                    pb::Reason::try_from(a.reason),
-                ) {
-                    (Ok(pb::Decision::Granted), _) => Some(()),
-                    (Ok(pb::Decision::Blocked), Ok(pb::Reason::Open)) => None,
-                    _ => panic!(
-                        "round {round}: a status check answers BLOCKED open or GRANTED, not {a:?}"
-                    ),
-                }
-            }
-        })
-        .await;
+        until_the_break_ends(&control, round).await;
         let state = server.get(KEY).await;
         assert_eq!(
             state.phase,

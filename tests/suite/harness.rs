@@ -111,6 +111,22 @@ impl Server {
         self.logs()
     }
 
+    /// Waits (20 s at most) until the server has logged `text`: what it
+    /// logged by then.
+    pub async fn until_logged(&self, text: &str) -> String {
+        let found = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                let logs = self.logs();
+                if logs.contains(text) {
+                    return logs;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        found.unwrap_or_else(|_| panic!("no {text:?} in the log:\n{}", self.logs()))
+    }
+
     /// What the server logged so far.
     pub fn logs(&self) -> String {
         self.logs.lock().expect("logs lock").clone()
@@ -284,22 +300,29 @@ pub fn by<T>(who: &str, message: T) -> tonic::Request<T> {
 }
 
 /// Isolates `key` (with `isolate`) or closes it, for `reason`, as the
-/// operator `who` (see [`by`]): the state after the call, or the status it
-/// failed with.
+/// operator `who` when one is named (see [`by`]; without, the server
+/// records the caller's address): the state after the call, or the status
+/// it failed with.
 pub async fn steer(
     admin: &mut pb::admin_client::AdminClient<Channel>,
     isolate: bool,
-    who: &str,
+    who: Option<&str>,
     key: &str,
     reason: &str,
 ) -> Result<pb::KeyState, tonic::Status> {
+    fn request_as<T>(who: Option<&str>, message: T) -> tonic::Request<T> {
+        match who {
+            Some(who) => by(who, message),
+            None => tonic::Request::new(message),
+        }
+    }
     let (key, reason) = (key.to_owned(), reason.to_owned());
     let reply = if isolate {
-        admin
-            .isolate(by(who, pb::IsolateRequest { key, reason }))
-            .await
+        let request = request_as(who, pb::IsolateRequest { key, reason });
+        admin.isolate(request).await
     } else {
-        admin.close(by(who, pb::CloseRequest { key, reason })).await
+        let request = request_as(who, pb::CloseRequest { key, reason });
+        admin.close(request).await
     };
     reply.map(tonic::Response::into_inner)
 }

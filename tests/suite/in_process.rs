@@ -24,10 +24,7 @@ async fn a_whole_server_runs_in_process_through_serve() {
         .await
         .expect("a gRPC connection");
     let granted = client
-        .acquire(pb::AcquireRequest {
-            permits: Some(1),
-            ..crate::admin::request("in-process/k")
-        })
+        .acquire(crate::admin::one_permit("in-process/k"))
         .await
         .expect("an Acquire")
         .into_inner();

@@ -187,11 +187,7 @@ async fn assert_queue_full(control: &mut Client) {
         .await
         .expect("Acquire answers")
         .into_inner();
-    assert_eq!(
-        (a.decision, a.reason),
-        (pb::Decision::Denied as i32, pb::Reason::QueueFull as i32),
-        "{a:?}"
-    );
+    crate::admin::assert_denied(&a, pb::Reason::QueueFull);
 }
 
 /// After a waiter left: its room is free again (a new waiter fits), and the

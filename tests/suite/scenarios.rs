@@ -398,11 +398,12 @@ async fn replay(path: PathBuf, transport: Transport) {
             crate::admin::advance(&server, n).await;
         } else if let Some(key) = obj.get("isolate").and_then(Value::as_str) {
             let mut admin = server.admin().await;
-            let isolated = harness::steer(&mut admin, true, "scenario", key, "scenario").await;
+            let isolated =
+                harness::steer(&mut admin, true, Some("scenario"), key, "scenario").await;
             isolated.expect("Isolate answers");
         } else if let Some(key) = obj.get("close").and_then(Value::as_str) {
             let mut admin = server.admin().await;
-            let closed = harness::steer(&mut admin, false, "scenario", key, "scenario").await;
+            let closed = harness::steer(&mut admin, false, Some("scenario"), key, "scenario").await;
             closed.expect("Close answers");
         } else if let Some(key) = obj.get("forget_local").and_then(Value::as_str) {
             guard.forget(key);

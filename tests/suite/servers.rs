@@ -89,10 +89,9 @@ fn value(text: &str, name: &str) -> f64 {
 fn frame(id: u64, key: &str) -> pb::DecideFrame {
     pb::DecideFrame {
         id,
-        request: Some(pb::decide_frame::Request::Acquire(pb::AcquireRequest {
-            permits: Some(0),
-            ..crate::admin::request(key)
-        })),
+        request: Some(pb::decide_frame::Request::Acquire(
+            crate::admin::status_check(key),
+        )),
     }
 }
 

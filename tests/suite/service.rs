@@ -16,7 +16,7 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::{health_check_response::ServingStatus, HealthCheckRequest};
 
 use crate::admin::{acquire, advance, complete, request};
-use crate::harness::{millis, ms, Options, Server, BIN};
+use crate::harness::{millis, ms, steer, Options, Server, BIN};
 
 type Client = pb::fusebox_client::FuseboxClient<Channel>;
 
@@ -728,13 +728,7 @@ async fn each_cap_refuses_what_would_pass_it_and_existing_keys_keep_working() {
     server
         .until("a new waiter on q", "q", |s| s.waiters == 1)
         .await;
-    server
-        .admin()
-        .await
-        .isolate(pb::IsolateRequest {
-            key: "q".into(),
-            reason: "test".into(),
-        })
+    steer(&mut server.admin().await, true, None, "q", "test")
         .await
         .expect("Isolate answers");
     let refused = tokio::time::timeout(LIMIT, waiter)
@@ -798,11 +792,7 @@ async fn idle_keys_at_rest_are_forgotten_and_others_kept() {
     complete(&mut c, &t, pb::Outcome::Success).await;
     let t = granted(&mut c, request("failed")).await;
     complete(&mut c, &t, pb::Outcome::Failure).await;
-    admin
-        .isolate(pb::IsolateRequest {
-            key: "isolated".into(),
-            reason: "test".into(),
-        })
+    steer(&mut admin, true, None, "isolated", "test")
         .await
         .expect("Isolate answers");
     assert_exhausted(c.acquire(request("new")).await, "max_keys");

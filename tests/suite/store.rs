@@ -10,7 +10,7 @@ use std::time::Duration;
 use fusebox::proto::v1 as pb;
 
 use crate::admin::complete;
-use crate::harness::{eventually, servers_on, Server};
+use crate::harness::{eventually, servers_on, steer, Server};
 use crate::redis_harness::Cluster;
 use crate::vectors::{load_all, replay, GrpcTarget};
 
@@ -88,15 +88,6 @@ const CONNECTIONS_PER_SERVER: usize = 6;
 
 type Client = pb::fusebox_client::FuseboxClient<tonic::transport::Channel>;
 
-fn ask(permits: Option<u32>) -> pb::AcquireRequest {
-    pb::AcquireRequest {
-        key: FLEET_KEY.into(),
-        permits,
-        max_wait: None,
-        lease: None,
-    }
-}
-
 /// B2 across servers: after each break, 400 acquires fired at once over
 /// three fusebox servers on one cluster get exactly one PROBE; 50 rounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -122,22 +113,11 @@ breaker = { mode = "consecutive", failures = 1, break = "50ms", probe_lease = "3
     }
     trip(&mut servers[0].fusebox().await, FLEET_KEY).await;
     for round in 1..=ROUNDS {
-        // The break ends on the store's clock: wait until a status check
-        // (which never moves the breaker) on any server says so.
-        let checker = clients[round as usize % clients.len()].clone();
-        eventually("the break to end", Duration::from_secs(10), || {
-            let mut checker = checker.clone();
-            async move {
-                let a = checker
-                    .acquire(ask(Some(0)))
-                    .await
-                    .expect("a status check answers")
-                    .into_inner();
-                (a.decision == pb::Decision::Granted as i32).then_some(())
-            }
-        })
-        .await;
-        let answers = crate::fleet::fire(&clients, ask(None)).await;
+        // The break ends on the store's clock: wait until a status check on
+        // any server says so.
+        let checker = &clients[round as usize % clients.len()];
+        crate::fleet::until_the_break_ends(checker, round).await;
+        let answers = crate::fleet::fire(&clients, crate::admin::request(FLEET_KEY)).await;
         let probe = crate::fleet::one_probe(round, &answers, |_| true);
         crate::fleet::check_half_open(&servers[round as usize % 3], round).await;
         // The probe fails, through another server: the breaker opens again.
@@ -169,10 +149,7 @@ breaker = { mode = "consecutive", failures = 1, break = "10m" }
 /// One granted call at `key` that ends with `outcome`: the phase after it.
 pub async fn pair(client: &mut Client, key: &str, outcome: pb::Outcome) -> i32 {
     let a = client
-        .acquire(pb::AcquireRequest {
-            key: key.into(),
-            ..ask(None)
-        })
+        .acquire(crate::admin::request(key))
         .await
         .expect("Acquire")
         .into_inner();
@@ -256,10 +233,7 @@ async fn a_policy_set_on_one_server_is_used_by_the_others() {
     )
     .await;
     let mut client = b.fusebox().await;
-    let request = || pb::AcquireRequest {
-        key: "single/db".into(),
-        ..ask(None)
-    };
+    let request = || crate::admin::request("single/db");
     let first = client
         .acquire(request())
         .await
@@ -271,11 +245,8 @@ async fn a_policy_set_on_one_server_is_used_by_the_others() {
         .await
         .expect("Acquire")
         .into_inner();
-    assert_eq!(
-        (second.decision, second.reason),
-        (pb::Decision::Denied as i32, pb::Reason::NoPermits as i32),
-        "one permit under the shared rule: {second:?}"
-    );
+    // One permit under the shared rule.
+    crate::admin::assert_denied(&second, pb::Reason::NoPermits);
 }
 
 /// A watcher on one server sees what happens on another: a trip, an
@@ -310,14 +281,16 @@ async fn a_watcher_on_one_server_sees_transitions_made_on_another() {
         "{first:?}"
     );
     trip(&mut b.fusebox().await, "watched/payments").await;
-    b.admin()
-        .await
-        .isolate(pb::IsolateRequest {
-            key: "watched/payments".into(),
-            reason: "provider incident".into(),
-        })
-        .await
-        .expect("Isolate answers");
+    let mut admin = b.admin().await;
+    steer(
+        &mut admin,
+        true,
+        None,
+        "watched/payments",
+        "provider incident",
+    )
+    .await
+    .expect("Isolate answers");
     let mut seen = Vec::new();
     while seen.len() < 2 {
         let event = tokio::time::timeout(Duration::from_secs(10), watch.message())
@@ -449,29 +422,19 @@ async fn metrics_with_a_store_move_as_they_do_embedded() {
     let mut client = a.fusebox().await;
     trip(&mut client, "m/open").await;
     let held = client
-        .acquire(pb::AcquireRequest {
-            key: "m/held".into(),
-            ..ask(None)
-        })
+        .acquire(crate::admin::request("m/held"))
         .await
         .expect("Acquire")
         .into_inner();
     assert_eq!(held.decision, pb::Decision::Granted as i32);
     let blocked = client
-        .acquire(pb::AcquireRequest {
-            key: "m/open".into(),
-            ..ask(None)
-        })
+        .acquire(crate::admin::request("m/open"))
         .await
         .expect("Acquire")
         .into_inner();
     assert_eq!(blocked.decision, pb::Decision::Blocked as i32);
     let mut admin = a.admin().await;
-    admin
-        .isolate(pb::IsolateRequest {
-            key: "m/iso".into(),
-            reason: "test".into(),
-        })
+    steer(&mut admin, true, None, "m/iso", "test")
         .await
         .expect("Isolate");
 
@@ -554,7 +517,7 @@ async fn a_list_keys_page_is_one_bounded_step_per_primary() {
     for i in 0..600 {
         let key = format!("page/{i:03}");
         let got = client
-            .acquire(pb::AcquireRequest { key, ..ask(None) })
+            .acquire(crate::admin::request(&key))
             .await
             .expect("Acquire");
         assert_eq!(got.get_ref().decision, pb::Decision::Granted as i32);

@@ -181,48 +181,32 @@ impl Pki {
         }
     }
 
+    /// The flags `[ca, cert, key]`, naming the CA and `pair` (a
+    /// certificate and its key).
+    fn flags(&self, [ca, cert, key]: [&str; 3], pair: &(PathBuf, PathBuf)) -> Vec<String> {
+        [ca, text(&self.ca), cert, text(&pair.0), key, text(&pair.1)]
+            .map(str::to_owned)
+            .to_vec()
+    }
+
     /// redis-server's TLS arguments (client certificates required, as by
     /// default).
     fn server_args(&self) -> Vec<String> {
-        [
-            "--tls-cert-file",
-            text(&self.redis.0),
-            "--tls-key-file",
-            text(&self.redis.1),
-            "--tls-ca-cert-file",
-            text(&self.ca),
-        ]
-        .map(str::to_owned)
-        .to_vec()
+        let names = ["--tls-ca-cert-file", "--tls-cert-file", "--tls-key-file"];
+        self.flags(names, &self.redis)
     }
 
     /// redis-cli's.
     fn cli_args(&self) -> Vec<String> {
-        [
-            "--tls",
-            "--cacert",
-            text(&self.ca),
-            "--cert",
-            text(&self.client.0),
-            "--key",
-            text(&self.client.1),
-        ]
-        .map(str::to_owned)
-        .to_vec()
+        let mut args = vec!["--tls".to_owned()];
+        args.extend(self.flags(["--cacert", "--cert", "--key"], &self.client));
+        args
     }
 
     /// `fusebox serve`'s.
     fn fusebox_args(&self) -> Vec<String> {
-        [
-            "--store-tls-ca",
-            text(&self.ca),
-            "--store-tls-cert",
-            text(&self.client.0),
-            "--store-tls-key",
-            text(&self.client.1),
-        ]
-        .map(str::to_owned)
-        .to_vec()
+        let names = ["--store-tls-ca", "--store-tls-cert", "--store-tls-key"];
+        self.flags(names, &self.client)
     }
 }
 
@@ -337,11 +321,7 @@ async fn serves_every_call(server: &Server, prefix: &str) {
         .await
         .expect("Acquire")
         .into_inner();
-    assert_eq!(
-        (ended.decision, ended.reason),
-        (pb::Decision::Denied as i32, pb::Reason::Timeout as i32),
-        "{ended:?}"
-    );
+    crate::admin::assert_denied(&ended, pb::Reason::Timeout);
     let mut leaving = server.fusebox().await;
     let gone = tokio::spawn({
         let queue = queue.clone();
@@ -361,20 +341,11 @@ async fn serves_every_call(server: &Server, prefix: &str) {
     waiters(0).await;
     complete(&mut client, &held.ticket, pb::Outcome::Success).await;
     let mut admin = server.admin().await;
-    admin
-        .isolate(pb::IsolateRequest {
-            key: key("ok"),
-            reason: "over TLS".into(),
-        })
-        .await
-        .expect("Isolate");
-    admin
-        .close(pb::CloseRequest {
-            key: key("ok"),
-            reason: "over TLS".into(),
-        })
-        .await
-        .expect("Close");
+    for isolate in [true, false] {
+        crate::harness::steer(&mut admin, isolate, None, &key("ok"), "over TLS")
+            .await
+            .expect("Isolate and Close answer");
+    }
     crate::admin::set_policy(
         &mut admin,
         crate::admin::rule(&key("p/*"), None, Some(crate::admin::concurrency(2))),

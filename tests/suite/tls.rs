@@ -332,15 +332,7 @@ async fn grpc_over_tls_answers_only_clients_that_trust_its_ca() {
         "the client fails on the certificate: {why}"
     );
     // The log is read from the server's standard error as it comes.
-    let logs = crate::harness::eventually(
-        "the failed handshake to be logged",
-        std::time::Duration::from_secs(10),
-        || async {
-            let logs = server.logs();
-            logs.contains("TLS handshake failed").then_some(logs)
-        },
-    )
-    .await;
+    let logs = server.until_logged("TLS handshake failed").await;
     assert!(logs.contains("tls=on; HTTP over TLS too"), "{logs}");
 }
 
@@ -496,13 +488,9 @@ async fn a_replaced_certificate_serves_new_connections_and_a_broken_one_is_refus
 
     // A broken pair (a certificate that is not PEM) is refused; B stays.
     replace(dir.path(), "server.pem", "not a certificate\n");
-    eventually("the broken certificate is reported", PATIENCE, || async {
-        server
-            .logs()
-            .contains("TLS certificate not reloaded, the running one stays: [tls] cert:")
-            .then_some(())
-    })
-    .await;
+    server
+        .until_logged("TLS certificate not reloaded, the running one stays: [tls] cert:")
+        .await;
     let names = served_names(&server.addr, &ca.pem())
         .await
         .expect("a handshake after the broken change");
@@ -514,13 +502,9 @@ async fn a_replaced_certificate_serves_new_connections_and_a_broken_one_is_refus
     // A key that does not match: refused too; then a good pair is taken again.
     let c = ca.server("c.fusebox.test");
     replace(dir.path(), "server.pem", &c.cert);
-    eventually("the mismatched key is reported", PATIENCE, || async {
-        server
-            .logs()
-            .contains("is not the key of the certificate")
-            .then_some(())
-    })
-    .await;
+    server
+        .until_logged("is not the key of the certificate")
+        .await;
     let names = served_names(&server.addr, &ca.pem())
         .await
         .expect("a handshake");
@@ -751,10 +735,7 @@ async fn a_client_certificate_name_stands_for_its_auth_grant() {
     .await;
     let billing = clients.issue("billing-7", &["billing.internal"]);
     let stranger = clients.issue("someone", &["someone.internal"]);
-    let acquire = |key: &str| pb::AcquireRequest {
-        permits: Some(1),
-        ..crate::admin::request(key)
-    };
+    let acquire = |key: &str| crate::admin::one_permit(key);
     let mut as_billing = pb::fusebox_client::FuseboxClient::new(
         channel(&server, &ca.pem(), Some(&billing))
             .await

@@ -740,20 +740,9 @@ impl End {
 
     /// Isolates (`isolate`) or closes `key`.
     pub async fn steer(&mut self, key: &str, isolate: bool) {
-        let reason = "vector step".to_owned();
-        if isolate {
-            let request = pb::IsolateRequest {
-                key: key.into(),
-                reason,
-            };
-            self.admin.isolate(request).await.expect("Isolate answers");
-        } else {
-            let request = pb::CloseRequest {
-                key: key.into(),
-                reason,
-            };
-            self.admin.close(request).await.expect("Close answers");
-        }
+        crate::harness::steer(&mut self.admin, isolate, None, key, "vector step")
+            .await
+            .expect("Isolate and Close answer");
     }
 }
 

@@ -171,10 +171,10 @@ async fn watch_sends_a_snapshot_then_every_transition_in_order_per_key() {
                 call(&mut c, &key, pb::Outcome::Failure).await,
                 pb::Phase::Open
             );
-            steer(&mut admin, true, &who, &key, &format!("isolate {i}"))
+            steer(&mut admin, true, Some(&who), &key, &format!("isolate {i}"))
                 .await
                 .expect("Isolate answers");
-            steer(&mut admin, false, &who, &key, &format!("close {i}"))
+            steer(&mut admin, false, Some(&who), &key, &format!("close {i}"))
                 .await
                 .expect("Close answers");
             assert_eq!(
@@ -193,7 +193,7 @@ async fn watch_sends_a_snapshot_then_every_transition_in_order_per_key() {
                 call(&mut c, &key, pb::Outcome::Success).await,
                 pb::Phase::Closed
             );
-            steer(&mut admin, false, &who, &key, &format!("reset {i}"))
+            steer(&mut admin, false, Some(&who), &key, &format!("reset {i}"))
                 .await
                 .expect("Close answers");
         }));
@@ -437,7 +437,7 @@ async fn a_watcher_that_never_reads_gets_lagged_then_a_fresh_snapshot() {
     steer(
         &mut server.admin().await,
         false,
-        "after",
+        Some("after"),
         "flood/00",
         "marker",
     )

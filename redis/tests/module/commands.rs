@@ -617,18 +617,12 @@ fn some_steps(c: &mut Conn, key: &str) {
 #[test]
 fn a_replica_holds_the_same_bytes_as_its_primary() {
     let test = "a_replica_holds_the_same_bytes_as_its_primary";
-    let Some(Replicated {
-        primary,
-        replica,
-        dir: _dir,
-    }) = Replicated::start(test, false)
-    else {
+    let Some((redis, mut p)) = Replicated::connected(test, false) else {
         return;
     };
-    let mut p = primary.conn();
     some_steps(&mut p, "k");
     assert_eq!(p.cmd(&["WAIT", "1", "5000"]), int(1));
-    let mut r = replica.conn();
+    let mut r = redis.replica.conn();
     assert_eq!(raw(&mut r, "k"), raw(&mut p, "k"));
     assert_eq!(view(&mut r, "k", 20), view(&mut p, "k", 20));
     let Reply::Error(e) = r.cmd(&["FB.CLOSE", "k", "30"]) else {
@@ -863,16 +857,10 @@ fn fb_list_pages_through_the_fusebox_keys_matching_a_pattern() {
 #[test]
 fn fb_policy_gives_a_key_a_new_policy_and_leaves_an_empty_key_empty() {
     let test = "fb_policy_gives_a_key_a_new_policy_and_leaves_an_empty_key_empty";
-    let Some(Replicated {
-        primary,
-        replica,
-        dir: _dir,
-    }) = Replicated::start(test, false)
-    else {
+    let Some((redis, mut p)) = Replicated::connected(test, false) else {
         return;
     };
     const TRIP_5: &str = r#"{"breaker":{"mode":"consecutive","failures":5,"break":2000}}"#;
-    let mut p = primary.conn();
     assert_eq!(p.cmd(&["FB.POLICY", "empty", "10", TRIP_5]), nil());
     assert_eq!(p.cmd(&["EXISTS", "empty"]), int(0));
     let Reply::Error(e) = p.cmd(&["FB.POLICY", "empty", "10", r#"{"breaker":{"mode":"x"}}"#])
@@ -936,7 +924,7 @@ fn fb_policy_gives_a_key_a_new_policy_and_leaves_an_empty_key_empty() {
         .text()
         .contains("\"failures\":5"));
     assert_eq!(p.cmd(&["WAIT", "1", "5000"]), int(1));
-    let mut r = replica.conn();
+    let mut r = redis.replica.conn();
     for key in ["k", "w", "empty"] {
         assert_eq!(raw(&mut r, key), raw(&mut p, key), "{key}");
     }

@@ -386,10 +386,9 @@ pub struct Replicated {
     pub primary: Server,
     /// Its replica (`--replicaof`), whose link is up.
     pub replica: Server,
-    /// The directory holding both servers' files, deleted when dropped: a
-    /// test that takes the servers apart keeps it (`dir: _dir`), or the
-    /// files (AOF, RDB) are gone while the servers run.
-    pub dir: tempfile::TempDir,
+    /// The directory holding both servers' files (AOF, RDB), deleted when
+    /// dropped, after the servers.
+    _dir: tempfile::TempDir,
 }
 
 impl Replicated {
@@ -422,8 +421,18 @@ impl Replicated {
         Some(Replicated {
             primary,
             replica,
-            dir,
+            _dir: dir,
         })
+    }
+}
+
+impl Replicated {
+    /// Starts both as [`Replicated::start`] does and opens a connection to
+    /// the primary, or `None` (skipped) without the tools.
+    pub fn connected(test: &str, aof: bool) -> Option<(Replicated, Conn)> {
+        let redis = Replicated::start(test, aof)?;
+        let conn = redis.primary.conn();
+        Some((redis, conn))
     }
 }
 

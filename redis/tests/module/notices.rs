@@ -46,15 +46,9 @@ fn wall_ms() -> u64 {
 #[test]
 fn a_star_time_is_the_servers_clock_and_replicates_as_a_number() {
     let test = "a_star_time_is_the_servers_clock_and_replicates_as_a_number";
-    let Some(Replicated {
-        primary,
-        replica,
-        dir: _dir,
-    }) = Replicated::start(test, true)
-    else {
+    let Some((redis, mut p)) = Replicated::connected(test, true) else {
         return;
     };
-    let mut p = primary.conn();
     let before = wall_ms();
     let reply = p.cmd(&["FB.ACQUIRE", "k", "*", "1", ONE]);
     let after = wall_ms();
@@ -87,11 +81,11 @@ fn a_star_time_is_the_servers_clock_and_replicates_as_a_number() {
     );
 
     assert_eq!(p.cmd(&["WAIT", "1", "5000"]), int(1));
-    let mut r = replica.conn();
+    let mut r = redis.replica.conn();
     assert_eq!(r.cmd(&["GET", "k"]), p.cmd(&["GET", "k"]));
     // The AOF holds the bytes each step wrote (FB.PATCH), never the
     // command with *: a replay writes them again without the step.
-    let aof_dir = primary.dir.join("appendonlydir");
+    let aof_dir = redis.primary.dir.join("appendonlydir");
     let aof: Vec<u8> = wait_for("the AOF holding the steps", Duration::from_secs(10), || {
         let mut all = Vec::new();
         for entry in std::fs::read_dir(&aof_dir).ok()? {
@@ -273,24 +267,21 @@ fn withdraw_tells_withdrawn_released_and_unknown_apart() {
 
 #[test]
 fn a_replica_does_not_publish() {
-    let Some(Replicated {
-        primary,
-        replica,
-        dir: _dir,
-    }) = Replicated::start("a_replica_does_not_publish", false)
-    else {
+    let Some((redis, mut p)) = Replicated::connected("a_replica_does_not_publish", false) else {
         return;
     };
-    let mut on_primary = subscriber(&primary);
-    let mut on_replica = subscriber(&replica);
-    let mut p = primary.conn();
+    let mut on_primary = subscriber(&redis.primary);
+    let mut on_replica = subscriber(&redis.replica);
     p.cmd(&["FB.ACQUIRE", "k", "0", "1", ONE]);
     p.cmd(&["FB.COMPLETE", "k", "1", "1", "failure"]);
     assert_eq!(p.cmd(&["WAIT", "1", "5000"]), int(1));
     assert_eq!(message(&mut on_primary).1["to"], "open");
     // The replica ran the same commands; the first message its subscriber
     // sees is a marker published after them.
-    replica.conn().cmd(&["PUBLISH", "fusebox:events", "marker"]);
+    redis
+        .replica
+        .conn()
+        .cmd(&["PUBLISH", "fusebox:events", "marker"]);
     assert_eq!(message(&mut on_replica).1, "marker");
 }
 

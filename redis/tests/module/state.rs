@@ -118,15 +118,11 @@ fn a_value_of_the_second_encoding_is_read_and_written_back_in_the_current_one() 
 /// replica holds the same bytes.
 #[test]
 fn a_step_on_a_key_with_a_thousand_tickets_replicates_only_what_it_wrote() {
-    let Some(Replicated {
-        primary,
-        replica,
-        dir: _dir,
-    }) = Replicated::start("a_step_on_a_key_with_a_thousand_tickets", false)
+    let Some((redis, mut p)) =
+        Replicated::connected("a_step_on_a_key_with_a_thousand_tickets", false)
     else {
         return;
     };
-    let mut p = primary.conn();
     for id in 1..=1000u128 {
         let reply = p.cmd(&["FB.ACQUIRE", "many", "5", &hex(id), POLICY]);
         assert_eq!(reply.items()[0], Reply::Bulk(Some(b"granted".to_vec())));
@@ -145,7 +141,7 @@ fn a_step_on_a_key_with_a_thousand_tickets_replicates_only_what_it_wrote() {
         "three steps replicated {sent} bytes of a {size}-byte value"
     );
     assert_eq!(p.cmd(&["WAIT", "1", "5000"]), Reply::Int(1));
-    let mut r = replica.conn();
+    let mut r = redis.replica.conn();
     assert_eq!(r.cmd(&["GET", "many"]), p.cmd(&["GET", "many"]));
     assert_eq!(view(&mut r, "many", 7)["live_tickets"], 999);
 }
@@ -167,21 +163,15 @@ fn fb_patch_is_refused_to_a_client() {
 /// it on the same connection counts them.
 #[test]
 fn fb_fence_writes_nothing_and_reaches_the_replicas() {
-    let Some(Replicated {
-        primary,
-        replica,
-        dir: _dir,
-    }) = Replicated::start("fb_fence_writes_nothing", false)
-    else {
+    let Some((redis, mut p)) = Replicated::connected("fb_fence_writes_nothing", false) else {
         return;
     };
-    let mut p = primary.conn();
     let before = offset(&mut p);
     assert!(p.cmd(&["FB.FENCE", "k"]).is_ok());
     assert!(offset(&mut p) > before, "the fence is replicated");
     assert_eq!(p.cmd(&["WAIT", "1", "5000"]), Reply::Int(1));
     assert_eq!(p.cmd(&["EXISTS", "k"]), Reply::Int(0));
-    assert_eq!(replica.conn().cmd(&["EXISTS", "k"]), Reply::Int(0));
+    assert_eq!(redis.replica.conn().cmd(&["EXISTS", "k"]), Reply::Int(0));
 }
 
 fn census(c: &mut Conn, args: &[&str]) -> (Vec<(String, i64)>, Vec<String>) {
