@@ -88,6 +88,22 @@ pub async fn complete_not_found(c: &mut Fusebox, ticket: &str) -> Status {
     status
 }
 
+/// The answer of the waiting Acquire that `task` runs, which must be
+/// GRANTED within `limit`.
+pub async fn granted_within(
+    task: tokio::task::JoinHandle<Result<tonic::Response<pb::AcquireResponse>, Status>>,
+    limit: Duration,
+) -> pb::AcquireResponse {
+    let served = tokio::time::timeout(limit, task)
+        .await
+        .expect("the waiter is served in time")
+        .expect("the task")
+        .expect("Acquire answers")
+        .into_inner();
+    assert_eq!(served.decision, pb::Decision::Granted as i32, "{served:?}");
+    served
+}
+
 /// Checks that `reply` was DENIED for `reason`.
 pub fn assert_denied(reply: &pb::AcquireResponse, reason: pb::Reason) {
     assert_eq!(
@@ -240,7 +256,8 @@ fn phase(state: &pb::KeyState) -> pb::Phase {
     pb::Phase::try_from(state.phase).expect("a phase")
 }
 
-fn assert_invalid<T: std::fmt::Debug>(result: Result<T, Status>, field: &str) {
+/// The status of a call refused as an invalid argument naming `field`.
+pub fn assert_invalid<T: std::fmt::Debug>(result: Result<T, Status>, field: &str) -> Status {
     let status = result.expect_err("refused");
     assert_eq!(status.code(), Code::InvalidArgument, "{field}: {status:?}");
     assert!(
@@ -248,6 +265,7 @@ fn assert_invalid<T: std::fmt::Debug>(result: Result<T, Status>, field: &str) {
         "the message names {field}: {:?}",
         status.message()
     );
+    status
 }
 
 // ---------------------------------------------------------------------------

@@ -174,8 +174,8 @@ async fn populate(server: &Server, prefix: &str, count: usize) -> BTreeMap<Strin
 }
 
 /// Checks that every key reads back with its phase, an OPEN one with its
-/// break still running; returns the problems.
-async fn check_phases(server: &Server, phases: &BTreeMap<String, pb::Phase>) -> Vec<String> {
+/// break still running, across `what` (the failover, the restart).
+async fn check_phases(server: &Server, phases: &BTreeMap<String, pb::Phase>, what: &str) {
     let mut admin = server.admin().await;
     let mut problems = Vec::new();
     for (key, &phase) in phases {
@@ -193,7 +193,12 @@ async fn check_phases(server: &Server, phases: &BTreeMap<String, pb::Phase>) -> 
             Err(s) => problems.push(format!("{key}: GetKey failed: {s:?}")),
         }
     }
-    problems
+    assert!(
+        problems.is_empty(),
+        "{} keys lost their phase across {what}:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
 }
 
 /// What the load saw.
@@ -493,13 +498,7 @@ async fn a_primary_killed_under_load_fails_over_and_keys_keep_their_phase() {
         wrong.iter().take(10).collect::<Vec<_>>()
     );
 
-    let problems = check_phases(&server, &phases).await;
-    assert!(
-        problems.is_empty(),
-        "{} keys changed phase across the failover:\n{}",
-        problems.len(),
-        problems.join("\n")
-    );
+    check_phases(&server, &phases, "the failover").await;
 }
 
 /// The whole cluster shut down and started again on the same ports and
@@ -553,13 +552,7 @@ async fn a_whole_cluster_restarted_from_its_aof_keeps_breakers_and_isolations() 
     });
 
     let server = start_on(&store).await;
-    let problems = check_phases(&server, &phases).await;
-    assert!(
-        problems.is_empty(),
-        "{} keys lost their phase across the restart:\n{}",
-        problems.len(),
-        problems.join("\n")
-    );
+    check_phases(&server, &phases, "the restart").await;
     // And the server works on the reloaded cluster: an OPEN key blocks,
     // an ISOLATED one refuses, a new key is granted.
     let mut c = server.fusebox().await;

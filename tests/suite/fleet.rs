@@ -15,6 +15,7 @@ use fusebox::proto::v1 as pb;
 use tokio::sync::Barrier;
 use tonic::transport::Channel;
 
+use crate::admin::complete;
 use crate::harness::{eventually, millis, Server};
 
 const KEY: &str = "fleet/payments";
@@ -51,14 +52,6 @@ async fn acquire(client: &mut Client) -> pb::AcquireResponse {
         .await
         .expect("Acquire answers")
         .into_inner()
-}
-
-async fn complete(
-    client: &mut Client,
-    ticket: String,
-    outcome: pb::Outcome,
-) -> pb::CompleteResponse {
-    crate::admin::complete(client, &ticket, outcome).await
 }
 
 /// Fires `REQUESTS` copies of `request` at once, spread over the clients,
@@ -207,7 +200,7 @@ pub(crate) async fn until_the_break_ends(checker: &Client, round: u32) {
 async fn trip(client: &mut Client) {
     let first = acquire(client).await;
     assert_eq!(first.decision, pb::Decision::Granted as i32, "{first:?}");
-    let done = complete(client, first.ticket, pb::Outcome::Failure).await;
+    let done = complete(client, &first.ticket, pb::Outcome::Failure).await;
     assert!(!done.stale);
     assert_eq!(done.phase, pb::Phase::Open as i32);
 }
@@ -228,7 +221,7 @@ async fn one_probe_for_a_fleet_on_the_manual_clock() {
         check_half_open(&server, round).await;
         probe_failed(
             round,
-            &complete(&mut control, probe, pb::Outcome::Failure).await,
+            &complete(&mut control, &probe, pb::Outcome::Failure).await,
         );
     }
 }
@@ -263,7 +256,7 @@ breaker = { mode = "consecutive", failures = 1, break = "50ms", probe_lease = "3
         check_half_open(&server, round).await;
         probe_failed(
             round,
-            &complete(&mut control, probe, pb::Outcome::Failure).await,
+            &complete(&mut control, &probe, pb::Outcome::Failure).await,
         );
     }
 }

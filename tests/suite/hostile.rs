@@ -559,7 +559,7 @@ async fn bidi_overrides_in_keys_and_prefixes_are_refused() {
                 ..Default::default()
             })
             .await;
-        let status = refused_naming(acquired, "key");
+        let status = crate::admin::assert_invalid(acquired, "key");
         assert!(status.message().contains(&code), "{status:?}");
         let listed = admin
             .list_keys(pb::ListKeysRequest {
@@ -567,7 +567,7 @@ async fn bidi_overrides_in_keys_and_prefixes_are_refused() {
                 ..Default::default()
             })
             .await;
-        refused_naming(listed, "prefix");
+        crate::admin::assert_invalid(listed, "prefix");
 
         let reply = get(&http, &format!("/api/keys?prefix={}", percent(&key))).await;
         assert_eq!(reply.status, 400, "{reply:?}");
@@ -588,17 +588,6 @@ async fn bidi_overrides_in_keys_and_prefixes_are_refused() {
         .expect("listed")
         .into_inner();
     assert!(listed.keys.is_empty(), "{listed:?}");
-}
-
-/// The status of a call refused as an invalid argument naming `field`.
-fn refused_naming<T: std::fmt::Debug>(
-    result: Result<T, tonic::Status>,
-    field: &str,
-) -> tonic::Status {
-    let status = result.expect_err("refused");
-    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-    assert!(status.message().contains(field), "{status:?}");
-    status
 }
 
 /// A log reader that goes away (`fusebox serve 2>&1 | head`) neither brings

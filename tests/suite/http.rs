@@ -354,10 +354,6 @@ async fn granted(client: &mut Client, key: &str) -> String {
     r.ticket
 }
 
-async fn complete(client: &mut Client, ticket: String, outcome: pb::Outcome) {
-    crate::admin::complete(client, &ticket, outcome).await;
-}
-
 fn decision(r: &pb::AcquireResponse) -> pb::Decision {
     pb::Decision::try_from(r.decision).expect("a decision")
 }
@@ -406,7 +402,7 @@ async fn metrics_parse_and_count_a_scripted_scenario_exactly() {
     // pay/charge: three failures trip it (3 granted), then two are blocked.
     for _ in 0..3 {
         let t = granted(&mut c, "pay/charge").await;
-        complete(&mut c, t, pb::Outcome::Failure).await;
+        crate::admin::complete(&mut c, &t, pb::Outcome::Failure).await;
     }
     for _ in 0..2 {
         let r = acquire(&mut c, "pay/charge", 1).await;
@@ -415,9 +411,9 @@ async fn metrics_parse_and_count_a_scripted_scenario_exactly() {
     // lim/x: a success, a failure, one ticket held; then no permits, and
     // a request above the limit.
     let t = granted(&mut c, "lim/x").await;
-    complete(&mut c, t, pb::Outcome::Success).await;
+    crate::admin::complete(&mut c, &t, pb::Outcome::Success).await;
     let t = granted(&mut c, "lim/x").await;
-    complete(&mut c, t, pb::Outcome::Failure).await;
+    crate::admin::complete(&mut c, &t, pb::Outcome::Failure).await;
     let _held = granted(&mut c, "lim/x").await;
     let r = acquire(&mut c, "lim/x", 1).await;
     assert_eq!(decision(&r), pb::Decision::Denied, "{r:?}");
@@ -1016,7 +1012,7 @@ async fn keys_come_in_pages_and_the_overview_puts_broken_keys_first() {
     }
     for _ in 0..5 {
         let t = granted(&mut c, "page/broken").await;
-        complete(&mut c, t, pb::Outcome::Failure).await;
+        crate::admin::complete(&mut c, &t, pb::Outcome::Failure).await;
     }
     let isolate = crate::harness::by(
         "test-op",
@@ -1244,5 +1240,5 @@ async fn metrics_read_by_a_rust_parser_have_every_family_with_its_type() {
         openmetrics_parser::PrometheusValue::Gauge(n) => assert_eq!(n.as_f64(), 1.0),
         other => panic!("a gauge, not {other:?}"),
     }
-    complete(&mut c, ticket, pb::Outcome::Success).await;
+    crate::admin::complete(&mut c, &ticket, pb::Outcome::Success).await;
 }

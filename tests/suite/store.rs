@@ -368,13 +368,7 @@ limiter = { kind = "concurrency", permits = 1, queue_limit = 10 }
     gone.abort();
     waiters(1).await;
     complete(&mut holder, &held.ticket, pb::Outcome::Success).await;
-    let served = tokio::time::timeout(Duration::from_secs(10), stays)
-        .await
-        .expect("the waiter is served in time")
-        .expect("the task")
-        .expect("Acquire answers")
-        .into_inner();
-    assert_eq!(served.decision, pb::Decision::Granted as i32, "{served:?}");
+    crate::admin::granted_within(stays, Duration::from_secs(10)).await;
     let state = a.get(KEY).await;
     assert_eq!((state.waiters, state.live_tickets), (0, 1), "{state:?}");
     assert_eq!(state.stats.expect("stats").withdrawn, 1);
