@@ -391,6 +391,13 @@ mod tests {
         .unwrap()
     }
 
+    /// A new breaker after one failure at `at`.
+    fn failed_at(p: &BreakerPolicy, at: Millis) -> Breaker {
+        let mut b = Breaker::new(0);
+        b.record(Some(p), 0, false, Outcome::Failure, at);
+        b
+    }
+
     #[test]
     fn a_blocked_request_changes_nothing() {
         let p = consecutive(1, 1000);
@@ -411,8 +418,7 @@ mod tests {
     #[test]
     fn the_deadline_admits_at_equality() {
         let p = consecutive(1, 1000);
-        let mut b = Breaker::new(0);
-        b.record(Some(&p), 0, false, Outcome::Failure, 10);
+        let b = failed_at(&p, 10);
         assert!(matches!(
             b.admission(1009),
             Admission::Blocked { retry_after: 1, .. }
@@ -423,8 +429,7 @@ mod tests {
     #[test]
     fn a_probe_admission_starts_a_new_epoch_so_the_old_probe_is_stale() {
         let p = consecutive(1, 1000);
-        let mut b = Breaker::new(0);
-        b.record(Some(&p), 0, false, Outcome::Failure, 0);
+        let mut b = failed_at(&p, 0);
         b.begin_probe(1000, 2000);
         let first = b.epoch();
         assert_eq!(b.admission(2000), Admission::Probe);
@@ -509,16 +514,14 @@ mod tests {
     #[test]
     fn losing_the_breaker_in_a_policy_change_closes_an_open_key() {
         let p = consecutive(1, 1000);
-        let mut b = Breaker::new(0);
-        b.record(Some(&p), 0, false, Outcome::Failure, 0);
+        let mut b = failed_at(&p, 0);
         assert_eq!(b.adopt(None, 5), Some((Phase::Open, Phase::Closed)));
         assert_eq!(b.admission(5), Admission::Normal);
     }
     #[test]
     fn a_restored_breaker_keeps_its_phase_break_run_and_backoff() {
         let p = consecutive(2, 1000);
-        let mut b = Breaker::new(0);
-        b.record(Some(&p), 0, false, Outcome::Failure, 5);
+        let mut b = failed_at(&p, 5);
         let closed = b.durable();
         assert!(!closed.is_at_rest());
         let r = Breaker::restore(&closed);
@@ -542,8 +545,7 @@ mod tests {
     #[test]
     fn a_restored_half_open_breaker_has_its_probe_slot_free() {
         let p = consecutive(1, 1000);
-        let mut b = Breaker::new(0);
-        b.record(Some(&p), 0, false, Outcome::Failure, 0);
+        let mut b = failed_at(&p, 0);
         b.begin_probe(1000, 2000);
         assert!(matches!(b.admission(1500), Admission::Blocked { .. }));
         let r = Breaker::restore(&b.durable());

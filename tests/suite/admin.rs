@@ -11,7 +11,7 @@ use fusebox::proto::v1 as pb;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use crate::harness::{eventually, millis, ms, Server};
+use crate::harness::{eventually, millis, ms, steer, Server};
 
 pub type Fusebox = pb::fusebox_client::FuseboxClient<Channel>;
 pub type Admin = pb::admin_client::AdminClient<Channel>;
@@ -25,6 +25,22 @@ pub fn request(key: &str) -> pb::AcquireRequest {
         permits: None,
         max_wait: None,
         lease: None,
+    }
+}
+
+/// A status check of `key` (`permits: 0`, P2a).
+pub fn status_check(key: &str) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        permits: Some(0),
+        ..request(key)
+    }
+}
+
+/// An acquire of one permit of `key`, said explicitly.
+pub fn one_permit(key: &str) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        permits: Some(1),
+        ..request(key)
     }
 }
 
@@ -58,6 +74,45 @@ pub async fn complete(c: &mut Fusebox, ticket: &str, outcome: pb::Outcome) -> pb
     .into_inner()
 }
 
+/// A Complete (SUCCESS) of `ticket`, which must be refused as NOT_FOUND:
+/// the status.
+pub async fn complete_not_found(c: &mut Fusebox, ticket: &str) -> Status {
+    let status = c
+        .complete(pb::CompleteRequest {
+            ticket: ticket.into(),
+            outcome: pb::Outcome::Success as i32,
+        })
+        .await
+        .expect_err("the ticket is not found");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    status
+}
+
+/// The answer of the waiting Acquire that `task` runs, which must be
+/// GRANTED within `limit`.
+pub async fn granted_within(
+    task: tokio::task::JoinHandle<Result<tonic::Response<pb::AcquireResponse>, Status>>,
+    limit: Duration,
+) -> pb::AcquireResponse {
+    let served = tokio::time::timeout(limit, task)
+        .await
+        .expect("the waiter is served in time")
+        .expect("the task")
+        .expect("Acquire answers")
+        .into_inner();
+    assert_eq!(served.decision, pb::Decision::Granted as i32, "{served:?}");
+    served
+}
+
+/// Checks that `reply` was DENIED for `reason`.
+pub fn assert_denied(reply: &pb::AcquireResponse, reason: pb::Reason) {
+    assert_eq!(
+        (reply.decision, reply.reason),
+        (pb::Decision::Denied as i32, reason as i32),
+        "{reply:?}"
+    );
+}
+
 /// One acquire and its outcome; returns the phase after.
 pub async fn call(c: &mut Fusebox, key: &str, outcome: pb::Outcome) -> pb::Phase {
     let t = ticket(c, key).await;
@@ -68,17 +123,18 @@ pub async fn call(c: &mut Fusebox, key: &str, outcome: pb::Outcome) -> pb::Phase
 
 /// Moves the manual clock; returns its reading.
 pub async fn advance(server: &Server, by: u64) -> u64 {
-    let r = server
-        .clock()
-        .await
+    advance_clock(&mut server.clock().await, by).await
+}
+
+/// Moves the manual clock through `clock`; returns its reading.
+pub async fn advance_clock(clock: &mut pb::clock_client::ClockClient<Channel>, by: u64) -> u64 {
+    let r = clock
         .advance(pb::AdvanceRequest { by: Some(ms(by)) })
         .await
         .expect("Advance answers")
         .into_inner();
     millis(r.now).expect("a reading")
 }
-
-pub use crate::harness::by;
 
 pub async fn get(admin: &mut Admin, key: &str) -> pb::KeyState {
     admin
@@ -200,7 +256,8 @@ fn phase(state: &pb::KeyState) -> pb::Phase {
     pb::Phase::try_from(state.phase).expect("a phase")
 }
 
-fn assert_invalid<T: std::fmt::Debug>(result: Result<T, Status>, field: &str) {
+/// The status of a call refused as an invalid argument naming `field`.
+pub fn assert_invalid<T: std::fmt::Debug>(result: Result<T, Status>, field: &str) -> Status {
     let status = result.expect_err("refused");
     assert_eq!(status.code(), Code::InvalidArgument, "{field}: {status:?}");
     assert!(
@@ -208,6 +265,7 @@ fn assert_invalid<T: std::fmt::Debug>(result: Result<T, Status>, field: &str) {
         "the message names {field}: {:?}",
         status.message()
     );
+    status
 }
 
 // ---------------------------------------------------------------------------
@@ -233,11 +291,7 @@ async fn list_keys_filters_by_prefix_and_phase_in_key_order() {
         call(&mut c, "svc/b", pb::Outcome::Failure).await,
         pb::Phase::Open
     );
-    admin
-        .isolate(pb::IsolateRequest {
-            key: "svc/c".into(),
-            reason: "maintenance".into(),
-        })
+    steer(&mut admin, true, None, "svc/c", "maintenance")
         .await
         .expect("Isolate answers");
     let t = ticket(&mut c, "svc/d").await;
@@ -521,14 +575,7 @@ async fn list_keys_never_creates_or_moves_keys() {
     let page = list(&mut admin, "", &[], 0, "").await.expect("ListKeys");
     assert_eq!(names(&page), ["svc/open"]);
     // A status check (n = 0) makes nothing.
-    let check = acquire(
-        &mut c,
-        pb::AcquireRequest {
-            permits: Some(0),
-            ..request("svc/checked")
-        },
-    )
-    .await;
+    let check = acquire(&mut c, status_check("svc/checked")).await;
     assert_eq!(check.decision, pb::Decision::Granted as i32);
     let page = list(&mut admin, "", &[], 0, "").await.expect("ListKeys");
     assert_eq!(names(&page), ["svc/open"]);
@@ -1158,17 +1205,11 @@ lease = { default = "1s", max = "5s" }
     waiters_are(1).await;
     let w2 = spawn_acquire(&server, waiting(500)).await;
     let evicted = w1.await.expect("a task").expect("Acquire answers");
-    assert_eq!(
-        (evicted.decision, evicted.reason),
-        (pb::Decision::Denied as i32, pb::Reason::Evicted as i32)
-    );
+    assert_denied(&evicted, pb::Reason::Evicted);
     waiters_are(1).await;
     advance(&server, 500).await;
     let timed_out = w2.await.expect("a task").expect("Acquire answers");
-    assert_eq!(
-        (timed_out.decision, timed_out.reason),
-        (pb::Decision::Denied as i32, pb::Reason::Timeout as i32)
-    );
+    assert_denied(&timed_out, pb::Reason::Timeout);
     // t = 500: no permits, exceeds the limit, a waiter whose caller leaves.
     let none = acquire(&mut c, request(key)).await;
     assert_eq!(none.reason, pb::Reason::NoPermits as i32, "{none:?}");
@@ -1198,14 +1239,7 @@ lease = { default = "1s", max = "5s" }
 
     // t = 1000: tb's lease ends (expired, settled IGNORED).
     advance(&server, 500).await;
-    let gone = c
-        .complete(pb::CompleteRequest {
-            ticket: tb,
-            outcome: pb::Outcome::Success as i32,
-        })
-        .await
-        .expect_err("tb's lease ended");
-    assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
+    complete_not_found(&mut c, &tb).await;
     let tc = ticket(&mut c, key).await;
     let td = ticket(&mut c, key).await;
     complete(&mut c, &tc, pb::Outcome::Failure).await;
@@ -1248,11 +1282,7 @@ lease = { default = "1s", max = "5s" }
 
     // t = 2010: isolated, a request refused.
     advance(&server, 10).await;
-    admin
-        .isolate(pb::IsolateRequest {
-            key: key.into(),
-            reason: "stats".into(),
-        })
+    steer(&mut admin, true, None, key, "stats")
         .await
         .expect("Isolate answers");
     let refused = acquire(&mut c, request(key)).await;

@@ -105,12 +105,7 @@ async fn rpc(server: &Server, call: &str, token: Option<&str>) -> char {
     let mut f = pb::fusebox_client::FuseboxClient::new(channel.clone());
     let mut a = pb::admin_client::AdminClient::new(channel.clone());
     let mut c = pb::clock_client::ClockClient::new(channel.clone());
-    let acquire = |key: &str| pb::AcquireRequest {
-        key: key.into(),
-        permits: Some(1),
-        max_wait: None,
-        lease: None,
-    };
+    let acquire = |key: &str| crate::admin::one_permit(key);
     let rule = |m: &str, default: bool| pb::SetPolicyRequest {
         rule: Some(pb::PolicyRule {
             r#match: m.into(),
@@ -293,12 +288,7 @@ async fn refusals_say_which_credential_lacks_what() {
     let config = config();
     let server = Server::manual(Some(&config)).await;
     let mut f = server.fusebox().await;
-    let ask = pb::AcquireRequest {
-        key: "b/k".into(),
-        permits: Some(1),
-        max_wait: None,
-        lease: None,
-    };
+    let ask = crate::admin::one_permit("b/k");
     let none = f.acquire(with(None, ask.clone())).await.unwrap_err();
     assert!(none.message().contains("authorization: Bearer"), "{none:?}");
     let unknown = f
@@ -379,23 +369,7 @@ async fn http(addr: &str, method: &str, path: &str, headers: &[(&str, String)]) 
     head.push_str("\r\n");
     head.push_str(body);
     stream.write_all(head.as_bytes()).await.expect("sent");
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !raw.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut buf))
-            .await
-            .expect("an answer within 30 s")
-            .expect("read");
-        assert!(n > 0, "the connection closed before the head: {raw:?}");
-        raw.extend_from_slice(&buf[..n]);
-    }
-    let text = String::from_utf8_lossy(&raw).to_string();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("a status");
-    (status, text)
+    crate::http::read_head(&mut stream).await
 }
 
 /// The HTTP table: `+` 2xx, `U` 401, `D` 403. Columns as for gRPC.
@@ -487,22 +461,10 @@ async fn a_configured_host_name_is_answered() {
     );
     let server = Server::manual(Some(&config)).await;
     let addr = server.http_addr.clone().expect("HTTP is on");
-    let (status, _) = http(
-        &addr,
-        "GET",
-        "/healthz",
-        &[("Host", "fusebox.internal:9090".into())],
-    )
-    .await;
-    assert_eq!(status, 200);
-    let (status, _) = http(
-        &addr,
-        "GET",
-        "/healthz",
-        &[("Host", "other.internal".into())],
-    )
-    .await;
-    assert_eq!(status, 403);
+    for (host, answer) in [("fusebox.internal:9090", 200), ("other.internal", 403)] {
+        let (status, _) = http(&addr, "GET", "/healthz", &[("Host", host.into())]).await;
+        assert_eq!(status, answer, "Host: {host}");
+    }
 }
 
 #[tokio::test]
@@ -522,26 +484,7 @@ async fn tokens_added_to_the_token_file_are_taken_without_a_restart() {
         ..Options::default()
     })
     .await;
-    let ask = |token: &'static str| {
-        let server = &server;
-        async move {
-            server
-                .fusebox()
-                .await
-                .acquire(with(
-                    Some(token),
-                    pb::AcquireRequest {
-                        key: "k".into(),
-                        permits: Some(0),
-                        max_wait: None,
-                        lease: None,
-                    },
-                ))
-                .await
-                .map(|_| ())
-                .map_err(|s| s.code())
-        }
-    };
+    let ask = |token: &'static str| crate::tenants::check_as(&server, token, "k");
     assert_eq!(ask("first-token-0123456789").await, Ok(()));
     assert_eq!(
         ask("second-token-0123456789").await,
@@ -560,12 +503,7 @@ async fn tokens_added_to_the_token_file_are_taken_without_a_restart() {
     );
     // A broken token file keeps the running tokens.
     std::fs::write(&file, "[[token]]\nname = \"x\"\n").unwrap();
-    eventually(
-        "the broken file is reported",
-        Duration::from_secs(10),
-        || async { server.logs().contains("config not reloaded").then_some(()) },
-    )
-    .await;
+    server.until_logged("config not reloaded").await;
     assert_eq!(ask("second-token-0123456789").await, Ok(()));
 }
 
@@ -602,12 +540,7 @@ async fn a_config_files_relative_paths_are_taken_from_its_directory() {
         .await
         .acquire(with(
             Some("relative-token-0123456789"),
-            pb::AcquireRequest {
-                key: "k".into(),
-                permits: Some(0),
-                max_wait: None,
-                lease: None,
-            },
+            crate::admin::status_check("k"),
         ))
         .await;
     assert!(answer.is_ok(), "the token file was read: {answer:?}");
@@ -688,20 +621,19 @@ async fn without_auth_the_server_refuses_to_listen_beyond_loopback_unless_told()
     let run = fusebox(&["serve", "--listen", "127.0.0.1:0", "--http", "0.0.0.0:0"]).await;
     assert!(run.failed(1).contains("0.0.0.0"), "{}", run.stderr);
     // Told: it serves, and says what that means.
-    let mut child = tokio::process::Command::new(crate::harness::BIN)
-        .args([
-            "serve",
-            "--listen",
-            "0.0.0.0:0",
-            "--http",
-            "127.0.0.1:0",
-            "--insecure-no-auth",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starts");
+    let mut child = crate::process::spawn(
+        tokio::process::Command::new(crate::harness::BIN)
+            .args([
+                "serve",
+                "--listen",
+                "0.0.0.0:0",
+                "--http",
+                "127.0.0.1:0",
+                "--insecure-no-auth",
+            ])
+            .stderr(std::process::Stdio::piped()),
+        "starts",
+    );
     let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
     let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
         .await

@@ -87,12 +87,7 @@ impl Clients {
     /// (a refused request must not count as a request either). The time of
     /// the last phase change is left out: a never-used key reads as made now.
     async fn get(&mut self, key: &str) -> pb::KeyState {
-        let state = self
-            .admin
-            .get_key(pb::GetKeyRequest { key: key.into() })
-            .await
-            .unwrap_or_else(|s| panic!("GetKey {key:?}: {s:?}"))
-            .into_inner();
+        let state = crate::admin::get(&mut self.admin, key).await;
         pb::KeyState {
             phase_changed_at: None,
             ..state
@@ -120,24 +115,11 @@ impl Clients {
     }
 
     async fn complete(&mut self, ticket: &str, outcome: pb::Outcome) -> pb::CompleteResponse {
-        self.fusebox
-            .complete(pb::CompleteRequest {
-                ticket: ticket.into(),
-                outcome: outcome as i32,
-            })
-            .await
-            .unwrap_or_else(|s| panic!("Complete: {s:?}"))
-            .into_inner()
+        crate::admin::complete(&mut self.fusebox, ticket, outcome).await
     }
 
     async fn advance(&mut self, by: u64) -> u64 {
-        let r = self
-            .clock
-            .advance(pb::AdvanceRequest { by: Some(ms(by)) })
-            .await
-            .expect("Advance answers")
-            .into_inner();
-        millis(r.now).expect("a reading")
+        crate::admin::advance_clock(&mut self.clock, by).await
     }
 }
 
@@ -258,12 +240,7 @@ fn cases(t: &Tickets) -> Vec<Case> {
         );
         add(
             format!("Acquire status check, {what}"),
-            Call::Acquire(pb::AcquireRequest {
-                key: key.clone(),
-                permits: Some(0),
-                max_wait: None,
-                lease: None,
-            }),
+            Call::Acquire(crate::admin::status_check(&key)),
             invalid,
             "key",
         );
@@ -544,17 +521,8 @@ async fn bad_input_fails_with_its_code_names_the_field_and_changes_nothing() {
         0,
         "the live ticket's lease ended on time"
     );
-    assert_eq!(
-        c.fusebox
-            .complete(pb::CompleteRequest {
-                ticket: tickets.live.clone(),
-                outcome: pb::Outcome::Success as i32,
-            })
-            .await
-            .expect_err("the expired ticket is gone")
-            .code(),
-        Code::NotFound
-    );
+    // The expired ticket is gone.
+    crate::admin::complete_not_found(&mut c.fusebox, &tickets.live).await;
 
     // K2: no bad request made a key. The cap (2) has room for exactly one more
     // key beside USED, so FRESH is made and behaves as fresh...
@@ -593,12 +561,7 @@ async fn cap_reached_changes_nothing(c: &mut Clients) {
         assert!(status.message().contains("max_keys"), "{status:?}");
     }
     // Isolate makes a key too.
-    let status = c
-        .admin
-        .isolate(pb::IsolateRequest {
-            key: THIRD.into(),
-            reason: "test".into(),
-        })
+    let status = crate::harness::steer(&mut c.admin, true, None, THIRD, "test")
         .await
         .expect_err("the key cap is reached");
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
@@ -609,12 +572,7 @@ async fn cap_reached_changes_nothing(c: &mut Clients) {
     // A status check makes no key, so it is not capped (K2, P2a).
     let r = c
         .fusebox
-        .acquire(pb::AcquireRequest {
-            key: THIRD.into(),
-            permits: Some(0),
-            max_wait: None,
-            lease: None,
-        })
+        .acquire(crate::admin::status_check(THIRD))
         .await
         .expect("a status check is not capped")
         .into_inner();
@@ -643,12 +601,7 @@ async fn advance_without_manual_clock_is_unimplemented() {
     let r = server
         .fusebox()
         .await
-        .acquire(pb::AcquireRequest {
-            key: "k".into(),
-            permits: None,
-            max_wait: None,
-            lease: None,
-        })
+        .acquire(crate::admin::request("k"))
         .await
         .expect("Acquire answers")
         .into_inner();

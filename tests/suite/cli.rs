@@ -274,15 +274,13 @@ async fn a_waiting_acquire_is_served_when_the_holder_completes() {
 
     // The waiter, in the background: the manual clock never moves, so its
     // 10 s wait can only end by being served.
-    let waiter = tokio::process::Command::new(BIN)
-        .args(["acquire", "pool/w", "--wait", "10s", "--json"])
-        .args(["--server", server.addr.as_str()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("fusebox runs");
+    let waiter = crate::process::spawn(
+        tokio::process::Command::new(BIN)
+            .args(["acquire", "pool/w", "--wait", "10s", "--json"])
+            .args(["--server", server.addr.as_str()])
+            .stderr(Stdio::piped()),
+        "fusebox runs",
+    );
     harness::eventually(
         "the CLI's request to wait in the queue",
         PATIENCE,
@@ -312,11 +310,7 @@ async fn a_waiting_acquire_is_served_when_the_holder_completes() {
         .await
         .expect("the waiter is answered once the permit comes back")
         .expect("the waiter's output");
-    let run = Run {
-        code: output.status.code(),
-        stdout: String::from_utf8(output.stdout).expect("UTF-8"),
-        stderr: String::from_utf8(output.stderr).expect("UTF-8"),
-    };
+    let run = Run::from(output);
     let reply = run.json();
     let ticket = ticket_of(&reply);
     assert_eq!(
@@ -382,12 +376,8 @@ async fn complete_reports_stale_outcomes_and_refuses_unknown_tickets() {
                 args.push("--json");
             }
             let run = client(&server, &args).await;
-            let message = run.failed(1);
-            assert!(
-                message.starts_with("error: NOT_FOUND: ticket: ")
-                    && message.contains("already completed"),
-                "{message:?}"
-            );
+            let message = run.failed_saying(1, "error: NOT_FOUND: ticket: ");
+            assert!(message.contains("already completed"), "{message:?}");
         }
     }
 
@@ -526,11 +516,8 @@ async fn advance_needs_a_manual_clock() {
     })
     .await;
     let run = client(&server, &["advance", "1s"]).await;
-    let message = run.failed(1);
-    assert!(
-        message.starts_with("error: UNIMPLEMENTED: ") && message.contains("--manual-clock"),
-        "{message:?}"
-    );
+    let message = run.failed_saying(1, "error: UNIMPLEMENTED: ");
+    assert!(message.contains("--manual-clock"), "{message:?}");
     // A duration without a unit is a usage error, caught before any call.
     let run = client(&server, &["advance", "5"]).await;
     assert!(run.failed(2).contains("no unit"), "{:?}", run.stderr);
@@ -565,11 +552,7 @@ async fn an_unreachable_server_fails_saying_what_to_do() {
     }
     // Something that is not an address at all.
     let run = fusebox(&["get", "svc", "--server", "no such host:x"]).await;
-    let message = run.failed(1);
-    assert!(
-        message.starts_with("error: --server no such host:x: not an address"),
-        "{message:?}"
-    );
+    run.failed_saying(1, "error: --server no such host:x: not an address");
 }
 
 #[tokio::test]

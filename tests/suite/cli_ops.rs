@@ -17,6 +17,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::Child;
 use tokio::sync::mpsc;
 
+use crate::admin::advance;
 use crate::command::{client, client_json, PATIENCE};
 use crate::harness::{self, Server, BIN};
 
@@ -45,12 +46,7 @@ async fn acquire(server: &Server, key: &str) -> (pb::Decision, String) {
     let r = server
         .fusebox()
         .await
-        .acquire(pb::AcquireRequest {
-            key: key.into(),
-            permits: Some(1),
-            max_wait: None,
-            lease: None,
-        })
+        .acquire(crate::admin::one_permit(key))
         .await
         .expect("Acquire answers")
         .into_inner();
@@ -61,16 +57,7 @@ async fn acquire(server: &Server, key: &str) -> (pb::Decision, String) {
 }
 
 async fn complete(server: &Server, ticket: &str, outcome: pb::Outcome) -> pb::Phase {
-    let r = server
-        .fusebox()
-        .await
-        .complete(pb::CompleteRequest {
-            ticket: ticket.into(),
-            outcome: outcome as i32,
-        })
-        .await
-        .expect("Complete answers")
-        .into_inner();
+    let r = crate::admin::complete(&mut server.fusebox().await, ticket, outcome).await;
     pb::Phase::try_from(r.phase).expect("a phase")
 }
 
@@ -92,40 +79,15 @@ async fn trip(server: &Server, key: &str) {
 }
 
 async fn isolate(server: &Server, key: &str, who: &str, reason: &str) {
-    let request = pb::IsolateRequest {
-        key: key.into(),
-        reason: reason.into(),
-    };
-    server
-        .admin()
-        .await
-        .isolate(harness::by(who, request))
-        .await
-        .expect("Isolate answers");
+    let mut admin = server.admin().await;
+    let isolated = harness::steer(&mut admin, true, Some(who), key, reason).await;
+    isolated.expect("Isolate answers");
 }
 
 async fn close(server: &Server, key: &str, who: &str, reason: &str) {
-    let request = pb::CloseRequest {
-        key: key.into(),
-        reason: reason.into(),
-    };
-    server
-        .admin()
-        .await
-        .close(harness::by(who, request))
-        .await
-        .expect("Close answers");
-}
-
-async fn advance(server: &Server, ms: u64) {
-    server
-        .clock()
-        .await
-        .advance(pb::AdvanceRequest {
-            by: Some(harness::ms(ms)),
-        })
-        .await
-        .expect("Advance answers");
+    let mut admin = server.admin().await;
+    let closed = harness::steer(&mut admin, false, Some(who), key, reason).await;
+    closed.expect("Close answers");
 }
 
 // ---------------------------------------------------------------------------
@@ -195,6 +157,18 @@ fn settled(mut key: Value) -> Value {
     assert_eq!(t.nanos % 1_000_000, 0, "to the millisecond: {at}");
     key["phase_changed_at"] = json!("checked apart");
     key
+}
+
+/// A transition as `watch --json` prints it: its sequence number and its
+/// time (to be checked apart), and the event with both put aside and its
+/// key's state settled, so that the rest compares exactly.
+fn apart(mut event: Value) -> (u64, String, Value) {
+    let sequence = event["sequence"].as_u64().expect("a sequence number");
+    let at = event["at"].as_str().expect("a time").to_owned();
+    event["sequence"] = json!("checked apart");
+    event["at"] = json!("checked apart");
+    event["state"] = settled(event["state"].clone());
+    (sequence, at, event)
 }
 
 fn settled_all(keys: Value) -> Value {
@@ -393,11 +367,7 @@ async fn keys_filters_by_prefix_and_phase() {
     }
     // A prefix the server refuses names the field.
     let run = client(&server, &["keys", "a\u{7}b"]).await;
-    let message = run.failed(1);
-    assert!(
-        message.starts_with("error: INVALID_ARGUMENT: prefix: "),
-        "{message:?}"
-    );
+    run.failed_saying(1, "error: INVALID_ARGUMENT: prefix: ");
 }
 
 #[tokio::test]
@@ -423,12 +393,7 @@ async fn keys_fetches_every_page() {
         done.expect("the acquire task ends");
     }
     admitter
-        .acquire(pb::AcquireRequest {
-            key: "other".into(),
-            permits: Some(1),
-            max_wait: None,
-            lease: None,
-        })
+        .acquire(crate::admin::one_permit("other"))
         .await
         .expect("Acquire answers");
 
@@ -479,16 +444,14 @@ impl Watcher {
     /// up to `ahead` lines; with 1, a test that stops asking for lines soon
     /// stops the watcher (its output pipe fills up).
     fn start(server: &Server, args: &[&str], ahead: usize) -> Watcher {
-        let mut child = tokio::process::Command::new(BIN)
-            .arg("watch")
-            .args(args)
-            .args(["--server", server.addr.as_str()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("fusebox watch starts");
+        let mut child = crate::process::spawn(
+            tokio::process::Command::new(BIN)
+                .arg("watch")
+                .args(args)
+                .args(["--server", server.addr.as_str()])
+                .stderr(Stdio::piped()),
+            "fusebox watch starts",
+        );
         let mut stderr = child.stderr.take().expect("stderr piped");
         let stderr = tokio::spawn(async move {
             let mut text = String::new();
@@ -530,11 +493,7 @@ impl Watcher {
     /// Sends SIGINT, as Ctrl-C does.
     fn interrupt(&self) {
         let pid = self.child.id().expect("running");
-        let status = std::process::Command::new("kill")
-            .args(["-INT", &pid.to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(status.success());
+        assert!(harness::signal(pid, "INT"), "kill -INT {pid}");
     }
 
     /// Waits for the end: the exit code, the lines not read yet, and
@@ -657,13 +616,8 @@ async fn watch_json_prints_one_object_per_event() {
     );
 
     call(&server, "pool/a", pb::Outcome::Failure).await;
-    let mut trip = watch.json("the trip").await;
-    let first = trip["sequence"].as_u64().expect("a sequence number");
-    let at = trip["at"].as_str().expect("a time").to_owned();
+    let (first, at, trip) = apart(watch.json("the trip").await);
     assert_eq!(rfc3339(&at).nanos % 1_000_000, 0, "to the millisecond");
-    trip["sequence"] = json!("checked apart");
-    trip["at"] = json!("checked apart");
-    trip["state"] = settled(trip["state"].clone());
     assert_eq!(
         trip,
         json!({
@@ -690,16 +644,9 @@ async fn watch_json_prints_one_object_per_event() {
     );
 
     isolate(&server, "pool/a", "cli:alice", "INC-4711: provider outage").await;
-    let mut isolated = watch.json("the isolate").await;
-    assert_eq!(
-        isolated["sequence"].as_u64(),
-        Some(first + 1),
-        "the next event"
-    );
-    rfc3339(isolated["at"].as_str().expect("a time"));
-    isolated["sequence"] = json!("checked apart");
-    isolated["at"] = json!("checked apart");
-    isolated["state"] = settled(isolated["state"].clone());
+    let (sequence, at, isolated) = apart(watch.json("the isolate").await);
+    assert_eq!(sequence, first + 1, "the next event");
+    rfc3339(&at);
     assert_eq!(
         isolated,
         json!({
@@ -769,20 +716,11 @@ async fn a_watcher_that_falls_behind_says_so_and_shows_a_fresh_snapshot() {
         let reason = reason.clone();
         tasks.spawn(async move {
             for _ in 0..PAIRS / TASKS {
-                admin
-                    .isolate(pb::IsolateRequest {
-                        key: key.clone(),
-                        reason: reason.clone(),
-                    })
-                    .await
-                    .expect("Isolate answers");
-                admin
-                    .close(pb::CloseRequest {
-                        key: key.clone(),
-                        reason: reason.clone(),
-                    })
-                    .await
-                    .expect("Close answers");
+                for isolate in [true, false] {
+                    harness::steer(&mut admin, isolate, None, &key, &reason)
+                        .await
+                        .expect("Isolate and Close answer");
+                }
             }
         });
     }

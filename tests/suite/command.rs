@@ -1,6 +1,6 @@
 //! Running the `fusebox` command as a subprocess, for the CLI tests.
 
-use std::process::Stdio;
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -10,13 +10,9 @@ use crate::harness::{Server, BIN};
 /// The longest any one command may take before the test gives up on it.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
-/// What one run of the command did.
-pub struct Run {
-    pub code: Option<i32>,
-    pub stdout: String,
-    pub stderr: String,
-}
+pub use crate::process::Run;
 
+/// What a run of the command must have done.
 impl Run {
     /// The standard output of a run that must have succeeded quietly.
     pub fn ok(&self) -> &str {
@@ -38,6 +34,17 @@ impl Run {
         serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
     }
 
+    /// The error message of a run that must have failed with exit code
+    /// `code`, saying `start` first.
+    pub fn failed_saying(&self, code: i32, start: &str) -> &str {
+        let message = self.failed(code);
+        assert!(
+            message.starts_with(start),
+            "not {start:?} first: {message:?}"
+        );
+        message
+    }
+
     /// The error message of a run that must have failed with exit code `code`.
     pub fn failed(&self, code: i32) -> &str {
         assert_eq!(
@@ -54,20 +61,7 @@ impl Run {
 
 /// Runs `fusebox ARGS` to the end.
 pub async fn fusebox(args: &[&str]) -> Run {
-    let output = tokio::process::Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(PATIENCE, output)
-        .await
-        .unwrap_or_else(|_| panic!("`fusebox {}` ends within {PATIENCE:?}", args.join(" ")))
-        .expect("fusebox runs");
-    Run {
-        code: output.status.code(),
-        stdout: String::from_utf8(output.stdout).expect("stdout is UTF-8"),
-        stderr: String::from_utf8(output.stderr).expect("stderr is UTF-8"),
-    }
+    crate::process::run(Path::new(BIN), args, PATIENCE).await
 }
 
 /// Runs a client command against `server`: `ARGS --server ADDR`.

@@ -10,7 +10,6 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde::Deserialize;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::harness::BIN;
 
@@ -172,8 +171,9 @@ fn the_fleet_profile_runs_fusebox_servers_on_a_cluster_of_its_redis_nodes() {
         let url = fusebox::engine::redis::StoreUrl::parse(store)
             .unwrap_or_else(|e| panic!("{what}: --store {store}: {e}"));
         assert!(url.cluster && url.nodes.len() == 6, "{what}: {url}");
-        listen(&what, &flags);
-        http_port(&what, &flags);
+        for name in ["--listen", "--http"] {
+            listen(&what, &flags, name);
+        }
     }
 }
 
@@ -249,30 +249,17 @@ fn serve_command(what: &str, command: &[String]) -> Vec<(String, Option<String>)
     flags
 }
 
-/// The container port of the `--http` address of a `serve` command line,
-/// which must listen on every interface too.
-fn http_port(what: &str, flags: &[(String, Option<String>)]) -> u16 {
-    let text = flag(flags, "--http").unwrap_or_else(|| panic!("{what} passes --http"));
+/// The address a `serve` command line passes in `name` (`--listen`, or
+/// `--http`), which must be on every interface.
+fn listen(what: &str, flags: &[(String, Option<String>)], name: &str) -> SocketAddr {
+    let text = flag(flags, name).unwrap_or_else(|| panic!("{what} passes {name}"));
     let addr: SocketAddr = text
         .parse()
-        .unwrap_or_else(|e| panic!("{what}: --http {text:?} is an address ({e})"));
-    assert!(
-        addr.ip().is_unspecified(),
-        "{what}: --http listens on 0.0.0.0, not {addr}"
-    );
-    addr.port()
-}
-
-/// The `--listen` address of a `serve` command line.
-fn listen(what: &str, flags: &[(String, Option<String>)]) -> SocketAddr {
-    let text = flag(flags, "--listen").unwrap_or_else(|| panic!("{what} passes --listen"));
-    let addr: SocketAddr = text
-        .parse()
-        .unwrap_or_else(|e| panic!("{what}: --listen {text:?} is an address ({e})"));
+        .unwrap_or_else(|e| panic!("{what}: {name} {text:?} is an address ({e})"));
     assert!(
         addr.ip().is_unspecified(),
         "{what}: inside a container the server must listen on every interface \
-         (0.0.0.0), not {addr}, or published ports cannot reach it"
+         (0.0.0.0), not {name} {addr}, or published ports cannot reach it"
     );
     addr
 }
@@ -306,8 +293,8 @@ async fn the_compose_service_serves_the_mounted_config_on_its_published_port() {
 
     // The published container ports are the ones the server listens on:
     // gRPC and HTTP (the dashboard and metrics).
-    let addr = listen(&what, &flags);
-    let http = http_port(&what, &flags);
+    let addr = listen(&what, &flags, "--listen");
+    let http = listen(&what, &flags, "--http").port();
     let published: Vec<u16> = service.ports.iter().map(Port::container).collect();
     assert_eq!(
         published,
@@ -379,41 +366,27 @@ async fn the_compose_service_serves_the_mounted_config_on_its_published_port() {
     );
 }
 
-/// Starts `fusebox ARGS` with `FUSEBOX_TOKEN` set to `token`, checks that its first line is `listening on
-/// 127.0.0.1:PORT`, and returns the process (killed when dropped) and that
-/// address.
+/// Starts `fusebox ARGS` with `FUSEBOX_TOKEN` set to `token`, checks that
+/// its first line is `listening on 127.0.0.1:PORT`, and returns the process
+/// (killed when dropped) and that address.
 async fn serve(args: &[String], token: &str) -> (tokio::process::Child, String) {
-    let mut child = tokio::process::Command::new(BIN)
-        .args(args)
-        .env("FUSEBOX_TOKEN", token)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("fusebox starts");
-    let stdout = child.stdout.take().expect("stdout piped");
-    let mut lines = BufReader::new(stdout).lines();
-    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("the server prints its address within 30 s")
-        .expect("stdout readable");
-    let Some(first) = first else {
-        let output = child.wait_with_output().await.expect("the server's output");
-        panic!(
-            "`fusebox {}` did not start: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    };
-    let addr = first
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("the first line is `listening on ADDR`, not {first:?}"));
+    let mut child = crate::process::spawn(
+        tokio::process::Command::new(BIN)
+            .args(args)
+            .env("FUSEBOX_TOKEN", token)
+            .stderr(Stdio::piped()),
+        "fusebox starts",
+    );
+    let (addr, _) = crate::process::addresses(&mut child, Duration::from_secs(30)).await;
     let parsed: SocketAddr = addr
         .parse()
         .unwrap_or_else(|e| panic!("`listening on {addr}` names an address ({e})"));
-    assert!(parsed.ip().is_loopback() && parsed.port() != 0, "{first}");
-    (child, addr.to_owned())
+    assert!(
+        parsed.ip().is_loopback() && parsed.port() != 0,
+        "`fusebox {}` listens on {addr}",
+        args.join(" ")
+    );
+    (child, addr)
 }
 
 /// One instruction of a Dockerfile: its keyword (upper case) and the rest,
@@ -594,8 +567,8 @@ fn the_dockerfile_builds_this_crate_and_runs_it_unprivileged() {
     );
     let cmd = exec_form("CMD", one(runtime, "CMD"));
     let flags = serve_command("the Dockerfile's CMD", &cmd);
-    let addr = listen("the Dockerfile's CMD", &flags);
-    let http = http_port("the Dockerfile's CMD", &flags);
+    let addr = listen("the Dockerfile's CMD", &flags, "--listen");
+    let http = listen("the Dockerfile's CMD", &flags, "--http").port();
     let config = flag(&flags, "--config").expect("the CMD passes --config");
     assert!(
         configs.iter().any(|(_, dest)| dest == config),

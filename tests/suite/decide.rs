@@ -22,10 +22,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use crate::harness::{eventually, millis, ms, Server};
+use crate::admin::complete;
+use crate::harness::{eventually, ms, Server};
 use crate::vectors::{
-    answer_of_wire, code_name, config_with_default, error_answer, outcome_of, replay_all, Answer,
-    Sent, Step, Target, Vector, Waiting, UNKNOWN_TICKET,
+    answer_of_wire, code_name, config_with_default, count_waiters, error_answer, replay_all,
+    wire_acquire, wire_outcome, Answer, Sent, Step, Target, Vector, Waiting, UNKNOWN_TICKET,
 };
 
 type Client = pb::fusebox_client::FuseboxClient<Channel>;
@@ -140,10 +141,14 @@ impl Decider {
         answers
     }
 
+    /// Sends one frame (not a Cancel): the receiver of its answer.
+    async fn send_one(&self, frame: pb::DecideFrame) -> oneshot::Receiver<pb::DecideResult> {
+        self.send(vec![frame]).await.pop().expect("one receiver")
+    }
+
     /// Sends one frame and waits for its answer.
     async fn ask(&self, frame: pb::DecideFrame) -> pb::DecideResult {
-        let rx = self.send(vec![frame]).await.pop().expect("one receiver");
-        answered(rx).await
+        answered(self.send_one(frame).await).await
     }
 
     /// The next stray answer.
@@ -208,6 +213,17 @@ fn cancel_frame(id: u64) -> pb::DecideFrame {
     }
 }
 
+/// A SUCCESS for each of `tickets`, as batch items.
+fn successes(tickets: &[String]) -> Vec<pb::CompleteRequest> {
+    tickets
+        .iter()
+        .map(|t| pb::CompleteRequest {
+            ticket: t.clone(),
+            outcome: pb::Outcome::Success as i32,
+        })
+        .collect()
+}
+
 /// The acquire answer of `result`, or a panic saying what came instead.
 fn acquired(result: &pb::DecideResult) -> &pb::AcquireResponse {
     match &result.result {
@@ -246,12 +262,7 @@ fn is(decision: i32, want: pb::Decision) -> bool {
 }
 
 async fn waiters(admin: &Admin, key: &str) -> pb::KeyState {
-    admin
-        .clone()
-        .get_key(pb::GetKeyRequest { key: key.into() })
-        .await
-        .expect("GetKey answers")
-        .into_inner()
+    crate::process::get_key(&mut admin.clone(), key).await
 }
 
 /// Polls `key` until it has `count` waiters.
@@ -278,9 +289,7 @@ struct DecideTarget {
     /// The unary side: reads, isolate, close, the clock.
     unary: crate::vectors::End,
     now: u64,
-    tickets: HashMap<String, String>,
     waiting: Waiting,
-    key: Option<String>,
     _server: Server,
 }
 
@@ -322,9 +331,7 @@ impl DecideTarget {
             next_id: 1,
             unary,
             now: 0,
-            tickets: HashMap::new(),
             waiting: Waiting::default(),
-            key: None,
             _server: server,
         }
     }
@@ -335,25 +342,13 @@ impl DecideTarget {
     }
 
     async fn quiesce(&mut self) {
-        let Some(key) = self.key.clone() else {
+        let Some(key) = self.waiting.key() else {
             return;
         };
         let admin = self.unary.admin.clone();
         self.waiting
-            .quiesce(|| {
-                let admin = admin.clone();
-                let key = key.clone();
-                async move { waiters(&admin, &key).await.waiters as usize }
-            })
+            .quiesce(|| count_waiters(admin.clone(), key.clone()))
             .await;
-    }
-
-    fn ticket(&self, label: &str) -> Option<String> {
-        self.waiting
-            .ticket(label)
-            .or_else(|| self.tickets.get(label).map(|t| Some(t.clone())))
-            .unwrap_or_else(|| panic!("no request is labelled {label}"))
-            .filter(|t| !t.is_empty())
     }
 }
 
@@ -367,53 +362,29 @@ impl Target for DecideTarget {
     }
 
     async fn acquire(&mut self, step: &Step) -> Answer {
-        let key = step.key.clone().expect("acquire names a key");
-        let request = pb::AcquireRequest {
-            key: key.clone(),
-            permits: step.permits,
-            max_wait: step.max_wait.map(ms),
-            lease: step.lease.map(ms),
-        };
         let id = self.id();
         let rx = self
             .stream
-            .send(vec![acquire_frame(id, request)])
-            .await
-            .pop()
-            .expect("one receiver");
+            .send_one(acquire_frame(id, wire_acquire(step)))
+            .await;
         if step.max_wait.unwrap_or(0) == 0 {
-            let (answer, ticket) = sent_of(Ok(answered(rx).await));
-            if let Some(label) = &step.label {
-                self.tickets
-                    .insert(label.clone(), ticket.unwrap_or_default());
-            }
-            return answer;
+            return self.waiting.answered(step, sent_of(Ok(answered(rx).await)));
         }
-        self.key = Some(key);
-        let label = self.waiting.label(step);
-        self.waiting.spawn(label.clone(), async move {
+        let label = self.waiting.spawn(step, async move {
             sent_of(
                 rx.await
                     .map_err(|_| "the stream ended unanswered".to_owned()),
             )
         });
-        self.quiesce().await;
-        self.waiting.answer(&label).expect("the request is known")
+        self.settle(&label).await
     }
 
     async fn complete(&mut self, label: &str, outcome: &str) -> Result<bool, String> {
         self.quiesce().await;
-        let ticket = self
-            .ticket(label)
-            .unwrap_or_else(|| UNKNOWN_TICKET.to_owned());
-        let outcome = match outcome_of(outcome) {
-            fusebox::domain::Outcome::Success => pb::Outcome::Success,
-            fusebox::domain::Outcome::Failure => pb::Outcome::Failure,
-            fusebox::domain::Outcome::Ignored => pb::Outcome::Ignored,
-        };
+        let ticket = self.waiting.token(label);
         let id = self.id();
-        let result = self.stream.ask(complete_frame(id, &ticket, outcome)).await;
-        match result.result {
+        let frame = complete_frame(id, &ticket, wire_outcome(outcome));
+        match self.stream.ask(frame).await.result {
             Some(Res::Complete(c)) => Ok(c.stale),
             Some(Res::Error(e)) => Err(code_name(Code::from(e.code))),
             other => Err(format!("not a complete answer: {other:?}")),
@@ -422,9 +393,7 @@ impl Target for DecideTarget {
 
     async fn settle(&mut self, label: &str) -> Answer {
         self.quiesce().await;
-        self.waiting
-            .answer(label)
-            .unwrap_or_else(|| panic!("no waiting request is labelled {label}"))
+        self.waiting.answer(label)
     }
 
     async fn inspect(&mut self, key: &str) -> crate::vectors::Reading {
@@ -505,13 +474,7 @@ async fn fleet_burst(streams: &[Arc<Decider>], round: u32) -> Vec<pb::AcquireRes
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_probe_for_a_fleet_over_16_decide_streams() {
-    let server = Server::manual(Some(
-        r#"
-[default]
-breaker = { mode = "consecutive", failures = 1, break = "1s" }
-"#,
-    ))
-    .await;
+    let server = Server::manual(Some(crate::fleet::ONE_SECOND_BREAKS)).await;
     // Each stream on its own connection.
     let mut streams = Vec::with_capacity(FLEET_STREAMS);
     for _ in 0..FLEET_STREAMS {
@@ -525,7 +488,6 @@ breaker = { mode = "consecutive", failures = 1, break = "1s" }
         .await
         .expect("Decide opens");
     let mut clock = server.clock().await;
-    let admin = server.admin().await;
 
     // Trip the key: one failure opens it.
     let first = control
@@ -539,21 +501,7 @@ breaker = { mode = "consecutive", failures = 1, break = "1s" }
     assert_eq!(completed(&done).phase, pb::Phase::Open as i32, "{done:?}");
 
     for round in 1..=FLEET_ROUNDS {
-        let state = waiters(&admin, FLEET_KEY).await;
-        assert_eq!(
-            state.phase,
-            pb::Phase::Open as i32,
-            "round {round}: {state:?}"
-        );
-        assert_eq!(
-            millis(state.open_remaining),
-            Some(1000),
-            "round {round}: {state:?}"
-        );
-        clock
-            .advance(pb::AdvanceRequest { by: Some(ms(1000)) })
-            .await
-            .expect("Clock.Advance answers");
+        crate::fleet::end_the_break(&server, &mut clock, round).await;
         let answers = fleet_burst(&streams, round).await;
         assert_eq!(answers.len(), FLEET_STREAMS * FLEET_FRAMES);
         // Time stands still: the slot is held for probe_lease (= break).
@@ -566,9 +514,7 @@ breaker = { mode = "consecutive", failures = 1, break = "1s" }
                 pb::Outcome::Failure,
             ))
             .await;
-        let done = completed(&done);
-        assert!(!done.stale, "round {round}: the probe is current");
-        assert_eq!(done.phase, pb::Phase::Open as i32, "round {round}");
+        crate::fleet::probe_failed(round, completed(&done));
     }
     for stream in &mut streams {
         Arc::get_mut(stream).expect("no burst holds it").no_strays();
@@ -658,13 +604,7 @@ async fn frames_fail_as_the_unary_calls_do() {
         .ask(complete_frame(2, UNKNOWN_TICKET, pb::Outcome::Success))
         .await;
     let (code, message) = error_of(&unknown);
-    let status = unary
-        .complete(pb::CompleteRequest {
-            ticket: UNKNOWN_TICKET.into(),
-            outcome: pb::Outcome::Success as i32,
-        })
-        .await
-        .expect_err("an unknown ticket fails");
+    let status = crate::admin::complete_not_found(&mut unary, UNKNOWN_TICKET).await;
     assert_eq!(code, Code::NotFound, "{message}");
     assert_eq!(status.code(), Code::NotFound);
     assert_eq!(message, status.message(), "the unary call's message");
@@ -820,10 +760,8 @@ async fn a_waiting_frame_holds_nothing_up_and_cancel_withdraws_it() {
 
     // Frame 2 waits...
     let mut first_waiter = stream
-        .send(vec![acquire_frame(2, acquire_request(key, FOREVER_MS))])
-        .await
-        .pop()
-        .expect("one receiver");
+        .send_one(acquire_frame(2, acquire_request(key, FOREVER_MS)))
+        .await;
     until_waiters(&admin, key, 1).await;
     // ...while later frames of the same stream are answered, on this key
     // and on another.
@@ -862,10 +800,8 @@ async fn a_waiting_frame_holds_nothing_up_and_cancel_withdraws_it() {
 
     // A second waiter; then frame 2 is cancelled.
     let second_waiter = stream
-        .send(vec![acquire_frame(5, acquire_request(key, FOREVER_MS))])
-        .await
-        .pop()
-        .expect("one receiver");
+        .send_one(acquire_frame(5, acquire_request(key, FOREVER_MS)))
+        .await;
     until_waiters(&admin, key, 2).await;
     // The Cancel frame carries the waiter's id: its answer is frame 2's.
     stream.send_raw(vec![cancel_frame(2)]).await;
@@ -926,16 +862,8 @@ async fn ticket_outlives_its_stream(server: &Server, key: &str, ticket: String) 
     let admin = server.admin().await;
     let state = until_waiters(&admin, key, 0).await;
     assert_eq!((state.live_tickets, state.queued), (1, 0), "{state:?}");
-    let done = server
-        .fusebox()
-        .await
-        .complete(pb::CompleteRequest {
-            ticket,
-            outcome: pb::Outcome::Success as i32,
-        })
-        .await
-        .expect("the ticket is still live")
-        .into_inner();
+    // The ticket is still live.
+    let done = complete(&mut server.fusebox().await, &ticket, pb::Outcome::Success).await;
     assert!(!done.stale);
     assert_eq!(waiters(&admin, key).await.live_tickets, 0);
 }
@@ -959,16 +887,8 @@ async fn closing_only_the_request_side_still_answers_the_waiters() {
     let key = "wait/half-closed";
     let (mut stream, ticket) = holder_and_waiter(&server, key).await;
     stream.close_requests();
-    let done = server
-        .fusebox()
-        .await
-        .complete(pb::CompleteRequest {
-            ticket,
-            outcome: pb::Outcome::Success as i32,
-        })
-        .await
-        .expect("the holder completes")
-        .into_inner();
+    // The holder completes.
+    let done = complete(&mut server.fusebox().await, &ticket, pb::Outcome::Success).await;
     assert!(!done.stale);
     let state = until_waiters(&admin, key, 0).await;
     assert_eq!(state.live_tickets, 1, "the waiter was served: {state:?}");
@@ -993,13 +913,8 @@ async fn a_cancel_behind_the_complete_that_served_the_waiter_does_nothing() {
     for round in 1..=50u64 {
         let waiter = round * 10;
         let rx = stream
-            .send(vec![acquire_frame(
-                waiter,
-                acquire_request(key, FOREVER_MS),
-            )])
-            .await
-            .pop()
-            .expect("one receiver");
+            .send_one(acquire_frame(waiter, acquire_request(key, FOREVER_MS)))
+            .await;
         until_waiters(&admin, key, 1).await;
         let done = stream
             .send(vec![
@@ -1103,13 +1018,7 @@ async fn batches_answer_each_item_as_the_unary_call_in_order() {
     assert_eq!((a.live_tickets, a.waiters, a.free), (3, 0, 0), "{a:?}");
     assert_eq!(waiters(&admin, "batch/b").await.live_tickets, 1);
 
-    let mut items: Vec<_> = tickets
-        .iter()
-        .map(|t| pb::CompleteRequest {
-            ticket: t.clone(),
-            outcome: pb::Outcome::Success as i32,
-        })
-        .collect();
+    let mut items = successes(&tickets);
     items.push(pb::CompleteRequest {
         ticket: UNKNOWN_TICKET.into(),
         outcome: pb::Outcome::Success as i32,
@@ -1132,13 +1041,7 @@ async fn batches_answer_each_item_as_the_unary_call_in_order() {
             other => panic!("item {i}: expected a response, got {other:?}"),
         }
     }
-    let status = client
-        .complete(pb::CompleteRequest {
-            ticket: UNKNOWN_TICKET.into(),
-            outcome: pb::Outcome::Success as i32,
-        })
-        .await
-        .expect_err("an unknown ticket fails");
+    let status = crate::admin::complete_not_found(&mut client, UNKNOWN_TICKET).await;
     for (i, r) in results[4..].iter().enumerate() {
         match &r.result {
             Some(pb::complete_result::Result::Error(e)) => {
@@ -1197,13 +1100,7 @@ async fn batches_hold_1_to_1000_items() {
     assert!(tickets.iter().all(|t| !t.is_empty()));
     assert_eq!(waiters(&admin, key).await.live_tickets, 1000);
 
-    let mut items: Vec<_> = tickets
-        .iter()
-        .map(|t| pb::CompleteRequest {
-            ticket: t.clone(),
-            outcome: pb::Outcome::Success as i32,
-        })
-        .collect();
+    let mut items = successes(&tickets);
     items.push(items[0].clone());
     let over = client
         .complete_batch(pb::CompleteBatchRequest {
@@ -1283,13 +1180,7 @@ async fn frames_in_order_while_busy(store: &str) {
                     .expect("Acquire")
                     .into_inner();
                 if !got.ticket.is_empty() {
-                    client
-                        .complete(pb::CompleteRequest {
-                            ticket: got.ticket,
-                            outcome: pb::Outcome::Success as i32,
-                        })
-                        .await
-                        .expect("Complete");
+                    complete(&mut client, &got.ticket, pb::Outcome::Success).await;
                 }
                 pairs += 1;
             }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use fusebox::proto::v1 as pb;
 use tonic::transport::Channel;
 
-use crate::harness::{by, eventually, ms, Options, Server, BIN};
+use crate::harness::{eventually, ms, refused_start, steer, Options, Server};
 
 type Client = pb::fusebox_client::FuseboxClient<Channel>;
 type Admin = pb::admin_client::AdminClient<Channel>;
@@ -61,24 +61,8 @@ async fn stored(server: &Server, n: u64) {
     .await;
 }
 
-/// Waits until the server logged `text`.
-async fn logged(server: &Server, text: &str) {
-    let found = tokio::time::timeout(Duration::from_secs(10), async {
-        while !server.logs().contains(text) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-    assert!(found.is_ok(), "no {text:?} in the log:\n{}", server.logs());
-}
-
 fn ask(key: &str) -> pb::AcquireRequest {
-    pb::AcquireRequest {
-        key: key.into(),
-        permits: None,
-        max_wait: None,
-        lease: None,
-    }
+    crate::admin::request(key)
 }
 
 async fn acquire(c: &mut Client, key: &str) -> pb::AcquireResponse {
@@ -91,14 +75,9 @@ async fn acquire(c: &mut Client, key: &str) -> pb::AcquireResponse {
 async fn fail(c: &mut Client, key: &str) -> pb::Phase {
     let r = acquire(c, key).await;
     assert!(!r.ticket.is_empty(), "{key}: {r:?}");
-    c.complete(pb::CompleteRequest {
-        ticket: r.ticket,
-        outcome: pb::Outcome::Failure as i32,
-    })
-    .await
-    .expect("Complete answers")
-    .into_inner()
-    .phase()
+    crate::admin::complete(c, &r.ticket, pb::Outcome::Failure)
+        .await
+        .phase()
 }
 
 fn millis(d: Option<prost_types::Duration>) -> u64 {
@@ -126,14 +105,7 @@ async fn open_half_open_isolated_and_failing_keys_come_back_after_a_crash_and_ti
     fail(&mut c, "open").await;
     assert_eq!(fail(&mut c, "open").await, pb::Phase::Open);
     assert_eq!(fail(&mut c, "fails").await, pb::Phase::Closed);
-    admin
-        .isolate(by(
-            "alice",
-            pb::IsolateRequest {
-                key: "iso".into(),
-                reason: "db migration".into(),
-            },
-        ))
+    steer(&mut admin, true, Some("alice"), "iso", "db migration")
         .await
         .unwrap();
     let held = acquire(&mut c, "lim").await;
@@ -148,11 +120,9 @@ async fn open_half_open_isolated_and_failing_keys_come_back_after_a_crash_and_ti
 
     let started = Instant::now();
     let server = start(dir.path(), Some(TRIPS_AT_TWO), true).await;
-    logged(
-        &server,
-        "restored 4 keys (1 open, 1 half-open, 1 isolated, 1 closed with failures)",
-    )
-    .await;
+    server
+        .until_logged("restored 4 keys (1 open, 1 half-open, 1 isolated, 1 closed with failures)")
+        .await;
     let logs = server.logs();
     assert!(
         logs.contains("key stays isolated, as alice asked at"),
@@ -203,14 +173,7 @@ async fn open_half_open_isolated_and_failing_keys_come_back_after_a_crash_and_ti
     );
     // Tickets from before the crash are gone, and so are their permits.
     for ticket in [probe.ticket, held.ticket] {
-        let err = c
-            .complete(pb::CompleteRequest {
-                ticket,
-                outcome: pb::Outcome::Success as i32,
-            })
-            .await
-            .expect_err("an old ticket is not found");
-        assert_eq!(err.code(), tonic::Code::NotFound);
+        crate::admin::complete_not_found(&mut c, &ticket).await;
     }
     assert_eq!(
         acquire(&mut c, "lim").await.decision(),
@@ -280,7 +243,7 @@ breaker = { mode = "consecutive", failures = 2, break = "1s" }
     assert_eq!(matches, ["a", "c*", "d"]);
     crash(server).await;
     let server = start(dir.path(), Some(config), true).await;
-    logged(&server, "and 5 runtime policy changes").await;
+    server.until_logged("and 5 runtime policy changes").await;
     let mut admin = server.admin().await;
     assert_eq!(policies(&mut admin).await, before);
 }
@@ -301,12 +264,7 @@ breaker = { mode = "consecutive", failures = 3, break = "1s" }
     fail(&mut c, "k").await;
     stored(&server, 1).await;
     let ok = acquire(&mut c, "k").await;
-    c.complete(pb::CompleteRequest {
-        ticket: ok.ticket,
-        outcome: pb::Outcome::Success as i32,
-    })
-    .await
-    .unwrap();
+    crate::admin::complete(&mut c, &ok.ticket, pb::Outcome::Success).await;
     // A success ends the run: the key is at rest, and deleted.
     stored(&server, 0).await;
     server
@@ -325,7 +283,7 @@ breaker = { mode = "consecutive", failures = 3, break = "1s" }
     .await;
     crash(server).await;
     let server = start(dir.path(), Some(config), true).await;
-    logged(&server, "restored 0 keys").await;
+    server.until_logged("restored 0 keys").await;
     let listed = server
         .admin()
         .await
@@ -339,7 +297,7 @@ breaker = { mode = "consecutive", failures = 3, break = "1s" }
 #[tokio::test]
 async fn without_a_data_dir_the_server_says_state_is_in_memory_only() {
     let server = Server::manual(None).await;
-    logged(&server, "fusebox is serving").await;
+    server.until_logged("fusebox is serving").await;
     assert!(
         server.logs().contains("state is kept in memory only: pass --data-dir DIR to keep breakers, isolations and policies across restarts"),
         "{}",
@@ -374,17 +332,10 @@ async fn a_data_dir_that_cannot_be_used_stops_the_start_and_says_what_to_do() {
         (&file, "pick another --data-dir"),
         (&damaged, "move it aside"),
     ] {
-        let out = tokio::process::Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-            .arg("--data-dir")
-            .arg(data_dir)
-            .output()
-            .await
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{err}");
+        let data_dir = data_dir.to_str().expect("a UTF-8 path");
+        let err = refused_start(&["--data-dir", data_dir], None).await;
         assert!(err.contains("the server did not start"), "{err}");
-        assert!(err.contains(&*data_dir.to_string_lossy()), "{err}");
+        assert!(err.contains(data_dir), "{err}");
         assert!(err.contains(says), "{err}");
     }
 }
@@ -430,29 +381,7 @@ async fn workload(server_addr: String, client: usize, round: usize, seen: Arc<Mu
                     .or_default()
                     .1 = Some(to);
                 let reason = format!("round {round} step {step}");
-                let done = if isolate {
-                    admin
-                        .isolate(by(
-                            "crash-test",
-                            pb::IsolateRequest {
-                                key: key.clone(),
-                                reason,
-                            },
-                        ))
-                        .await
-                        .map(|_| ())
-                } else {
-                    admin
-                        .close(by(
-                            "crash-test",
-                            pb::CloseRequest {
-                                key: key.clone(),
-                                reason,
-                            },
-                        ))
-                        .await
-                        .map(|_| ())
-                };
+                let done = steer(&mut admin, isolate, Some("crash-test"), &key, &reason).await;
                 if done.is_err() {
                     return;
                 }
@@ -629,25 +558,22 @@ async fn the_config_files_data_dir_is_used_when_no_flag_names_one_and_its_fields
         dir.path().join("state").to_str().unwrap()
     );
     let server = Server::manual(Some(&config)).await;
-    logged(&server, "state is kept in").await;
-    server
-        .admin()
-        .await
-        .isolate(by(
-            "bob",
-            pb::IsolateRequest {
-                key: "k".into(),
-                reason: "maintenance".into(),
-            },
-        ))
-        .await
-        .unwrap();
+    server.until_logged("state is kept in").await;
+    steer(
+        &mut server.admin().await,
+        true,
+        Some("bob"),
+        "k",
+        "maintenance",
+    )
+    .await
+    .unwrap();
     // Written before the reply: one commit at least, and the key stored.
     assert!(metric(&server, "fusebox_storage_commits_total").await >= Some(1.0));
     assert_eq!(metric(&server, "fusebox_storage_keys").await, Some(1.0));
     crash(server).await;
     let server = Server::manual(Some(&config)).await;
-    logged(&server, "1 isolated").await;
+    server.until_logged("1 isolated").await;
     assert_eq!(server.get("k").await.phase(), pb::Phase::Isolated);
     drop(server);
     for (bad, says) in [
@@ -663,15 +589,7 @@ async fn the_config_files_data_dir_is_used_when_no_flag_names_one_and_its_fields
     ] {
         let path = dir.path().join("bad.toml");
         std::fs::write(&path, format!("[server]\n{bad}\n")).unwrap();
-        let out = tokio::process::Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-            .arg("--config")
-            .arg(&path)
-            .output()
-            .await
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{bad}: {err}");
+        let err = refused_start(&["--config", path.to_str().expect("a UTF-8 path")], None).await;
         assert!(err.contains(says), "{bad}: {err}");
     }
 }

@@ -14,6 +14,7 @@ use fusebox::proto::v1 as pb;
 use tonic::transport::Channel;
 use tonic::Code;
 
+use crate::admin::request;
 use crate::harness::{eventually, millis, servers_on, Server};
 use crate::redis_harness::{info_field, wait_for, Cluster};
 use crate::resp::{Conn, Reply};
@@ -124,26 +125,16 @@ fn keyslot(port: u16, key: &str) -> u16 {
 }
 
 async fn acquire(c: &mut Client, key: &str) -> pb::AcquireResponse {
-    c.acquire(pb::AcquireRequest {
-        key: key.into(),
-        permits: None,
-        max_wait: None,
-        lease: None,
-    })
-    .await
-    .unwrap_or_else(|s| panic!("Acquire {key}: {s:?}"))
-    .into_inner()
+    c.acquire(request(key))
+        .await
+        .unwrap_or_else(|s| panic!("Acquire {key}: {s:?}"))
+        .into_inner()
 }
 
 async fn isolate(admin: &mut pb::admin_client::AdminClient<Channel>, key: &str) {
-    let state = admin
-        .isolate(pb::IsolateRequest {
-            key: key.into(),
-            reason: "failover test".into(),
-        })
+    let state = crate::harness::steer(admin, true, None, key, "failover test")
         .await
-        .unwrap_or_else(|s| panic!("Isolate {key}: {s:?}"))
-        .into_inner();
+        .unwrap_or_else(|s| panic!("Isolate {key}: {s:?}"));
     assert_eq!(state.phase, pb::Phase::Isolated as i32, "{key}: {state:?}");
 }
 
@@ -183,8 +174,8 @@ async fn populate(server: &Server, prefix: &str, count: usize) -> BTreeMap<Strin
 }
 
 /// Checks that every key reads back with its phase, an OPEN one with its
-/// break still running; returns the problems.
-async fn check_phases(server: &Server, phases: &BTreeMap<String, pb::Phase>) -> Vec<String> {
+/// break still running, across `what` (the failover, the restart).
+async fn check_phases(server: &Server, phases: &BTreeMap<String, pb::Phase>, what: &str) {
     let mut admin = server.admin().await;
     let mut problems = Vec::new();
     for (key, &phase) in phases {
@@ -202,7 +193,12 @@ async fn check_phases(server: &Server, phases: &BTreeMap<String, pb::Phase>) -> 
             Err(s) => problems.push(format!("{key}: GetKey failed: {s:?}")),
         }
     }
-    problems
+    assert!(
+        problems.is_empty(),
+        "{} keys lost their phase across {what}:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
 }
 
 /// What the load saw.
@@ -216,21 +212,33 @@ struct Load {
     hung: Vec<(Instant, usize, String)>,
 }
 
+/// Waits until every load task has had five successful rounds after
+/// `since` (since the start, without it).
+async fn until_every_task_succeeds(
+    load: &Mutex<Load>,
+    what: &str,
+    limit: Duration,
+    since: Option<Instant>,
+) {
+    eventually(what, limit, || {
+        let ok = load
+            .lock()
+            .expect("load lock")
+            .successes
+            .iter()
+            .all(|s| s.iter().filter(|&&at| since.is_none_or(|t| at > t)).count() >= 5);
+        async move { ok.then_some(()) }
+    })
+    .await;
+}
+
 const CALL_LIMIT: Duration = Duration::from_secs(15);
 
 /// One Acquire (and Complete SUCCESS when granted) on `key`.
 async fn one_round(c: &mut Client, key: &str) -> Result<Result<(), tonic::Status>, String> {
-    let acquired = tokio::time::timeout(
-        CALL_LIMIT,
-        c.acquire(pb::AcquireRequest {
-            key: key.into(),
-            permits: None,
-            max_wait: None,
-            lease: None,
-        }),
-    )
-    .await
-    .map_err(|_| format!("Acquire {key} did not answer in {CALL_LIMIT:?}"))?;
+    let acquired = tokio::time::timeout(CALL_LIMIT, c.acquire(request(key)))
+        .await
+        .map_err(|_| format!("Acquire {key} did not answer in {CALL_LIMIT:?}"))?;
     let a = match acquired {
         Ok(a) => a.into_inner(),
         Err(s) => return Ok(Err(s)),
@@ -366,18 +374,11 @@ async fn a_primary_killed_under_load_fails_over_and_keys_keep_their_phase() {
         }));
     }
     // The load runs before the kill.
-    eventually(
+    until_every_task_succeeds(
+        &load,
         "every load task to succeed",
         Duration::from_secs(10),
-        || {
-            let ok = load
-                .lock()
-                .expect("load lock")
-                .successes
-                .iter()
-                .all(|s| s.len() >= 5);
-            async move { ok.then_some(()) }
-        },
+        None,
     )
     .await;
     assert!(
@@ -427,18 +428,11 @@ async fn a_primary_killed_under_load_fails_over_and_keys_keep_their_phase() {
     let cluster_ok = Instant::now();
 
     // The load succeeds again: every task, after the switch.
-    eventually(
+    until_every_task_succeeds(
+        &load,
         "every load task to succeed after the switch",
         Duration::from_secs(15),
-        || {
-            let ok = load
-                .lock()
-                .expect("load lock")
-                .successes
-                .iter()
-                .all(|s| s.iter().filter(|&&at| at > cluster_ok).count() >= 5);
-            async move { ok.then_some(()) }
-        },
+        Some(cluster_ok),
     )
     .await;
     let recovered = killed_at.elapsed();
@@ -504,13 +498,7 @@ async fn a_primary_killed_under_load_fails_over_and_keys_keep_their_phase() {
         wrong.iter().take(10).collect::<Vec<_>>()
     );
 
-    let problems = check_phases(&server, &phases).await;
-    assert!(
-        problems.is_empty(),
-        "{} keys changed phase across the failover:\n{}",
-        problems.len(),
-        problems.join("\n")
-    );
+    check_phases(&server, &phases, "the failover").await;
 }
 
 /// The whole cluster shut down and started again on the same ports and
@@ -564,13 +552,7 @@ async fn a_whole_cluster_restarted_from_its_aof_keeps_breakers_and_isolations() 
     });
 
     let server = start_on(&store).await;
-    let problems = check_phases(&server, &phases).await;
-    assert!(
-        problems.is_empty(),
-        "{} keys lost their phase across the restart:\n{}",
-        problems.len(),
-        problems.join("\n")
-    );
+    check_phases(&server, &phases, "the restart").await;
     // And the server works on the reloaded cluster: an OPEN key blocks,
     // an ISOLATED one refuses, a new key is granted.
     let mut c = server.fusebox().await;

@@ -15,6 +15,7 @@ use fusebox::proto::v1 as pb;
 use tokio::sync::Barrier;
 use tonic::transport::Channel;
 
+use crate::admin::complete;
 use crate::harness::{eventually, millis, Server};
 
 const KEY: &str = "fleet/payments";
@@ -22,7 +23,15 @@ const CONNECTIONS: usize = 16;
 const REQUESTS: usize = 400;
 const ROUNDS: u32 = 50;
 
+/// Every key opens on one failure, for a break of one second: the fleets
+/// on the manual clock.
+pub(crate) const ONE_SECOND_BREAKS: &str = r#"
+[default]
+breaker = { mode = "consecutive", failures = 1, break = "1s" }
+"#;
+
 type Client = pb::fusebox_client::FuseboxClient<Channel>;
+type ClockClient = pb::clock_client::ClockClient<Channel>;
 
 /// `CONNECTIONS` clients, each on its own HTTP/2 connection.
 async fn fleet(server: &Server) -> Vec<Client> {
@@ -34,12 +43,7 @@ async fn fleet(server: &Server) -> Vec<Client> {
 }
 
 fn acquire_one() -> pb::AcquireRequest {
-    pb::AcquireRequest {
-        key: KEY.into(),
-        permits: None,
-        max_wait: None,
-        lease: None,
-    }
+    crate::admin::request(KEY)
 }
 
 async fn acquire(client: &mut Client) -> pb::AcquireResponse {
@@ -50,32 +54,25 @@ async fn acquire(client: &mut Client) -> pb::AcquireResponse {
         .into_inner()
 }
 
-async fn complete(
-    client: &mut Client,
-    ticket: String,
-    outcome: pb::Outcome,
-) -> pb::CompleteResponse {
-    client
-        .complete(pb::CompleteRequest {
-            ticket,
-            outcome: outcome as i32,
-        })
-        .await
-        .expect("Complete answers")
-        .into_inner()
-}
-
-/// Fires `REQUESTS` acquires at once, spread over the clients, and returns
-/// every answer.
-async fn fire(clients: &[Client]) -> Vec<pb::AcquireResponse> {
+/// Fires `REQUESTS` copies of `request` at once, spread over the clients,
+/// and returns every answer.
+pub(crate) async fn fire(
+    clients: &[Client],
+    request: pb::AcquireRequest,
+) -> Vec<pb::AcquireResponse> {
     let barrier = Arc::new(Barrier::new(REQUESTS));
     let tasks: Vec<_> = (0..REQUESTS)
         .map(|i| {
             let mut client = clients[i % clients.len()].clone();
             let barrier = barrier.clone();
+            let request = request.clone();
             tokio::spawn(async move {
                 barrier.wait().await;
-                acquire(&mut client).await
+                client
+                    .acquire(request)
+                    .await
+                    .expect("Acquire answers")
+                    .into_inner()
             })
         })
         .collect();
@@ -148,52 +145,84 @@ pub(crate) async fn check_half_open(server: &Server, round: u32) {
     );
 }
 
+/// The start of a round on the manual clock: the key is open with its whole
+/// break (1 s) ahead; then `clock` moves past it.
+pub(crate) async fn end_the_break(server: &Server, clock: &mut ClockClient, round: u32) {
+    let state = server.get(KEY).await;
+    assert_eq!(
+        state.phase,
+        pb::Phase::Open as i32,
+        "round {round}: {state:?}"
+    );
+    assert_eq!(
+        millis(state.open_remaining),
+        Some(1000),
+        "round {round}: {state:?}"
+    );
+    crate::admin::advance_clock(clock, 1000).await;
+}
+
+/// Checks the answer to the failure of a round's probe: it was current, and
+/// the breaker opened again.
+pub(crate) fn probe_failed(round: u32, done: &pb::CompleteResponse) {
+    assert!(!done.stale, "round {round}: the probe is current");
+    assert_eq!(done.phase, pb::Phase::Open as i32, "round {round}");
+}
+
+/// Waits, on the real clock, until the break of a round has ended: a status
+/// check through `checker` answers BLOCKED (open) until then, and GRANTED
+/// after, and never moves the breaker (P2a, B6).
+pub(crate) async fn until_the_break_ends(checker: &Client, round: u32) {
+    eventually("the break to end", Duration::from_secs(10), || {
+        let mut checker = checker.clone();
+        async move {
+            let a = checker
+                .acquire(crate::admin::status_check(KEY))
+                .await
+                .expect("a status check answers")
+                .into_inner();
+            match (
+                pb::Decision::try_from(a.decision),
+                pb::Reason::try_from(a.reason),
+            ) {
+                (Ok(pb::Decision::Granted), _) => Some(()),
+                (Ok(pb::Decision::Blocked), Ok(pb::Reason::Open)) => None,
+                _ => panic!(
+                    "round {round}: a status check answers BLOCKED open or GRANTED, not {a:?}"
+                ),
+            }
+        }
+    })
+    .await;
+}
+
 /// Trips the breaker of a fresh key (consecutive, 1 failure).
 async fn trip(client: &mut Client) {
     let first = acquire(client).await;
     assert_eq!(first.decision, pb::Decision::Granted as i32, "{first:?}");
-    let done = complete(client, first.ticket, pb::Outcome::Failure).await;
+    let done = complete(client, &first.ticket, pb::Outcome::Failure).await;
     assert!(!done.stale);
     assert_eq!(done.phase, pb::Phase::Open as i32);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_probe_for_a_fleet_on_the_manual_clock() {
-    let server = Server::manual(Some(
-        r#"
-[default]
-breaker = { mode = "consecutive", failures = 1, break = "1s" }
-"#,
-    ))
-    .await;
+    let server = Server::manual(Some(ONE_SECOND_BREAKS)).await;
     let clients = fleet(&server).await;
     let mut clock = server.clock().await;
     let mut control = server.fusebox().await;
     trip(&mut control).await;
     for round in 1..=ROUNDS {
-        let state = server.get(KEY).await;
-        assert_eq!(
-            state.phase,
-            pb::Phase::Open as i32,
-            "round {round}: {state:?}"
-        );
-        assert_eq!(
-            millis(state.open_remaining),
-            Some(1000),
-            "round {round}: {state:?}"
-        );
-        clock
-            .advance(pb::AdvanceRequest {
-                by: Some(crate::harness::ms(1000)),
-            })
-            .await
-            .expect("Clock.Advance answers");
+        end_the_break(&server, &mut clock, round).await;
         // Time stands still: the probe slot is held for exactly probe_lease (= break).
-        let probe = one_probe(round, &fire(&clients).await, |retry| retry == 1000);
+        let probe = one_probe(round, &fire(&clients, acquire_one()).await, |retry| {
+            retry == 1000
+        });
         check_half_open(&server, round).await;
-        let done = complete(&mut control, probe, pb::Outcome::Failure).await;
-        assert!(!done.stale, "round {round}: the probe is current");
-        assert_eq!(done.phase, pb::Phase::Open as i32, "round {round}");
+        probe_failed(
+            round,
+            &complete(&mut control, &probe, pb::Outcome::Failure).await,
+        );
     }
 }
 
@@ -214,45 +243,20 @@ breaker = { mode = "consecutive", failures = 1, break = "50ms", probe_lease = "3
     let mut control = server.fusebox().await;
     trip(&mut control).await;
     for round in 1..=ROUNDS {
-        // A status check answers BLOCKED (open) until the break ends, then
-        // GRANTED, and never moves the breaker (P2a, B6).
-        let checker = control.clone();
-        eventually("the break to end", Duration::from_secs(10), || {
-            let mut checker = checker.clone();
-            async move {
-                let a = checker
-                    .acquire(pb::AcquireRequest {
-                        permits: Some(0),
-                        ..acquire_one()
-                    })
-                    .await
-                    .expect("a status check answers")
-                    .into_inner();
-                match (
-                    pb::Decision::try_from(a.decision),
-                    pb::Reason::try_from(a.reason),
-                ) {
-                    (Ok(pb::Decision::Granted), _) => Some(()),
-                    (Ok(pb::Decision::Blocked), Ok(pb::Reason::Open)) => None,
-                    _ => panic!(
-                        "round {round}: a status check answers BLOCKED open or GRANTED, not {a:?}"
-                    ),
-                }
-            }
-        })
-        .await;
+        until_the_break_ends(&control, round).await;
         let state = server.get(KEY).await;
         assert_eq!(
             state.phase,
             pb::Phase::Open as i32,
             "round {round}: status checks do not move the breaker: {state:?}"
         );
-        let probe = one_probe(round, &fire(&clients).await, |retry| {
+        let probe = one_probe(round, &fire(&clients, acquire_one()).await, |retry| {
             retry > 0 && retry <= 30_000
         });
         check_half_open(&server, round).await;
-        let done = complete(&mut control, probe, pb::Outcome::Failure).await;
-        assert!(!done.stale, "round {round}: the probe is current");
-        assert_eq!(done.phase, pb::Phase::Open as i32, "round {round}");
+        probe_failed(
+            round,
+            &complete(&mut control, &probe, pb::Outcome::Failure).await,
+        );
     }
 }

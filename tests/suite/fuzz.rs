@@ -1117,12 +1117,7 @@ fn fuzz_raw_bytes_at_every_rpc_never_fail_the_server() {
                 prop_assert!(read.is_ok(), "GetKey after the batch: {read:?}");
                 let mut fusebox = server.fusebox().await;
                 let asked = fusebox
-                    .acquire(pb::AcquireRequest {
-                        key: "fz/alive".into(),
-                        permits: Some(0),
-                        max_wait: None,
-                        lease: None,
-                    })
+                    .acquire(crate::admin::status_check("fz/alive"))
                     .await;
                 prop_assert!(asked.is_ok(), "Acquire after the batch: {asked:?}");
                 Ok(())

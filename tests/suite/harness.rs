@@ -14,6 +14,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStderr, Command};
 use tonic::transport::Channel;
 
+use crate::process;
+
 /// The fusebox binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_fusebox");
 
@@ -80,40 +82,13 @@ impl Server {
             // Never the default port: tests run side by side.
             cmd.arg("--http").arg("127.0.0.1:0");
         }
-        cmd.stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().expect("fusebox starts");
-        let stdout = child.stdout.take().expect("stdout piped");
-        let mut lines = BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .expect("the server prints its address within 30 s")
-            .expect("stdout readable");
-        let Some(first) = first else {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                use tokio::io::AsyncReadExt;
-                let _ = e.read_to_string(&mut err).await;
-            }
-            panic!("the server exited before printing its address: {err}");
-        };
-        let addr = first
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("first line is `listening on ADDR`, not {first:?}"))
-            .to_owned();
-        let second = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .expect("the server prints its HTTP address")
-            .expect("stdout readable");
-        let http_addr = second.and_then(|l| l.strip_prefix("http on ").map(str::to_owned));
+        let mut child = process::spawn(cmd.stderr(Stdio::piped()), "fusebox starts");
+        let (addr, http_addr) = process::addresses(&mut child, Duration::from_secs(30)).await;
         let logs = Arc::new(Mutex::new(String::new()));
         let drained = Some(drain(
             child.stderr.take().expect("stderr piped"),
             logs.clone(),
         ));
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Server {
             child,
             addr,
@@ -136,6 +111,22 @@ impl Server {
         self.logs()
     }
 
+    /// Waits (20 s at most) until the server has logged `text`: what it
+    /// logged by then.
+    pub async fn until_logged(&self, text: &str) -> String {
+        let found = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                let logs = self.logs();
+                if logs.contains(text) {
+                    return logs;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        found.unwrap_or_else(|_| panic!("no {text:?} in the log:\n{}", self.logs()))
+    }
+
     /// What the server logged so far.
     pub fn logs(&self) -> String {
         self.logs.lock().expect("logs lock").clone()
@@ -153,11 +144,7 @@ impl Server {
 
     /// A new connection (its own HTTP/2 channel).
     pub async fn channel(&self) -> Channel {
-        tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
-            .expect("an address")
-            .connect()
-            .await
-            .expect("the server accepts connections")
+        process::channel(&self.addr).await
     }
 
     /// A Fusebox client on a new connection.
@@ -177,12 +164,27 @@ impl Server {
 
     /// Reads a key.
     pub async fn get(&self, key: &str) -> pb::KeyState {
-        self.admin()
-            .await
-            .get_key(pb::GetKeyRequest { key: key.into() })
-            .await
-            .expect("GetKey answers")
-            .into_inner()
+        process::get_key(&mut self.admin().await, key).await
+    }
+
+    /// Polls `GetKey` on `key` until `check` holds for its state (for 20 s
+    /// at most); returns that state.
+    pub async fn until(
+        &self,
+        what: &str,
+        key: &str,
+        check: impl Fn(&pb::KeyState) -> bool,
+    ) -> pb::KeyState {
+        let admin = self.admin().await;
+        eventually(what, Duration::from_secs(20), || {
+            let mut admin = admin.clone();
+            let check = &check;
+            async move {
+                let s = process::get_key(&mut admin, key).await;
+                check(&s).then_some(s)
+            }
+        })
+        .await
     }
 
     /// Kills the server and waits until it is gone (nothing it does can
@@ -191,16 +193,47 @@ impl Server {
         self.child.kill().await.expect("the server is killed");
     }
 
+    /// Sends the signal `name` (`HUP`, `TERM`, ...).
+    pub fn signal(&self, name: &str) {
+        let pid = self.child.id().expect("running");
+        assert!(signal(pid, name), "kill -{name} {pid}");
+    }
+
     /// Sends SIGTERM.
     pub fn terminate(&self) {
-        let pid = self.child.id().expect("running") as i32;
-        let status = std::process::Command::new("kill")
-            .arg("-TERM")
-            .arg(pid.to_string())
-            .status()
-            .expect("kill runs");
-        assert!(status.success());
+        self.signal("TERM");
     }
+}
+
+/// Runs `fusebox serve` on free ports with `args` (and the environment
+/// variable `env`), which must stop the start: what it printed on standard
+/// error, which says that the server did not start.
+pub async fn refused_start(args: &[&str], env: Option<(&str, &str)>) -> String {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .args(args)
+        .kill_on_drop(true);
+    if let Some((name, value)) = env {
+        cmd.env(name, value);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .expect("the server stops in time")
+        .expect("the server runs");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{args:?} starts: {err}");
+    assert!(err.contains("did not start"), "{args:?}: {err}");
+    err
+}
+
+/// Sends the signal `name` (`HUP`, `TERM`, `STOP`, ...) to the process
+/// `pid`: true when `kill` did.
+pub fn signal(pid: u32, name: &str) -> bool {
+    std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Polls `check` until it returns `Some`, at most `limit`; panics with
@@ -264,6 +297,34 @@ pub fn by<T>(who: &str, message: T) -> tonic::Request<T> {
     r.metadata_mut()
         .insert("x-fusebox-operator", who.parse().expect("an ASCII name"));
     r
+}
+
+/// Isolates `key` (with `isolate`) or closes it, for `reason`, as the
+/// operator `who` when one is named (see [`by`]; without, the server
+/// records the caller's address): the state after the call, or the status
+/// it failed with.
+pub async fn steer(
+    admin: &mut pb::admin_client::AdminClient<Channel>,
+    isolate: bool,
+    who: Option<&str>,
+    key: &str,
+    reason: &str,
+) -> Result<pb::KeyState, tonic::Status> {
+    fn request_as<T>(who: Option<&str>, message: T) -> tonic::Request<T> {
+        match who {
+            Some(who) => by(who, message),
+            None => tonic::Request::new(message),
+        }
+    }
+    let (key, reason) = (key.to_owned(), reason.to_owned());
+    let reply = if isolate {
+        let request = request_as(who, pb::IsolateRequest { key, reason });
+        admin.isolate(request).await
+    } else {
+        let request = request_as(who, pb::CloseRequest { key, reason });
+        admin.close(request).await
+    };
+    reply.map(tonic::Response::into_inner)
 }
 
 /// A request for one permit of `key`, for tests that fill an engine in

@@ -187,33 +187,17 @@ fn handshake_settings_are_validated() {
 /// A server run as `sh -c 'ulimit -n 600; exec fusebox serve ...'`: its
 /// gRPC and HTTP addresses, and the process.
 async fn start_limited(open_files: u32) -> (tokio::process::Child, String, String) {
-    let mut child = tokio::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!("ulimit -n {open_files} && exec \"$0\" \"$@\""))
-        .arg(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("sh starts");
-    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-    let mut printed = Vec::new();
-    for _ in 0..2 {
-        printed.push(
-            tokio::time::timeout(LIMIT, lines.next_line())
-                .await
-                .expect("the server prints its addresses")
-                .expect("readable")
-                .expect("a line"),
-        );
-    }
-    let [grpc, http] = <[String; 2]>::try_from(printed).expect("two lines");
-    let grpc = grpc.strip_prefix("listening on ").expect("gRPC").to_owned();
-    let http = http.strip_prefix("http on ").expect("HTTP").to_owned();
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, grpc, http)
+    let mut child = crate::process::spawn(
+        tokio::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit -n {open_files} && exec \"$0\" \"$@\""))
+            .arg(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .stderr(Stdio::null()),
+        "sh starts",
+    );
+    let (grpc, http) = crate::process::addresses(&mut child, LIMIT).await;
+    (child, grpc, http.expect("HTTP"))
 }
 
 /// Under `ulimit -n 600`, 620 idle sockets on the HTTP port leave the
@@ -569,25 +553,21 @@ async fn bidi_overrides_in_keys_and_prefixes_are_refused() {
     for (i, bidi) in BIDI.iter().enumerate() {
         let key = format!("pay{bidi}ments{i}");
         let code = format!("U+{:04X}", u32::from(*bidi));
-        let status = c
+        let acquired = c
             .acquire(pb::AcquireRequest {
                 key: key.clone(),
                 ..Default::default()
             })
-            .await
-            .expect_err("refused");
-        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-        assert!(status.message().contains("key"), "{status:?}");
+            .await;
+        let status = crate::admin::assert_invalid(acquired, "key");
         assert!(status.message().contains(&code), "{status:?}");
-        let status = admin
+        let listed = admin
             .list_keys(pb::ListKeysRequest {
                 prefix: key.clone(),
                 ..Default::default()
             })
-            .await
-            .expect_err("refused");
-        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-        assert!(status.message().contains("prefix"), "{status:?}");
+            .await;
+        crate::admin::assert_invalid(listed, "prefix");
 
         let reply = get(&http, &format!("/api/keys?prefix={}", percent(&key))).await;
         assert_eq!(reply.status, 400, "{reply:?}");
@@ -614,14 +594,12 @@ async fn bidi_overrides_in_keys_and_prefixes_are_refused() {
 /// the server down nor keeps it from stopping on SIGTERM.
 #[tokio::test]
 async fn a_closed_log_pipe_neither_stops_the_server_nor_keeps_it_running() {
-    let mut child = tokio::process::Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("fusebox starts");
+    let mut child = crate::process::spawn(
+        tokio::process::Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .stderr(Stdio::piped()),
+        "fusebox starts",
+    );
     let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let first = tokio::time::timeout(Duration::from_secs(30), out.next_line())
         .await
@@ -640,21 +618,12 @@ async fn a_closed_log_pipe_neither_stops_the_server_nor_keeps_it_running() {
         .expect("connects");
     for _ in 0..3 {
         client
-            .acquire(pb::AcquireRequest {
-                key: "pipe/k".into(),
-                permits: Some(0),
-                max_wait: None,
-                lease: None,
-            })
+            .acquire(crate::admin::status_check("pipe/k"))
             .await
             .expect("still serving with nobody reading its logs");
     }
-    let pid = child.id().expect("running").to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
+    let pid = child.id().expect("running");
+    assert!(crate::harness::signal(pid, "TERM"), "kill -TERM {pid}");
     let exited = tokio::time::timeout(Duration::from_secs(10), child.wait())
         .await
         .expect("it stops within 10 s of SIGTERM")

@@ -335,10 +335,8 @@ type Client = pb::fusebox_client::FuseboxClient<Channel>;
 
 fn ask(key: &str, permits: u32) -> pb::AcquireRequest {
     pb::AcquireRequest {
-        key: key.into(),
         permits: Some(permits),
-        max_wait: None,
-        lease: None,
+        ..crate::admin::request(key)
     }
 }
 
@@ -354,16 +352,6 @@ async fn granted(client: &mut Client, key: &str) -> String {
     let r = acquire(client, key, 1).await;
     assert_eq!(r.decision, pb::Decision::Granted as i32, "{key}: {r:?}");
     r.ticket
-}
-
-async fn complete(client: &mut Client, ticket: String, outcome: pb::Outcome) {
-    client
-        .complete(pb::CompleteRequest {
-            ticket,
-            outcome: outcome as i32,
-        })
-        .await
-        .expect("Complete answers");
 }
 
 fn decision(r: &pb::AcquireResponse) -> pb::Decision {
@@ -414,7 +402,7 @@ async fn metrics_parse_and_count_a_scripted_scenario_exactly() {
     // pay/charge: three failures trip it (3 granted), then two are blocked.
     for _ in 0..3 {
         let t = granted(&mut c, "pay/charge").await;
-        complete(&mut c, t, pb::Outcome::Failure).await;
+        crate::admin::complete(&mut c, &t, pb::Outcome::Failure).await;
     }
     for _ in 0..2 {
         let r = acquire(&mut c, "pay/charge", 1).await;
@@ -423,9 +411,9 @@ async fn metrics_parse_and_count_a_scripted_scenario_exactly() {
     // lim/x: a success, a failure, one ticket held; then no permits, and
     // a request above the limit.
     let t = granted(&mut c, "lim/x").await;
-    complete(&mut c, t, pb::Outcome::Success).await;
+    crate::admin::complete(&mut c, &t, pb::Outcome::Success).await;
     let t = granted(&mut c, "lim/x").await;
-    complete(&mut c, t, pb::Outcome::Failure).await;
+    crate::admin::complete(&mut c, &t, pb::Outcome::Failure).await;
     let _held = granted(&mut c, "lim/x").await;
     let r = acquire(&mut c, "lim/x", 1).await;
     assert_eq!(decision(&r), pb::Decision::Denied, "{r:?}");
@@ -582,27 +570,30 @@ async fn metrics_parse_and_count_a_scripted_scenario_exactly() {
     assert_eq!(requests("lim/x", "denied"), 2.0);
     assert_eq!(requests("iso/y", "refused"), 1.0);
     assert_eq!(requests(ODD_KEY, "granted"), 1.0);
-    assert_eq!(
-        m.value(
+    for (family, labels, n) in [
+        (
             "fusebox_key_denials_total",
-            &[("key", "pay/charge"), ("reason", "open")]
+            [("key", "pay/charge"), ("reason", "open")],
+            2.0,
         ),
-        2.0
-    );
-    assert_eq!(
-        m.value(
+        (
             "fusebox_key_denials_total",
-            &[("key", "lim/x"), ("reason", "no_permits")]
+            [("key", "lim/x"), ("reason", "no_permits")],
+            1.0,
         ),
-        1.0
-    );
-    assert_eq!(
-        m.value(
+        (
             "fusebox_key_outcomes_total",
-            &[("key", "pay/charge"), ("outcome", "failure")]
+            [("key", "pay/charge"), ("outcome", "failure")],
+            3.0,
         ),
-        3.0
-    );
+        (
+            "fusebox_key_phase",
+            [("key", "iso/y"), ("phase", "ISOLATED")],
+            1.0,
+        ),
+    ] {
+        assert_eq!(m.value(family, &labels), n, "{family}{labels:?}");
+    }
     assert_eq!(m.value("fusebox_key_consecutive_failures", &pay), 3.0);
     // The manual clock has not moved: the whole 10 s break is left.
     assert_eq!(m.value("fusebox_key_break_remaining_seconds", &pay), 10.0);
@@ -613,13 +604,6 @@ async fn metrics_parse_and_count_a_scripted_scenario_exactly() {
     assert_eq!(m.value("fusebox_key_permit_limit", &lim), 1.0);
     assert_eq!(m.value("fusebox_key_live_tickets", &lim), 1.0);
     assert_eq!(m.value("fusebox_key_queued_permits", &lim), 0.0);
-    assert_eq!(
-        m.value(
-            "fusebox_key_phase",
-            &[("key", "iso/y"), ("phase", "ISOLATED")]
-        ),
-        1.0
-    );
     assert_eq!(
         m.value("fusebox_key_live_tickets", &[("key", ODD_KEY)]),
         1.0
@@ -1028,7 +1012,7 @@ async fn keys_come_in_pages_and_the_overview_puts_broken_keys_first() {
     }
     for _ in 0..5 {
         let t = granted(&mut c, "page/broken").await;
-        complete(&mut c, t, pb::Outcome::Failure).await;
+        crate::admin::complete(&mut c, &t, pb::Outcome::Failure).await;
     }
     let isolate = crate::harness::by(
         "test-op",
@@ -1113,24 +1097,31 @@ async fn open_stream(http: &str) -> (u16, TcpStream, String) {
         .write_all(format!("GET /api/events HTTP/1.1\r\nHost: {http}\r\n\r\n").as_bytes())
         .await
         .expect("sent");
+    let (status, text) = read_head(&mut stream).await;
+    (status, stream, text)
+}
+
+/// Reads the head of an HTTP/1.1 answer from `stream`, each read within
+/// 30 s: its status, and the text read (the head, and whatever came with
+/// it).
+pub(crate) async fn read_head(stream: &mut TcpStream) -> (u16, String) {
     let mut seen = Vec::new();
-    tokio::time::timeout(LIMIT, async {
-        let mut buf = [0u8; 4096];
-        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = stream.read(&mut buf).await.expect("readable");
-            assert!(n > 0, "closed before the head");
-            seen.extend_from_slice(&buf[..n]);
-        }
-    })
-    .await
-    .expect("a head within the limit");
+    let mut buf = [0u8; 4096];
+    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut buf))
+            .await
+            .expect("an answer within 30 s")
+            .expect("read");
+        assert!(n > 0, "the connection closed before the head: {seen:?}");
+        seen.extend_from_slice(&buf[..n]);
+    }
     let text = String::from_utf8_lossy(&seen).into_owned();
     let status = text
         .split(' ')
         .nth(1)
         .and_then(|s| s.parse().ok())
         .expect("a status");
-    (status, stream, text)
+    (status, text)
 }
 
 /// At most 64 event streams are open at once: the next is answered 503
@@ -1249,5 +1240,5 @@ async fn metrics_read_by_a_rust_parser_have_every_family_with_its_type() {
         openmetrics_parser::PrometheusValue::Gauge(n) => assert_eq!(n.as_f64(), 1.0),
         other => panic!("a gauge, not {other:?}"),
     }
-    complete(&mut c, ticket, pb::Outcome::Success).await;
+    crate::admin::complete(&mut c, &ticket, pb::Outcome::Success).await;
 }

@@ -24,12 +24,7 @@ async fn a_whole_server_runs_in_process_through_serve() {
         .await
         .expect("a gRPC connection");
     let granted = client
-        .acquire(pb::AcquireRequest {
-            key: "in-process/k".into(),
-            permits: Some(1),
-            max_wait: None,
-            lease: None,
-        })
+        .acquire(crate::admin::one_permit("in-process/k"))
         .await
         .expect("an Acquire")
         .into_inner();
@@ -38,13 +33,7 @@ async fn a_whole_server_runs_in_process_through_serve() {
         pb::Decision::Granted as i32,
         "{granted:?}"
     );
-    client
-        .complete(pb::CompleteRequest {
-            ticket: granted.ticket,
-            outcome: pb::Outcome::Success as i32,
-        })
-        .await
-        .expect("a Complete");
+    crate::admin::complete(&mut client, &granted.ticket, pb::Outcome::Success).await;
     let metrics = crate::http::get(&http, "/metrics").await;
     assert_eq!(metrics.status, 200, "{metrics:?}");
     assert!(

@@ -20,6 +20,7 @@ mod hostile;
 mod http;
 mod in_process;
 mod outcomes;
+mod process;
 mod properties;
 mod queues;
 // The Redis module's harness (real redis-servers with the module loaded).

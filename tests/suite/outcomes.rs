@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestRunner};
 use tokio::sync::{oneshot, watch, Barrier};
 
-use crate::harness::{self, Server};
+use crate::harness::{self, signal, Server};
 
 /// How long a step may take before the test fails.
 const LIMIT: Duration = Duration::from_secs(10);
@@ -46,14 +46,6 @@ fn process_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // `PID (COMM) STATE ...`; COMM may hold spaces and parentheses.
     stat.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
-fn signal(pid: u32, name: &str) -> bool {
-    std::process::Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 /// A server stopped with SIGSTOP: its connections stay open and nothing is
@@ -154,6 +146,43 @@ async fn the_guard_returns_while_fusebox_is_stopped_stream() {
     the_guard_returns_while_fusebox_is_stopped(Transport::Stream).await;
 }
 
+/// `count` calls on `key` through `guard`, all running when fusebox is
+/// stopped, then ending: returns once every guard has returned (granted,
+/// with the call's value), fusebox still stopped.
+async fn calls_that_end_while_stopped(
+    guard: &Guard,
+    server: &Server,
+    key: &'static str,
+    count: usize,
+) -> Stopped {
+    let running = Arc::new(Barrier::new(count + 1));
+    let (open, latch) = watch::channel(false);
+    let mut calls = Vec::new();
+    for _ in 0..count {
+        let (guard, running, mut latch) = (guard.clone(), running.clone(), latch.clone());
+        calls.push(tokio::spawn(async move {
+            guard
+                .run(key, &CallOptions::default(), || async move {
+                    running.wait().await;
+                    let _ = latch.wait_for(|open| *open).await;
+                    Ok::<_, String>(())
+                })
+                .await
+        }));
+    }
+    running.wait().await;
+    let stopped = Stopped::stop(pid(server)).await;
+    open.send(true).expect("the calls wait on the latch");
+    for call in calls {
+        tokio::time::timeout(LIMIT, call)
+            .await
+            .expect("each guard returns while fusebox is stopped")
+            .expect("no panic")
+            .expect("granted, and the call's value");
+    }
+    stopped
+}
+
 /// With a queue of one, four calls that end while fusebox is stopped: one
 /// send in flight and one outcome queued at most, the rest dropped. Every
 /// outcome either reaches fusebox or is counted dropped, and each dropped
@@ -170,31 +199,7 @@ async fn the_outcome_queue_is_bounded_and_what_it_drops_is_counted() {
             },
         );
         let key = "svc/bound";
-        let running = Arc::new(Barrier::new(5));
-        let (open, latch) = watch::channel(false);
-        let mut calls = Vec::new();
-        for _ in 0..4 {
-            let (guard, running, mut latch) = (guard.clone(), running.clone(), latch.clone());
-            calls.push(tokio::spawn(async move {
-                guard
-                    .run(key, &CallOptions::default(), || async move {
-                        running.wait().await;
-                        let _ = latch.wait_for(|open| *open).await;
-                        Ok::<_, String>(())
-                    })
-                    .await
-            }));
-        }
-        running.wait().await;
-        let stopped = Stopped::stop(pid(&server)).await;
-        open.send(true).expect("the calls wait on the latch");
-        for call in calls {
-            tokio::time::timeout(LIMIT, call)
-                .await
-                .expect("each guard returns while fusebox is stopped")
-                .expect("no panic")
-                .expect("granted, and the call's value");
-        }
+        let stopped = calls_that_end_while_stopped(&guard, &server, key, 4).await;
         assert!(stopped.still_stopped());
         stopped.resume();
         tokio::time::timeout(LIMIT, guard.flush())
@@ -233,33 +238,9 @@ async fn the_last_clone_dropped_still_sends_what_is_queued() {
         let server = Server::manual(None).await;
         let guard = guard(&server, patient(transport));
         let key = "svc/dropped-guard";
-        let running = Arc::new(Barrier::new(CALLS + 1));
-        let (open, latch) = watch::channel(false);
-        let mut calls = Vec::new();
-        for _ in 0..CALLS {
-            let (guard, running, mut latch) = (guard.clone(), running.clone(), latch.clone());
-            calls.push(tokio::spawn(async move {
-                guard
-                    .run(key, &CallOptions::default(), || async move {
-                        running.wait().await;
-                        let _ = latch.wait_for(|open| *open).await;
-                        Ok::<_, String>(())
-                    })
-                    .await
-            }));
-        }
-        running.wait().await;
         // The outcomes wait: one send in flight (1,000 at most), the
         // others queued.
-        let stopped = Stopped::stop(pid(&server)).await;
-        open.send(true).expect("the calls wait on the latch");
-        for call in calls {
-            tokio::time::timeout(LIMIT, call)
-                .await
-                .expect("each guard returns while fusebox is stopped")
-                .expect("no panic")
-                .expect("granted");
-        }
+        let stopped = calls_that_end_while_stopped(&guard, &server, key, CALLS).await;
         drop(guard);
         stopped.resume();
         harness::eventually("the queued outcomes to arrive", LIMIT, || async {

@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 use crate::harness::{eventually, ms, Server};
+use crate::process::get_key;
 
 const KEY: &str = "queue/db";
 const WAITERS: usize = 20;
@@ -51,14 +52,7 @@ async fn acquire_now(client: &mut Client) -> pb::AcquireResponse {
 }
 
 async fn complete(client: &mut Client, ticket: String) {
-    let done = client
-        .complete(pb::CompleteRequest {
-            ticket,
-            outcome: pb::Outcome::Success as i32,
-        })
-        .await
-        .expect("Complete answers")
-        .into_inner();
+    let done = crate::admin::complete(client, &ticket, pb::Outcome::Success).await;
     assert!(!done.stale);
 }
 
@@ -71,24 +65,6 @@ async fn wait_in_line(server: &Server) -> JoinHandle<Result<pb::AcquireResponse,
             .await
             .map(|r| r.into_inner())
     })
-}
-
-/// Polls `GetKey` until `check` holds for the key's state; returns it.
-async fn until(server: &Server, what: &str, check: impl Fn(&pb::KeyState) -> bool) -> pb::KeyState {
-    let admin = server.admin().await;
-    eventually(what, LIMIT, || {
-        let mut admin = admin.clone();
-        let check = &check;
-        async move {
-            let s = admin
-                .get_key(pb::GetKeyRequest { key: KEY.into() })
-                .await
-                .expect("GetKey answers")
-                .into_inner();
-            check(&s).then_some(s)
-        }
-    })
-    .await
 }
 
 fn is_granted(a: &pb::AcquireResponse) -> bool {
@@ -109,10 +85,9 @@ async fn serving_order(order: &str) -> Vec<usize> {
     for i in 0..WAITERS {
         tasks.push(Some(wait_in_line(&server).await));
         let n = i as u32 + 1;
-        let s = until(&server, &format!("waiter {i} to be queued"), |s| {
-            s.waiters >= n
-        })
-        .await;
+        let s = server
+            .until(&format!("waiter {i} to be queued"), KEY, |s| s.waiters >= n)
+            .await;
         assert_eq!(
             (s.waiters, s.queued, s.free),
             (n, n, 0),
@@ -139,11 +114,7 @@ async fn serving_order(order: &str) -> Vec<usize> {
                 let running = tasks.iter().flatten().filter(|t| !t.is_finished()).count();
                 let mut admin = admin.clone();
                 async move {
-                    let s = admin
-                        .get_key(pb::GetKeyRequest { key: KEY.into() })
-                        .await
-                        .expect("GetKey answers")
-                        .into_inner();
+                    let s = get_key(&mut admin, KEY).await;
                     (s.waiters as usize == running && s.waiters <= left).then_some(s)
                 }
             },
@@ -216,27 +187,26 @@ async fn assert_queue_full(control: &mut Client) {
         .await
         .expect("Acquire answers")
         .into_inner();
-    assert_eq!(
-        (a.decision, a.reason),
-        (pb::Decision::Denied as i32, pb::Reason::QueueFull as i32),
-        "{a:?}"
-    );
+    crate::admin::assert_denied(&a, pb::Reason::QueueFull);
 }
 
 /// After a waiter left: its room is free again (a new waiter fits), and the
 /// holder's return serves the new waiter, not the one that left.
 async fn assert_room_freed(server: &Server, control: &mut Client, holder: String) {
-    let s = until(server, "the waiter's room to be freed", |s| {
-        s.waiters == 0 && s.queued == 0
-    })
-    .await;
+    let s = server
+        .until("the waiter's room to be freed", KEY, |s| {
+            s.waiters == 0 && s.queued == 0
+        })
+        .await;
     assert_eq!(
         (s.free, s.live_tickets),
         (0, 1),
         "the holder still holds its permit: {s:?}"
     );
     let next = wait_in_line(server).await;
-    until(server, "the next waiter to be queued", |s| s.waiters == 1).await;
+    server
+        .until("the next waiter to be queued", KEY, |s| s.waiters == 1)
+        .await;
     complete(control, holder).await;
     let answer = tokio::time::timeout(LIMIT, next)
         .await
@@ -259,7 +229,9 @@ async fn assert_room_freed(server: &Server, control: &mut Client, holder: String
 async fn a_client_that_cancels_frees_its_room_at_once() {
     let (server, mut control, holder) = full_permit().await;
     let waiter = wait_in_line(&server).await;
-    let s = until(&server, "the waiter to be queued", |s| s.waiters == 1).await;
+    let s = server
+        .until("the waiter to be queued", KEY, |s| s.waiters == 1)
+        .await;
     assert_eq!((s.queued, s.free), (1, 0), "{s:?}");
     assert_queue_full(&mut control).await;
     // Dropping the call resets its HTTP/2 stream: the server withdraws it.

@@ -15,7 +15,9 @@
 //! compared step by step.
 
 use fusebox::domain::policy::BreakerSpec;
-use fusebox::domain::{Ask, Decision, DurationSpec, Fuse, Outcome, PolicySpec, TicketId};
+use fusebox::domain::{Ask, DurationSpec, Fuse, Outcome, PolicySpec, TicketId};
+
+use crate::vectors::{answer_of, Answer};
 
 const THRESHOLDS: [u32; 3] = [1, 2, 3];
 const BREAKS: [u64; 2] = [2, 5];
@@ -23,32 +25,24 @@ const TIMES: [u64; 6] = [0, 1, 3, 5, 8, 13];
 /// The default lease (Y3): far longer than any trace, so no lease ends.
 const LEASE: u64 = 30_000;
 
-/// An answer to an acquire, written as the vectors write it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Said {
-    decision: &'static str,
-    reason: Option<&'static str>,
-    retry_after: Option<u64>,
-    ticket: bool,
+/// An admitted answer (`GRANTED` or `PROBE`), as the vectors write it;
+/// the core's decisions are written alike by [`answer_of`], to compare.
+fn admitted(decision: &str) -> Answer {
+    Answer {
+        decision: decision.to_owned(),
+        reason: None,
+        retry_after: None,
+        ticket: true,
+    }
 }
 
-impl Said {
-    fn admitted(decision: &'static str) -> Self {
-        Said {
-            decision,
-            reason: None,
-            retry_after: None,
-            ticket: true,
-        }
-    }
-
-    fn blocked(reason: &'static str, retry_after: u64) -> Self {
-        Said {
-            decision: "BLOCKED",
-            reason: Some(reason),
-            retry_after: Some(retry_after),
-            ticket: false,
-        }
+/// A `BLOCKED` answer, as the vectors write it.
+fn blocked(reason: &str, retry_after: u64) -> Answer {
+    Answer {
+        decision: "BLOCKED".to_owned(),
+        reason: Some(reason.to_owned()),
+        retry_after: Some(retry_after),
+        ticket: false,
     }
 }
 
@@ -177,26 +171,26 @@ impl Reference {
         }
     }
 
-    fn acquire(&mut self, now: u64) -> (Said, Option<RefTicket>) {
+    fn acquire(&mut self, now: u64) -> (Answer, Option<RefTicket>) {
         let seq = self.next_seq();
         let probe = match self.broken() {
             None => false,
             Some(brk) => match self.probe_during(brk) {
                 Some(p) => match self.slot_held(p, now) {
-                    Some(until) => return (Said::blocked("probe_in_flight", until - now), None),
+                    Some(until) => return (blocked("probe_in_flight", until - now), None),
                     None => true,
                 },
                 None if (brk.start..brk.end).contains(&now) => {
-                    return (Said::blocked("open", brk.end - now), None)
+                    return (blocked("open", brk.end - now), None)
                 }
                 None => true,
             },
         };
         if probe {
             self.probes.push(Probe { seq, at: now });
-            (Said::admitted("PROBE"), Some(RefTicket { seq, probe }))
+            (admitted("PROBE"), Some(RefTicket { seq, probe }))
         } else {
-            (Said::admitted("GRANTED"), Some(RefTicket { seq, probe }))
+            (admitted("GRANTED"), Some(RefTicket { seq, probe }))
         }
     }
 
@@ -230,29 +224,6 @@ impl Reference {
             });
         }
         false
-    }
-}
-
-fn said_of(decision: &Decision) -> Said {
-    let (name, reason, retry_after) = match *decision {
-        Decision::Granted(_) => ("GRANTED", None, None),
-        Decision::Probe(_) => ("PROBE", None, None),
-        Decision::Blocked {
-            reason,
-            retry_after,
-        } => ("BLOCKED", Some(reason.as_str()), Some(retry_after)),
-        Decision::Refused => ("REFUSED", None, None),
-        Decision::Denied {
-            reason,
-            retry_after,
-        } => ("DENIED", Some(reason.as_str()), retry_after),
-        Decision::Queued => ("QUEUED", None, None),
-    };
-    Said {
-        decision: name,
-        reason,
-        retry_after,
-        ticket: decision.grant().is_some(),
     }
 }
 
@@ -301,9 +272,9 @@ fn run_trace(
         let decision = fuse
             .acquire(&Ask::default(), id, now)
             .map_err(|e| format!("step {i} (t={now}) acquire: error {e}"))?;
-        let got = said_of(&decision);
+        let got = answer_of(&decision);
         let (want, ticket) = reference.acquire(now);
-        match want.decision {
+        match want.decision.as_str() {
             "GRANTED" => seen.granted += 1,
             "PROBE" => seen.probe += 1,
             _ => seen.blocked += 1,

@@ -134,16 +134,6 @@ async fn wait_refusal(server: &Server, count: usize) -> String {
     .await
 }
 
-fn hangup(server: &Server) {
-    let pid = server.child.id().expect("running");
-    let status = std::process::Command::new("kill")
-        .arg("-HUP")
-        .arg(pid.to_string())
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
-}
-
 /// `GET path` on the server's HTTP port; returns (status line, body).
 async fn http_get(server: &Server, path: &str) -> (String, String) {
     let addr = server.http_addr.as_deref().expect("the server serves HTTP");
@@ -304,7 +294,7 @@ async fn sighup_reloads_a_valid_edit_as_y4_says() {
     );
 
     write_config(&r.path, V2);
-    hangup(server);
+    server.signal("HUP");
     wait_reloads(server, "SIGHUP", 1).await;
     let now = policies(&mut admin).await;
     assert_eq!(
@@ -317,7 +307,7 @@ async fn sighup_reloads_a_valid_edit_as_y4_says() {
     assert_eq!(reload_metrics(server).await, (0.0, 1.0));
 
     // SIGHUP with an unchanged file reloads it again, harmlessly.
-    hangup(server);
+    server.signal("HUP");
     wait_reloads(server, "SIGHUP", 2).await;
     assert_eq!(policies(&mut admin).await, now);
 }
@@ -391,7 +381,7 @@ async fn an_invalid_edit_changes_nothing_and_is_reported() {
         assert_eq!(reload_metrics(server).await, (refused as f64, 0.0));
     }
     // SIGHUP with the invalid file: refused again, reported again.
-    hangup(server);
+    server.signal("HUP");
     refused += 1;
     let line = wait_refusal(server, refused).await;
     assert!(

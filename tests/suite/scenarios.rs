@@ -395,40 +395,16 @@ async fn replay(path: PathBuf, transport: Transport) {
             })
             .await;
         } else if let Some(n) = obj.get("advance_ms").and_then(Value::as_u64) {
-            server
-                .clock()
-                .await
-                .advance(pb::AdvanceRequest {
-                    by: Some(harness::ms(n)),
-                })
-                .await
-                .expect("Advance answers");
+            crate::admin::advance(&server, n).await;
         } else if let Some(key) = obj.get("isolate").and_then(Value::as_str) {
-            server
-                .admin()
-                .await
-                .isolate(harness::by(
-                    "scenario",
-                    pb::IsolateRequest {
-                        key: key.into(),
-                        reason: "scenario".into(),
-                    },
-                ))
-                .await
-                .expect("Isolate answers");
+            let mut admin = server.admin().await;
+            let isolated =
+                harness::steer(&mut admin, true, Some("scenario"), key, "scenario").await;
+            isolated.expect("Isolate answers");
         } else if let Some(key) = obj.get("close").and_then(Value::as_str) {
-            server
-                .admin()
-                .await
-                .close(harness::by(
-                    "scenario",
-                    pb::CloseRequest {
-                        key: key.into(),
-                        reason: "scenario".into(),
-                    },
-                ))
-                .await
-                .expect("Close answers");
+            let mut admin = server.admin().await;
+            let closed = harness::steer(&mut admin, false, Some("scenario"), key, "scenario").await;
+            closed.expect("Close answers");
         } else if let Some(key) = obj.get("forget_local").and_then(Value::as_str) {
             guard.forget(key);
         } else if obj.contains_key("stop_server") {

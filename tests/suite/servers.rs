@@ -89,12 +89,9 @@ fn value(text: &str, name: &str) -> f64 {
 fn frame(id: u64, key: &str) -> pb::DecideFrame {
     pb::DecideFrame {
         id,
-        request: Some(pb::decide_frame::Request::Acquire(pb::AcquireRequest {
-            key: key.into(),
-            permits: Some(0),
-            max_wait: None,
-            lease: None,
-        })),
+        request: Some(pb::decide_frame::Request::Acquire(
+            crate::admin::status_check(key),
+        )),
     }
 }
 

@@ -15,21 +15,13 @@ use tonic::{Code, Status};
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::{health_check_response::ServingStatus, HealthCheckRequest};
 
-use crate::harness::{eventually, millis, ms, Options, Server, BIN};
+use crate::admin::{acquire, advance, complete, request};
+use crate::harness::{millis, ms, steer, Options, Server, BIN};
 
 type Client = pb::fusebox_client::FuseboxClient<Channel>;
 
 /// Safety net for conditions reached asynchronously.
 const LIMIT: Duration = Duration::from_secs(20);
-
-fn request(key: &str) -> pb::AcquireRequest {
-    pb::AcquireRequest {
-        key: key.into(),
-        permits: None,
-        max_wait: None,
-        lease: None,
-    }
-}
 
 fn waiting(key: &str, max_wait: u64) -> pb::AcquireRequest {
     pb::AcquireRequest {
@@ -38,42 +30,11 @@ fn waiting(key: &str, max_wait: u64) -> pb::AcquireRequest {
     }
 }
 
-async fn acquire(client: &mut Client, r: pb::AcquireRequest) -> pb::AcquireResponse {
-    let key = r.key.clone();
-    client
-        .acquire(r)
-        .await
-        .unwrap_or_else(|s| panic!("Acquire {key:?}: {s:?}"))
-        .into_inner()
-}
-
 async fn granted(client: &mut Client, r: pb::AcquireRequest) -> String {
     let reply = acquire(client, r).await;
     assert_eq!(reply.decision, pb::Decision::Granted as i32, "{reply:?}");
     assert!(!reply.ticket.is_empty(), "{reply:?}");
     reply.ticket
-}
-
-async fn complete(client: &mut Client, ticket: &str, outcome: pb::Outcome) -> pb::CompleteResponse {
-    client
-        .complete(pb::CompleteRequest {
-            ticket: ticket.into(),
-            outcome: outcome as i32,
-        })
-        .await
-        .unwrap_or_else(|s| panic!("Complete: {s:?}"))
-        .into_inner()
-}
-
-async fn advance(server: &Server, by: u64) -> u64 {
-    let r = server
-        .clock()
-        .await
-        .advance(pb::AdvanceRequest { by: Some(ms(by)) })
-        .await
-        .expect("Advance answers")
-        .into_inner();
-    millis(r.now).expect("a reading")
 }
 
 fn assert_exhausted<T: std::fmt::Debug>(result: Result<T, Status>, cap: &str) {
@@ -104,30 +65,6 @@ fn fresh(key: &str) -> pb::KeyState {
         phase: pb::Phase::Closed as i32,
         ..pb::KeyState::default()
     }
-}
-
-/// Polls `GetKey` until `check` holds; returns the state.
-async fn until(
-    server: &Server,
-    what: &str,
-    key: &str,
-    check: impl Fn(&pb::KeyState) -> bool,
-) -> pb::KeyState {
-    let admin = server.admin().await;
-    eventually(what, LIMIT, || {
-        let mut admin = admin.clone();
-        let key = key.to_owned();
-        let check = &check;
-        async move {
-            let s = admin
-                .get_key(pb::GetKeyRequest { key })
-                .await
-                .expect("GetKey answers")
-                .into_inner();
-            check(&s).then_some(s)
-        }
-    })
-    .await
 }
 
 /// A waiting Acquire on its own connection, in its own task.
@@ -252,24 +189,18 @@ async fn serve_with(text: &str) -> (bool, String, String) {
     let dir = tempfile::tempdir().expect("a temp dir");
     let path = dir.path().join("fusebox.toml");
     std::fs::write(&path, text).expect("config written");
-    let child = tokio::process::Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("fusebox starts");
+    let child = crate::process::spawn(
+        tokio::process::Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&path)
+            .stderr(Stdio::piped()),
+        "fusebox starts",
+    );
     let out = tokio::time::timeout(LIMIT, child.wait_with_output())
         .await
         .unwrap_or_else(|_| panic!("the server should refuse this config and exit:\n{text}"))
         .expect("output read");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    crate::process::said(&out)
 }
 
 /// Y2: an invalid config stops the server from starting, with a message
@@ -634,14 +565,7 @@ async fn renew_extends_a_lease_from_now_capped_by_the_policy() {
         .await
         .expect_err("expired");
     assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
-    let gone = c
-        .complete(pb::CompleteRequest {
-            ticket: ticket.clone(),
-            outcome: pb::Outcome::Success as i32,
-        })
-        .await
-        .expect_err("expired");
-    assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
+    crate::admin::complete_not_found(&mut c, &ticket).await;
 
     // Capped by lease.max (10 s), counted from now.
     let ticket = granted(&mut c, request(key)).await;
@@ -753,7 +677,7 @@ async fn each_cap_refuses_what_would_pass_it_and_existing_keys_keep_working() {
     // Key 1, ticket 1, waiter 1.
     let t1 = granted(&mut c, request("q")).await;
     let waiter = spawn_acquire(&server, waiting("q", 3_600_000)).await;
-    let q = until(&server, "a waiter on q", "q", |s| s.waiters == 1).await;
+    let q = server.until("a waiter on q", "q", |s| s.waiters == 1).await;
     assert_eq!((q.free, q.queued, q.live_tickets), (0, 1, 1));
 
     // Waiter cap.
@@ -801,14 +725,10 @@ async fn each_cap_refuses_what_would_pass_it_and_existing_keys_keep_working() {
     // The waiter cap has room again: a new waiter queues, and is refused
     // when the key is isolated (C4).
     let waiter = spawn_acquire(&server, waiting("q", 3_600_000)).await;
-    until(&server, "a new waiter on q", "q", |s| s.waiters == 1).await;
     server
-        .admin()
-        .await
-        .isolate(pb::IsolateRequest {
-            key: "q".into(),
-            reason: "test".into(),
-        })
+        .until("a new waiter on q", "q", |s| s.waiters == 1)
+        .await;
+    steer(&mut server.admin().await, true, None, "q", "test")
         .await
         .expect("Isolate answers");
     let refused = tokio::time::timeout(LIMIT, waiter)
@@ -872,11 +792,7 @@ async fn idle_keys_at_rest_are_forgotten_and_others_kept() {
     complete(&mut c, &t, pb::Outcome::Success).await;
     let t = granted(&mut c, request("failed")).await;
     complete(&mut c, &t, pb::Outcome::Failure).await;
-    admin
-        .isolate(pb::IsolateRequest {
-            key: "isolated".into(),
-            reason: "test".into(),
-        })
+    steer(&mut admin, true, None, "isolated", "test")
         .await
         .expect("Isolate answers");
     assert_exhausted(c.acquire(request("new")).await, "max_keys");
@@ -1077,15 +993,14 @@ async fn sigterm_answers_calls_in_flight_and_exits_zero() {
     let mut c = server.fusebox().await;
     let _held = granted(&mut c, request("q")).await;
     let waiter = spawn_acquire(&server, waiting("q", 3_600_000)).await;
-    until(&server, "a waiter on q", "q", |s| s.waiters == 1).await;
+    server.until("a waiter on q", "q", |s| s.waiters == 1).await;
 
     // Decided by the server before the signal; its reply may still be on
     // the way.
     let decided = spawn_acquire(&server, request("n")).await;
-    until(&server, "the Acquire on n decided", "n", |s| {
-        s.live_tickets == 1
-    })
-    .await;
+    server
+        .until("the Acquire on n decided", "n", |s| s.live_tickets == 1)
+        .await;
     // Sent just before the signal, on an open connection.
     let mut burst = Vec::new();
     let burst_client = server.fusebox().await;

@@ -68,6 +68,20 @@ fn acquire(key: &str, wait: Option<u64>) -> pb::AcquireRequest {
     }
 }
 
+/// One permit of `key`, asked for as `token`, without waiting.
+async fn acquire_as(
+    server: &Server,
+    token: &str,
+    key: &str,
+) -> Result<pb::AcquireResponse, tonic::Status> {
+    server
+        .fusebox()
+        .await
+        .acquire(bearer(token, acquire(key, None)))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
 /// One unit of a kind, taken by a credential; what it holds stays held
 /// (tickets, streams, waiting calls) until the test ends.
 struct Taker<'a> {
@@ -87,12 +101,7 @@ impl Taker<'_> {
         let server = self.server;
         match kind {
             "keys" => {
-                let reply = server
-                    .fusebox()
-                    .await
-                    .acquire(bearer(token, acquire(&format!("{prefix}key{n}"), None)))
-                    .await?
-                    .into_inner();
+                let reply = acquire_as(server, token, &format!("{prefix}key{n}")).await?;
                 let done = pb::CompleteRequest {
                     ticket: reply.ticket,
                     outcome: pb::Outcome::Success as i32,
@@ -101,12 +110,7 @@ impl Taker<'_> {
                 Ok(())
             }
             "tickets" => {
-                let reply = server
-                    .fusebox()
-                    .await
-                    .acquire(bearer(token, acquire(&format!("{prefix}t"), None)))
-                    .await?
-                    .into_inner();
+                let reply = acquire_as(server, token, &format!("{prefix}t")).await?;
                 self.held.push(Box::new(reply.ticket));
                 Ok(())
             }
@@ -114,11 +118,7 @@ impl Taker<'_> {
                 // The first call holds the key's one permit; each later
                 // one waits behind it, held until the test ends.
                 if n == 0 {
-                    server
-                        .fusebox()
-                        .await
-                        .acquire(bearer(token, acquire(&format!("{prefix}q"), None)))
-                        .await?;
+                    acquire_as(server, token, &format!("{prefix}q")).await?;
                 }
                 let mut client = server.fusebox().await;
                 let request = bearer(token, acquire(&format!("{prefix}q"), Some(600_000)));

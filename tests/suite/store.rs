@@ -5,13 +5,12 @@
 //! Without redis-server these tests are skipped, saying so, unless
 //! `FUSEBOX_TEST_REQUIRE_TOOLS=1` (as `./scripts/test` sets).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use fusebox::proto::v1 as pb;
-use tokio::sync::Barrier;
 
-use crate::harness::{eventually, millis, servers_on, Server};
+use crate::admin::complete;
+use crate::harness::{eventually, servers_on, steer, Server};
 use crate::redis_harness::Cluster;
 use crate::vectors::{load_all, replay, GrpcTarget};
 
@@ -84,20 +83,10 @@ pub fn store_of(cluster: &Cluster) -> String {
 }
 
 const FLEET_KEY: &str = "fleet/payments";
-const REQUESTS: usize = 400;
 const ROUNDS: u32 = 50;
 const CONNECTIONS_PER_SERVER: usize = 6;
 
 type Client = pb::fusebox_client::FuseboxClient<tonic::transport::Channel>;
-
-fn ask(permits: Option<u32>) -> pb::AcquireRequest {
-    pb::AcquireRequest {
-        key: FLEET_KEY.into(),
-        permits,
-        max_wait: None,
-        lease: None,
-    }
-}
 
 /// B2 across servers: after each break, 400 acquires fired at once over
 /// three fusebox servers on one cluster get exactly one PROBE; 50 rounds.
@@ -124,81 +113,17 @@ breaker = { mode = "consecutive", failures = 1, break = "50ms", probe_lease = "3
     }
     trip(&mut servers[0].fusebox().await, FLEET_KEY).await;
     for round in 1..=ROUNDS {
-        // The break ends on the store's clock: wait until a status check
-        // (which never moves the breaker) on any server says so.
-        let checker = clients[round as usize % clients.len()].clone();
-        eventually("the break to end", Duration::from_secs(10), || {
-            let mut checker = checker.clone();
-            async move {
-                let a = checker
-                    .acquire(ask(Some(0)))
-                    .await
-                    .expect("a status check answers")
-                    .into_inner();
-                (a.decision == pb::Decision::Granted as i32).then_some(())
-            }
-        })
-        .await;
-        let barrier = Arc::new(Barrier::new(REQUESTS));
-        let tasks: Vec<_> = (0..REQUESTS)
-            .map(|i| {
-                let mut client = clients[i % clients.len()].clone();
-                let barrier = barrier.clone();
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    client.acquire(ask(None)).await
-                })
-            })
-            .collect();
-        let mut probes = Vec::new();
-        let mut blocked = 0;
-        let mut other = Vec::new();
-        for task in tasks {
-            let a = task
-                .await
-                .expect("an acquire task")
-                .expect("Acquire answers")
-                .into_inner();
-            match (
-                pb::Decision::try_from(a.decision),
-                pb::Reason::try_from(a.reason),
-            ) {
-                (Ok(pb::Decision::Probe), _) if !a.ticket.is_empty() => probes.push(a.ticket),
-                (Ok(pb::Decision::Blocked), Ok(pb::Reason::ProbeInFlight))
-                    if millis(a.retry_after).is_some() =>
-                {
-                    blocked += 1
-                }
-                _ => other.push(a),
-            }
-        }
-        assert!(
-            probes.len() == 1 && blocked == REQUESTS - 1,
-            "round {round}: expected 1 PROBE and {} BLOCKED probe_in_flight, got {} probes, {blocked} blocked, others: {:?}",
-            REQUESTS - 1,
-            probes.len(),
-            other.iter().take(5).collect::<Vec<_>>()
-        );
-        let state = servers[round as usize % 3].get(FLEET_KEY).await;
-        assert_eq!(
-            state.phase,
-            pb::Phase::HalfOpen as i32,
-            "round {round}: {state:?}"
-        );
-        assert_eq!(state.half_open_attempts, round, "round {round}: {state:?}");
-        assert_eq!(state.live_tickets, 1, "round {round}: {state:?}");
+        // The break ends on the store's clock: wait until a status check on
+        // any server says so.
+        let checker = &clients[round as usize % clients.len()];
+        crate::fleet::until_the_break_ends(checker, round).await;
+        let answers = crate::fleet::fire(&clients, crate::admin::request(FLEET_KEY)).await;
+        let probe = crate::fleet::one_probe(round, &answers, |_| true);
+        crate::fleet::check_half_open(&servers[round as usize % 3], round).await;
         // The probe fails, through another server: the breaker opens again.
         let mut finisher = servers[(round as usize + 1) % 3].fusebox().await;
-        let done = finisher
-            .complete(pb::CompleteRequest {
-                ticket: probes.pop().expect("one probe"),
-                outcome: pb::Outcome::Failure as i32,
-            })
-            .await
-            .expect("Complete answers")
-            .into_inner();
-        assert!(!done.stale, "round {round}: the probe is current");
-        assert_eq!(done.phase, pb::Phase::Open as i32, "round {round}");
+        let done = complete(&mut finisher, &probe, pb::Outcome::Failure).await;
+        crate::fleet::probe_failed(round, &done);
     }
 }
 
@@ -224,23 +149,12 @@ breaker = { mode = "consecutive", failures = 1, break = "10m" }
 /// One granted call at `key` that ends with `outcome`: the phase after it.
 pub async fn pair(client: &mut Client, key: &str, outcome: pb::Outcome) -> i32 {
     let a = client
-        .acquire(pb::AcquireRequest {
-            key: key.into(),
-            ..ask(None)
-        })
+        .acquire(crate::admin::request(key))
         .await
         .expect("Acquire")
         .into_inner();
     assert_eq!(a.decision, pb::Decision::Granted as i32, "{key}: {a:?}");
-    client
-        .complete(pb::CompleteRequest {
-            ticket: a.ticket,
-            outcome: outcome as i32,
-        })
-        .await
-        .expect("Complete")
-        .into_inner()
-        .phase
+    complete(client, &a.ticket, outcome).await.phase
 }
 
 /// Trips `key` (a breaker that one failure trips): one granted call that
@@ -319,10 +233,7 @@ async fn a_policy_set_on_one_server_is_used_by_the_others() {
     )
     .await;
     let mut client = b.fusebox().await;
-    let request = || pb::AcquireRequest {
-        key: "single/db".into(),
-        ..ask(None)
-    };
+    let request = || crate::admin::request("single/db");
     let first = client
         .acquire(request())
         .await
@@ -334,11 +245,8 @@ async fn a_policy_set_on_one_server_is_used_by_the_others() {
         .await
         .expect("Acquire")
         .into_inner();
-    assert_eq!(
-        (second.decision, second.reason),
-        (pb::Decision::Denied as i32, pb::Reason::NoPermits as i32),
-        "one permit under the shared rule: {second:?}"
-    );
+    // One permit under the shared rule.
+    crate::admin::assert_denied(&second, pb::Reason::NoPermits);
 }
 
 /// A watcher on one server sees what happens on another: a trip, an
@@ -373,14 +281,16 @@ async fn a_watcher_on_one_server_sees_transitions_made_on_another() {
         "{first:?}"
     );
     trip(&mut b.fusebox().await, "watched/payments").await;
-    b.admin()
-        .await
-        .isolate(pb::IsolateRequest {
-            key: "watched/payments".into(),
-            reason: "provider incident".into(),
-        })
-        .await
-        .expect("Isolate answers");
+    let mut admin = b.admin().await;
+    steer(
+        &mut admin,
+        true,
+        None,
+        "watched/payments",
+        "provider incident",
+    )
+    .await
+    .expect("Isolate answers");
     let mut seen = Vec::new();
     while seen.len() < 2 {
         let event = tokio::time::timeout(Duration::from_secs(10), watch.message())
@@ -457,20 +367,8 @@ limiter = { kind = "concurrency", permits = 1, queue_limit = 10 }
     waiters(2).await;
     gone.abort();
     waiters(1).await;
-    holder
-        .complete(pb::CompleteRequest {
-            ticket: held.ticket,
-            outcome: pb::Outcome::Success as i32,
-        })
-        .await
-        .expect("Complete answers");
-    let served = tokio::time::timeout(Duration::from_secs(10), stays)
-        .await
-        .expect("the waiter is served in time")
-        .expect("the task")
-        .expect("Acquire answers")
-        .into_inner();
-    assert_eq!(served.decision, pb::Decision::Granted as i32, "{served:?}");
+    complete(&mut holder, &held.ticket, pb::Outcome::Success).await;
+    crate::admin::granted_within(stays, Duration::from_secs(10)).await;
     let state = a.get(KEY).await;
     assert_eq!((state.waiters, state.live_tickets), (0, 1), "{state:?}");
     assert_eq!(state.stats.expect("stats").withdrawn, 1);
@@ -518,29 +416,19 @@ async fn metrics_with_a_store_move_as_they_do_embedded() {
     let mut client = a.fusebox().await;
     trip(&mut client, "m/open").await;
     let held = client
-        .acquire(pb::AcquireRequest {
-            key: "m/held".into(),
-            ..ask(None)
-        })
+        .acquire(crate::admin::request("m/held"))
         .await
         .expect("Acquire")
         .into_inner();
     assert_eq!(held.decision, pb::Decision::Granted as i32);
     let blocked = client
-        .acquire(pb::AcquireRequest {
-            key: "m/open".into(),
-            ..ask(None)
-        })
+        .acquire(crate::admin::request("m/open"))
         .await
         .expect("Acquire")
         .into_inner();
     assert_eq!(blocked.decision, pb::Decision::Blocked as i32);
     let mut admin = a.admin().await;
-    admin
-        .isolate(pb::IsolateRequest {
-            key: "m/iso".into(),
-            reason: "test".into(),
-        })
+    steer(&mut admin, true, None, "m/iso", "test")
         .await
         .expect("Isolate");
 
@@ -623,7 +511,7 @@ async fn a_list_keys_page_is_one_bounded_step_per_primary() {
     for i in 0..600 {
         let key = format!("page/{i:03}");
         let got = client
-            .acquire(pb::AcquireRequest { key, ..ask(None) })
+            .acquire(crate::admin::request(&key))
             .await
             .expect("Acquire");
         assert_eq!(got.get_ref().decision, pb::Decision::Granted as i32);

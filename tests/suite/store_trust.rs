@@ -17,7 +17,8 @@ use fusebox::proto::v1 as pb;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::harness::{eventually, ms, Options, Server, BIN};
+use crate::admin::complete;
+use crate::harness::{eventually, ms, refused_start, Options, Server, BIN};
 use crate::redis_harness::{redis_cli, Server as Redis, Tools};
 use crate::store::{pair, trip};
 use crate::tls::{write, Ca};
@@ -107,23 +108,12 @@ fn ask(key: &str, max_wait: Option<u64>) -> pb::AcquireRequest {
     }
 }
 
+/// A Watch of the keys under `prefix`, past its first snapshot.
 async fn watch(server: &Server, prefix: &str) -> tonic::Streaming<pb::WatchEvent> {
-    let mut stream = server
-        .admin()
-        .await
-        .watch(pb::WatchRequest {
-            prefix: prefix.into(),
-        })
-        .await
-        .expect("Watch answers")
-        .into_inner();
-    let first = tokio::time::timeout(PATIENCE, stream.message())
-        .await
-        .expect("a snapshot in time")
-        .expect("the stream")
-        .expect("an event");
+    let mut stream = crate::watch::watch(server, prefix).await;
+    let first = crate::watch::next(&mut stream, PATIENCE).await;
     assert!(
-        matches!(first.event, Some(pb::watch_event::Event::Snapshot(_))),
+        matches!(first, pb::watch_event::Event::Snapshot(_)),
         "{first:?}"
     );
     stream
@@ -132,12 +122,7 @@ async fn watch(server: &Server, prefix: &str) -> tonic::Streaming<pb::WatchEvent
 /// The next transition on a Watch stream.
 async fn next_transition(stream: &mut tonic::Streaming<pb::WatchEvent>) -> pb::Transition {
     loop {
-        let event = tokio::time::timeout(PATIENCE, stream.message())
-            .await
-            .expect("a transition in time")
-            .expect("the stream")
-            .expect("an event");
-        if let Some(pb::watch_event::Event::Transition(t)) = event.event {
+        if let pb::watch_event::Event::Transition(t) = crate::watch::next(stream, PATIENCE).await {
             return t;
         }
     }
@@ -196,48 +181,32 @@ impl Pki {
         }
     }
 
+    /// The flags `[ca, cert, key]`, naming the CA and `pair` (a
+    /// certificate and its key).
+    fn flags(&self, [ca, cert, key]: [&str; 3], pair: &(PathBuf, PathBuf)) -> Vec<String> {
+        [ca, text(&self.ca), cert, text(&pair.0), key, text(&pair.1)]
+            .map(str::to_owned)
+            .to_vec()
+    }
+
     /// redis-server's TLS arguments (client certificates required, as by
     /// default).
     fn server_args(&self) -> Vec<String> {
-        [
-            "--tls-cert-file",
-            text(&self.redis.0),
-            "--tls-key-file",
-            text(&self.redis.1),
-            "--tls-ca-cert-file",
-            text(&self.ca),
-        ]
-        .map(str::to_owned)
-        .to_vec()
+        let names = ["--tls-ca-cert-file", "--tls-cert-file", "--tls-key-file"];
+        self.flags(names, &self.redis)
     }
 
     /// redis-cli's.
     fn cli_args(&self) -> Vec<String> {
-        [
-            "--tls",
-            "--cacert",
-            text(&self.ca),
-            "--cert",
-            text(&self.client.0),
-            "--key",
-            text(&self.client.1),
-        ]
-        .map(str::to_owned)
-        .to_vec()
+        let mut args = vec!["--tls".to_owned()];
+        args.extend(self.flags(["--cacert", "--cert", "--key"], &self.client));
+        args
     }
 
     /// `fusebox serve`'s.
     fn fusebox_args(&self) -> Vec<String> {
-        [
-            "--store-tls-ca",
-            text(&self.ca),
-            "--store-tls-cert",
-            text(&self.client.0),
-            "--store-tls-key",
-            text(&self.client.1),
-        ]
-        .map(str::to_owned)
-        .to_vec()
+        let names = ["--store-tls-ca", "--store-tls-cert", "--store-tls-key"];
+        self.flags(names, &self.client)
     }
 }
 
@@ -279,26 +248,6 @@ fn refused(tools: &Tools, port: u16, cli: &[&str]) -> Vec<String> {
         .filter(|w| w[0] == "object" && w[1] != "client|setinfo")
         .map(|w| w[1].to_owned())
         .collect()
-}
-
-/// Runs `fusebox serve` with `args` (and `env`), which must stop the
-/// start: what it printed on standard error.
-async fn refused_start(args: &[&str], env: Option<(&str, &str)>) -> String {
-    let mut cmd = tokio::process::Command::new(BIN);
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-        .args(args)
-        .kill_on_drop(true);
-    if let Some((name, value)) = env {
-        cmd.env(name, value);
-    }
-    let out = tokio::time::timeout(PATIENCE, cmd.output())
-        .await
-        .expect("the server stops in time")
-        .expect("the server runs");
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!out.status.success(), "{args:?} starts: {err}");
-    assert!(err.contains("did not start"), "{args:?}: {err}");
-    err
 }
 
 /// A server on the TLS store `store`, logged in as the README's user with
@@ -372,11 +321,7 @@ async fn serves_every_call(server: &Server, prefix: &str) {
         .await
         .expect("Acquire")
         .into_inner();
-    assert_eq!(
-        (ended.decision, ended.reason),
-        (pb::Decision::Denied as i32, pb::Reason::Timeout as i32),
-        "{ended:?}"
-    );
+    crate::admin::assert_denied(&ended, pb::Reason::Timeout);
     let mut leaving = server.fusebox().await;
     let gone = tokio::spawn({
         let queue = queue.clone();
@@ -394,28 +339,13 @@ async fn serves_every_call(server: &Server, prefix: &str) {
     waiters(1).await;
     gone.abort();
     waiters(0).await;
-    client
-        .complete(pb::CompleteRequest {
-            ticket: held.ticket,
-            outcome: pb::Outcome::Success as i32,
-        })
-        .await
-        .expect("Complete");
+    complete(&mut client, &held.ticket, pb::Outcome::Success).await;
     let mut admin = server.admin().await;
-    admin
-        .isolate(pb::IsolateRequest {
-            key: key("ok"),
-            reason: "over TLS".into(),
-        })
-        .await
-        .expect("Isolate");
-    admin
-        .close(pb::CloseRequest {
-            key: key("ok"),
-            reason: "over TLS".into(),
-        })
-        .await
-        .expect("Close");
+    for isolate in [true, false] {
+        crate::harness::steer(&mut admin, isolate, None, &key("ok"), "over TLS")
+            .await
+            .expect("Isolate and Close answer");
+    }
     crate::admin::set_policy(
         &mut admin,
         crate::admin::rule(&key("p/*"), None, Some(crate::admin::concurrency(2))),
@@ -781,30 +711,11 @@ async fn forged_notices_are_dropped_counted_and_change_nothing() {
     counted(&b, &dropped("fusebox:answers"), 2.0).await;
     assert!(!waiter.is_finished(), "no forged answer reached the caller");
     assert_eq!(a.get("q/db").await.waiters, 1);
-    holder
-        .complete(pb::CompleteRequest {
-            ticket: held.ticket,
-            outcome: pb::Outcome::Success as i32,
-        })
-        .await
-        .expect("Complete");
-    let served = tokio::time::timeout(PATIENCE, waiter)
-        .await
-        .expect("the real answer in time")
-        .expect("the task")
-        .expect("Acquire answers")
-        .into_inner();
-    assert_eq!(served.decision, pb::Decision::Granted as i32, "{served:?}");
-    let done = b
-        .fusebox()
-        .await
-        .complete(pb::CompleteRequest {
-            ticket: served.ticket,
-            outcome: pb::Outcome::Success as i32,
-        })
-        .await
-        .expect("the ticket the real answer carried is live")
-        .into_inner();
+    complete(&mut holder, &held.ticket, pb::Outcome::Success).await;
+    // The real answer comes in time.
+    let served = crate::admin::granted_within(waiter, PATIENCE).await;
+    // The ticket the real answer carried is live.
+    let done = complete(&mut b.fusebox().await, &served.ticket, pb::Outcome::Success).await;
     assert!(!done.stale, "{done:?}");
 
     // Events: forged transitions never reach a watcher; the real one does.

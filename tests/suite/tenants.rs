@@ -166,6 +166,18 @@ async fn calls_without_a_credential_are_refused_on_their_headers() {
     drop(response);
 }
 
+/// A status check (`permits: 0`) of `key` as `token`: `Ok`, or the code it
+/// was refused with.
+pub(crate) async fn check_as(server: &Server, token: &str, key: &str) -> Result<(), tonic::Code> {
+    server
+        .fusebox()
+        .await
+        .acquire(bearer(token, crate::admin::status_check(key)))
+        .await
+        .map(|_| ())
+        .map_err(|s| s.code())
+}
+
 pub(crate) fn bearer<T>(token: &str, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.metadata_mut().insert(
@@ -256,12 +268,9 @@ async fn streams_end_when_their_token_is_removed_in(args: &[&str]) {
     let frame = |id: u64| pb::DecideRequest {
         frames: vec![pb::DecideFrame {
             id,
-            request: Some(pb::decide_frame::Request::Acquire(pb::AcquireRequest {
-                key: "a/k".into(),
-                permits: Some(0),
-                max_wait: None,
-                lease: None,
-            })),
+            request: Some(pb::decide_frame::Request::Acquire(
+                crate::admin::status_check("a/k"),
+            )),
         }],
     };
     let mut open = Vec::new();
@@ -315,26 +324,7 @@ async fn streams_end_when_their_token_is_removed_in(args: &[&str]) {
     );
 
     std::fs::write(&file, token_entry("kept", "caller", KEPT)).unwrap();
-    let unary = |token: &'static str| {
-        let server = &server;
-        async move {
-            server
-                .fusebox()
-                .await
-                .acquire(bearer(
-                    token,
-                    pb::AcquireRequest {
-                        key: "a/k".into(),
-                        permits: Some(0),
-                        max_wait: None,
-                        lease: None,
-                    },
-                ))
-                .await
-                .map(|_| ())
-                .map_err(|s| s.code())
-        }
-    };
+    let unary = |token: &'static str| check_as(&server, token, "a/k");
     crate::harness::eventually(
         "the new token file to be read",
         Duration::from_secs(10),
@@ -426,29 +416,13 @@ async fn key_names_are_shown_only_to_their_namespace_in(args: &[&str]) {
     // b's keys are busy: b/secret and b/hot hold tickets.
     let mut b = server.fusebox().await;
     for key in ["b/secret", "b/hot"] {
-        b.acquire(bearer(
-            B,
-            pb::AcquireRequest {
-                key: key.into(),
-                permits: Some(1),
-                max_wait: None,
-                lease: None,
-            },
-        ))
-        .await
-        .expect("b acquires its own key");
+        b.acquire(bearer(B, crate::admin::one_permit(key)))
+            .await
+            .expect("b acquires its own key");
     }
-    b.acquire(bearer(
-        A_OPS,
-        pb::AcquireRequest {
-            key: "a/mine".into(),
-            permits: Some(1),
-            max_wait: None,
-            lease: None,
-        },
-    ))
-    .await
-    .expect("a's operator acquires its own key");
+    b.acquire(bearer(A_OPS, crate::admin::one_permit("a/mine")))
+        .await
+        .expect("a's operator acquires its own key");
     let http = server.http_addr.clone().expect("an HTTP port");
     // With a store, the figures are the store's, read every so often.
     let anonymous = crate::harness::eventually(
@@ -664,16 +638,9 @@ async fn acquire_raw(
     client: h2::client::SendRequest<bytes::Bytes>,
     token: &str,
 ) -> h2::client::SendRequest<bytes::Bytes> {
-    use fusebox::proto::v1 as pb;
     use prost::Message;
     let mut client = client.ready().await.expect("the connection is open");
-    let message = pb::AcquireRequest {
-        key: "a/k".into(),
-        permits: Some(0),
-        max_wait: None,
-        lease: None,
-    }
-    .encode_to_vec();
+    let message = crate::admin::status_check("a/k").encode_to_vec();
     let mut framed = vec![0u8];
     framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
     framed.extend_from_slice(&message);
@@ -787,12 +754,9 @@ async fn decide_answers_never_read_are_bounded_and_the_stream_ends_in(args: &[&s
         frames: (0..1_000)
             .map(|id| pb::DecideFrame {
                 id,
-                request: Some(pb::decide_frame::Request::Acquire(pb::AcquireRequest {
-                    key: format!("a/k{}", id % 7),
-                    permits: Some(0),
-                    max_wait: None,
-                    lease: None,
-                })),
+                request: Some(pb::decide_frame::Request::Acquire(
+                    crate::admin::status_check(&format!("a/k{}", id % 7)),
+                )),
             })
             .collect(),
     };
@@ -892,15 +856,7 @@ async fn decide_answers_never_read_are_bounded_and_the_stream_ends_in(args: &[&s
     server
         .fusebox()
         .await
-        .acquire(bearer(
-            TOKEN,
-            pb::AcquireRequest {
-                key: "a/after".into(),
-                permits: Some(1),
-                max_wait: None,
-                lease: None,
-            },
-        ))
+        .acquire(bearer(TOKEN, crate::admin::one_permit("a/after")))
         .await
         .expect("a caller that reads is served");
     for feeder in feeders {

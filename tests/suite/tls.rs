@@ -13,7 +13,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::harness::{by, eventually, Options, Server, BIN};
+use crate::harness::{by, eventually, refused_start, Options, Server, BIN};
 
 /// How long a change may take to show.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -264,18 +264,49 @@ async fn http_get(addr: &str, path: &str) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&reply).into_owned())
 }
 
+/// Writes `pair` as NAME.pem and NAME.key in `dir`: their paths.
+fn write_pair(dir: &Path, name: &str, pair: &Pair) -> (String, String) {
+    let cert = write(dir, &format!("{name}.pem"), &pair.cert);
+    let key = write(dir, &format!("{name}.key"), &pair.key);
+    (cert.display().to_string(), key.display().to_string())
+}
+
 /// Writes a server pair signed by `ca` as server.pem and server.key.
 fn install(dir: &Path, pair: &Pair) {
-    write(dir, "server.key", &pair.key);
-    write(dir, "server.pem", &pair.cert);
+    write_pair(dir, "server", pair);
+}
+
+/// A temporary directory holding a server pair for `tag` (as
+/// [`Ca::server`] makes it), signed by a new test CA: the directory and
+/// the CA.
+fn certified(tag: &str) -> (tempfile::TempDir, Ca) {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca = Ca::new("fusebox test CA");
+    install(dir.path(), &ca.server(tag));
+    (dir, ca)
+}
+
+/// Replaces the server pair in `dir` with `pair`, the key first.
+fn replace_pair(dir: &Path, pair: &Pair) {
+    replace(dir, "server.key", &pair.key);
+    replace(dir, "server.pem", &pair.cert);
+}
+
+/// Waits until new connections to `server` are served the certificate
+/// named `name`.
+async fn until_served(server: &Server, ca: &str, name: &str) {
+    let what = format!("new connections to see the certificate of {name}");
+    eventually(&what, PATIENCE, || async {
+        let names = served_names(&server.addr, ca).await.ok()?;
+        names.contains(&name.to_owned()).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn grpc_over_tls_answers_only_clients_that_trust_its_ca() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let ca = Ca::new("fusebox test CA");
+    let (dir, ca) = certified("server.fusebox.test");
     let other = Ca::new("another CA");
-    install(dir.path(), &ca.server("server.fusebox.test"));
     let server = start(dir.path(), &[]).await;
 
     get_over_tls(&server, &ca.pem(), None)
@@ -301,25 +332,15 @@ async fn grpc_over_tls_answers_only_clients_that_trust_its_ca() {
         "the client fails on the certificate: {why}"
     );
     // The log is read from the server's standard error as it comes.
-    let logs = crate::harness::eventually(
-        "the failed handshake to be logged",
-        std::time::Duration::from_secs(10),
-        || async {
-            let logs = server.logs();
-            logs.contains("TLS handshake failed").then_some(logs)
-        },
-    )
-    .await;
+    let logs = server.until_logged("TLS handshake failed").await;
     assert!(logs.contains("tls=on; HTTP over TLS too"), "{logs}");
 }
 
 #[tokio::test]
 async fn mutual_tls_requires_a_client_certificate_from_the_client_ca() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let ca = Ca::new("fusebox test CA");
+    let (dir, ca) = certified("server.fusebox.test");
     let clients = Ca::new("client CA");
     let strangers = Ca::new("stranger CA");
-    install(dir.path(), &ca.server("server.fusebox.test"));
     let client_ca = write(dir.path(), "clients.pem", &clients.pem());
     let client_ca = client_ca.display().to_string();
     let server = start(dir.path(), &["--tls-client-ca", &client_ca]).await;
@@ -375,11 +396,9 @@ async fn mutual_tls_requires_a_client_certificate_from_the_client_ca() {
 
 #[tokio::test]
 async fn optional_client_auth_from_a_config_file_with_relative_paths() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let ca = Ca::new("fusebox test CA");
+    let (dir, ca) = certified("server.fusebox.test");
     let clients = Ca::new("client CA");
     let strangers = Ca::new("stranger CA");
-    install(dir.path(), &ca.server("server.fusebox.test"));
     write(dir.path(), "clients.pem", &clients.pem());
     let config = write(
         dir.path(),
@@ -414,14 +433,7 @@ async fn optional_client_auth_from_a_config_file_with_relative_paths() {
 async fn a_bad_tls_setting_stops_the_start_naming_the_field_and_the_file() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let missing = dir.path().join("nowhere.pem").display().to_string();
-    let out = tokio::process::Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-        .args(["--tls-cert", &missing, "--tls-key", &missing])
-        .output()
-        .await
-        .expect("fusebox runs");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&["--tls-cert", &missing, "--tls-key", &missing], None).await;
     assert!(
         err.contains(&format!("[tls] cert: cannot read {missing}")),
         "{err}"
@@ -432,14 +444,7 @@ async fn a_bad_tls_setting_stops_the_start_naming_the_field_and_the_file() {
     let b = ca.server("b.fusebox.test");
     let cert = write(dir.path(), "a.pem", &a.cert).display().to_string();
     let key = write(dir.path(), "b.key", &b.key).display().to_string();
-    let out = tokio::process::Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-        .args(["--tls-cert", &cert, "--tls-key", &key])
-        .output()
-        .await
-        .expect("fusebox runs");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&["--tls-cert", &cert, "--tls-key", &key], None).await;
     assert!(
         err.contains("[tls] key:") && err.contains("is not the key of the certificate"),
         "{err}"
@@ -452,22 +457,13 @@ async fn a_bad_tls_setting_stops_the_start_naming_the_field_and_the_file() {
     )
     .display()
     .to_string();
-    let out = tokio::process::Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-        .args(["--config", &config])
-        .output()
-        .await
-        .expect("fusebox runs");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_start(&["--config", &config], None).await;
     assert!(err.contains("[tls]: client_auth: needs client_ca"), "{err}");
 }
 
 #[tokio::test]
 async fn a_replaced_certificate_serves_new_connections_and_a_broken_one_is_refused() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let ca = Ca::new("fusebox test CA");
-    install(dir.path(), &ca.server("a.fusebox.test"));
+    let (dir, ca) = certified("a.fusebox.test");
     let server = start(dir.path(), &[]).await;
     let names = served_names(&server.addr, &ca.pem())
         .await
@@ -479,13 +475,8 @@ async fn a_replaced_certificate_serves_new_connections_and_a_broken_one_is_refus
     get_on(before.clone()).await.expect("answered");
 
     let b = ca.server("b.fusebox.test");
-    replace(dir.path(), "server.key", &b.key);
-    replace(dir.path(), "server.pem", &b.cert);
-    eventually("new connections see certificate B", PATIENCE, || async {
-        let names = served_names(&server.addr, &ca.pem()).await.ok()?;
-        names.contains(&"b.fusebox.test".to_owned()).then_some(())
-    })
-    .await;
+    replace_pair(dir.path(), &b);
+    until_served(&server, &ca.pem(), "b.fusebox.test").await;
     get_on(before.clone())
         .await
         .expect("the connection opened before the change still works");
@@ -497,13 +488,9 @@ async fn a_replaced_certificate_serves_new_connections_and_a_broken_one_is_refus
 
     // A broken pair (a certificate that is not PEM) is refused; B stays.
     replace(dir.path(), "server.pem", "not a certificate\n");
-    eventually("the broken certificate is reported", PATIENCE, || async {
-        server
-            .logs()
-            .contains("TLS certificate not reloaded, the running one stays: [tls] cert:")
-            .then_some(())
-    })
-    .await;
+    server
+        .until_logged("TLS certificate not reloaded, the running one stays: [tls] cert:")
+        .await;
     let names = served_names(&server.addr, &ca.pem())
         .await
         .expect("a handshake after the broken change");
@@ -515,23 +502,15 @@ async fn a_replaced_certificate_serves_new_connections_and_a_broken_one_is_refus
     // A key that does not match: refused too; then a good pair is taken again.
     let c = ca.server("c.fusebox.test");
     replace(dir.path(), "server.pem", &c.cert);
-    eventually("the mismatched key is reported", PATIENCE, || async {
-        server
-            .logs()
-            .contains("is not the key of the certificate")
-            .then_some(())
-    })
-    .await;
+    server
+        .until_logged("is not the key of the certificate")
+        .await;
     let names = served_names(&server.addr, &ca.pem())
         .await
         .expect("a handshake");
     assert!(names.contains(&"b.fusebox.test".to_owned()), "{names:?}");
     replace(dir.path(), "server.key", &c.key);
-    eventually("new connections see certificate C", PATIENCE, || async {
-        let names = served_names(&server.addr, &ca.pem()).await.ok()?;
-        names.contains(&"c.fusebox.test".to_owned()).then_some(())
-    })
-    .await;
+    until_served(&server, &ca.pem(), "c.fusebox.test").await;
 
     // The metrics count both reloads taken and the refused changes, and
     // show when the served certificate expires.
@@ -556,11 +535,9 @@ async fn a_replaced_certificate_serves_new_connections_and_a_broken_one_is_refus
 
 #[tokio::test]
 async fn a_replaced_client_ca_bundle_decides_new_handshakes() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let ca = Ca::new("fusebox test CA");
+    let (dir, ca) = certified("server.fusebox.test");
     let old = Ca::new("old client CA");
     let new = Ca::new("new client CA");
-    install(dir.path(), &ca.server("server.fusebox.test"));
     let bundle = write(dir.path(), "clients.pem", &old.pem())
         .display()
         .to_string();
@@ -590,9 +567,7 @@ async fn a_replaced_client_ca_bundle_decides_new_handshakes() {
 
 #[tokio::test]
 async fn http_is_served_over_tls_with_the_same_certificate() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let ca = Ca::new("fusebox test CA");
-    install(dir.path(), &ca.server("server.fusebox.test"));
+    let (dir, ca) = certified("server.fusebox.test");
     let server = start(dir.path(), &[]).await;
     let http = server.http_addr.clone().expect("an HTTP address");
     let reply = https_get(&http, &ca.pem(), "/healthz")
@@ -628,13 +603,8 @@ async fn http_is_served_over_tls_with_the_same_certificate() {
         "{head}{body}"
     );
     let b = ca.server("b.fusebox.test");
-    replace(dir.path(), "server.key", &b.key);
-    replace(dir.path(), "server.pem", &b.cert);
-    eventually("new connections see certificate B", PATIENCE, || async {
-        let names = served_names(&server.addr, &ca.pem()).await.ok()?;
-        names.contains(&"b.fusebox.test".to_owned()).then_some(())
-    })
-    .await;
+    replace_pair(dir.path(), &b);
+    until_served(&server, &ca.pem(), "b.fusebox.test").await;
     kept.write_all(get).await.expect("sent again");
     let (head, body) = response(&mut kept).await.expect("a second response");
     assert!(
@@ -651,33 +621,23 @@ async fn http_is_served_over_tls_with_the_same_certificate() {
 #[cfg(unix)]
 #[tokio::test]
 async fn sighup_does_not_stop_a_tls_server_without_a_config_file() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let ca = Ca::new("fusebox test CA");
-    install(dir.path(), &ca.server("a.fusebox.test"));
+    let (dir, ca) = certified("a.fusebox.test");
     let server = start(dir.path(), &[]).await;
-    let pid = server.child.id().expect("running").to_string();
     let b = ca.server("b.fusebox.test");
-    replace(dir.path(), "server.key", &b.key);
-    replace(dir.path(), "server.pem", &b.cert);
-    let status = std::process::Command::new("kill")
-        .args(["-HUP", &pid])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
-    eventually("new connections see certificate B", PATIENCE, || async {
-        let names = served_names(&server.addr, &ca.pem()).await.ok()?;
-        names.contains(&"b.fusebox.test".to_owned()).then_some(())
-    })
-    .await;
+    replace_pair(dir.path(), &b);
+    server.signal("HUP");
+    until_served(&server, &ca.pem(), "b.fusebox.test").await;
     get_over_tls(&server, &ca.pem(), None)
         .await
         .expect("the server still answers after SIGHUP");
 }
 
-/// Runs `fusebox ARGS`: success, standard output, standard error.
-async fn cli(args: &[&str]) -> (bool, String, String) {
+/// Runs `fusebox get tls/k --server ADDR` with the TLS flags `tls` (none
+/// from the environment): success, standard output, standard error.
+async fn cli(addr: &str, tls: &[&str]) -> (bool, String, String) {
     let out = tokio::process::Command::new(BIN)
-        .args(args)
+        .args(["get", "tls/k", "--server", addr])
+        .args(tls)
         .env_remove("FUSEBOX_TLS_CA")
         .env_remove("FUSEBOX_TLS_CERT")
         .env_remove("FUSEBOX_TLS_KEY")
@@ -685,20 +645,14 @@ async fn cli(args: &[&str]) -> (bool, String, String) {
         .output()
         .await
         .expect("fusebox runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    crate::process::said(&out)
 }
 
 #[tokio::test]
 async fn the_cli_calls_a_tls_server_with_its_tls_flags() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let ca = Ca::new("fusebox test CA");
+    let (dir, ca) = certified("server.fusebox.test");
     let other = Ca::new("another CA");
     let clients = Ca::new("client CA");
-    install(dir.path(), &ca.server("server.fusebox.test"));
     let ca_file = write(dir.path(), "ca.pem", &ca.pem()).display().to_string();
     let other_file = write(dir.path(), "other.pem", &other.pem())
         .display()
@@ -706,18 +660,18 @@ async fn the_cli_calls_a_tls_server_with_its_tls_flags() {
     let server = start(dir.path(), &[]).await;
     let addr = server.addr.as_str();
 
-    let (ok, out, err) = cli(&["get", "tls/k", "--server", addr, "--tls-ca", &ca_file]).await;
+    let (ok, out, err) = cli(addr, &["--tls-ca", &ca_file]).await;
     assert!(ok, "{err}");
     assert!(out.contains("tls/k"), "{out}");
 
-    let (ok, _, err) = cli(&["get", "tls/k", "--server", addr]).await;
+    let (ok, _, err) = cli(addr, &[]).await;
     assert!(!ok);
     assert!(
         err.contains("if it serves TLS, pass --tls-ca FILE"),
         "{err}"
     );
 
-    let (ok, _, err) = cli(&["get", "tls/k", "--server", addr, "--tls-ca", &other_file]).await;
+    let (ok, _, err) = cli(addr, &["--tls-ca", &other_file]).await;
     assert!(!ok);
     assert!(
         err.contains("the server's certificate is not signed by --tls-ca FILE"),
@@ -731,58 +685,26 @@ async fn the_cli_calls_a_tls_server_with_its_tls_flags() {
         .display()
         .to_string();
     let mutual = start(dir2.path(), &["--tls-client-ca", &bundle]).await;
-    let (ok, _, err) = cli(&[
-        "get",
-        "tls/k",
-        "--server",
-        &mutual.addr,
-        "--tls-ca",
-        &ca_file,
-    ])
-    .await;
+    let (ok, _, err) = cli(&mutual.addr, &["--tls-ca", &ca_file]).await;
     assert!(!ok);
     assert!(
         err.contains("client certificate: pass --tls-cert and --tls-key"),
         "{err}"
     );
-    let me = clients.issue("operator", &[]);
-    let cert = write(dir2.path(), "me.pem", &me.cert).display().to_string();
-    let key = write(dir2.path(), "me.key", &me.key).display().to_string();
-    let (ok, out, err) = cli(&[
-        "get",
-        "tls/k",
-        "--server",
+    let (cert, key) = write_pair(dir2.path(), "me", &clients.issue("operator", &[]));
+    let (ok, out, err) = cli(
         &mutual.addr,
-        "--tls-ca",
-        &ca_file,
-        "--tls-cert",
-        &cert,
-        "--tls-key",
-        &key,
-    ])
+        &["--tls-ca", &ca_file, "--tls-cert", &cert, "--tls-key", &key],
+    )
     .await;
     assert!(ok, "{err}");
     assert!(out.contains("tls/k"), "{out}");
 
-    let stranger = other.issue("operator", &[]);
-    let cert = write(dir2.path(), "stranger.pem", &stranger.cert)
-        .display()
-        .to_string();
-    let key = write(dir2.path(), "stranger.key", &stranger.key)
-        .display()
-        .to_string();
-    let (ok, _, err) = cli(&[
-        "get",
-        "tls/k",
-        "--server",
+    let (cert, key) = write_pair(dir2.path(), "stranger", &other.issue("operator", &[]));
+    let (ok, _, err) = cli(
         &mutual.addr,
-        "--tls-ca",
-        &ca_file,
-        "--tls-cert",
-        &cert,
-        "--tls-key",
-        &key,
-    ])
+        &["--tls-ca", &ca_file, "--tls-cert", &cert, "--tls-key", &key],
+    )
     .await;
     assert!(!ok);
     assert!(
@@ -793,10 +715,8 @@ async fn the_cli_calls_a_tls_server_with_its_tls_flags() {
 
 #[tokio::test]
 async fn a_client_certificate_name_stands_for_its_auth_grant() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let ca = Ca::new("fusebox test CA");
+    let (dir, ca) = certified("server.fusebox.test");
     let clients = Ca::new("client CA");
-    install(dir.path(), &ca.server("server.fusebox.test"));
     let client_ca = write(dir.path(), "clients.pem", &clients.pem());
     let config = format!(
         "[tls]\ncert = \"server.pem\"\nkey = \"server.key\"\nclient_ca = \"{}\"\nclient_auth = \"optional\"\n\
@@ -815,12 +735,7 @@ async fn a_client_certificate_name_stands_for_its_auth_grant() {
     .await;
     let billing = clients.issue("billing-7", &["billing.internal"]);
     let stranger = clients.issue("someone", &["someone.internal"]);
-    let acquire = |key: &str| pb::AcquireRequest {
-        key: key.into(),
-        permits: Some(1),
-        max_wait: None,
-        lease: None,
-    };
+    let acquire = |key: &str| crate::admin::one_permit(key);
     let mut as_billing = pb::fusebox_client::FuseboxClient::new(
         channel(&server, &ca.pem(), Some(&billing))
             .await
@@ -912,10 +827,8 @@ async fn a_client_certificate_name_stands_for_its_auth_grant() {
 async fn the_rust_guard_calls_over_tls_and_an_untrusted_server_counts_as_unavailable() {
     use fusebox::guard::{CallOptions, FailPolicy, Guard, GuardError, GuardOptions};
 
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let ca = Ca::new("fusebox test CA");
+    let (dir, ca) = certified("server.fusebox.test");
     let other = Ca::new("another CA");
-    install(dir.path(), &ca.server("server.fusebox.test"));
     let server = start(dir.path(), &[]).await;
     let options = GuardOptions {
         // The first call makes the TLS handshake; a debug build on a busy
@@ -939,13 +852,8 @@ async fn the_rust_guard_calls_over_tls_and_an_untrusted_server_counts_as_unavail
     assert_eq!(guard.stats().unavailable, 0);
     guard.flush().await.expect("the outcome is answered");
     let channel = channel(&server, &ca.pem(), None).await.expect("a channel");
-    let state = pb::admin_client::AdminClient::new(channel)
-        .get_key(pb::GetKeyRequest {
-            key: "tls/k".into(),
-        })
-        .await
-        .expect("GetKey answers")
-        .into_inner();
+    let state =
+        crate::process::get_key(&mut pb::admin_client::AdminClient::new(channel), "tls/k").await;
     assert_eq!(state.stats.unwrap_or_default().successes, 1);
 
     let untrusting = Guard::connect(&url, Some(tls(&other.pem())), options).expect("a guard");

@@ -7,33 +7,15 @@
 //! never skips silently.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-/// True when a missing tool must fail the test (`FUSEBOX_TEST_REQUIRE_TOOLS=1`).
-pub fn required() -> bool {
-    std::env::var("FUSEBOX_TEST_REQUIRE_TOOLS").is_ok_and(|v| v == "1")
-}
-
-/// `None` after saying why `test` is skipped, or a panic when tools are
-/// required.
-fn missing<T>(test: &str, why: &str) -> Option<T> {
-    assert!(
-        !required(),
-        "{test}: {why} (FUSEBOX_TEST_REQUIRE_TOOLS=1: missing tools fail the test; \
-         ./scripts/test installs them)"
-    );
-    println!("SKIPPED {test}: {why}; ./scripts/test installs what it needs");
-    None
-}
+// One rule for every missing tool, and one way to run one quietly, as
+// the Redis module's tests have.
+use crate::redis_harness::{missing, spawn};
 
 /// True when `program args...` runs and exits 0.
 fn runs(program: &Path, args: &[&str]) -> bool {
-    Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
+    spawn(program, args)
+        .and_then(|mut child| child.wait())
         .is_ok_and(|s| s.success())
 }
 

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use fusebox::domain::{Ask, Decision, Fuse, Notice, PolicySpec, Reason, TicketId};
+use fusebox::domain::{Ask, Decision, Fuse, Notice, PolicySpec, Reason, TicketId, View};
 use serde::Deserialize;
 
 /// One vector file.
@@ -118,24 +118,34 @@ pub fn load_all() -> Vec<Vector> {
         .collect()
 }
 
-fn check<T: PartialEq + std::fmt::Debug>(
-    failures: &mut Vec<String>,
-    i: usize,
-    field: &str,
-    want: Option<T>,
-    got: T,
-) {
-    if let Some(want) = want {
-        if want != got {
-            failures.push(format!("step {i}: {field}: expected {want:?}, got {got:?}"));
+/// The mismatches found so far, and the step being checked.
+struct Checks {
+    failures: Vec<String>,
+    step: usize,
+}
+
+impl Checks {
+    /// Records a mismatch when `want` is given and is not `got`.
+    fn check<T: PartialEq + std::fmt::Debug>(&mut self, field: &str, want: Option<T>, got: T) {
+        if let Some(want) = want {
+            if want != got {
+                self.failures.push(format!(
+                    "step {}: {field}: expected {want:?}, got {got:?}",
+                    self.step
+                ));
+            }
         }
     }
 }
 
 /// Replays one vector; returns every mismatch.
 pub async fn replay<T: Target>(vector: &Vector, target: &mut T) -> Vec<String> {
-    let mut failures = Vec::new();
+    let mut c = Checks {
+        failures: Vec::new(),
+        step: 0,
+    };
     for (i, step) in vector.steps.iter().enumerate() {
+        c.step = i;
         target.advance_to(step.at).await;
         let e = &step.expect;
         match step.op.as_str() {
@@ -147,80 +157,40 @@ pub async fn replay<T: Target>(vector: &Vector, target: &mut T) -> Vec<String> {
                         .settle(step.waiter.as_deref().expect("settle names a waiter"))
                         .await
                 };
-                check(
-                    &mut failures,
-                    i,
-                    "decision",
-                    e.decision.clone(),
-                    got.decision,
-                );
-                check(
-                    &mut failures,
-                    i,
-                    "reason",
-                    e.reason.clone().map(Some),
-                    got.reason,
-                );
-                check(
-                    &mut failures,
-                    i,
-                    "retry_after",
-                    e.retry_after.map(Some),
-                    got.retry_after,
-                );
-                check(&mut failures, i, "ticket", e.ticket, got.ticket);
+                c.check("decision", e.decision.clone(), got.decision);
+                c.check("reason", e.reason.clone().map(Some), got.reason);
+                c.check("retry_after", e.retry_after.map(Some), got.retry_after);
+                c.check("ticket", e.ticket, got.ticket);
             }
             "complete" => {
                 let label = step.ticket.as_deref().expect("complete names a ticket");
                 let outcome = step.outcome.as_deref().expect("complete names an outcome");
                 match target.complete(label, outcome).await {
                     Ok(stale) => {
-                        check(
-                            &mut failures,
-                            i,
-                            "error",
-                            e.error.clone(),
-                            "none".to_owned(),
-                        );
-                        check(&mut failures, i, "stale", e.stale, stale);
+                        c.check("error", e.error.clone(), "none".to_owned());
+                        c.check("stale", e.stale, stale);
                     }
-                    Err(code) => check(
-                        &mut failures,
-                        i,
-                        "error",
-                        Some(e.error.clone().unwrap_or_default()),
-                        code,
-                    ),
+                    Err(code) => c.check("error", Some(e.error.clone().unwrap_or_default()), code),
                 }
             }
             "inspect" => {
                 let got = target
                     .inspect(step.key.as_deref().expect("inspect names a key"))
                     .await;
-                check(&mut failures, i, "phase", e.phase.clone(), got.phase);
-                check(
-                    &mut failures,
-                    i,
+                c.check("phase", e.phase.clone(), got.phase);
+                c.check(
                     "consecutive_failures",
                     e.consecutive_failures,
                     got.consecutive_failures,
                 );
-                check(
-                    &mut failures,
-                    i,
+                c.check(
                     "half_open_attempts",
                     e.half_open_attempts,
                     got.half_open_attempts,
                 );
-                check(
-                    &mut failures,
-                    i,
-                    "open_until",
-                    e.open_until.map(Some),
-                    got.open_until,
-                );
-                check(&mut failures, i, "free", e.free, got.free);
-                check(&mut failures, i, "queued", e.queued, got.queued);
+                c.check("open_until", e.open_until.map(Some), got.open_until);
+                c.check("free", e.free, got.free);
+                c.check("queued", e.queued, got.queued);
             }
             "isolate" => {
                 target
@@ -232,10 +202,10 @@ pub async fn replay<T: Target>(vector: &Vector, target: &mut T) -> Vec<String> {
                     .close(step.key.as_deref().expect("close names a key"))
                     .await
             }
-            other => failures.push(format!("step {i}: unknown op {other:?}")),
+            other => c.failures.push(format!("step {i}: unknown op {other:?}")),
         }
     }
-    failures
+    c.failures
 }
 
 /// Writes a domain decision as the vectors do.
@@ -259,6 +229,18 @@ pub fn answer_of(decision: &Decision) -> Answer {
         reason: reason.map(|r: Reason| r.as_str().to_owned()),
         retry_after,
         ticket: decision.grant().is_some(),
+    }
+}
+
+/// Writes a key's view as the vectors do.
+pub fn reading_of(v: &View) -> Reading {
+    Reading {
+        phase: v.phase.as_str().to_owned(),
+        consecutive_failures: v.consecutive_failures,
+        half_open_attempts: v.half_open_attempts,
+        open_until: v.open_until,
+        free: v.free,
+        queued: v.queued,
     }
 }
 
@@ -321,8 +303,7 @@ impl Target for CoreTarget {
 
     async fn complete(&mut self, label: &str, outcome: &str) -> Result<bool, String> {
         let id = self.labels[label];
-        let outcome = serde_json::from_value(serde_json::json!(outcome)).expect("an outcome");
-        let r = self.fuse.complete(id, outcome, self.now);
+        let r = self.fuse.complete(id, outcome_of(outcome), self.now);
         self.collect();
         r.map(|c| c.stale).map_err(|_| "NOT_FOUND".to_owned())
     }
@@ -336,15 +317,7 @@ impl Target for CoreTarget {
     }
 
     async fn inspect(&mut self, _key: &str) -> Reading {
-        let v = self.fuse.view(self.now);
-        Reading {
-            phase: v.phase.as_str().to_owned(),
-            consecutive_failures: v.consecutive_failures,
-            half_open_attempts: v.half_open_attempts,
-            open_until: v.open_until,
-            free: v.free,
-            queued: v.queued,
-        }
+        reading_of(&self.fuse.view(self.now))
     }
 
     async fn isolate(&mut self, _key: &str) {
@@ -403,6 +376,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 use crate::harness::{millis, ms, Server};
+use crate::process::get_key;
 
 /// What a sent acquire came back with: the answer and the ticket's token.
 pub type Sent = (Answer, Option<String>);
@@ -414,25 +388,53 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(20);
 /// A token no ticket has: completing it answers `NOT_FOUND`.
 pub const UNKNOWN_TICKET: &str = "0123456789abcdef0123456789abcdef";
 
-/// Acquires that may wait, each in its own task, by label.
+/// The acquires a target sent, by label: the tickets of those that did not
+/// wait, and those that may wait, each in its own task.
 #[derive(Default)]
 pub struct Waiting {
     running: Vec<(String, JoinHandle<Sent>)>,
     done: HashMap<String, Sent>,
     unlabelled: usize,
+    /// The tickets of the requests that did not wait, by label.
+    tickets: HashMap<String, Option<String>>,
+    /// The key the requests that may wait were sent on.
+    key: Option<String>,
 }
 
 impl Waiting {
-    pub fn label(&mut self, step: &Step) -> String {
+    fn label(&mut self, step: &Step) -> String {
         step.label.clone().unwrap_or_else(|| {
             self.unlabelled += 1;
             format!("#unlabelled-{}", self.unlabelled)
         })
     }
 
-    pub fn spawn(&mut self, label: String, request: impl Future<Output = Sent> + Send + 'static) {
+    /// Keeps the ticket of a request that did not wait under its label, and
+    /// returns its answer.
+    pub fn answered(&mut self, step: &Step, (answer, ticket): Sent) -> Answer {
+        if let Some(label) = &step.label {
+            self.tickets.insert(label.clone(), ticket);
+        }
+        answer
+    }
+
+    /// Runs `request`, an acquire on `step`'s key that may wait, in its own
+    /// task; returns its label.
+    pub fn spawn(
+        &mut self,
+        step: &Step,
+        request: impl Future<Output = Sent> + Send + 'static,
+    ) -> String {
+        self.key = step.key.clone();
+        let label = self.label(step);
         self.done.remove(&label);
-        self.running.push((label, tokio::spawn(request)));
+        self.running.push((label.clone(), tokio::spawn(request)));
+        label
+    }
+
+    /// The key the requests that may wait were sent on, once one was.
+    pub fn key(&self) -> Option<String> {
+        self.key.clone()
     }
 
     /// Collects the answers of the tasks that have finished.
@@ -474,22 +476,35 @@ impl Waiting {
         }
     }
 
-    /// The answer of `label` after [`Waiting::quiesce`]: `QUEUED` while its
-    /// task runs. `None` when no waiting request has that label.
-    pub fn answer(&self, label: &str) -> Option<Answer> {
+    /// The answer of the request that may wait labelled `label`, after
+    /// [`Waiting::quiesce`]: `QUEUED` while its task runs.
+    pub fn answer(&self, label: &str) -> Answer {
         if self.running.iter().any(|(l, _)| l == label) {
-            return Some(answer_of(&Decision::Queued));
+            return answer_of(&Decision::Queued);
         }
-        self.done.get(label).map(|(answer, _)| answer.clone())
+        let (answer, _) = self
+            .done
+            .get(label)
+            .unwrap_or_else(|| panic!("no waiting request is labelled {label}"));
+        answer.clone()
     }
 
-    /// The ticket of a finished waiting request; `Some(None)` when it is still
-    /// waiting or got no ticket; `None` when no waiting request has that label.
-    pub fn ticket(&self, label: &str) -> Option<Option<String>> {
-        if self.running.iter().any(|(l, _)| l == label) {
-            return Some(None);
-        }
-        self.done.get(label).map(|(_, ticket)| ticket.clone())
+    /// The token of the ticket of the request labelled `label`, or
+    /// [`UNKNOWN_TICKET`] while it waits or when it got none.
+    pub fn token(&self, label: &str) -> String {
+        let ticket = if self.running.iter().any(|(l, _)| l == label) {
+            None
+        } else if let Some((_, ticket)) = self.done.get(label) {
+            ticket.clone()
+        } else {
+            self.tickets
+                .get(label)
+                .cloned()
+                .unwrap_or_else(|| panic!("no request is labelled {label}"))
+        };
+        ticket
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| UNKNOWN_TICKET.to_owned())
     }
 }
 
@@ -515,15 +530,40 @@ pub fn error_answer(what: String) -> Answer {
     }
 }
 
+/// An outcome as the vectors write it, on the wire.
+pub fn wire_outcome(outcome: &str) -> pb::Outcome {
+    match outcome_of(outcome) {
+        Outcome::Success => pb::Outcome::Success,
+        Outcome::Failure => pb::Outcome::Failure,
+        Outcome::Ignored => pb::Outcome::Ignored,
+    }
+}
+
+/// The acquire of `step` on the wire.
+pub fn wire_acquire(step: &Step) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        key: step.key.clone().expect("acquire names a key"),
+        permits: step.permits,
+        max_wait: step.max_wait.map(ms),
+        lease: step.lease.map(ms),
+    }
+}
+
+/// How many requests wait on `key`, as the server behind `admin` counts
+/// them.
+pub async fn count_waiters(
+    mut admin: pb::admin_client::AdminClient<Channel>,
+    key: String,
+) -> usize {
+    get_key(&mut admin, &key).await.waiters as usize
+}
+
 /// The engine in process, on a manual clock, with the vector's policy as the
 /// default rule.
 pub struct EngineTarget {
     engine: Arc<Engine>,
     now: u64,
-    /// The tickets of requests that did not wait, by label.
-    tickets: HashMap<String, Option<String>>,
     waiting: Waiting,
-    key: Option<String>,
 }
 
 impl EngineTarget {
@@ -539,14 +579,12 @@ impl EngineTarget {
         EngineTarget {
             engine: Arc::new(Engine::with_manual_clock(config)),
             now: 0,
-            tickets: HashMap::new(),
             waiting: Waiting::default(),
-            key: None,
         }
     }
 
     async fn quiesce(&mut self) {
-        let Some(key) = self.key.clone() else {
+        let Some(key) = self.waiting.key() else {
             return;
         };
         let engine = self.engine.clone();
@@ -556,13 +594,6 @@ impl EngineTarget {
                 async move { waiters }
             })
             .await;
-    }
-
-    fn ticket(&self, label: &str) -> Option<String> {
-        self.waiting
-            .ticket(label)
-            .or_else(|| self.tickets.get(label).cloned())
-            .unwrap_or_else(|| panic!("no request is labelled {label}"))
     }
 }
 
@@ -584,36 +615,29 @@ impl Target for EngineTarget {
     }
 
     async fn acquire(&mut self, step: &Step) -> Answer {
-        let key = step.key.clone().expect("acquire names a key");
         let args = AcquireArgs {
-            key: key.clone(),
+            key: step.key.clone().expect("acquire names a key"),
             permits: step.permits.unwrap_or(1),
             max_wait: step.max_wait.unwrap_or(0),
             lease: step.lease,
         };
         if args.max_wait == 0 {
-            let (answer, ticket) = engine_sent(self.engine.acquire(args).await);
-            if let Some(label) = &step.label {
-                self.tickets.insert(label.clone(), ticket);
-            }
-            return answer;
+            let sent = engine_sent(self.engine.acquire(args).await);
+            return self.waiting.answered(step, sent);
         }
-        self.key = Some(key);
-        let label = self.waiting.label(step);
         let engine = self.engine.clone();
-        self.waiting.spawn(label.clone(), async move {
-            engine_sent(engine.acquire(args).await)
-        });
-        self.quiesce().await;
-        self.waiting.answer(&label).expect("the request is known")
+        let label = self
+            .waiting
+            .spawn(step, async move { engine_sent(engine.acquire(args).await) });
+        self.settle(&label).await
     }
 
     async fn complete(&mut self, label: &str, outcome: &str) -> Result<bool, String> {
         self.quiesce().await;
-        let token = self
-            .ticket(label)
-            .unwrap_or_else(|| UNKNOWN_TICKET.to_owned());
-        match self.engine.complete(&token, outcome_of(outcome)) {
+        match self
+            .engine
+            .complete(&self.waiting.token(label), outcome_of(outcome))
+        {
             Ok(done) => Ok(done.stale),
             Err(EngineError::TicketNotFound) => Err("NOT_FOUND".to_owned()),
             Err(e) => Err(format!("{e:?}")),
@@ -622,9 +646,7 @@ impl Target for EngineTarget {
 
     async fn settle(&mut self, label: &str) -> Answer {
         self.quiesce().await;
-        self.waiting
-            .answer(label)
-            .unwrap_or_else(|| panic!("no waiting request is labelled {label}"))
+        self.waiting.answer(label)
     }
 
     async fn inspect(&mut self, key: &str) -> Reading {
@@ -633,15 +655,7 @@ impl Target for EngineTarget {
             reading.now, self.now,
             "the engine's clock reads the step's time"
         );
-        let v = reading.view;
-        Reading {
-            phase: v.phase.as_str().to_owned(),
-            consecutive_failures: v.consecutive_failures,
-            half_open_attempts: v.half_open_attempts,
-            open_until: v.open_until,
-            free: v.free,
-            queued: v.queued,
-        }
+        reading_of(&reading.view)
     }
 
     async fn isolate(&mut self, key: &str) {
@@ -704,29 +718,13 @@ impl End {
 
     /// Moves the server's manual clock from `from` to `to`.
     pub async fn advance(&mut self, from: u64, to: u64) {
-        let reading = self
-            .clock
-            .advance(pb::AdvanceRequest {
-                by: Some(ms(to - from)),
-            })
-            .await
-            .expect("Clock.Advance answers")
-            .into_inner();
-        assert_eq!(
-            millis(reading.now),
-            Some(to),
-            "the server's clock reads the step's time"
-        );
+        let reading = crate::admin::advance_clock(&mut self.clock, to - from).await;
+        assert_eq!(reading, to, "the server's clock reads the step's time");
     }
 
     /// Reads `key` at `now` as the vectors write it.
     pub async fn reading(&mut self, key: &str, now: u64) -> Reading {
-        let s = self
-            .admin
-            .get_key(pb::GetKeyRequest { key: key.into() })
-            .await
-            .expect("GetKey answers")
-            .into_inner();
+        let s = get_key(&mut self.admin, key).await;
         Reading {
             phase: pb::Phase::try_from(s.phase).map_or_else(
                 |_| format!("phase {}", s.phase),
@@ -742,20 +740,9 @@ impl End {
 
     /// Isolates (`isolate`) or closes `key`.
     pub async fn steer(&mut self, key: &str, isolate: bool) {
-        let reason = "vector step".to_owned();
-        if isolate {
-            let request = pb::IsolateRequest {
-                key: key.into(),
-                reason,
-            };
-            self.admin.isolate(request).await.expect("Isolate answers");
-        } else {
-            let request = pb::CloseRequest {
-                key: key.into(),
-                reason,
-            };
-            self.admin.close(request).await.expect("Close answers");
-        }
+        crate::harness::steer(&mut self.admin, isolate, None, key, "vector step")
+            .await
+            .expect("Isolate and Close answer");
     }
 }
 
@@ -766,9 +753,7 @@ pub struct GrpcTarget {
     ends: Vec<End>,
     turn: usize,
     now: u64,
-    tickets: HashMap<String, String>,
     waiting: Waiting,
-    key: Option<String>,
     _servers: Vec<Server>,
 }
 
@@ -796,9 +781,7 @@ impl GrpcTarget {
             ends,
             turn: 0,
             now: 0,
-            tickets: HashMap::new(),
             waiting: Waiting::default(),
-            key: None,
             _servers: servers,
         }
     }
@@ -811,32 +794,13 @@ impl GrpcTarget {
     }
 
     async fn quiesce(&mut self) {
-        let Some(key) = self.key.clone() else {
+        let Some(key) = self.waiting.key() else {
             return;
         };
         let admin = self.next().admin.clone();
         self.waiting
-            .quiesce(|| {
-                let mut admin = admin.clone();
-                let key = key.clone();
-                async move {
-                    admin
-                        .get_key(pb::GetKeyRequest { key })
-                        .await
-                        .expect("GetKey answers")
-                        .into_inner()
-                        .waiters as usize
-                }
-            })
+            .quiesce(|| count_waiters(admin.clone(), key.clone()))
             .await;
-    }
-
-    fn ticket(&self, label: &str) -> Option<String> {
-        self.waiting
-            .ticket(label)
-            .or_else(|| self.tickets.get(label).map(|t| Some(t.clone())))
-            .unwrap_or_else(|| panic!("no request is labelled {label}"))
-            .filter(|t| !t.is_empty())
     }
 }
 
@@ -903,46 +867,27 @@ impl Target for GrpcTarget {
     }
 
     async fn acquire(&mut self, step: &Step) -> Answer {
-        let key = step.key.clone().expect("acquire names a key");
-        let request = pb::AcquireRequest {
-            key: key.clone(),
-            permits: step.permits,
-            max_wait: step.max_wait.map(ms),
-            lease: step.lease.map(ms),
-        };
+        let request = wire_acquire(step);
         if step.max_wait.unwrap_or(0) == 0 {
-            let (answer, ticket) = grpc_sent(self.next().fusebox.acquire(request).await);
-            if let Some(label) = &step.label {
-                self.tickets
-                    .insert(label.clone(), ticket.unwrap_or_default());
-            }
-            return answer;
+            let sent = grpc_sent(self.next().fusebox.acquire(request).await);
+            return self.waiting.answered(step, sent);
         }
-        self.key = Some(key);
-        let label = self.waiting.label(step);
         let mut client = self.next().fusebox.clone();
-        self.waiting.spawn(label.clone(), async move {
-            grpc_sent(client.acquire(request).await)
-        });
-        self.quiesce().await;
-        self.waiting.answer(&label).expect("the request is known")
+        let label = self.waiting.spawn(
+            step,
+            async move { grpc_sent(client.acquire(request).await) },
+        );
+        self.settle(&label).await
     }
 
     async fn complete(&mut self, label: &str, outcome: &str) -> Result<bool, String> {
         self.quiesce().await;
-        let ticket = self
-            .ticket(label)
-            .unwrap_or_else(|| UNKNOWN_TICKET.to_owned());
-        let outcome = match outcome_of(outcome) {
-            Outcome::Success => pb::Outcome::Success,
-            Outcome::Failure => pb::Outcome::Failure,
-            Outcome::Ignored => pb::Outcome::Ignored,
-        };
+        let ticket = self.waiting.token(label);
         self.next()
             .fusebox
             .complete(pb::CompleteRequest {
                 ticket,
-                outcome: outcome as i32,
+                outcome: wire_outcome(outcome) as i32,
             })
             .await
             .map(|r| r.into_inner().stale)
@@ -951,9 +896,7 @@ impl Target for GrpcTarget {
 
     async fn settle(&mut self, label: &str) -> Answer {
         self.quiesce().await;
-        self.waiting
-            .answer(label)
-            .unwrap_or_else(|| panic!("no waiting request is labelled {label}"))
+        self.waiting.answer(label)
     }
 
     async fn inspect(&mut self, key: &str) -> Reading {

@@ -13,13 +13,14 @@ use fusebox::proto::v1 as pb;
 use pb::watch_event::Event;
 use tonic::Streaming;
 
-use crate::admin::{acquire, advance, by, call, complete, get, request, ticket, LIMIT};
-use crate::harness::{millis, Server};
+use crate::admin::{acquire, advance, call, complete, get, request, ticket, LIMIT};
+use crate::harness::{millis, steer, Server};
 
 /// How long a test waits for the next message of a stream.
 const NEXT: Duration = Duration::from_secs(5);
 
-async fn watch(server: &Server, prefix: &str) -> Streaming<pb::WatchEvent> {
+/// A Watch of the keys under `prefix`.
+pub(crate) async fn watch(server: &Server, prefix: &str) -> Streaming<pb::WatchEvent> {
     server
         .admin()
         .await
@@ -32,7 +33,7 @@ async fn watch(server: &Server, prefix: &str) -> Streaming<pb::WatchEvent> {
 }
 
 /// The next event of a stream, within `limit`.
-async fn next(stream: &mut Streaming<pb::WatchEvent>, limit: Duration) -> Event {
+pub(crate) async fn next(stream: &mut Streaming<pb::WatchEvent>, limit: Duration) -> Event {
     tokio::time::timeout(limit, stream.message())
         .await
         .unwrap_or_else(|_| panic!("no Watch event within {limit:?}"))
@@ -170,24 +171,10 @@ async fn watch_sends_a_snapshot_then_every_transition_in_order_per_key() {
                 call(&mut c, &key, pb::Outcome::Failure).await,
                 pb::Phase::Open
             );
-            admin
-                .isolate(by(
-                    &who,
-                    pb::IsolateRequest {
-                        key: key.clone(),
-                        reason: format!("isolate {i}"),
-                    },
-                ))
+            steer(&mut admin, true, Some(&who), &key, &format!("isolate {i}"))
                 .await
                 .expect("Isolate answers");
-            admin
-                .close(by(
-                    &who,
-                    pb::CloseRequest {
-                        key: key.clone(),
-                        reason: format!("close {i}"),
-                    },
-                ))
+            steer(&mut admin, false, Some(&who), &key, &format!("close {i}"))
                 .await
                 .expect("Close answers");
             assert_eq!(
@@ -206,14 +193,7 @@ async fn watch_sends_a_snapshot_then_every_transition_in_order_per_key() {
                 call(&mut c, &key, pb::Outcome::Success).await,
                 pb::Phase::Closed
             );
-            admin
-                .close(by(
-                    &who,
-                    pb::CloseRequest {
-                        key: key.clone(),
-                        reason: format!("reset {i}"),
-                    },
-                ))
+            steer(&mut admin, false, Some(&who), &key, &format!("reset {i}"))
                 .await
                 .expect("Close answers");
         }));
@@ -454,18 +434,15 @@ async fn a_watcher_that_never_reads_gets_lagged_then_a_fresh_snapshot() {
     }
 
     // After the fresh snapshot only new events follow: the next one is this.
-    server
-        .admin()
-        .await
-        .close(by(
-            "after",
-            pb::CloseRequest {
-                key: "flood/00".into(),
-                reason: "marker".into(),
-            },
-        ))
-        .await
-        .expect("Close answers");
+    steer(
+        &mut server.admin().await,
+        false,
+        Some("after"),
+        "flood/00",
+        "marker",
+    )
+    .await
+    .expect("Close answers");
     match next(&mut stalled, NEXT).await {
         Event::Transition(t) => {
             assert_eq!(

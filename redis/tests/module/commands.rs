@@ -6,31 +6,11 @@ use std::time::Duration;
 
 use crate::harness::{wait_for, Replicated, Standalone};
 use crate::resp::{Conn, Reply};
+use crate::{array, bulk, error, hex, int, nil, view};
 
 /// Consecutive mode, 2 failures, a 1 s break: the worked example of SPEC
 /// section 6.
 const TRIP_2: &str = r#"{"breaker":{"mode":"consecutive","failures":2,"break":1000}}"#;
-
-fn bulk(text: &str) -> Reply {
-    Reply::Bulk(Some(text.as_bytes().to_vec()))
-}
-
-fn nil() -> Reply {
-    Reply::Bulk(None)
-}
-
-fn int(n: i64) -> Reply {
-    Reply::Int(n)
-}
-
-fn array(items: Vec<Reply>) -> Reply {
-    Reply::Array(Some(items))
-}
-
-/// A ticket id as the module writes it: 32 lower-case hex digits.
-fn hex(id: u128) -> String {
-    format!("{id:032x}")
-}
 
 fn granted(id: u128, lease: i64) -> Reply {
     array(vec![
@@ -49,19 +29,6 @@ fn completed(stale: bool, phase: &str) -> Reply {
         bulk("phase"),
         bulk(phase),
     ])
-}
-
-fn error(text: &str) -> Reply {
-    Reply::Error(text.to_owned())
-}
-
-/// `FB.GET` parsed, or `None` for nil.
-fn view(conn: &mut Conn, key: &str, now: u64) -> Option<serde_json::Value> {
-    match conn.cmd(&["FB.GET", key, &now.to_string()]) {
-        Reply::Bulk(None) => None,
-        Reply::Bulk(Some(json)) => Some(serde_json::from_slice(&json).expect("FB.GET gives JSON")),
-        other => panic!("FB.GET {key}: {other:?}"),
-    }
 }
 
 /// `FB.ACQUIRE`'s reply without its last two elements (phase, now_ms), as
@@ -90,10 +57,9 @@ fn raw(conn: &mut Conn, key: &str) -> Reply {
 
 #[test]
 fn a_breaker_trips_after_its_failures_blocks_with_retry_after_then_probes_and_closes() {
-    let Some(redis) = Standalone::start("a_breaker_trips_after_its_failures") else {
+    let Some((_redis, mut c)) = Standalone::connected("a_breaker_trips_after_its_failures") else {
         return;
     };
-    let mut c = redis.server.conn();
     assert_eq!(view(&mut c, "dep", 0), None);
     assert_eq!(
         c.acq5(&["FB.ACQUIRE", "dep", "0", "1", TRIP_2]),
@@ -180,10 +146,9 @@ fn a_breaker_trips_after_its_failures_blocks_with_retry_after_then_probes_and_cl
 
 #[test]
 fn a_failed_probe_opens_a_new_break() {
-    let Some(redis) = Standalone::start("a_failed_probe_opens_a_new_break") else {
+    let Some((_redis, mut c)) = Standalone::connected("a_failed_probe_opens_a_new_break") else {
         return;
     };
-    let mut c = redis.server.conn();
     let policy = r#"{"breaker":{"mode":"consecutive","failures":1,"break":"1s"}}"#;
     c.acq5(&["FB.ACQUIRE", "k", "0", "a", policy]);
     assert_eq!(
@@ -203,10 +168,11 @@ fn a_failed_probe_opens_a_new_break() {
 
 #[test]
 fn stale_unknown_and_expired_tickets_are_told_apart() {
-    let Some(redis) = Standalone::start("stale_unknown_and_expired_tickets_are_told_apart") else {
+    let Some((_redis, mut c)) =
+        Standalone::connected("stale_unknown_and_expired_tickets_are_told_apart")
+    else {
         return;
     };
-    let mut c = redis.server.conn();
     let not_found =
         error("ERR ticket: not found; it is unknown, already completed, or its lease ended");
     // No key at all: the ticket is unknown.
@@ -264,10 +230,10 @@ fn stale_unknown_and_expired_tickets_are_told_apart() {
 
 #[test]
 fn isolate_refuses_everything_until_close() {
-    let Some(redis) = Standalone::start("isolate_refuses_everything_until_close") else {
+    let Some((_redis, mut c)) = Standalone::connected("isolate_refuses_everything_until_close")
+    else {
         return;
     };
-    let mut c = redis.server.conn();
     assert_eq!(
         c.cmd(&["FB.ISOLATE", "k", "0"]),
         error(
@@ -326,10 +292,11 @@ fn isolate_refuses_everything_until_close() {
 
 #[test]
 fn permits_are_denied_or_queued_by_the_limiter() {
-    let Some(redis) = Standalone::start("permits_are_denied_or_queued_by_the_limiter") else {
+    let Some((_redis, mut c)) =
+        Standalone::connected("permits_are_denied_or_queued_by_the_limiter")
+    else {
         return;
     };
-    let mut c = redis.server.conn();
     let policy = r#"{"limiter":{"kind":"concurrency","permits":1,"queue_limit":1}}"#;
     assert_eq!(
         c.acq5(&["FB.ACQUIRE", "k", "0", "1", policy]),
@@ -398,10 +365,9 @@ fn permits_are_denied_or_queued_by_the_limiter() {
 
 #[test]
 fn a_bad_argument_is_refused_naming_it_and_changes_nothing() {
-    let Some(redis) = Standalone::start("a_bad_argument_is_refused_naming_it") else {
+    let Some((_redis, mut c)) = Standalone::connected("a_bad_argument_is_refused_naming_it") else {
         return;
     };
-    let mut c = redis.server.conn();
     assert_eq!(
         c.acq5(&["FB.ACQUIRE", "k", "100", "1", TRIP_2]),
         granted(1, 30_000)
@@ -562,10 +528,10 @@ fn a_bad_argument_is_refused_naming_it_and_changes_nothing() {
 
 #[test]
 fn the_same_commands_write_the_same_bytes() {
-    let Some(redis) = Standalone::start("the_same_commands_write_the_same_bytes") else {
+    let Some((_redis, mut c)) = Standalone::connected("the_same_commands_write_the_same_bytes")
+    else {
         return;
     };
-    let mut c = redis.server.conn();
     let policy = r#"{"breaker":{"mode":"ratio","failure_ratio":0.5,"minimum_throughput":2,
         "sampling_window":"10s","break":"1s","multiplier":1.5},
         "limiter":{"kind":"token_bucket","capacity":3,"refill":1,"period":"100ms","queue_limit":2}}"#;
@@ -651,18 +617,12 @@ fn some_steps(c: &mut Conn, key: &str) {
 #[test]
 fn a_replica_holds_the_same_bytes_as_its_primary() {
     let test = "a_replica_holds_the_same_bytes_as_its_primary";
-    let Some(Replicated {
-        primary,
-        replica,
-        dir: _dir,
-    }) = Replicated::start(test, false)
-    else {
+    let Some((redis, mut p)) = Replicated::connected(test, false) else {
         return;
     };
-    let mut p = primary.conn();
     some_steps(&mut p, "k");
     assert_eq!(p.cmd(&["WAIT", "1", "5000"]), int(1));
-    let mut r = replica.conn();
+    let mut r = redis.replica.conn();
     assert_eq!(raw(&mut r, "k"), raw(&mut p, "k"));
     assert_eq!(view(&mut r, "k", 20), view(&mut p, "k", 20));
     let Reply::Error(e) = r.cmd(&["FB.CLOSE", "k", "30"]) else {
@@ -692,10 +652,10 @@ fn an_aof_replay_writes_the_same_bytes() {
 
 #[test]
 fn the_latest_time_taken_still_reads_back() {
-    let Some(redis) = Standalone::start("the_latest_time_taken_still_reads_back") else {
+    let Some((_redis, mut c)) = Standalone::connected("the_latest_time_taken_still_reads_back")
+    else {
         return;
     };
-    let mut c = redis.server.conn();
     let last = fusebox_redis::clock::MAX_NOW;
     assert_eq!(last, 9_007_167_718_740_992);
     let now = last.to_string();
@@ -734,10 +694,9 @@ fn the_latest_time_taken_still_reads_back() {
 /// with something to remember (a live ticket, a failure counted) does not.
 #[test]
 fn a_key_at_rest_expires_and_a_key_with_state_does_not() {
-    let Some(redis) = Standalone::start("a_key_at_rest_expires") else {
+    let Some((_redis, mut c)) = Standalone::connected("a_key_at_rest_expires") else {
         return;
     };
-    let mut c = redis.server.conn();
     let ttl = |c: &mut Conn| match c.cmd(&["PTTL", "idle"]) {
         Reply::Int(n) => n,
         other => panic!("PTTL answers a number, not {other:?}"),
@@ -804,12 +763,11 @@ fn list_step(conn: &mut Conn, args: &[&str]) -> (String, Listed) {
 
 #[test]
 fn fb_list_pages_through_the_fusebox_keys_matching_a_pattern() {
-    let Some(redis) =
-        Standalone::start("fb_list_pages_through_the_fusebox_keys_matching_a_pattern")
+    let Some((_redis, mut c)) =
+        Standalone::connected("fb_list_pages_through_the_fusebox_keys_matching_a_pattern")
     else {
         return;
     };
-    let mut c = redis.server.conn();
     let keys: Vec<String> = (0..7).map(|i| format!("svc:{i}")).collect();
     for (i, key) in keys.iter().enumerate() {
         let ticket = format!("{:x}", i + 1);
@@ -899,16 +857,10 @@ fn fb_list_pages_through_the_fusebox_keys_matching_a_pattern() {
 #[test]
 fn fb_policy_gives_a_key_a_new_policy_and_leaves_an_empty_key_empty() {
     let test = "fb_policy_gives_a_key_a_new_policy_and_leaves_an_empty_key_empty";
-    let Some(Replicated {
-        primary,
-        replica,
-        dir: _dir,
-    }) = Replicated::start(test, false)
-    else {
+    let Some((redis, mut p)) = Replicated::connected(test, false) else {
         return;
     };
     const TRIP_5: &str = r#"{"breaker":{"mode":"consecutive","failures":5,"break":2000}}"#;
-    let mut p = primary.conn();
     assert_eq!(p.cmd(&["FB.POLICY", "empty", "10", TRIP_5]), nil());
     assert_eq!(p.cmd(&["EXISTS", "empty"]), int(0));
     let Reply::Error(e) = p.cmd(&["FB.POLICY", "empty", "10", r#"{"breaker":{"mode":"x"}}"#])
@@ -972,7 +924,7 @@ fn fb_policy_gives_a_key_a_new_policy_and_leaves_an_empty_key_empty() {
         .text()
         .contains("\"failures\":5"));
     assert_eq!(p.cmd(&["WAIT", "1", "5000"]), int(1));
-    let mut r = replica.conn();
+    let mut r = redis.replica.conn();
     for key in ["k", "w", "empty"] {
         assert_eq!(raw(&mut r, key), raw(&mut p, key), "{key}");
     }
@@ -1005,10 +957,10 @@ fn packed_of(command: &str, reply: &Reply) -> String {
 /// (stale or not), and `REPLY` with another value is refused naming it.
 #[test]
 fn a_packed_reply_carries_the_arrays_fields() {
-    let Some(redis) = Standalone::start("a_packed_reply_carries_the_arrays_fields") else {
+    let Some((_redis, mut c)) = Standalone::connected("a_packed_reply_carries_the_arrays_fields")
+    else {
         return;
     };
-    let mut c = redis.server.conn();
     let policy = r#"{"breaker":{"mode":"consecutive","failures":1,"break":1000},
         "limiter":{"kind":"concurrency","permits":1,"queue_limit":2}}"#;
     // The same steps on two keys, one answered in arrays, one packed.

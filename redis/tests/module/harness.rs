@@ -11,7 +11,7 @@
 //! unless `FUSEBOX_TEST_REQUIRE_TOOLS=1` (as `./scripts/test` sets), under
 //! which it fails.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -25,8 +25,9 @@ fn required() -> bool {
     std::env::var("FUSEBOX_TEST_REQUIRE_TOOLS").is_ok_and(|v| v == "1")
 }
 
-/// `None` after saying why `test` is skipped, or a panic when tools are required.
-fn missing<T>(test: &str, why: &str) -> Option<T> {
+/// `None` after saying why `test` is skipped, or a panic when tools are
+/// required. The fusebox suite's other tools follow this rule too.
+pub fn missing<T>(test: &str, why: &str) -> Option<T> {
     assert!(
         !required(),
         "{test}: {why} (FUSEBOX_TEST_REQUIRE_TOOLS=1: missing tools fail the test; \
@@ -131,6 +132,23 @@ fn free_port() -> u16 {
     listener.local_addr().expect("local address").port()
 }
 
+/// Starts `program ARGS` with no standard input or output.
+pub fn spawn<S: AsRef<OsStr>>(program: &Path, args: &[S]) -> std::io::Result<Child> {
+    Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+}
+
+/// True when the server on `port` answers PING.
+fn pong(port: u16) -> bool {
+    Conn::connect(port).is_ok_and(
+        |mut conn| matches!(conn.call(&["PING"]), Ok(Reply::Simple(ref s)) if s == "PONG"),
+    )
+}
+
 /// A running `redis-server` with the module loaded.
 pub struct Server {
     /// Its client port on 127.0.0.1.
@@ -152,15 +170,40 @@ impl Server {
     /// Retries on a new port when the server exits (a port taken meanwhile).
     /// `cluster`: also give it a free port for the cluster bus.
     pub fn start(tools: &Tools, dir: &Path, extra: &[&str], cluster: bool) -> Server {
+        Server::start_with(tools, dir, &[], extra, cluster, None)
+    }
+
+    /// Starts `redis-server` as [`Server::start`] does, but with
+    /// `module_args` after the module's path (e.g. `secret-file PATH`) and,
+    /// with `tls` (redis-cli's TLS arguments, e.g. `--tls --cacert CA
+    /// --cert C --key K`), on a TLS port only: `--port 0 --tls-port PORT`
+    /// (`extra` names the server's certificate files); it is ready once
+    /// redis-cli with those arguments gets PONG. `port` is then the TLS
+    /// port. Retries on a new port when the server exits.
+    pub fn start_with(
+        tools: &Tools,
+        dir: &Path,
+        module_args: &[&str],
+        extra: &[&str],
+        cluster: bool,
+        tls: Option<&[&str]>,
+    ) -> Server {
         let mut last_log = String::new();
         for _attempt in 0..5 {
             let port = free_port();
             let node_dir = dir.join(port.to_string());
             std::fs::create_dir_all(&node_dir).expect("create the server's directory");
             let log = node_dir.join("redis.log");
-            let mut args: Vec<OsString> = vec![
-                "--port".into(),
-                port.to_string().into(),
+            let mut args: Vec<OsString> = match tls {
+                Some(_) => vec![
+                    "--port".into(),
+                    "0".into(),
+                    "--tls-port".into(),
+                    port.to_string().into(),
+                ],
+                None => vec!["--port".into(), port.to_string().into()],
+            };
+            args.extend([
                 "--bind".into(),
                 "127.0.0.1".into(),
                 "--dir".into(),
@@ -171,18 +214,14 @@ impl Server {
                 "no".into(),
                 "--loadmodule".into(),
                 tools.module.clone().into(),
-            ];
+            ]);
+            args.extend(module_args.iter().map(OsString::from));
             if cluster {
                 // The bus port is explicit: port + 10000 may be past 65535.
                 args.extend(["--cluster-port".into(), free_port().to_string().into()]);
             }
             args.extend(extra.iter().map(OsString::from));
-            let child = Command::new(&tools.server)
-                .args(&args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
+            let child = spawn(&tools.server, &args)
                 .unwrap_or_else(|e| panic!("start {}: {e}", tools.server.display()));
             let mut server = Server {
                 port,
@@ -196,10 +235,12 @@ impl Server {
                 if let Ok(Some(_)) = server.child.try_wait() {
                     break; // exited: most likely the port was taken
                 }
-                if let Ok(mut conn) = Conn::connect(port) {
-                    if matches!(conn.call(&["PING"]), Ok(Reply::Simple(ref s)) if s == "PONG") {
-                        return server;
-                    }
+                let ready = match tls {
+                    Some(tls) => redis_cli(tools, port, tls, &["PING"]).trim() == "PONG",
+                    None => pong(port),
+                };
+                if ready {
+                    return server;
                 }
                 sleep(Duration::from_millis(10));
             }
@@ -274,12 +315,7 @@ impl Server {
             "restart: redis-server on port {} is still running",
             self.port
         );
-        self.child = Command::new(&self.program)
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
+        self.child = spawn(&self.program, &self.args)
             .unwrap_or_else(|e| panic!("restart {}: {e}", self.program.display()));
         let port = self.port;
         let deadline = Instant::now() + timeout;
@@ -290,10 +326,8 @@ impl Server {
                     self.log()
                 );
             }
-            if let Ok(mut conn) = Conn::connect(port) {
-                if matches!(conn.call(&["PING"]), Ok(Reply::Simple(ref s)) if s == "PONG") {
-                    return;
-                }
+            if pong(port) {
+                return;
             }
             assert!(
                 Instant::now() < deadline,
@@ -325,6 +359,14 @@ impl Standalone {
         Standalone::start_with(test, &[])
     }
 
+    /// Starts one server and opens a connection to it, or `None` (skipped)
+    /// without the tools.
+    pub fn connected(test: &str) -> Option<(Standalone, Conn)> {
+        let redis = Standalone::start(test)?;
+        let conn = redis.server.conn();
+        Some((redis, conn))
+    }
+
     /// Starts one server with `extra` arguments after the defaults (a later
     /// setting wins), or `None` (skipped) without the tools.
     pub fn start_with(test: &str, extra: &[&str]) -> Option<Standalone> {
@@ -344,10 +386,9 @@ pub struct Replicated {
     pub primary: Server,
     /// Its replica (`--replicaof`), whose link is up.
     pub replica: Server,
-    /// The directory holding both servers' files, deleted when dropped: a
-    /// test that takes the servers apart keeps it (`dir: _dir`), or the
-    /// files (AOF, RDB) are gone while the servers run.
-    pub dir: tempfile::TempDir,
+    /// The directory holding both servers' files (AOF, RDB), deleted when
+    /// dropped, after the servers.
+    _dir: tempfile::TempDir,
 }
 
 impl Replicated {
@@ -380,8 +421,18 @@ impl Replicated {
         Some(Replicated {
             primary,
             replica,
-            dir,
+            _dir: dir,
         })
+    }
+}
+
+impl Replicated {
+    /// Starts both as [`Replicated::start`] does and opens a connection to
+    /// the primary, or `None` (skipped) without the tools.
+    pub fn connected(test: &str, aof: bool) -> Option<(Replicated, Conn)> {
+        let redis = Replicated::start(test, aof)?;
+        let conn = redis.primary.conn();
+        Some((redis, conn))
     }
 }
 
@@ -565,94 +616,6 @@ impl Cluster {
                 info_field(&info, "role").as_deref() == Some(role)
             })
             .collect()
-    }
-}
-
-/// Starting servers with module arguments or TLS, for the fusebox suite's
-/// trust tests (these tests do not use them).
-#[allow(dead_code)]
-impl Server {
-    /// Starts `redis-server` as [`Server::start`] does, but with
-    /// `module_args` after the module's path (e.g. `secret-file PATH`) and,
-    /// with `tls` (redis-cli's TLS arguments, e.g. `--tls --cacert CA
-    /// --cert C --key K`), on a TLS port only: `--port 0 --tls-port PORT`
-    /// (`extra` names the server's certificate files); it is ready once
-    /// redis-cli with those arguments gets PONG. `port` is then the TLS
-    /// port. Retries on a new port when the server exits.
-    pub fn start_with(
-        tools: &Tools,
-        dir: &Path,
-        module_args: &[&str],
-        extra: &[&str],
-        cluster: bool,
-        tls: Option<&[&str]>,
-    ) -> Server {
-        let mut last_log = String::new();
-        for _attempt in 0..5 {
-            let port = free_port();
-            let node_dir = dir.join(port.to_string());
-            std::fs::create_dir_all(&node_dir).expect("create the server's directory");
-            let log = node_dir.join("redis.log");
-            let mut args: Vec<OsString> = match tls {
-                Some(_) => vec![
-                    "--port".into(),
-                    "0".into(),
-                    "--tls-port".into(),
-                    port.to_string().into(),
-                ],
-                None => vec!["--port".into(), port.to_string().into()],
-            };
-            args.extend([
-                "--bind".into(),
-                "127.0.0.1".into(),
-                "--dir".into(),
-                node_dir.clone().into(),
-                "--logfile".into(),
-                log.clone().into(),
-                "--daemonize".into(),
-                "no".into(),
-                "--loadmodule".into(),
-                tools.module.clone().into(),
-            ]);
-            args.extend(module_args.iter().map(OsString::from));
-            if cluster {
-                args.extend(["--cluster-port".into(), free_port().to_string().into()]);
-            }
-            args.extend(extra.iter().map(OsString::from));
-            let child = Command::new(&tools.server)
-                .args(&args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| panic!("start {}: {e}", tools.server.display()));
-            let mut server = Server {
-                port,
-                dir: node_dir,
-                child,
-                program: tools.server.clone(),
-                args,
-            };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = server.child.try_wait() {
-                    break; // exited: most likely the port was taken
-                }
-                let ready = match tls {
-                    Some(tls) => redis_cli(tools, port, tls, &["PING"]).trim() == "PONG",
-                    None => Conn::connect(port).is_ok_and(|mut conn| {
-                        matches!(conn.call(&["PING"]), Ok(Reply::Simple(ref s)) if s == "PONG")
-                    }),
-                };
-                if ready {
-                    return server;
-                }
-                sleep(Duration::from_millis(10));
-            }
-            last_log = std::fs::read_to_string(&log).unwrap_or_default();
-            drop(server);
-        }
-        panic!("redis-server did not start in 5 attempts; its last log:\n{last_log}");
     }
 }
 

@@ -9,10 +9,42 @@ mod resp;
 mod state;
 
 use harness::{Cluster, Standalone};
-use resp::Reply;
+use resp::{Conn, Reply};
+
+// Replies as the tests write them.
+
+fn bulk(text: &str) -> Reply {
+    Reply::Bulk(Some(text.as_bytes().to_vec()))
+}
+
+fn nil() -> Reply {
+    Reply::Bulk(None)
+}
+
+fn int(n: i64) -> Reply {
+    Reply::Int(n)
+}
+
+fn array(items: Vec<Reply>) -> Reply {
+    Reply::Array(Some(items))
+}
 
 fn error(text: &str) -> Reply {
     Reply::Error(text.to_owned())
+}
+
+/// A ticket id as the module writes it: 32 lower-case hex digits.
+fn hex(id: u128) -> String {
+    format!("{id:032x}")
+}
+
+/// `FB.GET` parsed, or `None` for nil.
+fn view(conn: &mut Conn, key: &str, now: u64) -> Option<serde_json::Value> {
+    match conn.cmd(&["FB.GET", key, &now.to_string()]) {
+        Reply::Bulk(None) => None,
+        Reply::Bulk(Some(json)) => Some(serde_json::from_slice(&json).expect("FB.GET gives JSON")),
+        other => panic!("FB.GET {key}: {other:?}"),
+    }
 }
 
 #[test]
@@ -43,11 +75,11 @@ fn the_module_loads_as_fusebox() {
 
 #[test]
 fn fb_version_names_the_module_and_the_state_encoding() {
-    let Some(redis) = Standalone::start("fb_version_names_the_module_and_the_state_encoding")
+    let Some((_redis, mut conn)) =
+        Standalone::connected("fb_version_names_the_module_and_the_state_encoding")
     else {
         return;
     };
-    let mut conn = redis.server.conn();
     let version = conn.cmd(&["FB.VERSION"]);
     assert_eq!(
         version,
@@ -68,12 +100,11 @@ fn fb_version_names_the_module_and_the_state_encoding() {
 
 #[test]
 fn fb_keycheck_accepts_valid_keys_and_names_the_field_it_refuses() {
-    let Some(redis) =
-        Standalone::start("fb_keycheck_accepts_valid_keys_and_names_the_field_it_refuses")
+    let Some((_redis, mut conn)) =
+        Standalone::connected("fb_keycheck_accepts_valid_keys_and_names_the_field_it_refuses")
     else {
         return;
     };
-    let mut conn = redis.server.conn();
     for key in ["payments", "payments/eu-west/ünïcode", &"x".repeat(256)] {
         assert!(conn.cmd(&["FB.KEYCHECK", key]).is_ok(), "{key}");
     }
@@ -101,10 +132,11 @@ fn fb_keycheck_accepts_valid_keys_and_names_the_field_it_refuses() {
 
 #[test]
 fn fb_keycheck_reads_the_key_as_a_versioned_string() {
-    let Some(redis) = Standalone::start("fb_keycheck_reads_the_key_as_a_versioned_string") else {
+    let Some((_redis, mut conn)) =
+        Standalone::connected("fb_keycheck_reads_the_key_as_a_versioned_string")
+    else {
         return;
     };
-    let mut conn = redis.server.conn();
     let state = b"FBX\x02\x00any payload\xff";
     assert!(conn.cmd(&[&b"SET"[..], b"fuse/ok", &state[..]]).is_ok());
     assert!(conn.cmd(&["FB.KEYCHECK", "fuse/ok"]).is_ok());
@@ -133,10 +165,11 @@ fn fb_keycheck_reads_the_key_as_a_versioned_string() {
 
 #[test]
 fn commands_name_their_keys_for_cluster_routing() {
-    let Some(redis) = Standalone::start("commands_name_their_keys_for_cluster_routing") else {
+    let Some((_redis, mut conn)) =
+        Standalone::connected("commands_name_their_keys_for_cluster_routing")
+    else {
         return;
     };
-    let mut conn = redis.server.conn();
     assert_eq!(
         conn.cmd(&["COMMAND", "GETKEYS", "FB.KEYCHECK", "k"]),
         Reply::Array(Some(vec![Reply::Bulk(Some(b"k".to_vec()))]))

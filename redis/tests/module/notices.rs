@@ -6,26 +6,11 @@ use std::time::Duration;
 
 use crate::harness::{info_field, wait_for, Replicated, Server, Standalone};
 use crate::resp::{Conn, Reply};
+use crate::{bulk, hex, int, nil};
 
 /// One permit, a queue of 4, and a breaker that trips on 1 failure.
 const ONE: &str = r#"{"breaker":{"mode":"consecutive","failures":1,"break":1000},
     "limiter":{"kind":"concurrency","permits":1,"queue_limit":4}}"#;
-
-fn bulk(text: &str) -> Reply {
-    Reply::Bulk(Some(text.as_bytes().to_vec()))
-}
-
-fn nil() -> Reply {
-    Reply::Bulk(None)
-}
-
-fn int(n: i64) -> Reply {
-    Reply::Int(n)
-}
-
-fn hex(id: u128) -> String {
-    format!("{id:032x}")
-}
 
 fn json(reply: &Reply) -> serde_json::Value {
     serde_json::from_str(&reply.text()).expect("JSON")
@@ -61,15 +46,9 @@ fn wall_ms() -> u64 {
 #[test]
 fn a_star_time_is_the_servers_clock_and_replicates_as_a_number() {
     let test = "a_star_time_is_the_servers_clock_and_replicates_as_a_number";
-    let Some(Replicated {
-        primary,
-        replica,
-        dir: _dir,
-    }) = Replicated::start(test, true)
-    else {
+    let Some((redis, mut p)) = Replicated::connected(test, true) else {
         return;
     };
-    let mut p = primary.conn();
     let before = wall_ms();
     let reply = p.cmd(&["FB.ACQUIRE", "k", "*", "1", ONE]);
     let after = wall_ms();
@@ -102,11 +81,11 @@ fn a_star_time_is_the_servers_clock_and_replicates_as_a_number() {
     );
 
     assert_eq!(p.cmd(&["WAIT", "1", "5000"]), int(1));
-    let mut r = replica.conn();
+    let mut r = redis.replica.conn();
     assert_eq!(r.cmd(&["GET", "k"]), p.cmd(&["GET", "k"]));
     // The AOF holds the bytes each step wrote (FB.PATCH), never the
     // command with *: a replay writes them again without the step.
-    let aof_dir = primary.dir.join("appendonlydir");
+    let aof_dir = redis.primary.dir.join("appendonlydir");
     let aof: Vec<u8> = wait_for("the AOF holding the steps", Duration::from_secs(10), || {
         let mut all = Vec::new();
         for entry in std::fs::read_dir(&aof_dir).ok()? {
@@ -133,10 +112,11 @@ fn a_star_time_is_the_servers_clock_and_replicates_as_a_number() {
 
 #[test]
 fn a_status_check_on_an_empty_key_makes_no_key() {
-    let Some(redis) = Standalone::start("a_status_check_on_an_empty_key_makes_no_key") else {
+    let Some((_redis, mut c)) =
+        Standalone::connected("a_status_check_on_an_empty_key_makes_no_key")
+    else {
         return;
     };
-    let mut c = redis.server.conn();
     let reply = c.cmd(&["FB.ACQUIRE", "k", "*", "1", ONE, "PERMITS", "0"]);
     assert_eq!(
         reply.items()[..6],
@@ -257,11 +237,11 @@ fn answers_and_events_are_published_and_settle_reports_a_waiter() {
 
 #[test]
 fn withdraw_tells_withdrawn_released_and_unknown_apart() {
-    let Some(redis) = Standalone::start("withdraw_tells_withdrawn_released_and_unknown_apart")
+    let Some((_redis, mut c)) =
+        Standalone::connected("withdraw_tells_withdrawn_released_and_unknown_apart")
     else {
         return;
     };
-    let mut c = redis.server.conn();
     c.cmd(&["FB.ACQUIRE", "w", "0", "1", ONE]);
     c.cmd(&["FB.ACQUIRE", "w", "1", "2", ONE, "MAXWAIT", "1000"]);
     assert_eq!(c.cmd(&["FB.WITHDRAW", "w", "2", "2"]), bulk("withdrawn"));
@@ -287,34 +267,31 @@ fn withdraw_tells_withdrawn_released_and_unknown_apart() {
 
 #[test]
 fn a_replica_does_not_publish() {
-    let Some(Replicated {
-        primary,
-        replica,
-        dir: _dir,
-    }) = Replicated::start("a_replica_does_not_publish", false)
-    else {
+    let Some((redis, mut p)) = Replicated::connected("a_replica_does_not_publish", false) else {
         return;
     };
-    let mut on_primary = subscriber(&primary);
-    let mut on_replica = subscriber(&replica);
-    let mut p = primary.conn();
+    let mut on_primary = subscriber(&redis.primary);
+    let mut on_replica = subscriber(&redis.replica);
     p.cmd(&["FB.ACQUIRE", "k", "0", "1", ONE]);
     p.cmd(&["FB.COMPLETE", "k", "1", "1", "failure"]);
     assert_eq!(p.cmd(&["WAIT", "1", "5000"]), int(1));
     assert_eq!(message(&mut on_primary).1["to"], "open");
     // The replica ran the same commands; the first message its subscriber
     // sees is a marker published after them.
-    replica.conn().cmd(&["PUBLISH", "fusebox:events", "marker"]);
+    redis
+        .replica
+        .conn()
+        .cmd(&["PUBLISH", "fusebox:events", "marker"]);
     assert_eq!(message(&mut on_replica).1, "marker");
 }
 
 #[test]
 fn the_timer_settles_an_ended_lease_on_the_servers_clock() {
-    let Some(redis) = Standalone::start("the_timer_settles_an_ended_lease_on_the_servers_clock")
+    let Some((_redis, mut c)) =
+        Standalone::connected("the_timer_settles_an_ended_lease_on_the_servers_clock")
     else {
         return;
     };
-    let mut c = redis.server.conn();
     let reply = c.cmd(&["FB.ACQUIRE", "t", "*", "1", ONE, "LEASE", "50"]);
     assert_eq!(reply.items()[0], bulk("granted"));
     // Read the stored bytes, not FB.GET (which settles on a copy): only the

@@ -8,14 +8,11 @@ use std::time::Duration;
 use fusebox_domain::{Ask, Fuse, Outcome, PolicySpec, TicketId};
 
 use crate::harness::{info_field, wait_for, Replicated, Standalone};
+use crate::hex;
 use crate::resp::{Conn, Reply};
 
 const POLICY: &str = r#"{"breaker":{"mode":"consecutive","failures":2,"break":"10s"},
     "limiter":{"kind":"concurrency","permits":5000}}"#;
-
-fn hex(id: u128) -> String {
-    format!("{id:032x}")
-}
 
 fn bytes(reply: Reply) -> Vec<u8> {
     match reply {
@@ -24,11 +21,9 @@ fn bytes(reply: Reply) -> Vec<u8> {
     }
 }
 
+/// `FB.GET` of a key that must be there.
 fn view(c: &mut Conn, key: &str, now: u64) -> serde_json::Value {
-    match c.cmd(&["FB.GET", key, &now.to_string()]) {
-        Reply::Bulk(Some(json)) => serde_json::from_slice(&json).expect("FB.GET gives JSON"),
-        other => panic!("FB.GET {key}: {other:?}"),
-    }
+    crate::view(c, key, now).unwrap_or_else(|| panic!("FB.GET {key}: nil"))
 }
 
 fn offset(c: &mut Conn) -> u64 {
@@ -42,10 +37,9 @@ fn offset(c: &mut Conn) -> u64 {
 /// encoding at its next step, its tickets and counts kept.
 #[test]
 fn a_value_of_the_first_encoding_is_read_and_written_back_in_the_current_one() {
-    let Some(redis) = Standalone::start("a_value_of_the_first_encoding") else {
+    let Some((_redis, mut c)) = Standalone::connected("a_value_of_the_first_encoding") else {
         return;
     };
-    let mut c = redis.server.conn();
     let spec: PolicySpec = serde_json::from_str(POLICY).unwrap();
     let mut fuse = Fuse::new(spec.validate().unwrap(), 100);
     for id in 1..=3u128 {
@@ -82,10 +76,9 @@ fn a_value_of_the_first_encoding_is_read_and_written_back_in_the_current_one() {
 /// kept.
 #[test]
 fn a_value_of_the_second_encoding_is_read_and_written_back_in_the_current_one() {
-    let Some(redis) = Standalone::start("a_value_of_the_second_encoding") else {
+    let Some((_redis, mut c)) = Standalone::connected("a_value_of_the_second_encoding") else {
         return;
     };
-    let mut c = redis.server.conn();
     let hex_value = include_str!("fixtures/v2-five-tickets.hex").trim();
     let old: Vec<u8> = (0..hex_value.len())
         .step_by(2)
@@ -125,15 +118,11 @@ fn a_value_of_the_second_encoding_is_read_and_written_back_in_the_current_one() 
 /// replica holds the same bytes.
 #[test]
 fn a_step_on_a_key_with_a_thousand_tickets_replicates_only_what_it_wrote() {
-    let Some(Replicated {
-        primary,
-        replica,
-        dir: _dir,
-    }) = Replicated::start("a_step_on_a_key_with_a_thousand_tickets", false)
+    let Some((redis, mut p)) =
+        Replicated::connected("a_step_on_a_key_with_a_thousand_tickets", false)
     else {
         return;
     };
-    let mut p = primary.conn();
     for id in 1..=1000u128 {
         let reply = p.cmd(&["FB.ACQUIRE", "many", "5", &hex(id), POLICY]);
         assert_eq!(reply.items()[0], Reply::Bulk(Some(b"granted".to_vec())));
@@ -152,7 +141,7 @@ fn a_step_on_a_key_with_a_thousand_tickets_replicates_only_what_it_wrote() {
         "three steps replicated {sent} bytes of a {size}-byte value"
     );
     assert_eq!(p.cmd(&["WAIT", "1", "5000"]), Reply::Int(1));
-    let mut r = replica.conn();
+    let mut r = redis.replica.conn();
     assert_eq!(r.cmd(&["GET", "many"]), p.cmd(&["GET", "many"]));
     assert_eq!(view(&mut r, "many", 7)["live_tickets"], 999);
 }
@@ -160,10 +149,9 @@ fn a_step_on_a_key_with_a_thousand_tickets_replicates_only_what_it_wrote() {
 /// `FB.PATCH` is how a primary replicates; a client cannot send it.
 #[test]
 fn fb_patch_is_refused_to_a_client() {
-    let Some(redis) = Standalone::start("fb_patch_is_refused_to_a_client") else {
+    let Some((_redis, mut c)) = Standalone::connected("fb_patch_is_refused_to_a_client") else {
         return;
     };
-    let mut c = redis.server.conn();
     let Reply::Error(e) = c.cmd(&["FB.PATCH", "k", "anything"]) else {
         panic!("FB.PATCH must be refused");
     };
@@ -175,21 +163,15 @@ fn fb_patch_is_refused_to_a_client() {
 /// it on the same connection counts them.
 #[test]
 fn fb_fence_writes_nothing_and_reaches_the_replicas() {
-    let Some(Replicated {
-        primary,
-        replica,
-        dir: _dir,
-    }) = Replicated::start("fb_fence_writes_nothing", false)
-    else {
+    let Some((redis, mut p)) = Replicated::connected("fb_fence_writes_nothing", false) else {
         return;
     };
-    let mut p = primary.conn();
     let before = offset(&mut p);
     assert!(p.cmd(&["FB.FENCE", "k"]).is_ok());
     assert!(offset(&mut p) > before, "the fence is replicated");
     assert_eq!(p.cmd(&["WAIT", "1", "5000"]), Reply::Int(1));
     assert_eq!(p.cmd(&["EXISTS", "k"]), Reply::Int(0));
-    assert_eq!(replica.conn().cmd(&["EXISTS", "k"]), Reply::Int(0));
+    assert_eq!(redis.replica.conn().cmd(&["EXISTS", "k"]), Reply::Int(0));
 }
 
 fn census(c: &mut Conn, args: &[&str]) -> (Vec<(String, i64)>, Vec<String>) {
@@ -224,10 +206,9 @@ fn count(counts: &[(String, i64)], name: &str) -> i64 {
 /// counted by the background pass.
 #[test]
 fn fb_census_counts_what_is_not_at_rest_and_the_pass_counts_the_keys() {
-    let Some(redis) = Standalone::start("fb_census_counts") else {
+    let Some((_redis, mut c)) = Standalone::connected("fb_census_counts") else {
         return;
     };
-    let mut c = redis.server.conn();
     for key in ["svc:open", "svc:open2"] {
         for id in 1..=2u128 {
             c.cmd(&["FB.ACQUIRE", key, "*", &hex(id), POLICY]);
@@ -265,10 +246,9 @@ fn fb_census_counts_what_is_not_at_rest_and_the_pass_counts_the_keys() {
 /// each with a few `SCAN` steps, never one walk of everything.
 #[test]
 fn one_fb_list_call_does_bounded_work() {
-    let Some(redis) = Standalone::start("one_fb_list_call_does_bounded_work") else {
+    let Some((_redis, mut c)) = Standalone::connected("one_fb_list_call_does_bounded_work") else {
         return;
     };
-    let mut c = redis.server.conn();
     for i in 0..4000 {
         c.cmd(&["SET", &format!("other:{i}"), "x"]);
     }
@@ -308,10 +288,9 @@ fn one_fb_list_call_does_bounded_work() {
 
 #[test]
 fn fb_list_never_answers_more_than_count_and_goes_on_inside_a_bucket() {
-    let Some(redis) = Standalone::start("fb_list_goes_on_inside_a_bucket") else {
+    let Some((_redis, mut c)) = Standalone::connected("fb_list_goes_on_inside_a_bucket") else {
         return;
     };
-    let mut c = redis.server.conn();
     // 300 keys in a table of 512 buckets: many buckets hold two or more,
     // more than a call of COUNT 1 may answer.
     let mut made: Vec<String> = (0..300u128)

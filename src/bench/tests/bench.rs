@@ -9,12 +9,26 @@ mod harness;
 use serde_json::Value;
 
 use fusebox::proto::v1 as pb;
-use harness::{bench, server_bin, Server, BENCH};
+use harness::{bench, server_bin, Run, Server, BENCH};
 
-/// The JSON file a bench run wrote.
-fn read_json(path: &std::path::Path) -> Value {
-    let text = std::fs::read_to_string(path).expect("bench wrote its JSON file");
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+/// Runs `fusebox-bench ARGS --json FILE`, which must succeed: what it
+/// printed, and the JSON document it wrote.
+async fn bench_json(args: &[&str]) -> (Run, Value) {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("bench.json");
+    let mut all = args.to_vec();
+    all.extend(["--json", path.to_str().expect("a UTF-8 path")]);
+    let run = bench(&all).await;
+    assert_eq!(
+        run.code,
+        Some(0),
+        "fusebox-bench {} succeeds: {}",
+        args.join(" "),
+        run.stderr
+    );
+    let text = std::fs::read_to_string(&path).expect("bench wrote its JSON file");
+    let doc = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+    (run, doc)
 }
 
 fn number(v: &Value, field: &str) -> f64 {
@@ -44,9 +58,7 @@ fn check_row(row: &Value) {
 
 #[tokio::test]
 async fn arms_against_a_server_of_its_own() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let json = dir.path().join("bench.json");
-    let run = bench(&[
+    let (run, doc) = bench_json(&[
         "--duration",
         "1s",
         "--warmup",
@@ -61,12 +73,8 @@ async fn arms_against_a_server_of_its_own() {
         "2",
         "--in-flight",
         "2",
-        "--json",
-        json.to_str().expect("a UTF-8 path"),
     ])
     .await;
-    assert_eq!(run.code, Some(0), "fusebox-bench succeeds: {}", run.stderr);
-    let doc = read_json(&json);
     assert_eq!(doc["mode"], "arms");
     assert_eq!(doc["tool"], "fusebox-bench");
     assert_eq!(doc["command_line"][0], BENCH);
@@ -111,10 +119,8 @@ async fn arms_against_a_server_of_its_own() {
 async fn fill_creates_the_keys_the_server_lists() {
     let server = Server::start().await;
     let http = server.http_addr.clone().expect("an HTTP address");
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let json = dir.path().join("fill.json");
     let target = format!("http://{}", server.addr);
-    let run = bench(&[
+    let (_, doc) = bench_json(&[
         "fill",
         "--keys",
         "300",
@@ -130,17 +136,8 @@ async fn fill_creates_the_keys_the_server_lists() {
         "2",
         "--in-flight",
         "2",
-        "--json",
-        json.to_str().expect("a UTF-8 path"),
     ])
     .await;
-    assert_eq!(
-        run.code,
-        Some(0),
-        "fusebox-bench fill succeeds: {}",
-        run.stderr
-    );
-    let doc = read_json(&json);
     assert_eq!(doc["mode"], "fill");
     let fill = &doc["figures"]["fill"];
     assert_eq!(fill["keys"], 300);
@@ -203,11 +200,9 @@ async fn fusebox_keys(server: &Server, prefix: &str) -> Vec<String> {
 async fn a_list_of_targets_shares_the_connections_and_sums_the_metrics() {
     let (a, b) = tokio::join!(Server::start(), Server::start());
     let http = |s: &Server| s.http_addr.clone().expect("an HTTP address");
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let json = dir.path().join("fill.json");
     let targets = format!("http://{},http://{}", a.addr, b.addr);
     let https = format!("{},{}", http(&a), http(&b));
-    let run = bench(&[
+    let (_, doc) = bench_json(&[
         "fill",
         "--keys",
         "300",
@@ -220,17 +215,8 @@ async fn a_list_of_targets_shares_the_connections_and_sums_the_metrics() {
         "2",
         "--in-flight",
         "2",
-        "--json",
-        json.to_str().expect("a UTF-8 path"),
     ])
     .await;
-    assert_eq!(
-        run.code,
-        Some(0),
-        "fusebox-bench fill succeeds: {}",
-        run.stderr
-    );
-    let doc = read_json(&json);
     let targets_json = &doc["settings"]["targets"];
     assert_eq!(targets_json.as_array().map(Vec::len), Some(2), "{doc}");
     let fill = &doc["figures"]["fill"];
@@ -261,9 +247,7 @@ fn row<'a>(results: &'a [Value], arm: &str) -> &'a Value {
 
 #[tokio::test]
 async fn stream_and_batch_make_decisions_compared_with_pair() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let json = dir.path().join("bench.json");
-    let run = bench(&[
+    let (run, doc) = bench_json(&[
         "--duration",
         "1s",
         "--warmup",
@@ -280,12 +264,8 @@ async fn stream_and_batch_make_decisions_compared_with_pair() {
         "2",
         "--frames",
         "20",
-        "--json",
-        json.to_str().expect("a UTF-8 path"),
     ])
     .await;
-    assert_eq!(run.code, Some(0), "fusebox-bench succeeds: {}", run.stderr);
-    let doc = read_json(&json);
     assert_eq!(doc["settings"]["frames"], 20);
     let results = doc["figures"]["results"].as_array().expect("results");
     assert_eq!(results.len(), 4, "{results:?}");
@@ -306,13 +286,11 @@ async fn stream_and_batch_make_decisions_compared_with_pair() {
 
 #[tokio::test]
 async fn a_rate_paces_pair_and_stream() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let json = dir.path().join("bench.json");
     // No warm-up: a paced caller that fell behind during one sends what
     // was due at once when it can (the schedule does not slip), so the
     // window would count decisions due before it. Without one, every
     // decision counted was due inside the window.
-    let run = bench(&[
+    let (_, doc) = bench_json(&[
         "--duration",
         "1s",
         "--warmup",
@@ -329,12 +307,8 @@ async fn a_rate_paces_pair_and_stream() {
         "2",
         "--rate",
         "400",
-        "--json",
-        json.to_str().expect("a UTF-8 path"),
     ])
     .await;
-    assert_eq!(run.code, Some(0), "fusebox-bench succeeds: {}", run.stderr);
-    let doc = read_json(&json);
     let results = doc["figures"]["results"].as_array().expect("results");
     // Decisions a paced arm keeps in flight at most: pair, one per caller
     // (2 connections x 2); stream, --frames (100) per stream, one stream
@@ -413,10 +387,8 @@ async fn without_a_fusebox_beside_it_the_tool_says_what_to_do() {
 
 #[tokio::test]
 async fn server_bin_names_the_server_the_tool_starts() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let json = dir.path().join("bench.json");
     let bin = server_bin();
-    let run = bench(&[
+    let (_, doc) = bench_json(&[
         "--server-bin",
         bin.to_str().expect("a UTF-8 path"),
         "--arms",
@@ -433,12 +405,8 @@ async fn server_bin_names_the_server_the_tool_starts() {
         "1",
         "--in-flight",
         "1",
-        "--json",
-        json.to_str().expect("a UTF-8 path"),
     ])
     .await;
-    assert_eq!(run.code, Some(0), "fusebox-bench succeeds: {}", run.stderr);
-    let doc = read_json(&json);
     assert_eq!(doc["settings"]["server_bin"], bin.to_str().expect("UTF-8"));
     check_row(&doc["figures"]["results"][0]);
 }

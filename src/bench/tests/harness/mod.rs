@@ -7,8 +7,14 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use fusebox::proto::v1 as pb;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+
+// The suite's way of starting programs and reaching a server, shared.
+#[path = "../../../../tests/suite/process.rs"]
+#[allow(dead_code)]
+mod process;
+
+pub use process::Run;
 
 /// The load tool under test.
 pub const BENCH: &str = env!("CARGO_BIN_EXE_fusebox-bench");
@@ -30,35 +36,9 @@ pub fn server_bin() -> PathBuf {
     bin
 }
 
-/// What one run of the tool did.
-pub struct Run {
-    pub code: Option<i32>,
-    pub stdout: String,
-    pub stderr: String,
-}
-
 /// Runs `program ARGS` to the end.
 pub async fn run(program: &Path, args: &[&str]) -> Run {
-    let output = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(PATIENCE, output)
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "`{} {}` ends within {PATIENCE:?}",
-                program.display(),
-                args.join(" ")
-            )
-        })
-        .expect("the program runs");
-    Run {
-        code: output.status.code(),
-        stdout: String::from_utf8(output.stdout).expect("stdout is UTF-8"),
-        stderr: String::from_utf8(output.stderr).expect("stderr is UTF-8"),
-    }
+    process::run(program, args, PATIENCE).await
 }
 
 /// Runs `fusebox-bench ARGS` to the end (after checking that the server it
@@ -80,31 +60,13 @@ pub struct Server {
 impl Server {
     /// Starts `fusebox serve` on free ports and reads the addresses it prints.
     pub async fn start() -> Server {
-        let mut child = Command::new(server_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("fusebox starts");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout piped")).lines();
-        let mut next = async || {
-            tokio::time::timeout(PATIENCE, lines.next_line())
-                .await
-                .expect("the server prints its addresses")
-                .expect("stdout readable")
-                .expect("the server runs until it has printed its addresses")
-        };
-        let first = next().await;
-        let addr = first
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("first line is `listening on ADDR`, not {first:?}"))
-            .to_owned();
-        let second = next().await;
-        let http_addr = second.strip_prefix("http on ").map(str::to_owned);
-        // Nothing more is expected; keep reading so the server never blocks.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let mut child = process::spawn(
+            Command::new(server_bin())
+                .args(["serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+                .stderr(Stdio::null()),
+            "fusebox starts",
+        );
+        let (addr, http_addr) = process::addresses(&mut child, PATIENCE).await;
         Server {
             _child: child,
             addr,
@@ -114,21 +76,11 @@ impl Server {
 
     /// An Admin client on a new connection.
     pub async fn admin(&self) -> pb::admin_client::AdminClient<tonic::transport::Channel> {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
-            .expect("an address")
-            .connect()
-            .await
-            .expect("the server accepts connections");
-        pb::admin_client::AdminClient::new(channel)
+        pb::admin_client::AdminClient::new(process::channel(&self.addr).await)
     }
 
     /// Reads a key.
     pub async fn get(&self, key: &str) -> pb::KeyState {
-        self.admin()
-            .await
-            .get_key(pb::GetKeyRequest { key: key.into() })
-            .await
-            .expect("GetKey answers")
-            .into_inner()
+        process::get_key(&mut self.admin().await, key).await
     }
 }
