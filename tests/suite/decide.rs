@@ -417,6 +417,10 @@ impl Target for DecideTarget {
     async fn close(&mut self, key: &str) {
         self.unary.steer(key, false).await;
     }
+
+    async fn set_policy(&mut self, policy: &fusebox::domain::PolicySpec) {
+        self.unary.set_default(policy).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -39,6 +39,8 @@ pub struct Step {
     /// A `complete`'s cost (U1); absent = what the ticket took.
     pub cost: Option<u32>,
     pub waiter: Option<String>,
+    /// A `set_policy`'s new policy for the key (Y4; extensions only).
+    pub policy: Option<PolicySpec>,
     pub expect: Expect,
 }
 
@@ -104,13 +106,16 @@ pub trait Target {
     async fn isolate(&mut self, key: &str);
     /// Closes a key.
     async fn close(&mut self, key: &str);
+    /// Puts `policy` in force for the vector's key (its default rule), from
+    /// the key's next operation on (Y4).
+    async fn set_policy(&mut self, policy: &PolicySpec);
 }
 
 /// Every vector in `tests/vectors/`, then every one in
 /// `tests/vectors-extensions/`, each directory by name.
 pub fn load_all() -> Vec<Vector> {
     let mut all = load_dir("tests/vectors", 24);
-    all.extend(load_dir("tests/vectors-extensions", 9));
+    all.extend(load_dir("tests/vectors-extensions", 10));
     all
 }
 
@@ -218,6 +223,11 @@ pub async fn replay<T: Target>(vector: &Vector, target: &mut T) -> Vec<String> {
             "close" => {
                 target
                     .close(step.key.as_deref().expect("close names a key"))
+                    .await
+            }
+            "set_policy" => {
+                target
+                    .set_policy(step.policy.as_ref().expect("set_policy names a policy"))
                     .await
             }
             other => c.failures.push(format!("step {i}: unknown op {other:?}")),
@@ -343,6 +353,12 @@ impl Target for CoreTarget {
 
     async fn inspect(&mut self, _key: &str) -> Reading {
         reading_of(&self.fuse.view(self.now))
+    }
+
+    async fn set_policy(&mut self, policy: &PolicySpec) {
+        let policy = policy.validate().expect("the step's policy is valid");
+        self.fuse.set_policy(policy, self.now).expect("set_policy");
+        self.collect();
     }
 
     async fn isolate(&mut self, _key: &str) {
@@ -694,6 +710,11 @@ impl Target for EngineTarget {
             .expect("isolate");
     }
 
+    async fn set_policy(&mut self, policy: &PolicySpec) {
+        let policy = policy.validate().expect("the step's policy is valid");
+        self.engine.set_default(policy).expect("set_default");
+    }
+
     async fn close(&mut self, key: &str) {
         self.engine
             .close(key, "vector step", "the vector runner")
@@ -766,6 +787,19 @@ impl End {
             free: s.free,
             queued: u64::from(s.queued),
         }
+    }
+
+    /// Replaces the default rule with `policy` through `Admin.SetPolicy`.
+    pub async fn set_default(&mut self, policy: &PolicySpec) {
+        let policy = policy.validate().expect("the step's policy is valid");
+        let rule = pb::PolicyRule {
+            r#match: String::new(),
+            policy: Some(fusebox::server::policy::wire_policy(&policy)),
+            default: true,
+        };
+        crate::admin::set_policy(&mut self.admin, rule)
+            .await
+            .expect("SetPolicy answers");
     }
 
     /// Isolates (`isolate`) or closes `key`.
@@ -946,6 +980,13 @@ impl Target for GrpcTarget {
 
     async fn close(&mut self, key: &str) {
         self.next().steer(key, false).await;
+    }
+
+    /// On every server, so that none acts on the old rules meanwhile.
+    async fn set_policy(&mut self, policy: &PolicySpec) {
+        for end in &mut self.ends {
+            end.set_default(policy).await;
+        }
     }
 }
 
