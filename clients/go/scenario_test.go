@@ -239,6 +239,9 @@ func startGuard(c *Client, spec *guardSpec, expect map[string]json.RawMessage) *
 		opts = append(opts, Lease(time.Duration(spec.LeaseMs)*time.Millisecond))
 	}
 	if spec.Cost != nil {
+		if spec.Call != "succeed" {
+			panic(fmt.Sprintf("cost needs call succeed, not %q", spec.Call))
+		}
 		cost := *spec.Cost
 		opts = append(opts, WithCost(func(error) (uint32, bool) { return cost, true }))
 	}
