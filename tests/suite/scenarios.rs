@@ -264,6 +264,7 @@ fn key_mismatch(k: &Map<String, Value>, state: &pb::KeyState) -> Option<String> 
             "consecutive_failures" => state.consecutive_failures.into(),
             "live_tickets" => state.live_tickets.into(),
             "waiters" => state.waiters.into(),
+            "free" => state.free.into(),
             "stats" => {
                 for (s, want) in want.as_object().expect("stats is an object") {
                     let got = match s.as_str() {
