@@ -42,6 +42,7 @@ pub async fn complete(
         .complete(pb::CompleteRequest {
             ticket,
             outcome: outcome as i32,
+            cost: None,
         })
         .await
         .map_err(call_error)?

@@ -190,6 +190,7 @@ impl Outcomes {
         queue.waiting.push_back(pb::CompleteRequest {
             ticket,
             outcome: outcome.wire(),
+            cost: None,
         });
         queue.queued += 1;
         self.start_sender(&mut queue);

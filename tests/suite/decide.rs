@@ -202,6 +202,7 @@ fn complete_frame(id: u64, ticket: &str, outcome: pb::Outcome) -> pb::DecideFram
         request: Some(Frame::Complete(pb::CompleteRequest {
             ticket: ticket.into(),
             outcome: outcome as i32,
+            cost: None,
         })),
     }
 }
@@ -220,6 +221,7 @@ fn successes(tickets: &[String]) -> Vec<pb::CompleteRequest> {
         .map(|t| pb::CompleteRequest {
             ticket: t.clone(),
             outcome: pb::Outcome::Success as i32,
+            cost: None,
         })
         .collect()
 }
@@ -1022,6 +1024,7 @@ async fn batches_answer_each_item_as_the_unary_call_in_order() {
     items.push(pb::CompleteRequest {
         ticket: UNKNOWN_TICKET.into(),
         outcome: pb::Outcome::Success as i32,
+        cost: None,
     });
     // The first ticket again: completed once only.
     items.push(items[0].clone());

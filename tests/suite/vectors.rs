@@ -888,6 +888,7 @@ impl Target for GrpcTarget {
             .complete(pb::CompleteRequest {
                 ticket,
                 outcome: wire_outcome(outcome) as i32,
+                cost: None,
             })
             .await
             .map(|r| r.into_inner().stale)

@@ -59,7 +59,7 @@ fn a_value_of_the_first_encoding_is_read_and_written_back_in_the_current_one() {
     let done = c.cmd(&["FB.COMPLETE", "old", "130", &hex(2), "success"]);
     assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
     let now = bytes(c.cmd(&["GET", "old"]));
-    assert!(now.starts_with(b"FBX\x03"), "written in version 3");
+    assert!(now.starts_with(b"FBX\x04"), "written in version 4");
     let after = view(&mut c, "old", 130);
     assert_eq!(after["live_tickets"], 1);
     assert_eq!(after["consecutive_failures"], 0);
@@ -72,7 +72,7 @@ fn a_value_of_the_first_encoding_is_read_and_written_back_in_the_current_one() {
 
 /// A value of encoding 2 (written by the module before its heap held
 /// leases; five live tickets, one failure counted) is read as it was, and
-/// written back in encoding 3 at its next step, every ticket and lease
+/// written back in encoding 4 at its next step, every ticket and lease
 /// kept.
 #[test]
 fn a_value_of_the_second_encoding_is_read_and_written_back_in_the_current_one() {
@@ -96,7 +96,7 @@ fn a_value_of_the_second_encoding_is_read_and_written_back_in_the_current_one() 
     let done = c.cmd(&["FB.COMPLETE", "old", "140", &hex(6), "success"]);
     assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
     let now = bytes(c.cmd(&["GET", "old"]));
-    assert!(now.starts_with(b"FBX\x03"), "written in version 3");
+    assert!(now.starts_with(b"FBX\x04"), "written in version 4");
     let after = view(&mut c, "old", 140);
     assert_eq!(after["live_tickets"], 4);
     assert_eq!(after["next_deadline"], 60100, "the other four end at 60100");
