@@ -91,8 +91,10 @@ def test_cost_from_the_result_is_settled(server, transport):
     with pytest.raises(ValueError, match="cost"):
         with client.guard("c/a") as g:
             g.report_cost(-1)
-    assert free() == 1  # the bad cost changed nothing: the permit stands (1 - 1 + 1)
-    assert server.key("c/a").stats.successes == 4
+    # The bad cost changed nothing: the call failed with it, and its ticket's permit stands.
+    assert free() == 0
+    stats = server.key("c/a").stats
+    assert (stats.successes, stats.failures) == (4, 1)
 
 
 def test_a_broken_cost_function_keeps_the_result(server):
