@@ -381,11 +381,19 @@ impl Target for DecideTarget {
         self.settle(&label).await
     }
 
-    async fn complete(&mut self, label: &str, outcome: &str) -> Result<bool, String> {
+    async fn complete(
+        &mut self,
+        label: &str,
+        outcome: &str,
+        cost: Option<u32>,
+    ) -> Result<bool, String> {
         self.quiesce().await;
         let ticket = self.waiting.token(label);
         let id = self.id();
-        let frame = complete_frame(id, &ticket, wire_outcome(outcome));
+        let mut frame = complete_frame(id, &ticket, wire_outcome(outcome));
+        if let Some(Frame::Complete(c)) = frame.request.as_mut() {
+            c.cost = cost;
+        }
         match self.stream.ask(frame).await.result {
             Some(Res::Complete(c)) => Ok(c.stale),
             Some(Res::Error(e)) => Err(code_name(Code::from(e.code))),

@@ -1,5 +1,7 @@
 //! The shared vectors of `tests/vectors/` (copied byte for byte from the
-//! contract) replayed step by step, every expectation checked.
+//! contract), and this project's vectors of the contract's extensions in
+//! `tests/vectors-extensions/` (same format, see its README), replayed step
+//! by step, every expectation checked.
 //!
 //! The runner is written once against [`Target`]; each way of reaching
 //! fusebox (the pure core here, the engine and the gRPC server elsewhere)
@@ -34,6 +36,8 @@ pub struct Step {
     pub label: Option<String>,
     pub ticket: Option<String>,
     pub outcome: Option<String>,
+    /// A `complete`'s cost (U1); absent = what the ticket took.
+    pub cost: Option<u32>,
     pub waiter: Option<String>,
     pub expect: Expect,
 }
@@ -84,8 +88,14 @@ pub trait Target {
     /// Sends an acquire; a request still waiting answers `QUEUED`. The ticket
     /// or waiter is remembered under `label`.
     async fn acquire(&mut self, step: &Step) -> Answer;
-    /// Completes the ticket remembered as `label`: `Ok(stale)` or `Err(code)`.
-    async fn complete(&mut self, label: &str, outcome: &str) -> Result<bool, String>;
+    /// Completes the ticket remembered as `label` with a `cost` (U1):
+    /// `Ok(stale)` or `Err(code)`.
+    async fn complete(
+        &mut self,
+        label: &str,
+        outcome: &str,
+        cost: Option<u32>,
+    ) -> Result<bool, String>;
     /// The answer of the waiter remembered as `label`, or `QUEUED`.
     async fn settle(&mut self, label: &str) -> Answer;
     /// Reads a key.
@@ -96,9 +106,17 @@ pub trait Target {
     async fn close(&mut self, key: &str);
 }
 
-/// Every vector in `tests/vectors/`, by name.
+/// Every vector in `tests/vectors/`, then every one in
+/// `tests/vectors-extensions/`, each directory by name.
 pub fn load_all() -> Vec<Vector> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors");
+    let mut all = load_dir("tests/vectors", 24);
+    all.extend(load_dir("tests/vectors-extensions", 9));
+    all
+}
+
+/// The vectors of `dir` (under the crate), at least `least` of them.
+fn load_dir(dir: &str, least: usize) -> Vec<Vector> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
     let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("tests/vectors exists")
         .map(|e| e.expect("readable entry").path())
@@ -106,8 +124,8 @@ pub fn load_all() -> Vec<Vector> {
         .collect();
     paths.sort();
     assert!(
-        paths.len() >= 24,
-        "expected the contract's vectors in {dir:?}"
+        paths.len() >= least,
+        "expected at least {least} vectors in {dir:?}"
     );
     paths
         .iter()
@@ -165,7 +183,7 @@ pub async fn replay<T: Target>(vector: &Vector, target: &mut T) -> Vec<String> {
             "complete" => {
                 let label = step.ticket.as_deref().expect("complete names a ticket");
                 let outcome = step.outcome.as_deref().expect("complete names an outcome");
-                match target.complete(label, outcome).await {
+                match target.complete(label, outcome, step.cost).await {
                     Ok(stale) => {
                         c.check("error", e.error.clone(), "none".to_owned());
                         c.check("stale", e.stale, stale);
@@ -301,9 +319,16 @@ impl Target for CoreTarget {
         answer_of(&decision)
     }
 
-    async fn complete(&mut self, label: &str, outcome: &str) -> Result<bool, String> {
+    async fn complete(
+        &mut self,
+        label: &str,
+        outcome: &str,
+        cost: Option<u32>,
+    ) -> Result<bool, String> {
         let id = self.labels[label];
-        let r = self.fuse.complete(id, outcome_of(outcome), self.now);
+        let r = self
+            .fuse
+            .complete_with_cost(id, outcome_of(outcome), cost, self.now);
         self.collect();
         r.map(|c| c.stale).map_err(|_| "NOT_FOUND".to_owned())
     }
@@ -632,11 +657,16 @@ impl Target for EngineTarget {
         self.settle(&label).await
     }
 
-    async fn complete(&mut self, label: &str, outcome: &str) -> Result<bool, String> {
+    async fn complete(
+        &mut self,
+        label: &str,
+        outcome: &str,
+        cost: Option<u32>,
+    ) -> Result<bool, String> {
         self.quiesce().await;
         match self
             .engine
-            .complete(&self.waiting.token(label), outcome_of(outcome))
+            .complete_with_cost(&self.waiting.token(label), outcome_of(outcome), cost)
         {
             Ok(done) => Ok(done.stale),
             Err(EngineError::TicketNotFound) => Err("NOT_FOUND".to_owned()),
@@ -880,7 +910,12 @@ impl Target for GrpcTarget {
         self.settle(&label).await
     }
 
-    async fn complete(&mut self, label: &str, outcome: &str) -> Result<bool, String> {
+    async fn complete(
+        &mut self,
+        label: &str,
+        outcome: &str,
+        cost: Option<u32>,
+    ) -> Result<bool, String> {
         self.quiesce().await;
         let ticket = self.waiting.token(label);
         self.next()
@@ -888,7 +923,7 @@ impl Target for GrpcTarget {
             .complete(pb::CompleteRequest {
                 ticket,
                 outcome: wire_outcome(outcome) as i32,
-                cost: None,
+                cost,
             })
             .await
             .map(|r| r.into_inner().stale)
