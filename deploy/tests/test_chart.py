@@ -152,7 +152,10 @@ def test_renders_valid_and_consistent(helm: Path, store: bool, tls: bool, auth: 
         volumes[mounts[str(config_path.parent)]]["configMap"]["name"] == one(objects, "ConfigMap")["metadata"]["name"]
     )
     config = tomllib.loads(one(objects, "ConfigMap")["data"][config_path.name])
-    assert "server" in config and "default" in config
+    assert "default" in config
+    # Numbers stay whole (Helm reads them as floats; the server wants integers).
+    assert config["server"] == {"max_connections": 10000, "idle_after": "10m"}
+    assert type(config["server"]["max_connections"]) is int
 
     def secret_file(path: str) -> tuple[str, str]:
         """The Secret and key that `path` is in, through the pod's mounts."""
