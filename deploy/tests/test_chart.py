@@ -14,6 +14,7 @@ import re
 import ssl
 import subprocess
 import tomllib
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -154,7 +155,17 @@ def test_renders_valid_and_consistent(helm: Path, store: bool, tls: bool, auth: 
     config = tomllib.loads(one(objects, "ConfigMap")["data"][config_path.name])
     assert "default" in config
     # Numbers stay whole (Helm reads them as floats; the server wants integers).
-    assert config["server"] == {"max_connections": 10000, "idle_after": "10m"}
+    service_name = one(objects, "Service")["metadata"]["name"]
+    assert config["server"] == {
+        "max_connections": 10000,
+        "idle_after": "10m",
+        "http_hosts": [
+            service_name,
+            f"{service_name}.{NAMESPACE}",
+            f"{service_name}.{NAMESPACE}.svc",
+            f"{service_name}.{NAMESPACE}.svc.cluster.local",
+        ],
+    }
     assert type(config["server"]["max_connections"]) is int
 
     def secret_file(path: str) -> tuple[str, str]:
@@ -306,6 +317,16 @@ def test_rendered_config_and_args_start_the_server(helm: Path, tmp_path: Path, t
             url = f"{scheme}://{server.http}{container[probe]['httpGet']['path']}"
             with urllib.request.urlopen(url, timeout=30, context=context) as r:
                 assert r.status == 200
+        # The HTTP side answers to the Service's DNS name, and not to another.
+        service = one(objects, "Service")["metadata"]["name"]
+        for host, status in ((f"{service}.{NAMESPACE}.svc:9090", 200), ("elsewhere.example", 403)):
+            request = urllib.request.Request(f"{scheme}://{server.http}/readyz", headers={"Host": host})
+            try:
+                with urllib.request.urlopen(request, timeout=30, context=context) as r:
+                    got = r.status
+            except urllib.error.HTTPError as e:
+                got = e.code
+            assert got == status, f"Host {host}: {got}"
     finally:
         server.stop()
 
