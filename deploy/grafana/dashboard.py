@@ -166,6 +166,25 @@ PANELS: list[Row | Panel] = [
         ("sum by (instance) (increase(fusebox_store_subscriptions_total{$sel}$rate))", "subscriptions {{instance}}"),
         ("sum by (channel) (increase(fusebox_store_notices_dropped_total{$sel}$rate))", "dropped {{channel}}"),
     ),
+    row("TLS and the data dir"),
+    panel(
+        "Certificate expires in",
+        "min by (instance) (fusebox_tls_certificate_expiry_seconds{$sel}) - time()",
+        unit="s",
+        legend="{{instance}}",
+    ),
+    panel(
+        "TLS failures/s",
+        ("sum(rate(fusebox_tls_handshake_failures_total{$sel}$rate))", "handshakes"),
+        ("sum(rate(fusebox_tls_reload_failures_total{$sel}$rate))", "certificate reloads"),
+        unit="ops",
+    ),
+    panel(
+        "Data dir writes/s",
+        ("sum(rate(fusebox_storage_commits_total{$sel}$rate))", "commits"),
+        ("sum(rate(fusebox_storage_write_failures_total{$sel}$rate))", "failures"),
+        unit="ops",
+    ),
     row("Process"),
     panel("Resident memory", "process_resident_memory_bytes{$sel}", unit="bytes", legend="{{instance}}"),
     panel(

@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -60,16 +61,23 @@ class Server:
     proc: subprocess.Popen
     grpc: str
     http: str
+    cli_args: list[str] = field(default_factory=list)  # e.g. --tls-ca for a TLS server
+    https_ca: Path | None = None  # the HTTP port speaks TLS, its certificate signed by this CA
 
     def get(self, path: str, timeout: float = 10.0) -> tuple[int, str]:
+        scheme, context = "http", None
+        if self.https_ca is not None:
+            scheme, context = "https", ssl.create_default_context(cafile=str(self.https_ca))
         try:
-            with urllib.request.urlopen(f"http://{self.http}{path}", timeout=timeout) as r:
+            with urllib.request.urlopen(f"{scheme}://{self.http}{path}", timeout=timeout, context=context) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
 
     def cli(self, *args: str) -> str:
-        out = subprocess.run([str(BIN), *args, "--server", self.grpc], capture_output=True, text=True, timeout=START)
+        out = subprocess.run(
+            [str(BIN), *args, "--server", self.grpc, *self.cli_args], capture_output=True, text=True, timeout=START
+        )
         assert out.returncode == 0, f"fusebox {' '.join(args)} failed: {out.stderr}"
         return out.stdout
 
@@ -105,6 +113,25 @@ def start_server(args: list[str], env: dict[str, str] | None = None) -> Server:
 def tmp_dir() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="fusebox-deploy-") as d:
         yield Path(d)
+
+
+def make_certs(directory: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate it signed for 127.0.0.1 (openssl):
+    (ca.crt, tls.crt, tls.key), as a kubernetes.io/tls Secret holds them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca, ca_key = directory / "ca.crt", directory / "ca.key"
+    cert, key, csr = directory / "tls.crt", directory / "tls.key", directory / "tls.csr"
+    ext = directory / "leaf.ext"
+    ext.write_text("basicConstraints=critical,CA:FALSE\nsubjectAltName=IP:127.0.0.1\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    for command in (
+        ["req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", "/CN=fusebox test CA"],
+        ["req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=fusebox"],
+        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert,
+         "-days", "2", "-extfile", ext],
+    ):  # fmt: skip
+        subprocess.run(["openssl", *map(str, command)], check=True, capture_output=True)
+    return ca, cert, key
 
 
 @dataclass

@@ -21,7 +21,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import BIN, CHART, ROOT, need, start_server
+from conftest import BIN, CHART, ROOT, make_certs, need, start_server
 
 K8S_VERSION = "1.30"
 ROUTES = ROOT / "src" / "http" / "routes.rs"
@@ -293,15 +293,7 @@ def test_rendered_config_and_args_start_the_server(helm: Path, tmp_path: Path, t
     text = one(objects, "ConfigMap")["data"][config_path.name].replace('"/etc/fusebox/', f'"{root}/etc/fusebox/')
     config_path.write_text(text)
     if tls:
-        tls_dir = Path(here("/etc/fusebox/tls"))
-        tls_dir.mkdir(parents=True)
-        subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-             "-keyout", str(tls_dir / "tls.key"), "-out", str(tls_dir / "tls.crt"), "-days", "2",
-             "-subj", "/CN=fusebox", "-addext", "subjectAltName=IP:127.0.0.1"],
-            check=True, capture_output=True,
-        )  # fmt: skip
-        (tls_dir / "ca.crt").write_bytes((tls_dir / "tls.crt").read_bytes())
+        make_certs(Path(here("/etc/fusebox/tls")))
     args = list(container["args"][1:])
     args[args.index("--config") + 1] = str(config_path)
     args[args.index("--listen") + 1] = "127.0.0.1:0"
@@ -312,7 +304,7 @@ def test_rendered_config_and_args_start_the_server(helm: Path, tmp_path: Path, t
         scheme = container["readinessProbe"]["httpGet"]["scheme"].lower()
         context = None
         if scheme == "https":
-            context = ssl.create_default_context(cafile=here("/etc/fusebox/tls/tls.crt"))
+            context = ssl.create_default_context(cafile=here("/etc/fusebox/tls/ca.crt"))
         for probe in ("readinessProbe", "livenessProbe"):
             url = f"{scheme}://{server.http}{container[probe]['httpGet']['path']}"
             with urllib.request.urlopen(url, timeout=30, context=context) as r:

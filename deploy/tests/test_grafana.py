@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from conftest import BIN, MODULE, ROOT, Server, need, start_redis, start_server
+from conftest import BIN, MODULE, ROOT, Server, make_certs, need, start_redis, start_server
 from prometheus_client.parser import text_string_to_metric_families
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "fusebox.json"
@@ -166,7 +166,16 @@ def scrapes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, set[
     config = work / "fusebox.toml"
     config.write_text(CONFIG)
     found: dict[str, set[str]] = {}
-    embedded = start_server(["--config", str(config), "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+    # Embedded with TLS on the gRPC port and a data dir, for their families.
+    ca, cert, key = make_certs(work / "tls")
+    embedded = start_server(
+        [
+            "--config", str(config), "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+            "--tls-cert", str(cert), "--tls-key", str(key), "--data-dir", str(work / "data"),
+        ]
+    )  # fmt: skip
+    embedded.cli_args = ["--tls-ca", str(ca)]
+    embedded.https_ca = ca  # --tls-cert serves the HTTP port over TLS too
     try:
         traffic(embedded)
         found["embedded"] = scrape(embedded)
@@ -196,6 +205,8 @@ def test_every_query_names_live_metrics(scrapes: dict[str, set[str]]):
     # The scrapes are real: each mode has its own families.
     assert "fusebox_keys_forgotten_total" in scrapes["embedded"]
     assert "fusebox_store_commands_total" in scrapes["store"]
+    assert "fusebox_tls_certificate_expiry_seconds" in scrapes["embedded"]
+    assert "fusebox_storage_commits_total" in scrapes["embedded"]
     assert "fusebox_key_requests_total" in live
     missing = [
         f"{where}: {name} (in {expr!r})"
