@@ -258,6 +258,29 @@ def test_extra_tokens_and_single_redis(helm: Path):
     assert arg(container["args"], "--store") == "redis://redis:6379"
 
 
+def test_persistence_mounts_the_data_dir(helm: Path):
+    objects = render(helm, {"persistence": {"enabled": True, "storageClass": "fast"}})
+    for o in objects:
+        if o["apiVersion"] != "monitoring.coreos.com/v1":
+            kubernetes_validate.validate(o, K8S_VERSION, strict=True)
+    claim = one(objects, "PersistentVolumeClaim")
+    assert claim["spec"]["storageClassName"] == "fast"
+    spec = one(objects, "Deployment")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    data_dir = arg(container["args"], "--data-dir")
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == data_dir]
+    assert not mount.get("readOnly")
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    # The volume is writable by the server's user.
+    assert spec["securityContext"]["fsGroup"] == spec["securityContext"]["runAsUser"]
+    # A claim of one's own is used, not made.
+    objects = render(helm, {"persistence": {"enabled": True, "existingClaim": "mine"}})
+    assert not [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    spec = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "data", "persistentVolumeClaim": {"claimName": "mine"}} in spec["volumes"]
+
+
 @pytest.mark.parametrize(
     "values,says",
     [
@@ -268,6 +291,10 @@ def test_extra_tokens_and_single_redis(helm: Path):
             {"tls": {"enabled": True, "secretName": "t", "clientCa": True, "http": True}},
             "set tls.clientAuth=optional or tls.http=false",
         ),
+        (
+            {"persistence": {"enabled": True}, "store": {"enabled": True, "redisUrl": "redis://r:6379"}},
+            "persistence.enabled is for embedded mode",
+        ),
         ({"auth": {"tokens": [{"name": "x", "role": "caller"}]}}, "auth.tokens[].sha256 is required"),
     ],
 )
@@ -275,13 +302,13 @@ def test_refuses_bad_values_naming_the_field(helm: Path, values: dict, says: str
     assert says in render(helm, values, ok=False)
 
 
-@pytest.mark.parametrize("tls,auth", [(False, False), (True, True)])
-def test_rendered_config_and_args_start_the_server(helm: Path, tmp_path: Path, tls: bool, auth: bool):
+@pytest.mark.parametrize("tls,auth,persist", [(False, False, True), (True, True, False)])
+def test_rendered_config_and_args_start_the_server(helm: Path, tmp_path: Path, tls: bool, auth: bool, persist: bool):
     """The pod's files laid out under a temporary directory: the rendered
     config and arguments start the real server, and /readyz (the probe)
     answers 200 on the probe's scheme."""
     need(BIN, "the fusebox server (cargo build)")
-    objects = render(helm, case(False, tls, auth))
+    objects = render(helm, {**case(False, tls, auth), "persistence": {"enabled": persist}})
     (container,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
     root = tmp_path / "pod"
 
@@ -298,6 +325,8 @@ def test_rendered_config_and_args_start_the_server(helm: Path, tmp_path: Path, t
     args[args.index("--config") + 1] = str(config_path)
     args[args.index("--listen") + 1] = "127.0.0.1:0"
     args[args.index("--http") + 1] = "127.0.0.1:0"
+    if persist:
+        args[args.index("--data-dir") + 1] = here(arg(args, "--data-dir"))
     env = {"FUSEBOX_TOKEN": "t" * 64} if auth else {}
     server = start_server(args, env)
     try:
@@ -321,6 +350,8 @@ def test_rendered_config_and_args_start_the_server(helm: Path, tmp_path: Path, t
             assert got == status, f"Host {host}: {got}"
     finally:
         server.stop()
+    if persist:
+        assert (Path(here(arg(container["args"], "--data-dir"))) / "fusebox.redb").exists()
 
 
 def test_resources_cite_benchmarks():

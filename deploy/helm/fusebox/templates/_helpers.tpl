@@ -35,6 +35,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "fusebox.tlsDir" -}}/etc/fusebox/tls{{- end -}}
 {{- define "fusebox.storeDir" -}}/etc/fusebox/store{{- end -}}
 {{- define "fusebox.storeTlsDir" -}}/etc/fusebox/store-tls{{- end -}}
+{{- define "fusebox.dataDir" -}}/var/lib/fusebox{{- end -}}
+{{- define "fusebox.claim" -}}
+{{- .Values.persistence.existingClaim | default (printf "%s-data" (include "fusebox.fullname" .)) -}}
+{{- end -}}
 
 {{/* The --store URL. */}}
 {{- define "fusebox.storeUrl" -}}
