@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -63,6 +64,7 @@ class Server:
     http: str
     cli_args: list[str] = field(default_factory=list)  # e.g. --tls-ca for a TLS server
     https_ca: Path | None = None  # the HTTP port speaks TLS, its certificate signed by this CA
+    log: IO[str] | None = None
 
     def get(self, path: str, timeout: float = 10.0) -> tuple[int, str]:
         scheme, context = "http", None
@@ -88,14 +90,18 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.log is not None:
+            self.log.close()
 
 
 def start_server(args: list[str], env: dict[str, str] | None = None) -> Server:
     """`fusebox serve ARGS`, its addresses read from its first two lines."""
+    # Its log, shown when it does not start; open as long as the server runs.
+    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
     proc = subprocess.Popen(
         [str(BIN), "serve", *args],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=log,
         text=True,
         env={**os.environ, **(env or {})},
     )
@@ -105,8 +111,9 @@ def start_server(args: list[str], env: dict[str, str] | None = None) -> Server:
     if not first.startswith("listening on ") or not second.startswith("http on "):
         proc.kill()
         proc.wait()
-        pytest.fail(f"fusebox serve {' '.join(args)} did not start: {first!r} {second!r}")
-    return Server(proc, first.removeprefix("listening on "), second.removeprefix("http on "))
+        log.seek(0)
+        pytest.fail(f"fusebox serve {' '.join(args)} did not start: {first!r} {second!r}\n{log.read()[-2000:]}")
+    return Server(proc, first.removeprefix("listening on "), second.removeprefix("http on "), log=log)
 
 
 @pytest.fixture
@@ -140,7 +147,7 @@ class Redis:
     port: int
 
 
-def start_redis(module: Path, workdir: Path) -> Redis:
+def start_redis(module: Path, workdir: Path, module_args: tuple[str, ...] = ()) -> Redis:
     """redis-server with the module on a free port; a new port when the
     one picked was taken meanwhile."""
     server = shutil.which("redis-server")
@@ -164,6 +171,7 @@ def start_redis(module: Path, workdir: Path) -> Redis:
                 str(workdir),
                 "--loadmodule",
                 str(module),
+                *module_args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

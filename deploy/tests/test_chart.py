@@ -21,7 +21,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import BIN, CHART, ROOT, make_certs, need, start_server
+from conftest import BIN, CHART, MODULE, ROOT, make_certs, need, start_redis, start_server
 
 K8S_VERSION = "1.30"
 ROUTES = ROOT / "src" / "http" / "routes.rs"
@@ -359,3 +359,49 @@ def test_resources_cite_benchmarks():
     benchmarks = (ROOT / "BENCHMARKS.md").read_text()
     for figure in ("19,992 pairs/s", "17.1 MiB", "246.4 B", "+149 MiB"):
         assert figure in values and figure in benchmarks, figure
+
+
+def test_rendered_store_args_start_the_server_on_redis(helm: Path, tmp_path: Path):
+    """Store mode: the rendered arguments and the notices Secret's file
+    start the real server on a real redis-server whose module signs with
+    the same secret; a call through it is decided in Redis."""
+    need(BIN, "the fusebox server (cargo build)")
+    need(MODULE, "the Redis module (cargo build -p fusebox-redis)")
+    values = {
+        "auth": {"enabled": False},
+        "store": {"enabled": True, "redisUrl": "redis://redis:6379", "noticesSecret": {"name": "notices"}},
+        "replicaCount": 2,
+    }
+    objects = render(helm, values)
+    (container,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    root = tmp_path / "pod"
+
+    def here(path: str) -> Path:
+        return root / path.lstrip("/")
+
+    config_path = here(arg(container["args"], "--config"))
+    config_path.parent.mkdir(parents=True)
+    config_path.write_text(one(objects, "ConfigMap")["data"][config_path.name])
+    notices = here(arg(container["args"], "--store-secret-file"))
+    notices.parent.mkdir(parents=True)
+    notices.write_text("n" * 32)
+    redis = start_redis(MODULE, tmp_path, ("secret-file", str(notices)))
+    args = list(container["args"][1:])
+    args[args.index("--config") + 1] = str(config_path)
+    args[args.index("--listen") + 1] = "127.0.0.1:0"
+    args[args.index("--http") + 1] = "127.0.0.1:0"
+    args[args.index("--store-secret-file") + 1] = str(notices)
+    assert arg(args, "--store") == "redis://redis:6379"
+    args[args.index("--store") + 1] = f"redis://127.0.0.1:{redis.port}"
+    try:
+        server = start_server(args)
+        try:
+            assert server.get("/readyz")[0] == 200
+            assert "GRANTED" in server.cli("acquire", "k8s/check")
+            status, text = server.get("/metrics")
+            assert status == 200 and "fusebox_store_commands_total" in text
+        finally:
+            server.stop()
+    finally:
+        redis.proc.terminate()
+        redis.proc.wait()
