@@ -226,6 +226,8 @@ def test_renders_valid_and_consistent(helm: Path, store: bool, tls: bool, auth: 
     assert endpoint["port"] in service_ports and service_ports[endpoint["port"]]["targetPort"] == "http"
     assert endpoint["path"] == "/metrics" and "/metrics" in routes
     assert endpoint["scheme"] == scheme.lower()
+    if tls:
+        assert endpoint["tlsConfig"]["serverName"] == f"{service['metadata']['name']}.{NAMESPACE}.svc"
 
 
 def test_existing_secret_and_metrics_token(helm: Path):
