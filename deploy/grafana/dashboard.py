@@ -252,7 +252,7 @@ def build() -> dict:
                         "name": name,
                         "type": "query",
                         "datasource": DS,
-                        "query": {"query": q, "refId": name},
+                        "query": q,
                         "definition": q,
                         "includeAll": True,
                         "multi": True,

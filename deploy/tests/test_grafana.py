@@ -110,7 +110,8 @@ def queries() -> list[tuple[str, str]]:
             found.append((f"panel {panel['title']!r} {target['refId']}", target["expr"]))
     for var in board["templating"]["list"]:
         if var["type"] == "query":
-            found.append((f"variable ${var['name']}", var["query"]["query"]))
+            query = var["query"]
+            found.append((f"variable ${var['name']}", query["query"] if isinstance(query, dict) else query))
     return found
 
 
