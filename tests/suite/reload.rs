@@ -135,7 +135,7 @@ async fn wait_refusal(server: &Server, count: usize) -> String {
 }
 
 /// `GET path` on the server's HTTP port; returns (status line, body).
-async fn http_get(server: &Server, path: &str) -> (String, String) {
+pub(crate) async fn http_get(server: &Server, path: &str) -> (String, String) {
     let addr = server.http_addr.as_deref().expect("the server serves HTTP");
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
