@@ -297,3 +297,39 @@ async fn a_descriptor_that_needs_a_complete_stops_the_server_with_the_reason() {
         "{message}"
     );
 }
+
+/// The README's `[rls]` example is a config the server starts with, and
+/// answers by: its nested token bucket and its unlimited path.
+#[tokio::test]
+async fn the_readme_example_is_a_working_config() {
+    let readme = include_str!("../../README.md");
+    let section = readme
+        .split("## Behind Envoy (rate-limit service)")
+        .nth(1)
+        .expect("the README's Envoy section");
+    let example = section
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("a toml block");
+    let server = Server::manual(Some(example)).await;
+    let mut rls = client(&server).await;
+    let r = ask(
+        &mut rls,
+        "edge",
+        vec![
+            descriptor(&[("path", "/api"), ("user", "ann")], Some(20)),
+            descriptor(&[("path", "/healthz")], None),
+        ],
+        0,
+    )
+    .await
+    .expect("answer");
+    assert_eq!(codes(&r), [OK, OK]);
+    let bucket = r.statuses[0].current_limit.as_ref().expect("a limit");
+    assert_eq!(
+        (bucket.requests_per_unit, r.statuses[0].limit_remaining),
+        (5, 0)
+    );
+    assert!(r.statuses[1].current_limit.is_none());
+}
