@@ -333,3 +333,53 @@ async fn the_readme_example_is_a_working_config() {
     );
     assert!(r.statuses[1].current_limit.is_none());
 }
+
+/// A SIGHUP reload puts a changed `[rls]` in force: a new domain answers,
+/// and a changed limit is what the keys adopt and report.
+#[tokio::test]
+async fn a_reload_changes_the_mapping_and_the_limits() {
+    let before = "[[rls.domain]]\nname = \"a\"\n[[rls.domain.descriptor]]\nkey = \"k\"\nrate_limit = { unit = \"hour\", requests_per_unit = 5 }\n";
+    let after = "[[rls.domain]]\nname = \"a\"\n[[rls.domain.descriptor]]\nkey = \"k\"\nrate_limit = { unit = \"hour\", requests_per_unit = 8 }\n[[rls.domain]]\nname = \"b\"\n[[rls.domain.descriptor]]\nkey = \"k\"\nrate_limit = { unit = \"minute\", requests_per_unit = 2 }\n";
+    let r = crate::reload::start(before).await;
+    let mut rls = client(&r.server).await;
+    let k = || vec![descriptor(&[("k", "v")], None)];
+    let first = ask(&mut rls, "a", k(), 0).await.expect("answer");
+    assert_eq!(first.statuses[0].limit_remaining, 4);
+    let unknown = ask(&mut rls, "b", k(), 0).await.expect("answer");
+    assert!(unknown.statuses[0].current_limit.is_none());
+
+    crate::reload::write_config(&r.path, after);
+    r.server.signal("HUP");
+    crate::reload::wait_reloads(&r.server, "SIGHUP", 1).await;
+    let a = ask(&mut rls, "a", k(), 0).await.expect("answer");
+    let limit = a.statuses[0].current_limit.as_ref().expect("a limit");
+    assert_eq!(
+        (limit.requests_per_unit, a.statuses[0].limit_remaining),
+        (8, 6)
+    );
+    let b = ask(&mut rls, "b", k(), 0).await.expect("answer");
+    assert_eq!(b.statuses[0].limit_remaining, 1);
+}
+
+/// Watch sees RLS keys like any other: a snapshot of the prefix lists the
+/// key a request charged, with its limiter's figures.
+#[tokio::test]
+async fn watch_sees_rls_keys() {
+    let server = Server::manual(Some(CONFIG)).await;
+    let mut rls = client(&server).await;
+    ask(
+        &mut rls,
+        "edge",
+        vec![descriptor(&[("remote_address", "10.1.1.1")], None)],
+        0,
+    )
+    .await
+    .expect("answer");
+    let mut stream = crate::watch::watch(&server, "rls/{edge}/").await;
+    let parts = crate::watch::snapshot(&mut stream).await;
+    let keys: Vec<&str> = parts
+        .iter()
+        .flat_map(|p| p.keys.iter().map(|k| k.key.as_str()))
+        .collect();
+    assert_eq!(keys, ["rls/{edge}/remote_address/=10.1.1.1"]);
+}
