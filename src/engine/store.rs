@@ -136,6 +136,13 @@ pub type RulesChange<'a> = Box<dyn FnOnce(&mut Rules) -> Result<(), EngineError>
 /// to it. Its methods are those of [`Store`] (see there); futures are
 /// boxed, since the store is held as a trait object, picked at start-up.
 pub trait SharedStore: Send + Sync + std::fmt::Debug {
+    /// Charges every item or none, without tickets (Envoy's rate-limit
+    /// service; see [`Engine::charge_all`]).
+    fn charge_all<'a>(
+        &'a self,
+        items: &'a [super::ChargeItem],
+    ) -> BoxFuture<'a, Result<super::ChargeReply, EngineError>>;
+
     /// What the store shares with the server around it.
     fn core(&self) -> &Arc<Core>;
     /// Answers an acquire, waiting while queued.
@@ -297,17 +304,15 @@ impl Store {
     }
 
     /// Charges every item or none, without tickets (Envoy's rate-limit
-    /// service). Only the embedded store has it so far: with `--store` the
-    /// answer is UNAVAILABLE, so Envoy applies its failure mode.
+    /// service): under the keys' shard locks embedded, in one `FB.CHARGE`
+    /// on a shared store (the keys must share a hash slot).
     pub async fn charge_all(
         &self,
         items: &[super::ChargeItem],
     ) -> Result<super::ChargeReply, EngineError> {
         match self {
             Store::Embedded(e) => e.charge_all(items),
-            Store::Redis(_) => Err(EngineError::StoreUnavailable(
-                "the rate-limit service is not available with --store yet (it needs an all-or-nothing charge in the Redis module); run it on a server without --store".into(),
-            )),
+            Store::Redis(r) => r.charge_all(items).await,
         }
     }
 

@@ -64,11 +64,18 @@ func bin(t *testing.T) string {
 // returns a connection to it; the process is killed when the test ends.
 func start(t *testing.T, text string, env ...string) *grpc.ClientConn {
 	t.Helper()
+	return startWith(t, text, nil, env...)
+}
+
+// startWith is start with more arguments for `fusebox serve`.
+func startWith(t *testing.T, text string, args []string, env ...string) *grpc.ClientConn {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "fusebox.toml")
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin(t), "serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--manual-clock", "--config", path)
+	all := append([]string{"serve", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--manual-clock", "--config", path}, args...)
+	cmd := exec.Command(bin(t), all...)
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -130,9 +137,11 @@ type step struct {
 	err     codes.Code // non-OK: the call must fail with this code
 }
 
-func run(t *testing.T, client rlsv3.RateLimitServiceClient, ctx context.Context, steps []step) {
+// run sends each step to the next of clients in turn and checks its answer.
+func run(t *testing.T, ctx context.Context, clients []rlsv3.RateLimitServiceClient, steps []step) {
 	t.Helper()
-	for _, s := range steps {
+	for n, s := range steps {
+		client := clients[n%len(clients)]
 		r, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: s.domain, Descriptors: s.descs, HitsAddend: s.hits})
 		if s.err != codes.OK {
 			if status.Code(err) != s.err {
@@ -207,7 +216,7 @@ func TestTable(t *testing.T) {
 	conn := start(t, config)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	run(t, rlsv3.NewRateLimitServiceClient(conn), ctx, table())
+	run(t, ctx, []rlsv3.RateLimitServiceClient{rlsv3.NewRateLimitServiceClient(conn)}, table())
 }
 
 func TestAuth(t *testing.T) {
