@@ -2,7 +2,7 @@
 //! `[rls]` part of the config as written ([`RlsSpec`]), validated once into
 //! [`Rls`], which turns a request's descriptors into keys and the rules
 //! that give those keys their policies (see docs/contract-extensions.md,
-//! rules RL1–RL12).
+//! rules RL1–RL15).
 //!
 //! A domain holds a tree of descriptors in the style of envoyproxy/
 //! ratelimit: each node matches one entry by its key and, optionally, its

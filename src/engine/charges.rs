@@ -73,9 +73,14 @@ impl Engine {
             let mut outcome = Ok(());
             for (&key, &(hash, shard, permits)) in &keys {
                 let state = &mut *guards[guard_of(shard)].1;
-                let quoted = self.on_slot(state, key, hash, shard, now, &mut effects, |fuse| {
-                    fuse.quote(permits, now)
-                });
+                let at = At {
+                    key,
+                    hash,
+                    shard,
+                    now,
+                    request: true,
+                };
+                let quoted = self.on_slot(state, at, &mut effects, |fuse| fuse.quote(permits, now));
                 match quoted {
                     Ok(q) => {
                         quotes.insert(key, q);
@@ -92,10 +97,16 @@ impl Engine {
                 if charged {
                     for (&key, &(hash, shard, permits)) in &keys {
                         let state = &mut *guards[guard_of(shard)].1;
+                        // Counted once, as a request, when it was quoted.
+                        let at = At {
+                            key,
+                            hash,
+                            shard,
+                            now,
+                            request: false,
+                        };
                         if let Ok(q) =
-                            self.on_slot(state, key, hash, shard, now, &mut effects, |fuse| {
-                                fuse.charge(permits, now)
-                            })
+                            self.on_slot(state, at, &mut effects, |fuse| fuse.charge(permits, now))
                         {
                             quotes.insert(key, q);
                         }
@@ -130,17 +141,20 @@ impl Engine {
 
     /// Runs `op` on `key`'s fuse in the locked shard `state`, making the
     /// key first (within the key cap) as an acquire does.
-    #[allow(clippy::too_many_arguments)]
     fn on_slot(
         &self,
         state: &mut super::shards::ShardState,
-        key: &str,
-        hash: u64,
-        shard: usize,
-        now: Millis,
+        at: At<'_>,
         effects: &mut Vec<Effects>,
         op: impl FnOnce(&mut Fuse) -> Result<Quote, crate::domain::FuseError>,
     ) -> Result<Quote, EngineError> {
+        let At {
+            key,
+            hash,
+            shard,
+            now,
+            request,
+        } = at;
         let rest = &mut state.rest;
         let (slot, created) =
             match state
@@ -172,7 +186,9 @@ impl Engine {
                     (v.insert(Box::new(slot)).into_mut(), true)
                 }
             };
-        rest.hitters.bump(hash, &slot.name);
+        if request {
+            rest.hitters.bump(hash, &slot.name);
+        }
         let mut effect = Effects {
             shard,
             ..Effects::default()
@@ -189,6 +205,17 @@ impl Engine {
         effects.push(effect);
         quoted?.map_err(fuse_error)
     }
+}
+
+/// Where a step of a charge runs: the key, its hash and shard, the time,
+/// and whether it counts as a request (for the busiest keys).
+#[derive(Clone, Copy)]
+struct At<'a> {
+    key: &'a str,
+    hash: u64,
+    shard: usize,
+    now: Millis,
+    request: bool,
 }
 
 /// A grant to count a charge as a granted decision by (no ticket is made).

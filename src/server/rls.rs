@@ -2,7 +2,7 @@
 //! on the gRPC port: checks the request, maps its descriptors to keys
 //! through the config's `[rls]` ([`crate::rls::Rls`]), authorizes them as
 //! Acquire is, hands the charges to the store and turns the quotes into
-//! the protocol's statuses (docs/contract-extensions.md, RL1–RL12).
+//! the protocol's statuses (docs/contract-extensions.md, RL1–RL15).
 
 use std::sync::atomic::Ordering;
 

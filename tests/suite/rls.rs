@@ -228,7 +228,23 @@ async fn bad_requests_are_invalid_argument_naming_the_field() {
 /// charged for those 20 only: nothing is charged on an OVER_LIMIT answer.
 #[tokio::test]
 async fn all_or_nothing_under_concurrency() {
-    let config = r#"
+    let server = Server::manual(Some(TWO)).await;
+    hammer(&[server]).await;
+}
+
+/// The same over two servers sharing a Redis (`FB.CHARGE`), each caller
+/// on one or the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_or_nothing_under_concurrency_over_two_servers_on_redis() {
+    let Some(redis) = crate::harness::standalone("rls_all_or_nothing_on_redis").await else {
+        return;
+    };
+    let store = format!("redis://127.0.0.1:{}", redis.server.port);
+    let servers = crate::harness::servers_on(&store, TWO, true, 2).await;
+    hammer(&servers).await;
+}
+
+const TWO: &str = r#"
 [[rls.domain]]
 name = "d"
 [[rls.domain.descriptor]]
@@ -238,10 +254,14 @@ rate_limit = { unit = "hour", requests_per_unit = 20, algorithm = "sliding_windo
 key = "loose"
 rate_limit = { unit = "hour", requests_per_unit = 1000, algorithm = "token_bucket" }
 "#;
-    let server = Server::manual(Some(config)).await;
+
+/// 8 callers spread over `servers` send 10 two-descriptor requests each:
+/// exactly 20 pass, and the loose descriptor was charged for those only.
+async fn hammer(servers: &[Server]) {
+    let server = &servers[0];
     let mut tasks = Vec::new();
-    for _ in 0..8 {
-        let mut rls = client(&server).await;
+    for n in 0..8 {
+        let mut rls = client(&servers[n % servers.len()]).await;
         tasks.push(tokio::spawn(async move {
             let mut seen: HashMap<i32, u32> = HashMap::new();
             for _ in 0..10 {
