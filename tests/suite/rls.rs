@@ -286,7 +286,7 @@ async fn hammer(servers: &[Server]) {
         ok += t.await.expect("task").get(&OK).copied().unwrap_or(0);
     }
     assert_eq!(ok, 20);
-    let mut rls = client(&server).await;
+    let mut rls = client(server).await;
     let r = ask(
         &mut rls,
         "d",

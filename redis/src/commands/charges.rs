@@ -21,7 +21,7 @@ pub const MAX_CHARGE_KEYS: usize = 64;
 /// remaining, reset_in, ...]`, four numbers per key in order (`limit` and
 /// `reset_in` are -1 without a limiter). A key named twice is refused.
 pub fn charge(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    if args.len() < 5 || (args.len() - 2) % 3 != 0 {
+    if args.len() < 5 || !(args.len() - 2).is_multiple_of(3) {
         return Err(RedisError::WrongArity);
     }
     let when = args::now(&args[args.len() - 1])?;
