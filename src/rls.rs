@@ -114,6 +114,96 @@ pub struct Limit {
     pub unit: i32,
     /// The unit's name.
     pub unit_name: &'static str,
+    /// The algorithm, as written (`fixed_window` when left out).
+    pub algorithm: String,
+    /// Token bucket: the most tokens, when set.
+    pub burst: Option<u32>,
+}
+
+/// The units a descriptor's `limit` override may name: Envoy's
+/// `envoy.type.v3.RateLimitUnit` numbers, with their length in ms (a
+/// month is 30 days, a year 365), the `RateLimit.Unit` number reported
+/// back, and a name for the key.
+const OVERRIDE_UNITS: [(i32, Millis, i32, &str); 6] = [
+    (1, 1_000, 1, "second"),
+    (2, 60_000, 2, "minute"),
+    (3, 3_600_000, 3, "hour"),
+    (4, 86_400_000, 4, "day"),
+    (5, 30 * 86_400_000, 5, "month"),
+    (6, 365 * 86_400_000, 6, "year"),
+];
+
+/// A descriptor's `limit` override made into the key and policy it is
+/// charged under (RL15): the matched key with `/~N/unit` after it (its own
+/// counter), and the node's algorithm with the override's figures. Err is
+/// the problem with the override, for INVALID_ARGUMENT.
+pub fn overridden(
+    matched_key: &str,
+    limit: &Limit,
+    requests_per_unit: u32,
+    unit: i32,
+) -> Result<(String, Limit, crate::domain::Policy), String> {
+    let Some(&(_, ms, reported, name)) = OVERRIDE_UNITS.iter().find(|u| u.0 == unit) else {
+        return Err(format!(
+            "unit: {unit} is not a unit fusebox can count in (SECOND, MINUTE, HOUR, DAY, MONTH or YEAR)"
+        ));
+    };
+    let n = NonZeroU32::new(requests_per_unit)
+        .ok_or_else(|| "requests_per_unit: must be at least 1".to_owned())?;
+    let burst = limit.burst.map(|b| b.max(n.get()));
+    let policy =
+        policy_of(&limit.algorithm, n, ms, burst).map_err(|e| format!("requests_per_unit: {e}"))?;
+    Ok((
+        format!("{matched_key}/~{n}/{name}"),
+        Limit {
+            requests_per_unit: n.get(),
+            unit: reported,
+            unit_name: name,
+            algorithm: limit.algorithm.clone(),
+            burst,
+        },
+        policy,
+    ))
+}
+
+/// The policy of `algorithm` for `n` per `ms`.
+fn policy_of(
+    algorithm: &str,
+    n: NonZeroU32,
+    ms: Millis,
+    burst: Option<u32>,
+) -> Result<crate::domain::Policy, String> {
+    let window = Some(DurationSpec(ms));
+    let limiter = match algorithm {
+        "fixed_window" => LimiterSpec {
+            kind: "fixed_window".into(),
+            permits: Some(n.get()),
+            window,
+            ..empty_limiter()
+        },
+        "sliding_window" => LimiterSpec {
+            kind: "sliding_window".into(),
+            permits: Some(n.get()),
+            window,
+            segments: Some(10),
+            ..empty_limiter()
+        },
+        "token_bucket" => LimiterSpec {
+            kind: "token_bucket".into(),
+            capacity: Some(burst.unwrap_or(n.get())),
+            refill: Some(n.get()),
+            period: window,
+            ..empty_limiter()
+        },
+        other => return Err(format!("{other:?} is not an algorithm")),
+    };
+    PolicySpec {
+        breaker: None,
+        limiter: Some(limiter),
+        lease: None,
+    }
+    .validate()
+    .map_err(|e| format!("{}: {}", e.field, e.problem))
 }
 
 /// What a matched node does.
@@ -453,7 +543,6 @@ impl Walk<'_> {
                 "must be at least 1 (for none at all, use a limit of 1 and a long unit, or leave the descriptor out)",
             )
         })?;
-        let window = Some(DurationSpec(ms));
         let algorithm = rl.algorithm.as_deref().unwrap_or("fixed_window");
         if rl.burst.is_some() && algorithm != "token_bucket" {
             return Err(invalid(
@@ -462,27 +551,8 @@ impl Walk<'_> {
                 "is only for algorithm = \"token_bucket\"",
             ));
         }
-        let limiter = match algorithm {
-            "fixed_window" => LimiterSpec {
-                kind: "fixed_window".into(),
-                permits: Some(n.get()),
-                window,
-                ..empty_limiter()
-            },
-            "sliding_window" => LimiterSpec {
-                kind: "sliding_window".into(),
-                permits: Some(n.get()),
-                window,
-                segments: Some(10),
-                ..empty_limiter()
-            },
-            "token_bucket" => LimiterSpec {
-                kind: "token_bucket".into(),
-                capacity: Some(rl.burst.unwrap_or(n.get())),
-                refill: Some(n.get()),
-                period: window,
-                ..empty_limiter()
-            },
+        match algorithm {
+            "fixed_window" | "sliding_window" | "token_bucket" => {}
             "concurrency" => {
                 return Err(invalid(
                     self.rule,
@@ -497,25 +567,16 @@ impl Walk<'_> {
                     format!("{other:?} is not an algorithm: use fixed_window, sliding_window or token_bucket"),
                 ))
             }
-        };
-        let policy = PolicySpec {
-            breaker: None,
-            limiter: Some(limiter),
-            lease: None,
         }
-        .validate()
-        .map_err(|e| {
-            invalid(
-                self.rule,
-                &format!("{at}.rate_limit ({})", e.field),
-                e.problem,
-            )
-        })?;
+        let policy = policy_of(algorithm, n, ms, rl.burst)
+            .map_err(|problem| invalid(self.rule, &format!("{at}.rate_limit"), problem))?;
         Ok((
             Limit {
                 requests_per_unit: n.get(),
                 unit,
                 unit_name,
+                algorithm: algorithm.to_owned(),
+                burst: rl.burst,
             },
             policy,
         ))

@@ -16,15 +16,18 @@ use super::error::{check_key, fuse_error};
 use super::quota::Capped;
 use super::shards::{Shards, Slot};
 use super::{Engine, EngineError};
-use crate::domain::{Decision, Fuse, Millis, Phase, Quote, Reason};
+use crate::domain::{Decision, Fuse, Millis, Phase, Policy, Quote, Reason};
 
 /// One key of a charge.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ChargeItem {
     /// The key.
     pub key: String,
     /// Permits to take; 0 is a status check (it fits when a permit is free).
     pub permits: u32,
+    /// The policy to charge under instead of the one the rules give (a
+    /// descriptor's own limit); the key takes it at every charge.
+    pub policy: Option<Arc<Policy>>,
 }
 
 /// The answer to a charge.
@@ -48,15 +51,18 @@ impl Engine {
             check_key(&item.key)?;
         }
         // Permits per distinct key, and each key's hash and shard.
-        let mut keys: BTreeMap<&str, (u64, usize, u32)> = BTreeMap::new();
+        let mut keys: BTreeMap<&str, Planned<'_>> = BTreeMap::new();
         for item in items {
             let hash = self.shards.hash(&item.key);
-            let entry = keys
-                .entry(item.key.as_str())
-                .or_insert((hash, Shards::shard_of(hash), 0));
+            let entry = keys.entry(item.key.as_str()).or_insert((
+                hash,
+                Shards::shard_of(hash),
+                0,
+                item.policy.as_ref(),
+            ));
             entry.2 = entry.2.saturating_add(item.permits);
         }
-        let mut shards: Vec<usize> = keys.values().map(|&(_, s, _)| s).collect();
+        let mut shards: Vec<usize> = keys.values().map(|&(_, s, _, _)| s).collect();
         shards.sort_unstable();
         shards.dedup();
         let mut effects: Vec<Effects> = Vec::new();
@@ -71,9 +77,10 @@ impl Engine {
             };
             let mut quotes: BTreeMap<&str, Quote> = BTreeMap::new();
             let mut outcome = Ok(());
-            for (&key, &(hash, shard, permits)) in &keys {
+            for (&key, &(hash, shard, permits, policy)) in &keys {
                 let state = &mut *guards[guard_of(shard)].1;
                 let at = At {
+                    policy,
                     key,
                     hash,
                     shard,
@@ -95,10 +102,11 @@ impl Engine {
                 let charged = quotes.values().all(|q| q.fits);
                 let mut counted = Vec::new();
                 if charged {
-                    for (&key, &(hash, shard, permits)) in &keys {
+                    for (&key, &(hash, shard, permits, policy)) in &keys {
                         let state = &mut *guards[guard_of(shard)].1;
                         // Counted once, as a request, when it was quoted.
                         let at = At {
+                            policy,
                             key,
                             hash,
                             shard,
@@ -113,7 +121,7 @@ impl Engine {
                         counted.push((shard, Decision::Granted(Some(dummy_grant()))));
                     }
                 } else {
-                    for &(_, shard, _) in keys.values() {
+                    for &(_, shard, _, _) in keys.values() {
                         counted.push((
                             shard,
                             Decision::Denied {
@@ -154,6 +162,7 @@ impl Engine {
             shard,
             now,
             request,
+            policy: given,
         } = at;
         let rest = &mut state.rest;
         let (slot, created) =
@@ -176,7 +185,10 @@ impl Engine {
                     rest.order.insert(name.clone());
                     rest.tally.keys += 1;
                     rest.tally.by_phase[Phase::Closed.index()] += 1;
-                    let policy = rest.rules.policy_for(key).clone();
+                    let policy = match given {
+                        Some(p) => p.clone(),
+                        None => rest.rules.policy_for(key).clone(),
+                    };
                     let slot = Slot {
                         name,
                         fuse: Fuse::new(policy, now),
@@ -199,7 +211,13 @@ impl Engine {
             now,
             Reach::MAKE,
             created,
-            |fuse, _| op(fuse),
+            |fuse, _| {
+                // A policy of the request's own wins over the rules'.
+                if let Some(p) = given.filter(|p| fuse.policy() != &***p) {
+                    fuse.set_policy(p.clone(), now)?;
+                }
+                op(fuse)
+            },
             &mut effect,
         );
         effects.push(effect);
@@ -207,11 +225,16 @@ impl Engine {
     }
 }
 
+/// A key of a charge as planned: its hash, its shard, the permits of every
+/// item that names it, and the policy of its own, if any.
+type Planned<'a> = (u64, usize, u32, Option<&'a Arc<Policy>>);
+
 /// Where a step of a charge runs: the key, its hash and shard, the time,
 /// and whether it counts as a request (for the busiest keys).
 #[derive(Clone, Copy)]
 struct At<'a> {
     key: &'a str,
+    policy: Option<&'a Arc<Policy>>,
     hash: u64,
     shard: usize,
     now: Millis,

@@ -5,13 +5,14 @@
 //! the protocol's statuses (docs/contract-extensions.md, RL1–RL15).
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
 use super::api::Api;
 use super::status::{status_of, status_of_refusal};
 use crate::auth::Role;
-use crate::domain::Quote;
+use crate::domain::{Policy, Quote};
 use crate::engine::ChargeItem;
 use crate::proto::envoy::service::ratelimit::v3 as rls;
 use crate::rls::{Action, Limit};
@@ -27,6 +28,7 @@ enum Plan {
         permits: u32,
         limit: Limit,
         shadow: bool,
+        policy: Option<Arc<Policy>>,
     },
 }
 
@@ -74,16 +76,29 @@ impl rls::rate_limit_service_server::RateLimitService for Api {
                     u32::MAX
                 ))
             })?;
+            // A descriptor's own limit: its own key and policy (RL15).
+            let (key, limit, policy) = match &d.limit {
+                Some(o) => {
+                    let (key, limit, policy) =
+                        crate::rls::overridden(&matched.key, &limit, o.requests_per_unit, o.unit)
+                            .map_err(|problem| {
+                            Status::invalid_argument(format!("descriptors[{i}].limit.{problem}"))
+                        })?;
+                    (key, limit, Some(Arc::new(policy)))
+                }
+                None => (matched.key, limit, None),
+            };
             if let Some(grant) = &grant {
                 grant
-                    .on_key(Role::Caller, "ShouldRateLimit", &matched.key)
+                    .on_key(Role::Caller, "ShouldRateLimit", &key)
                     .map_err(status_of_refusal)?;
             }
             plans.push(Plan::Charge {
-                key: matched.key,
+                key,
                 permits,
                 limit,
                 shadow,
+                policy,
             });
         }
         // The enforced descriptors are charged together, all or nothing;
@@ -95,10 +110,12 @@ impl rls::rate_limit_service_server::RateLimitService for Api {
                     key,
                     permits,
                     shadow: false,
+                    policy,
                     ..
                 } => Some(ChargeItem {
                     key: key.clone(),
                     permits: *permits,
+                    policy: policy.clone(),
                 }),
                 _ => None,
             })
@@ -121,6 +138,7 @@ impl rls::rate_limit_service_server::RateLimitService for Api {
                 permits,
                 limit,
                 shadow,
+                policy,
             } = plan
             else {
                 statuses.push(DescriptorStatus {
@@ -132,7 +150,11 @@ impl rls::rate_limit_service_server::RateLimitService for Api {
             let quote = if shadow {
                 let reply = self
                     .store
-                    .charge_all(&[ChargeItem { key, permits }])
+                    .charge_all(&[ChargeItem {
+                        key,
+                        permits,
+                        policy,
+                    }])
                     .await
                     .map_err(unavailable_or)?;
                 let quote = reply.quotes[0];

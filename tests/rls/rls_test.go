@@ -17,6 +17,7 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -187,6 +188,11 @@ func table() []step {
 	user := func(hits *uint64) *rlcommon.RateLimitDescriptor {
 		return desc(hits, entry{"path", "/api"}, entry{"user", "ann"})
 	}
+	own := func(n uint32) *rlcommon.RateLimitDescriptor {
+		d := ip("c")
+		d.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: typev3.RateLimitUnit_MINUTE}
+		return d
+	}
 	return []step{
 		{name: "first", domain: "edge", descs: []*rlcommon.RateLimitDescriptor{ip("a"), api},
 			overall: ok, want: []want{{ok, 3, 2, 60}, {ok, 100, 99, -1}}},
@@ -200,6 +206,12 @@ func table() []step {
 			overall: ok, want: []want{{ok, 2, 0, -1}}},
 		{name: "descriptor hits_addend 0 checks", domain: "edge", descs: []*rlcommon.RateLimitDescriptor{user(u64(0))},
 			overall: over, want: []want{{over, 2, 0, -1}}},
+		{name: "a descriptor's own limit", domain: "edge", descs: []*rlcommon.RateLimitDescriptor{own(1)},
+			overall: ok, want: []want{{ok, 1, 0, 60}}},
+		{name: "its own counter, over", domain: "edge", descs: []*rlcommon.RateLimitDescriptor{own(1)},
+			overall: over, want: []want{{over, 1, 0, 60}}},
+		{name: "an override of 0", domain: "edge", descs: []*rlcommon.RateLimitDescriptor{own(0)},
+			err: codes.InvalidArgument},
 		{name: "unlimited and unmatched", domain: "edge",
 			descs:   []*rlcommon.RateLimitDescriptor{desc(nil, entry{"health", "x"}), desc(nil, entry{"path", "/other"})},
 			overall: ok, want: []want{{code: ok}, {code: ok}}},

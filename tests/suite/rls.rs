@@ -6,7 +6,8 @@
 use std::collections::HashMap;
 
 use fusebox::proto::envoy::extensions::common::ratelimit::v3::{
-    rate_limit_descriptor::Entry, RateLimitDescriptor,
+    rate_limit_descriptor::{Entry, RateLimitOverride},
+    RateLimitDescriptor,
 };
 use fusebox::proto::envoy::service::ratelimit::v3::{
     rate_limit_response::Code, rate_limit_service_client::RateLimitServiceClient, RateLimitRequest,
@@ -169,6 +170,44 @@ async fn statuses_overall_code_hits_and_header_figures() {
     let r = ask(&mut rls, "edge", vec![ip()], 0).await.expect("answer");
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 2));
 
+    // A descriptor's own limit: its own counter under the node's algorithm.
+    let own = || RateLimitDescriptor {
+        limit: Some(RateLimitOverride {
+            requests_per_unit: 1,
+            unit: 1,
+        }),
+        ..descriptor(&[("remote_address", "10.0.0.1")], None)
+    };
+    let r = ask(&mut rls, "edge", vec![own()], 0).await.expect("answer");
+    let limit = r.statuses[0].current_limit.as_ref().expect("current_limit");
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (1, 1),
+        "1 per SECOND"
+    );
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 0));
+    let r = ask(&mut rls, "edge", vec![own()], 0).await.expect("answer");
+    assert_eq!(r.overall_code, OVER);
+    server
+        .get("rls/{edge}/remote_address/=10.0.0.1/~1/second")
+        .await;
+    let bad = RateLimitDescriptor {
+        limit: Some(RateLimitOverride {
+            requests_per_unit: 0,
+            unit: 1,
+        }),
+        ..own()
+    };
+    let e = ask(&mut rls, "edge", vec![bad], 0)
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        e.message()
+            .starts_with("descriptors[0].limit.requests_per_unit:"),
+        "{e:?}"
+    );
+
     // The keys are fusebox keys like any other.
     let key = server.get("rls/{edge}/remote_address/=10.0.0.1").await;
     assert_eq!(key.key, "rls/{edge}/remote_address/=10.0.0.1");
@@ -180,9 +219,9 @@ async fn statuses_overall_code_hits_and_header_figures() {
             .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
             .unwrap_or_else(|| panic!("{name} in /metrics"))
     };
-    assert_eq!(value("fusebox_rls_over_limit_total"), 2.0);
     assert_eq!(value("fusebox_rls_shadow_over_limit_total"), 1.0);
-    assert!(value("fusebox_rls_requests_total") >= 9.0);
+    assert_eq!(value("fusebox_rls_over_limit_total"), 3.0);
+    assert!(value("fusebox_rls_requests_total") >= 11.0);
 }
 
 #[tokio::test]

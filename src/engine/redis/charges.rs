@@ -9,8 +9,11 @@ use std::collections::BTreeMap;
 
 use redis::Value;
 
-use super::keys::redis_key;
-use super::RedisStore;
+use std::sync::Arc;
+
+use super::keys::{policy_id, redis_key};
+use super::{RedisStore, Sent};
+use crate::domain::Policy;
 use crate::domain::Quote;
 use crate::engine::error::check_key;
 use crate::engine::{ChargeItem, ChargeReply, EngineError};
@@ -22,22 +25,36 @@ impl RedisStore {
         if self.core.is_shutting_down() {
             return Err(EngineError::ShuttingDown);
         }
-        let mut keys: BTreeMap<&str, u32> = BTreeMap::new();
+        let mut keys: BTreeMap<&str, (u32, Option<&Arc<Policy>>)> = BTreeMap::new();
         for item in items {
             check_key(&item.key)?;
-            let permits = keys.entry(item.key.as_str()).or_insert(0);
-            *permits = permits.saturating_add(item.permits);
+            let entry = keys
+                .entry(item.key.as_str())
+                .or_insert((0, item.policy.as_ref()));
+            entry.0 = entry.0.saturating_add(item.permits);
         }
         let mut sent = Vec::with_capacity(keys.len());
-        for key in keys.keys() {
-            sent.push(self.sent_policy(key)?);
+        for (key, (_, policy)) in &keys {
+            sent.push(match policy {
+                // A request's own policy (a descriptor's limit): sent as
+                // its id, or its JSON when the node does not know it.
+                Some(policy) => {
+                    let json = serde_json::to_string(&policy.spec())
+                        .map_err(|e| EngineError::Internal(format!("the policy as JSON: {e}")))?;
+                    Arc::new(Sent {
+                        by_id: format!("@{}", policy_id(&json)).into(),
+                        json: json.into(),
+                    })
+                }
+                None => self.sent_policy(key)?,
+            });
             self.remember(key);
             self.bump(key);
         }
         let now = self.now_arg();
         let make = |by_id: bool| {
             let mut cmd = redis::cmd("FB.CHARGE");
-            for ((key, permits), policy) in keys.iter().zip(&sent) {
+            for ((key, (permits, _)), policy) in keys.iter().zip(&sent) {
                 cmd.arg(redis_key(key))
                     .arg(if by_id { &*policy.by_id } else { &*policy.json })
                     .arg(*permits);
