@@ -241,7 +241,8 @@ struct At<'a> {
     request: bool,
 }
 
-/// A grant to count a charge as a granted decision by (no ticket is made).
+/// A grant to count a charge as a granted decision by, in the figures
+/// (`fusebox_decisions_total`); no ticket is made.
 fn dummy_grant() -> crate::domain::Grant {
     crate::domain::Grant {
         ticket: crate::domain::TicketId(0),

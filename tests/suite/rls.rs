@@ -442,3 +442,22 @@ async fn watch_sees_rls_keys() {
         .collect();
     assert_eq!(keys, ["rls/{edge}/remote_address/=10.1.1.1"]);
 }
+
+/// At the key cap fusebox cannot decide: UNAVAILABLE (Envoy then applies
+/// its failure mode), with the cap's name, never UNKNOWN; keys that exist
+/// keep working.
+#[tokio::test]
+async fn at_the_key_cap_the_answer_is_unavailable() {
+    let config = format!("[server]\nmax_keys = 1\n{CONFIG}");
+    let server = Server::manual(Some(&config)).await;
+    let mut rls = client(&server).await;
+    let ip = |v: &str| vec![descriptor(&[("remote_address", v)], None)];
+    ask(&mut rls, "edge", ip("a"), 0).await.expect("answer");
+    let e = ask(&mut rls, "edge", ip("b"), 0)
+        .await
+        .expect_err("no room for a key");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("max_keys"), "{e:?}");
+    let r = ask(&mut rls, "edge", ip("a"), 0).await.expect("answer");
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+}

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use super::keys::{policy_id, redis_key};
 use super::{RedisStore, Sent};
-use crate::domain::Policy;
 use crate::domain::Quote;
+use crate::domain::{Decision, Grant, Policy, Reason, TicketId};
 use crate::engine::error::check_key;
 use crate::engine::{ChargeItem, ChargeReply, EngineError};
 
@@ -70,6 +70,21 @@ impl RedisStore {
             .filter(|n| n.len() == 1 + 4 * keys.len())
             .ok_or_else(|| EngineError::Internal(format!("FB.CHARGE replied {value:?}")))?;
         let charged = numbers[0] == 1;
+        // Each key's charge counts as a decision, as embedded.
+        let decision = if charged {
+            Decision::Granted(Some(Grant {
+                ticket: TicketId(0),
+                lease_end: 0,
+            }))
+        } else {
+            Decision::Denied {
+                reason: Reason::NoPermits,
+                retry_after: None,
+            }
+        };
+        for _ in 0..keys.len() {
+            self.counted.count(&decision);
+        }
         let quotes: BTreeMap<&str, Quote> = keys
             .keys()
             .zip(numbers[1..].chunks(4))
