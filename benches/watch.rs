@@ -96,6 +96,7 @@ async fn complete(c: &mut Fusebox, ticket: String, outcome: pb::Outcome) -> pb::
     c.complete(pb::CompleteRequest {
         ticket,
         outcome: outcome as i32,
+        cost: None,
     })
     .await
     .expect("Complete answers")

@@ -537,6 +537,7 @@ async fn run_bench(
                     pb::CompleteRequest {
                         ticket: reply.ticket,
                         outcome: pb::Outcome::Success as i32,
+                        cost: None,
                     },
                     &authorization,
                 ))

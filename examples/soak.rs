@@ -194,6 +194,7 @@ async fn worker(channel: Channel, shared: Arc<Shared>, mut rng: Rng) {
                     .complete(pb::CompleteRequest {
                         ticket,
                         outcome: pb::Outcome::Success as i32,
+                        cost: None,
                     })
                     .await
                 {
@@ -325,6 +326,7 @@ async fn worker(channel: Channel, shared: Arc<Shared>, mut rng: Rng) {
             .complete(pb::CompleteRequest {
                 ticket,
                 outcome: outcome as i32,
+                cost: None,
             })
             .await
         {

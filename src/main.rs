@@ -62,6 +62,11 @@ enum Command {
         /// success, failure or ignored.
         #[arg(value_parser = ["success", "failure", "ignored"])]
         outcome: String,
+        /// The permits the call really used, for a token-bucket or window
+        /// limiter (0 to 4294967295); the difference from what the ticket
+        /// took is settled at once. Without it: what the ticket took.
+        #[arg(long)]
+        cost: Option<u32>,
         #[command(flatten)]
         client: ClientOptions,
     },
@@ -293,6 +298,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Complete {
             ticket,
             outcome,
+            cost,
             client,
         } => {
             let outcome = match outcome.as_str() {
@@ -300,7 +306,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 "failure" => pb::Outcome::Failure,
                 _ => pb::Outcome::Ignored,
             };
-            calls::complete(&client, ticket, outcome).await
+            calls::complete(&client, ticket, outcome, cost).await
         }
         Command::Get { key, client } => calls::get(&client, key).await,
         Command::Isolate(flags) => {

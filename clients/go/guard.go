@@ -73,6 +73,7 @@ type guardConfig struct {
 	deadline    time.Duration
 	unavailable UnavailablePolicy
 	renew       bool
+	cost        CostFunc
 }
 
 func defaultGuardConfig() guardConfig {
@@ -104,6 +105,20 @@ func Deadline(d time.Duration) GuardOption { return func(g *guardConfig) { g.dea
 func OnUnavailable(p UnavailablePolicy) GuardOption {
 	return func(g *guardConfig) { g.unavailable = p }
 }
+
+// CostFunc tells, once a guarded call has returned with err (nil on
+// success), how many permits it really used: ok false reports no cost, and
+// the ticket's permits stand. It reads the call's result where the call
+// left it (a variable its closure set).
+type CostFunc func(err error) (cost uint32, ok bool)
+
+// WithCost reports the permits the call really used with its outcome
+// (CompleteRequest.cost, rule U1): a call that asked with an estimate
+// (Permits) settles the truth afterwards, up or down, on a token-bucket or
+// window limiter; other limiter kinds ignore it. A cost of 0 returns the
+// permits taken. Not asked when the call panicked, nor for a call run
+// without a ticket (a status check, or failing open).
+func WithCost(f CostFunc) GuardOption { return func(g *guardConfig) { g.cost = f } }
 
 // NoRenew turns off background lease renewal for this guard.
 func NoRenew() GuardOption { return func(g *guardConfig) { g.renew = false } }
@@ -258,7 +273,13 @@ func (c *Client) run(ctx context.Context, adm Admission, lease time.Duration, cf
 		default:
 			outcome = cfg.classifier(err)
 		}
-		c.report(adm.Key, adm.Ticket, outcome)
+		var cost *uint32
+		if finished && cfg.cost != nil {
+			if n, ok := cfg.cost(err); ok {
+				cost = &n
+			}
+		}
+		c.report(adm.Key, adm.Ticket, outcome, cost)
 	}()
 	err = call(context.WithValue(ctx, admissionKey{}, adm))
 	finished = true
@@ -270,7 +291,7 @@ func (c *Client) run(ctx context.Context, adm Admission, lease time.Duration, cf
 // runs a call under it, and its permits come back now rather than when its
 // lease ends.
 func (c *Client) abandoned(key, ticket string) {
-	c.report(key, ticket, Ignored)
+	c.report(key, ticket, Ignored, nil)
 }
 
 // renewal renews one ticket's lease each time half of it has passed, from

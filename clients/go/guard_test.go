@@ -137,6 +137,50 @@ func TestDeniedWhenNoPermits(t *testing.T) {
 	}
 }
 
+// A call asks with an estimate of one permit; WithCost reports what its
+// result says it used, and fusebox settles the difference (U1).
+func TestCostFromTheCallsResultIsSettled(t *testing.T) {
+	for _, tr := range []Transport{TransportUnary, TransportStream} {
+		t.Run(tr.String(), func(t *testing.T) {
+			s := startServer(t)
+			s.setPolicy("k", tokenBucket(10))
+			c := newClient(t, s, WithTransport(tr))
+			ctx := context.Background()
+			// search stands for a call whose result tells what it cost.
+			search := func(rows uint32, err error) error {
+				var got uint32
+				return c.Guard(ctx, "k", func(context.Context) error {
+					got = rows
+					return err
+				}, WithCost(func(err error) (uint32, bool) { return got, err == nil }))
+			}
+			free := func(want uint32) {
+				t.Helper()
+				flush(t, c)
+				if st := s.key("k"); st.GetFree() != want || st.GetLiveTickets() != 0 {
+					t.Fatalf("free %d, live tickets %d; want %d free, none live", st.GetFree(), st.GetLiveTickets(), want)
+				}
+			}
+			if err := search(5, nil); err != nil {
+				t.Fatal(err)
+			}
+			free(5) // 1 taken at Acquire, 4 more at Complete
+			if err := search(0, nil); err != nil {
+				t.Fatal(err)
+			}
+			free(5) // the permit taken came back
+			if err := search(7, errBoom); err != errBoom {
+				t.Fatalf("want the call's own error, got %v", err)
+			}
+			free(4) // no cost reported (ok false): the ticket's one permit stands
+			st := s.key("k").GetStats()
+			if st.GetSuccesses() != 2 || st.GetFailures() != 1 {
+				t.Fatalf("server saw %v", st)
+			}
+		})
+	}
+}
+
 func TestCancelledCallIsIgnored(t *testing.T) {
 	s := startServer(t)
 	s.setPolicy("k", breaker(1, time.Second))

@@ -41,6 +41,7 @@ type pendingOutcome struct {
 	key     string
 	ticket  string
 	outcome Outcome
+	cost    *uint32 // the permits really used (WithCost); nil: the ticket's
 }
 
 // outcomeQueue holds outcomes until its sender reports them. Outcomes are
@@ -202,8 +203,8 @@ func (q *outcomeQueue) close() {
 // report queues a finished call's outcome for the sender; the caller does
 // not wait. A full queue drops it, a closed client cannot send it: both are
 // counted and logged, and the ticket's lease then ends on the server.
-func (c *Client) report(key, ticket string, outcome Outcome) {
-	switch c.outcomes.put(pendingOutcome{key: key, ticket: ticket, outcome: outcome}) {
+func (c *Client) report(key, ticket string, outcome Outcome, cost *uint32) {
+	switch c.outcomes.put(pendingOutcome{key: key, ticket: ticket, outcome: outcome, cost: cost}) {
 	case errQueueFull:
 		c.stats.outcomesDropped.Add(1)
 		c.logs.warn("outcome-dropped", "fusebox: the outcome queue is full, so a call's outcome was dropped; "+
@@ -237,7 +238,7 @@ func (c *Client) sendOutcomes(ctx context.Context, batch []pendingOutcome) {
 	}
 	items := make([]*pb.CompleteRequest, len(batch))
 	for i, o := range batch {
-		items[i] = &pb.CompleteRequest{Ticket: o.ticket, Outcome: pb.Outcome(o.outcome)}
+		items[i] = o.request()
 	}
 	resp, err := c.fusebox.CompleteBatch(ctx, &pb.CompleteBatchRequest{Items: items})
 	if err != nil {
@@ -258,13 +259,18 @@ func (c *Client) sendOutcomes(ctx context.Context, batch []pendingOutcome) {
 	}
 }
 
+// request is the outcome as one CompleteRequest.
+func (o pendingOutcome) request() *pb.CompleteRequest {
+	return &pb.CompleteRequest{Ticket: o.ticket, Outcome: pb.Outcome(o.outcome), Cost: o.cost}
+}
+
 var errMissingAnswer = errors.New("fusebox: the answer had fewer results than the outcomes sent")
 
 func (c *Client) sendOutcomeFrames(ctx context.Context, batch []pendingOutcome) {
 	frames := make([]*pb.DecideFrame, len(batch))
 	for i, o := range batch {
 		frames[i] = &pb.DecideFrame{Request: &pb.DecideFrame_Complete{
-			Complete: &pb.CompleteRequest{Ticket: o.ticket, Outcome: pb.Outcome(o.outcome)},
+			Complete: o.request(),
 		}}
 	}
 	results, err := c.mux.callTogether(ctx, frames)

@@ -165,7 +165,7 @@ func TestCloseFlushes(t *testing.T) {
 			t.Fatalf("stats %+v", got)
 		}
 		// A guard that ends after Close cannot report; it is counted.
-		c.report("k", "a-ticket", Success)
+		c.report("k", "a-ticket", Success, nil)
 		if got := c.Stats(); got.CompleteFailures != 1 {
 			t.Fatalf("stats %+v", got)
 		}
@@ -203,9 +203,9 @@ func TestOutcomeAnsweredWithAnErrorIsCounted(t *testing.T) {
 		// Stopped, fusebox answers nothing: the first outcome's send
 		// waits, and the other two go together in the next.
 		s.pause()
-		c.report("k", "unknown-1", Success)
-		c.report("k", "unknown-2", Success)
-		c.report("k", resp.GetTicket(), Success)
+		c.report("k", "unknown-1", Success, nil)
+		c.report("k", "unknown-2", Success, nil)
+		c.report("k", resp.GetTicket(), Success, nil)
 		s.resume()
 		flush(t, c)
 		if st := c.Stats(); st.CompleteFailures != 2 || st.Completed != 1 {

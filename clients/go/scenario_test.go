@@ -56,6 +56,7 @@ type guardSpec struct {
 	MaxWaitMs     int64   `json:"max_wait_ms"`
 	LeaseMs       int64   `json:"lease_ms"`
 	OnUnavailable string  `json:"on_unavailable"`
+	Cost          *uint32 `json:"cost"`
 }
 
 type guardResult struct {
@@ -237,6 +238,13 @@ func startGuard(c *Client, spec *guardSpec, expect map[string]json.RawMessage) *
 	if spec.LeaseMs > 0 {
 		opts = append(opts, Lease(time.Duration(spec.LeaseMs)*time.Millisecond))
 	}
+	if spec.Cost != nil {
+		if spec.Call != "succeed" {
+			panic(fmt.Sprintf("cost needs call succeed, not %q", spec.Call))
+		}
+		cost := *spec.Cost
+		opts = append(opts, WithCost(func(error) (uint32, bool) { return cost, true }))
+	}
 	switch spec.OnUnavailable {
 	case "closed":
 		opts = append(opts, OnUnavailable(FailClosed))
@@ -349,7 +357,7 @@ func checkExpect(t *testing.T, where string, r guardResult, exp map[string]json.
 	}
 }
 
-var keyFields = map[string]bool{"key": true, "phase": true, "consecutive_failures": true, "live_tickets": true, "waiters": true, "stats": true}
+var keyFields = map[string]bool{"key": true, "phase": true, "consecutive_failures": true, "live_tickets": true, "waiters": true, "free": true, "stats": true}
 
 func keyMismatch(t *testing.T, s *server, exp map[string]json.RawMessage) string {
 	t.Helper()

@@ -140,3 +140,11 @@ func breaker(failures uint32, brk time.Duration) *pb.Policy {
 func concurrency(permits uint32) *pb.Policy {
 	return &pb.Policy{Limiter: &pb.Limiter{Kind: &pb.Limiter_Concurrency{Concurrency: &pb.Concurrency{Permits: permits}}}}
 }
+
+// tokenBucket is a bucket of capacity tokens that refills one token an hour:
+// on the manual clock, which these tests do not move, never.
+func tokenBucket(capacity uint32) *pb.Policy {
+	return &pb.Policy{Limiter: &pb.Limiter{Kind: &pb.Limiter_TokenBucket{TokenBucket: &pb.TokenBucket{
+		Capacity: capacity, Refill: 1, Period: durationpb.New(time.Hour),
+	}}}}
+}

@@ -5,7 +5,7 @@
 //! AOF replay) writes the same bytes without running the step again.
 //!
 //! A value of version 1 (JSON) is read whole, and one of version 2 has its
-//! ticket table read whole; either is written back in version 3.
+//! ticket table read whole; either is written back in version 4.
 
 use fusebox_domain::{
     Fuse, FuseError, FuseHead, Millis, Notice, Ticket, TicketId, TicketTable, Tickets,

@@ -6,12 +6,12 @@
 //! the module has no `unsafe` of its own. A string gets RDB, AOF,
 //! replication, `DUMP`/`RESTORE` and slot migration from Redis as they are.
 //!
-//! Layout, version 3 (little-endian; every value starts `FBX` and a
+//! Layout, version 4 (little-endian; every value starts `FBX` and a
 //! version byte, so a reader refuses a string that is not fusebox state,
 //! and one written by a newer module):
 //!
 //! ```text
-//! 0    "FBX", version 3                 4    header length (u32) = HEADER
+//! 0    "FBX", version 4                 4    header length (u32) = HEADER
 //! 8    next deadline (u64; MAX = none)  16   phase (u8)   17 flags (u8)
 //! 20   live tickets (u32)               24   waiters (u32)
 //! 28   policy length (u32)              32   policy id (16 bytes)
@@ -24,8 +24,13 @@
 //! 252  tail length (u32)                256  the probe's ticket id (16)
 //! 272  the policy as JSON (policy length bytes)
 //!      the ticket table ([`crate::table`]), table slots x 72 bytes + 8
-//!      the tail: window buckets, sliding-window segments, waiters
+//!      the tail: window buckets, sliding-window segments (index u64,
+//!      count u64), waiters
 //! ```
+//!
+//! For a token bucket, limiter a is the tick and limiter b the tokens as an
+//! i64 (below 0 once calls cost more than they took, U1); for a fixed
+//! window, a is the window's index and b its count.
 //!
 //! The fixed header holds what the settler and the census read without
 //! decoding anything (the next deadline, the phase, the live tickets and
@@ -34,9 +39,10 @@
 //! header says is used (zeros at the end), so that a tail that shrinks by
 //! a few bytes does not copy the value.
 //!
-//! Versions 1 (`FBX\x01` and the domain's `FuseState` as JSON) and 2 (this
-//! layout, but for the ticket table's heap: [`crate::table`]) are still
-//! read; the next write of such a key writes version 3.
+//! Versions 1 (`FBX\x01` and the domain's `FuseState` as JSON), 2 (this
+//! layout, but for the ticket table's heap: [`crate::table`]) and 3 (this
+//! layout, but segment counts as u32, and tickets that never settle a
+//! cost) are still read; the next write of such a key writes version 4.
 
 use std::fmt;
 
@@ -51,7 +57,7 @@ use crate::table::{self, u32_at, u64_at};
 pub const MAGIC: &[u8; 3] = b"FBX";
 
 /// The encoding this module writes and the newest it reads.
-pub const ENCODING_VERSION: u8 = 3;
+pub const ENCODING_VERSION: u8 = 4;
 
 /// Bytes of the fixed header of versions 2 and 3.
 pub const HEADER: usize = 272;
@@ -361,7 +367,14 @@ impl Header {
         let segments = r.u16()?;
         let mut taken = Vec::with_capacity(usize::from(segments));
         for _ in 0..segments {
-            taken.push((r.u64()?, r.u32()?));
+            let index = r.u64()?;
+            // Counts are u64 since version 4 (up to 2 * permits, U1).
+            let count = if self.version < 4 {
+                u64::from(r.u32()?)
+            } else {
+                r.u64()?
+            };
+            taken.push((index, count));
         }
         let waiters = r.u32()?;
         if waiters != self.waiters {
@@ -383,20 +396,16 @@ impl Header {
             });
         }
         let (kind, a, b) = self.limiter;
-        let narrow = |n: u64, what: &str| {
-            u32::try_from(n).map_err(|_| damaged(format!("limiter.{what}: {n} is too large")))
-        };
         head.limiter = match kind {
             0 => None,
             1 => Some(LimiterState::Concurrency { held: a }),
+            // Tokens are an i64 in two's complement (below 0 since version
+            // 4, U1); older versions wrote a u32 there.
             2 => Some(LimiterState::TokenBucket {
                 tick: a,
-                tokens: narrow(b, "tokens")?,
+                tokens: b as i64,
             }),
-            3 => Some(LimiterState::FixedWindow {
-                index: a,
-                used: narrow(b, "used")?,
-            }),
+            3 => Some(LimiterState::FixedWindow { index: a, used: b }),
             4 => Some(LimiterState::SlidingWindow { taken }),
             k => return Err(damaged(format!("limiter: kind {k}"))),
         };
@@ -432,12 +441,12 @@ impl Reader<'_> {
 /// The tail of `head`: its window, sliding segments and waiters.
 pub fn encode_tail(head: &FuseHead) -> Vec<u8> {
     let window = &head.breaker.window;
-    let taken: &[(u64, u32)] = match &head.limiter {
+    let taken: &[(u64, u64)] = match &head.limiter {
         Some(LimiterState::SlidingWindow { taken }) => taken,
         _ => &[],
     };
     let mut out =
-        Vec::with_capacity(8 + window.len() * 16 + taken.len() * 12 + head.waiters.len() * 36);
+        Vec::with_capacity(8 + window.len() * 16 + taken.len() * 16 + head.waiters.len() * 36);
     let count16 = |n: usize| u16::try_from(n).unwrap_or(u16::MAX).to_le_bytes();
     out.extend_from_slice(&count16(window.len()));
     for b in window.iter().take(usize::from(u16::MAX)) {
@@ -506,8 +515,8 @@ pub fn encode_header(head: &FuseHead, frame: &Frame) -> [u8; HEADER] {
     let (kind, a, bword) = match &head.limiter {
         None => (0, 0, 0),
         Some(LimiterState::Concurrency { held }) => (1, *held, 0),
-        Some(LimiterState::TokenBucket { tokens, tick }) => (2, *tick, u64::from(*tokens)),
-        Some(LimiterState::FixedWindow { index, used }) => (3, *index, u64::from(*used)),
+        Some(LimiterState::TokenBucket { tokens, tick }) => (2, *tick, *tokens as u64),
+        Some(LimiterState::FixedWindow { index, used }) => (3, *index, *used),
         Some(LimiterState::SlidingWindow { .. }) => (4, 0, 0),
     };
     h[92] = kind;
@@ -579,10 +588,12 @@ mod tests {
         assert_eq!(version(b"FBX"), Err(StateError::NotFusebox));
         assert_eq!(version(b"FBX\x00"), Err(StateError::NotFusebox));
         assert_eq!(version(b"hello"), Err(StateError::NotFusebox));
-        assert_eq!(version(b"FBX\x04x"), Err(StateError::NewerEncoding(4)));
+        assert_eq!(version(b"FBX\x05x"), Err(StateError::NewerEncoding(5)));
+        assert_eq!(version(b"FBX\x04x"), Ok(4));
+        assert_eq!(version(b"FBX\x03x"), Ok(3));
         assert_eq!(version(b"FBX\x02x"), Ok(2));
         assert_eq!(version(b"FBX\x01{}"), Ok(1));
-        assert!(StateError::NewerEncoding(4)
+        assert!(StateError::NewerEncoding(5)
             .to_string()
             .starts_with("state: "));
     }

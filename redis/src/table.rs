@@ -21,14 +21,18 @@
 //!                        0  id, high 64 bits      8  id, low 64 bits
 //!                       16  lease end (ms)       24  epoch
 //!                       32  permits (u32)        36  4 bytes of zeros
-//!                       40  flags (u8: 1 in use, 2 the probe, 4 holds permits)
-//!                       41  7 bytes of zeros
+//!                       40  flags (u8: 1 in use, 2 the probe, 4 holds permits,
+//!                           8 settles a reported cost)
+//!                       41  when its permits were taken (ms, 7 bytes: u56)
 //! base + cap * SLOT     the heap's length (u32), 4 bytes of zeros
 //!        + 8            cap heap entries of HEAP_ENTRY bytes:
 //!                        0  lease end (ms)        8  id, high 64 bits
 //!                       16  id, low 64 bits
 //!                       the first `length` in heap order, the rest unused
 //! ```
+//!
+//! Encoding 3 wrote zeros at byte 41 and never flag 8: its tickets read as
+//! taken at 0 and settle no cost (U1).
 //!
 //! Encoding 2 had the same slots (bytes 36..40 the slot's place in the
 //! heap) and a heap of 4-byte slot numbers; [`tickets_v2`] reads its
@@ -76,6 +80,11 @@ pub const MAX_CAP: usize = 1 << 24;
 const IN_USE: u8 = 1;
 const PROBE: u8 = 2;
 const HOLDS: u8 = 4;
+const SETTLES: u8 = 8;
+
+/// The most a slot's 7 bytes of `granted_at` hold (2^56 - 1 ms, two
+/// million years).
+const GRANTED_AT_MAX: u64 = (1 << 56) - 1;
 
 /// The slots a table of `len` tickets is given when it is made or rebuilt:
 /// a load of at most one half.
@@ -187,6 +196,8 @@ fn slot_at(b: &[u8], at: usize) -> Option<Slot> {
             permits: u32_at(b, at + 32),
             probe: flags & PROBE != 0,
             holds: flags & HOLDS != 0,
+            granted_at: u64_at(b, at + 40) >> 8,
+            settles: flags & SETTLES != 0,
         },
     })
 }
@@ -341,9 +352,12 @@ impl<B: Bytes> Table<B> {
         raw[16..24].copy_from_slice(&s.ticket.lease_end.to_le_bytes());
         raw[24..32].copy_from_slice(&s.ticket.epoch.to_le_bytes());
         raw[32..36].copy_from_slice(&s.ticket.permits.to_le_bytes());
+        let granted_at = s.ticket.granted_at.min(GRANTED_AT_MAX);
+        raw[40..48].copy_from_slice(&(granted_at << 8).to_le_bytes());
         raw[40] = IN_USE
             | if s.ticket.probe { PROBE } else { 0 }
-            | if s.ticket.holds { HOLDS } else { 0 };
+            | if s.ticket.holds { HOLDS } else { 0 }
+            | if s.ticket.settles { SETTLES } else { 0 };
         write(self.bytes.bytes_mut(), at, &raw);
         self.dirty.mark(at, SLOT);
     }
@@ -625,11 +639,11 @@ impl<B: Bytes> Table<B> {
         self.settle_top((old, id.0));
     }
 
-    /// Marks every ticket's permits as not to be returned.
+    /// Marks every ticket's permits as neither to be returned nor settled.
     pub fn forget_holds(&mut self) {
         for i in 0..self.cap {
-            if let Some(mut s) = self.read(i).filter(|s| s.ticket.holds) {
-                s.ticket.holds = false;
+            if let Some(mut s) = self.read(i).filter(|s| s.ticket.holds || s.ticket.settles) {
+                s.ticket.forget();
                 self.put(i, &s);
             }
         }
@@ -713,6 +727,9 @@ mod tests {
             probe,
             lease_end,
             holds: n.is_multiple_of(2),
+            // Times up to the 7 bytes' limit, so the flag byte is kept apart.
+            granted_at: (u64::from(n) * 0x0123_4567_89ab) & ((1 << 56) - 1),
+            settles: n.is_multiple_of(3) && !n.is_multiple_of(2),
         }
     }
 

@@ -83,6 +83,7 @@ pub(crate) async fn fill(load: &Load, prefix: &'static str, from: u64, count: u6
                             .complete(pb::CompleteRequest {
                                 ticket,
                                 outcome: pb::Outcome::Failure as i32,
+                                cost: None,
                             })
                             .await
                     }

@@ -396,6 +396,7 @@ impl Caller {
                 .complete(pb::CompleteRequest {
                     ticket,
                     outcome: pb::Outcome::Success as i32,
+                    cost: None,
                 })
                 .await;
             let ended = Instant::now();
@@ -538,6 +539,7 @@ impl Caller {
                                 pb::CompleteRequest {
                                     ticket: answer.ticket,
                                     outcome: pb::Outcome::Success as i32,
+                                    cost: None,
                                 },
                             )),
                         });
@@ -599,6 +601,7 @@ impl Caller {
                         tickets.push(pb::CompleteRequest {
                             ticket: a.ticket,
                             outcome: pb::Outcome::Success as i32,
+                            cost: None,
                         });
                     }
                     Some(pb::acquire_result::Result::Error(e)) => {

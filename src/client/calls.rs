@@ -31,17 +31,20 @@ pub async fn acquire(
     print_acquire(&r, client.json)
 }
 
-/// `fusebox complete`: reports how the call a ticket covered went.
+/// `fusebox complete`: reports how the call a ticket covered went and,
+/// with `cost`, the permits it really used (U1).
 pub async fn complete(
     client: &ClientOptions,
     ticket: String,
     outcome: pb::Outcome,
+    cost: Option<u32>,
 ) -> anyhow::Result<()> {
     let mut c = pb::fusebox_client::FuseboxClient::new(connect(client).await?);
     let r = c
         .complete(pb::CompleteRequest {
             ticket,
             outcome: outcome as i32,
+            cost,
         })
         .await
         .map_err(call_error)?

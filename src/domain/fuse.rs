@@ -31,6 +31,22 @@ pub struct Ticket {
     pub lease_end: Millis,
     /// True when its permits are concurrency permits that must come back.
     pub holds: bool,
+    /// When its permits were taken: its grant, or a waiter's serving (U1).
+    pub granted_at: Millis,
+    /// True when its permits are rate permits (token bucket or window)
+    /// taken from the limiter in force, so that a reported cost is settled
+    /// against them (U1). Cleared, like `holds`, when the limiter is remade
+    /// or keeps time otherwise.
+    pub settles: bool,
+}
+
+impl Ticket {
+    /// Its permits neither come back nor are settled any more (the limiter
+    /// they came from is gone or keeps time otherwise).
+    pub fn forget(&mut self) {
+        self.holds = false;
+        self.settles = false;
+    }
 }
 
 /// A request for permits.
@@ -858,10 +874,11 @@ impl<T: TicketTable> Fuse<T> {
         }
         let epoch = self.breaker.epoch();
         let live = self.live_mut();
-        let mut holds = false;
+        let (mut holds, mut settles) = (false, false);
         if let Some(limiter) = live.book.limiter_mut() {
             limiter.take(n, now);
             holds = limiter.returns_permits();
+            settles = !holds && n > 0;
         }
         // B2: a superseded probe stays live (its outcome will be stale) but
         // is no longer the probe: inserting a probe moves the flag.
@@ -873,6 +890,8 @@ impl<T: TicketTable> Fuse<T> {
                 probe,
                 lease_end,
                 holds,
+                granted_at: now,
+                settles,
             },
         );
         Grant {
@@ -936,10 +955,24 @@ impl<T: TicketTable> Fuse<T> {
         outcome: Outcome,
         now: Millis,
     ) -> Result<Completed, FuseError> {
+        self.complete_with_cost(id, outcome, None, now)
+    }
+
+    /// Records a ticket's outcome at `now` with the permits the call really
+    /// used (U1; `None` = what the ticket took): the outcome reaches the
+    /// breaker, then the difference is settled in a token-bucket or window
+    /// limiter, stale or not, then waiters are served.
+    pub fn complete_with_cost(
+        &mut self,
+        id: TicketId,
+        outcome: Outcome,
+        cost: Option<u32>,
+        now: Millis,
+    ) -> Result<Completed, FuseError> {
         self.check_time(now)?;
         self.live_ticket(id, now)?;
         self.settle(now);
-        let stale = self.finish(id, outcome, now);
+        let stale = self.finish_with_cost(id, outcome, cost, now);
         self.tidy();
         Ok(Completed {
             stale,
@@ -950,6 +983,18 @@ impl<T: TicketTable> Fuse<T> {
     /// Ends a live ticket with `outcome` at `at`: the outcome reaches the
     /// breaker first, then the permits come back (C5). Returns staleness.
     fn finish(&mut self, id: TicketId, outcome: Outcome, at: Millis) -> bool {
+        self.finish_with_cost(id, outcome, None, at)
+    }
+
+    /// [`Fuse::finish`] with a reported cost, settled after the outcome
+    /// reached the breaker and before waiters are served (U1).
+    fn finish_with_cost(
+        &mut self,
+        id: TicketId,
+        outcome: Outcome,
+        cost: Option<u32>,
+        at: Millis,
+    ) -> bool {
         let Some(ticket) = self.live.as_deref_mut().and_then(|l| l.tickets.remove(id)) else {
             return false;
         };
@@ -972,6 +1017,11 @@ impl<T: TicketTable> Fuse<T> {
         if ticket.holds {
             if let Some(limiter) = self.live.as_deref_mut().and_then(|l| l.book.limiter_mut()) {
                 limiter.release(ticket.permits);
+            }
+        }
+        if let (Some(cost), true) = (cost, ticket.settles) {
+            if let Some(limiter) = self.live.as_deref_mut().and_then(|l| l.book.limiter_mut()) {
+                limiter.settle(ticket.permits, cost, ticket.granted_at, at);
             }
         }
         self.serve(at);

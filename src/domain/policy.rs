@@ -185,6 +185,12 @@ impl LimiterKind {
             LimiterKind::SlidingWindow { .. } => "sliding_window",
         }
     }
+
+    /// True for the kinds whose permits are spent, not returned (P7), and
+    /// so settled against a reported cost (U1): token bucket and windows.
+    pub fn is_rate(&self) -> bool {
+        !matches!(self, LimiterKind::Concurrency { .. })
+    }
 }
 
 /// A validated limiter with its queue settings.

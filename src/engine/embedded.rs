@@ -637,10 +637,21 @@ impl Engine {
 
     /// Records a ticket's outcome (B3, C5, L4).
     pub fn complete(&self, token: &str, outcome: Outcome) -> Result<CompleteReply, EngineError> {
+        self.complete_with_cost(token, outcome, None)
+    }
+
+    /// Records a ticket's outcome (B3, C5, L4) and the permits the call
+    /// really used (U1; `None` = what the ticket took).
+    pub fn complete_with_cost(
+        &self,
+        token: &str,
+        outcome: Outcome,
+        cost: Option<u32>,
+    ) -> Result<CompleteReply, EngineError> {
         let (id, key) = self.ticket_and_key(token)?;
         let result = self
             .with_fuse(&key, Reach::EXISTING, |fuse, ctx| {
-                fuse.complete(id, outcome, ctx.now)
+                fuse.complete_with_cost(id, outcome, cost, ctx.now)
             })?
             .ok_or(EngineError::TicketNotFound);
         match result {

@@ -147,11 +147,12 @@ pub trait SharedStore: Send + Sync + std::fmt::Debug {
     fn core(&self) -> &Arc<Core>;
     /// Answers an acquire, waiting while queued.
     fn acquire(&self, args: AcquireArgs) -> BoxFuture<'_, Result<AcquireReply, EngineError>>;
-    /// Records a ticket's outcome.
+    /// Records a ticket's outcome and the permits the call really used (U1).
     fn complete<'a>(
         &'a self,
         token: &'a str,
         outcome: Outcome,
+        cost: Option<u32>,
     ) -> BoxFuture<'a, Result<CompleteReply, EngineError>>;
     /// Extends a live ticket's lease; returns the time left.
     fn renew<'a>(
@@ -370,15 +371,17 @@ impl Store {
         }
     }
 
-    /// Records a ticket's outcome (B3, C5, L4).
+    /// Records a ticket's outcome (B3, C5, L4) and the permits the call
+    /// really used (U1; `None` = what the ticket took).
     pub async fn complete(
         &self,
         token: &str,
         outcome: Outcome,
+        cost: Option<u32>,
     ) -> Result<CompleteReply, EngineError> {
         match self {
-            Store::Embedded(e) => e.complete(token, outcome),
-            Store::Redis(r) => r.complete(token, outcome).await,
+            Store::Embedded(e) => e.complete_with_cost(token, outcome, cost),
+            Store::Redis(r) => r.complete(token, outcome, cost).await,
         }
     }
 
@@ -388,9 +391,10 @@ impl Store {
         &self,
         token: &str,
         outcome: Outcome,
+        cost: Option<u32>,
         share: Option<&Arc<Share>>,
     ) -> Result<CompleteReply, EngineError> {
-        let result = self.complete(token, outcome).await;
+        let result = self.complete(token, outcome, cost).await;
         if let (Some(share), Ok(_) | Err(EngineError::TicketNotFound)) = (share, &result) {
             if let Some(id) = self.ticket_id(token) {
                 share.let_go(id);

@@ -463,10 +463,10 @@ struct Ticket<'a> {
 }
 
 impl Ticket<'_> {
-    /// Queues the call's outcome; never waits.
-    fn finish(mut self, outcome: Outcome) {
+    /// Queues the call's outcome and cost; never waits.
+    fn finish(mut self, outcome: Outcome, cost: Option<u32>) {
         if let Some(id) = self.id.take() {
-            self.outcomes.push(id, outcome);
+            self.outcomes.push(id, outcome, cost);
         }
     }
 }
@@ -481,7 +481,7 @@ impl Drop for Ticket<'_> {
             } else {
                 Outcome::Ignored
             };
-            self.outcomes.push(id, outcome);
+            self.outcomes.push(id, outcome, None);
         }
     }
 }
@@ -626,6 +626,48 @@ impl Guard {
         Fut: Future<Output = Result<T, E>>,
         C: FnOnce(&E) -> Outcome,
     {
+        self.run_classified_with_cost(key, options, classify, |_| None, call)
+            .await
+    }
+
+    /// Guards `call` on `key` and reports, with its outcome, the permits it
+    /// really used: `cost_of` reads them from the call's result (`None` =
+    /// what the ticket took). For a token-bucket or window limiter the
+    /// difference is settled on fusebox at Complete (U1): a call that
+    /// turned out bigger (tokens of a model's answer, rows of a query)
+    /// spends more, one that turned out smaller gives the rest back. An
+    /// error counts as a failure unless it is a cancellation.
+    pub async fn run_with_cost<T, E: 'static, F, Fut, K>(
+        &self,
+        key: &str,
+        options: &CallOptions,
+        cost_of: K,
+        call: F,
+    ) -> Result<T, GuardError<E>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        K: FnOnce(&Result<T, E>) -> Option<u32>,
+    {
+        self.run_classified_with_cost(key, options, count_errors_not_cancellations, cost_of, call)
+            .await
+    }
+
+    /// [`Guard::run_with_cost`] where `classify` says what an error means.
+    pub async fn run_classified_with_cost<T, E, F, Fut, C, K>(
+        &self,
+        key: &str,
+        options: &CallOptions,
+        classify: C,
+        cost_of: K,
+        call: F,
+    ) -> Result<T, GuardError<E>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        C: FnOnce(&E) -> Outcome,
+        K: FnOnce(&Result<T, E>) -> Option<u32>,
+    {
         let admission = self.admit(key, options).await?;
         let how = match &admission {
             Admission::Ticket(_, how) | Admission::WithoutTicket(how) => *how,
@@ -655,7 +697,7 @@ impl Guard {
             Ok(_) => Outcome::Success,
             Err(e) => classify(e),
         };
-        ticket.finish(outcome);
+        ticket.finish(outcome, cost_of(&result));
         result.map_err(GuardError::Call)
     }
 
@@ -997,7 +1039,7 @@ mod tests {
             guard
                 .inner
                 .outcomes
-                .push(format!("ticket-{n}"), Outcome::Success);
+                .push(format!("ticket-{n}"), Outcome::Success, None);
         }
         let stats = guard.stats();
         assert_eq!((stats.outcomes_dropped, stats.complete_failures), (2, 0));

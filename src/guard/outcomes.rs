@@ -168,9 +168,10 @@ impl Outcomes {
         self.failed.load(Ordering::Relaxed)
     }
 
-    /// Queues the outcome of `ticket`, or drops it when the queue is full.
-    /// Never waits.
-    pub(crate) fn push(self: &Arc<Self>, ticket: String, outcome: Outcome) {
+    /// Queues the outcome of `ticket`, with the permits the call really
+    /// used when it says (U1), or drops it when the queue is full. Never
+    /// waits.
+    pub(crate) fn push(self: &Arc<Self>, ticket: String, outcome: Outcome, cost: Option<u32>) {
         let mut queue = self.queue.lock().expect("outcome queue lock");
         if queue.waiting.len() >= self.capacity {
             drop(queue);
@@ -190,6 +191,7 @@ impl Outcomes {
         queue.waiting.push_back(pb::CompleteRequest {
             ticket,
             outcome: outcome.wire(),
+            cost,
         });
         queue.queued += 1;
         self.start_sender(&mut queue);

@@ -89,7 +89,7 @@ impl Api {
         let outcome = outcome_of(req.outcome)?;
         let done = self
             .store
-            .complete_as(&req.ticket, outcome, share)
+            .complete_as(&req.ticket, outcome, req.cost, share)
             .await
             .map_err(status_of)?;
         Ok(pb::CompleteResponse {

@@ -68,6 +68,7 @@ pub async fn complete(c: &mut Fusebox, ticket: &str, outcome: pb::Outcome) -> pb
     c.complete(pb::CompleteRequest {
         ticket: ticket.into(),
         outcome: outcome as i32,
+        cost: None,
     })
     .await
     .unwrap_or_else(|s| panic!("Complete: {s:?}"))
@@ -81,6 +82,7 @@ pub async fn complete_not_found(c: &mut Fusebox, ticket: &str) -> Status {
         .complete(pb::CompleteRequest {
             ticket: ticket.into(),
             outcome: pb::Outcome::Success as i32,
+            cost: None,
         })
         .await
         .expect_err("the ticket is not found");

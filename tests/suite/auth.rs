@@ -128,6 +128,7 @@ async fn rpc(server: &Server, call: &str, token: Option<&str>) -> char {
                     pb::CompleteRequest {
                         ticket: t,
                         outcome: pb::Outcome::Success as i32,
+                        cost: None,
                     },
                 ))
                 .await,
@@ -315,6 +316,7 @@ async fn refusals_say_which_credential_lacks_what() {
             pb::CompleteRequest {
                 ticket: t.clone(),
                 outcome: pb::Outcome::Failure as i32,
+                cost: None,
             },
         ))
         .await
@@ -325,6 +327,7 @@ async fn refusals_say_which_credential_lacks_what() {
         pb::CompleteRequest {
             ticket: t,
             outcome: pb::Outcome::Success as i32,
+            cost: None,
         },
     ))
     .await

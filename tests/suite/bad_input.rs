@@ -201,6 +201,7 @@ fn complete(ticket: &str, outcome: i32) -> Call {
     Call::Complete(pb::CompleteRequest {
         ticket: ticket.into(),
         outcome,
+        cost: None,
     })
 }
 

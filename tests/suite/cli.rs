@@ -586,3 +586,36 @@ async fn bench_names_the_load_tool_that_took_its_place() {
     let run = fusebox(&["--help"]).await;
     assert!(!run.ok().contains("bench"), "{}", run.stdout);
 }
+
+/// `fusebox complete --cost N` (U1): the difference from what the ticket
+/// took is settled in the key's token bucket at once, up or down; a cost
+/// that is not a u32 is refused by the command, naming the flag, and
+/// changes nothing.
+#[tokio::test]
+async fn complete_with_a_cost_settles_the_difference_in_a_token_bucket() {
+    const BUCKET: &str = r#"
+[default]
+limiter = { kind = "token_bucket", capacity = 4, refill = 1, period = "1s" }
+"#;
+    let server = Server::manual(Some(BUCKET)).await;
+    let free = async |server: &Server| client_json(server, &["get", "tb"]).await["free"].clone();
+    let t1 = granted(&server, "tb").await;
+    assert_eq!(free(&server).await, 3);
+    let run = client(&server, &["complete", &t1, "success", "--cost", "4"]).await;
+    assert_eq!(run.ok(), "recorded; phase CLOSED\n");
+    assert_eq!(free(&server).await, 0, "3 more spent: 4 - 1 - 3");
+
+    client(&server, &["advance", "2s"]).await.ok();
+    let t2 = granted(&server, "tb").await;
+    assert_eq!(free(&server).await, 1);
+    for bad in ["-1", "4294967296", "two"] {
+        let flag = format!("--cost={bad}");
+        let run = client(&server, &["complete", &t2, "success", &flag]).await;
+        let message = run.failed(2);
+        assert!(message.contains("--cost"), "{bad}: {message:?}");
+    }
+    assert_eq!(free(&server).await, 1, "a refused cost changes nothing");
+    let done = client_json(&server, &["complete", &t2, "success", "--cost", "0"]).await;
+    assert_eq!(done, json!({"stale": false, "phase": "CLOSED"}));
+    assert_eq!(free(&server).await, 2, "cost 0 gives the permit back");
+}

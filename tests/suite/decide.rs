@@ -202,6 +202,7 @@ fn complete_frame(id: u64, ticket: &str, outcome: pb::Outcome) -> pb::DecideFram
         request: Some(Frame::Complete(pb::CompleteRequest {
             ticket: ticket.into(),
             outcome: outcome as i32,
+            cost: None,
         })),
     }
 }
@@ -220,6 +221,7 @@ fn successes(tickets: &[String]) -> Vec<pb::CompleteRequest> {
         .map(|t| pb::CompleteRequest {
             ticket: t.clone(),
             outcome: pb::Outcome::Success as i32,
+            cost: None,
         })
         .collect()
 }
@@ -379,11 +381,19 @@ impl Target for DecideTarget {
         self.settle(&label).await
     }
 
-    async fn complete(&mut self, label: &str, outcome: &str) -> Result<bool, String> {
+    async fn complete(
+        &mut self,
+        label: &str,
+        outcome: &str,
+        cost: Option<u32>,
+    ) -> Result<bool, String> {
         self.quiesce().await;
         let ticket = self.waiting.token(label);
         let id = self.id();
-        let frame = complete_frame(id, &ticket, wire_outcome(outcome));
+        let mut frame = complete_frame(id, &ticket, wire_outcome(outcome));
+        if let Some(Frame::Complete(c)) = frame.request.as_mut() {
+            c.cost = cost;
+        }
         match self.stream.ask(frame).await.result {
             Some(Res::Complete(c)) => Ok(c.stale),
             Some(Res::Error(e)) => Err(code_name(Code::from(e.code))),
@@ -406,6 +416,10 @@ impl Target for DecideTarget {
 
     async fn close(&mut self, key: &str) {
         self.unary.steer(key, false).await;
+    }
+
+    async fn set_policy(&mut self, policy: &fusebox::domain::PolicySpec) {
+        self.unary.set_default(policy).await;
     }
 }
 
@@ -1022,6 +1036,7 @@ async fn batches_answer_each_item_as_the_unary_call_in_order() {
     items.push(pb::CompleteRequest {
         ticket: UNKNOWN_TICKET.into(),
         outcome: pb::Outcome::Success as i32,
+        cost: None,
     });
     // The first ticket again: completed once only.
     items.push(items[0].clone());

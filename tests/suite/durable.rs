@@ -399,6 +399,7 @@ async fn workload(server_addr: String, client: usize, round: usize, seen: Arc<Mu
                         .complete(pb::CompleteRequest {
                             ticket: r.ticket,
                             outcome: pb::Outcome::Failure as i32,
+                            cost: None,
                         })
                         .await
                     else {

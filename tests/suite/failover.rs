@@ -253,6 +253,7 @@ async fn one_round(c: &mut Client, key: &str) -> Result<Result<(), tonic::Status
         c.complete(pb::CompleteRequest {
             ticket: a.ticket,
             outcome: pb::Outcome::Success as i32,
+            cost: None,
         }),
     )
     .await

@@ -866,6 +866,7 @@ fn methods() -> Vec<(&'static str, Vec<u8>)> {
             pb::CompleteRequest {
                 ticket: "0123456789abcdef0123456789abcdef".into(),
                 outcome: pb::Outcome::Failure as i32,
+                cost: None,
             }
             .encode_to_vec(),
         ),

@@ -366,3 +366,61 @@ async fn the_guard_reads_its_clock_for_its_cache_of_open_keys() {
     );
     assert_eq!(guard.stats().local_blocked, 1);
 }
+
+/// `run_with_cost` (U1): the cost read from the call's result goes with
+/// its outcome, and the key's token bucket settles the difference; a cost
+/// of `None` is what the ticket took.
+#[tokio::test]
+async fn run_with_cost_reports_what_the_call_really_used() {
+    let bucket = "[default]\nlimiter = { kind = \"token_bucket\", capacity = 10, refill = 1, period = \"1h\" }\n";
+    let server = Server::manual(Some(bucket)).await;
+    let guard = guard(&server, None);
+    let state = async || {
+        server
+            .admin()
+            .await
+            .get_key(pb::GetKeyRequest { key: "llm".into() })
+            .await
+            .expect("GetKey answers")
+            .into_inner()
+    };
+    let free = async || state().await.free;
+    // A call that asked for 1 and used 6 (say, tokens of an answer).
+    let used: Result<u32, GuardError<String>> = guard
+        .run_with_cost(
+            "llm",
+            &CallOptions::default(),
+            |r| r.as_ref().ok().copied(),
+            || async { Ok(6) },
+        )
+        .await;
+    assert_eq!(used.expect("granted"), 6);
+    guard.flush().await.expect("the outcome is answered");
+    assert_eq!(free().await, 4, "10 - 1 taken - 5 more");
+
+    // One that asked for 3, failed and used nothing: all 3 come back.
+    let three = CallOptions {
+        permits: Some(3),
+        ..CallOptions::default()
+    };
+    let failed: Result<u32, GuardError<String>> = guard
+        .run_with_cost(
+            "llm",
+            &three,
+            |r| r.as_ref().map_or(Some(0), |&n| Some(n)),
+            || async { Err("the model timed out".to_owned()) },
+        )
+        .await;
+    assert!(matches!(failed, Err(GuardError::Call(_))), "{failed:?}");
+    guard.flush().await.expect("the outcome is answered");
+    assert_eq!(free().await, 4);
+
+    // No cost: what the ticket took, as `run` does.
+    let plain: Result<u32, GuardError<String>> = guard
+        .run_with_cost("llm", &CallOptions::default(), |_| None, || async { Ok(1) })
+        .await;
+    assert_eq!(plain.expect("granted"), 1);
+    guard.flush().await.expect("the outcome is answered");
+    assert_eq!(free().await, 3);
+    assert_eq!(state().await.stats.unwrap_or_default().failures, 1);
+}

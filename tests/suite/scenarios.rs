@@ -153,11 +153,17 @@ fn start(guard: &Guard, g: &Value, expect: Option<Value>, what: &str) -> Running
             "max_wait_ms",
             "lease_ms",
             "on_unavailable",
+            "cost",
         ],
         what,
     );
     let key = obj["key"].as_str().expect("guard.key").to_owned();
     let call = obj["call"].as_str().expect("guard.call").to_owned();
+    // The cost the call's result tells; the guard's cost option reads it.
+    let cost = obj.get("cost").map(|c| {
+        assert_eq!(call, "succeed", "{what}: cost needs call succeed");
+        u32::try_from(c.as_u64().expect("guard.cost is a whole number")).expect("cost fits a u32")
+    });
     let options = CallOptions {
         permits: obj.get("permits").and_then(Value::as_u64).map(|p| p as u32),
         max_wait: ms(g, "max_wait_ms"),
@@ -178,18 +184,19 @@ fn start(guard: &Guard, g: &Value, expect: Option<Value>, what: &str) -> Running
             flag.store(admitted() == Some(Admitted::FailedOpen), Ordering::SeqCst);
             let _ = ran_tx.send(true);
             match call.as_str() {
-                "succeed" => Ok(()),
+                "succeed" => Ok(cost),
                 "fail" => Err("the call failed".to_owned()),
                 "hang" | "cancel" => match release_rx.await {
-                    Ok(true) => Ok(()),
+                    Ok(true) => Ok(None),
                     Ok(false) => Err("the call failed".to_owned()),
                     Err(_) => std::future::pending().await,
                 },
                 other => panic!("unknown call {other:?}"),
             }
         };
-        let result = g2.run(&key, &options, body).await;
-        seen_of(result)
+        let cost_of = |result: &Result<Option<u32>, String>| result.clone().ok().flatten();
+        let result = g2.run_with_cost(&key, &options, cost_of, body).await;
+        seen_of(result.map(|_| ()))
     });
     Running {
         expect,
@@ -264,6 +271,7 @@ fn key_mismatch(k: &Map<String, Value>, state: &pb::KeyState) -> Option<String> 
             "consecutive_failures" => state.consecutive_failures.into(),
             "live_tickets" => state.live_tickets.into(),
             "waiters" => state.waiters.into(),
+            "free" => state.free.into(),
             "stats" => {
                 for (s, want) in want.as_object().expect("stats is an object") {
                     let got = match s.as_str() {

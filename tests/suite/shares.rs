@@ -105,6 +105,7 @@ impl Taker<'_> {
                 let done = pb::CompleteRequest {
                     ticket: reply.ticket,
                     outcome: pb::Outcome::Success as i32,
+                    cost: None,
                 };
                 server.fusebox().await.complete(bearer(token, done)).await?;
                 Ok(())
@@ -433,6 +434,7 @@ async fn a_share_is_given_back_when_tickets_end() {
             pb::CompleteRequest {
                 ticket: first.ticket,
                 outcome: pb::Outcome::Success as i32,
+                cost: None,
             },
         ))
         .await
@@ -557,6 +559,7 @@ fn no_calls_by_one_credential_make_anothers_first_fail(mode: Mode<'_>, flush: &(
                             let done = pb::CompleteRequest {
                                 ticket,
                                 outcome: pb::Outcome::Failure as i32,
+                                cost: None,
                             };
                             let _ = client.complete(bearer(A, done)).await;
                         }

@@ -1,5 +1,7 @@
 //! The shared vectors of `tests/vectors/` (copied byte for byte from the
-//! contract) replayed step by step, every expectation checked.
+//! contract), and this project's vectors of the contract's extensions in
+//! `tests/vectors-extensions/` (same format, see its README), replayed step
+//! by step, every expectation checked.
 //!
 //! The runner is written once against [`Target`]; each way of reaching
 //! fusebox (the pure core here, the engine and the gRPC server elsewhere)
@@ -34,7 +36,11 @@ pub struct Step {
     pub label: Option<String>,
     pub ticket: Option<String>,
     pub outcome: Option<String>,
+    /// A `complete`'s cost (U1); absent = what the ticket took.
+    pub cost: Option<u32>,
     pub waiter: Option<String>,
+    /// A `set_policy`'s new policy for the key (Y4; extensions only).
+    pub policy: Option<PolicySpec>,
     pub expect: Expect,
 }
 
@@ -84,8 +90,14 @@ pub trait Target {
     /// Sends an acquire; a request still waiting answers `QUEUED`. The ticket
     /// or waiter is remembered under `label`.
     async fn acquire(&mut self, step: &Step) -> Answer;
-    /// Completes the ticket remembered as `label`: `Ok(stale)` or `Err(code)`.
-    async fn complete(&mut self, label: &str, outcome: &str) -> Result<bool, String>;
+    /// Completes the ticket remembered as `label` with a `cost` (U1):
+    /// `Ok(stale)` or `Err(code)`.
+    async fn complete(
+        &mut self,
+        label: &str,
+        outcome: &str,
+        cost: Option<u32>,
+    ) -> Result<bool, String>;
     /// The answer of the waiter remembered as `label`, or `QUEUED`.
     async fn settle(&mut self, label: &str) -> Answer;
     /// Reads a key.
@@ -94,11 +106,22 @@ pub trait Target {
     async fn isolate(&mut self, key: &str);
     /// Closes a key.
     async fn close(&mut self, key: &str);
+    /// Puts `policy` in force for the vector's key (its default rule), from
+    /// the key's next operation on (Y4).
+    async fn set_policy(&mut self, policy: &PolicySpec);
 }
 
-/// Every vector in `tests/vectors/`, by name.
+/// Every vector in `tests/vectors/`, then every one in
+/// `tests/vectors-extensions/`, each directory by name.
 pub fn load_all() -> Vec<Vector> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors");
+    let mut all = load_dir("tests/vectors", 24);
+    all.extend(load_dir("tests/vectors-extensions", 10));
+    all
+}
+
+/// The vectors of `dir` (under the crate), at least `least` of them.
+fn load_dir(dir: &str, least: usize) -> Vec<Vector> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
     let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("tests/vectors exists")
         .map(|e| e.expect("readable entry").path())
@@ -106,8 +129,8 @@ pub fn load_all() -> Vec<Vector> {
         .collect();
     paths.sort();
     assert!(
-        paths.len() >= 24,
-        "expected the contract's vectors in {dir:?}"
+        paths.len() >= least,
+        "expected at least {least} vectors in {dir:?}"
     );
     paths
         .iter()
@@ -165,7 +188,7 @@ pub async fn replay<T: Target>(vector: &Vector, target: &mut T) -> Vec<String> {
             "complete" => {
                 let label = step.ticket.as_deref().expect("complete names a ticket");
                 let outcome = step.outcome.as_deref().expect("complete names an outcome");
-                match target.complete(label, outcome).await {
+                match target.complete(label, outcome, step.cost).await {
                     Ok(stale) => {
                         c.check("error", e.error.clone(), "none".to_owned());
                         c.check("stale", e.stale, stale);
@@ -200,6 +223,11 @@ pub async fn replay<T: Target>(vector: &Vector, target: &mut T) -> Vec<String> {
             "close" => {
                 target
                     .close(step.key.as_deref().expect("close names a key"))
+                    .await
+            }
+            "set_policy" => {
+                target
+                    .set_policy(step.policy.as_ref().expect("set_policy names a policy"))
                     .await
             }
             other => c.failures.push(format!("step {i}: unknown op {other:?}")),
@@ -301,9 +329,16 @@ impl Target for CoreTarget {
         answer_of(&decision)
     }
 
-    async fn complete(&mut self, label: &str, outcome: &str) -> Result<bool, String> {
+    async fn complete(
+        &mut self,
+        label: &str,
+        outcome: &str,
+        cost: Option<u32>,
+    ) -> Result<bool, String> {
         let id = self.labels[label];
-        let r = self.fuse.complete(id, outcome_of(outcome), self.now);
+        let r = self
+            .fuse
+            .complete_with_cost(id, outcome_of(outcome), cost, self.now);
         self.collect();
         r.map(|c| c.stale).map_err(|_| "NOT_FOUND".to_owned())
     }
@@ -318,6 +353,12 @@ impl Target for CoreTarget {
 
     async fn inspect(&mut self, _key: &str) -> Reading {
         reading_of(&self.fuse.view(self.now))
+    }
+
+    async fn set_policy(&mut self, policy: &PolicySpec) {
+        let policy = policy.validate().expect("the step's policy is valid");
+        self.fuse.set_policy(policy, self.now).expect("set_policy");
+        self.collect();
     }
 
     async fn isolate(&mut self, _key: &str) {
@@ -632,11 +673,16 @@ impl Target for EngineTarget {
         self.settle(&label).await
     }
 
-    async fn complete(&mut self, label: &str, outcome: &str) -> Result<bool, String> {
+    async fn complete(
+        &mut self,
+        label: &str,
+        outcome: &str,
+        cost: Option<u32>,
+    ) -> Result<bool, String> {
         self.quiesce().await;
         match self
             .engine
-            .complete(&self.waiting.token(label), outcome_of(outcome))
+            .complete_with_cost(&self.waiting.token(label), outcome_of(outcome), cost)
         {
             Ok(done) => Ok(done.stale),
             Err(EngineError::TicketNotFound) => Err("NOT_FOUND".to_owned()),
@@ -662,6 +708,11 @@ impl Target for EngineTarget {
         self.engine
             .isolate(key, "vector step", "the vector runner")
             .expect("isolate");
+    }
+
+    async fn set_policy(&mut self, policy: &PolicySpec) {
+        let policy = policy.validate().expect("the step's policy is valid");
+        self.engine.set_default(policy).expect("set_default");
     }
 
     async fn close(&mut self, key: &str) {
@@ -736,6 +787,19 @@ impl End {
             free: s.free,
             queued: u64::from(s.queued),
         }
+    }
+
+    /// Replaces the default rule with `policy` through `Admin.SetPolicy`.
+    pub async fn set_default(&mut self, policy: &PolicySpec) {
+        let policy = policy.validate().expect("the step's policy is valid");
+        let rule = pb::PolicyRule {
+            r#match: String::new(),
+            policy: Some(fusebox::server::policy::wire_policy(&policy)),
+            default: true,
+        };
+        crate::admin::set_policy(&mut self.admin, rule)
+            .await
+            .expect("SetPolicy answers");
     }
 
     /// Isolates (`isolate`) or closes `key`.
@@ -880,7 +944,12 @@ impl Target for GrpcTarget {
         self.settle(&label).await
     }
 
-    async fn complete(&mut self, label: &str, outcome: &str) -> Result<bool, String> {
+    async fn complete(
+        &mut self,
+        label: &str,
+        outcome: &str,
+        cost: Option<u32>,
+    ) -> Result<bool, String> {
         self.quiesce().await;
         let ticket = self.waiting.token(label);
         self.next()
@@ -888,6 +957,7 @@ impl Target for GrpcTarget {
             .complete(pb::CompleteRequest {
                 ticket,
                 outcome: wire_outcome(outcome) as i32,
+                cost,
             })
             .await
             .map(|r| r.into_inner().stale)
@@ -910,6 +980,13 @@ impl Target for GrpcTarget {
 
     async fn close(&mut self, key: &str) {
         self.next().steer(key, false).await;
+    }
+
+    /// On every server, so that none acts on the old rules meanwhile.
+    async fn set_policy(&mut self, policy: &PolicySpec) {
+        for end in &mut self.ends {
+            end.set_default(policy).await;
+        }
     }
 }
 

@@ -591,7 +591,11 @@ type CompleteRequest struct {
 	// A ticket returned by Acquire.
 	Ticket string `protobuf:"bytes,1,opt,name=ticket,proto3" json:"ticket,omitempty"`
 	// How the call went; OUTCOME_UNSPECIFIED is rejected (E2).
-	Outcome       Outcome `protobuf:"varint,2,opt,name=outcome,proto3,enum=fusebox.v1.Outcome" json:"outcome,omitempty"`
+	Outcome Outcome `protobuf:"varint,2,opt,name=outcome,proto3,enum=fusebox.v1.Outcome" json:"outcome,omitempty"`
+	// The permits the call really used, for token-bucket and window limiters
+	// (U1): absent = what the ticket took. The difference is settled up or
+	// down at Complete; it changes nothing for other limiter kinds.
+	Cost          *uint32 `protobuf:"varint,3,opt,name=cost,proto3,oneof" json:"cost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -638,6 +642,13 @@ func (x *CompleteRequest) GetOutcome() Outcome {
 		return x.Outcome
 	}
 	return Outcome_OUTCOME_UNSPECIFIED
+}
+
+func (x *CompleteRequest) GetCost() uint32 {
+	if x != nil && x.Cost != nil {
+		return *x.Cost
+	}
+	return 0
 }
 
 // Reply to Fusebox.Complete.
@@ -3661,10 +3672,12 @@ const file_fusebox_v1_fusebox_proto_rawDesc = "" +
 	"\vretry_after\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryAfter\x12/\n" +
 	"\x05lease\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x12'\n" +
-	"\x05phase\x18\x06 \x01(\x0e2\x11.fusebox.v1.PhaseR\x05phase\"X\n" +
+	"\x05phase\x18\x06 \x01(\x0e2\x11.fusebox.v1.PhaseR\x05phase\"z\n" +
 	"\x0fCompleteRequest\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\tR\x06ticket\x12-\n" +
-	"\aoutcome\x18\x02 \x01(\x0e2\x13.fusebox.v1.OutcomeR\aoutcome\"Q\n" +
+	"\aoutcome\x18\x02 \x01(\x0e2\x13.fusebox.v1.OutcomeR\aoutcome\x12\x17\n" +
+	"\x04cost\x18\x03 \x01(\rH\x00R\x04cost\x88\x01\x01B\a\n" +
+	"\x05_cost\"Q\n" +
 	"\x10CompleteResponse\x12\x14\n" +
 	"\x05stale\x18\x01 \x01(\bR\x05stale\x12'\n" +
 	"\x05phase\x18\x02 \x01(\x0e2\x11.fusebox.v1.PhaseR\x05phase\"W\n" +
@@ -4103,6 +4116,7 @@ func file_fusebox_v1_fusebox_proto_init() {
 		return
 	}
 	file_fusebox_v1_fusebox_proto_msgTypes[0].OneofWrappers = []any{}
+	file_fusebox_v1_fusebox_proto_msgTypes[2].OneofWrappers = []any{}
 	file_fusebox_v1_fusebox_proto_msgTypes[9].OneofWrappers = []any{}
 	file_fusebox_v1_fusebox_proto_msgTypes[14].OneofWrappers = []any{
 		(*WatchEvent_Snapshot)(nil),

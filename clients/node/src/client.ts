@@ -59,8 +59,17 @@ export interface GuardContext {
   readonly unavailableError?: unknown;
 }
 
-/** Options of one guard. */
-export interface GuardOptions {
+/**
+ * Maps a guarded call's value to the permits it really used
+ * (`CompleteRequest.cost`, rule U1); undefined reports no cost.
+ */
+export type CostOf<T> = (result: T) => number | undefined;
+
+/** The largest cost: a uint32 on the wire. */
+export const MAX_COST = 2 ** 32 - 1;
+
+/** Options of one guard; `T` is the guarded call's value. */
+export interface GuardOptions<T = unknown> {
   /** Permits asked for (default 1). 0 is a status check: no ticket, nothing reported. */
   permits?: number;
   /** How long the request may wait in the key's queue, in ms (default 0). */
@@ -75,6 +84,16 @@ export interface GuardOptions {
   onUnavailable?: UnavailablePolicy;
   /** Renew the lease in the background (default true). */
   renew?: boolean;
+  /**
+   * Reads the permits the call really used from its value, reported with
+   * its outcome (rule U1): on a token-bucket or window limiter fusebox
+   * settles the difference from what the ticket took, up or down (0 gives
+   * the permits back). undefined (or a call that rejects) reports no cost,
+   * and the ticket's permits stand. A cost function that throws or answers
+   * something other than a whole number from 0 to 2^32 - 1 is logged and
+   * reports no cost. Other limiter kinds ignore the cost.
+   */
+  cost?: CostOf<T>;
   /** The caller's cancellation: the call is then reported IGNORED and the guard rejects with the abort reason. */
   signal?: AbortSignal;
 }
@@ -212,7 +231,7 @@ const OUTCOME = { success: 'OUTCOME_SUCCESS', failure: 'OUTCOME_FAILURE', ignore
 
 const NEVER_ABORTED = new AbortController().signal;
 
-interface Resolved {
+interface Resolved<T = unknown> {
   permits: number | undefined;
   maxWaitMs: number;
   leaseMs: number;
@@ -220,6 +239,7 @@ interface Resolved {
   deadlineMs: number;
   onUnavailable: UnavailablePolicy;
   renew: boolean;
+  cost: CostOf<T> | undefined;
 }
 
 const shared = new Map<string, FuseboxClient>();
@@ -409,8 +429,11 @@ export class FuseboxClient {
    * outcome queue and is reported in the background: the guard settles as
    * soon as the call does (see `flush`).
    */
-  async guard<T>(key: string, call: (ctx: GuardContext) => Promise<T> | T, options: GuardOptions = {}): Promise<T> {
-    const cfg: Resolved = {
+  async guard<T>(key: string, call: (ctx: GuardContext) => Promise<T> | T, options: GuardOptions<T> = {}): Promise<T> {
+    if (options.cost !== undefined && typeof options.cost !== 'function') {
+      throw new TypeError(`cost must be a function of the call's value, not ${String(options.cost)}`);
+    }
+    const cfg: Resolved<T> = {
       permits: options.permits,
       maxWaitMs: options.maxWaitMs ?? 0,
       leaseMs: options.leaseMs ?? 0,
@@ -418,6 +441,7 @@ export class FuseboxClient {
       deadlineMs: options.deadlineMs ?? this.opts.deadlineMs,
       onUnavailable: options.onUnavailable ?? this.opts.onUnavailable,
       renew: options.renew ?? true,
+      cost: options.cost,
     };
     const signal = options.signal;
     const left = this.cache.blockedFor(key, this.now());
@@ -511,7 +535,7 @@ export class FuseboxClient {
   wrap<A extends unknown[], T>(
     key: string | ((...args: A) => string),
     fn: (...args: A) => Promise<T> | T,
-    options: GuardOptions = {},
+    options: GuardOptions<T> = {},
   ): (...args: A) => Promise<T> {
     return (...args: A) => this.guard(typeof key === 'string' ? key : key(...args), () => fn(...args), options);
   }
@@ -520,7 +544,7 @@ export class FuseboxClient {
   private async run<T>(
     ctx: GuardContext,
     leaseMs: number,
-    cfg: Resolved,
+    cfg: Resolved<T>,
     call: (ctx: GuardContext) => Promise<T> | T,
     signal: AbortSignal | undefined,
   ): Promise<T> {
@@ -544,8 +568,24 @@ export class FuseboxClient {
     // Renewal stops before the outcome is queued; the guard returns without
     // waiting for fusebox to take it.
     renewer?.stop();
-    this.outcomes.enqueue({ key: ctx.key, ticket, outcome: 'success' });
+    const cost = cfg.cost === undefined ? undefined : this.costOf(ctx.key, cfg.cost, value);
+    this.outcomes.enqueue(cost === undefined ? { key: ctx.key, ticket, outcome: 'success' } : { key: ctx.key, ticket, outcome: 'success', cost });
     return value;
+  }
+
+  // The cost option's answer for a call's value; a broken one must not lose
+  // the value: it is logged, and the ticket's permits stand.
+  private costOf<T>(key: string, costOf: CostOf<T>, value: T): number | undefined {
+    try {
+      const cost = costOf(value);
+      if (cost === undefined || (Number.isInteger(cost) && cost >= 0 && cost <= MAX_COST)) {
+        return cost;
+      }
+      this.logs.warn('cost', `fusebox: the cost function answered ${String(cost)}, not a whole number of permits from 0 to ${MAX_COST}; reporting no cost, so the ticket's permits stand`, { key });
+    } catch (err) {
+      this.logs.warn('cost', "fusebox: the cost function failed; reporting no cost, so the ticket's permits stand", { key, err: String(err) });
+    }
+    return undefined;
   }
 
   private classify(classifier: Classifier, err: unknown): Outcome {
@@ -604,7 +644,9 @@ export class FuseboxClient {
   // One send of the outcome queue: a CompleteBatch, or complete frames of
   // the Decide stream in one message. An item's error is its answer.
   private async sendOutcomes(batch: readonly QueuedOutcome[], deadlineMs: number): Promise<ItemAnswer[]> {
-    const items = batch.map((o) => ({ ticket: o.ticket, outcome: OUTCOME[o.outcome] }));
+    const items = batch.map((o) =>
+      o.cost === undefined ? { ticket: o.ticket, outcome: OUTCOME[o.outcome] } : { ticket: o.ticket, outcome: OUTCOME[o.outcome], cost: o.cost },
+    );
     const itemError = (e: ItemError__Output): Error => statusError(e.code, e.message);
     if (this.mux !== undefined) {
       const answers = await this.mux.requestBatch(
@@ -631,7 +673,7 @@ export class FuseboxClient {
 
   // One renewal; the delay before the next (null: stop). A renewal whose
   // call has ended meanwhile is let go quietly: the outcome supersedes it.
-  private async renewOnce(ticket: string, leaseMs: number, cfg: Resolved, stopped: () => boolean): Promise<number | null> {
+  private async renewOnce<T>(ticket: string, leaseMs: number, cfg: Resolved<T>, stopped: () => boolean): Promise<number | null> {
     try {
       const message = cfg.leaseMs > 0 ? { ticket, lease: duration(cfg.leaseMs) } : { ticket };
       const mux = this.mux;

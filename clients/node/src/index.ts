@@ -13,6 +13,7 @@ export {
   DEFAULT_LOG_INTERVAL_MS,
   DEFAULT_OUTCOME_QUEUE,
   FuseboxClient,
+  MAX_COST,
   defaultClassifier,
   tlsFromFiles,
 } from './client';
@@ -20,6 +21,7 @@ export type {
   Admission,
   Classifier,
   ClientOptions,
+  CostOf,
   GuardContext,
   GuardOptions,
   Outcome,

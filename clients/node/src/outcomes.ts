@@ -18,6 +18,8 @@ export interface QueuedOutcome {
   readonly key: string;
   readonly ticket: string;
   readonly outcome: Outcome;
+  /** The permits the call really used (the guard's `cost`); absent: the ticket's. */
+  readonly cost?: number;
 }
 
 /**

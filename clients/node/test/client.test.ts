@@ -20,7 +20,7 @@ import {
 } from '@fusebox/client';
 import type { ClientOptions, GuardContext, Logger } from '@fusebox/client';
 
-import { Server, SharedServer, breaker, concurrency, waitFor } from './server';
+import { Server, SharedServer, breaker, concurrency, tokenBucket, waitFor } from './server';
 
 const boom = new Error('boom');
 const quiet: Logger = { warn() {} };
@@ -151,6 +151,43 @@ void test('a call finding every permit held is denied (no_permits)', async () =>
   assert.equal(inner.reason, 'no_permits');
   assert.equal(inner.retryAfterMs, null);
 });
+
+for (const transport of ['unary', 'stream'] as const) {
+  void test(`the cost read from the call's value is settled (U1, ${transport})`, async () => {
+    const key = freshKey();
+    await shared.server.setPolicy(key, tokenBucket(10));
+    const logged: string[] = [];
+    const c = client({ transport, logger: { warn: (m) => logged.push(m) } });
+    // search stands for a call whose value tells what it cost: one permit per row.
+    const search = (rows: number | null): Promise<string[] | null> =>
+      c.guard(key, () => Promise.resolve(rows === null ? null : Array<string>(rows).fill('row')), {
+        permits: 1,
+        cost: (value) => (value === null ? undefined : value.length),
+      });
+    const free = async (): Promise<number> => {
+      await c.flush();
+      const st = await shared.server.key(key);
+      assert.equal(st.liveTickets, 0);
+      return st.free;
+    };
+    assert.deepEqual(await search(5), Array<string>(5).fill('row'));
+    assert.equal(await free(), 5); // 1 taken at Acquire, 4 more at Complete
+    assert.deepEqual(await search(0), []);
+    assert.equal(await free(), 5); // the permit taken came back
+    assert.equal(await search(null), null);
+    assert.equal(await free(), 4); // no cost reported: the ticket's permit stands
+    // A rejected call reports no cost.
+    await rejection(c.guard(key, () => Promise.reject(boom), { cost: () => 9 }));
+    assert.equal(await free(), 3);
+    // A broken cost function keeps the value; the ticket's permit stands.
+    assert.equal(await c.guard(key, () => Promise.resolve(7), { cost: () => -1 }), 7);
+    assert.equal(await free(), 2);
+    assert.ok(logged.some((m) => m.includes('cost function answered -1')));
+    const err = await rejection(c.guard(key, () => Promise.resolve(1), { cost: 3 as unknown as () => number }));
+    assert.ok(err instanceof TypeError && err.message.includes('cost must be a function'));
+    assert.equal(await free(), 2); // the bad option changed nothing
+  });
+}
 
 void test("a call cancelled by its caller's signal is ignored, and the guard rejects with the abort reason", async () => {
   const key = freshKey();

@@ -39,9 +39,9 @@ const STEP_EXTRAS: Record<string, string[]> = {
   release: ['as', 'expect'],
   cancel: ['expect'],
 };
-const GUARD_FIELDS = new Set(['key', 'call', 'id', 'background', 'permits', 'max_wait_ms', 'lease_ms', 'on_unavailable']);
+const GUARD_FIELDS = new Set(['key', 'call', 'id', 'background', 'permits', 'max_wait_ms', 'lease_ms', 'on_unavailable', 'cost']);
 const EXPECT_FIELDS = new Set(['ran', 'refusal', 'reason', 'retry_after_ms', 'local', 'error', 'cancelled', 'unavailable']);
-const KEY_FIELDS = new Set(['key', 'phase', 'consecutive_failures', 'live_tickets', 'waiters', 'stats']);
+const KEY_FIELDS = new Set(['key', 'phase', 'consecutive_failures', 'live_tickets', 'waiters', 'free', 'stats']);
 
 function scenarioDir(): string {
   return process.env.FUSEBOX_SCENARIOS || path.join(REPO_ROOT, 'clients', 'scenarios');
@@ -72,6 +72,8 @@ interface GuardSpec {
   call: 'succeed' | 'fail' | 'hang' | 'cancel';
   id?: string;
   background: boolean;
+  /** The cost the call's value reports (read by the guard's `cost` option). */
+  cost?: number;
   options: GuardOptions;
 }
 
@@ -98,11 +100,18 @@ function guardSpec(g: Json | undefined, where: string): GuardSpec {
   if (g.background !== undefined) {
     assert.equal(typeof g.background, 'boolean', `${where}: background must be a bool`);
   }
+  let cost: number | undefined;
+  if (g.cost !== undefined) {
+    cost = num(g.cost, `${where}: cost`);
+    assert.equal(call, 'succeed', `${where}: cost needs call succeed`);
+    options.cost = (value) => (typeof value === 'number' ? value : undefined);
+  }
   return {
     key: str(g.key, `${where}: key`),
     call: call as GuardSpec['call'],
     id: g.id === undefined ? undefined : str(g.id, `${where}: id`),
     background: g.background === true,
+    cost,
     options,
   };
 }
@@ -143,7 +152,7 @@ class Running {
           this.markStarted();
           switch (spec.call) {
             case 'succeed':
-              return 'ok';
+              return spec.cost ?? 'ok';
             case 'fail':
               throw boom;
             case 'cancel':

@@ -275,3 +275,8 @@ export function breaker(failures: number, breakMs: number): Policy {
 export function concurrency(permits: number): Policy {
   return { limiter: { concurrency: { permits } } };
 }
+
+/** A token bucket that refills one token an hour: on the manual clock, which no test moves past that, never. */
+export function tokenBucket(capacity: number): Policy {
+  return { limiter: { tokenBucket: { capacity, refill: 1, period: duration(3_600_000) } } };
+}

@@ -31,6 +31,21 @@ class Outcome(enum.IntEnum):
 
 Classifier = Callable[[BaseException], Outcome]
 
+# Maps a guarded function's return value to the permits the call really used
+# (CompleteRequest.cost, rule U1); None reports no cost.
+CostOf = Callable[[Any], Optional[int]]
+
+MAX_COST = 2**32 - 1  # cost is a uint32 on the wire
+
+
+def check_cost(cost: object) -> int:
+    """A cost as the wire takes it, or ValueError naming the field."""
+    if not isinstance(cost, int) or isinstance(cost, bool) or not 0 <= cost <= MAX_COST:
+        raise ValueError(
+            f"cost must be a whole number of permits from 0 to {MAX_COST}, not {cost!r}"
+        )
+    return cost
+
 
 def default_classifier(exc: BaseException) -> Outcome:
     """Errors count as failures; cancellations (including a gRPC status

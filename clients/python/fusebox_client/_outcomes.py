@@ -32,8 +32,9 @@ PER_SEND = 1_000  # the server's limit per CompleteBatch and per Decide message
 MIN_SEND_DEADLINE = 1.0  # seconds: nobody waits on a send
 IDLE = 30.0  # seconds with nothing to send before the sender ends (it restarts on demand)
 
-# (ticket, outcome as the proto's enum value)
-Item = Tuple[str, pb.Outcome]
+# (ticket, outcome as the proto's enum value, the permits the call really
+# used or None for the ticket's own: CompleteRequest.cost, rule U1)
+Item = Tuple[str, pb.Outcome, Optional[int]]
 # A send's per-item answers: None when reported, else what went wrong.
 ItemErrors = List[Optional[str]]
 # What a send returns: the sync sender's answers, or the asyncio sender's awaitable of them.
@@ -47,7 +48,10 @@ def check_outcome_queue(n: object) -> int:
 
 
 def requests(batch: List[Item]) -> List[pb.CompleteRequest]:
-    return [pb.CompleteRequest(ticket=ticket, outcome=outcome) for ticket, outcome in batch]
+    return [
+        pb.CompleteRequest(ticket=ticket, outcome=outcome, cost=cost)
+        for ticket, outcome, cost in batch
+    ]
 
 
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
@@ -167,11 +171,12 @@ class OutcomeQueue(_Book[ItemErrors]):
         self._idle = False
         self._flushers = 0
 
-    def put(self, key: str, ticket: str, outcome: pb.Outcome) -> None:
-        """Queues one outcome (the caller's path: never waits on the network)."""
+    def put(self, key: str, ticket: str, outcome: pb.Outcome, cost: Optional[int] = None) -> None:
+        """Queues one outcome, with the permits the call really used when it
+        reported them (the caller's path: never waits on the network)."""
         with self._lock:
             if len(self._items) < self.capacity:
-                self._items.append((ticket, outcome))
+                self._items.append((ticket, outcome, cost))
                 self._queued += 1
                 if self._thread is None:
                     self._start()
@@ -259,10 +264,11 @@ class AsyncOutcomeQueue(_Book[Awaitable[ItemErrors]]):
         self._wakeup: Optional[asyncio.Future] = None
         self._flushers: List[Tuple[int, asyncio.Future]] = []
 
-    def put(self, key: str, ticket: str, outcome: pb.Outcome) -> None:
-        """Queues one outcome (the caller's path: never waits)."""
+    def put(self, key: str, ticket: str, outcome: pb.Outcome, cost: Optional[int] = None) -> None:
+        """Queues one outcome, with the permits the call really used when it
+        reported them (the caller's path: never waits)."""
         if len(self._items) < self.capacity:
-            self._items.append((ticket, outcome))
+            self._items.append((ticket, outcome, cost))
             self._queued += 1
             if self._task is None:
                 self._start()

@@ -161,7 +161,9 @@ class Guard:
     fusebox.v1.Decision name or None), `ticket`, `degraded` (True when fusebox
     could not be asked and the call runs without a ticket), `outcome`."""
 
-    def __init__(self, client, key, permits, max_wait, lease, classifier, fail_open, deadline):
+    def __init__(
+        self, client, key, permits, max_wait, lease, classifier, fail_open, deadline, cost=None
+    ):
         self.client = client
         self.key = key
         self.permits = permits
@@ -170,6 +172,8 @@ class Guard:
         self.classifier = classifier or client.classifier
         self.fail_open = fail_open
         self.deadline = deadline
+        self.cost_of: Optional[c.CostOf] = cost
+        self.cost: Optional[int] = None
         self.decision: Optional[str] = None
         self.ticket: Optional[str] = None
         self.degraded = False
@@ -188,7 +192,33 @@ class Guard:
             self.classifier,
             self.fail_open,
             self.deadline,
+            self.cost_of,
         )
+
+    def report_cost(self, cost: int) -> None:
+        """Reports the permits the call really used (CompleteRequest.cost,
+        rule U1) with its outcome, in place of the ticket's: fusebox settles
+        the difference on a token-bucket or window limiter, up or down (0
+        gives the permits back). Call it inside the `with` block; a bad value
+        raises ValueError and changes nothing."""
+        self.cost = c.check_cost(cost)
+
+    def _cost_from(self, result: Any) -> None:
+        """Applies the `cost` option to a guarded function's return value.
+        A cost function that raises or answers a bad value must not lose the
+        result: it is logged and the ticket's permits stand."""
+        if self.cost_of is None or not self.ticket:
+            return
+        try:
+            cost = self.cost_of(result)
+            if cost is not None:
+                self.cost = c.check_cost(cost)
+        except Exception:
+            c.log.exception(
+                "fusebox: the cost function of a guard on %r failed; reporting no cost,"
+                " so the ticket's permits stand",
+                self.key,
+            )
 
     def __call__(self, fn: Callable) -> Callable:
         if inspect.iscoroutinefunction(fn):
@@ -199,8 +229,10 @@ class Guard:
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            with self._fresh():
-                return fn(*args, **kwargs)
+            with self._fresh() as guard:
+                result = fn(*args, **kwargs)
+                guard._cost_from(result)
+                return result
 
         return wrapper
 
@@ -294,7 +326,7 @@ class Guard:
             self.client.renewals.stop(self._renewal)
         self._classify(exc)
         if self.ticket:
-            self.client.outcomes.put(self.key, self.ticket, self._outcome_pb())
+            self.client.outcomes.put(self.key, self.ticket, self._outcome_pb(), self.cost)
 
     def _classify(self, exc: Optional[BaseException]) -> None:
         if exc is None:
@@ -386,9 +418,17 @@ class _BaseClient(Generic[ChannelT, GuardT]):
         classifier: Optional[c.Classifier] = None,
         fail_open: Optional[bool] = None,
         deadline: Optional[float] = None,
+        cost: Optional[c.CostOf] = None,
     ) -> GuardT:
         """A context manager (and decorator) that runs its body under a ticket
-        (`async with`, and coroutine functions, with the asyncio client)."""
+        (`async with`, and coroutine functions, with the asyncio client).
+
+        `cost`, for a decorated function: maps its return value to the
+        permits the call really used (None: no cost), reported with its
+        outcome (rule U1). In a `with` block, call `report_cost(n)` on the
+        guard instead."""
+        if cost is not None and not callable(cost):
+            raise ValueError(f"cost must be a function of the call's result, not {cost!r}")
         return self._guard_type(
             self,
             key,
@@ -398,6 +438,7 @@ class _BaseClient(Generic[ChannelT, GuardT]):
             classifier,
             self.fail_open if fail_open is None else fail_open,
             self.deadline if deadline is None else deadline,
+            cost,
         )
 
     def forget(self, key: str) -> None:

@@ -47,8 +47,10 @@ class AsyncGuard(_SyncGuard):
     def __call__(self, fn):
         @functools.wraps(fn)
         async def wrapper(*args, **kwargs):
-            async with self._fresh():
-                return await fn(*args, **kwargs)
+            async with self._fresh() as guard:
+                result = await fn(*args, **kwargs)
+                guard._cost_from(result)
+                return result
 
         return wrapper
 
@@ -111,7 +113,7 @@ class AsyncGuard(_SyncGuard):
                 )
         self._classify(exc)
         if self.ticket:
-            self.client.outcomes.put(self.key, self.ticket, self._outcome_pb())
+            self.client.outcomes.put(self.key, self.ticket, self._outcome_pb(), self.cost)
 
     def renewing(self) -> bool:
         return self._task is not None and not self._renewal_stopped and not self._task.done()

@@ -144,6 +144,14 @@ def concurrency(permits: int) -> pb.Limiter:
     return pb.Limiter(concurrency=pb.Concurrency(permits=permits))
 
 
+def token_bucket(capacity: int) -> pb.Limiter:
+    """A bucket that refills one token an hour: on the manual clock, which
+    the tests that use it do not move, never."""
+    return pb.Limiter(
+        token_bucket=pb.TokenBucket(capacity=capacity, refill=1, period=ms(3_600_000))
+    )
+
+
 def free_addr() -> str:
     """An address of this machine where nothing listens (a port just freed)."""
     s = socket.socket()

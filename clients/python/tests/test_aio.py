@@ -1,7 +1,15 @@
 import asyncio
 
 import pytest
-from conftest import WAIT, CountingStub, FakeClock, breaker, concurrency, free_addr
+from conftest import (
+    WAIT,
+    CountingStub,
+    FakeClock,
+    breaker,
+    concurrency,
+    free_addr,
+    token_bucket,
+)
 
 from fusebox_client import Blocked, Denied, Outcome, aio
 from fusebox_client._common import BackingOff
@@ -28,6 +36,28 @@ async def test_success_failure_and_decorator(server):
     assert await client.flush(WAIT)
     st = server.key("a").stats
     assert (st.successes, st.failures) == (1, 1)
+
+
+@pytest.mark.parametrize("transport", ["unary", "stream"])
+async def test_cost_from_the_result_is_settled(server, transport):
+    server.rule("c/*", limiter=token_bucket(10))
+    client = AsyncFuseboxClient(server.addr, deadline=2, transport=transport)
+
+    @client.guard("c/a", cost=lambda rows: len(rows))
+    async def search(n):
+        return ["row"] * n
+
+    async def free() -> int:
+        assert await client.flush(WAIT)
+        return server.key("c/a").free
+
+    assert await search(5) == ["row"] * 5
+    assert await free() == 5  # 1 taken at Acquire, 4 more at Complete
+    assert await search(0) == []
+    assert await free() == 5  # the permit taken came back
+    async with client.guard("c/a") as g:
+        g.report_cost(2)
+    assert await free() == 3
 
 
 async def test_cancellation_is_ignored(server):

@@ -43,6 +43,7 @@ GUARD_FIELDS = {
     "max_wait_ms",
     "lease_ms",
     "on_unavailable",
+    "cost",
 }
 EXPECT_FIELDS = {
     "ran",
@@ -145,7 +146,32 @@ def entered(r, res: dict, g) -> str:
     return call
 
 
+def costed(spec) -> int | None:
+    """The cost the call's result reports (the guard's `cost` option reads
+    it), for a call that succeeds; None without one."""
+    if "cost" not in spec:
+        return None
+    assert spec["call"] == "succeed", f"cost needs call succeed, not {spec['call']!r}"
+    return spec["cost"]
+
+
+def ran(r, res: dict) -> None:
+    res["ran"] = True
+    r.started.set()
+
+
 async def run_guard(client, spec, r: Running) -> dict:
+    cost = costed(spec)
+    if cost is not None:
+        with guard_result(r, asyncio.CancelledError) as res:
+
+            @client.guard(spec["key"], cost=lambda result: result, **guard_opts(spec))
+            async def call() -> int:
+                ran(r, res)
+                return cost
+
+            await call()
+        return res
     with guard_result(r, asyncio.CancelledError) as res:
         async with client.guard(spec["key"], **guard_opts(spec)) as g:
             call = entered(r, res, g)
@@ -385,6 +411,17 @@ class SyncRunning:
 
 
 def run_guard_sync(client, spec, r: SyncRunning) -> dict:
+    cost = costed(spec)
+    if cost is not None:
+        with guard_result(r, KeyboardInterrupt) as res:
+
+            @client.guard(spec["key"], cost=lambda result: result, **guard_opts(spec))
+            def call() -> int:
+                ran(r, res)
+                return cost
+
+            call()
+        return res
     with guard_result(r, KeyboardInterrupt) as res:
         with client.guard(spec["key"], **guard_opts(spec)) as g:
             call = entered(r, res, g)

@@ -1,7 +1,15 @@
 import threading
 
 import pytest
-from conftest import WAIT, CountingStub, FakeClock, breaker, concurrency, free_addr
+from conftest import (
+    WAIT,
+    CountingStub,
+    FakeClock,
+    breaker,
+    concurrency,
+    free_addr,
+    token_bucket,
+)
 
 from fusebox_client import (
     Blocked,
@@ -52,6 +60,56 @@ def test_decorator_reports_each_call(server):
     assert client.flush(WAIT)
     st = server.key("dec").stats
     assert (st.successes, st.failures) == (1, 1)
+
+
+@pytest.mark.parametrize("transport", ["unary", "stream"])
+def test_cost_from_the_result_is_settled(server, transport):
+    """A call asks with an estimate of one permit; the guard's `cost` reads
+    what its result says it used, and fusebox settles the difference (U1)."""
+    server.rule("c/*", limiter=token_bucket(10))
+    client = FuseboxClient(server.addr, deadline=2, transport=transport)
+
+    @client.guard("c/a", permits=1, cost=lambda rows: len(rows) if rows is not None else None)
+    def search(n):
+        return None if n is None else ["row"] * n
+
+    def free() -> int:
+        assert client.flush(WAIT)
+        state = server.key("c/a")
+        assert state.live_tickets == 0
+        return state.free
+
+    assert search(5) == ["row"] * 5
+    assert free() == 5  # 1 taken at Acquire, 4 more at Complete
+    assert search(0) == []
+    assert free() == 5  # the permit taken came back
+    assert search(None) is None
+    assert free() == 4  # no cost reported: the ticket's permit stands
+    with client.guard("c/a") as g:
+        g.report_cost(3)
+    assert free() == 1
+    with pytest.raises(ValueError, match="cost"):
+        with client.guard("c/a") as g:
+            g.report_cost(-1)
+    # The bad cost changed nothing: the call failed with it, and its ticket's permit stands.
+    assert free() == 0
+    stats = server.key("c/a").stats
+    assert (stats.successes, stats.failures) == (4, 1)
+
+
+def test_a_broken_cost_function_keeps_the_result(server):
+    server.rule("cb/*", limiter=token_bucket(10))
+    client = FuseboxClient(server.addr, deadline=2)
+
+    @client.guard("cb/a", cost=lambda result: result["cost"])
+    def work():
+        return {"no cost": 1}
+
+    assert work() == {"no cost": 1}
+    assert client.flush(WAIT)
+    assert server.key("cb/a").free == 9  # the ticket's permit stands
+    with pytest.raises(ValueError, match="cost must be a function"):
+        client.guard("cb/a", cost=3)  # type: ignore[arg-type]
 
 
 def test_trip_blocks_then_short_circuits_locally_then_probes(server):

@@ -86,21 +86,37 @@ fn open_for_ticket<'k>(
     keyed::open(key, name, None)?.ok_or_else(|| fuse_err(FuseError::UnknownTicket))
 }
 
-/// `FB.COMPLETE key now_ms ticket_hex outcome [REPLY array|packed]`:
-/// records a ticket's outcome (SPEC B3, C5, L4); replies `stale 0|1 phase
-/// <phase>`.
+/// `FB.COMPLETE key now_ms ticket_hex outcome [COST n] [REPLY
+/// array|packed]`: records a ticket's outcome (SPEC B3, C5, L4) and, with
+/// `COST`, the permits the call really used (U1: settled in a token-bucket
+/// or window limiter); replies `stale 0|1 phase <phase>`.
 pub fn complete(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    if args.len() != 5 && args.len() != 7 {
+    if args.len() < 5 {
         return Err(RedisError::WrongArity);
     }
     let when = args::now(&args[2])?;
     let id = args::ticket(&args[3])?;
     let outcome = args::outcome(&args[4])?;
-    let form = args::form(args::options(&args[5..], &["REPLY"])?[0])?;
+    let options = args::options(&args[5..], &["COST", "REPLY"])?;
+    let cost = options[0]
+        .map(|a| {
+            args::number(
+                a,
+                "cost",
+                u64::from(u32::MAX),
+                "a whole number from 0 to 4294967295: the permits the call really used",
+            )
+        })
+        .transpose()?
+        .map(|n| n as u32);
+    let form = args::form(options[1])?;
     let key = ctx.open_key_writable(&args[1]);
     let mut opened = open_for_ticket(&key, &args[1])?;
     let now = keyed::time_at(when, Some(&opened))?;
-    let done = opened.fuse.complete(id, outcome, now).map_err(fuse_err)?;
+    let done = opened
+        .fuse
+        .complete_with_cost(id, outcome, cost, now)
+        .map_err(fuse_err)?;
     keyed::store(ctx, &key, &args[1], opened, now, &Note::default())?;
     let completion = Completion {
         stale: done.stale,

@@ -3,6 +3,7 @@
 //! need and how they find it.
 
 mod commands;
+mod cost;
 mod harness;
 mod notices;
 mod resp;

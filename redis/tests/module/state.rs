@@ -59,7 +59,7 @@ fn a_value_of_the_first_encoding_is_read_and_written_back_in_the_current_one() {
     let done = c.cmd(&["FB.COMPLETE", "old", "130", &hex(2), "success"]);
     assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
     let now = bytes(c.cmd(&["GET", "old"]));
-    assert!(now.starts_with(b"FBX\x03"), "written in version 3");
+    assert!(now.starts_with(b"FBX\x04"), "written in version 4");
     let after = view(&mut c, "old", 130);
     assert_eq!(after["live_tickets"], 1);
     assert_eq!(after["consecutive_failures"], 0);
@@ -72,7 +72,7 @@ fn a_value_of_the_first_encoding_is_read_and_written_back_in_the_current_one() {
 
 /// A value of encoding 2 (written by the module before its heap held
 /// leases; five live tickets, one failure counted) is read as it was, and
-/// written back in encoding 3 at its next step, every ticket and lease
+/// written back in encoding 4 at its next step, every ticket and lease
 /// kept.
 #[test]
 fn a_value_of_the_second_encoding_is_read_and_written_back_in_the_current_one() {
@@ -96,7 +96,7 @@ fn a_value_of_the_second_encoding_is_read_and_written_back_in_the_current_one() 
     let done = c.cmd(&["FB.COMPLETE", "old", "140", &hex(6), "success"]);
     assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
     let now = bytes(c.cmd(&["GET", "old"]));
-    assert!(now.starts_with(b"FBX\x03"), "written in version 3");
+    assert!(now.starts_with(b"FBX\x04"), "written in version 4");
     let after = view(&mut c, "old", 140);
     assert_eq!(after["live_tickets"], 4);
     assert_eq!(after["next_deadline"], 60100, "the other four end at 60100");
@@ -110,6 +110,63 @@ fn a_value_of_the_second_encoding_is_read_and_written_back_in_the_current_one() 
     assert!(
         matches!(&unknown, Reply::Error(e) if e.contains("ticket: not found")),
         "ticket 1 was completed before the value was written: {unknown:?}"
+    );
+}
+
+/// A value of encoding 3 (written by the module before Complete's cost, U1:
+/// a sliding window of 4 permits in 4 segments of 250 ms, 2 permits taken
+/// at 0 and 1 at 300) is read as it was: its segment counts (4 bytes
+/// each then) count, and its tickets settle no cost; the next step writes
+/// encoding 4, and a ticket granted after that settles its cost.
+#[test]
+fn a_value_of_the_third_encoding_is_read_and_its_tickets_settle_no_cost() {
+    let Some((_redis, mut c)) = Standalone::connected("a_value_of_the_third_encoding") else {
+        return;
+    };
+    let hex_value = include_str!("fixtures/v3-sliding-two-tickets.hex").trim();
+    let old: Vec<u8> = (0..hex_value.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex_value[i..i + 2], 16).expect("hex"))
+        .collect();
+    assert!(old.starts_with(b"FBX\x03"));
+    assert!(c.cmd(&[&b"SET"[..], b"old", &old]).is_ok());
+    let free = |c: &mut Conn, now: u64| view(c, "old", now)["free"].as_u64();
+    assert_eq!(free(&mut c, 400), Some(1));
+    assert_eq!(view(&mut c, "old", 400)["live_tickets"], 2);
+
+    let done = c.cmd(&["FB.COMPLETE", "old", "400", &hex(1), "success", "COST", "0"]);
+    assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
+    assert!(bytes(c.cmd(&["GET", "old"])).starts_with(b"FBX\x04"));
+    assert_eq!(free(&mut c, 400), Some(1), "an old ticket settles no cost");
+    assert_eq!(
+        free(&mut c, 1000),
+        Some(3),
+        "the first segment left the window"
+    );
+
+    let granted = c.cmd(&[
+        "FB.ACQUIRE",
+        "old",
+        "1000",
+        &hex(3),
+        r#"{"limiter":{"kind":"sliding_window","permits":4,"window":1000,"segments":4}}"#,
+    ]);
+    assert_eq!(granted.items()[0].text(), "granted", "{granted:?}");
+    assert_eq!(free(&mut c, 1000), Some(2));
+    let done = c.cmd(&[
+        "FB.COMPLETE",
+        "old",
+        "1000",
+        &hex(3),
+        "success",
+        "COST",
+        "0",
+    ]);
+    assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
+    assert_eq!(
+        free(&mut c, 1000),
+        Some(3),
+        "a new ticket gives its permit back"
     );
 }
 

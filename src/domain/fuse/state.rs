@@ -34,8 +34,11 @@ use crate::policy::{LimiterKind, Policy, PolicyError, PolicySpec};
 use crate::ticket::TicketId;
 use crate::{Millis, Phase, Reason};
 
-/// The version of [`FuseState`] this build writes and reads.
-pub const STATE_VERSION: u32 = 1;
+/// The version of [`FuseState`] this build writes, and the newest it reads.
+/// Version 2 added tickets' `granted_at` and `settles` and a token bucket's
+/// negative tokens (U1); version 1 is read with neither (its tickets settle
+/// no cost).
+pub const STATE_VERSION: u32 = 2;
 
 /// The largest time, count or epoch a state may hold: 2^53, far beyond
 /// anything a key reaches (285,000 years of milliseconds, or 2^53 events),
@@ -114,8 +117,8 @@ pub enum LimiterState {
     },
     /// Tokens as of the last refill tick counted.
     TokenBucket {
-        /// Tokens.
-        tokens: u32,
+        /// Tokens, between `-capacity` and `capacity` (U1).
+        tokens: i64,
         /// The last tick counted: ticks happen at `tick * period`.
         tick: u64,
     },
@@ -123,13 +126,13 @@ pub enum LimiterState {
     FixedWindow {
         /// The window's index: it starts at `index * window`.
         index: u64,
-        /// Permits used in it.
-        used: u32,
+        /// Permits used in it, up to `2 * permits` (U1).
+        used: u64,
     },
     /// Permits taken per segment.
     SlidingWindow {
         /// `[segment index, permits taken]`, oldest first.
-        taken: Vec<(u64, u32)>,
+        taken: Vec<(u64, u64)>,
     },
 }
 
@@ -160,6 +163,13 @@ pub struct TicketState {
     pub lease_end: Millis,
     /// True when its permits are concurrency permits that must come back.
     pub holds: bool,
+    /// When its permits were taken (U1). Absent (version 1) = 0.
+    #[serde(default)]
+    pub granted_at: Millis,
+    /// True when a reported cost is settled against its permits (U1).
+    /// Absent (version 1) = false: such a ticket settles no cost.
+    #[serde(default)]
+    pub settles: bool,
 }
 
 /// A waiting request.
@@ -262,7 +272,9 @@ impl From<ReasonCounts> for [u64; 7] {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StateError {
     /// The layout's version is not one this build reads.
-    #[error("version: {0} is not a state version this build reads (it reads {STATE_VERSION})")]
+    #[error(
+        "version: {0} is not a state version this build reads (it reads 1 to {STATE_VERSION})"
+    )]
     UnknownVersion(u32),
     /// The policy does not validate.
     #[error("policy.{0}")]
@@ -320,6 +332,9 @@ pub enum StateError {
     /// A ticket holds permits that no concurrency limiter takes back.
     #[error("tickets: {0} holds permits, but the limiter is not a concurrency limiter")]
     HoldsWithoutConcurrency(TicketId),
+    /// A ticket settles a cost, but the limiter is not a token bucket or window.
+    #[error("tickets: {0} settles a cost, but the limiter is not a token bucket or window")]
+    SettlesWithoutRate(TicketId),
     /// The concurrency limiter's held permits are not those of the tickets.
     #[error("limiter.held: {held} permits, but live tickets hold {tickets}")]
     HeldPermits {
@@ -582,6 +597,8 @@ impl<T: TicketTable> Fuse<T> {
                 probe: t.probe,
                 lease_end: t.lease_end,
                 holds: t.holds,
+                granted_at: t.granted_at,
+                settles: t.settles,
             })
             .collect();
         let FuseHead {
@@ -616,7 +633,7 @@ impl Fuse {
     /// fuse's own tables, so the result is indistinguishable from the fuse
     /// the state was taken from.
     pub fn from_state(s: FuseState) -> Result<Fuse, StateError> {
-        if s.version != STATE_VERSION {
+        if !(1..=STATE_VERSION).contains(&s.version) {
             return Err(StateError::UnknownVersion(s.version));
         }
         let policy = Arc::new(s.policy.validate()?);
@@ -723,6 +740,10 @@ fn checked_tickets(
             });
         }
         at_most("tickets.lease_end", t.lease_end, LIMIT)?;
+        at_most("tickets.granted_at", t.granted_at, LIMIT)?;
+        if t.settles && !kind.is_some_and(LimiterKind::is_rate) {
+            return Err(StateError::SettlesWithoutRate(t.id));
+        }
         probes += usize::from(t.probe);
         if t.holds {
             if !matches!(kind, Some(LimiterKind::Concurrency { .. })) {
@@ -738,6 +759,8 @@ fn checked_tickets(
                 probe: t.probe,
                 lease_end: t.lease_end,
                 holds: t.holds,
+                granted_at: t.granted_at,
+                settles: t.settles,
             },
         );
     }

@@ -1544,10 +1544,11 @@ fn a_fuse_stays_small() {
         std::mem::size_of::<Fuse>()
     );
     assert_eq!(std::mem::size_of::<Breaker>(), 48);
-    assert_eq!(std::mem::size_of::<Ticket>(), 24);
+    // U1 added when its permits were taken and whether they settle a cost.
+    assert_eq!(std::mem::size_of::<Ticket>(), 32);
     assert_eq!(std::mem::align_of::<Fuse>(), 8, "no u128 alignment");
     // A live ticket costs its id and its ticket, with no padding.
-    assert_eq!(std::mem::size_of::<(PackedId, Ticket)>(), 40);
+    assert_eq!(std::mem::size_of::<(PackedId, Ticket)>(), 48);
 }
 
 /// The measured case of the memory budget: one acquire and a FAILURE under
@@ -1691,4 +1692,213 @@ fn the_sampling_window_owns_memory_only_while_it_holds_outcomes() {
     f.complete(id(2), Outcome::Failure, 1).unwrap();
     assert_eq!(f.phase(), Phase::Open);
     assert!(!f.heap_parts().health_window, "a trip clears the window");
+}
+
+// ---------------------------------------------------------------------------
+// cost reported after the call (U1)
+
+fn sliding(permits: u32, window: Millis, segments: u32, queue_limit: u32) -> LimiterPolicy {
+    limiter(
+        LimiterKind::SlidingWindow {
+            permits: nz32(permits),
+            window: nz64(window),
+            segments: nz32(segments),
+        },
+        queue_limit,
+        Order::OldestFirst,
+    )
+}
+
+#[test]
+fn a_refund_serves_a_waiter_and_a_charge_goes_below_zero() {
+    let mut f = Fuse::new(policy(None, Some(bucket(4, 1, 1000, 4))), 0);
+    assert_eq!(f.acquire(&take(4), id(1), 0), Ok(granted(1, 30_000)));
+    assert_eq!(f.acquire(&wait(2, 500), id(2), 10), Ok(Decision::Queued));
+    f.complete_with_cost(id(1), Outcome::Success, Some(1), 20)
+        .expect("live");
+    let served: Vec<_> = f.drain_notices().collect();
+    assert_eq!(
+        served,
+        [Notice::Answered {
+            waiter: id(2),
+            decision: granted(2, 30_020)
+        }]
+    );
+    assert_eq!(f.view(20).free, 1);
+    f.complete_with_cost(id(2), Outcome::Success, Some(100), 30)
+        .expect("live");
+    assert_eq!(f.view(30).free, 0);
+    assert_eq!(
+        f.state().limiter,
+        Some(LimiterState::TokenBucket {
+            tokens: -4,
+            tick: 0
+        })
+    );
+    // -4 + 5 ticks of 1: the next grant needs the refill to pay back first.
+    assert_eq!(
+        f.acquire(&take(1), id(3), 4_000),
+        Ok(Decision::Denied {
+            reason: Reason::NoPermits,
+            retry_after: Some(1_000)
+        })
+    );
+    assert_eq!(f.acquire(&take(1), id(3), 5_000), Ok(granted(3, 35_000)));
+}
+
+#[test]
+fn cost_is_ignored_by_concurrency_and_after_a_change_of_shape() {
+    let mut f = Fuse::new(policy(None, Some(concurrency(2, 0, Order::OldestFirst))), 0);
+    f.acquire(&take(1), id(1), 0).expect("granted");
+    f.complete_with_cost(id(1), Outcome::Success, Some(9), 1)
+        .expect("live");
+    assert_eq!(f.view(1).free, 2);
+    let mut f = Fuse::new(policy(None, Some(fixed(4, 1000, 0))), 0);
+    f.acquire(&take(1), id(1), 0).expect("granted");
+    f.set_policy(policy(None, Some(fixed(4, 2000, 0))), 10)
+        .expect("changed");
+    f.complete_with_cost(id(1), Outcome::Success, Some(4), 20)
+        .expect("live");
+    assert_eq!(f.view(20).free, 4, "the window changed: no cost");
+    f.acquire(&take(1), id(2), 30).expect("granted");
+    f.set_policy(policy(None, Some(fixed(3, 2000, 0))), 40)
+        .expect("changed");
+    f.complete_with_cost(id(2), Outcome::Success, Some(3), 50)
+        .expect("live");
+    assert_eq!(f.view(50).free, 0, "only the permits changed: settled");
+}
+
+#[test]
+fn a_stale_completion_applies_its_cost() {
+    let mut f = Fuse::new(
+        policy(Some(consecutive(1, 1000)), Some(fixed(4, 10_000, 0))),
+        0,
+    );
+    f.acquire(&take(1), id(1), 0).expect("granted");
+    f.acquire(&take(1), id(2), 0).expect("granted");
+    f.complete(id(1), Outcome::Failure, 1).expect("live");
+    assert_eq!(f.phase(), Phase::Open);
+    let done = f
+        .complete_with_cost(id(2), Outcome::Success, Some(3), 2)
+        .expect("live");
+    assert!(done.stale);
+    assert_eq!(f.view(2).free, 0, "1 + 3 of 4 used");
+}
+
+mod cost_model {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Acquire `n` (waiting up to `wait`), after `dt` ms.
+        Acquire { n: u32, wait: Millis, dt: Millis },
+        /// Complete the `i`-th live ticket with `cost` (None = as taken), after `dt`.
+        Complete {
+            i: usize,
+            cost: Option<u32>,
+            dt: Millis,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (1u32..5, prop_oneof![Just(0u64), 1u64..400], 0u64..300)
+                .prop_map(|(n, wait, dt)| Op::Acquire { n, wait, dt }),
+            (any::<usize>(), proptest::option::of(0u32..20), 0u64..300)
+                .prop_map(|(i, cost, dt)| Op::Complete { i, cost, dt }),
+        ]
+    }
+
+    fn limiter_policy() -> impl Strategy<Value = LimiterPolicy> {
+        prop_oneof![
+            (1u32..6, 1u32..3, 50u64..400).prop_map(|(c, r, p)| bucket(c, r.min(c), p, 6)),
+            (1u32..6, 100u64..1000).prop_map(|(n, w)| fixed(n, w, 6)),
+            (1u32..6, 1u32..5, 1u64..5).prop_map(|(n, s, k)| sliding(
+                n,
+                u64::from(s) * k * 100,
+                s,
+                6
+            )),
+        ]
+    }
+
+    /// What the limiter's bounds are, read from its state (U1).
+    fn check_bounds(f: &Fuse, lp: &LimiterPolicy, now: Millis) -> Result<(), TestCaseError> {
+        let limit = i64::from(lp.kind.limit());
+        match f.state().limiter {
+            Some(LimiterState::TokenBucket { tokens, .. }) => {
+                prop_assert!((-limit..=limit).contains(&tokens), "tokens {tokens}");
+            }
+            Some(LimiterState::FixedWindow { used, .. }) => {
+                prop_assert!(used <= 2 * limit as u64, "used {used}");
+            }
+            Some(LimiterState::SlidingWindow { taken }) => {
+                for (_, count) in taken {
+                    prop_assert!(count <= 2 * limit as u64, "count {count}");
+                }
+            }
+            other => prop_assert!(false, "no rate limiter: {other:?}"),
+        }
+        let view = f.view(now);
+        prop_assert!(view.free <= view.limit);
+        Ok(())
+    }
+
+    proptest! {
+        /// Tokens stay in [-capacity, capacity], counts in [0, 2 * permits],
+        /// free in [0, limit]; and a cost equal to what was taken is exactly
+        /// a completion without a cost.
+        #[test]
+        fn cost_keeps_the_bounds_and_cost_as_taken_changes_nothing(
+            lp in limiter_policy(),
+            ops in proptest::collection::vec(op(), 1..60),
+        ) {
+            let p = Arc::new(policy(None, Some(lp)));
+            let mut costed = Fuse::new(p.clone(), 0);
+            let mut plain = Fuse::new(p.clone(), 0);
+            let mut as_taken = Fuse::new(p, 0);
+            let mut live: Vec<(TicketId, u32)> = Vec::new();
+            let mut now = 0;
+            for (n, op) in ops.into_iter().enumerate() {
+                let ticket = id(n as u128 + 1);
+                match op {
+                    Op::Acquire { n, wait: max_wait, dt } => {
+                        now += dt;
+                        let ask = Ask { permits: n, max_wait, ..Ask::default() };
+                        let d = plain.acquire(&ask, ticket, now);
+                        prop_assert_eq!(as_taken.acquire(&ask, ticket, now), d);
+                        let _ = costed.acquire(&ask, ticket, now);
+                        if let Ok(Decision::Granted(Some(_))) = d {
+                            live.push((ticket, n));
+                        }
+                    }
+                    Op::Complete { i, cost, dt } => {
+                        now += dt;
+                        if live.is_empty() {
+                            continue;
+                        }
+                        let (ticket, taken) = live.remove(i % live.len());
+                        let d = plain.complete(ticket, Outcome::Success, now);
+                        prop_assert_eq!(
+                            as_taken.complete_with_cost(ticket, Outcome::Success, Some(taken), now),
+                            d
+                        );
+                        let _ = costed.complete_with_cost(ticket, Outcome::Success, cost, now);
+                    }
+                }
+                for notice in plain.drain_notices() {
+                    if let Notice::Answered { waiter, decision: Decision::Granted(Some(_)) } = notice {
+                        let permits = as_taken.ticket(waiter).map_or(0, |t| t.permits);
+                        live.push((waiter, permits));
+                    }
+                }
+                let _ = costed.drain_notices();
+                let _ = as_taken.drain_notices();
+                prop_assert_eq!(&as_taken.state(), &plain.state());
+                check_bounds(&costed, &lp, now)?;
+            }
+        }
+    }
 }

@@ -57,8 +57,9 @@ pub trait TicketTable: Default {
     /// Moves a live ticket's lease end.
     fn set_lease_end(&mut self, id: TicketId, lease_end: Millis);
 
-    /// Marks every ticket's permits as not to be returned (the limiter they
-    /// came from was remade or dropped).
+    /// Marks every ticket's permits as neither to be returned nor settled
+    /// (the limiter they came from was remade or dropped, or keeps time
+    /// otherwise): clears `holds` and `settles`.
     fn forget_holds(&mut self);
 
     /// Calls `visit` with every live ticket, in no particular order.
@@ -189,8 +190,8 @@ impl TicketTable for Tickets {
 
     fn forget_holds(&mut self) {
         match &mut self.0 {
-            Inner::Few(v) => v.iter_mut().for_each(|s| s.ticket.holds = false),
-            Inner::Many(m) => m.by_id.values_mut().for_each(|t| t.holds = false),
+            Inner::Few(v) => v.iter_mut().for_each(|s| s.ticket.forget()),
+            Inner::Many(m) => m.by_id.values_mut().for_each(Ticket::forget),
         }
     }
 
@@ -260,6 +261,8 @@ mod tests {
             probe,
             lease_end,
             holds: false,
+            granted_at: 0,
+            settles: false,
         }
     }
 
@@ -339,7 +342,7 @@ mod model {
                         if model.contains_key(&id) {
                             continue;
                         }
-                        let ticket = Ticket { epoch: u64::from(n), permits: 1, probe, lease_end: end, holds: false };
+                        let ticket = Ticket { epoch: u64::from(n), permits: 1, probe, lease_end: end, holds: false, granted_at: 0, settles: false };
                         if probe {
                             model.values_mut().for_each(|t| t.probe = false);
                         }

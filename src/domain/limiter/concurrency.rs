@@ -58,6 +58,11 @@ impl Algorithm for Concurrency {
         None
     }
 
+    /// One shape only: nothing but the limit to change.
+    fn same_shape(_: &ConcurrencySettings, _: &ConcurrencySettings) -> bool {
+        true
+    }
+
     /// Held permits stay held; a lower limit leaves fewer free (Y4).
     fn rebase(&mut self, _: &ConcurrencySettings, _: &ConcurrencySettings, _: Millis) {}
 

@@ -60,6 +60,18 @@ pub trait Algorithm: Clone + Debug + PartialEq + Eq + Sized {
     /// Gives back `n` permits; only called when [`Self::RETURNS_PERMITS`].
     fn release(&mut self, _n: u32) {}
 
+    /// Settles `diff` more permits (fewer, when negative) than a ticket
+    /// took at `taken_at`, at `now` (U1): into the window or segment they
+    /// were taken in while it is still inside the window, else (only when
+    /// positive) into the current one, within the algorithm's bounds. Kinds
+    /// whose permits come back with their ticket ignore it.
+    fn settle(&mut self, _settings: &Self::Settings, _taken_at: Millis, _diff: i64, _now: Millis) {}
+
+    /// True when `other` keeps time as these settings do (the refill period,
+    /// the window and its segments), so that permits taken under one can be
+    /// settled under the other (U1).
+    fn same_shape(a: &Self::Settings, b: &Self::Settings) -> bool;
+
     /// True when the state is as a fresh one would be at `now` (K2).
     fn is_full(&self, settings: &Self::Settings, now: Millis) -> bool {
         self.available(settings, now) == Self::limit(settings)
@@ -85,14 +97,14 @@ impl<A: Algorithm> Tuned<A> {
         })
     }
 
-    /// Takes the settings of `kind` if it names this algorithm; false otherwise.
-    fn adopt(&mut self, kind: &LimiterKind, now: Millis) -> bool {
-        let Some(next) = A::settings(kind) else {
-            return false;
-        };
+    /// Takes the settings of `kind` if it names this algorithm, and says
+    /// whether they keep time as the old ones did; `None` otherwise.
+    fn adopt(&mut self, kind: &LimiterKind, now: Millis) -> Option<bool> {
+        let next = A::settings(kind)?;
+        let same = A::same_shape(&self.settings, &next);
         self.state.rebase(&self.settings, &next, now);
         self.settings = next;
-        true
+        Some(same)
     }
 
     fn returns_permits(&self) -> bool {
@@ -155,13 +167,17 @@ impl Limiter {
     /// kind keeps its state, carried over to the new settings (a token
     /// bucket keeps its tokens; a window whose length changed starts afresh,
     /// full); another kind is remade full. Returns true when the state was
-    /// remade, so permits held under the old state must not come back to it.
+    /// remade or keeps time otherwise (another period, window or segment
+    /// count), so permits taken under the old state must neither come back
+    /// to it (P7) nor be settled in it (U1).
     pub fn adopt(&mut self, kind: &LimiterKind, now: Millis) -> bool {
-        let kept = each!(self, t => t.adopt(kind, now));
-        if !kept {
-            *self = Limiter::new(kind, now);
+        match each!(self, t => t.adopt(kind, now)) {
+            Some(same) => !same,
+            None => {
+                *self = Limiter::new(kind, now);
+                true
+            }
         }
-        !kept
     }
 
     /// The most permits a single request can ever get (`permits` or `capacity`).
@@ -185,6 +201,16 @@ impl Limiter {
     pub fn release(&mut self, n: u32) {
         if self.returns_permits() {
             each!(self, t => t.state.release(n))
+        }
+    }
+
+    /// Settles a ticket's reported `cost` against the `taken` permits it
+    /// took at `taken_at`, at `now` (U1); nothing for kinds whose permits
+    /// come back with their ticket.
+    pub fn settle(&mut self, taken: u32, cost: u32, taken_at: Millis, now: Millis) {
+        let diff = i64::from(cost) - i64::from(taken);
+        if diff != 0 && !self.returns_permits() {
+            each!(self, t => t.state.settle(&t.settings, taken_at, diff, now))
         }
     }
 
@@ -260,7 +286,8 @@ mod tests {
     fn a_token_bucket_keeps_its_tokens_across_a_new_period() {
         let mut l = Limiter::new(&bucket(4, 1, 100), 0);
         l.take(3, 50);
-        assert!(!l.adopt(&bucket(4, 1, 1000), 150));
+        assert!(!l.adopt(&bucket(5, 1, 100), 60), "same period");
+        assert!(l.adopt(&bucket(4, 1, 1000), 150), "another period");
         // One tick of the old period came at 100; ticks of the new one count from 150.
         assert_eq!(l.available(150), 2);
         assert_eq!(l.available(999), 2);
@@ -277,7 +304,7 @@ mod tests {
         l.take(2, 10);
         assert!(!l.adopt(&fixed(100), 20));
         assert_eq!(l.available(20), 0, "same clock: counts kept");
-        assert!(!l.adopt(&fixed(200), 30));
+        assert!(l.adopt(&fixed(200), 30), "another window");
         assert_eq!(l.available(30), 2, "new clock: the window starts afresh");
         l.take(1, 30);
         assert!(l.adopt(&LimiterKind::Concurrency { permits: nz32(5) }, 40));

@@ -18,21 +18,24 @@ pub struct TokenBucketSettings {
     pub period: NonZeroU64,
 }
 
-/// Tokens, as of the last refill tick counted.
+/// Tokens, as of the last refill tick counted: between `-capacity` and
+/// `capacity`, below 0 only when calls cost more than they took (U1).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenBucket {
-    pub(crate) tokens: u32,
+    pub(crate) tokens: i64,
     /// The index of the last tick counted: ticks happen at `tick * period`.
     pub(crate) tick: u64,
 }
 
 impl TokenBucket {
-    fn tokens_at(&self, s: &TokenBucketSettings, now: Millis) -> u32 {
+    /// Tokens at `now`, refilled, within `[-capacity, capacity]`.
+    fn tokens_at(&self, s: &TokenBucketSettings, now: Millis) -> i64 {
         let ticks = (now / s.period.get()).saturating_sub(self.tick);
         let added = ticks.saturating_mul(u64::from(s.refill.get()));
-        u64::from(self.tokens)
-            .saturating_add(added)
-            .min(u64::from(s.capacity.get())) as u32
+        let capacity = i64::from(s.capacity.get());
+        self.tokens
+            .saturating_add(i64::try_from(added).unwrap_or(i64::MAX))
+            .clamp(-capacity, capacity)
     }
 }
 
@@ -58,7 +61,7 @@ impl Algorithm for TokenBucket {
     /// A full bucket at `now`.
     fn full(s: &TokenBucketSettings, now: Millis) -> Self {
         TokenBucket {
-            tokens: s.capacity.get(),
+            tokens: i64::from(s.capacity.get()),
             tick: now / s.period.get(),
         }
     }
@@ -67,22 +70,38 @@ impl Algorithm for TokenBucket {
         s.capacity.get()
     }
 
+    /// `max(0, tokens)` (U1).
     fn available(&self, s: &TokenBucketSettings, now: Millis) -> u32 {
-        self.tokens_at(s, now)
+        self.tokens_at(s, now).max(0) as u32
     }
 
     /// Spends `n` tokens at `now`.
     fn take(&mut self, s: &TokenBucketSettings, n: u32, now: Millis) {
-        self.tokens = self.tokens_at(s, now).saturating_sub(n);
+        self.tokens = (self.tokens_at(s, now) - i64::from(n)).max(0);
         self.tick = self.tick.max(now / s.period.get());
     }
 
     /// The tick at which `n` tokens (at most `capacity`) will be there.
     fn ready_at(&self, s: &TokenBucketSettings, n: u32, now: Millis) -> Option<Millis> {
         let have = self.tokens_at(s, now);
-        let need = u64::from(n.saturating_sub(have));
+        let need = (i64::from(n) - have).max(0) as u64;
         let ticks = need.div_ceil(u64::from(s.refill.get()));
         Some((now / s.period.get() + ticks).saturating_mul(s.period.get()))
+    }
+
+    /// Spends `diff` more tokens (gives back `-diff`) at `now`, the tokens
+    /// kept within `[-capacity, capacity]` (U1).
+    fn settle(&mut self, s: &TokenBucketSettings, _: Millis, diff: i64, now: Millis) {
+        let capacity = i64::from(s.capacity.get());
+        self.tokens = self
+            .tokens_at(s, now)
+            .saturating_sub(diff)
+            .clamp(-capacity, capacity);
+        self.tick = self.tick.max(now / s.period.get());
+    }
+
+    fn same_shape(a: &TokenBucketSettings, b: &TokenBucketSettings) -> bool {
+        a.period == b.period
     }
 
     /// Keeps the tokens there are at `now`; a new period's ticks count from
@@ -113,5 +132,25 @@ mod tests {
         assert_eq!(t.available(&s, 100), 2);
         assert_eq!(t.available(&s, 250), 4);
         assert_eq!(t.ready_at(&s, 3, 60), Some(200));
+    }
+
+    #[test]
+    fn a_cost_above_the_tokens_goes_below_zero_down_to_minus_capacity() {
+        let s = TokenBucketSettings {
+            capacity: NonZeroU32::new(4).expect("non-zero"),
+            refill: NonZeroU32::new(2).expect("non-zero"),
+            period: NonZeroU64::new(100).expect("non-zero"),
+        };
+        let mut t = TokenBucket::full(&s, 0);
+        t.take(&s, 1, 0);
+        t.settle(&s, 0, 2, 10);
+        assert_eq!((t.tokens, t.available(&s, 10)), (1, 1));
+        t.settle(&s, 0, 100, 20);
+        assert_eq!(t.tokens, -4, "clipped at -capacity");
+        assert_eq!(t.available(&s, 20), 0);
+        assert_eq!(t.ready_at(&s, 1, 20), Some(300));
+        assert_eq!(t.available(&s, 300), 2);
+        t.settle(&s, 0, -100, 300);
+        assert_eq!(t.tokens, 4, "clipped at capacity");
     }
 }

@@ -65,9 +65,9 @@ use reply::{census_of, decision_of, reading_of, Census};
 pub use sign::NoticeKey;
 
 /// The state encoding of the module this server is built with: a module
-/// that writes an older one does not know `REPLY packed` either, and is
-/// refused at start (decisions 89).
-const MODULE_ENCODING: u64 = 3;
+/// that writes an older one does not know `REPLY packed` (decisions 89)
+/// or `FB.COMPLETE ... COST` (U1) either, and is refused at start.
+const MODULE_ENCODING: u64 = 4;
 
 /// The most keys a `--manual-clock` server remembers to settle when its
 /// clock moves (tests only; the module's timer settles on Redis's clock).
@@ -537,22 +537,26 @@ impl RedisStore {
         }
     }
 
-    /// Records a ticket's outcome (B3, C5, L4).
+    /// Records a ticket's outcome (B3, C5, L4) and the permits the call
+    /// really used (U1).
     pub async fn complete(
         &self,
         token: &str,
         outcome: Outcome,
+        cost: Option<u32>,
     ) -> Result<CompleteReply, EngineError> {
         let (id, key) = ticket_and_key(token)?;
         let rk = redis_key(&key);
-        let mut cmd = redis::Cmd::with_capacity(7, rk.len() + 92);
+        let mut cmd = redis::Cmd::with_capacity(9, rk.len() + 106);
         cmd.arg("FB.COMPLETE")
             .arg(rk)
             .arg(self.now_arg())
             .arg(hex_id(id))
-            .arg(outcome.as_str())
-            .arg("REPLY")
-            .arg(ReplyForm::Packed.as_str());
+            .arg(outcome.as_str());
+        if let Some(cost) = cost {
+            cmd.arg("COST").arg(cost);
+        }
+        cmd.arg("REPLY").arg(ReplyForm::Packed.as_str());
         let value = self.conn.query(&cmd).await?;
         reply::completed(&value)
     }
@@ -1064,8 +1068,9 @@ impl SharedStore for RedisStore {
         &'a self,
         token: &'a str,
         outcome: Outcome,
+        cost: Option<u32>,
     ) -> BoxFuture<'a, Result<CompleteReply, EngineError>> {
-        RedisStore::complete(self, token, outcome).boxed()
+        RedisStore::complete(self, token, outcome, cost).boxed()
     }
 
     fn renew<'a>(

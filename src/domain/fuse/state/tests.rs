@@ -396,7 +396,7 @@ fn a_busy_key_reads_back_and_its_json_names_every_part() {
     assert_eq!(s.limiter, Some(LimiterState::Concurrency { held: 3 }));
     assert_eq!(Fuse::from_state(s.clone()), Ok(f));
     let json = serde_json::to_value(&s).unwrap();
-    assert_eq!(json["version"], 1);
+    assert_eq!(json["version"], 2);
     assert_eq!(json["tickets"][0]["id"], "00000000000000000000000000000001");
     assert_eq!(json["breaker"]["phase"], "CLOSED");
     assert_eq!(json["limiter"]["concurrency"]["held"], 3);
@@ -494,11 +494,37 @@ fn a_fresh_key_at_rest_reads_back_owning_nothing() {
 
 #[test]
 fn an_unknown_version_is_refused() {
-    assert_eq!(refused(|s| s.version = 2), StateError::UnknownVersion(2));
+    assert_eq!(refused(|s| s.version = 3), StateError::UnknownVersion(3));
+    assert_eq!(refused(|s| s.version = 0), StateError::UnknownVersion(0));
     assert_eq!(
-        StateError::UnknownVersion(2).to_string(),
-        "version: 2 is not a state version this build reads (it reads 1)"
+        StateError::UnknownVersion(3).to_string(),
+        "version: 3 is not a state version this build reads (it reads 1 to 2)"
     );
+}
+
+#[test]
+fn a_version_1_state_reads_back_and_its_tickets_settle_no_cost() {
+    let mut json = serde_json::to_value(busy().state()).unwrap();
+    json["version"] = 1.into();
+    for t in json["tickets"].as_array_mut().unwrap() {
+        let t = t.as_object_mut().unwrap();
+        t.remove("granted_at");
+        t.remove("settles");
+    }
+    let s: FuseState = serde_json::from_value(json).unwrap();
+    let f = Fuse::from_state(s).expect("version 1 is read");
+    assert!(f
+        .state()
+        .tickets
+        .iter()
+        .all(|t| !t.settles && t.granted_at == 0));
+    assert_eq!(f.state().version, STATE_VERSION, "written as the newest");
+}
+
+#[test]
+fn a_ticket_that_settles_needs_a_rate_limiter() {
+    let e = refused(|s| s.tickets[0].settles = true);
+    assert_eq!(e, StateError::SettlesWithoutRate(TicketId(1)));
 }
 
 #[test]

@@ -212,8 +212,8 @@ public final class FuseboxClient implements AutoCloseable {
   }
 
   /** Queues a ticket's outcome for the sender; never waits on the network. */
-  void report(String key, String ticket, Outcome outcome) {
-    outcomes.add(new OutcomeQueue.Item(key, ticket, outcome));
+  void report(String key, String ticket, Outcome outcome, long cost) {
+    outcomes.add(new OutcomeQueue.Item(key, ticket, outcome, cost));
   }
 
   /** Guards {@code call} for {@code key} with the default options. */
@@ -252,7 +252,7 @@ public final class FuseboxClient implements AutoCloseable {
       throw e;
     }
     CURRENT.set(outer);
-    t.success();
+    t.succeeded(value);
     return value;
   }
 
@@ -358,7 +358,7 @@ public final class FuseboxClient implements AutoCloseable {
           inner.whenComplete(
               (v, e) -> {
                 if (e == null) {
-                  t.complete(Outcome.SUCCESS);
+                  t.succeeded(v);
                   result.complete(v);
                   return;
                 }

@@ -2,6 +2,7 @@ package dev.fusebox.client;
 
 import java.time.Duration;
 import java.util.Objects;
+import java.util.function.Function;
 
 /**
  * Options of one guard; immutable, each method returns a changed copy. Unset options take the
@@ -13,7 +14,7 @@ import java.util.Objects;
  */
 public final class GuardOptions {
   private static final GuardOptions DEFAULTS =
-      new GuardOptions(null, Duration.ZERO, null, null, null, null, false);
+      new GuardOptions(null, Duration.ZERO, null, null, null, null, false, null);
 
   final Integer permits;
   final Duration maxWait;
@@ -22,6 +23,7 @@ public final class GuardOptions {
   final Duration deadline;
   final FailPolicy onUnavailable;
   final boolean noRenew;
+  final Function<Object, Integer> costOf;
 
   private GuardOptions(
       Integer permits,
@@ -30,7 +32,8 @@ public final class GuardOptions {
       Classifier classifier,
       Duration deadline,
       FailPolicy onUnavailable,
-      boolean noRenew) {
+      boolean noRenew,
+      Function<Object, Integer> costOf) {
     this.permits = permits;
     this.maxWait = maxWait;
     this.lease = lease;
@@ -38,6 +41,7 @@ public final class GuardOptions {
     this.deadline = deadline;
     this.onUnavailable = onUnavailable;
     this.noRenew = noRenew;
+    this.costOf = costOf;
   }
 
   /** No option set. */
@@ -53,7 +57,7 @@ public final class GuardOptions {
     if (n < 0) {
       throw new IllegalArgumentException("permits must not be negative");
     }
-    return new GuardOptions(n, maxWait, lease, classifier, deadline, onUnavailable, noRenew);
+    return new GuardOptions(n, maxWait, lease, classifier, deadline, onUnavailable, noRenew, costOf);
   }
 
   /**
@@ -61,19 +65,19 @@ public final class GuardOptions {
    * Acquire's deadline is then the guard's deadline plus {@code d}.
    */
   public GuardOptions maxWait(Duration d) {
-    return new GuardOptions(permits, positive(d), lease, classifier, deadline, onUnavailable, noRenew);
+    return new GuardOptions(permits, positive(d), lease, classifier, deadline, onUnavailable, noRenew, costOf);
   }
 
   /** Asks for a ticket lease of {@code d} (default, or zero: the policy's). */
   public GuardOptions lease(Duration d) {
     Duration l = positive(d).isZero() ? null : d;
-    return new GuardOptions(permits, maxWait, l, classifier, deadline, onUnavailable, noRenew);
+    return new GuardOptions(permits, maxWait, l, classifier, deadline, onUnavailable, noRenew, costOf);
   }
 
   /** Replaces the classifier ({@link Classifier#DEFAULT}) for this guard. */
   public GuardOptions classifier(Classifier c) {
     return new GuardOptions(
-        permits, maxWait, lease, Objects.requireNonNull(c), deadline, onUnavailable, noRenew);
+        permits, maxWait, lease, Objects.requireNonNull(c), deadline, onUnavailable, noRenew, costOf);
   }
 
   /**
@@ -84,18 +88,39 @@ public final class GuardOptions {
     if (positive(d).isZero()) {
       throw new IllegalArgumentException("deadline must be positive");
     }
-    return new GuardOptions(permits, maxWait, lease, classifier, d, onUnavailable, noRenew);
+    return new GuardOptions(permits, maxWait, lease, classifier, d, onUnavailable, noRenew, costOf);
   }
 
   /** What happens when fusebox cannot be asked in time (default: the client's, OPEN unless set). */
   public GuardOptions onUnavailable(FailPolicy p) {
     return new GuardOptions(
-        permits, maxWait, lease, classifier, deadline, Objects.requireNonNull(p), noRenew);
+        permits, maxWait, lease, classifier, deadline, Objects.requireNonNull(p), noRenew, costOf);
   }
 
   /** Turns off the background renewal of the ticket's lease. */
   public GuardOptions noRenew() {
-    return new GuardOptions(permits, maxWait, lease, classifier, deadline, onUnavailable, true);
+    return new GuardOptions(permits, maxWait, lease, classifier, deadline, onUnavailable, true, costOf);
+  }
+
+  /**
+   * Reads the permits the call really used from the value it returned, and reports them with its
+   * outcome (rule U1, {@code CompleteRequest.cost}): on a token-bucket or window limiter fusebox
+   * settles the difference from what the ticket took, up or down (0 gives the permits back). Asked
+   * only when the call returns (or its future completes) normally; {@code null} reports no cost, and
+   * the ticket's permits stand, as they do when {@code f} throws (a value of another type than
+   * {@code f} takes, say) or answers a negative number, which is logged. Other limiter kinds ignore
+   * the cost.
+   *
+   * <pre>{@code
+   * List<Hit> hits = client.guard("search/api",
+   *     GuardOptions.defaults().permits(1).costOf((List<Hit> h) -> h.size()),
+   *     () -> index.search(q));
+   * }</pre>
+   */
+  @SuppressWarnings("unchecked") // the value is the call's; a mismatch is caught when applied
+  public <T> GuardOptions costOf(Function<? super T, Integer> f) {
+    Function<Object, Integer> any = (Function<Object, Integer>) Objects.requireNonNull(f, "costOf");
+    return new GuardOptions(permits, maxWait, lease, classifier, deadline, onUnavailable, noRenew, any);
   }
 
   private static Duration positive(Duration d) {

@@ -35,16 +35,30 @@ final class OutcomeQueue {
   /** Outcomes in one send at most (the server's limit per message). */
   static final int PER_SEND = 1000;
 
+  /** An item's cost when the call reported none. */
+  static final long NO_COST = -1;
+
   /** One outcome to report. */
   static final class Item {
     final String key;
     final String ticket;
     final Outcome outcome;
+    /** The permits the call really used, or {@link #NO_COST}: the ticket's. */
+    final long cost;
 
-    Item(String key, String ticket, Outcome outcome) {
+    Item(String key, String ticket, Outcome outcome, long cost) {
       this.key = key;
       this.ticket = ticket;
       this.outcome = outcome;
+      this.cost = cost;
+    }
+
+    CompleteRequest request() {
+      CompleteRequest.Builder b = CompleteRequest.newBuilder().setTicket(ticket).setOutcome(outcome.proto);
+      if (cost != NO_COST) {
+        b.setCost((int) cost); // a uint32: the low 32 bits
+      }
+      return b.build();
     }
   }
 
@@ -206,7 +220,7 @@ final class OutcomeQueue {
     while (batch != null) {
       List<CompleteRequest> reqs = new ArrayList<>(batch.size());
       for (Item it : batch) {
-        reqs.add(CompleteRequest.newBuilder().setTicket(it.ticket).setOutcome(it.outcome.proto).build());
+        reqs.add(it.request());
       }
       CompletableFuture<List<Failed>> f;
       try {

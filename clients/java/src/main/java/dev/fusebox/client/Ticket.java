@@ -46,6 +46,14 @@ public final class Ticket implements AutoCloseable {
     complete(Outcome.SUCCESS);
   }
 
+  /**
+   * Reports SUCCESS and that the call really used {@code cost} permits; see {@link #complete(Outcome,
+   * long)}.
+   */
+  public void success(long cost) {
+    complete(Outcome.SUCCESS, cost);
+  }
+
   /** Reports FAILURE. */
   public void failure() {
     complete(Outcome.FAILURE);
@@ -72,6 +80,31 @@ public final class Ticket implements AutoCloseable {
    */
   public void complete(Outcome outcome) {
     java.util.Objects.requireNonNull(outcome, "outcome");
+    report(outcome, OutcomeQueue.NO_COST);
+  }
+
+  /**
+   * Reports {@code outcome} as {@link #complete(Outcome)} does, and that the call really used
+   * {@code cost} permits (rule U1, {@code CompleteRequest.cost}): on a token-bucket or window
+   * limiter fusebox settles the difference from what the ticket took, up or down (0 gives the
+   * permits back); other limiter kinds ignore it.
+   *
+   * @throws IllegalArgumentException {@code cost} is not from 0 to {@link #MAX_COST}; nothing is
+   *     reported then, and the ticket can still be completed
+   */
+  public void complete(Outcome outcome, long cost) {
+    java.util.Objects.requireNonNull(outcome, "outcome");
+    if (cost < 0 || cost > MAX_COST) {
+      throw new IllegalArgumentException(
+          "cost must be a whole number of permits from 0 to " + MAX_COST + ", not " + cost);
+    }
+    report(outcome, cost);
+  }
+
+  /** The largest cost: a uint32 on the wire. */
+  public static final long MAX_COST = 0xFFFF_FFFFL;
+
+  private void report(Outcome outcome, long cost) {
     if (!done.compareAndSet(false, true)) {
       return;
     }
@@ -79,7 +112,40 @@ public final class Ticket implements AutoCloseable {
       renewer.stop();
     }
     if (admission.ticket() != null) {
-      client.report(admission.key(), admission.ticket(), outcome);
+      client.report(admission.key(), admission.ticket(), outcome, cost);
+    }
+  }
+
+  /**
+   * Reports SUCCESS for a call that returned {@code value}, with the cost the guard's {@link
+   * GuardOptions#costOf} reads from it, if any. A cost function that fails or answers a negative
+   * number must not lose the value: it is logged and no cost is reported.
+   */
+  void succeeded(Object value) {
+    if (opts.costOf == null || admission.ticket() == null) {
+      success();
+      return;
+    }
+    Integer cost;
+    try {
+      cost = opts.costOf.apply(value);
+    } catch (RuntimeException e) {
+      FuseboxClient.LOG.warn(
+          "fusebox: the cost function of a guard on \"" + admission.key() + "\" failed; reporting no cost, so the"
+              + " ticket's permits stand",
+          e);
+      cost = null;
+    }
+    if (cost != null && cost < 0) {
+      FuseboxClient.LOG.warn(
+          "fusebox: the cost function of a guard on \"" + admission.key() + "\" answered " + cost
+              + ", not a whole number of permits; reporting no cost, so the ticket's permits stand");
+      cost = null;
+    }
+    if (cost == null) {
+      success();
+    } else {
+      success(cost);
     }
   }
 

@@ -168,7 +168,7 @@ class ScenarioTest {
     switch (action) {
       case "guard": {
         JsonObject g = v.getAsJsonObject();
-        only(g, Set.of("key", "call", "id", "background", "permits", "max_wait_ms", "lease_ms", "on_unavailable"), where);
+        only(g, Set.of("key", "call", "id", "background", "permits", "max_wait_ms", "lease_ms", "on_unavailable", "cost"), where);
         String id = g.has("id") ? g.get("id").getAsString() : null;
         String call = g.get("call").getAsString();
         if (id == null && call.equals("hang")) {
@@ -232,7 +232,7 @@ class ScenarioTest {
         break;
       case "expect_key": {
         JsonObject want = v.getAsJsonObject();
-        only(want, Set.of("key", "phase", "consecutive_failures", "live_tickets", "waiters", "stats"), where);
+        only(want, Set.of("key", "phase", "consecutive_failures", "live_tickets", "waiters", "free", "stats"), where);
         String[] last = {""};
         boolean ok = poll(() -> {
           last[0] = keyMismatch(s, want, where);
@@ -284,6 +284,16 @@ class ScenarioTest {
           fail("unknown on_unavailable " + p);
       }
     }
+    Integer cost = null;
+    if (spec.has("cost")) {
+      // The call's value is the cost; the guard's costOf reads it.
+      if (!"succeed".equals(call)) {
+        fail("cost needs call succeed, not " + call);
+      }
+      cost = spec.get("cost").getAsInt();
+      opts = opts.costOf((Integer n) -> n);
+    }
+    Object value = cost != null ? cost : "ok";
     GuardOptions o = opts;
     Result res = new Result();
     r.thread = new Thread(() -> {
@@ -296,7 +306,7 @@ class ScenarioTest {
           r.started.countDown();
           switch (call) {
             case "succeed":
-              return "ok";
+              return value;
             case "fail":
               throw new Boom();
             case "cancel":
@@ -401,6 +411,9 @@ class ScenarioTest {
           break;
         case "waiters":
           have = Long.toString(st.getWaiters());
+          break;
+        case "free":
+          have = Long.toString(st.getFree());
           break;
         case "stats": {
           String m = statsMismatch(st.getStats(), w.getAsJsonObject(), where);
