@@ -114,6 +114,8 @@ mod entry {
             ["fb.version", commands::version, "readonly fast", 0, 0, 0, ""],
             ["fb.keycheck", commands::keycheck, "readonly fast", 1, 1, 1, ""],
             ["fb.acquire", commands::acquire, "write deny-oom fast", 1, 1, 1, ""],
+            // Keys at 1, 4, 7, ...: `key policy permits` triples, then now_ms.
+            ["fb.charge", commands::charge, "write deny-oom", 1, -4, 3, ""],
             ["fb.complete", commands::complete, "write fast", 1, 1, 1, ""],
             ["fb.renew", commands::renew, "write fast", 1, 1, 1, ""],
             ["fb.isolate", commands::isolate, "write", 1, 1, 1, ""],

@@ -136,6 +136,13 @@ pub type RulesChange<'a> = Box<dyn FnOnce(&mut Rules) -> Result<(), EngineError>
 /// to it. Its methods are those of [`Store`] (see there); futures are
 /// boxed, since the store is held as a trait object, picked at start-up.
 pub trait SharedStore: Send + Sync + std::fmt::Debug {
+    /// Charges every item or none, without tickets (Envoy's rate-limit
+    /// service; see [`Engine::charge_all`]).
+    fn charge_all<'a>(
+        &'a self,
+        items: &'a [super::ChargeItem],
+    ) -> BoxFuture<'a, Result<super::ChargeReply, EngineError>>;
+
     /// What the store shares with the server around it.
     fn core(&self) -> &Arc<Core>;
     /// Answers an acquire, waiting while queued.
@@ -294,6 +301,19 @@ impl Store {
         match self {
             Store::Embedded(e) => e.core(),
             Store::Redis(r) => r.core(),
+        }
+    }
+
+    /// Charges every item or none, without tickets (Envoy's rate-limit
+    /// service): under the keys' shard locks embedded, in one `FB.CHARGE`
+    /// on a shared store (the keys must share a hash slot).
+    pub async fn charge_all(
+        &self,
+        items: &[super::ChargeItem],
+    ) -> Result<super::ChargeReply, EngineError> {
+        match self {
+            Store::Embedded(e) => e.charge_all(items),
+            Store::Redis(r) => r.charge_all(items).await,
         }
     }
 

@@ -32,6 +32,7 @@ mod reload;
 #[path = "../../redis/tests/module/resp.rs"]
 #[allow(dead_code)]
 mod resp;
+mod rls;
 mod scale;
 mod scenarios;
 mod servers;

@@ -48,15 +48,15 @@ limiter = { kind = "concurrency", permits = 7 }
 /// Writes `text` to `path` the way a careful operator (or a config
 /// manager) does: a temporary file renamed over the old one, so that the
 /// server never reads half a file.
-fn write_config(path: &Path, text: &str) {
+pub(crate) fn write_config(path: &Path, text: &str) {
     let tmp = path.with_extension("toml.tmp");
     std::fs::write(&tmp, text).expect("config written");
     std::fs::rename(&tmp, path).expect("config renamed into place");
 }
 
-struct Reloading {
-    server: Server,
-    path: PathBuf,
+pub(crate) struct Reloading {
+    pub(crate) server: Server,
+    pub(crate) path: PathBuf,
     // Dropped after the server.
     _dir: tempfile::TempDir,
 }
@@ -64,7 +64,7 @@ struct Reloading {
 /// A server on the manual clock with `--config` pointing at a file of ours,
 /// once its reloader is known to run (so that an edit or a SIGHUP made
 /// right after start-up is never missed).
-async fn start(text: &str) -> Reloading {
+pub(crate) async fn start(text: &str) -> Reloading {
     let dir = tempfile::tempdir().expect("a temp dir");
     let path = dir.path().join("fusebox.toml");
     write_config(&path, text);
@@ -117,7 +117,7 @@ fn refusals(server: &Server) -> Vec<String> {
         .collect()
 }
 
-async fn wait_reloads(server: &Server, why: &str, count: usize) {
+pub(crate) async fn wait_reloads(server: &Server, why: &str, count: usize) {
     eventually(
         &format!("reload #{count} ({why}) in the log"),
         RELOAD,
@@ -135,7 +135,7 @@ async fn wait_refusal(server: &Server, count: usize) -> String {
 }
 
 /// `GET path` on the server's HTTP port; returns (status line, body).
-async fn http_get(server: &Server, path: &str) -> (String, String) {
+pub(crate) async fn http_get(server: &Server, path: &str) -> (String, String) {
     let addr = server.http_addr.as_deref().expect("the server serves HTTP");
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await

@@ -939,6 +939,7 @@ async fn reflection_lists_the_served_services() {
         "fusebox.v1.Fusebox",
         "fusebox.v1.Admin",
         "fusebox.v1.Clock",
+        "envoy.service.ratelimit.v3.RateLimitService",
         "grpc.health.v1.Health",
         "grpc.reflection.v1.ServerReflection",
         "grpc.reflection.v1alpha.ServerReflection",
@@ -953,6 +954,7 @@ async fn reflection_lists_the_served_services() {
         for required in [
             "fusebox.v1.Fusebox",
             "fusebox.v1.Admin",
+            "envoy.service.ratelimit.v3.RateLimitService",
             "grpc.health.v1.Health",
         ] {
             assert!(

@@ -44,7 +44,7 @@ pub(crate) async fn next(stream: &mut Streaming<pb::WatchEvent>, limit: Duration
 }
 
 /// Reads a whole snapshot: its parts up to the one marked complete.
-async fn snapshot(stream: &mut Streaming<pb::WatchEvent>) -> Vec<pb::Snapshot> {
+pub(crate) async fn snapshot(stream: &mut Streaming<pb::WatchEvent>) -> Vec<pb::Snapshot> {
     let mut parts = Vec::new();
     loop {
         match next(stream, NEXT).await {

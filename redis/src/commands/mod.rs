@@ -16,15 +16,19 @@
 //! - [`operator`]: an operator's or a server's changes to a key
 //!   (`FB.ISOLATE`, `FB.CLOSE`, `FB.POLICY`);
 //! - [`waiters`]: queued requests (`FB.SETTLE`, `FB.WITHDRAW`);
+//! - [`charges`]: charges without tickets over several keys of one
+//!   slot, all or nothing (`FB.CHARGE`, Envoy's rate-limit service);
 //! - [`reads`]: reads that write nothing (`FB.GET`, `FB.LIST`,
 //!   `FB.CENSUS`).
 
+pub mod charges;
 pub mod node;
 pub mod operator;
 pub mod reads;
 pub mod tickets;
 pub mod waiters;
 
+pub use charges::charge;
 pub use node::{fence, keycheck, version};
 pub use operator::{close, isolate, set_policy};
 pub use reads::{census, get, list, LIST_MAX_COUNT};

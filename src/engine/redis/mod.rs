@@ -22,6 +22,7 @@
 //! of such a test must be advanced alike.
 
 mod batch;
+mod charges;
 mod conn;
 mod keys;
 mod link;
@@ -1048,6 +1049,13 @@ impl From<Arc<RedisStore>> for Store {
 }
 
 impl SharedStore for RedisStore {
+    fn charge_all<'a>(
+        &'a self,
+        items: &'a [super::ChargeItem],
+    ) -> BoxFuture<'a, Result<super::ChargeReply, EngineError>> {
+        RedisStore::charge_all(self, items).boxed()
+    }
+
     fn core(&self) -> &Arc<Core> {
         &self.core
     }
