@@ -42,6 +42,7 @@ pub mod node;
 pub mod outbox;
 pub use fusebox_proto as proto;
 pub mod reload;
+pub mod rls;
 pub mod serve;
 pub mod server;
 pub mod tls;

@@ -53,6 +53,14 @@ pub struct Counters {
     pub decide_answers: AtomicU64,
     /// Items of AcquireBatch and CompleteBatch calls.
     pub batch_items: AtomicU64,
+    /// ShouldRateLimit calls answered.
+    pub rls_requests: AtomicU64,
+    /// ShouldRateLimit calls answered OVER_LIMIT.
+    pub rls_over_limit: AtomicU64,
+    /// Descriptors in shadow mode that were over their limit (answered OK).
+    pub rls_shadow_over_limit: AtomicU64,
+    /// Descriptors that matched no configured limit (answered OK, uncharged).
+    pub rls_unmatched: AtomicU64,
 }
 
 impl Default for Counters {
@@ -71,6 +79,10 @@ impl Default for Counters {
             decide_frames_refused: AtomicU64::new(0),
             decide_answers: AtomicU64::new(0),
             batch_items: AtomicU64::new(0),
+            rls_requests: AtomicU64::new(0),
+            rls_over_limit: AtomicU64::new(0),
+            rls_shadow_over_limit: AtomicU64::new(0),
+            rls_unmatched: AtomicU64::new(0),
         }
     }
 }
@@ -86,6 +98,7 @@ pub struct Node {
     ports: Arc<Ports>,
     unread: Arc<Budget>,
     tls: Option<Arc<Tls>>,
+    rls: std::sync::RwLock<Arc<crate::rls::Rls>>,
 }
 
 impl Node {
@@ -108,6 +121,7 @@ impl Node {
             ports: Arc::new(Ports::new(&limits.connections())),
             unread: Arc::new(Budget::new(&limits.unread())),
             tls: None,
+            rls: std::sync::RwLock::new(Arc::default()),
         };
         node.set_access(access.map(Arc::new));
         node
@@ -118,6 +132,22 @@ impl Node {
     pub fn with_tls(mut self, tls: Option<Arc<Tls>>) -> Node {
         self.tls = tls;
         self
+    }
+
+    /// The same server, answering Envoy's rate-limit service under `rls`.
+    pub fn with_rls(self, rls: crate::rls::Rls) -> Node {
+        self.set_rls(rls);
+        self
+    }
+
+    /// The rate-limit service's mapping in force.
+    pub fn rls(&self) -> Arc<crate::rls::Rls> {
+        self.rls.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts a reloaded rate-limit service's mapping in force.
+    pub fn set_rls(&self, rls: crate::rls::Rls) {
+        *self.rls.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(rls);
     }
 
     /// The store it serves.

@@ -32,6 +32,7 @@ pub fn reload(node: &Node, path: &Path, why: &str) -> bool {
             let rules = config.rules.rules.len();
             // A reload replaces every rule, those set at run time too.
             node.store().reload_rules(config.rules);
+            node.set_rls(config.rls);
             set_access(node, config.access, path);
             node.count_reload(true);
             tracing::info!(file = %path.display(), rules, "config reloaded ({why}): keys adopt the new policies at their next operation");

@@ -45,6 +45,8 @@ pub struct ConfigFile {
     pub auth: Option<auth::AuthSpec>,
     /// TLS for the gRPC and HTTP ports.
     pub tls: Option<tls::TlsSpec>,
+    /// Envoy's rate-limit service: domains and descriptors.
+    pub rls: Option<crate::rls::RlsSpec>,
 }
 
 /// `[server]` as written.
@@ -266,6 +268,9 @@ pub struct Config {
     /// `[server] data_dir`, resolved against the file's directory
     /// (`--data-dir` wins).
     pub data_dir: Option<PathBuf>,
+    /// `[rls]`: Envoy's rate-limit service's domains (their limits are
+    /// rules, placed first in `rules`).
+    pub rls: crate::rls::Rls,
 }
 
 impl From<Config> for Settings {
@@ -353,11 +358,21 @@ fn misfit(text: &str, e: &serde_path_to_error::Error<toml::de::Error>) -> Config
             _ => "[auth]".to_owned(),
         },
         "server" | "default" | "tls" => format!("[{section}]"),
+        "rls" => match segments.peek() {
+            Some(Segment::Map { key }) if key == "domain" => {
+                segments.next();
+                match index_of(&mut segments) {
+                    Some(i) => entry("rls.domain", i, "name"),
+                    None => "[rls]".to_owned(),
+                }
+            }
+            _ => "[rls]".to_owned(),
+        },
         other => return ConfigError::Invalid {
             rule: format!("[{other}]"),
             field: other.to_owned(),
             problem:
-                "is not a part of the config: use [server], [[rule]], [default], [auth] or [tls]"
+                "is not a part of the config: use [server], [[rule]], [default], [auth], [tls] or [rls]"
                     .into(),
         },
     };
@@ -436,6 +451,13 @@ impl ConfigFile {
             })?;
             rules.push(Rule { pattern, policy });
         }
+        let (rls, rls_rules) = match &self.rls {
+            Some(spec) => spec.validate()?,
+            None => (crate::rls::Rls::default(), Vec::new()),
+        };
+        // The rate-limit service's keys take their policies from its own
+        // rules, before any of the file's.
+        rules.splice(0..0, rls_rules);
         let default = match &self.default {
             Some(spec) => spec.validate().map_err(|e| ConfigError::Invalid {
                 rule: "[default]".into(),
@@ -589,6 +611,7 @@ impl ConfigFile {
             http_hosts,
             tls,
             data_dir,
+            rls,
             rules: Rules { rules, default },
             limits: Limits {
                 max_keys: cap(self.server.max_keys, "max_keys", defaults.max_keys)?,

@@ -1082,8 +1082,11 @@ impl<T: TicketTable> Fuse<T> {
     }
 }
 
+mod charge;
 mod state;
 mod tickets;
+
+pub use charge::Quote;
 
 pub use tickets::{sorted as sorted_tickets, TicketTable, Tickets};
 

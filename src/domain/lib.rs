@@ -40,8 +40,9 @@ pub use breaker::{Admission, Breaker, Durable};
 pub use decision::{Decision, DecisionKind, Grant};
 pub use fuse::{
     sorted_tickets, Ask, BreakerState, Cause, Completed, CounterState, Fuse, FuseError, FuseHead,
-    FuseState, HeapParts, LimiterState, Notice, OperatorAction, ReasonCounts, StateError, Stats,
-    Ticket, TicketState, TicketTable, Tickets, View, WaiterState, WindowBucket, STATE_VERSION,
+    FuseState, HeapParts, LimiterState, Notice, OperatorAction, Quote, ReasonCounts, StateError,
+    Stats, Ticket, TicketState, TicketTable, Tickets, View, WaiterState, WindowBucket,
+    STATE_VERSION,
 };
 pub use key::{validate_key, KeyError, IDLE_AFTER};
 pub use names::{Named, UnknownName};

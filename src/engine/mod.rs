@@ -23,6 +23,7 @@
 //! [`redis`] (the Redis store). This file only names them.
 
 mod api;
+mod charges;
 pub mod clock;
 pub mod core;
 mod durable;
@@ -48,6 +49,7 @@ mod timer;
 pub use api::{
     AcquireArgs, AcquireReply, CompleteReply, KeyReading, Totals, CAP_NAMES, DECISION_NAMES,
 };
+pub use charges::{ChargeItem, ChargeReply};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use core::Core;
 pub use embedded::Engine;

@@ -296,6 +296,21 @@ impl Store {
         }
     }
 
+    /// Charges every item or none, without tickets (Envoy's rate-limit
+    /// service). Only the embedded store has it so far: with `--store` the
+    /// answer is UNAVAILABLE, so Envoy applies its failure mode.
+    pub async fn charge_all(
+        &self,
+        items: &[super::ChargeItem],
+    ) -> Result<super::ChargeReply, EngineError> {
+        match self {
+            Store::Embedded(e) => e.charge_all(items),
+            Store::Redis(_) => Err(EngineError::StoreUnavailable(
+                "the rate-limit service is not available with --store yet (it needs an all-or-nothing charge in the Redis module); run it on a server without --store".into(),
+            )),
+        }
+    }
+
     /// Answers an acquire (B1, P1–P6, C1–C4), waiting while queued.
     pub async fn acquire(&self, args: AcquireArgs) -> Result<AcquireReply, EngineError> {
         match self {

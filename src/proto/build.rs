@@ -1,4 +1,6 @@
-//! Compiles the repository's `proto/fusebox/v1/fusebox.proto` without a system `protoc`.
+//! Compiles the repository's `proto/fusebox/v1/fusebox.proto` and the vendored
+//! Envoy rate-limit service (`proto/envoy/service/ratelimit/v3/rls.proto`, a
+//! subset of Envoy's data-plane API) without a system `protoc`.
 //!
 //! `protox` parses the proto (well-known types such as
 //! `google/protobuf/duration.proto` are built in) into a `FileDescriptorSet`.
@@ -10,10 +12,12 @@
 use std::path::PathBuf;
 
 const PROTO: &str = "../../proto/fusebox/v1/fusebox.proto";
+const RLS: &str = "../../proto/envoy/service/ratelimit/v3/rls.proto";
 const INCLUDE: &str = "../../proto";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed={PROTO}");
+    println!("cargo:rerun-if-changed={RLS}");
     println!("cargo:rerun-if-changed={INCLUDE}");
 
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
@@ -22,7 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     compiler
         .include_source_info(true)
         .include_imports(true)
-        .open_files([PROTO])?;
+        .open_files([PROTO, RLS])?;
 
     // Encoded set (with imports and doc comments) for server reflection.
     std::fs::write(

@@ -52,7 +52,7 @@ pub struct Gate<S> {
 /// Whether `path` is one of fusebox's own services (not health or
 /// reflection, which stay open).
 fn guarded(path: &str) -> bool {
-    path.starts_with("/fusebox.v1.")
+    path.starts_with("/fusebox.v1.") || path.starts_with("/envoy.service.ratelimit.v3.")
 }
 
 impl<S, B> tower::Service<Request<B>> for Gate<S>

@@ -27,6 +27,7 @@ pub mod decide;
 mod fusebox;
 mod gate;
 pub mod policy;
+mod rls;
 mod run;
 mod status;
 pub mod tls;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::node::Node;
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::proto::v1 as pb;
 use pb::admin_server::AdminServer;
 use pb::clock_server::ClockServer;
@@ -38,7 +39,12 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// flush the last answers and close its connections before it exits.
 pub const SHUTDOWN_FLUSH: Duration = Duration::from_millis(200);
 
-const SERVICES: [&str; 3] = ["fusebox.v1.Fusebox", "fusebox.v1.Admin", "fusebox.v1.Clock"];
+const SERVICES: [&str; 4] = [
+    "fusebox.v1.Fusebox",
+    "fusebox.v1.Admin",
+    "fusebox.v1.Clock",
+    "envoy.service.ratelimit.v3.RateLimitService",
+];
 
 /// Serves fusebox on `listener` until `shutdown` resolves, then reports
 /// NOT_SERVING, answers waiters, stops accepting, lets in-flight calls
@@ -112,6 +118,12 @@ pub async fn run_with_tls(
     // Always routed, so that callers without --manual-clock get
     // UNIMPLEMENTED with a message that says what to do (X1).
     .add_service(ClockServer::new(api.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES))
+    // Envoy's rate-limit service (RLS v3), mapped by the config's [rls].
+    .add_service(
+        RateLimitServiceServer::new(api.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    )
     .add_service(health_service)
     .add_service(reflection)
     .prepare();

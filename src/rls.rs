@@ -1,0 +1,629 @@
+//! Envoy's rate-limit service (RLS v3) mapped onto fusebox keys: the
+//! `[rls]` part of the config as written ([`RlsSpec`]), validated once into
+//! [`Rls`], which turns a request's descriptors into keys and the rules
+//! that give those keys their policies (see docs/contract-extensions.md,
+//! rules RL1–RL12).
+//!
+//! A domain holds a tree of descriptors in the style of envoyproxy/
+//! ratelimit: each node matches one entry by its key and, optionally, its
+//! value (absent: any value, each distinct value its own counter). A node
+//! with a `rate_limit` becomes one rule: its key pattern is exact when
+//! every node on its path names a value, else a prefix that the values of
+//! the any-value nodes complete.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+
+use serde::Deserialize;
+
+use crate::config::ConfigError;
+use crate::domain::policy::LimiterSpec;
+use crate::domain::{DurationSpec, Millis, PolicySpec};
+use crate::engine::{Pattern, Rule};
+
+/// `[rls] max_descriptors` by default: descriptors in one request.
+pub const MAX_DESCRIPTORS: u32 = 16;
+/// `[rls] max_entries` by default: entries in one descriptor, and the
+/// deepest a config's descriptor tree may go.
+pub const MAX_ENTRIES: u32 = 8;
+/// `[rls] max_value_bytes` by default: the longest entry key or value.
+pub const MAX_VALUE_BYTES: u32 = 128;
+/// `[rls] max_nodes` by default: descriptor nodes in the whole config.
+pub const MAX_NODES: u32 = 10_000;
+
+/// `[rls]` as written.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RlsSpec {
+    /// Cap on descriptors per request.
+    pub max_descriptors: Option<u32>,
+    /// Cap on entries per descriptor (and on the config's depth).
+    pub max_entries: Option<u32>,
+    /// Cap on an entry's key or value, in bytes.
+    pub max_value_bytes: Option<u32>,
+    /// Cap on descriptor nodes in the config.
+    pub max_nodes: Option<u32>,
+    /// The domains.
+    #[serde(default)]
+    pub domain: Vec<DomainSpec>,
+}
+
+/// One `[[rls.domain]]` as written.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DomainSpec {
+    /// The domain's name, as Envoy sends it.
+    pub name: String,
+    /// Its descriptors.
+    #[serde(default)]
+    pub descriptor: Vec<DescriptorSpec>,
+}
+
+/// One descriptor node as written.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DescriptorSpec {
+    /// The entry's key.
+    pub key: String,
+    /// The entry's value; absent: any value.
+    pub value: Option<String>,
+    /// The limit of a descriptor that ends here.
+    pub rate_limit: Option<RateLimitSpec>,
+    /// Answers OK without charging.
+    #[serde(default)]
+    pub unlimited: bool,
+    /// Reports the would-be status, but never makes the request over limit.
+    #[serde(default)]
+    pub shadow_mode: bool,
+    /// Refused with the reason (the protocol has no Complete).
+    pub breaker: Option<toml::Value>,
+    /// Deeper nodes.
+    #[serde(default)]
+    pub descriptor: Vec<DescriptorSpec>,
+}
+
+/// A `rate_limit` as written.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSpec {
+    /// `second`, `minute`, `hour` or `day`.
+    pub unit: String,
+    /// Requests per unit.
+    pub requests_per_unit: u32,
+    /// `fixed_window` (default), `sliding_window` or `token_bucket`.
+    pub algorithm: Option<String>,
+    /// Token bucket: the most tokens (default `requests_per_unit`).
+    pub burst: Option<u32>,
+}
+
+/// The protocol's units this config accepts, with their length in ms and
+/// their number in `RateLimitResponse.RateLimit.Unit`.
+const UNITS: [(&str, Millis, i32); 4] = [
+    ("second", 1_000, 1),
+    ("minute", 60_000, 2),
+    ("hour", 3_600_000, 3),
+    ("day", 86_400_000, 4),
+];
+
+/// A validated limit of a descriptor node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limit {
+    /// Requests per unit.
+    pub requests_per_unit: u32,
+    /// The unit's number in the protocol's `RateLimit.Unit`.
+    pub unit: i32,
+    /// The unit's name.
+    pub unit_name: &'static str,
+}
+
+/// What a matched node does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Charge the key under this limit (its rule gives the policy).
+    Limit {
+        /// The limit, for `current_limit`.
+        limit: Limit,
+        /// Report, but never refuse.
+        shadow: bool,
+    },
+    /// OK, nothing charged.
+    Unlimited,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Node {
+    any_value: BTreeMap<String, Node>,
+    by_value: BTreeMap<(String, String), Node>,
+    action: Option<Action>,
+}
+
+impl Node {
+    fn empty() -> Node {
+        Node {
+            any_value: BTreeMap::new(),
+            by_value: BTreeMap::new(),
+            action: None,
+        }
+    }
+}
+
+/// The validated `[rls]`: domains and caps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rls {
+    domains: BTreeMap<String, Node>,
+    /// Cap on descriptors per request.
+    pub max_descriptors: u32,
+    /// Cap on entries per descriptor.
+    pub max_entries: u32,
+    /// Cap on an entry's key or value, in bytes.
+    pub max_value_bytes: u32,
+}
+
+impl Default for Rls {
+    fn default() -> Self {
+        Rls {
+            domains: BTreeMap::new(),
+            max_descriptors: MAX_DESCRIPTORS,
+            max_entries: MAX_ENTRIES,
+            max_value_bytes: MAX_VALUE_BYTES,
+        }
+    }
+}
+
+/// One descriptor's match: the key to charge and what to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Matched {
+    /// The fusebox key.
+    pub key: String,
+    /// What the node says.
+    pub action: Action,
+}
+
+/// Escapes what would make a key ambiguous: the separators `/` and `=`,
+/// `%` itself, `*` (a prefix pattern's end), the hash tag's braces, and
+/// anything that is not printable ASCII.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_graphic() && !b"/=%*{},".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The key of a descriptor: `rls/{domain}/` and one segment per entry,
+/// `key=value` where the config names the value and `key` where it takes
+/// any; then, when some level takes any value, `/=` and those values,
+/// comma-separated. The domain is the Redis hash tag, so that one request's
+/// keys live on one primary.
+fn key_of(domain: &str, path: &[(&str, Option<&str>)], values: &[&str]) -> String {
+    let mut key = format!("rls/{{{}}}", escape(domain));
+    for (k, v) in path {
+        key.push('/');
+        key.push_str(&escape(k));
+        if let Some(v) = v {
+            key.push('=');
+            key.push_str(&escape(v));
+        }
+    }
+    if path.iter().any(|(_, v)| v.is_none()) {
+        key.push_str("/=");
+        let escaped: Vec<String> = values.iter().map(|v| escape(v)).collect();
+        key.push_str(&escaped.join(","));
+    }
+    key
+}
+
+impl Rls {
+    /// True when no domain is configured.
+    pub fn is_empty(&self) -> bool {
+        self.domains.is_empty()
+    }
+
+    /// The node that `entries` lead to in `domain`, with the key to charge:
+    /// `None` for an unknown domain, a path the config does not have, or a
+    /// node with neither a limit nor `unlimited` (RL4).
+    pub fn lookup(&self, domain: &str, entries: &[(&str, &str)]) -> Option<Matched> {
+        let mut node = self.domains.get(domain)?;
+        let mut path = Vec::with_capacity(entries.len());
+        let mut values = Vec::new();
+        for &(k, v) in entries {
+            if let Some(next) = node.by_value.get(&(k.to_owned(), v.to_owned())) {
+                path.push((k, Some(v)));
+                node = next;
+            } else if let Some(next) = node.any_value.get(k) {
+                path.push((k, None));
+                values.push(v);
+                node = next;
+            } else {
+                return None;
+            }
+        }
+        let action = node.action.clone()?;
+        Some(Matched {
+            key: key_of(domain, &path, &values),
+            action,
+        })
+    }
+}
+
+impl RlsSpec {
+    /// Validates `[rls]` into the mapping and the rules its limits need
+    /// (placed before the config's own rules).
+    pub fn validate(&self) -> Result<(Rls, Vec<Rule>), ConfigError> {
+        let cap = |v: Option<u32>, field: &str, default: u32| match v {
+            Some(0) => Err(invalid("[rls]", field, "must be at least 1")),
+            Some(v) => Ok(v),
+            None => Ok(default),
+        };
+        let mut rls = Rls {
+            domains: BTreeMap::new(),
+            max_descriptors: cap(self.max_descriptors, "max_descriptors", MAX_DESCRIPTORS)?,
+            max_entries: cap(self.max_entries, "max_entries", MAX_ENTRIES)?,
+            max_value_bytes: cap(self.max_value_bytes, "max_value_bytes", MAX_VALUE_BYTES)?,
+        };
+        let max_nodes = cap(self.max_nodes, "max_nodes", MAX_NODES)?;
+        let mut rules = Vec::new();
+        let mut nodes = 0u32;
+        for (i, d) in self.domain.iter().enumerate() {
+            let name = format!("rls.domain {} ({:?})", i + 1, d.name);
+            if d.name.is_empty() || d.name.len() > rls.max_value_bytes as usize {
+                return Err(invalid(
+                    &name,
+                    "name",
+                    format!(
+                        "must be 1 to {} bytes (max_value_bytes)",
+                        rls.max_value_bytes
+                    ),
+                ));
+            }
+            if rls.domains.contains_key(&d.name) {
+                return Err(invalid(
+                    &name,
+                    "name",
+                    "names a domain already configured above: merge the two",
+                ));
+            }
+            let mut root = Node::empty();
+            let mut walk = Walk {
+                domain: &d.name,
+                rule: &name,
+                rls: &rls,
+                rules: &mut rules,
+                nodes: &mut nodes,
+                max_nodes,
+            };
+            for (j, spec) in d.descriptor.iter().enumerate() {
+                walk.add(
+                    &mut root,
+                    spec,
+                    &format!("descriptor[{j}]"),
+                    &mut Vec::new(),
+                )?;
+            }
+            rls.domains.insert(d.name.clone(), root);
+        }
+        // The most specific first: exact keys, then longer prefixes.
+        rules.sort_by_key(|r: &Rule| {
+            let text = r.pattern.text();
+            (text.ends_with('*'), std::cmp::Reverse(text.len()))
+        });
+        Ok((rls, rules))
+    }
+}
+
+struct Walk<'a> {
+    domain: &'a str,
+    rule: &'a str,
+    rls: &'a Rls,
+    rules: &'a mut Vec<Rule>,
+    nodes: &'a mut u32,
+    max_nodes: u32,
+}
+
+impl Walk<'_> {
+    fn add(
+        &mut self,
+        parent: &mut Node,
+        spec: &DescriptorSpec,
+        at: &str,
+        path: &mut Vec<(String, Option<String>)>,
+    ) -> Result<(), ConfigError> {
+        let bad =
+            |field: &str, problem: String| invalid(self.rule, &format!("{at}.{field}"), problem);
+        *self.nodes += 1;
+        if *self.nodes > self.max_nodes {
+            return Err(invalid(
+                "[rls]",
+                "max_nodes",
+                format!(
+                    "is {}, and the config has more descriptor nodes: raise it or merge descriptors",
+                    self.max_nodes
+                ),
+            ));
+        }
+        if path.len() + 1 > self.rls.max_entries as usize {
+            return Err(bad(
+                "descriptor",
+                format!(
+                    "goes deeper than max_entries ({}): a request's descriptor could never reach it",
+                    self.rls.max_entries
+                ),
+            ));
+        }
+        let max = self.rls.max_value_bytes as usize;
+        if spec.key.is_empty() || spec.key.len() > max {
+            return Err(bad(
+                "key",
+                format!("must be 1 to {max} bytes (max_value_bytes)"),
+            ));
+        }
+        if spec.value.as_ref().is_some_and(|v| v.len() > max) {
+            return Err(bad(
+                "value",
+                format!("must be at most {max} bytes (max_value_bytes)"),
+            ));
+        }
+        if spec.breaker.is_some() {
+            return Err(bad(
+                "breaker",
+                "cannot be used here: the rate-limit protocol has no Complete, so a breaker would never hear how a call went; use a rate_limit".into(),
+            ));
+        }
+        if spec.unlimited && spec.rate_limit.is_some() {
+            return Err(bad(
+                "unlimited",
+                "cannot be set with rate_limit: choose one".into(),
+            ));
+        }
+        path.push((spec.key.clone(), spec.value.clone()));
+        let action = match (&spec.rate_limit, spec.unlimited) {
+            (_, true) => Some(Action::Unlimited),
+            (Some(rl), false) => {
+                let (limit, policy) = self.limit(rl, at)?;
+                let parts: Vec<(&str, Option<&str>)> = path
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_deref()))
+                    .collect();
+                let exact = parts.iter().all(|(_, v)| v.is_some());
+                let mut text = key_of(self.domain, &parts, &[]);
+                if !exact {
+                    text.push('*');
+                }
+                let pattern = Pattern::parse(&text).map_err(|problem| {
+                    bad(
+                        "key",
+                        format!("makes the key pattern {text:?}, which fusebox refuses: {problem}"),
+                    )
+                })?;
+                self.rules.push(Rule { pattern, policy });
+                Some(Action::Limit {
+                    limit,
+                    shadow: spec.shadow_mode,
+                })
+            }
+            (None, false) => None,
+        };
+        let mut node = Node::empty();
+        node.action = action;
+        for (j, child) in spec.descriptor.iter().enumerate() {
+            self.add(&mut node, child, &format!("{at}.descriptor[{j}]"), path)?;
+        }
+        path.pop();
+        let taken = match &spec.value {
+            Some(v) => parent
+                .by_value
+                .insert((spec.key.clone(), v.clone()), node)
+                .is_some(),
+            None => parent.any_value.insert(spec.key.clone(), node).is_some(),
+        };
+        if taken {
+            return Err(bad(
+                "key",
+                "repeats a descriptor of the same level with the same key and value: merge the two"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn limit(
+        &self,
+        rl: &RateLimitSpec,
+        at: &str,
+    ) -> Result<(Limit, crate::domain::Policy), ConfigError> {
+        let field = |f: &str| format!("{at}.rate_limit.{f}");
+        let Some(&(unit_name, ms, unit)) = UNITS.iter().find(|(n, _, _)| *n == rl.unit) else {
+            return Err(invalid(
+                self.rule,
+                &field("unit"),
+                format!(
+                    "{:?} is not a unit: use second, minute, hour or day",
+                    rl.unit
+                ),
+            ));
+        };
+        let n = NonZeroU32::new(rl.requests_per_unit).ok_or_else(|| {
+            invalid(
+                self.rule,
+                &field("requests_per_unit"),
+                "must be at least 1 (for none at all, use a limit of 1 and a long unit, or leave the descriptor out)",
+            )
+        })?;
+        let window = Some(DurationSpec(ms));
+        let algorithm = rl.algorithm.as_deref().unwrap_or("fixed_window");
+        if rl.burst.is_some() && algorithm != "token_bucket" {
+            return Err(invalid(
+                self.rule,
+                &field("burst"),
+                "is only for algorithm = \"token_bucket\"",
+            ));
+        }
+        let limiter = match algorithm {
+            "fixed_window" => LimiterSpec {
+                kind: "fixed_window".into(),
+                permits: Some(n.get()),
+                window,
+                ..empty_limiter()
+            },
+            "sliding_window" => LimiterSpec {
+                kind: "sliding_window".into(),
+                permits: Some(n.get()),
+                window,
+                segments: Some(10),
+                ..empty_limiter()
+            },
+            "token_bucket" => LimiterSpec {
+                kind: "token_bucket".into(),
+                capacity: Some(rl.burst.unwrap_or(n.get())),
+                refill: Some(n.get()),
+                period: window,
+                ..empty_limiter()
+            },
+            "concurrency" => {
+                return Err(invalid(
+                    self.rule,
+                    &field("algorithm"),
+                    "cannot be concurrency: the rate-limit protocol has no Complete, so its permits would never come back; use fixed_window, sliding_window or token_bucket",
+                ))
+            }
+            other => {
+                return Err(invalid(
+                    self.rule,
+                    &field("algorithm"),
+                    format!("{other:?} is not an algorithm: use fixed_window, sliding_window or token_bucket"),
+                ))
+            }
+        };
+        let policy = PolicySpec {
+            breaker: None,
+            limiter: Some(limiter),
+            lease: None,
+        }
+        .validate()
+        .map_err(|e| {
+            invalid(
+                self.rule,
+                &format!("{at}.rate_limit ({})", e.field),
+                e.problem,
+            )
+        })?;
+        Ok((
+            Limit {
+                requests_per_unit: n.get(),
+                unit,
+                unit_name,
+            },
+            policy,
+        ))
+    }
+}
+
+fn empty_limiter() -> LimiterSpec {
+    LimiterSpec {
+        kind: String::new(),
+        permits: None,
+        capacity: None,
+        refill: None,
+        period: None,
+        window: None,
+        segments: None,
+        queue_limit: None,
+        order: None,
+    }
+}
+
+fn invalid(rule: &str, field: &str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        rule: rule.to_owned(),
+        field: field.to_owned(),
+        problem: problem.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rls(text: &str) -> (Rls, Vec<Rule>) {
+        let spec: RlsSpec = toml::from_str(text).expect("toml");
+        spec.validate().expect("valid")
+    }
+
+    #[test]
+    fn descriptors_map_to_keys_whose_rules_give_their_policies() {
+        let (rls, rules) = rls(r#"
+            [[domain]]
+            name = "edge"
+            [[domain.descriptor]]
+            key = "remote_address"
+            rate_limit = { unit = "second", requests_per_unit = 10 }
+            [[domain.descriptor]]
+            key = "path"
+            value = "/api"
+            rate_limit = { unit = "minute", requests_per_unit = 5, algorithm = "token_bucket", burst = 7 }
+              [[domain.descriptor.descriptor]]
+              key = "user"
+              rate_limit = { unit = "hour", requests_per_unit = 3, algorithm = "sliding_window" }
+            [[domain.descriptor]]
+            key = "health"
+            unlimited = true
+        "#);
+        let m = rls
+            .lookup("edge", &[("remote_address", "10.0.0.1")])
+            .expect("match");
+        assert_eq!(m.key, "rls/{edge}/remote_address/=10.0.0.1");
+        let m = rls.lookup("edge", &[("path", "/api")]).expect("match");
+        assert_eq!(m.key, "rls/{edge}/path=%2Fapi");
+        let m = rls
+            .lookup("edge", &[("path", "/api"), ("user", "a/b=c")])
+            .expect("match");
+        assert_eq!(m.key, "rls/{edge}/path=%2Fapi/user/=a%2Fb%3Dc");
+        assert_eq!(
+            rls.lookup("edge", &[("health", "x")]).map(|m| m.action),
+            Some(Action::Unlimited)
+        );
+        assert!(rls.lookup("edge", &[("path", "/other")]).is_none());
+        assert!(rls.lookup("other", &[("path", "/api")]).is_none());
+        let texts: Vec<String> = rules.iter().map(|r| r.pattern.text()).collect();
+        assert_eq!(
+            texts,
+            [
+                "rls/{edge}/path=%2Fapi",
+                "rls/{edge}/path=%2Fapi/user/=*",
+                "rls/{edge}/remote_address/=*"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_descriptor_that_needs_a_complete_is_refused_with_the_reason() {
+        for (text, field, words) in [
+            (
+                "[[domain]]\nname = \"e\"\n[[domain.descriptor]]\nkey = \"k\"\nrate_limit = { unit = \"second\", requests_per_unit = 1, algorithm = \"concurrency\" }\n",
+                "descriptor[0].rate_limit.algorithm",
+                "no Complete",
+            ),
+            (
+                "[[domain]]\nname = \"e\"\n[[domain.descriptor]]\nkey = \"k\"\nbreaker = { mode = \"consecutive\" }\n",
+                "descriptor[0].breaker",
+                "no Complete",
+            ),
+            (
+                "[[domain]]\nname = \"e\"\n[[domain.descriptor]]\nkey = \"k\"\nrate_limit = { unit = \"week\", requests_per_unit = 1 }\n",
+                "descriptor[0].rate_limit.unit",
+                "not a unit",
+            ),
+        ] {
+            let spec: RlsSpec = toml::from_str(text).expect("toml");
+            let Err(ConfigError::Invalid { field: f, problem, .. }) = spec.validate() else {
+                panic!("{text}: not refused");
+            };
+            assert_eq!(f, field, "{problem}");
+            assert!(problem.contains(words), "{problem}");
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! Envoy's rate-limit service (`envoy.service.ratelimit.v3.RateLimitService`)
+//! on the gRPC port: checks the request, maps its descriptors to keys
+//! through the config's `[rls]` ([`crate::rls::Rls`]), authorizes them as
+//! Acquire is, hands the charges to the store and turns the quotes into
+//! the protocol's statuses (docs/contract-extensions.md, RL1–RL12).
+
+use std::sync::atomic::Ordering;
+
+use tonic::{Request, Response, Status};
+
+use super::api::Api;
+use super::status::{status_of, status_of_refusal};
+use crate::auth::Role;
+use crate::domain::Quote;
+use crate::engine::ChargeItem;
+use crate::proto::envoy::service::ratelimit::v3 as rls;
+use crate::rls::{Action, Limit};
+use rls::rate_limit_response::{Code, DescriptorStatus, RateLimit};
+
+/// What one descriptor of a request does.
+enum Plan {
+    /// No configured limit: OK, nothing charged.
+    Free,
+    /// Charged at `key` with `permits`; `shadow` never refuses.
+    Charge {
+        key: String,
+        permits: u32,
+        limit: Limit,
+        shadow: bool,
+    },
+}
+
+#[tonic::async_trait]
+impl rls::rate_limit_service_server::RateLimitService for Api {
+    async fn should_rate_limit(
+        &self,
+        request: Request<rls::RateLimitRequest>,
+    ) -> Result<Response<rls::RateLimitResponse>, Status> {
+        let grant = self.grant(&request)?;
+        let req = request.into_inner();
+        let config = self.node.rls();
+        check(&req, &config)?;
+        let default_hits = if req.hits_addend == 0 {
+            1
+        } else {
+            req.hits_addend
+        };
+        let mut plans = Vec::with_capacity(req.descriptors.len());
+        for (i, d) in req.descriptors.iter().enumerate() {
+            let entries: Vec<(&str, &str)> = d
+                .entries
+                .iter()
+                .map(|e| (e.key.as_str(), e.value.as_str()))
+                .collect();
+            let Some(matched) = config.lookup(&req.domain, &entries) else {
+                self.node
+                    .counters()
+                    .rls_unmatched
+                    .fetch_add(1, Ordering::Relaxed);
+                plans.push(Plan::Free);
+                continue;
+            };
+            let (limit, shadow) = match matched.action {
+                Action::Unlimited => {
+                    plans.push(Plan::Free);
+                    continue;
+                }
+                Action::Limit { limit, shadow } => (limit, shadow),
+            };
+            let hits = d.hits_addend.unwrap_or(u64::from(default_hits));
+            let permits = u32::try_from(hits).map_err(|_| {
+                Status::invalid_argument(format!(
+                    "descriptors[{i}].hits_addend: {hits} is more than fusebox counts in one request ({})",
+                    u32::MAX
+                ))
+            })?;
+            if let Some(grant) = &grant {
+                grant
+                    .on_key(Role::Caller, "ShouldRateLimit", &matched.key)
+                    .map_err(status_of_refusal)?;
+            }
+            plans.push(Plan::Charge {
+                key: matched.key,
+                permits,
+                limit,
+                shadow,
+            });
+        }
+        // The enforced descriptors are charged together, all or nothing;
+        // each shadow one alone, so that it never holds the others back.
+        let enforced: Vec<ChargeItem> = plans
+            .iter()
+            .filter_map(|p| match p {
+                Plan::Charge {
+                    key,
+                    permits,
+                    shadow: false,
+                    ..
+                } => Some(ChargeItem {
+                    key: key.clone(),
+                    permits: *permits,
+                }),
+                _ => None,
+            })
+            .collect();
+        let mut enforced_quotes = if enforced.is_empty() {
+            Vec::new()
+        } else {
+            self.store
+                .charge_all(&enforced)
+                .await
+                .map_err(unavailable_or)?
+                .quotes
+        }
+        .into_iter();
+        let mut statuses = Vec::with_capacity(plans.len());
+        let mut over = false;
+        for plan in plans {
+            let Plan::Charge {
+                key,
+                permits,
+                limit,
+                shadow,
+            } = plan
+            else {
+                statuses.push(DescriptorStatus {
+                    code: Code::Ok as i32,
+                    ..DescriptorStatus::default()
+                });
+                continue;
+            };
+            let quote = if shadow {
+                let reply = self
+                    .store
+                    .charge_all(&[ChargeItem { key, permits }])
+                    .await
+                    .map_err(unavailable_or)?;
+                let quote = reply.quotes[0];
+                if !quote.fits {
+                    self.node
+                        .counters()
+                        .rls_shadow_over_limit
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                quote
+            } else {
+                let quote = enforced_quotes
+                    .next()
+                    .ok_or_else(|| Status::internal("a charge answered fewer quotes than asked"))?;
+                over |= !quote.fits;
+                quote
+            };
+            statuses.push(status_of_quote(&quote, &limit));
+        }
+        let counters = self.node.counters();
+        counters.rls_requests.fetch_add(1, Ordering::Relaxed);
+        if over {
+            counters.rls_over_limit.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Response::new(rls::RateLimitResponse {
+            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            statuses,
+            ..rls::RateLimitResponse::default()
+        }))
+    }
+}
+
+/// A descriptor's status from its quote: `current_limit`,
+/// `limit_remaining` and `duration_until_reset` are what Envoy turns into
+/// its `x-ratelimit-limit`, `-remaining` and `-reset` headers.
+fn status_of_quote(quote: &Quote, limit: &Limit) -> DescriptorStatus {
+    let reset = quote.reset_in.unwrap_or(0);
+    DescriptorStatus {
+        code: if quote.fits {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        } as i32,
+        current_limit: Some(RateLimit {
+            name: String::new(),
+            requests_per_unit: limit.requests_per_unit,
+            unit: limit.unit,
+        }),
+        limit_remaining: quote.remaining,
+        duration_until_reset: Some(prost_types::Duration {
+            seconds: i64::try_from(reset / 1000).unwrap_or(i64::MAX),
+            nanos: i32::try_from((reset % 1000) * 1_000_000).unwrap_or(0),
+        }),
+        quota: None,
+    }
+}
+
+/// Every engine error is Envoy's "cannot decide": a cap, a store that is
+/// down. Only bad input keeps its own code; nothing is UNKNOWN.
+fn unavailable_or(e: crate::engine::EngineError) -> Status {
+    let status = status_of(e);
+    match status.code() {
+        tonic::Code::InvalidArgument => status,
+        _ => Status::unavailable(status.message().to_owned()),
+    }
+}
+
+/// Bad input is refused whole, naming the field (RL2).
+fn check(req: &rls::RateLimitRequest, config: &crate::rls::Rls) -> Result<(), Status> {
+    let bad =
+        |field: String, problem: String| Status::invalid_argument(format!("{field}: {problem}"));
+    let max = config.max_value_bytes as usize;
+    if req.domain.is_empty() {
+        return Err(bad("domain".into(), "must not be empty".into()));
+    }
+    if req.domain.len() > max {
+        return Err(bad(
+            "domain".into(),
+            format!(
+                "is {} bytes, more than [rls] max_value_bytes ({max})",
+                req.domain.len()
+            ),
+        ));
+    }
+    if req.descriptors.is_empty() {
+        return Err(bad(
+            "descriptors".into(),
+            "must name at least one descriptor".into(),
+        ));
+    }
+    if req.descriptors.len() > config.max_descriptors as usize {
+        return Err(bad(
+            "descriptors".into(),
+            format!(
+                "has {}, more than [rls] max_descriptors ({})",
+                req.descriptors.len(),
+                config.max_descriptors
+            ),
+        ));
+    }
+    for (i, d) in req.descriptors.iter().enumerate() {
+        if d.entries.is_empty() {
+            return Err(bad(
+                format!("descriptors[{i}].entries"),
+                "must not be empty".into(),
+            ));
+        }
+        if d.entries.len() > config.max_entries as usize {
+            return Err(bad(
+                format!("descriptors[{i}].entries"),
+                format!(
+                    "has {}, more than [rls] max_entries ({})",
+                    d.entries.len(),
+                    config.max_entries
+                ),
+            ));
+        }
+        for (j, e) in d.entries.iter().enumerate() {
+            if e.key.is_empty() || e.key.len() > max {
+                return Err(bad(
+                    format!("descriptors[{i}].entries[{j}].key"),
+                    format!("must be 1 to {max} bytes ([rls] max_value_bytes)"),
+                ));
+            }
+            if e.value.len() > max {
+                return Err(bad(
+                    format!("descriptors[{i}].entries[{j}].value"),
+                    format!(
+                        "is {} bytes, more than [rls] max_value_bytes ({max})",
+                        e.value.len()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
