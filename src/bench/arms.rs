@@ -30,6 +30,15 @@ async fn measure_cell(
         cell.arm_name(o.stalled_watchers),
         cell.spread_name()
     );
+    // The peers' CPU is their own processes'; fusebox's the server the
+    // tool started, or the --target's processes.
+    let pids = if cell.arm.is_peer() {
+        o.peer_pids.as_slice()
+    } else if o.target_pids.is_empty() {
+        target.pid.as_slice()
+    } else {
+        o.target_pids.as_slice()
+    };
     let m = load
         .measure(
             cell.arm,
@@ -37,7 +46,7 @@ async fn measure_cell(
             ms(o.warmup),
             ms(o.duration),
             run as u64,
-            target.pid,
+            pids,
         )
         .await;
     target.check_alive()?;
@@ -88,6 +97,14 @@ pub(crate) async fn arms_mode(
         )?;
         for _ in 0..o.connections {
             load.throttlecrab.push(channel::connect(url).await?);
+        }
+    }
+    if o.arms.contains(&Arm::Ratelimit) {
+        let url = o.ratelimit.as_deref().context(
+            "--arms ratelimit needs --ratelimit http://ADDR of an envoyproxy/ratelimit server",
+        )?;
+        for _ in 0..o.connections {
+            load.ratelimit.push(channel::connect(url).await?);
         }
     }
     let load = load;
@@ -196,6 +213,12 @@ pub(crate) async fn arms_mode(
         };
         let client_cpu = median(ms.iter().filter_map(|m| m.client_cpu).collect());
         let server_cpu = median(ms.iter().filter_map(|m| m.server_cpu).collect());
+        // Samples per second of one server core, run by run.
+        let per_core = median(
+            ms.iter()
+                .filter_map(|m| m.server_cpu.filter(|c| *c > 0.0).map(|c| m.rate() / c))
+                .collect(),
+        );
         let errors: u64 = ms.iter().map(|m| m.tally.errors).sum();
         let not_granted: u64 = ms.iter().map(|m| m.tally.not_granted).sum();
         let first_error = ms.iter().find_map(|m| m.tally.first_error.clone());
@@ -246,6 +269,11 @@ pub(crate) async fn arms_mode(
             } else {
                 "-".to_owned()
             },
+            if per_core > 0.0 {
+                thousands(per_core)
+            } else {
+                "-".to_owned()
+            },
             errors.to_string(),
         ]);
         let mut result = json!({
@@ -259,7 +287,7 @@ pub(crate) async fn arms_mode(
             "rate_asked": o.rate.filter(|_| cell.arm.paced()),
             "latency_of": match cell.arm {
                 Arm::Batch => "batch",
-                Arm::Health | Arm::Acquire | Arm::Throttlecrab => "call",
+                Arm::Health | Arm::Acquire | Arm::Throttlecrab | Arm::Rls | Arm::Ratelimit => "call",
                 Arm::Pair | Arm::Stream => "decision",
             },
             "p50_us": p50,
@@ -267,6 +295,7 @@ pub(crate) async fn arms_mode(
             "p999_us": p999,
             "client_cpu": client_cpu,
             "server_cpu": ms.iter().any(|m| m.server_cpu.is_some()).then_some(server_cpu),
+            "rate_per_server_core": (per_core > 0.0).then_some(per_core),
             "errors": errors,
             "not_granted": not_granted,
             "first_error": first_error,
@@ -347,6 +376,7 @@ pub(crate) async fn arms_mode(
             "P999 µs",
             "CLIENT CPU",
             "SERVER CPU",
+            "PER CORE",
             "ERRORS",
         ],
         &rows,

@@ -283,7 +283,7 @@ async fn acquire_1k(load: &Load, o: &Options, target: &Target, run: u16) -> Meas
         ms(o.warmup),
         ms(o.duration),
         u64::from(run),
-        target.pid,
+        target.pid.as_slice(),
     )
     .await
 }

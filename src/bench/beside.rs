@@ -80,7 +80,7 @@ async fn measure_all(
     let arms: Vec<Arm> = Arm::ALL
         .into_iter()
         .filter(|a| *a == Arm::Health || o.arms.contains(a))
-        .filter(|a| *a != Arm::Throttlecrab)
+        .filter(|a| !a.is_peer())
         .collect();
     let spreads: Vec<Spread> = Spread::ALL
         .into_iter()
@@ -120,7 +120,7 @@ async fn measure_all(
                     ms(o.warmup),
                     ms(o.duration),
                     run as u64,
-                    targets[c.server].pid,
+                    targets[c.server].pid.as_slice(),
                 )
                 .await;
             targets[c.server].check_alive()?;

@@ -375,13 +375,27 @@ async fn listing_probes(
     let (warmup, duration) = (ms(o.warmup), ms(o.duration));
     eprintln!("bench: pair 1k without listing");
     let quiet = load
-        .measure(Arm::Pair, Spread::Thousand, warmup, duration, 0, target.pid)
+        .measure(
+            Arm::Pair,
+            Spread::Thousand,
+            warmup,
+            duration,
+            0,
+            target.pid.as_slice(),
+        )
         .await;
     eprintln!("bench: pair 1k while listing every key over and over");
     let end = Instant::now() + warmup + duration;
     let lister = tokio::spawn(list_until(channel, end));
     let busy = load
-        .measure(Arm::Pair, Spread::Thousand, warmup, duration, 1, target.pid)
+        .measure(
+            Arm::Pair,
+            Spread::Thousand,
+            warmup,
+            duration,
+            1,
+            target.pid.as_slice(),
+        )
         .await;
     let (listings, pages) = lister.await.context("the listing task failed")??;
     for m in [&quiet, &busy] {

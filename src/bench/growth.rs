@@ -28,7 +28,7 @@ pub(crate) async fn growth_mode(
             ms(o.warmup),
             ms(o.duration),
             seed,
-            target.pid,
+            target.pid.as_slice(),
         )
     };
     let mut before = Vec::new();

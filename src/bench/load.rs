@@ -19,7 +19,7 @@ use crate::channel::{connect, Channel};
 use crate::numbers::median;
 use crate::spread::{KeyPicker, Spread};
 use crate::target::{cpu_time, machine_busy_time, own_cpu_time};
-use crate::throttlecrab;
+use crate::{envoy_rls, throttlecrab};
 
 type Fusebox = pb::fusebox_client::FuseboxClient<Channel>;
 
@@ -63,17 +63,26 @@ pub(crate) enum Arm {
     /// (a GCRA rate-limit check, no ticket to complete): one sample per
     /// check.
     Throttlecrab,
+    /// Envoy's `RateLimitService/ShouldRateLimit` on fusebox (domain
+    /// `bench`, one descriptor `client=<key>`; a limit no run reaches):
+    /// one sample per check.
+    Rls,
+    /// The same `ShouldRateLimit` check on the `--ratelimit` server
+    /// (envoyproxy/ratelimit, with the same descriptor and limit).
+    Ratelimit,
 }
 
 impl Arm {
     /// Every arm, in the order tables list them.
-    pub(crate) const ALL: [Arm; 6] = [
+    pub(crate) const ALL: [Arm; 8] = [
         Arm::Health,
         Arm::Acquire,
         Arm::Pair,
         Arm::Stream,
         Arm::Batch,
         Arm::Throttlecrab,
+        Arm::Rls,
+        Arm::Ratelimit,
     ];
 
     /// The name flags and reports use.
@@ -85,6 +94,8 @@ impl Arm {
             Arm::Stream => "stream",
             Arm::Batch => "batch",
             Arm::Throttlecrab => "throttlecrab",
+            Arm::Rls => "rls",
+            Arm::Ratelimit => "ratelimit",
         }
     }
 
@@ -93,8 +104,14 @@ impl Arm {
         match self {
             Arm::Health | Arm::Acquire => "calls/s",
             Arm::Pair | Arm::Stream | Arm::Batch => "pairs/s",
-            Arm::Throttlecrab => "checks/s",
+            Arm::Throttlecrab | Arm::Rls | Arm::Ratelimit => "checks/s",
         }
+    }
+
+    /// Whether it measures a peer server, not fusebox (its server CPU is
+    /// that of `--peer-pids`).
+    pub(crate) fn is_peer(self) -> bool {
+        matches!(self, Arm::Throttlecrab | Arm::Ratelimit)
     }
 
     /// Whether `--rate` paces it (the others run closed loop).
@@ -123,6 +140,9 @@ pub(crate) struct Load {
     pub(crate) rate: Option<f64>,
     /// Connections to a throttlecrab server, for the `throttlecrab` arm.
     pub(crate) throttlecrab: Vec<Channel>,
+    /// Connections to an envoyproxy/ratelimit server, for the `ratelimit`
+    /// arm.
+    pub(crate) ratelimit: Vec<Channel>,
 }
 
 impl Load {
@@ -144,11 +164,14 @@ impl Load {
             frames: 100,
             rate: None,
             throttlecrab: Vec::new(),
+            ratelimit: Vec::new(),
         })
     }
 
     /// Runs `arm` on `spread` (ignored by `health`) for `warmup`, then
-    /// measures it for `duration`. `seed` varies the keys run by run.
+    /// measures it for `duration`. `seed` varies the keys run by run; the
+    /// server's CPU is that of the processes `server_pids` (none: not
+    /// measured).
     pub(crate) async fn measure(
         &self,
         arm: Arm,
@@ -156,7 +179,7 @@ impl Load {
         warmup: Duration,
         duration: Duration,
         seed: u64,
-        server_pid: Option<u32>,
+        server_pids: &[u32],
     ) -> Measurement {
         let begin = Instant::now() + warmup;
         let end = begin + duration;
@@ -165,6 +188,7 @@ impl Load {
         let (channels, per_channel) = match arm {
             Arm::Stream | Arm::Batch => (&self.channels, 1),
             Arm::Throttlecrab => (&self.throttlecrab, self.in_flight),
+            Arm::Ratelimit => (&self.ratelimit, self.in_flight),
             _ => (&self.channels, self.in_flight),
         };
         let callers = channels.len() * per_channel;
@@ -197,14 +221,24 @@ impl Load {
                         Arm::Stream => caller.stream(channel, frames).await,
                         Arm::Batch => caller.batch(channel, frames).await,
                         Arm::Throttlecrab => caller.throttlecrab(channel).await,
+                        Arm::Rls | Arm::Ratelimit => caller.rls(channel).await,
                     }
                 });
             }
         }
         // The client's CPU time over the measured window only.
         tokio::time::sleep_until(begin.into()).await;
-        let server_stat = server_pid.map(|pid| format!("/proc/{pid}/stat"));
-        let server_time = || server_stat.as_deref().and_then(cpu_time);
+        let server_stats: Vec<String> = server_pids
+            .iter()
+            .map(|pid| format!("/proc/{pid}/stat"))
+            .collect();
+        // The sum over the server's processes; none when one is unreadable.
+        let server_time = || -> Option<Duration> {
+            if server_stats.is_empty() {
+                return None;
+            }
+            server_stats.iter().map(|stat| cpu_time(stat)).sum()
+        };
         let cpu_begin = (own_cpu_time(), server_time(), machine_busy_time());
         tokio::time::sleep_until(end.into()).await;
         let cpu_end = (own_cpu_time(), server_time(), machine_busy_time());
@@ -648,6 +682,37 @@ impl Caller {
         }
     }
 
+    /// The `rls` and `ratelimit` arms: one ShouldRateLimit check per call,
+    /// of the descriptor `client=<key>`.
+    async fn rls(mut self, channel: Channel) -> Tally {
+        let mut client = envoy_rls::Client::new(channel);
+        let mut failures = 0;
+        loop {
+            let value = self.picker.next_key().to_owned();
+            let request = envoy_rls::one_entry(RLS_DOMAIN, RLS_DESCRIPTOR_KEY, value);
+            let started = Instant::now();
+            let result = client.should_rate_limit(request).await;
+            let ended = Instant::now();
+            if ended >= self.window.1 {
+                return self.tally;
+            }
+            match result {
+                Ok(answer) => {
+                    failures = 0;
+                    if answer.overall_code == envoy_rls::OVER_LIMIT {
+                        self.tally.not_granted += 1;
+                    }
+                    self.sample(started, ended);
+                }
+                Err(status) => {
+                    if self.give_up(&status, &mut failures) {
+                        return self.tally;
+                    }
+                }
+            }
+        }
+    }
+
     /// The `throttlecrab` arm: one Throttle check per call.
     async fn throttlecrab(mut self, channel: Channel) -> Tally {
         let mut client = throttlecrab::Client::new(channel);
@@ -677,6 +742,13 @@ impl Caller {
         }
     }
 }
+
+/// The domain and descriptor key of the `rls` and `ratelimit` arms: both
+/// servers are configured with `client` (any value) at a limit no run
+/// reaches (scripts/bench-rls writes both configs).
+pub(crate) const RLS_DOMAIN: &str = "bench";
+/// See [`RLS_DOMAIN`].
+pub(crate) const RLS_DESCRIPTOR_KEY: &str = "client";
 
 /// An Acquire of `key` with the defaults: its policy's permits, wait and
 /// lease.

@@ -6,8 +6,9 @@
 //!
 //! Modes:
 //! - (none): the arms (`health`, `acquire`, `pair`, and the
-//!   many-decisions-per-request `stream` and `batch`, and `throttlecrab`
-//!   against a throttlecrab-server) over the key spreads (`hot`, `1k`,
+//!   many-decisions-per-request `stream` and `batch`, `throttlecrab`
+//!   against a throttlecrab-server, and Envoy's rate-limit check, `rls` on
+//!   fusebox and `ratelimit` on envoyproxy/ratelimit) over the key spreads (`hot`, `1k`,
 //!   `1m`, `zipf`), interleaved run by run, medians across runs; optionally
 //!   with stalled watchers, or paced at `--rate` decisions/s.
 //! - `fill`: creates N live keys as fast as the server takes them, reports
@@ -19,12 +20,14 @@
 //!   memory, quiet and under attack (tokenless connections, HEADERS-only
 //!   calls, Decide streams that never read), embedded or `--store`.
 //! - `beside`: a server on a store beside an embedded one.
+//! - `rls-conformance`: one sequence of Envoy rate-limit checks sent to
+//!   fusebox and to envoyproxy/ratelimit, every answer side by side.
 //! - `redis-cpu`: the fusebox Redis module against a Lua script doing the
 //!   same work, straight on a Redis or Redis Cluster (no fusebox server):
 //!   decisions/s, latency and Redis CPU per decision.
 //!
 //! Layout, each module using only those listed before it: [`spread`],
-//! [`throttlecrab`] and [`channel`] (connections, with the credentials
+//! [`throttlecrab`], [`envoy_rls`] and [`channel`] (connections, with the credentials
 //! and TLS of `fusebox-cli`); [`target`] (the server under test); [`load`]
 //! (the callers and their figures); [`numbers`]; [`options`] (the shared
 //! flags); [`mod@report`]; then one module per mode. This file parses the
@@ -36,6 +39,8 @@ mod arms;
 mod attack;
 mod beside;
 mod channel;
+mod conformance;
+mod envoy_rls;
 mod fill;
 mod growth;
 mod load;
@@ -169,6 +174,12 @@ enum Mode {
         #[arg(long, value_delimiter = ',', default_value = "0")]
         live_tickets: Vec<u32>,
     },
+    /// One fixed sequence of Envoy rate-limit checks (domain
+    /// `conformance`) sent to the --target fusebox and to the --ratelimit
+    /// envoyproxy/ratelimit server in turn, both configured alike
+    /// (scripts/bench-rls): every answer side by side, and every one that
+    /// differs named. Starts no server.
+    RlsConformance,
 }
 
 fn main() -> std::process::ExitCode {
@@ -313,6 +324,13 @@ async fn run(
         stopped?;
         return report(o, Some(&target), mode, &text, figures, &warnings);
     }
+    if let Some(Mode::RlsConformance) = &cli.mode {
+        let (Some(fusebox), Some(ratelimit)) = (o.target.as_deref(), o.ratelimit.as_deref()) else {
+            bail!("fusebox-bench rls-conformance needs --target (fusebox) and --ratelimit (envoyproxy/ratelimit)");
+        };
+        let (mode, text, figures) = conformance::conformance_mode(fusebox, ratelimit).await?;
+        return report(o, None, mode, &text, figures, &warnings);
+    }
     if let Some(Mode::Beside { store }) = &cli.mode {
         anyhow::ensure!(
             o.target.is_none(),
@@ -364,7 +382,12 @@ async fn run(
         Some(Mode::Growth { keys }) => {
             growth::growth_mode(o, &mut target, keys, &mut warnings).await
         }
-        Some(Mode::RedisCpu { .. } | Mode::Beside { .. } | Mode::Attack { .. }) => {
+        Some(
+            Mode::RedisCpu { .. }
+            | Mode::Beside { .. }
+            | Mode::Attack { .. }
+            | Mode::RlsConformance,
+        ) => {
             unreachable!("measured above, with servers of their own")
         }
     };

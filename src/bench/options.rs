@@ -114,6 +114,26 @@ pub(crate) struct Options {
     /// `throttlecrab` arm.
     #[arg(long, global = true, value_name = "URL")]
     pub(crate) throttlecrab: Option<String>,
+    /// The gRPC address (http://ADDR) of an envoyproxy/ratelimit server,
+    /// for the `ratelimit` arm (configured like fusebox's `rls` arm: see
+    /// scripts/bench-rls).
+    #[arg(long, global = true, value_name = "URL")]
+    pub(crate) ratelimit: Option<String>,
+    /// The processes of the peer server (throttlecrab-server, or
+    /// envoyproxy/ratelimit and its redis-server), comma separated: their
+    /// CPU is the peer arms' server CPU.
+    #[arg(long, global = true, value_name = "PIDS", value_delimiter = ',')]
+    pub(crate) peer_pids: Vec<u32>,
+    /// With --target: the processes whose CPU is the server's (the fusebox
+    /// server, and with --store its redis-servers), comma separated.
+    #[arg(
+        long,
+        global = true,
+        value_name = "PIDS",
+        value_delimiter = ',',
+        requires = "target"
+    )]
+    pub(crate) target_pids: Vec<u32>,
     /// Write every figure, the command line and the git commit to FILE.
     #[arg(long, global = true, value_name = "FILE")]
     pub(crate) json: Option<PathBuf>,

@@ -66,6 +66,9 @@ fn settings_json(o: &Options, target: Option<&Target>) -> Value {
         "frames": o.frames,
         "rate": o.rate,
         "throttlecrab": o.throttlecrab,
+        "ratelimit": o.ratelimit,
+        "peer_pids": o.peer_pids,
+        "target_pids": o.target_pids,
     })
 }
 

@@ -355,6 +355,33 @@ async fn the_throttlecrab_arm_needs_its_server() {
 }
 
 #[tokio::test]
+async fn the_ratelimit_arm_and_the_conformance_run_need_their_servers() {
+    let run = bench(&[
+        "--duration",
+        "100ms",
+        "--warmup",
+        "0s",
+        "--runs",
+        "1",
+        "--arms",
+        "ratelimit",
+        "--spreads",
+        "hot",
+    ])
+    .await;
+    assert_ne!(run.code, Some(0), "{}", run.stdout);
+    assert!(run.stderr.contains("--ratelimit"), "{}", run.stderr);
+    let alone = harness::run(std::path::Path::new(BENCH), &["rls-conformance"]).await;
+    assert_eq!(alone.code, Some(1), "{}", alone.stdout);
+    assert_eq!(alone.stdout, "", "nothing measured");
+    assert!(
+        alone.stderr.contains("--target (fusebox) and --ratelimit"),
+        "{}",
+        alone.stderr
+    );
+}
+
+#[tokio::test]
 async fn without_a_fusebox_beside_it_the_tool_says_what_to_do() {
     // A copy of the tool alone in a directory: no fusebox next to it.
     let dir = tempfile::tempdir().expect("a temp dir");
