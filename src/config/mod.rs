@@ -21,6 +21,7 @@ use crate::tls::TlsConfig;
 
 pub mod auth;
 mod error;
+pub mod telemetry;
 pub mod tls;
 
 pub use error::ConfigError;
@@ -45,6 +46,8 @@ pub struct ConfigFile {
     pub auth: Option<auth::AuthSpec>,
     /// TLS for the gRPC and HTTP ports.
     pub tls: Option<tls::TlsSpec>,
+    /// Where traces go; without it none is made.
+    pub telemetry: Option<telemetry::TelemetrySpec>,
 }
 
 /// `[server]` as written.
@@ -266,6 +269,8 @@ pub struct Config {
     /// `[server] data_dir`, resolved against the file's directory
     /// (`--data-dir` wins).
     pub data_dir: Option<PathBuf>,
+    /// `[telemetry]`; `None` (no trace made) when the section is absent.
+    pub telemetry: Option<telemetry::TelemetryConfig>,
 }
 
 impl From<Config> for Settings {
@@ -352,12 +357,12 @@ fn misfit(text: &str, e: &serde_path_to_error::Error<toml::de::Error>) -> Config
             }
             _ => "[auth]".to_owned(),
         },
-        "server" | "default" | "tls" => format!("[{section}]"),
+        "server" | "default" | "tls" | "telemetry" => format!("[{section}]"),
         other => return ConfigError::Invalid {
             rule: format!("[{other}]"),
             field: other.to_owned(),
             problem:
-                "is not a part of the config: use [server], [[rule]], [default], [auth] or [tls]"
+                "is not a part of the config: use [server], [[rule]], [default], [auth], [tls] or [telemetry]"
                     .into(),
         },
     };
@@ -445,6 +450,11 @@ impl ConfigFile {
             None => Policy::default(),
         };
         let tls = self.tls.as_ref().map(|t| t.validate(dir)).transpose()?;
+        let telemetry = self
+            .telemetry
+            .as_ref()
+            .map(telemetry::TelemetrySpec::validate)
+            .transpose()?;
         let defaults = Limits::default();
         let cap = |value: Option<u64>, field: &str, default: u64| match value {
             Some(0) => Err(ConfigError::server(field, "must be at least 1")),
@@ -589,6 +599,7 @@ impl ConfigFile {
             http_hosts,
             tls,
             data_dir,
+            telemetry,
             rules: Rules { rules, default },
             limits: Limits {
                 max_keys: cap(self.server.max_keys, "max_keys", defaults.max_keys)?,

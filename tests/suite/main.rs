@@ -39,6 +39,7 @@ mod service;
 mod shares;
 mod store;
 mod store_trust;
+mod telemetry;
 mod tenants;
 mod tls;
 mod tools;
