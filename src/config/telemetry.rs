@@ -134,11 +134,15 @@ fn endpoint_of(text: &str) -> Result<String, String> {
         return Err(format!("{text:?} is not an http:// address; {example}"));
     };
     let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.contains(['/', '?', '#', '@']) {
+        return Err(format!(
+            "{text:?} must be a host and a port and nothing else; {example}"
+        ));
+    }
     let uri: http::uri::Authority = authority
         .parse()
         .map_err(|_| format!("{text:?} has no valid host and port; {example}"))?;
-    if authority.contains(['/', '?', '#', '@']) || uri.port_u16().is_none() || uri.host().is_empty()
-    {
+    if uri.port_u16().is_none() || uri.host().is_empty() {
         return Err(format!(
             "{text:?} must be a host and a port and nothing else; {example}"
         ));

@@ -122,7 +122,7 @@ limiter = {{ kind = "concurrency", permits = 1 }}
     )
 }
 
-/// Acquire (granted), a Decide frame's Acquire (blocked: no permit left)
+/// Acquire (granted), a Decide frame's Acquire (denied: no permit left)
 /// and Complete, each with the caller's trace context, on `server`.
 async fn calls(server: &Server) {
     let mut client = server.fusebox().await;
@@ -159,7 +159,7 @@ async fn calls(server: &Server) {
         .expect("not the end");
     match &answer.results[0].result {
         Some(pb::decide_result::Result::Acquire(a)) => {
-            assert_eq!(a.decision(), pb::Decision::Blocked, "{a:?}")
+            assert_eq!(a.decision(), pb::Decision::Denied, "{a:?}")
         }
         other => panic!("{other:?}"),
     }
@@ -244,7 +244,7 @@ fn check(spans: &[Received]) {
     let frame = "fusebox.v1.Fusebox/Decide";
     assert_eq!(attr(frame, "rpc.method").as_deref(), Some("Decide"));
     assert_eq!(attr(frame, "fusebox.frame").as_deref(), Some("acquire"));
-    assert_eq!(attr(frame, "fusebox.decision").as_deref(), Some("BLOCKED"));
+    assert_eq!(attr(frame, "fusebox.decision").as_deref(), Some("DENIED"));
     assert_eq!(attr(frame, "fusebox.reason").as_deref(), Some("NO_PERMITS"));
     assert_eq!(attr(frame, "fusebox.phase").as_deref(), Some("CLOSED"));
     assert!(matches!(
