@@ -272,6 +272,15 @@ async fn traced_calls_arrive(args: Vec<&str>) {
     })
     .await;
     calls(&server).await;
+    let metrics = crate::http::metrics_text(&server).await;
+    assert!(
+        metrics.contains("\nfusebox_trace_spans_failed_total 0\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("\nfusebox_trace_spans_exported_total "),
+        "{metrics}"
+    );
     server.terminate();
     let received = spans(&mut rx, 3).await;
     check(&received);
@@ -311,6 +320,8 @@ async fn without_the_section_no_span_is_sent() {
     })
     .await;
     calls(&server).await;
+    let metrics = crate::http::metrics_text(&server).await;
+    assert!(!metrics.contains("fusebox_trace_spans"), "{metrics}");
     server.terminate();
     // Once it has exited, whatever it would have sent is sent.
     let logs = server.all_logs().await;
@@ -346,4 +357,30 @@ async fn a_bad_endpoint_stops_the_start_and_names_the_field() {
         );
         assert!(err.contains(says), "{endpoint}: {err}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_is_down_fails_no_call_and_is_logged_once() {
+    // A port that was free a moment ago: nothing listens there.
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        listener.local_addr().expect("an address")
+    };
+    let config = config(&format!("http://{dead}"));
+    let mut server = Server::start(Options {
+        config: Some(&config),
+        ..Options::default()
+    })
+    .await;
+    for _ in 0..3 {
+        calls(&server).await;
+    }
+    server.terminate();
+    let logs = server.all_logs().await;
+    let failed = logs.matches("could not send").count();
+    assert!(failed <= 1, "said more than once: {logs}");
+    assert!(
+        failed == 1 || logs.contains("may not have reached the receiver"),
+        "the lost spans are not mentioned: {logs}"
+    );
 }
