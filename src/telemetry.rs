@@ -19,7 +19,9 @@ use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{
     Span as _, SpanKind, Status as SpanStatus, Tracer as _, TracerProvider as _,
 };
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::Context;
+/// An attribute of a span, for [`Trace::attribute`].
+pub use opentelemetry::KeyValue;
 use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
