@@ -20,6 +20,7 @@
 //!   servers in one process stay apart; [`reload`]: the config watcher.
 //! - [`server`]: the gRPC services, which only convert and delegate.
 //! - [`http`]: metrics, health and the dashboard over HTTP.
+//! - [`telemetry`]: traces over OTLP (`[telemetry]`), off by default.
 //! - [`serve`]: start-up, from the config to both ports.
 //! - [`outbox`]: what a stream answered and its client has not read,
 //!   bounded per stream and per server.
@@ -45,6 +46,7 @@ pub mod reload;
 pub mod rls;
 pub mod serve;
 pub mod server;
+pub mod telemetry;
 pub mod tls;
 
 // HTTP keeps answering (`/readyz` 503) for as long as gRPC calls may drain.

@@ -18,6 +18,7 @@ use crate::connections::Ports;
 use crate::engine::shares::Share;
 use crate::engine::Store;
 use crate::outbox::Budget;
+use crate::telemetry::Telemetry;
 use crate::tls::Tls;
 
 /// Counters of a server around its store, for metrics (the store's own
@@ -99,6 +100,7 @@ pub struct Node {
     unread: Arc<Budget>,
     tls: Option<Arc<Tls>>,
     rls: std::sync::RwLock<Arc<crate::rls::Rls>>,
+    telemetry: Option<Arc<Telemetry>>,
 }
 
 impl Node {
@@ -122,9 +124,22 @@ impl Node {
             unread: Arc::new(Budget::new(&limits.unread())),
             tls: None,
             rls: std::sync::RwLock::new(Arc::default()),
+            telemetry: None,
         };
         node.set_access(access.map(Arc::new));
         node
+    }
+
+    /// The same server, sending traces with `telemetry` (`None`: no trace
+    /// is made).
+    pub fn with_telemetry(mut self, telemetry: Option<Arc<Telemetry>>) -> Node {
+        self.telemetry = telemetry;
+        self
+    }
+
+    /// Its traces' pipeline, when `[telemetry]` is set.
+    pub fn telemetry(&self) -> Option<&Arc<Telemetry>> {
+        self.telemetry.as_ref()
     }
 
     /// The same server, serving with `tls` (its figures are shown in the

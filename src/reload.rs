@@ -29,6 +29,12 @@ pub fn reload(node: &Node, path: &Path, why: &str) -> bool {
                     "[server] limits changed in the config file; they take effect when the server restarts"
                 );
             }
+            if config.telemetry.as_ref() != node.telemetry().map(|t| t.config()) {
+                tracing::warn!(
+                    file = %path.display(),
+                    "[telemetry] changed in the config file; it takes effect when the server restarts"
+                );
+            }
             let rules = config.rules.rules.len();
             // A reload replaces every rule, those set at run time too.
             node.store().reload_rules(config.rules);

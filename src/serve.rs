@@ -108,6 +108,7 @@ pub async fn bind(options: Options) -> anyhow::Result<Bound> {
         tls,
         data_dir: configured_data_dir,
         rls,
+        telemetry,
     } = config;
     let tls = crate::config::tls::resolve(tls, tls_files.cert, tls_files.key, tls_files.client_ca)
         .context("the server did not start")?;
@@ -223,10 +224,17 @@ pub async fn bind(options: Options) -> anyhow::Result<Bound> {
     };
     // The server's own part: its counters, its ports' caps and figures, its
     // budget of unread answers and its TLS, made here once for this server.
+    let telemetry = telemetry
+        .as_ref()
+        .map(crate::telemetry::Telemetry::start)
+        .transpose()
+        .context("the server did not start")?
+        .map(Arc::new);
     let node = Arc::new(
         Node::new(engine, access, limits, http_hosts)
             .with_tls(tls.clone())
-            .with_rls(rls),
+            .with_rls(rls)
+            .with_telemetry(telemetry),
     );
     if let Some(path) = config_path {
         // Before the address is printed: a SIGHUP or an edit from then on counts.
@@ -338,6 +346,10 @@ impl Bound {
         let acceptor = tls.map(|t| t.acceptor(crate::tls::ALPN_GRPC));
         let served = crate::server::run_with_tls(listener, node.clone(), acceptor, shutdown).await;
         let _ = node.store().save();
+        if let Some(telemetry) = node.telemetry().cloned() {
+            // The last spans are sent before the process ends.
+            let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+        }
         served
     }
 }

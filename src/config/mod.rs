@@ -21,6 +21,7 @@ use crate::tls::TlsConfig;
 
 pub mod auth;
 mod error;
+pub mod telemetry;
 pub mod tls;
 
 pub use error::ConfigError;
@@ -47,6 +48,8 @@ pub struct ConfigFile {
     pub tls: Option<tls::TlsSpec>,
     /// Envoy's rate-limit service: domains and descriptors.
     pub rls: Option<crate::rls::RlsSpec>,
+    /// Where traces go; without it none is made.
+    pub telemetry: Option<telemetry::TelemetrySpec>,
 }
 
 /// `[server]` as written.
@@ -271,6 +274,8 @@ pub struct Config {
     /// `[rls]`: Envoy's rate-limit service's domains (their limits are
     /// rules, placed first in `rules`).
     pub rls: crate::rls::Rls,
+    /// `[telemetry]`; `None` (no trace made) when the section is absent.
+    pub telemetry: Option<telemetry::TelemetryConfig>,
 }
 
 impl From<Config> for Settings {
@@ -357,7 +362,7 @@ fn misfit(text: &str, e: &serde_path_to_error::Error<toml::de::Error>) -> Config
             }
             _ => "[auth]".to_owned(),
         },
-        "server" | "default" | "tls" => format!("[{section}]"),
+        "server" | "default" | "tls" | "telemetry" => format!("[{section}]"),
         "rls" => match segments.peek() {
             Some(Segment::Map { key }) if key == "domain" => {
                 segments.next();
@@ -372,7 +377,7 @@ fn misfit(text: &str, e: &serde_path_to_error::Error<toml::de::Error>) -> Config
             rule: format!("[{other}]"),
             field: other.to_owned(),
             problem:
-                "is not a part of the config: use [server], [[rule]], [default], [auth], [tls] or [rls]"
+                "is not a part of the config: use [server], [[rule]], [default], [auth], [tls], [rls] or [telemetry]"
                     .into(),
         },
     };
@@ -467,6 +472,11 @@ impl ConfigFile {
             None => Policy::default(),
         };
         let tls = self.tls.as_ref().map(|t| t.validate(dir)).transpose()?;
+        let telemetry = self
+            .telemetry
+            .as_ref()
+            .map(telemetry::TelemetrySpec::validate)
+            .transpose()?;
         let defaults = Limits::default();
         let cap = |value: Option<u64>, field: &str, default: u64| match value {
             Some(0) => Err(ConfigError::server(field, "must be at least 1")),
@@ -612,6 +622,7 @@ impl ConfigFile {
             tls,
             data_dir,
             rls,
+            telemetry,
             rules: Rules { rules, default },
             limits: Limits {
                 max_keys: cap(self.server.max_keys, "max_keys", defaults.max_keys)?,

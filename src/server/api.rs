@@ -9,6 +9,7 @@ use tonic::{Request, Status};
 use crate::auth::{Grant, Role};
 use crate::engine::Store;
 use crate::node::Node;
+use crate::telemetry::Trace;
 
 use super::bounds::Bounds;
 use super::gate::Authenticated;
@@ -74,6 +75,34 @@ impl Api {
             store: node.store().clone(),
             node,
             bounds: Arc::new(Bounds::default()),
+        }
+    }
+
+    /// The span of a call of `method` of `service` on `request`, continuing
+    /// the caller's W3C trace context from its headers; [`Trace::OFF`] when
+    /// `[telemetry]` is not set (then nothing is read or made). A handler
+    /// opens it in one line, adds what it knows (`trace.key(..)`,
+    /// `trace.attribute(|| ..)`) and ends it with its result
+    /// (`trace.ended(&result)`); the span ends when dropped.
+    pub(crate) fn trace<T>(
+        &self,
+        request: &Request<T>,
+        service: &'static str,
+        method: &'static str,
+    ) -> Trace {
+        match self.node.telemetry() {
+            Some(t) => t.span(&t.parent_of(request.metadata()), service, method),
+            None => Trace::OFF,
+        }
+    }
+
+    /// Puts the key of `ticket` on `trace` (`fusebox.key`), when a span is
+    /// recorded and the ticket names one.
+    pub(crate) fn ticket_key(&self, trace: &mut Trace, ticket: &str) {
+        if trace.is_on() {
+            if let Ok(key) = self.store.ticket_key(ticket) {
+                trace.key(&key);
+            }
         }
     }
 

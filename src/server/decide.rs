@@ -30,6 +30,7 @@ use crate::auth::{Grant, Role};
 use crate::engine::shares::{Hold, Kind, Share};
 use crate::node::Node;
 use crate::proto::v1 as pb;
+use crate::telemetry::{Telemetry, Trace, FUSEBOX_SERVICE};
 
 pub use super::bounds::{MAX_STORE_FRAMES_IN_FLIGHT, MAX_STREAMS_PER_CONNECTION};
 
@@ -173,6 +174,10 @@ pub fn open(api: &Api, request: Request<Streaming<pb::DecideRequest>>) -> Result
         api.node.share_of(grant.as_deref()),
     )?;
     let credential = crate::auth::Credential::of(api.node.watch_access());
+    let traced = api
+        .node
+        .telemetry()
+        .map(|t| (t.clone(), t.parent_of(request.metadata())));
     let frames = request.into_inner();
     let (tx, rx) = crate::outbox::outbox(
         api.node.unread(),
@@ -189,6 +194,7 @@ pub fn open(api: &Api, request: Request<Streaming<pb::DecideRequest>>) -> Result
         waiting: JoinSet::new(),
         cancels: HashMap::new(),
         counted,
+        traced,
     };
     tokio::spawn(stream.serve(frames));
     Ok(rx)
@@ -250,9 +256,24 @@ struct Stream {
     /// How to cancel each waiting Acquire, by frame id (taken once used).
     cancels: HashMap<u64, Option<oneshot::Sender<()>>>,
     counted: Counted,
+    /// With `[telemetry]`: the caller's trace context from the stream's
+    /// headers, the parent of every frame's span.
+    traced: Option<(Arc<Telemetry>, opentelemetry::Context)>,
 }
 
 impl Stream {
+    /// The span of frame `id` (`fusebox.frame` is `what`): [`Trace::OFF`]
+    /// without `[telemetry]`.
+    fn trace(&self, what: &'static str, id: u64) -> Trace {
+        let Some((telemetry, parent)) = &self.traced else {
+            return Trace::OFF;
+        };
+        let mut trace = telemetry.span(parent, FUSEBOX_SERVICE, "Decide");
+        trace.attribute(|| opentelemetry::KeyValue::new("fusebox.frame", what));
+        trace.attribute(|| opentelemetry::KeyValue::new("fusebox.frame_id", id as i64));
+        trace
+    }
+
     /// Serves frames until the caller ends the stream (or goes away), then
     /// withdraws the Acquires still waiting.
     async fn serve(mut self, mut frames: Streaming<pb::DecideRequest>) {
@@ -489,8 +510,12 @@ impl Stream {
         let answered: Pending<'a> = match frame {
             // One that may not wait: decided at once, or its command sent.
             Frame::Acquire(req) if req.max_wait.is_none_or(|d| d.seconds == 0 && d.nanos == 0) => {
+                let mut trace = self.trace("acquire", id);
+                trace.key(&req.key);
                 Box::pin(async move {
-                    match api.acquire_as(grant, share, req).await {
+                    let result = api.acquire_as(grant, share, req).await;
+                    trace.acquired(&result);
+                    match result {
                         Ok(response) => answer(id, Answer::Acquire(response)),
                         Err(status) => failed(id, &status),
                     }
@@ -500,10 +525,13 @@ impl Stream {
                 let api = api.clone();
                 let grant = self.grant.clone();
                 let share = share.cloned();
-                let acquire: Pin<Box<dyn Future<Output = _> + Send>> =
-                    Box::pin(
-                        async move { api.acquire_as(grant.as_deref(), share.as_ref(), req).await },
-                    );
+                let mut trace = self.trace("acquire", id);
+                trace.key(&req.key);
+                let acquire: Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(async move {
+                    let result = api.acquire_as(grant.as_deref(), share.as_ref(), req).await;
+                    trace.acquired(&result);
+                    result
+                });
                 // Polled here first, so that it decides (or queues) before
                 // the next frame starts; only a waiter goes to a task.
                 return match start(acquire).await {
@@ -526,18 +554,30 @@ impl Stream {
                     }
                 };
             }
-            Frame::Complete(req) => Box::pin(async move {
-                match api.complete_as(grant, share, req).await {
-                    Ok(response) => answer(id, Answer::Complete(response)),
-                    Err(status) => failed(id, &status),
-                }
-            }),
-            Frame::Renew(req) => Box::pin(async move {
-                match api.renew_as(grant, share, req).await {
-                    Ok(response) => answer(id, Answer::Renew(response)),
-                    Err(status) => failed(id, &status),
-                }
-            }),
+            Frame::Complete(req) => {
+                let mut trace = self.trace("complete", id);
+                api.ticket_key(&mut trace, &req.ticket);
+                Box::pin(async move {
+                    let result = api.complete_as(grant, share, req).await;
+                    trace.completed(&result);
+                    match result {
+                        Ok(response) => answer(id, Answer::Complete(response)),
+                        Err(status) => failed(id, &status),
+                    }
+                })
+            }
+            Frame::Renew(req) => {
+                let mut trace = self.trace("renew", id);
+                api.ticket_key(&mut trace, &req.ticket);
+                Box::pin(async move {
+                    let result = api.renew_as(grant, share, req).await;
+                    trace.ended(&result);
+                    match result {
+                        Ok(response) => answer(id, Answer::Renew(response)),
+                        Err(status) => failed(id, &status),
+                    }
+                })
+            }
             Frame::Cancel(_) => unreachable!("handled above"),
         };
         match start(answered).await {

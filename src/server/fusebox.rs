@@ -8,6 +8,31 @@ use pb::fusebox_server::Fusebox;
 
 use super::api::Api;
 use super::decide;
+use crate::telemetry::FUSEBOX_SERVICE;
+
+impl Api {
+    async fn acquire_traced(
+        &self,
+        request: Request<pb::AcquireRequest>,
+    ) -> Result<pb::AcquireResponse, Status> {
+        let grant = self.grant(&request)?;
+        let share = self.node.share_of(grant.as_deref());
+        let _calling = decide::calling(self, share.as_ref());
+        self.acquire_as(grant.as_deref(), share.as_ref(), request.into_inner())
+            .await
+    }
+
+    async fn complete_traced(
+        &self,
+        request: Request<pb::CompleteRequest>,
+    ) -> Result<pb::CompleteResponse, Status> {
+        let grant = self.grant(&request)?;
+        let share = self.node.share_of(grant.as_deref());
+        let _calling = decide::calling(self, share.as_ref());
+        self.complete_as(grant.as_deref(), share.as_ref(), request.into_inner())
+            .await
+    }
+}
 
 #[tonic::async_trait]
 impl Fusebox for Api {
@@ -15,36 +40,40 @@ impl Fusebox for Api {
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
-        let grant = self.grant(&request)?;
-        let share = self.node.share_of(grant.as_deref());
-        let _calling = decide::calling(self, share.as_ref());
-        self.acquire_as(grant.as_deref(), share.as_ref(), request.into_inner())
-            .await
-            .map(Response::new)
+        let mut trace = self.trace(&request, FUSEBOX_SERVICE, "Acquire");
+        trace.key(&request.get_ref().key);
+        let answer = self.acquire_traced(request).await;
+        trace.acquired(&answer);
+        answer.map(Response::new)
     }
 
     async fn complete(
         &self,
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteResponse>, Status> {
-        let grant = self.grant(&request)?;
-        let share = self.node.share_of(grant.as_deref());
-        let _calling = decide::calling(self, share.as_ref());
-        self.complete_as(grant.as_deref(), share.as_ref(), request.into_inner())
-            .await
-            .map(Response::new)
+        let mut trace = self.trace(&request, FUSEBOX_SERVICE, "Complete");
+        self.ticket_key(&mut trace, &request.get_ref().ticket);
+        let answer = self.complete_traced(request).await;
+        trace.completed(&answer);
+        answer.map(Response::new)
     }
 
     async fn renew(
         &self,
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::RenewResponse>, Status> {
-        let grant = self.grant(&request)?;
-        let share = self.node.share_of(grant.as_deref());
-        let _calling = decide::calling(self, share.as_ref());
-        self.renew_as(grant.as_deref(), share.as_ref(), request.into_inner())
-            .await
-            .map(Response::new)
+        let mut trace = self.trace(&request, FUSEBOX_SERVICE, "Renew");
+        self.ticket_key(&mut trace, &request.get_ref().ticket);
+        let answer = async {
+            let grant = self.grant(&request)?;
+            let share = self.node.share_of(grant.as_deref());
+            let _calling = decide::calling(self, share.as_ref());
+            self.renew_as(grant.as_deref(), share.as_ref(), request.into_inner())
+                .await
+        }
+        .await;
+        trace.ended(&answer);
+        answer.map(Response::new)
     }
 
     type DecideStream = decide::Answers;

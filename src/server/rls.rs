@@ -16,6 +16,7 @@ use crate::domain::{Policy, Quote};
 use crate::engine::ChargeItem;
 use crate::proto::envoy::service::ratelimit::v3 as rls;
 use crate::rls::{Action, Limit};
+use crate::telemetry::KeyValue;
 use rls::rate_limit_response::{Code, DescriptorStatus, RateLimit};
 
 /// What one descriptor of a request does.
@@ -35,6 +36,29 @@ enum Plan {
 #[tonic::async_trait]
 impl rls::rate_limit_service_server::RateLimitService for Api {
     async fn should_rate_limit(
+        &self,
+        request: Request<rls::RateLimitRequest>,
+    ) -> Result<Response<rls::RateLimitResponse>, Status> {
+        let mut trace = self.trace(
+            &request,
+            "envoy.service.ratelimit.v3.RateLimitService",
+            "ShouldRateLimit",
+        );
+        let domain = &request.get_ref().domain;
+        trace.attribute(|| KeyValue::new("fusebox.rls.domain", domain.clone()));
+        let answer = self.should_rate_limit_traced(request).await;
+        if let Ok(response) = &answer {
+            let code = Code::try_from(response.get_ref().overall_code).unwrap_or(Code::Unknown);
+            trace.attribute(|| KeyValue::new("fusebox.decision", code.as_str_name()));
+        }
+        trace.ended(&answer);
+        answer
+    }
+}
+
+impl Api {
+    /// ShouldRateLimit, inside its span.
+    async fn should_rate_limit_traced(
         &self,
         request: Request<rls::RateLimitRequest>,
     ) -> Result<Response<rls::RateLimitResponse>, Status> {

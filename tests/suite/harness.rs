@@ -56,6 +56,8 @@ pub struct Options<'a> {
     pub args: Vec<&'a str>,
     /// The working directory (the test's own by default).
     pub cwd: Option<&'a std::path::Path>,
+    /// Environment variables set for the server.
+    pub env: Vec<(&'a str, String)>,
 }
 
 impl Server {
@@ -78,6 +80,7 @@ impl Server {
         if let Some(cwd) = options.cwd {
             cmd.current_dir(cwd);
         }
+        cmd.envs(options.env.iter().map(|(k, v)| (*k, v.as_str())));
         if !options.args.contains(&"--http") {
             // Never the default port: tests run side by side.
             cmd.arg("--http").arg("127.0.0.1:0");

@@ -40,6 +40,7 @@ mod service;
 mod shares;
 mod store;
 mod store_trust;
+mod telemetry;
 mod tenants;
 mod tls;
 mod tools;

@@ -33,6 +33,7 @@ impl Collector {
             When::DataDir => node.store().storage_figures().is_some(),
             When::Store => node.store().store_figures().is_some(),
             When::Tls => node.tls().is_some(),
+            When::Telemetry => node.telemetry().is_some(),
             When::TlsExpiry => node.tls().and_then(|t| t.expires_at()).is_some(),
             When::Linux => self.0.resident_memory.is_some(),
         }

@@ -45,6 +45,8 @@ pub enum When {
     Store,
     /// With TLS.
     Tls,
+    /// With `[telemetry]`.
+    Telemetry,
     /// With TLS, once the served certificate's expiry can be read.
     TlsExpiry,
     /// Where the process's memory can be read (Linux).
@@ -60,6 +62,7 @@ impl When {
             When::DataDir => "with `--data-dir`",
             When::Store => "with `--store`",
             When::Tls => "with TLS",
+            When::Telemetry => "with `[telemetry]`",
             When::TlsExpiry => "with TLS",
             When::Linux => "on Linux",
         }
@@ -590,6 +593,24 @@ pub const FAMILIES: &[Family] = &[
         labels: &[],
         when: When::Always,
         read: |s, x| x.one(s.node.ports().caps().max_http_connections),
+    },
+    Family {
+        name: "fusebox_trace_spans_exported_total",
+        kind: Type::Counter,
+        help: "Spans the trace receiver ([telemetry] otlp_endpoint) took.",
+        store_help: None,
+        labels: &[],
+        when: When::Telemetry,
+        read: |s, x| x.one(s.node.telemetry().map_or(0, |t| load(&t.figures().exported))),
+    },
+    Family {
+        name: "fusebox_trace_spans_failed_total",
+        kind: Type::Counter,
+        help: "Spans dropped because the trace receiver did not take them (calls are served as before).",
+        store_help: None,
+        labels: &[],
+        when: When::Telemetry,
+        read: |s, x| x.one(s.node.telemetry().map_or(0, |t| load(&t.figures().failed))),
     },
     Family {
         name: "fusebox_tls_reloads_total",

@@ -116,7 +116,7 @@ fn an_embedded_server_shows_every_family_it_has_with_its_type() {
         let expected = match f.when {
             When::Always | When::Embedded => true,
             When::Linux => cfg!(target_os = "linux"),
-            When::DataDir | When::Store | When::Tls | When::TlsExpiry => false,
+            When::DataDir | When::Store | When::Tls | When::TlsExpiry | When::Telemetry => false,
         };
         assert_eq!(text.contains(&line), expected, "{line:?} in:\n{text}");
     }
