@@ -185,6 +185,22 @@ PANELS: list[Row | Panel] = [
         ("sum(rate(fusebox_storage_write_failures_total{$sel}$rate))", "failures"),
         unit="ops",
     ),
+    row("Envoy rate limit and traces"),
+    panel(
+        "Rate-limit checks/s (ShouldRateLimit)",
+        ("sum(rate(fusebox_rls_requests_total{$sel}$rate))", "checks"),
+        ("sum(rate(fusebox_rls_over_limit_total{$sel}$rate))", "over limit"),
+        ("sum(rate(fusebox_rls_shadow_over_limit_total{$sel}$rate))", "shadow over limit"),
+        ("sum(rate(fusebox_rls_unmatched_total{$sel}$rate))", "descriptors unmatched"),
+        unit="reqps",
+    ),
+    panel(
+        "Trace spans/s ([telemetry])",
+        ("sum(rate(fusebox_trace_spans_exported_total{$sel}$rate))", "sent"),
+        ("sum(rate(fusebox_trace_spans_failed_total{$sel}$rate))", "dropped"),
+        unit="ops",
+        description="Only servers with [telemetry] export these.",
+    ),
     row("Process"),
     panel("Resident memory", "process_resident_memory_bytes{$sel}", unit="bytes", legend="{{instance}}"),
     panel(

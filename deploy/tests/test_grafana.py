@@ -20,7 +20,18 @@ from prometheus_client.parser import text_string_to_metric_families
 DASHBOARD = ROOT / "deploy" / "grafana" / "fusebox.json"
 GENERATOR = ROOT / "deploy" / "grafana" / "dashboard.py"
 
+# [telemetry] toward a port where nothing listens (its spans are dropped
+# and counted), so that its families are in the scrape too.
 CONFIG = """
+[telemetry]
+otlp_endpoint = "http://127.0.0.1:9"
+
+[[rls.domain]]
+name = "edge"
+[[rls.domain.descriptor]]
+key = "user"
+rate_limit = { unit = "minute", requests_per_unit = 100, algorithm = "sliding_window" }
+
 [[rule]]
 match = "shop/*"
 breaker = { mode = "consecutive", failures = 2, break = "1m" }
@@ -229,5 +240,7 @@ def test_dashboard_covers_the_asked_for_figures():
         "fusebox_connections",
         "fusebox_cap_refusals_total",
         "fusebox_store_unavailable_total",
+        "fusebox_rls_requests_total",
+        "fusebox_trace_spans_failed_total",
     ):
         assert family in named, f"no panel shows {family}"
