@@ -50,6 +50,9 @@ impl Engine {
         for item in items {
             check_key(&item.key)?;
         }
+        if self.is_shutting_down() {
+            return Err(EngineError::ShuttingDown);
+        }
         // Permits per distinct key, and each key's hash and shard.
         let mut keys: BTreeMap<&str, Planned<'_>> = BTreeMap::new();
         for item in items {
@@ -200,6 +203,11 @@ impl Engine {
             };
         if request {
             rest.hitters.bump(hash, &slot.name);
+        }
+        // A key with a policy of its own (RL15) never takes the rules'
+        // when they change: it is up to date with them whatever they say.
+        if given.is_some() {
+            slot.generation = rest.rules.generation;
         }
         let mut effect = Effects {
             shard,

@@ -44,8 +44,15 @@ impl rls::rate_limit_service_server::RateLimitService for Api {
             "envoy.service.ratelimit.v3.RateLimitService",
             "ShouldRateLimit",
         );
+        // The domain as sent, at most 128 bytes (it is checked later).
         let domain = &request.get_ref().domain;
-        trace.attribute(|| KeyValue::new("fusebox.rls.domain", domain.clone()));
+        trace.attribute(|| {
+            let end = (0..=domain.len().min(128))
+                .rev()
+                .find(|i| domain.is_char_boundary(*i))
+                .unwrap_or(0);
+            KeyValue::new("fusebox.rls.domain", domain[..end].to_owned())
+        });
         let answer = self.should_rate_limit_traced(request).await;
         if let Ok(response) = &answer {
             let code = Code::try_from(response.get_ref().overall_code).unwrap_or(Code::Unknown);
@@ -112,6 +119,15 @@ impl Api {
                 }
                 None => (matched.key, limit, None),
             };
+            // Every key is checked before anything is charged (RL2), so
+            // that no descriptor is refused after another was charged.
+            crate::domain::validate_key(&key).map_err(|e| {
+                let text = e.to_string();
+                Status::invalid_argument(format!(
+                    "descriptors[{i}]: the key it maps to {}; shorten its values",
+                    text.strip_prefix("key: ").unwrap_or(&text)
+                ))
+            })?;
             if let Some(grant) = &grant {
                 grant
                     .on_key(Role::Caller, "ShouldRateLimit", &key)
@@ -172,15 +188,28 @@ impl Api {
                 continue;
             };
             let quote = if shadow {
-                let reply = self
+                // A shadow descriptor never changes the answer: when its
+                // own charge cannot be made (the enforced ones are already
+                // charged), it is OK without figures, and the log says why.
+                let reply = match self
                     .store
                     .charge_all(&[ChargeItem {
-                        key,
+                        key: key.clone(),
                         permits,
                         policy,
                     }])
                     .await
-                    .map_err(unavailable_or)?;
+                {
+                    Ok(reply) => reply,
+                    Err(e) => {
+                        tracing::warn!(key = %key, error = %e, "a shadow_mode descriptor could not be counted; answered OK without figures");
+                        statuses.push(DescriptorStatus {
+                            code: Code::Ok as i32,
+                            ..DescriptorStatus::default()
+                        });
+                        continue;
+                    }
+                };
                 let quote = reply.quotes[0];
                 if !quote.fits {
                     self.node
@@ -293,6 +322,15 @@ fn check(req: &rls::RateLimitRequest, config: &crate::rls::Rls) -> Result<(), St
                     "has {}, more than [rls] max_entries ({})",
                     d.entries.len(),
                     config.max_entries
+                ),
+            ));
+        }
+        if let Some(hits) = d.hits_addend.filter(|h| *h > u64::from(u32::MAX)) {
+            return Err(bad(
+                format!("descriptors[{i}].hits_addend"),
+                format!(
+                    "{hits} is more than fusebox counts in one request ({})",
+                    u32::MAX
                 ),
             ));
         }
