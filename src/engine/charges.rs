@@ -13,10 +13,10 @@ use std::sync::Arc;
 
 use super::embedded::{Effects, Reach};
 use super::error::{check_key, fuse_error};
-use super::quota::Capped;
-use super::shards::{Shards, Slot};
+use super::shards::Shards;
+use super::shares::Share;
 use super::{Engine, EngineError};
-use crate::domain::{Decision, Fuse, Millis, Phase, Policy, Quote, Reason};
+use crate::domain::{Fuse, Millis, Policy, Quote};
 
 /// One key of a charge.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,7 +46,12 @@ impl Engine {
     /// Charges every item, or none when any does not fit (see the module).
     /// Items that name the same key are charged together: their permits
     /// add up.
-    pub fn charge_all(&self, items: &[ChargeItem]) -> Result<ChargeReply, EngineError> {
+    /// Keys a charge makes count against `owner`'s share (decisions 99).
+    pub fn charge_all(
+        &self,
+        items: &[ChargeItem],
+        owner: Option<&Arc<Share>>,
+    ) -> Result<ChargeReply, EngineError> {
         for item in items {
             check_key(&item.key)?;
         }
@@ -84,6 +89,7 @@ impl Engine {
                 let state = &mut *guards[guard_of(shard)].1;
                 let at = At {
                     policy,
+                    owner,
                     key,
                     hash,
                     shard,
@@ -101,47 +107,36 @@ impl Engine {
                     }
                 }
             }
-            outcome.map(|()| {
+            outcome.and_then(|()| {
                 let charged = quotes.values().all(|q| q.fits);
-                let mut counted = Vec::new();
                 if charged {
                     for (&key, &(hash, shard, permits, policy)) in &keys {
                         let state = &mut *guards[guard_of(shard)].1;
                         // Counted once, as a request, when it was quoted.
                         let at = At {
                             policy,
+                            owner,
                             key,
                             hash,
                             shard,
                             now,
                             request: false,
                         };
-                        if let Ok(q) =
-                            self.on_slot(state, at, &mut effects, |fuse| fuse.charge(permits, now))
-                        {
-                            quotes.insert(key, q);
-                        }
-                        counted.push((shard, Decision::Granted(Some(dummy_grant()))));
-                    }
-                } else {
-                    for &(_, shard, _, _) in keys.values() {
-                        counted.push((
-                            shard,
-                            Decision::Denied {
-                                reason: Reason::NoPermits,
-                                retry_after: None,
-                            },
-                        ));
+                        // Quoted under the same locks, so it fits: a
+                        // failure here is a bug, reported as such.
+                        let q = self
+                            .on_slot(state, at, &mut effects, |fuse| fuse.charge(permits, now))?;
+                        quotes.insert(key, q);
                     }
                 }
-                for (shard, decision) in counted {
-                    guards[guard_of(shard)].1.rest.tally.count(&decision);
+                for &(_, shard, _, _) in keys.values() {
+                    guards[guard_of(shard)].1.rest.tally.count_charge(charged);
                 }
-                ChargeReply {
+                Ok(ChargeReply {
                     quotes: items.iter().map(|i| quotes[i.key.as_str()]).collect(),
                     charged,
                     now,
-                }
+                })
             })
         };
         for e in effects {
@@ -166,6 +161,7 @@ impl Engine {
             now,
             request,
             policy: given,
+            owner,
         } = at;
         let rest = &mut state.rest;
         let (slot, created) =
@@ -175,30 +171,8 @@ impl Engine {
             {
                 hashbrown::hash_table::Entry::Occupied(o) => (o.into_mut(), false),
                 hashbrown::hash_table::Entry::Vacant(v) => {
-                    if !self.pools.reserve(Capped::Keys, shard) {
-                        rest.tally.cap_refusals[Capped::Keys as usize] += 1;
-                        return Err(EngineError::Exhausted {
-                            what: "keys",
-                            cap: "max_keys",
-                            limit: self.core.limits().max_keys,
-                        });
-                    }
-                    self.pools.settle(Capped::Keys, shard, 1, 1);
-                    let name: Arc<str> = Arc::from(key);
-                    rest.order.insert(name.clone());
-                    rest.tally.keys += 1;
-                    rest.tally.by_phase[Phase::Closed.index()] += 1;
-                    let policy = match given {
-                        Some(p) => p.clone(),
-                        None => rest.rules.policy_for(key).clone(),
-                    };
-                    let slot = Slot {
-                        name,
-                        fuse: Fuse::new(policy, now),
-                        generation: rest.rules.generation,
-                        owner: None,
-                    };
-                    (v.insert(Box::new(slot)).into_mut(), true)
+                    let slot = self.new_slot(rest, key, shard, now, owner, given)?;
+                    (v.insert(slot).into_mut(), true)
                 }
             };
         if request {
@@ -217,7 +191,10 @@ impl Engine {
             slot,
             rest,
             now,
-            Reach::MAKE,
+            Reach {
+                owner,
+                ..Reach::MAKE
+            },
             created,
             |fuse, _| {
                 // A policy of the request's own wins over the rules'.
@@ -243,17 +220,10 @@ type Planned<'a> = (u64, usize, u32, Option<&'a Arc<Policy>>);
 struct At<'a> {
     key: &'a str,
     policy: Option<&'a Arc<Policy>>,
+    /// Whose share a key made here counts against.
+    owner: Option<&'a Arc<Share>>,
     hash: u64,
     shard: usize,
     now: Millis,
     request: bool,
-}
-
-/// A grant to count a charge as a granted decision by, in the figures
-/// (`fusebox_decisions_total`); no ticket is made.
-fn dummy_grant() -> crate::domain::Grant {
-    crate::domain::Grant {
-        ticket: crate::domain::TicketId(0),
-        lease_end: 0,
-    }
 }

@@ -28,7 +28,8 @@ use super::storage::{Actor, Storage};
 use super::sweep::SweepCounters;
 use super::tickets::{random_ticket, ticket_of, token_of};
 use crate::domain::{
-    Ask, Decision, Fuse, FuseError, Grant, Millis, Notice, OperatorAction, Outcome, Phase, TicketId,
+    Ask, Decision, Fuse, FuseError, Grant, Millis, Notice, OperatorAction, Outcome, Phase, Policy,
+    TicketId,
 };
 
 pub(super) type WaiterAnswer = Result<(Decision, Phase, Millis), EngineError>;
@@ -254,35 +255,8 @@ impl Engine {
                     hashbrown::hash_table::Entry::Occupied(o) => (o.into_mut(), false),
                     hashbrown::hash_table::Entry::Vacant(_) if !access.create => return Ok(None),
                     hashbrown::hash_table::Entry::Vacant(v) => {
-                        if let Some(owner) = access.owner {
-                            if !owner.try_take(shares::Kind::Keys) {
-                                return Err(owner.refusal(shares::Kind::Keys));
-                            }
-                        }
-                        if !self.pools.reserve(Capped::Keys, shard) {
-                            if let Some(owner) = access.owner {
-                                owner.give(shares::Kind::Keys);
-                            }
-                            rest.tally.cap_refusals[Capped::Keys as usize] += 1;
-                            return Err(EngineError::Exhausted {
-                                what: "keys",
-                                cap: "max_keys",
-                                limit: self.core.limits().max_keys,
-                            });
-                        }
-                        self.pools.settle(Capped::Keys, shard, 1, 1);
-                        let name: Arc<str> = Arc::from(key);
-                        rest.order.insert(name.clone());
-                        rest.tally.keys += 1;
-                        rest.tally.by_phase[Phase::Closed.index()] += 1;
-                        let policy = rest.rules.policy_for(key).clone();
-                        let slot = Slot {
-                            name,
-                            fuse: Fuse::new(policy, now),
-                            generation: rest.rules.generation,
-                            owner: access.owner.cloned(),
-                        };
-                        (v.insert(Box::new(slot)).into_mut(), true)
+                        let slot = self.new_slot(rest, key, shard, now, access.owner, None)?;
+                        (v.insert(slot).into_mut(), true)
                     }
                 };
             if access.request {
@@ -292,6 +266,48 @@ impl Engine {
         };
         self.after(effects);
         Ok(Some(result))
+    }
+
+    /// Makes the slot of a new key in the locked shard's `rest`, within the
+    /// key cap and `owner`'s share (decisions 99), under `policy` or the
+    /// one the rules give.
+    pub(super) fn new_slot(
+        &self,
+        rest: &mut Rest,
+        key: &str,
+        shard: usize,
+        now: Millis,
+        owner: Option<&Arc<Share>>,
+        policy: Option<&Arc<Policy>>,
+    ) -> Result<Box<Slot>, EngineError> {
+        if let Some(owner) = owner {
+            if !owner.try_take(shares::Kind::Keys) {
+                return Err(owner.refusal(shares::Kind::Keys));
+            }
+        }
+        if !self.pools.reserve(Capped::Keys, shard) {
+            if let Some(owner) = owner {
+                owner.give(shares::Kind::Keys);
+            }
+            rest.tally.cap_refusals[Capped::Keys as usize] += 1;
+            return Err(EngineError::Exhausted {
+                what: "keys",
+                cap: "max_keys",
+                limit: self.core.limits().max_keys,
+            });
+        }
+        self.pools.settle(Capped::Keys, shard, 1, 1);
+        let name: Arc<str> = Arc::from(key);
+        rest.order.insert(name.clone());
+        rest.tally.keys += 1;
+        rest.tally.by_phase[Phase::Closed.index()] += 1;
+        let policy = policy.unwrap_or_else(|| rest.rules.policy_for(key)).clone();
+        Ok(Box::new(Slot {
+            name,
+            fuse: Fuse::new(policy, now),
+            generation: rest.rules.generation,
+            owner: owner.cloned(),
+        }))
     }
 
     /// Runs `op` on a live slot under its shard's lock and records what it

@@ -20,7 +20,7 @@ use hashbrown::HashTable;
 use super::events::Event;
 use super::rules::Compiled;
 use super::Totals;
-use crate::domain::{Decision, Fuse, Millis, Phase};
+use crate::domain::{Decision, Fuse, Millis, Phase, Reason};
 
 /// How many shards the store has.
 pub const SHARDS: usize = 64;
@@ -47,6 +47,10 @@ pub(super) struct Slot {
     pub owner: Option<Arc<super::shares::Share>>,
 }
 
+/// Where [`Totals::decisions`] counts grants and denials.
+const GRANTED: usize = 0;
+const DENIED: usize = 4;
+
 /// A shard's figures are [`Totals`] too, kept as they change under the
 /// shard's lock and summed on read.
 impl Totals {
@@ -54,12 +58,27 @@ impl Totals {
     pub fn count(&mut self, decision: &Decision) {
         let (index, reason) = match *decision {
             Decision::Granted(None) | Decision::Queued => return,
-            Decision::Granted(Some(_)) => (0, None),
+            Decision::Granted(Some(_)) => (GRANTED, None),
             Decision::Probe(_) => (1, None),
             Decision::Blocked { reason, .. } => (2, Some(reason)),
             Decision::Refused => (3, None),
-            Decision::Denied { reason, .. } => (4, Some(reason)),
+            Decision::Denied { reason, .. } => (DENIED, Some(reason)),
         };
+        self.tally(index, reason);
+    }
+
+    /// Counts a key's part of a charge without a ticket (Envoy's rate-limit
+    /// service): granted when the request was charged, else denied for
+    /// want of permits.
+    pub fn count_charge(&mut self, charged: bool) {
+        if charged {
+            self.tally(GRANTED, None);
+        } else {
+            self.tally(DENIED, Some(Reason::NoPermits));
+        }
+    }
+
+    fn tally(&mut self, index: usize, reason: Option<Reason>) {
         self.decisions[index] += 1;
         if let Some(reason) = reason {
             self.reasons[reason as usize] += 1;

@@ -307,12 +307,21 @@ impl Store {
     /// Charges every item or none, without tickets (Envoy's rate-limit
     /// service): under the keys' shard locks embedded, in one `FB.CHARGE`
     /// on a shared store (the keys must share a hash slot).
+    /// Keys it makes count against `share` (decisions 99), as Acquire's do.
     pub async fn charge_all(
         &self,
         items: &[super::ChargeItem],
+        share: Option<&Arc<Share>>,
     ) -> Result<super::ChargeReply, EngineError> {
+        if let (Store::Redis(_), Some(share)) = (self, share) {
+            let now = self.core().now();
+            let idle_after = shares::key_idle_after(&self.core().limits());
+            for item in items {
+                share.use_key(&item.key, now, idle_after)?;
+            }
+        }
         match self {
-            Store::Embedded(e) => e.charge_all(items),
+            Store::Embedded(e) => e.charge_all(items, share),
             Store::Redis(r) => r.charge_all(items).await,
         }
     }

@@ -70,6 +70,8 @@ impl Api {
         request: Request<rls::RateLimitRequest>,
     ) -> Result<Response<rls::RateLimitResponse>, Status> {
         let grant = self.grant(&request)?;
+        let share = self.node.share_of(grant.as_deref());
+        let _calling = super::decide::calling(self, share.as_ref());
         let req = request.into_inner();
         let config = self.node.rls();
         check(&req, &config)?;
@@ -164,7 +166,7 @@ impl Api {
             Vec::new()
         } else {
             self.store
-                .charge_all(&enforced)
+                .charge_all(&enforced, share.as_ref())
                 .await
                 .map_err(unavailable_or)?
                 .quotes
@@ -193,11 +195,14 @@ impl Api {
                 // charged), it is OK without figures, and the log says why.
                 let reply = match self
                     .store
-                    .charge_all(&[ChargeItem {
-                        key: key.clone(),
-                        permits,
-                        policy,
-                    }])
+                    .charge_all(
+                        &[ChargeItem {
+                            key: key.clone(),
+                            permits,
+                            policy,
+                        }],
+                        share.as_ref(),
+                    )
                     .await
                 {
                     Ok(reply) => reply,

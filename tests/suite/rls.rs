@@ -262,6 +262,60 @@ async fn bad_requests_are_invalid_argument_naming_the_field() {
     }
 }
 
+/// A request is checked whole before anything is charged (RL2): a shadow
+/// descriptor whose key would be too long, after an enforced one that
+/// fits, is refused naming it, and the enforced one was not charged; a
+/// descriptor's `hits_addend` above 2^32 - 1 is refused even where no rule
+/// matches.
+#[tokio::test]
+async fn a_request_is_refused_whole_before_any_charge() {
+    let server = Server::manual(Some(CONFIG)).await;
+    let mut rls = client(&server).await;
+    // 100 slashes, each written %2F in the key: far over 256 bytes.
+    let slashes = "/".repeat(100);
+    let e = ask(
+        &mut rls,
+        "edge",
+        vec![
+            descriptor(&[("remote_address", "10.0.0.9")], None),
+            descriptor(&[("canary", &slashes)], None),
+        ],
+        0,
+    )
+    .await
+    .expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().starts_with("descriptors[1]:"), "{e:?}");
+    let alone = ask(
+        &mut rls,
+        "edge",
+        vec![descriptor(&[("remote_address", "10.0.0.9")], None)],
+        0,
+    )
+    .await
+    .expect("answered");
+    assert_eq!(
+        alone.statuses[0].limit_remaining, 2,
+        "the refused request charged nothing: {alone:?}"
+    );
+    let e = ask(
+        &mut rls,
+        "edge",
+        vec![descriptor(
+            &[("color", "red")],
+            Some(u64::from(u32::MAX) + 1),
+        )],
+        0,
+    )
+    .await
+    .expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().starts_with("descriptors[0].hits_addend:"),
+        "{e:?}"
+    );
+}
+
 /// Many callers at once on a two-descriptor request: one descriptor allows
 /// 20, the other 1000. Exactly 20 pass, and the other descriptor was
 /// charged for those 20 only: nothing is charged on an OVER_LIMIT answer.

@@ -406,6 +406,91 @@ async fn every_kind_is_shared_with_a_store() {
     every_kind_is_shared(Mode::Store(&url), &|| crate::store::flush(&[port])).await;
 }
 
+/// Keys made by Envoy's rate-limit checks count against the caller's share
+/// of `max_keys` as Acquire's do: tenant `a` (prefix `rls/*`, half of a
+/// cap of 6) makes 3 and its 4th is refused, UNAVAILABLE (RL12), while
+/// the keys it made still answer.
+async fn rls_keys_count_in_the_share(mode: Mode<'_>) {
+    use fusebox::proto::envoy::extensions::common::ratelimit::v3::{
+        rate_limit_descriptor::Entry, RateLimitDescriptor,
+    };
+    use fusebox::proto::envoy::service::ratelimit::v3 as rls;
+    let rules = "[[rls.domain]]\nname = \"edge\"\n[[rls.domain.descriptor]]\nkey = \"user\"\n\
+                 rate_limit = { unit = \"hour\", requests_per_unit = 100 }\n";
+    let config = format!(
+        "[server]\nmax_keys = 6\n{rules}\n[auth]\n{}",
+        entry("a", A, "rls/*", "")
+    );
+    let args = match mode {
+        Mode::Embedded => vec![],
+        Mode::Store(url) => vec!["--store", url],
+    };
+    let server = Server::start(Options {
+        config: Some(&config),
+        args,
+        ..Options::default()
+    })
+    .await;
+    let mut client =
+        rls::rate_limit_service_client::RateLimitServiceClient::new(server.channel().await);
+    let check = |user: String| {
+        bearer(
+            A,
+            rls::RateLimitRequest {
+                domain: "edge".into(),
+                descriptors: vec![RateLimitDescriptor {
+                    entries: vec![Entry {
+                        key: "user".into(),
+                        value: user,
+                    }],
+                    ..Default::default()
+                }],
+                hits_addend: 0,
+            },
+        )
+    };
+    for n in 0..3 {
+        let answer = client
+            .should_rate_limit(check(format!("u{n}")))
+            .await
+            .unwrap_or_else(|e| panic!("{mode:?}: key {n} within the share: {e:?}"))
+            .into_inner();
+        assert_eq!(answer.overall_code(), rls::rate_limit_response::Code::Ok);
+    }
+    let refused = client
+        .should_rate_limit(check("u3".into()))
+        .await
+        .expect_err("a 4th key is past a's share");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::Unavailable,
+        "{mode:?}: {refused:?}"
+    );
+    assert!(
+        refused.message().contains("max_keys"),
+        "{mode:?}: {refused:?}"
+    );
+    client
+        .should_rate_limit(check("u0".into()))
+        .await
+        .expect("a key it made still answers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_keys_count_in_the_share_embedded() {
+    rls_keys_count_in_the_share(Mode::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_keys_count_in_the_share_with_a_store() {
+    let Some(redis) = crate::harness::standalone("rls_keys_count_in_the_share_with_a_store").await
+    else {
+        return;
+    };
+    let url = format!("redis://127.0.0.1:{}", redis.server.port);
+    rls_keys_count_in_the_share(Mode::Store(&url)).await;
+}
+
 /// A ticket leaves its holder's share when it is completed, and when its
 /// lease ends: the share counts what is live, not what was ever taken.
 #[tokio::test]
