@@ -49,3 +49,26 @@ pub(crate) async fn connect(url: &str) -> anyhow::Result<Channel> {
             tonic::service::interceptor::InterceptedService::new(channel, credentials)
         })
 }
+
+/// One unary call of `path` on `grpc`, its messages encoded by prost: the
+/// clients of the peers' protocols, written out by hand, share it. `peer`
+/// names the server in the error when the connection is not ready.
+pub(crate) async fn unary<Req, Resp>(
+    grpc: &mut tonic::client::Grpc<Channel>,
+    path: &'static str,
+    request: Req,
+    peer: &str,
+) -> Result<Resp, tonic::Status>
+where
+    Req: prost::Message + Send + 'static,
+    Resp: prost::Message + Default + Send + 'static,
+{
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("{peer}: {e}")))?;
+    let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
+    grpc.unary(tonic::Request::new(request), path, codec)
+        .await
+        .map(tonic::Response::into_inner)
+}

@@ -5,10 +5,9 @@
 //! their upstream names and field numbers, so that the tool measures any
 //! server of the protocol without depending on the server's own crates.
 
-use tonic::codegen::http::uri::PathAndQuery;
 use tonic::Status;
 
-use crate::channel::Channel;
+use crate::channel::{self, Channel};
 
 /// `envoy.service.ratelimit.v3.RateLimitRequest`.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -163,17 +162,12 @@ impl Client {
         &mut self,
         request: RateLimitRequest,
     ) -> Result<RateLimitResponse, Status> {
-        self.grpc
-            .ready()
-            .await
-            .map_err(|e| Status::unavailable(format!("rate-limit service: {e}")))?;
-        let codec = tonic_prost::ProstCodec::<RateLimitRequest, RateLimitResponse>::default();
-        let path = PathAndQuery::from_static(
+        channel::unary(
+            &mut self.grpc,
             "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-        );
-        self.grpc
-            .unary(tonic::Request::new(request), path, codec)
-            .await
-            .map(tonic::Response::into_inner)
+            request,
+            "rate-limit service",
+        )
+        .await
     }
 }

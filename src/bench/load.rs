@@ -220,8 +220,12 @@ impl Load {
                         Arm::Pair => caller.acquire(channel, true).await,
                         Arm::Stream => caller.stream(channel, frames).await,
                         Arm::Batch => caller.batch(channel, frames).await,
-                        Arm::Throttlecrab => caller.throttlecrab(channel).await,
-                        Arm::Rls | Arm::Ratelimit => caller.rls(channel).await,
+                        Arm::Throttlecrab => {
+                            caller.checks(throttlecrab::Client::new(channel)).await
+                        }
+                        Arm::Rls | Arm::Ratelimit => {
+                            caller.checks(envoy_rls::Client::new(channel)).await
+                        }
                     }
                 });
             }
@@ -682,24 +686,22 @@ impl Caller {
         }
     }
 
-    /// The `rls` and `ratelimit` arms: one ShouldRateLimit check per call,
-    /// of the descriptor `client=<key>`.
-    async fn rls(mut self, channel: Channel) -> Tally {
-        let mut client = envoy_rls::Client::new(channel);
+    /// A check arm (`throttlecrab`, `rls`, `ratelimit`): one check of the
+    /// next key per call, counted as not granted when refused.
+    async fn checks(mut self, mut client: impl Check) -> Tally {
         let mut failures = 0;
         loop {
-            let value = self.picker.next_key().to_owned();
-            let request = envoy_rls::one_entry(RLS_DOMAIN, RLS_DESCRIPTOR_KEY, value);
+            let key = self.picker.next_key().to_owned();
             let started = Instant::now();
-            let result = client.should_rate_limit(request).await;
+            let result = client.check(key).await;
             let ended = Instant::now();
             if ended >= self.window.1 {
                 return self.tally;
             }
             match result {
-                Ok(answer) => {
+                Ok(allowed) => {
                     failures = 0;
-                    if answer.overall_code == envoy_rls::OVER_LIMIT {
+                    if !allowed {
                         self.tally.not_granted += 1;
                     }
                     self.sample(started, ended);
@@ -712,34 +714,25 @@ impl Caller {
             }
         }
     }
+}
 
-    /// The `throttlecrab` arm: one Throttle check per call.
-    async fn throttlecrab(mut self, channel: Channel) -> Tally {
-        let mut client = throttlecrab::Client::new(channel);
-        let mut failures = 0;
-        loop {
-            let key = self.picker.next_key().to_owned();
-            let started = Instant::now();
-            let result = client.throttle(key).await;
-            let ended = Instant::now();
-            if ended >= self.window.1 {
-                return self.tally;
-            }
-            match result {
-                Ok(answer) => {
-                    failures = 0;
-                    if !answer.allowed {
-                        self.tally.not_granted += 1;
-                    }
-                    self.sample(started, ended);
-                }
-                Err(status) => {
-                    if self.give_up(&status, &mut failures) {
-                        return self.tally;
-                    }
-                }
-            }
-        }
+/// A peer's one-call check of a key: whether it was allowed.
+trait Check {
+    async fn check(&mut self, key: String) -> Result<bool, tonic::Status>;
+}
+
+/// throttlecrab's GCRA check of the key.
+impl Check for throttlecrab::Client {
+    async fn check(&mut self, key: String) -> Result<bool, tonic::Status> {
+        Ok(self.throttle(key).await?.allowed)
+    }
+}
+
+/// Envoy's rate-limit check of the descriptor `client=<key>`.
+impl Check for envoy_rls::Client {
+    async fn check(&mut self, key: String) -> Result<bool, tonic::Status> {
+        let request = envoy_rls::one_entry(RLS_DOMAIN, RLS_DESCRIPTOR_KEY, key);
+        Ok(self.should_rate_limit(request).await?.overall_code != envoy_rls::OVER_LIMIT)
     }
 }
 

@@ -6,10 +6,9 @@
 //! and a rate of 1,000,000,000 per 60 s), so that every check is allowed and
 //! does the same work: read the key's state, decide, write it back.
 
-use tonic::codegen::http::uri::PathAndQuery;
 use tonic::Status;
 
-use crate::channel::Channel;
+use crate::channel::{self, Channel};
 
 /// `throttlecrab.ThrottleRequest`.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -58,10 +57,6 @@ impl Client {
 
     /// One `Throttle` check of `key`, quantity 1.
     pub(crate) async fn throttle(&mut self, key: String) -> Result<ThrottleResponse, Status> {
-        self.grpc
-            .ready()
-            .await
-            .map_err(|e| Status::unavailable(format!("throttlecrab: {e}")))?;
         let request = ThrottleRequest {
             key,
             max_burst: LIMIT,
@@ -69,11 +64,12 @@ impl Client {
             period: 60,
             quantity: 1,
         };
-        let codec = tonic_prost::ProstCodec::<ThrottleRequest, ThrottleResponse>::default();
-        let path = PathAndQuery::from_static("/throttlecrab.RateLimiter/Throttle");
-        self.grpc
-            .unary(tonic::Request::new(request), path, codec)
-            .await
-            .map(tonic::Response::into_inner)
+        channel::unary(
+            &mut self.grpc,
+            "/throttlecrab.RateLimiter/Throttle",
+            request,
+            "throttlecrab",
+        )
+        .await
     }
 }

@@ -336,41 +336,27 @@ async fn a_rate_paces_pair_and_stream() {
 }
 
 #[tokio::test]
-async fn the_throttlecrab_arm_needs_its_server() {
-    let run = bench(&[
-        "--duration",
-        "100ms",
-        "--warmup",
-        "0s",
-        "--runs",
-        "1",
-        "--arms",
-        "throttlecrab",
-        "--spreads",
-        "hot",
-    ])
-    .await;
-    assert_ne!(run.code, Some(0), "{}", run.stdout);
-    assert!(run.stderr.contains("--throttlecrab"), "{}", run.stderr);
-}
-
-#[tokio::test]
-async fn the_ratelimit_arm_and_the_conformance_run_need_their_servers() {
-    let run = bench(&[
-        "--duration",
-        "100ms",
-        "--warmup",
-        "0s",
-        "--runs",
-        "1",
-        "--arms",
-        "ratelimit",
-        "--spreads",
-        "hot",
-    ])
-    .await;
-    assert_ne!(run.code, Some(0), "{}", run.stdout);
-    assert!(run.stderr.contains("--ratelimit"), "{}", run.stderr);
+async fn the_peer_arms_and_the_conformance_run_need_their_servers() {
+    for (arm, flag) in [
+        ("throttlecrab", "--throttlecrab"),
+        ("ratelimit", "--ratelimit"),
+    ] {
+        let run = bench(&[
+            "--duration",
+            "100ms",
+            "--warmup",
+            "0s",
+            "--runs",
+            "1",
+            "--arms",
+            arm,
+            "--spreads",
+            "hot",
+        ])
+        .await;
+        assert_ne!(run.code, Some(0), "{arm}: {}", run.stdout);
+        assert!(run.stderr.contains(flag), "{arm}: {}", run.stderr);
+    }
     let alone = harness::run(std::path::Path::new(BENCH), &["rls-conformance"]).await;
     assert_eq!(alone.code, Some(1), "{}", alone.stdout);
     assert_eq!(alone.stdout, "", "nothing measured");
