@@ -23,6 +23,10 @@ use crate::engine::{Pattern, Rule};
 
 /// `[rls] max_descriptors` by default: descriptors in one request.
 pub const MAX_DESCRIPTORS: u32 = 16;
+/// The most `[rls] max_descriptors` may be: the Redis module charges at
+/// most 64 keys in one `FB.CHARGE` (`MAX_CHARGE_KEYS` in
+/// redis/src/commands/charges.rs), and every mode keeps the same bound.
+pub const MOST_DESCRIPTORS: u32 = 64;
 /// `[rls] max_entries` by default: entries in one descriptor, and the
 /// deepest a config's descriptor tree may go.
 pub const MAX_ENTRIES: u32 = 8;
@@ -351,7 +355,20 @@ impl RlsSpec {
         };
         let mut rls = Rls {
             domains: BTreeMap::new(),
-            max_descriptors: cap(self.max_descriptors, "max_descriptors", MAX_DESCRIPTORS)?,
+            max_descriptors: match cap(self.max_descriptors, "max_descriptors", MAX_DESCRIPTORS)? {
+                n if n > MOST_DESCRIPTORS => {
+                    return Err(invalid(
+                        "[rls]",
+                        "max_descriptors",
+                        format!(
+                            "is {n}, more than {MOST_DESCRIPTORS}: one request's descriptors are \
+                             charged in one Redis command of at most {MOST_DESCRIPTORS} keys; \
+                             write {MOST_DESCRIPTORS} or less"
+                        ),
+                    ))
+                }
+                n => n,
+            },
             max_entries: cap(self.max_entries, "max_entries", MAX_ENTRIES)?,
             max_value_bytes: cap(self.max_value_bytes, "max_value_bytes", MAX_VALUE_BYTES)?,
         };
@@ -677,6 +694,11 @@ mod tests {
                 "[[domain]]\nname = \"e\"\n[[domain.descriptor]]\nkey = \"k\"\nrate_limit = { unit = \"week\", requests_per_unit = 1 }\n",
                 "descriptor[0].rate_limit.unit",
                 "not a unit",
+            ),
+            (
+                "max_descriptors = 65\n",
+                "max_descriptors",
+                "write 64 or less",
             ),
         ] {
             let spec: RlsSpec = toml::from_str(text).expect("toml");
