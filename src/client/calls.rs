@@ -24,6 +24,7 @@ pub async fn acquire(
             permits: Some(permits),
             max_wait: wait.map(duration_of),
             lease: lease.map(duration_of),
+            ..Default::default()
         })
         .await
         .map_err(call_error)?

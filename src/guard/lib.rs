@@ -785,6 +785,7 @@ impl Guard {
             permits: options.permits,
             max_wait: options.max_wait.map(sanitize_duration),
             lease: options.lease.map(sanitize_duration),
+            ..Default::default()
         };
         let reply = match self.call_acquire(message, deadline).await {
             Ok(reply) => {

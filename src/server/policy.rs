@@ -180,6 +180,7 @@ pub fn wire_policy(p: &Policy) -> pb::Policy {
             multiplier: Some(b.multiplier),
             max_break: b.max_break.map(|m| duration_of(m.get())),
             probe_lease: Some(duration_of(b.probe_lease.get())),
+            ..Default::default()
         }),
         limiter: p.limiter.map(|l| {
             use pb::limiter::Kind;
@@ -229,5 +230,6 @@ pub fn wire_policy(p: &Policy) -> pb::Policy {
                 Outcome::Ignored => pb::Outcome::Ignored,
             } as i32,
         }),
+        ..Default::default()
     }
 }

@@ -62,6 +62,7 @@ impl Api {
             retry_after: retry_after.map(duration_of),
             lease: reply.lease_left.map(duration_of),
             phase: phase_of(reply.phase) as i32,
+            ..Default::default()
         })
     }
 

@@ -77,10 +77,12 @@ pub fn key_state_of(core: &Core, r: &KeyReading) -> pb::KeyState {
             ignored: st.ignored,
             stale: st.stale,
             expired: st.expired,
+            ..Default::default()
         }),
         failure_ratio: v.failure_ratio,
         phase_changed_at: Some(timestamp_of(core.wall_time(v.changed_at))),
         limit: v.limit,
+        ..Default::default()
     }
 }
 
