@@ -15,6 +15,16 @@ pub struct AcquireArgs {
     pub max_wait: Millis,
     /// The lease asked for.
     pub lease: Option<Millis>,
+    /// Which attempt of the call this is (R1): 0 or 1 a first attempt, 2
+    /// or more a retry.
+    pub attempt: u32,
+}
+
+impl AcquireArgs {
+    /// True when the request says it is a retry (R1).
+    pub fn is_retry(&self) -> bool {
+        self.attempt >= 2
+    }
 }
 
 /// The engine's answer to an acquire.

@@ -662,6 +662,7 @@ impl Target for EngineTarget {
             permits: step.permits.unwrap_or(1),
             max_wait: step.max_wait.unwrap_or(0),
             lease: step.lease,
+            attempt: 0,
         };
         if args.max_wait == 0 {
             let sent = engine_sent(self.engine.acquire(args).await);

@@ -429,6 +429,9 @@ impl RedisStore {
             if args.max_wait > 0 && args.permits > 0 {
                 cmd.arg("MAXWAIT").arg(args.max_wait);
             }
+            if args.is_retry() {
+                cmd.arg("ATTEMPT").arg(args.attempt);
+            }
             // One string to parse, not an array of seven (decisions 89).
             cmd.arg("REPLY").arg(ReplyForm::Packed.as_str());
             cmd
