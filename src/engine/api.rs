@@ -77,7 +77,7 @@ pub struct Totals {
     /// Final decisions by kind (see [`DECISION_NAMES`]).
     pub decisions: [u64; 5],
     /// Blocked and denied decisions by reason, in [`crate::domain::Reason::ALL`] order.
-    pub reasons: [u64; 7],
+    pub reasons: [u64; crate::domain::Reason::COUNT],
     /// Phase changes.
     pub transitions: u64,
     /// Requests refused (RESOURCE_EXHAUSTED) at a cap, by [`CAP_NAMES`].

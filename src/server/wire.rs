@@ -78,6 +78,7 @@ pub fn key_state_of(core: &Core, r: &KeyReading) -> pb::KeyState {
             ignored: st.ignored,
             stale: st.stale,
             expired: st.expired,
+            retry_denied: st.retry_denied,
             ..Default::default()
         }),
         failure_ratio: v.failure_ratio,

@@ -97,7 +97,7 @@ struct Sent {
 #[derive(Debug, Default)]
 struct Counted {
     decisions: [AtomicU64; 5],
-    reasons: [AtomicU64; 7],
+    reasons: [AtomicU64; crate::domain::Reason::COUNT],
     transitions: AtomicU64,
     cap_refusals: [AtomicU64; 3],
 }
