@@ -652,7 +652,11 @@ async fn half_open_bounds_out_of_range_are_refused_naming_the_field() {
             "{what}: SetPolicy names {wire}: {:?}",
             status.message()
         );
-        assert_eq!(policies(&mut admin).await, before, "{what}: nothing changed");
+        assert_eq!(
+            policies(&mut admin).await,
+            before,
+            "{what}: nothing changed"
+        );
 
         let path = dir.path().join(format!("{field}-{value}.toml"));
         let text = format!(
@@ -666,7 +670,10 @@ async fn half_open_bounds_out_of_range_are_refused_naming_the_field() {
         .await;
         let named = format!("breaker.half_open.{field}");
         for word in ["rule 1", "h/*", named.as_str()] {
-            assert!(err.contains(word), "{what}: the config error names {word:?}: {err}");
+            assert!(
+                err.contains(word),
+                "{what}: the config error names {word:?}: {err}"
+            );
         }
     }
 
