@@ -85,8 +85,8 @@ pub struct Reading {
     pub open_until: Option<u64>,
     pub free: u32,
     pub queued: u64,
-    pub probes_held: Option<u32>,
-    pub half_open_successes: Option<u32>,
+    pub probes_held: u32,
+    pub half_open_successes: u32,
 }
 
 /// A way of reaching fusebox that the runner can drive.
@@ -221,10 +221,10 @@ pub async fn replay<T: Target>(vector: &Vector, target: &mut T) -> Vec<String> {
                 c.check("open_until", e.open_until.map(Some), got.open_until);
                 c.check("free", e.free, got.free);
                 c.check("queued", e.queued, got.queued);
-                c.check("probes_held", e.probes_held.map(Some), got.probes_held);
+                c.check("probes_held", e.probes_held, got.probes_held);
                 c.check(
                     "half_open_successes",
-                    e.half_open_successes.map(Some),
+                    e.half_open_successes,
                     got.half_open_successes,
                 );
             }
@@ -282,8 +282,8 @@ pub fn reading_of(v: &View) -> Reading {
         open_until: v.open_until,
         free: v.free,
         queued: v.queued,
-        probes_held: None,
-        half_open_successes: None,
+        probes_held: v.probes_held,
+        half_open_successes: v.half_open_successes,
     }
 }
 
@@ -802,8 +802,8 @@ impl End {
             open_until: millis(s.open_remaining).map(|left| now + left),
             free: s.free,
             queued: u64::from(s.queued),
-            probes_held: Some(s.probes_held),
-            half_open_successes: Some(s.half_open_successes),
+            probes_held: s.probes_held,
+            half_open_successes: s.half_open_successes,
         }
     }
 
