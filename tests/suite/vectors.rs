@@ -122,7 +122,7 @@ pub trait Target {
 /// `tests/vectors-extensions/`, each directory by name.
 pub fn load_all() -> Vec<Vector> {
     let mut all = load_dir("tests/vectors", 24);
-    all.extend(load_dir("tests/vectors-extensions", 23));
+    all.extend(load_dir("tests/vectors-extensions", 24));
     all
 }
 
