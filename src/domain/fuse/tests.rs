@@ -2240,3 +2240,83 @@ fn a_budget_keeps_its_counts_while_its_window_is_unchanged() {
     let back = Fuse::from_state(f.state()).unwrap();
     assert_eq!(back, f);
 }
+
+mod budget_model {
+    //! The retry budget against a model that keeps every count with its
+    //! time: whatever the sequence of first attempts, retries and status
+    //! checks, the fuse answers as the model does, so retries granted never
+    //! exceed `max(floor(ratio x F), floor(min_per_second x window))` over
+    //! the window (R2, R3).
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Copy, Debug)]
+    struct Step {
+        after: Millis,
+        retry: bool,
+        permits: u32,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        (
+            0u64..400,
+            any::<bool>(),
+            prop::sample::select(vec![0u32, 1, 1, 1, 2]),
+        )
+            .prop_map(|(after, retry, permits)| Step {
+                after,
+                retry,
+                permits,
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn the_budget_answers_as_a_model_of_timed_counts(
+            ratio in prop::sample::select(vec![1u64, 100_000, 200_000, 333_333, 1_000_000]),
+            floor in 0u32..3,
+            window in prop::sample::select(vec![1_000u64, 1_230, 2_000]),
+            steps in prop::collection::vec(step(), 1..120),
+        ) {
+            let rb = crate::policy::RetryBudget {
+                ratio_millionths: ratio,
+                min_per_second: floor,
+                window: nz64(window),
+            };
+            let p = Policy {
+                retry_budget: Some(rb),
+                ..policy(None, None)
+            };
+            let mut f = Fuse::new(p, 0);
+            let segment = window / 10;
+            let mut counted: Vec<(Millis, bool)> = Vec::new();
+            let mut now = 0;
+            for (i, s) in steps.iter().enumerate() {
+                now += s.after;
+                let current = now / segment;
+                let live = counted.iter().filter(|(t, _)| t / segment + 10 > current);
+                let first = live.clone().filter(|(_, r)| !r).count() as u64;
+                let retries = live.filter(|(_, r)| *r).count() as u64;
+                let allowance = (u128::from(ratio) * u128::from(first) / 1_000_000)
+                    .max(u128::from(floor) * u128::from(window) / 1_000) as u64;
+                let denied = s.retry && retries + 1 > allowance;
+                let ask = Ask { permits: s.permits, retry: s.retry, ..Ask::default() };
+                let got = f.acquire(&ask, id(i as u128 + 1), now).unwrap();
+                let want_granted = s.permits > 0;
+                match got {
+                    Decision::Denied { reason: Reason::RetryBudget, retry_after: None } => {
+                        prop_assert!(denied, "step {i}: denied with {retries} retries, allowance {allowance}");
+                    }
+                    Decision::Granted(grant) => {
+                        prop_assert!(!denied, "step {i}: granted past the budget");
+                        prop_assert_eq!(grant.is_some(), want_granted);
+                        if want_granted {
+                            counted.push((now, s.retry));
+                        }
+                    }
+                    other => prop_assert!(false, "step {i}: {other:?}"),
+                }
+            }
+        }
+    }
+}
