@@ -77,6 +77,8 @@ pub(crate) fn print_key(s: &pb::KeyState, json: bool) -> anyhow::Result<()> {
                 "phase": phase_name(s.phase),
                 "consecutive_failures": s.consecutive_failures,
                 "half_open_attempts": s.half_open_attempts,
+                "probes_held": s.probes_held,
+                "half_open_successes": s.half_open_successes,
                 "open_remaining_ms": open_remaining,
                 "free": s.free,
                 "queued": s.queued,
@@ -96,6 +98,8 @@ pub(crate) fn print_key(s: &pb::KeyState, json: bool) -> anyhow::Result<()> {
     }
     println!("consecutive failures  {}", s.consecutive_failures);
     println!("half-open attempts    {}", s.half_open_attempts);
+    println!("probe slots held      {}", s.probes_held);
+    println!("half-open successes   {}", s.half_open_successes);
     println!("free permits          {}", s.free);
     println!("queued permits        {} ({} waiters)", s.queued, s.waiters);
     println!("live tickets          {}", s.live_tickets);
@@ -148,6 +152,8 @@ pub(crate) fn key_json(s: &pb::KeyState) -> serde_json::Value {
         "failure_ratio": s.failure_ratio,
         "consecutive_failures": s.consecutive_failures,
         "half_open_attempts": s.half_open_attempts,
+        "probes_held": s.probes_held,
+        "half_open_successes": s.half_open_successes,
         "free": s.free,
         "limit": s.limit,
         "queued": s.queued,

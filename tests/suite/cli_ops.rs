@@ -104,6 +104,8 @@ fn key(name: &str, phase: &str, fields: Value, stats: Value) -> Value {
         "failure_ratio": null,
         "consecutive_failures": 0,
         "half_open_attempts": 0,
+        "probes_held": 0,
+        "half_open_successes": 0,
         "free": 0,
         "limit": 0,
         "queued": 0,

@@ -946,6 +946,38 @@ pub const FAMILIES: &[Family] = &[
         },
     },
     Family {
+        name: "fusebox_key_probes_held",
+        kind: Type::Gauge,
+        help: "Probe slots held now (half-open keys; at most fusebox_key_probe_slots), else 0.",
+        store_help: None,
+        labels: &["key"],
+        when: When::Always,
+        read: |s, x| per_key(s, x, |r| Some(r.view.probes_held)),
+    },
+    Family {
+        name: "fusebox_key_probe_slots",
+        kind: Type::Gauge,
+        help: "Probe slots a half-open period may hold at once: the policy's breaker.half_open.probes (keys with a breaker).",
+        store_help: None,
+        labels: &["key"],
+        when: When::Always,
+        read: |s, x| {
+            per_key(s, x, |r| {
+                let breaker = s.rules.policy_for(&r.key).breaker?;
+                Some(breaker.half_open.probes.get())
+            })
+        },
+    },
+    Family {
+        name: "fusebox_key_half_open_successes",
+        kind: Type::Gauge,
+        help: "Probe successes counted in the current half-open period (the policy's breaker.half_open.successes of them close the breaker), else 0.",
+        store_help: None,
+        labels: &["key"],
+        when: When::Always,
+        read: |s, x| per_key(s, x, |r| Some(r.view.half_open_successes)),
+    },
+    Family {
         name: "fusebox_key_permit_limit",
         kind: Type::Gauge,
         help: "The limiter's limit (keys with a limiter).",
