@@ -1354,3 +1354,20 @@ async fn a_half_open_key_shows_the_same_figures_with_a_store() {
     two_slots_held_one_success(&server, "probing/a").await;
     check_probing_surfaces(&server, "probing/a").await;
 }
+
+/// The README's bounded half-open example is a valid config whose rule has
+/// the slots and successes it says.
+#[test]
+fn the_readme_half_open_example_is_a_valid_config() {
+    let readme = include_str!("../../README.md");
+    let example = readme
+        .split("**Bounded half-open.**")
+        .nth(1)
+        .and_then(|s| s.split("```toml\n").nth(1))
+        .and_then(|s| s.split("```").next())
+        .expect("the README's half-open example");
+    let config = fusebox::config::Config::parse(example, "README.md").expect("a valid config");
+    let rule = config.rules.rules.first().expect("one rule");
+    let half_open = rule.policy.breaker.expect("a breaker").half_open;
+    assert_eq!((half_open.probes.get(), half_open.successes.get()), (5, 3));
+}
