@@ -692,3 +692,50 @@ limiter = { kind = "token_bucket", capacity = 4, refill = 1, period = "1s" }
     assert_eq!(done, json!({"stale": false, "phase": "CLOSED"}));
     assert_eq!(free(&server).await, 2, "cost 0 gives the permit back");
 }
+
+#[tokio::test]
+async fn policies_lists_the_rules_then_the_default_with_their_half_open_bound() {
+    let config = format!(
+        "{PROBING}\nlimiter = {{ kind = \"concurrency\", permits = 4, queue_limit = 2 }}\n"
+    );
+    let server = Server::manual(Some(&config)).await;
+    let run = client(&server, &["policies"]).await;
+    assert_eq!(
+        run.ok(),
+        "probing/*  breaker: consecutive, 1 failure, break 1s, probe lease 1s\n\
+         \x20          half-open: 3 probes at once, 2 successes to close\n\
+         \x20          limiter: concurrency, 4 permits, queue 2\n\
+         \x20          lease: default 30s, max 5m, expired IGNORED\n\
+         default    breaker: consecutive, 5 failures, break 5s, probe lease 5s\n\
+         \x20          half-open: 1 probe at once, 1 success to close\n\
+         \x20          limiter: none\n\
+         \x20          lease: default 30s, max 5m, expired IGNORED\n"
+    );
+    let all = client_json(&server, &["policies"]).await;
+    assert_eq!(
+        all[0],
+        json!({
+            "match": "probing/*",
+            "default": false,
+            "breaker": {
+                "mode": "consecutive",
+                "failures": 1,
+                "break_ms": 1000,
+                "multiplier": 1.0,
+                "max_break_ms": null,
+                "probe_lease_ms": 1000,
+                "half_open": { "probes": 3, "successes": 2 },
+            },
+            "limiter": { "kind": "concurrency", "permits": 4, "queue_limit": 2 },
+            "lease": { "default_ms": 30000, "max_ms": 300000, "expired_outcome": "IGNORED" },
+        })
+    );
+    assert_eq!(all[1]["default"], true, "{all}");
+    assert_eq!(all[1]["match"], Value::Null, "{all}");
+    assert_eq!(
+        all[1]["breaker"]["half_open"],
+        json!({ "probes": 1, "successes": 1 }),
+        "absent: one probe, one success"
+    );
+    assert_eq!(all.as_array().map(Vec::len), Some(2));
+}
