@@ -27,7 +27,7 @@ pub async fn policies(client: &ClientOptions) -> anyhow::Result<()> {
         .max()
         .unwrap_or(0);
     for rule in rules {
-        let policy = rule.policy.clone().unwrap_or_default();
+        let policy = rule.policy.unwrap_or_default();
         emit(&format!(
             "{:<width$}  breaker: {}",
             match_words(rule),
@@ -168,7 +168,7 @@ fn expired_outcome(l: &pb::Lease) -> &'static str {
 /// A rule as `policies --json` prints it: durations in ms, the half-open
 /// bound always written out.
 fn rule_json(rule: &pb::PolicyRule) -> Value {
-    let policy = rule.policy.clone().unwrap_or_default();
+    let policy = rule.policy.unwrap_or_default();
     let breaker = policy.breaker.as_ref().map(|b| {
         let (probes, successes) = half_open_of(b);
         let mut breaker = json!({
