@@ -1,6 +1,6 @@
 //! `fusebox policies`: the rules in force, in order, then the default, each
-//! with its breaker (and its half-open bound), its limiter and its lease,
-//! in words or (`--json`) as objects.
+//! with its breaker (and its half-open bound), its limiter, its lease and
+//! its retry budget, in words or (`--json`) as objects.
 
 use fusebox_proto::v1 as pb;
 use serde_json::{json, Value};
@@ -45,6 +45,9 @@ pub async fn policies(client: &ClientOptions) -> anyhow::Result<()> {
             "{pad}  lease: {}",
             lease_words(policy.lease.as_ref())
         ))?;
+        if let Some(r) = &policy.retry_budget {
+            emit(&format!("{pad}  retry budget: {}", retry_budget_words(r)))?;
+        }
     }
     Ok(())
 }
@@ -155,6 +158,15 @@ fn lease_words(l: Option<&pb::Lease>) -> String {
     )
 }
 
+fn retry_budget_words(r: &pb::RetryBudget) -> String {
+    format!(
+        "retries at most {}% of first attempts, at least {} a second, over {}",
+        r.ratio * 100.0,
+        r.min_per_second,
+        span(r.window)
+    )
+}
+
 /// How a ticket whose lease ends is settled: `IGNORED` or `FAILURE`.
 fn expired_outcome(l: &pb::Lease) -> &'static str {
     pb::Outcome::try_from(l.expired_outcome)
@@ -202,6 +214,11 @@ fn rule_json(rule: &pb::PolicyRule) -> Value {
             "default_ms": ms(l.default_lease),
             "max_ms": ms(l.max_lease),
             "expired_outcome": expired_outcome(l),
+        })),
+        "retry_budget": policy.retry_budget.as_ref().map(|r| json!({
+            "ratio": r.ratio,
+            "min_per_second": r.min_per_second,
+            "window_ms": ms(r.window),
         })),
     })
 }

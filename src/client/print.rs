@@ -129,11 +129,17 @@ fn write_out(text: &str, end: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Every request a key answered: admitted, blocked, refused, denied or
-/// withdrawn while waiting.
+/// Every request a key answered: admitted, blocked, refused, denied (by
+/// the permit book or the retry budget) or withdrawn while waiting.
 pub(crate) fn requests(s: &pb::KeyState) -> u64 {
     s.stats.as_ref().map_or(0, |st| {
-        st.granted + st.probes + st.blocked + st.refused + st.denied + st.withdrawn
+        st.granted
+            + st.probes
+            + st.blocked
+            + st.refused
+            + st.denied
+            + st.retry_denied
+            + st.withdrawn
     })
 }
 
@@ -167,6 +173,7 @@ pub(crate) fn key_json(s: &pb::KeyState) -> serde_json::Value {
             "blocked": st.blocked,
             "refused": st.refused,
             "denied": st.denied,
+            "retry_denied": st.retry_denied,
             "by_reason": by_reason,
             "queued": st.queued,
             "evicted": st.evicted,

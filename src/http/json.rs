@@ -43,7 +43,8 @@ pub struct KeyJson {
     pub live_tickets: usize,
     /// Answers to acquires since the key was made.
     pub requests: u64,
-    /// Of which blocked, refused or denied.
+    /// Of which blocked, refused or denied (the retry budget's denials
+    /// included).
     pub turned_away: u64,
     /// Outcomes recorded as failures.
     pub failures: u64,
@@ -102,8 +103,8 @@ impl KeyJson {
             queued: v.queued,
             waiters: v.waiters,
             live_tickets: v.live_tickets,
-            requests: s.granted + s.probes + s.blocked + s.refused + s.denied,
-            turned_away: s.blocked + s.refused + s.denied,
+            requests: s.granted + s.probes + s.blocked + s.refused + s.denied + s.retry_denied,
+            turned_away: s.blocked + s.refused + s.denied + s.retry_denied,
             failures: s.failures,
             successes: s.successes,
         }

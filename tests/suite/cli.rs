@@ -728,10 +728,12 @@ async fn policies_lists_the_rules_then_the_default_with_their_half_open_bound() 
             },
             "limiter": { "kind": "concurrency", "permits": 4, "queue_limit": 2 },
             "lease": { "default_ms": 30000, "max_ms": 300000, "expired_outcome": "IGNORED" },
+            "retry_budget": null,
         })
     );
     assert_eq!(all[1]["default"], true, "{all}");
     assert_eq!(all[1]["match"], Value::Null, "{all}");
+    assert_eq!(all[1]["retry_budget"], Value::Null, "{all}");
     assert_eq!(
         all[1]["breaker"]["half_open"],
         json!({ "probes": 1, "successes": 1 }),

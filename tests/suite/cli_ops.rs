@@ -119,6 +119,7 @@ fn key(name: &str, phase: &str, fields: Value, stats: Value) -> Value {
             "blocked": 0,
             "refused": 0,
             "denied": 0,
+            "retry_denied": 0,
             "by_reason": {},
             "queued": 0,
             "evicted": 0,

@@ -1371,3 +1371,56 @@ fn the_readme_half_open_example_is_a_valid_config() {
     let half_open = rule.policy.breaker.expect("a breaker").half_open;
     assert_eq!((half_open.probes.get(), half_open.successes.get()), (5, 3));
 }
+
+// ---------- the retry budget (R1-R2) on the same surfaces ----------
+
+#[tokio::test]
+async fn a_retry_the_budget_denies_is_counted_as_a_denial_by_reason_on_json_and_metrics() {
+    let config = r#"
+[[rule]]
+match = "budget/*"
+retry_budget = { ratio = 0.1, min_per_second = 0, window = "10s" }
+"#;
+    let server = Server::manual(Some(config)).await;
+    let mut c = server.fusebox().await;
+    let key = "budget/a";
+    let first = granted(&mut c, key).await;
+    crate::admin::complete(&mut c, &first, pb::Outcome::Success).await;
+    // One first attempt: floor(0.1 x 1) = 0 retries allowed.
+    let retry = c
+        .acquire(pb::AcquireRequest {
+            attempt: Some(2),
+            ..ask(key, 1)
+        })
+        .await
+        .expect("Acquire answers")
+        .into_inner();
+    assert_eq!(decision(&retry), pb::Decision::Denied, "{retry:?}");
+    assert_eq!(retry.reason, pb::Reason::RetryBudget as i32, "{retry:?}");
+
+    let http = http_addr(&server);
+    let row = &get(&http, "/api/keys?prefix=budget%2F").await.json()["keys"][0];
+    assert_eq!(row["key"], key, "{row}");
+    assert_eq!(
+        (&row["requests"], &row["turned_away"]),
+        (&2.into(), &1.into()),
+        "{row}"
+    );
+    let text = metrics_text(&server).await;
+    assert_eq!(
+        series(
+            &text,
+            &format!("fusebox_key_requests_total{{key=\"{key}\",decision=\"denied\"}}")
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        series(
+            &text,
+            &format!("fusebox_key_denials_total{{key=\"{key}\",reason=\"retry_budget\"}}")
+        ),
+        Some(1.0),
+        "{text}"
+    );
+}

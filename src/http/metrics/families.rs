@@ -836,14 +836,15 @@ pub const FAMILIES: &[Family] = &[
     Family {
         name: "fusebox_key_requests_total",
         kind: Type::Counter,
-        help: "Answers to acquires on the key, by decision; restarts when the key is forgotten.",
+        help: "Answers to acquires on the key, by decision (denied includes the retry budget's denials); restarts when the key is forgotten.",
         store_help: None,
         labels: &["key", "decision"],
         when: When::Always,
         read: |s, x| {
             for r in &s.keys {
                 let st = &r.view.stats;
-                let by_decision = [st.granted, st.probes, st.blocked, st.refused, st.denied];
+                let denied = st.denied + st.retry_denied;
+                let by_decision = [st.granted, st.probes, st.blocked, st.refused, denied];
                 for (name, n) in DECISION_NAMES.iter().zip(by_decision) {
                     x.put(&[("key", &r.key), ("decision", name)], n)?;
                 }
