@@ -120,6 +120,12 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// List the rules in force, in order, then the default: each one's
+    /// breaker (with its half-open probes and successes), limiter and lease.
+    Policies {
+        #[command(flatten)]
+        client: ClientOptions,
+    },
     /// Move a --manual-clock server's clock forward, e.g. 5s.
     Advance {
         /// How far.
@@ -329,6 +335,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             client,
         } => fusebox_cli::top(client, prefix.unwrap_or_default(), interval).await,
         Command::Bench { .. } => unreachable!("answered in main, before the runtime"),
+        Command::Policies { client } => fusebox_cli::policies(&client).await,
         Command::Advance { by, client } => calls::advance(&client, by).await,
     }
 }

@@ -102,6 +102,19 @@ PANELS: list[Row | Panel] = [
         legend="{{key}}",
     ),
     panel("Failures in a row", "topk(10, max by (key) (fusebox_key_consecutive_failures{$sel}))", legend="{{key}}"),
+    panel(
+        "Half-open keys: probe slots held",
+        ("max by (key) (fusebox_key_probes_held{$sel}) > 0", "{{key}} held"),
+        (
+            "max by (key) (fusebox_key_probe_slots{$sel})"
+            " and on (key) (max by (key) (fusebox_key_probes_held{$sel}) > 0)",
+            "{{key}} slots",
+        ),
+        ("max by (key) (fusebox_key_half_open_successes{$sel}) > 0", "{{key}} successes"),
+        description="Probe slots a half-open key holds now, against the slots its policy allows at once"
+        " (breaker.half_open.probes), and the probe successes counted toward closing it"
+        " (breaker.half_open.successes close it). Per-key series.",
+    ),
     row("Tickets and waiters"),
     panel("Live tickets", ("max(fusebox_tickets{$sel})", "tickets"), ("max(fusebox_max_tickets{$sel})", "cap")),
     panel("Waiters", ("max(fusebox_waiters{$sel})", "waiters"), ("max(fusebox_max_waiters{$sel})", "cap")),

@@ -18,12 +18,14 @@
 //! - [`calls`]: the one-call commands (`acquire`, `complete`, `get`,
 //!   `isolate`, `close`, `advance`).
 //! - [`mod@keys`], [`mod@watch`], [`mod@top`]: the operations commands.
+//! - [`mod@policies`]: the rules in force and the default.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod calls;
 pub mod connect;
 pub mod keys;
+pub mod policies;
 pub mod print;
 pub mod signal;
 pub mod table;
@@ -32,6 +34,7 @@ pub mod watch;
 
 pub use connect::{call_error, connect, tls_config_of, ClientOptions, Conn, Credentials};
 pub use keys::{keys, PhaseArg};
+pub use policies::policies;
 pub use table::render_table;
 pub use top::top;
 pub use watch::watch;

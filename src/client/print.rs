@@ -77,6 +77,8 @@ pub(crate) fn print_key(s: &pb::KeyState, json: bool) -> anyhow::Result<()> {
                 "phase": phase_name(s.phase),
                 "consecutive_failures": s.consecutive_failures,
                 "half_open_attempts": s.half_open_attempts,
+                "probes_held": s.probes_held,
+                "half_open_successes": s.half_open_successes,
                 "open_remaining_ms": open_remaining,
                 "free": s.free,
                 "queued": s.queued,
@@ -96,6 +98,8 @@ pub(crate) fn print_key(s: &pb::KeyState, json: bool) -> anyhow::Result<()> {
     }
     println!("consecutive failures  {}", s.consecutive_failures);
     println!("half-open attempts    {}", s.half_open_attempts);
+    println!("probe slots held      {}", s.probes_held);
+    println!("half-open successes   {}", s.half_open_successes);
     println!("free permits          {}", s.free);
     println!("queued permits        {} ({} waiters)", s.queued, s.waiters);
     println!("live tickets          {}", s.live_tickets);
@@ -125,11 +129,17 @@ fn write_out(text: &str, end: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Every request a key answered: admitted, blocked, refused, denied or
-/// withdrawn while waiting.
+/// Every request a key answered: admitted, blocked, refused, denied (by
+/// the permit book or the retry budget) or withdrawn while waiting.
 pub(crate) fn requests(s: &pb::KeyState) -> u64 {
     s.stats.as_ref().map_or(0, |st| {
-        st.granted + st.probes + st.blocked + st.refused + st.denied + st.withdrawn
+        st.granted
+            + st.probes
+            + st.blocked
+            + st.refused
+            + st.denied
+            + st.retry_denied
+            + st.withdrawn
     })
 }
 
@@ -148,6 +158,8 @@ pub(crate) fn key_json(s: &pb::KeyState) -> serde_json::Value {
         "failure_ratio": s.failure_ratio,
         "consecutive_failures": s.consecutive_failures,
         "half_open_attempts": s.half_open_attempts,
+        "probes_held": s.probes_held,
+        "half_open_successes": s.half_open_successes,
         "free": s.free,
         "limit": s.limit,
         "queued": s.queued,
@@ -161,6 +173,7 @@ pub(crate) fn key_json(s: &pb::KeyState) -> serde_json::Value {
             "blocked": st.blocked,
             "refused": st.refused,
             "denied": st.denied,
+            "retry_denied": st.retry_denied,
             "by_reason": by_reason,
             "queued": st.queued,
             "evicted": st.evicted,

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::domain::{Millis, Phase};
+use crate::domain::{HalfOpen, Millis, Phase};
 use crate::engine::{Core, Event, EventKind, KeyReading, Totals};
 
 /// A key as the dashboard shows it.
@@ -20,6 +20,15 @@ pub struct KeyJson {
     pub consecutive_failures: u32,
     /// Probes admitted since the breaker last closed.
     pub half_open_attempts: u32,
+    /// Probe slots held now (H1); 0 unless half-open.
+    pub probes_held: u32,
+    /// Probe successes counted in this half-open period (H2); 0 unless
+    /// half-open.
+    pub half_open_successes: u32,
+    /// The key's policy's `breaker.half_open` in force now: the slots a
+    /// half-open period may hold at once and the successes that close it
+    /// (`null` without a breaker).
+    pub half_open: Option<HalfOpenJson>,
     /// Share of failures in the sampling window (ratio mode only).
     pub failure_ratio: Option<f64>,
     /// Permits free now (0 without a limiter).
@@ -34,12 +43,33 @@ pub struct KeyJson {
     pub live_tickets: usize,
     /// Answers to acquires since the key was made.
     pub requests: u64,
-    /// Of which blocked, refused or denied.
+    /// Of which blocked, refused or denied (the retry budget's denials
+    /// included).
     pub turned_away: u64,
     /// Outcomes recorded as failures.
     pub failures: u64,
     /// Outcomes recorded as successes.
     pub successes: u64,
+}
+
+/// A policy's `breaker.half_open`, as the dashboard shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct HalfOpenJson {
+    /// Probe slots a half-open period may hold at once (1 to 1000).
+    pub probes: u32,
+    /// Probe successes in one half-open period that close the breaker (1
+    /// to 1000).
+    pub successes: u32,
+}
+
+impl HalfOpenJson {
+    /// The JSON form of a validated `half_open`.
+    pub fn of(h: HalfOpen) -> HalfOpenJson {
+        HalfOpenJson {
+            probes: h.probes.get(),
+            successes: h.successes.get(),
+        }
+    }
 }
 
 /// Milliseconds since the Unix epoch of an engine time.
@@ -61,14 +91,20 @@ impl KeyJson {
             phase_changed_at_ms: unix_ms(core, v.changed_at),
             consecutive_failures: v.consecutive_failures,
             half_open_attempts: v.half_open_attempts,
+            probes_held: v.probes_held,
+            half_open_successes: v.half_open_successes,
+            half_open: core
+                .policy_for(&r.key)
+                .breaker
+                .map(|b| HalfOpenJson::of(b.half_open)),
             failure_ratio: v.failure_ratio.filter(|f| f.is_finite()),
             free: v.free,
             limit: v.limit,
             queued: v.queued,
             waiters: v.waiters,
             live_tickets: v.live_tickets,
-            requests: s.granted + s.probes + s.blocked + s.refused + s.denied,
-            turned_away: s.blocked + s.refused + s.denied,
+            requests: s.granted + s.probes + s.blocked + s.refused + s.denied + s.retry_denied,
+            turned_away: s.blocked + s.refused + s.denied + s.retry_denied,
             failures: s.failures,
             successes: s.successes,
         }

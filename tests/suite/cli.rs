@@ -83,6 +83,8 @@ fn key_state(
         "phase": phase,
         "consecutive_failures": consecutive_failures,
         "half_open_attempts": half_open_attempts,
+        "probes_held": 0,
+        "half_open_successes": 0,
         "open_remaining_ms": open_remaining_ms,
         "free": free,
         "queued": queued,
@@ -416,6 +418,8 @@ async fn get_reads_a_key_in_words_and_in_json() {
          phase                 OPEN (750ms left in the break)\n\
          consecutive failures  2\n\
          half-open attempts    0\n\
+         probe slots held      0\n\
+         half-open successes   0\n\
          free permits          0\n\
          queued permits        0 (0 waiters)\n\
          live tickets          0\n"
@@ -425,6 +429,75 @@ async fn get_reads_a_key_in_words_and_in_json() {
     assert_eq!(
         client_json(&server, &["get", "svc"]).await,
         key_state("svc", "OPEN", 2, 0, Some(0), 0, 0, 0, 0)
+    );
+}
+
+/// Keys in `probing/*` open at one failure for 1 s, then probe with three
+/// slots at once and close at the second probe success (H1-H2).
+const PROBING: &str = r#"
+[[rule]]
+match = "probing/*"
+breaker = { mode = "consecutive", failures = 1, break = "1s", half_open = { probes = 3, successes = 2 } }
+"#;
+
+/// The ticket of a PROBE answer to `acquire KEY --json`.
+async fn probe(server: &Server, key: &str) -> String {
+    let reply = client_json(server, &["acquire", key]).await;
+    let ticket = ticket_of(&reply);
+    assert_eq!(
+        reply,
+        acquire_reply(
+            "PROBE",
+            Some(&ticket),
+            None,
+            None,
+            Some(30_000),
+            "HALF_OPEN"
+        )
+    );
+    ticket
+}
+
+#[tokio::test]
+async fn get_shows_the_probe_slots_held_and_the_successes_of_a_half_open_key() {
+    let server = Server::manual(Some(PROBING)).await;
+    let key = "probing/a";
+    let first = granted(&server, key).await;
+    client(&server, &["complete", &first, "failure"]).await.ok();
+    client(&server, &["advance", "1s"]).await.ok();
+    // Three slots: two probes at once; the first success frees its slot
+    // and counts one of the two that close the breaker; a third probe
+    // takes a slot again.
+    let one = probe(&server, key).await;
+    let _two = probe(&server, key).await;
+    let run = client(&server, &["complete", &one, "success"]).await;
+    assert_eq!(run.ok(), "recorded; phase HALF_OPEN\n");
+    let _three = probe(&server, key).await;
+
+    let mut want = key_state(key, "HALF_OPEN", 1, 3, None, 0, 0, 2, 0);
+    want["probes_held"] = json!(2);
+    want["half_open_successes"] = json!(1);
+    assert_eq!(client_json(&server, &["get", key]).await, want);
+    let run = client(&server, &["get", key]).await;
+    assert_eq!(
+        run.ok(),
+        "key                   probing/a\n\
+         phase                 HALF_OPEN\n\
+         consecutive failures  1\n\
+         half-open attempts    3\n\
+         probe slots held      2\n\
+         half-open successes   1\n\
+         free permits          0\n\
+         queued permits        0 (0 waiters)\n\
+         live tickets          2\n"
+    );
+    // `keys --json` carries the same figures.
+    let keys = client_json(&server, &["keys", "probing/"]).await;
+    let row = &keys.as_array().expect("a list of keys")[0];
+    assert_eq!(
+        (&row["probes_held"], &row["half_open_successes"]),
+        (&json!(2), &json!(1)),
+        "{row}"
     );
 }
 
@@ -618,4 +691,53 @@ limiter = { kind = "token_bucket", capacity = 4, refill = 1, period = "1s" }
     let done = client_json(&server, &["complete", &t2, "success", "--cost", "0"]).await;
     assert_eq!(done, json!({"stale": false, "phase": "CLOSED"}));
     assert_eq!(free(&server).await, 2, "cost 0 gives the permit back");
+}
+
+#[tokio::test]
+async fn policies_lists_the_rules_then_the_default_with_their_half_open_bound() {
+    let config = format!(
+        "{PROBING}\nlimiter = {{ kind = \"concurrency\", permits = 4, queue_limit = 2 }}\n"
+    );
+    let server = Server::manual(Some(&config)).await;
+    let run = client(&server, &["policies"]).await;
+    assert_eq!(
+        run.ok(),
+        "probing/*  breaker: consecutive, 1 failure, break 1s, probe lease 1s\n\
+         \x20          half-open: 3 probes at once, 2 successes to close\n\
+         \x20          limiter: concurrency, 4 permits, queue 2\n\
+         \x20          lease: default 30s, max 5m, expired IGNORED\n\
+         default    breaker: consecutive, 5 failures, break 5s, probe lease 5s\n\
+         \x20          half-open: 1 probe at once, 1 success to close\n\
+         \x20          limiter: none\n\
+         \x20          lease: default 30s, max 5m, expired IGNORED\n"
+    );
+    let all = client_json(&server, &["policies"]).await;
+    assert_eq!(
+        all[0],
+        json!({
+            "match": "probing/*",
+            "default": false,
+            "breaker": {
+                "mode": "consecutive",
+                "failures": 1,
+                "break_ms": 1000,
+                "multiplier": 1.0,
+                "max_break_ms": null,
+                "probe_lease_ms": 1000,
+                "half_open": { "probes": 3, "successes": 2 },
+            },
+            "limiter": { "kind": "concurrency", "permits": 4, "queue_limit": 2 },
+            "lease": { "default_ms": 30000, "max_ms": 300000, "expired_outcome": "IGNORED" },
+            "retry_budget": null,
+        })
+    );
+    assert_eq!(all[1]["default"], true, "{all}");
+    assert_eq!(all[1]["match"], Value::Null, "{all}");
+    assert_eq!(all[1]["retry_budget"], Value::Null, "{all}");
+    assert_eq!(
+        all[1]["breaker"]["half_open"],
+        json!({ "probes": 1, "successes": 1 }),
+        "absent: one probe, one success"
+    );
+    assert_eq!(all.as_array().map(Vec::len), Some(2));
 }

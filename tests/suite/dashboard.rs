@@ -19,12 +19,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fusebox::config::Config;
-use fusebox::domain::{Outcome, Phase};
+use fusebox::domain::{Decision, Outcome, Phase};
 use fusebox::engine::Engine;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
-use crate::harness::{call, eventually};
+use crate::harness::{ask, call, eventually};
 
 /// Deadline for the browser to start and load the page, and to finish.
 const LIMIT: Duration = Duration::from_secs(180);
@@ -242,6 +242,104 @@ async fn the_dashboard_shows_100k_keys_by_phase_pages_by_prefix_and_closes_a_tri
 
     busy.store(false, Ordering::Relaxed);
     let _ = traffic.await;
+    engine.shutdown();
+    let _ = stop.send(());
+    server.abort();
+}
+
+/// Keys in `probing/*` open at one failure for 1 s, then probe with three
+/// slots at once and close at the second probe success (H1-H2).
+const PROBING: &str = r#"
+[[rule]]
+match = "probing/*"
+breaker = { mode = "consecutive", failures = 1, break = "1s", half_open = { probes = 3, successes = 2 } }
+"#;
+
+/// One acquire on `key`: its decision and ticket.
+async fn ask_once(engine: &Engine, key: &str) -> (Decision, Option<String>) {
+    let reply = engine.acquire(ask(key)).await.expect("acquire answers");
+    (reply.decision, reply.ticket)
+}
+
+/// A half-open key with three probe slots, two held and one success of the
+/// two that close it counted, reads so on the dashboard (`probing.mjs`):
+/// "probing: 2 of 3 slots held", "1 of 2 successes to close", and the
+/// policy's half_open in the tooltips.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_the_probe_slots_held_and_the_successes_of_a_half_open_key() {
+    let test = "the_dashboard_shows_the_probe_slots_held_and_the_successes_of_a_half_open_key";
+    let Some((chromium, driver)) = crate::tools::browser(test) else {
+        return;
+    };
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let screenshot = root.join("target/dashboard-probing.png");
+    std::fs::create_dir_all(root.join("target")).expect("target/ exists");
+    let _ = std::fs::remove_file(&screenshot);
+
+    let config = Config::parse(PROBING, "the test's config").expect("a valid config");
+    let engine = Arc::new(Engine::with_manual_clock(config));
+    let node = fusebox::node::Node::of(engine.clone());
+    let key = "probing/a";
+    call(&engine, key, Outcome::Failure).await;
+    assert_eq!(engine.get(key).expect("a key").view.phase, Phase::Open);
+    node.store().advance_clock(1000).await;
+    let (first, one) = ask_once(&engine, key).await;
+    let (second, _two) = ask_once(&engine, key).await;
+    assert!(
+        matches!(first, Decision::Probe(_)) && matches!(second, Decision::Probe(_)),
+        "{first:?} {second:?}"
+    );
+    let done = engine
+        .complete(&one.expect("a probe ticket"), Outcome::Success)
+        .expect("complete answers");
+    assert_eq!(done.phase, Phase::HalfOpen, "one success of two");
+    let (third, _three) = ask_once(&engine, key).await;
+    assert!(matches!(third, Decision::Probe(_)), "{third:?}");
+    let view = engine.get(key).expect("a key").view;
+    assert_eq!((view.probes_held, view.half_open_successes), (2, 1));
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let http = listener.local_addr().expect("an address").to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let options = fusebox::http::Options {
+        sample_every: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let server = tokio::spawn(fusebox::http::serve_with(listener, node, options, async {
+        let _ = stopped.await;
+    }));
+    let expected = serde_json::json!({
+        "key": key,
+        "break": "probing: 2 of 3 slots held",
+        "sub": "1 of 2 successes to close",
+        "policy": "at most 3 probes at once, 2 successes to close",
+    });
+    let run = Command::new("node")
+        .arg(driver.join("probing.mjs"))
+        .arg(format!("http://{http}/"))
+        .arg(&screenshot)
+        .arg(expected.to_string())
+        .current_dir(&driver)
+        .env("FUSEBOX_TEST_CHROMIUM", &chromium)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(LIMIT, run)
+        .await
+        .expect("the page is checked within the limit")
+        .expect("node runs (install nodejs)");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "done",
+        "probing.mjs: {:?}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let png = std::fs::read(&screenshot).expect("target/dashboard-probing.png was saved");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+
     engine.shutdown();
     let _ = stop.send(());
     server.abort();

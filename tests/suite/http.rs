@@ -1242,3 +1242,185 @@ async fn metrics_read_by_a_rust_parser_have_every_family_with_its_type() {
     }
     crate::admin::complete(&mut c, &ticket, pb::Outcome::Success).await;
 }
+
+// ---------- bounded half-open (H1-H2) on every surface ----------
+
+/// Keys in `probing/*` open at one failure for 1 s, then probe with three
+/// slots at once and close at the second probe success.
+const PROBING: &str = r#"
+[[rule]]
+match = "probing/*"
+breaker = { mode = "consecutive", failures = 1, break = "1s", half_open = { probes = 3, successes = 2 } }
+"#;
+
+/// The value of one series (`name{labels}` exactly as written), read
+/// without the official parser.
+fn series(text: &str, series: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok())?
+    })
+}
+
+/// Trips `key` (a `probing/*` key on a manual clock), ends its break, and
+/// leaves it half-open with two of its three probe slots held and one of
+/// the two successes that close it counted: two probes, the first a
+/// success (its slot freed), then a third probe.
+async fn two_slots_held_one_success(server: &Server, key: &str) {
+    let mut c = server.fusebox().await;
+    let first = granted(&mut c, key).await;
+    crate::admin::complete(&mut c, &first, pb::Outcome::Failure).await;
+    crate::admin::advance_clock(&mut server.clock().await, 1000).await;
+    let one = probe(&mut c, key).await;
+    let _two = probe(&mut c, key).await;
+    let done = crate::admin::complete(&mut c, &one, pb::Outcome::Success).await;
+    assert_eq!(
+        done.phase,
+        pb::Phase::HalfOpen as i32,
+        "one of two successes"
+    );
+    let _three = probe(&mut c, key).await;
+}
+
+/// The ticket of a PROBE answer on `key`.
+async fn probe(c: &mut Client, key: &str) -> String {
+    let r = acquire(c, key, 1).await;
+    assert_eq!(decision(&r), pb::Decision::Probe, "{r:?}");
+    r.ticket
+}
+
+/// The same figures of a half-open key on gRPC, the dashboard's JSON and
+/// `/metrics`: probe slots held, the successes counted, and the policy's
+/// `half_open`.
+async fn check_probing_surfaces(server: &Server, key: &str) {
+    let state = server.get(key).await;
+    assert_eq!(state.phase, pb::Phase::HalfOpen as i32, "{state:?}");
+    assert_eq!(
+        (state.probes_held, state.half_open_successes),
+        (2, 1),
+        "{state:?}"
+    );
+    let http = http_addr(server);
+    let page = get(&http, "/api/keys?prefix=probing%2F").await.json();
+    let row = &page["keys"][0];
+    assert_eq!(row["key"], key, "{page}");
+    assert_eq!(row["phase"], "HALF_OPEN", "{row}");
+    assert_eq!(row["probes_held"], 2, "{row}");
+    assert_eq!(row["half_open_successes"], 1, "{row}");
+    assert_eq!(
+        row["half_open"],
+        serde_json::json!({ "probes": 3, "successes": 2 }),
+        "{row}"
+    );
+    let text = metrics_text(server).await;
+    let of = |family: &str| series(&text, &format!("{family}{{key=\"{key}\"}}"));
+    assert_eq!(of("fusebox_key_probes_held"), Some(2.0), "{text}");
+    assert_eq!(of("fusebox_key_probe_slots"), Some(3.0));
+    assert_eq!(of("fusebox_key_half_open_successes"), Some(1.0));
+    // A key of the default policy: one slot, none held.
+    assert_eq!(
+        series(&text, "fusebox_key_probe_slots{key=\"plain\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        series(&text, "fusebox_key_probes_held{key=\"plain\"}"),
+        Some(0.0)
+    );
+}
+
+#[tokio::test]
+async fn a_half_open_key_shows_its_probe_slots_and_successes_on_grpc_json_and_metrics() {
+    let server = Server::manual(Some(PROBING)).await;
+    granted(&mut server.fusebox().await, "plain").await;
+    two_slots_held_one_success(&server, "probing/a").await;
+    check_probing_surfaces(&server, "probing/a").await;
+}
+
+/// With `--store`, the module keeps the slots: the same figures on every
+/// surface as embedded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_key_shows_the_same_figures_with_a_store() {
+    let Some(redis) =
+        crate::harness::standalone("a_half_open_key_shows_the_same_figures_with_a_store").await
+    else {
+        return;
+    };
+    let store = format!("redis://127.0.0.1:{}", redis.server.port);
+    let server = crate::harness::servers_on(&store, PROBING, true, 1)
+        .await
+        .pop()
+        .expect("a server");
+    granted(&mut server.fusebox().await, "plain").await;
+    two_slots_held_one_success(&server, "probing/a").await;
+    check_probing_surfaces(&server, "probing/a").await;
+}
+
+/// The README's bounded half-open example is a valid config whose rule has
+/// the slots and successes it says.
+#[test]
+fn the_readme_half_open_example_is_a_valid_config() {
+    let readme = include_str!("../../README.md");
+    let example = readme
+        .split("**Bounded half-open.**")
+        .nth(1)
+        .and_then(|s| s.split("```toml\n").nth(1))
+        .and_then(|s| s.split("```").next())
+        .expect("the README's half-open example");
+    let config = fusebox::config::Config::parse(example, "README.md").expect("a valid config");
+    let rule = config.rules.rules.first().expect("one rule");
+    let half_open = rule.policy.breaker.expect("a breaker").half_open;
+    assert_eq!((half_open.probes.get(), half_open.successes.get()), (5, 3));
+}
+
+// ---------- the retry budget (R1-R2) on the same surfaces ----------
+
+#[tokio::test]
+async fn a_retry_the_budget_denies_is_counted_as_a_denial_by_reason_on_json_and_metrics() {
+    let config = r#"
+[[rule]]
+match = "budget/*"
+retry_budget = { ratio = 0.1, min_per_second = 0, window = "10s" }
+"#;
+    let server = Server::manual(Some(config)).await;
+    let mut c = server.fusebox().await;
+    let key = "budget/a";
+    let first = granted(&mut c, key).await;
+    crate::admin::complete(&mut c, &first, pb::Outcome::Success).await;
+    // One first attempt: floor(0.1 x 1) = 0 retries allowed.
+    let retry = c
+        .acquire(pb::AcquireRequest {
+            attempt: Some(2),
+            ..ask(key, 1)
+        })
+        .await
+        .expect("Acquire answers")
+        .into_inner();
+    assert_eq!(decision(&retry), pb::Decision::Denied, "{retry:?}");
+    assert_eq!(retry.reason, pb::Reason::RetryBudget as i32, "{retry:?}");
+
+    let http = http_addr(&server);
+    let row = &get(&http, "/api/keys?prefix=budget%2F").await.json()["keys"][0];
+    assert_eq!(row["key"], key, "{row}");
+    assert_eq!(
+        (&row["requests"], &row["turned_away"]),
+        (&2.into(), &1.into()),
+        "{row}"
+    );
+    let text = metrics_text(&server).await;
+    assert_eq!(
+        series(
+            &text,
+            &format!("fusebox_key_requests_total{{key=\"{key}\",decision=\"denied\"}}")
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        series(
+            &text,
+            &format!("fusebox_key_denials_total{{key=\"{key}\",reason=\"retry_budget\"}}")
+        ),
+        Some(1.0),
+        "{text}"
+    );
+}

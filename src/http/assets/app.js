@@ -58,6 +58,16 @@ function stamp(ms) {
   return new Date(ms).toLocaleString([], { hour12: false });
 }
 
+// `n thing` or `n things`.
+function plural(n, one, many) {
+  return `${n} ${n === 1 ? one : (many || `${one}s`)}`;
+}
+
+// A policy's breaker.half_open in words.
+function halfOpenPolicy(h) {
+  return `at most ${plural(h.probes, 'probe')} at once, ${plural(h.successes, 'success', 'successes')} to close`;
+}
+
 function el(tag, className, text) {
   const node = document.createElement(tag);
   if (className) node.className = className;
@@ -101,7 +111,8 @@ function makeRow(key) {
   cells.since = el('span', 'since');
   cells.phase.append(cells.pill, cells.since);
   cells.breakText = el('span');
-  cells.break.appendChild(cells.breakText);
+  cells.breakSub = el('span', 'break-sub');
+  cells.break.append(cells.breakText, cells.breakSub);
   cells.failText = el('span');
   cells.failBar = el('span', 'ratio-bar');
   cells.failBar.appendChild(el('span'));
@@ -136,10 +147,13 @@ function fillRow(entry, now) {
   }
   setText(cells.since, `for ${duration(Date.now() - d.phase_changed_at_ms)}`);
   cells.since.title = `since ${stamp(d.phase_changed_at_ms)}`;
-  cells.keyText.title = `${d.key}\n${d.requests} requests, ${d.turned_away} turned away; ${d.successes} successes, ${d.failures} failures`;
+  cells.keyText.title = `${d.key}\n${d.requests} requests, ${d.turned_away} turned away; ${d.successes} successes, ${d.failures} failures`
+    + (d.half_open ? `\nhalf-open: ${halfOpenPolicy(d.half_open)}` : '');
 
   let breakText = '—';
   let breakClass = 'muted';
+  let breakSub = '';
+  let breakTitle = '';
   if (d.phase === 'OPEN' && d.open_remaining_ms !== null) {
     const left = d.open_remaining_ms - (now - entry.receivedAt);
     if (left > 0) {
@@ -151,13 +165,20 @@ function fillRow(entry, now) {
       cells.breakText.title = 'the break is over: the next request probes';
     }
   } else if (d.phase === 'HALF_OPEN') {
-    breakText = `probing (attempt ${d.half_open_attempts})`;
+    const h = d.half_open || { probes: 1, successes: 1 };
+    breakText = `probing: ${d.probes_held} of ${plural(h.probes, 'slot')} held`;
+    breakSub = `${d.half_open_successes} of ${plural(h.successes, 'success', 'successes')} to close`;
     breakClass = 'probing';
+    breakTitle = `${plural(d.half_open_attempts, 'probe')} admitted since the break ended; `
+      + `${halfOpenPolicy(h)}. A probe failure opens the breaker again.`;
   } else if (d.phase === 'ISOLATED') {
     breakText = 'until closed';
   }
   setText(cells.breakText, breakText);
   cells.breakText.className = breakClass;
+  setText(cells.breakSub, breakSub);
+  cells.breakSub.hidden = !breakSub;
+  if (d.phase !== 'OPEN') cells.breakText.title = breakTitle;
 
   if (d.failure_ratio !== null && d.failure_ratio !== undefined) {
     const pct = Math.round(d.failure_ratio * 100);

@@ -836,14 +836,15 @@ pub const FAMILIES: &[Family] = &[
     Family {
         name: "fusebox_key_requests_total",
         kind: Type::Counter,
-        help: "Answers to acquires on the key, by decision; restarts when the key is forgotten.",
+        help: "Answers to acquires on the key, by decision (denied includes the retry budget's denials); restarts when the key is forgotten.",
         store_help: None,
         labels: &["key", "decision"],
         when: When::Always,
         read: |s, x| {
             for r in &s.keys {
                 let st = &r.view.stats;
-                let by_decision = [st.granted, st.probes, st.blocked, st.refused, st.denied];
+                let denied = st.denied + st.retry_denied;
+                let by_decision = [st.granted, st.probes, st.blocked, st.refused, denied];
                 for (name, n) in DECISION_NAMES.iter().zip(by_decision) {
                     x.put(&[("key", &r.key), ("decision", name)], n)?;
                 }
@@ -944,6 +945,38 @@ pub const FAMILIES: &[Family] = &[
                 Some(at.as_millis() as f64 / 1000.0)
             })
         },
+    },
+    Family {
+        name: "fusebox_key_probes_held",
+        kind: Type::Gauge,
+        help: "Probe slots held now (half-open keys; at most fusebox_key_probe_slots), else 0.",
+        store_help: None,
+        labels: &["key"],
+        when: When::Always,
+        read: |s, x| per_key(s, x, |r| Some(r.view.probes_held)),
+    },
+    Family {
+        name: "fusebox_key_probe_slots",
+        kind: Type::Gauge,
+        help: "Probe slots a half-open period may hold at once: the policy's breaker.half_open.probes (keys with a breaker).",
+        store_help: None,
+        labels: &["key"],
+        when: When::Always,
+        read: |s, x| {
+            per_key(s, x, |r| {
+                let breaker = s.rules.policy_for(&r.key).breaker?;
+                Some(breaker.half_open.probes.get())
+            })
+        },
+    },
+    Family {
+        name: "fusebox_key_half_open_successes",
+        kind: Type::Gauge,
+        help: "Probe successes counted in the current half-open period (the policy's breaker.half_open.successes of them close the breaker), else 0.",
+        store_help: None,
+        labels: &["key"],
+        when: When::Always,
+        read: |s, x| per_key(s, x, |r| Some(r.view.half_open_successes)),
     },
     Family {
         name: "fusebox_key_permit_limit",
