@@ -434,7 +434,8 @@ impl Bounded<'_> {
             live: probes_held,
         };
         let p = self.burst(round, PROBES).await;
-        self.check(round, round, "after the burst", held(3, 0)).await;
+        self.check(round, round, "after the burst", held(3, 0))
+            .await;
         match round % 3 {
             0 => {
                 // H2: the first success frees its slot and counts; the
