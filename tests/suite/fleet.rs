@@ -13,8 +13,12 @@
 //! `probe_in_flight`, and the probes are completed so that every way a
 //! half-open period goes on or ends happens: a failure opens the breaker
 //! again, two successes close it (and the round trips it again), an
-//! `IGNORED` probe frees its slot for exactly one more probe. 50 rounds on
-//! the manual clock, 50 across three servers on one Redis Cluster.
+//! `IGNORED` probe frees its slot for exactly one more probe, and (on the
+//! manual clock) lapsed slots admit three new probes while the lapsed ones
+//! turn stale. 50 rounds on the manual clock, 50 across three servers on
+//! one Redis Cluster. After every step `GetKey` must read the phase, the
+//! slots held (`probes_held`), the successes counted
+//! (`half_open_successes`), live tickets, attempts and the failure run.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -313,6 +317,9 @@ struct Bounded<'a> {
     attempts: u32,
     /// Failures in a row.
     run: u32,
+    /// The manual clock, when the servers run on one: rounds where the
+    /// probes' slots lapse need it.
+    clock: Option<ClockClient>,
 }
 
 /// What the key reads at one point of a round.
@@ -335,6 +342,7 @@ impl Bounded<'_> {
             retry_ok: |retry| retry == 1000,
             attempts: 0,
             run: 0,
+            clock: None,
         }
     }
 
@@ -420,10 +428,12 @@ impl Bounded<'_> {
     }
 
     /// One round, the break just ended: a burst gets three probes; then,
-    /// by the round's number, two successes close the breaker (and it is
-    /// tripped again), or an `IGNORED` probe frees one slot and the next
-    /// burst gets exactly one probe before a failure opens the breaker, or
-    /// the first probe fails. Every other probe is then stale.
+    /// by the round's number: two successes close the breaker (and it is
+    /// tripped again); or an `IGNORED` probe frees one slot, the next burst
+    /// gets exactly one probe, a success counts and a failure opens; or the
+    /// first probe's failure opens; or (on the manual clock) the slots lapse
+    /// and a burst gets three new probes, the lapsed ones stale. Every
+    /// probe left when the period ends is stale.
     async fn round(&mut self, round: u32) {
         use pb::Outcome::{Failure, Ignored, Success};
         use pb::Phase::{Closed, HalfOpen, Open};
@@ -436,7 +446,7 @@ impl Bounded<'_> {
         let p = self.burst(round, PROBES).await;
         self.check(round, round, "after the burst", held(3, 0))
             .await;
-        match round % 3 {
+        match round % 4 {
             0 => {
                 // H2: the first success frees its slot and counts; the
                 // second closes; the third probe is then stale.
@@ -481,7 +491,7 @@ impl Bounded<'_> {
                 self.complete(round, round, &p[2], Success, true, Open)
                     .await;
             }
-            _ => {
+            2 => {
                 // H2: the first failure opens; the other two are stale.
                 self.complete(round, round, &p[0], Failure, false, Open)
                     .await;
@@ -491,6 +501,19 @@ impl Bounded<'_> {
                 self.complete(round, round + 2, &p[2], Failure, true, Open)
                     .await;
             }
+            _ => match self.clock.clone() {
+                Some(mut clock) => self.lapse(round, &mut clock, p).await,
+                None => {
+                    // The last probe's failure opens; the others are stale.
+                    self.complete(round, round, &p[2], Failure, false, Open)
+                        .await;
+                    self.run += 1;
+                    self.complete(round, round + 1, &p[0], Success, true, Open)
+                        .await;
+                    self.complete(round, round + 2, &p[1], Ignored, true, Open)
+                        .await;
+                }
+            },
         }
         let open = Reads {
             phase: Open,
@@ -503,11 +526,62 @@ impl Bounded<'_> {
     }
 }
 
+impl Bounded<'_> {
+    /// On the manual clock: the three slots lapse together (probe_lease =
+    /// break = 1 s, H1, B1); the next burst gets three new probes; the
+    /// lapsed ones are stale from then on (H3, N > 1: a probe is current
+    /// only while it holds its slot), whatever their outcome.
+    async fn lapse(&mut self, round: u32, clock: &mut ClockClient, p: Vec<String>) {
+        use pb::Outcome::{Failure, Ignored, Success};
+        use pb::Phase::{HalfOpen, Open};
+        crate::admin::advance_clock(clock, 1000).await;
+        let lapsed = Reads {
+            phase: HalfOpen,
+            probes_held: 0,
+            successes: 0,
+            live: 3,
+        };
+        self.check(round, round, "after the slots lapsed", lapsed)
+            .await;
+        self.complete(round, round, &p[0], Success, true, HalfOpen)
+            .await;
+        let q = self.burst(round, PROBES).await;
+        let again = Reads {
+            phase: HalfOpen,
+            probes_held: 3,
+            successes: 0,
+            live: 5,
+        };
+        self.check(round, round + 1, "after a burst on lapsed slots", again)
+            .await;
+        self.complete(round, round + 1, &q[0], Success, false, HalfOpen)
+            .await;
+        self.complete(round, round + 2, &p[1], Failure, true, HalfOpen)
+            .await;
+        let counted = Reads {
+            phase: HalfOpen,
+            probes_held: 2,
+            successes: 1,
+            live: 3,
+        };
+        self.check(round, round + 2, "after one current success", counted)
+            .await;
+        self.complete(round, round, &q[1], Failure, false, Open)
+            .await;
+        self.run += 1;
+        self.complete(round, round + 1, &q[2], Success, true, Open)
+            .await;
+        self.complete(round, round + 2, &p[2], Ignored, true, Open)
+            .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_probes_for_a_fleet_on_the_manual_clock() {
     let servers = [Server::manual(Some(THREE_PROBES_ONE_SECOND_BREAKS)).await];
     let mut clock = servers[0].clock().await;
     let mut fleet = Bounded::new(&servers).await;
+    fleet.clock = Some(servers[0].clock().await);
     fleet.trip(0).await;
     for round in 1..=ROUNDS {
         end_the_break(&servers[0], &mut clock, round).await;
