@@ -18,7 +18,9 @@
 //! - H1 (B2 with `N`): at no instant are more than `N` probe slots held,
 //!   counted on the fuse: live tickets granted as `PROBE`, of the breaker's
 //!   current epoch, whose slot has not ended (`N` the largest in force at an
-//!   admission of the half-open period: a lower `N` frees no slot, H4);
+//!   admission of the half-open period: a lower `N` frees no slot, H4; a
+//!   period that began with `N = 1` keeps B1's one slot whatever `N`
+//!   becomes, as H4 keeps the H3 rule a period began with);
 //! - H2: the breaker leaves `HALF_OPEN` for `CLOSED` only at a `SUCCESS` of
 //!   a current probe that is the `M`-th of its period (`M` in force then);
 //! - H3: with `N = M = 1`, written or left out, the model is B1-B3 exactly
@@ -199,7 +201,8 @@ struct Model {
     latest: Option<TicketId>,
     /// Current probe successes of this half-open period (H2).
     successes: u32,
-    /// The largest `N` in force at an admission of this period.
+    /// The most slots an admission of this period allowed (the largest `N`
+    /// in force at one, or 1 in a period that began with `N = 1`).
     cap: u32,
     live: BTreeMap<TicketId, Held>,
     /// What the fuse must have said since the last step.
@@ -239,6 +242,18 @@ impl Model {
     /// `N` in force.
     fn probes(&self) -> u32 {
         self.breaker().half_open.probes.get()
+    }
+
+    /// The slots this half-open period may hold at once now: `N` in force,
+    /// or one in a period that began with `N = 1`, which keeps B1's single
+    /// slot whatever `N` becomes (H3, H4: "the period keeps the H3 rule it
+    /// began with").
+    fn slot_limit(&self) -> u32 {
+        if self.one_at_a_time {
+            1
+        } else {
+            self.probes()
+        }
     }
 
     /// `M` in force.
@@ -361,7 +376,7 @@ impl Model {
         self.settle(now);
         let blocked_by_slots = |model: &Model| {
             let held: Vec<u64> = model.slots_held(now).map(|(_, t)| t.slot_end).collect();
-            (held.len() >= model.probes() as usize).then(|| Decision::Blocked {
+            (held.len() >= model.slot_limit() as usize).then(|| Decision::Blocked {
                 reason: Reason::ProbeInFlight,
                 retry_after: held.iter().min().expect("N >= 1 slots held") - now,
             })
@@ -408,7 +423,7 @@ impl Model {
         let lease_end = now + self.policy.lease.grant(lease);
         let slot_end = lease_end.min(now + self.breaker().probe_lease.get());
         self.attempts += 1;
-        self.cap = self.cap.max(self.probes());
+        self.cap = self.cap.max(self.slot_limit());
         if self.one_at_a_time {
             self.latest = Some(id);
         }
@@ -647,7 +662,7 @@ fn without_half_open(spec: &PolicySpec) -> Option<PolicySpec> {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 1024,
+        cases: 2048,
         max_shrink_iters: 20_000,
         ..ProptestConfig::default()
     })]
