@@ -5,8 +5,9 @@
 //! isolations and closes, on one key with a consecutive breaker and
 //! `half_open = { probes = N, successes = M }` (random `N` and `M`, each
 //! sometimes left out), random leases and probe leases, `IGNORED` or
-//! `FAILURE` at lease ends, and no limiter (so that every admission the
-//! breaker makes stands, C2).
+//! `FAILURE` at lease ends, and sometimes a concurrency limiter of a few
+//! permits, without a queue (a probe the limiter denies takes no slot, C2,
+//! C3).
 //!
 //! Beside the [`Fuse`] runs a model written from the contract's words alone
 //! (B1-B3, H1-H4, L3, T2, Y4): it predicts every decision with its retry
@@ -32,7 +33,7 @@
 
 use std::collections::BTreeMap;
 
-use fusebox::domain::policy::{BreakerSpec, HalfOpenSpec, LeaseSpec};
+use fusebox::domain::policy::{BreakerSpec, HalfOpenSpec, LeaseSpec, LimiterSpec};
 use fusebox::domain::{
     Ask, Cause, Completed, Decision, DurationSpec, Fuse, FuseError, Grant, Notice, Outcome, Phase,
     Policy, PolicySpec, Reason, TicketId,
@@ -93,8 +94,19 @@ fn policy_spec() -> impl Strategy<Value = PolicySpec> {
         max: ms(default + extra),
         expired_outcome: Some(outcome.to_owned()),
     });
-    (breaker, lease).prop_map(|(breaker, lease)| PolicySpec {
+    // Sometimes a concurrency limiter, so that probes compete for permits
+    // (C2, C3); never a queue.
+    let limiter = prop::option::weighted(
+        0.3,
+        (1u32..=4).prop_map(|permits| LimiterSpec {
+            kind: "concurrency".into(),
+            permits: Some(permits),
+            ..LimiterSpec::default()
+        }),
+    );
+    (breaker, limiter, lease).prop_map(|(breaker, limiter, lease)| PolicySpec {
         breaker: Some(breaker),
+        limiter,
         lease: Some(lease),
         ..PolicySpec::default()
     })
@@ -370,19 +382,38 @@ impl Model {
         }
     }
 
-    /// The breaker's answer to one permit at `now` (B1, H1), or to a status
+    /// True when a concurrency limiter has no permit free: every live
+    /// ticket holds one (P7).
+    fn no_permit_free(&self) -> bool {
+        self.policy
+            .limiter
+            .is_some_and(|l| self.live.len() >= l.kind.limit() as usize)
+    }
+
+    /// The answer to one permit at `now` (B1, H1, C1-C3), or to a status
     /// check (P2a, B6).
     fn acquire(&mut self, lease: Option<u64>, status: bool, id: TicketId, now: u64) -> Decision {
         self.settle(now);
-        let blocked_by_slots = |model: &Model| {
-            let held: Vec<u64> = model.slots_held(now).map(|(_, t)| t.slot_end).collect();
-            (held.len() >= model.slot_limit() as usize).then(|| Decision::Blocked {
+        let held: Vec<u64> = self.slots_held(now).map(|(_, t)| t.slot_end).collect();
+        let slots_full = self.phase == Phase::HalfOpen && held.len() >= self.slot_limit() as usize;
+        match self.phase {
+            Phase::Isolated => Decision::Refused,
+            Phase::Open if now < self.deadline => Decision::Blocked {
+                reason: Reason::Open,
+                retry_after: self.deadline - now,
+            },
+            _ if slots_full => Decision::Blocked {
                 reason: Reason::ProbeInFlight,
                 retry_after: held.iter().min().expect("N >= 1 slots held") - now,
-            })
-        };
-        match self.phase {
-            Phase::Closed if status => Decision::Granted(None),
+            },
+            // C2, C3: a request the breaker admits but the limiter denies
+            // takes no slot, counts no attempt, and leaves an OPEN breaker
+            // past its deadline OPEN; a concurrency limiter gives no hint.
+            _ if self.no_permit_free() => Decision::Denied {
+                reason: Reason::NoPermits,
+                retry_after: None,
+            },
+            _ if status => Decision::Granted(None),
             Phase::Closed => {
                 let lease_end = now + self.policy.lease.grant(lease);
                 self.live.insert(
@@ -399,22 +430,12 @@ impl Model {
                     lease_end,
                 }))
             }
-            Phase::Isolated => Decision::Refused,
-            Phase::Open if now < self.deadline => Decision::Blocked {
-                reason: Reason::Open,
-                retry_after: self.deadline - now,
-            },
-            Phase::Open if status => Decision::Granted(None),
             Phase::Open => {
                 self.enter(Phase::HalfOpen, Cause::ProbeAdmitted, now);
                 self.one_at_a_time = self.probes() == 1;
                 self.admit(lease, id, now)
             }
-            Phase::HalfOpen => match blocked_by_slots(self) {
-                Some(blocked) => blocked,
-                None if status => Decision::Granted(None),
-                None => self.admit(lease, id, now),
-            },
+            Phase::HalfOpen => self.admit(lease, id, now),
         }
     }
 
