@@ -9,10 +9,10 @@
 //! permits, without a queue (a probe the limiter denies takes no slot, C2,
 //! C3).
 //!
-//! Beside the [`Fuse`] runs a model written from the contract's words alone
-//! (B1-B3, H1-H4, L3, T2, Y4): it predicts every decision with its retry
-//! hint, every completion (stale or not, and the phase after), every lease
-//! end and every phase change with its cause and time; after every step the
+//! Beside the [`Fuse`] runs a model written from the contract (B1-B3, C2,
+//! C3, H1-H4, L3, T2, Y4): it predicts every decision with its retry hint,
+//! every completion (stale or not, and the phase after), every lease end
+//! and every phase change with its cause and time; after every step the
 //! fuse must agree with it, and read the same phase, failure run, attempts,
 //! break end, live tickets, probe slots held and successes counted. Besides:
 //!
@@ -24,6 +24,8 @@
 //!   becomes, as H4 keeps the H3 rule a period began with);
 //! - H2: the breaker leaves `HALF_OPEN` for `CLOSED` only at a `SUCCESS` of
 //!   a current probe that is the `M`-th of its period (`M` in force then);
+//! - the state a store keeps ([`Fuse::state`]) makes the same fuse again,
+//!   half-open period included;
 //! - H3: with `N = M = 1`, written or left out, the model is B1-B3 exactly
 //!   (each admission supersedes the last probe, whose success closes), and
 //!   the fuse behaves as under a policy without `half_open` at all.
@@ -652,6 +654,15 @@ impl Run {
             now
         );
         prop_assert!(slots <= model.cap.max(1), "H1 in the model");
+        // What a store keeps of a key brings the half-open period back whole
+        // (its rule, slots and successes): a fuse made again from it is
+        // this one, so it goes on exactly alike.
+        prop_assert_eq!(
+            Fuse::from_state(fuse.state()),
+            Ok(fuse.clone()),
+            "the fuse made again from its state at {}",
+            now
+        );
         Ok(())
     }
 
