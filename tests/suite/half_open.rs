@@ -20,8 +20,9 @@
 //!   counted on the fuse: live tickets granted as `PROBE`, of the breaker's
 //!   current epoch, whose slot has not ended (`N` the largest in force at an
 //!   admission of the half-open period: a lower `N` frees no slot, H4; a
-//!   period that began with `N = 1` keeps B1's one slot whatever `N`
-//!   becomes, as H4 keeps the H3 rule a period began with);
+//!   period that began with `N = 1` keeps its one slot whatever `N`
+//!   becomes, and under a raised `N` a new probe takes it over while the
+//!   earlier one goes stale, docs/contract-extensions.md CX3, CX4);
 //! - H2: the breaker leaves `HALF_OPEN` for `CLOSED` only at a `SUCCESS` of
 //!   a current probe that is the `M`-th of its period (`M` in force then);
 //! - the state a store keeps ([`Fuse::state`]) makes the same fuse again,
@@ -215,8 +216,7 @@ struct Model {
     latest: Option<TicketId>,
     /// Current probe successes of this half-open period (H2).
     successes: u32,
-    /// The most slots an admission of this period allowed (the largest `N`
-    /// in force at one, or 1 in a period that began with `N = 1`).
+    /// The largest `N` in force at an admission of this period.
     cap: u32,
     live: BTreeMap<TicketId, Held>,
     /// What the fuse must have said since the last step.
@@ -258,18 +258,6 @@ impl Model {
         self.breaker().half_open.probes.get()
     }
 
-    /// The slots this half-open period may hold at once now: `N` in force,
-    /// or one in a period that began with `N = 1`, which keeps B1's single
-    /// slot whatever `N` becomes (H3, H4: "the period keeps the H3 rule it
-    /// began with").
-    fn slot_limit(&self) -> u32 {
-        if self.one_at_a_time {
-            1
-        } else {
-            self.probes()
-        }
-    }
-
     /// `M` in force.
     fn successes_to_close(&self) -> u32 {
         self.breaker().half_open.successes.get()
@@ -292,11 +280,17 @@ impl Model {
         }
     }
 
-    /// Live probes of this half-open period holding a slot at `at`.
+    /// Live probes of this half-open period holding a slot at `at`. A
+    /// period that began with `N = 1` has one slot, the latest probe's,
+    /// whatever `N` becomes (H3, H4, docs/contract-extensions.md CX3).
     fn slots_held(&self, at: u64) -> impl Iterator<Item = (&TicketId, &Held)> + '_ {
         let half_open = self.phase == Phase::HalfOpen;
-        self.live.iter().filter(move |(_, t)| {
-            half_open && t.probe && t.period == self.period && t.slot_end > at
+        self.live.iter().filter(move |(&id, t)| {
+            half_open
+                && t.probe
+                && t.period == self.period
+                && t.slot_end > at
+                && (!self.one_at_a_time || self.latest == Some(id))
         })
     }
 
@@ -397,7 +391,7 @@ impl Model {
     fn acquire(&mut self, lease: Option<u64>, status: bool, id: TicketId, now: u64) -> Decision {
         self.settle(now);
         let held: Vec<u64> = self.slots_held(now).map(|(_, t)| t.slot_end).collect();
-        let slots_full = self.phase == Phase::HalfOpen && held.len() >= self.slot_limit() as usize;
+        let slots_full = self.phase == Phase::HalfOpen && held.len() >= self.probes() as usize;
         match self.phase {
             Phase::Isolated => Decision::Refused,
             Phase::Open if now < self.deadline => Decision::Blocked {
@@ -446,7 +440,7 @@ impl Model {
         let lease_end = now + self.policy.lease.grant(lease);
         let slot_end = lease_end.min(now + self.breaker().probe_lease.get());
         self.attempts += 1;
-        self.cap = self.cap.max(self.slot_limit());
+        self.cap = self.cap.max(self.probes());
         if self.one_at_a_time {
             self.latest = Some(id);
         }
