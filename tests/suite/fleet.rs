@@ -7,6 +7,18 @@
 //! `REASON_PROBE_IN_FLIGHT`. The probe is then completed as `FAILURE`, which
 //! opens the breaker again for the next round. 50 rounds on the manual clock,
 //! 50 on the real clock.
+//!
+//! The same with bounded half-open (H1-H4, `probes = 3, successes = 2`):
+//! each burst of 400 gets exactly 3 `PROBE`s and 397 `BLOCKED`
+//! `probe_in_flight`, and the probes are completed so that every way a
+//! half-open period goes on or ends happens: a failure opens the breaker
+//! again, two successes close it (and the round trips it again), an
+//! `IGNORED` probe frees its slot for exactly one more probe, and (on the
+//! manual clock) lapsed slots admit three new probes while the lapsed ones
+//! turn stale. 50 rounds on the manual clock, 50 across three servers on
+//! one Redis Cluster. After every step `GetKey` must read the phase, the
+//! slots held (`probes_held`), the successes counted
+//! (`half_open_successes`), live tickets, attempts and the failure run.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,6 +103,19 @@ pub(crate) fn one_probe(
     answers: &[pb::AcquireResponse],
     retry_ok: impl Fn(u64) -> bool,
 ) -> String {
+    let mut probes = probes(round, answers, 1, retry_ok);
+    probes.pop().expect("one probe")
+}
+
+/// Checks that exactly `expected` answers are probes and every other one is
+/// blocked by them; returns the probes' tickets. `retry_after` of the
+/// blocked ones must satisfy `retry_ok`.
+pub(crate) fn probes(
+    round: u32,
+    answers: &[pb::AcquireResponse],
+    expected: usize,
+    retry_ok: impl Fn(u64) -> bool,
+) -> Vec<String> {
     let mut probes = Vec::new();
     let mut blocked = 0;
     let mut other = Vec::new();
@@ -115,14 +140,14 @@ pub(crate) fn one_probe(
         );
     }
     assert!(
-        probes.len() == 1 && blocked == REQUESTS - 1 && other.is_empty(),
-        "round {round}: expected 1 PROBE and {} BLOCKED probe_in_flight, got {} probes, {blocked} blocked, and {} others: {:?}",
-        REQUESTS - 1,
+        probes.len() == expected && blocked == answers.len() - expected && other.is_empty(),
+        "round {round}: expected {expected} PROBE and {} BLOCKED probe_in_flight, got {} probes, {blocked} blocked, and {} others: {:?}",
+        answers.len() - expected,
         probes.len(),
         other.len(),
         other.iter().take(5).collect::<Vec<_>>()
     );
-    probes.pop().expect("one probe")
+    probes
 }
 
 /// Checks the key after a round's burst: half-open, one probe ticket live,
@@ -258,5 +283,334 @@ breaker = { mode = "consecutive", failures = 1, break = "50ms", probe_lease = "3
             round,
             &complete(&mut control, &probe, pb::Outcome::Failure).await,
         );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Bounded half-open (H1-H4): three probes at once, two successes close.
+
+/// Probe slots held at once in the bounded fleets.
+const PROBES: usize = 3;
+
+/// Every key opens on one failure, for a break of one second; a half-open
+/// period admits three probes at once and closes at its second success.
+const THREE_PROBES_ONE_SECOND_BREAKS: &str = r#"
+[default]
+breaker = { mode = "consecutive", failures = 1, break = "1s", half_open = { probes = 3, successes = 2 } }
+"#;
+
+/// The same on the real clock: a short break, and probe slots (30 s) that
+/// cannot lapse during a round.
+const THREE_PROBES_SHORT_BREAKS: &str = r#"
+[default]
+breaker = { mode = "consecutive", failures = 1, break = "50ms", probe_lease = "30s", half_open = { probes = 3, successes = 2 } }
+"#;
+
+/// A bounded fleet: the clients that fire the bursts, the servers they
+/// talk to (one, or three on one store), and what the key must read.
+struct Bounded<'a> {
+    servers: &'a [Server],
+    clients: Vec<Client>,
+    /// `retry_after` of a burst's blocked answers, in ms, must satisfy this.
+    retry_ok: fn(u64) -> bool,
+    /// Probes admitted since the breaker last closed (B5, H1).
+    attempts: u32,
+    /// Failures in a row.
+    run: u32,
+    /// The manual clock, when the servers run on one: rounds where the
+    /// probes' slots lapse need it.
+    clock: Option<ClockClient>,
+}
+
+/// What the key reads at one point of a round.
+struct Reads {
+    phase: pb::Phase,
+    probes_held: u32,
+    successes: u32,
+    live: u32,
+}
+
+impl Bounded<'_> {
+    async fn new(servers: &[Server]) -> Bounded<'_> {
+        let mut clients = Vec::with_capacity(CONNECTIONS);
+        for i in 0..CONNECTIONS {
+            clients.push(servers[i % servers.len()].fusebox().await);
+        }
+        Bounded {
+            servers,
+            clients,
+            retry_ok: |retry| retry == 1000,
+            attempts: 0,
+            run: 0,
+            clock: None,
+        }
+    }
+
+    /// A connection to the `i`-th server (round robin), for completions and
+    /// single calls, so that over a round every server takes part.
+    fn control(&self, i: u32) -> Client {
+        self.clients[i as usize % self.clients.len()].clone()
+    }
+
+    /// Fires a burst of `REQUESTS` and checks that exactly `expected` are
+    /// probes (H1): their tickets.
+    async fn burst(&mut self, round: u32, expected: usize) -> Vec<String> {
+        let answers = fire(&self.clients, acquire_one()).await;
+        let probes = probes(round, &answers, expected, self.retry_ok);
+        self.attempts += u32::try_from(expected).expect("a few probes");
+        probes
+    }
+
+    /// Reads the key through the `i`-th server and checks it.
+    async fn check(&self, round: u32, i: u32, what: &str, expected: Reads) {
+        let server = &self.servers[i as usize % self.servers.len()];
+        let state = server.get(KEY).await;
+        let seen = (
+            pb::Phase::try_from(state.phase),
+            state.probes_held,
+            state.half_open_successes,
+            state.live_tickets,
+            state.half_open_attempts,
+            state.consecutive_failures,
+        );
+        assert_eq!(
+            seen,
+            (
+                Ok(expected.phase),
+                expected.probes_held,
+                expected.successes,
+                expected.live,
+                self.attempts,
+                self.run,
+            ),
+            "round {round}, {what}: (phase, probes_held, half_open_successes, live_tickets, \
+             half_open_attempts, consecutive_failures) of {state:?}"
+        );
+    }
+
+    /// Completes `ticket` with `outcome` through the `i`-th connection;
+    /// checks that it was `stale` or not and the phase after.
+    async fn complete(
+        &self,
+        round: u32,
+        i: u32,
+        ticket: &str,
+        outcome: pb::Outcome,
+        stale: bool,
+        phase: pb::Phase,
+    ) {
+        let done = complete(&mut self.control(i), ticket, outcome).await;
+        assert_eq!(
+            (done.stale, pb::Phase::try_from(done.phase)),
+            (stale, Ok(phase)),
+            "round {round}: {outcome:?} of a probe: (stale, phase)"
+        );
+    }
+
+    /// Trips the closed breaker: one granted call that fails.
+    async fn trip(&mut self, round: u32) {
+        let first = acquire(&mut self.control(round)).await;
+        assert_eq!(
+            first.decision,
+            pb::Decision::Granted as i32,
+            "round {round}: {first:?}"
+        );
+        self.complete(
+            round,
+            round + 1,
+            &first.ticket,
+            pb::Outcome::Failure,
+            false,
+            pb::Phase::Open,
+        )
+        .await;
+        self.run += 1;
+    }
+
+    /// One round, the break just ended: a burst gets three probes; then,
+    /// by the round's number: two successes close the breaker (and it is
+    /// tripped again); or an `IGNORED` probe frees one slot, the next burst
+    /// gets exactly one probe, a success counts and a failure opens; or the
+    /// first probe's failure opens; or (on the manual clock) the slots lapse
+    /// and a burst gets three new probes, the lapsed ones stale. Every
+    /// probe left when the period ends is stale.
+    async fn round(&mut self, round: u32) {
+        use pb::Outcome::{Failure, Ignored, Success};
+        use pb::Phase::{Closed, HalfOpen, Open};
+        let held = |probes_held, successes| Reads {
+            phase: HalfOpen,
+            probes_held,
+            successes,
+            live: probes_held,
+        };
+        let p = self.burst(round, PROBES).await;
+        self.check(round, round, "after the burst", held(3, 0))
+            .await;
+        match round % 4 {
+            0 => {
+                // H2: the first success frees its slot and counts; the
+                // second closes; the third probe is then stale.
+                self.complete(round, round, &p[0], Success, false, HalfOpen)
+                    .await;
+                self.check(round, round + 1, "after one success", held(2, 1))
+                    .await;
+                self.complete(round, round + 1, &p[1], Success, false, Closed)
+                    .await;
+                self.attempts = 0;
+                self.run = 0;
+                let closed = Reads {
+                    phase: Closed,
+                    probes_held: 0,
+                    successes: 0,
+                    live: 1,
+                };
+                self.check(round, round + 2, "closed by two successes", closed)
+                    .await;
+                self.complete(round, round + 2, &p[2], Success, true, Closed)
+                    .await;
+                self.trip(round).await;
+            }
+            1 => {
+                // H2: IGNORED frees a slot and counts nothing: the next
+                // burst gets exactly one probe; a success counts; a failure
+                // opens; the last probe is then stale.
+                self.complete(round, round, &p[0], Ignored, false, HalfOpen)
+                    .await;
+                self.check(round, round + 1, "after IGNORED", held(2, 0))
+                    .await;
+                let more = self.burst(round, 1).await;
+                self.check(round, round + 2, "after the second burst", held(3, 0))
+                    .await;
+                self.complete(round, round + 1, &p[1], Success, false, HalfOpen)
+                    .await;
+                self.check(round, round + 2, "after one success", held(2, 1))
+                    .await;
+                self.complete(round, round + 2, &more[0], Failure, false, Open)
+                    .await;
+                self.run += 1;
+                self.complete(round, round, &p[2], Success, true, Open)
+                    .await;
+            }
+            2 => {
+                // H2: the first failure opens; the other two are stale.
+                self.complete(round, round, &p[0], Failure, false, Open)
+                    .await;
+                self.run += 1;
+                self.complete(round, round + 1, &p[1], Success, true, Open)
+                    .await;
+                self.complete(round, round + 2, &p[2], Failure, true, Open)
+                    .await;
+            }
+            _ => match self.clock.clone() {
+                Some(mut clock) => self.lapse(round, &mut clock, p).await,
+                None => {
+                    // The last probe's failure opens; the others are stale.
+                    self.complete(round, round, &p[2], Failure, false, Open)
+                        .await;
+                    self.run += 1;
+                    self.complete(round, round + 1, &p[0], Success, true, Open)
+                        .await;
+                    self.complete(round, round + 2, &p[1], Ignored, true, Open)
+                        .await;
+                }
+            },
+        }
+        let open = Reads {
+            phase: Open,
+            probes_held: 0,
+            successes: 0,
+            live: 0,
+        };
+        self.check(round, round + 1, "open at the round's end", open)
+            .await;
+    }
+}
+
+impl Bounded<'_> {
+    /// On the manual clock: the three slots lapse together (probe_lease =
+    /// break = 1 s, H1, B1); the next burst gets three new probes; the
+    /// lapsed ones are stale from then on (H3, N > 1: a probe is current
+    /// only while it holds its slot), whatever their outcome.
+    async fn lapse(&mut self, round: u32, clock: &mut ClockClient, p: Vec<String>) {
+        use pb::Outcome::{Failure, Ignored, Success};
+        use pb::Phase::{HalfOpen, Open};
+        crate::admin::advance_clock(clock, 1000).await;
+        let lapsed = Reads {
+            phase: HalfOpen,
+            probes_held: 0,
+            successes: 0,
+            live: 3,
+        };
+        self.check(round, round, "after the slots lapsed", lapsed)
+            .await;
+        self.complete(round, round, &p[0], Success, true, HalfOpen)
+            .await;
+        let q = self.burst(round, PROBES).await;
+        let again = Reads {
+            phase: HalfOpen,
+            probes_held: 3,
+            successes: 0,
+            live: 5,
+        };
+        self.check(round, round + 1, "after a burst on lapsed slots", again)
+            .await;
+        self.complete(round, round + 1, &q[0], Success, false, HalfOpen)
+            .await;
+        self.complete(round, round + 2, &p[1], Failure, true, HalfOpen)
+            .await;
+        let counted = Reads {
+            phase: HalfOpen,
+            probes_held: 2,
+            successes: 1,
+            live: 3,
+        };
+        self.check(round, round + 2, "after one current success", counted)
+            .await;
+        self.complete(round, round, &q[1], Failure, false, Open)
+            .await;
+        self.run += 1;
+        self.complete(round, round + 1, &q[2], Success, true, Open)
+            .await;
+        self.complete(round, round + 2, &p[2], Ignored, true, Open)
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_probes_for_a_fleet_on_the_manual_clock() {
+    let servers = [Server::manual(Some(THREE_PROBES_ONE_SECOND_BREAKS)).await];
+    let mut clock = servers[0].clock().await;
+    let mut fleet = Bounded::new(&servers).await;
+    fleet.clock = Some(servers[0].clock().await);
+    fleet.trip(0).await;
+    for round in 1..=ROUNDS {
+        end_the_break(&servers[0], &mut clock, round).await;
+        // Time stands still: every slot is held for exactly probe_lease (= break).
+        fleet.round(round).await;
+    }
+}
+
+/// H1 across servers: three fusebox servers on one Redis Cluster, the
+/// bursts spread over all three, every completion and read through
+/// another server than the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_probes_for_a_fleet_across_three_servers_on_a_cluster() {
+    const TEST: &str = "three_probes_for_a_fleet_across_three_servers_on_a_cluster";
+    let Some(cluster) = tokio::task::spawn_blocking(|| crate::redis_harness::Cluster::start(TEST))
+        .await
+        .expect("the cluster starts")
+    else {
+        return;
+    };
+    let store = crate::store::store_of(&cluster);
+    let servers = crate::harness::servers_on(&store, THREE_PROBES_SHORT_BREAKS, false, 3).await;
+    let mut fleet = Bounded::new(&servers).await;
+    fleet.retry_ok = |retry| retry > 0 && retry <= 30_000;
+    fleet.trip(0).await;
+    for round in 1..=ROUNDS {
+        // The break ends on the store's clock: wait until a status check
+        // through one of the servers says so.
+        until_the_break_ends(&fleet.control(round), round).await;
+        fleet.round(round).await;
     }
 }

@@ -15,6 +15,7 @@ mod failover;
 mod fleet;
 mod fuzz;
 mod guard;
+mod half_open;
 mod harness;
 mod hostile;
 mod http;
