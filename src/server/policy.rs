@@ -266,6 +266,11 @@ pub fn wire_policy(p: &Policy) -> pb::Policy {
                 Outcome::Ignored => pb::Outcome::Ignored,
             } as i32,
         }),
+        retry_budget: p.retry_budget.map(|r| pb::RetryBudget {
+            ratio: r.ratio_millionths as f64 / 1_000_000.0,
+            min_per_second: r.min_per_second,
+            window: Some(duration_of(r.window.get())),
+        }),
         ..Default::default()
     }
 }
