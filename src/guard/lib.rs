@@ -187,6 +187,16 @@ pub struct CallOptions {
     /// This call's policy when fusebox cannot answer; `None` means the
     /// guard's.
     pub on_unavailable: Option<FailPolicy>,
+    /// Who makes this call, sent as the Acquire's `caller`; `None` means
+    /// the guard's ([`GuardOptions::caller`]). fusebox ignores it when the
+    /// guard sends a token (the token's name is the caller).
+    pub caller: Option<String>,
+    /// Which attempt of the caller's own call this is, sent as the
+    /// Acquire's `attempt`: `None` or 1 for a first attempt, 2 and up for
+    /// the caller's retries (a retry budget on the key counts them). The
+    /// guard itself never runs a call again, so it marks no retry of its
+    /// own: a caller that retries says so here.
+    pub attempt: Option<u32>,
 }
 
 /// Options of a guard.
@@ -199,6 +209,15 @@ pub struct GuardOptions {
     pub on_unavailable: FailPolicy,
     /// Sent as `authorization: Bearer TOKEN`.
     pub token: Option<String>,
+    /// Who this guard calls for (a service's name), sent as every
+    /// Acquire's `caller` unless a call says otherwise
+    /// ([`CallOptions::caller`]); `None` leaves it out and fusebox takes
+    /// the peer's address. A breaker with a quorum counts failures by
+    /// caller. At most 128 bytes of printable UTF-8: fusebox refuses
+    /// another with `INVALID_ARGUMENT` naming `caller`
+    /// ([`GuardError::Rejected`]). With a token, fusebox takes the token's
+    /// name instead.
+    pub caller: Option<String>,
     /// Keys remembered as open at most.
     pub cache_capacity: usize,
     /// At most one warning per interval when fusebox is unavailable.
@@ -238,6 +257,7 @@ impl Default for GuardOptions {
             deadline: Duration::from_millis(50),
             on_unavailable: FailPolicy::Open,
             token: None,
+            caller: None,
             cache_capacity: 1024,
             log_interval: Duration::from_secs(10),
             backoff: Duration::from_millis(100),
@@ -785,6 +805,13 @@ impl Guard {
             permits: options.permits,
             max_wait: options.max_wait.map(sanitize_duration),
             lease: options.lease.map(sanitize_duration),
+            attempt: options.attempt,
+            caller: options
+                .caller
+                .as_ref()
+                .or(self.inner.options.caller.as_ref())
+                .cloned()
+                .unwrap_or_default(),
             ..Default::default()
         };
         let reply = match self.call_acquire(message, deadline).await {
