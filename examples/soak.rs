@@ -223,6 +223,7 @@ async fn worker(channel: Channel, shared: Arc<Shared>, mut rng: Rng) {
             permits: Some(permits),
             max_wait: ms(max_wait),
             lease: lease.and_then(ms),
+            ..Default::default()
         });
         let deadline = rng.chance(10) && max_wait > 0;
         if deadline {

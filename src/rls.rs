@@ -204,7 +204,7 @@ fn policy_of(
     PolicySpec {
         breaker: None,
         limiter: Some(limiter),
-        lease: None,
+        ..PolicySpec::default()
     }
     .validate()
     .map_err(|e| format!("{}: {}", e.field, e.problem))
@@ -609,6 +609,9 @@ fn empty_limiter() -> LimiterSpec {
         period: None,
         window: None,
         segments: None,
+        min: None,
+        max: None,
+        initial: None,
         queue_limit: None,
         order: None,
     }

@@ -140,6 +140,7 @@ async fn attack(grpc: &str, size: Size, attacker: &str) -> anyhow::Result<Attack
                     permits: Some(0),
                     max_wait: None,
                     lease: None,
+                    ..Default::default()
                 })),
             })
             .collect(),

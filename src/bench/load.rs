@@ -751,6 +751,7 @@ fn acquire_request(key: String) -> pb::AcquireRequest {
         permits: None,
         max_wait: None,
         lease: None,
+        ..Default::default()
     }
 }
 

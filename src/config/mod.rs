@@ -14,7 +14,9 @@ use std::str::FromStr;
 use serde::Deserialize;
 
 use crate::auth::Access;
-use crate::domain::policy::{parse_duration, BreakerSpec, LeaseSpec, LimiterSpec, MAX_DURATION};
+use crate::domain::policy::{
+    parse_duration, BreakerSpec, LeaseSpec, LimiterSpec, RetryBudgetSpec, MAX_DURATION,
+};
 use crate::domain::{DurationSpec, Millis, Policy, PolicySpec};
 use crate::engine::{Pattern, Rule, Rules, Settings};
 use crate::tls::TlsConfig;
@@ -117,6 +119,10 @@ pub struct RuleSpec {
     pub limiter: Option<LimiterSpec>,
     /// Lease settings.
     pub lease: Option<LeaseSpec>,
+    /// False makes the rule a shadow (SPEC D1-D4).
+    pub enforce: Option<bool>,
+    /// The retry budget (SPEC R1-R3).
+    pub retry_budget: Option<RetryBudgetSpec>,
 }
 
 /// Every cap of `[server]`, validated (K2, K3): the engine takes its own
@@ -448,6 +454,8 @@ impl ConfigFile {
                 breaker: r.breaker.clone(),
                 limiter: r.limiter.clone(),
                 lease: r.lease.clone(),
+                enforce: r.enforce,
+                retry_budget: r.retry_budget.clone(),
             };
             let policy = spec.validate().map_err(|e| ConfigError::Invalid {
                 rule: name,

@@ -47,8 +47,8 @@ pub use fuse::{
 pub use key::{validate_key, KeyError, IDLE_AFTER};
 pub use names::{Named, UnknownName};
 pub use policy::{
-    policy_id, BreakerPolicy, DurationSpec, LeasePolicy, LimiterKind, LimiterPolicy, Order, Policy,
-    PolicyError, PolicySpec, Trip,
+    policy_id, BreakerPolicy, DurationSpec, HalfOpen, LeasePolicy, LimiterKind, LimiterPolicy,
+    Order, Policy, PolicyError, PolicySpec, Trip,
 };
 pub use ticket::TicketId;
 

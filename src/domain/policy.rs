@@ -49,6 +49,7 @@ impl Default for Policy {
                 multiplier: 1.0,
                 max_break: None,
                 probe_lease: break_ms,
+                half_open: HalfOpen::default(),
             }),
             limiter: None,
             lease: LeasePolicy::default(),
@@ -88,7 +89,35 @@ pub struct BreakerPolicy {
     pub max_break: Option<NonZeroU64>,
     /// How long a probe may hold the probe slot.
     pub probe_lease: NonZeroU64,
+    /// Probes at once and successes to close (H1-H4); 1 and 1 by default.
+    pub half_open: HalfOpen,
 }
+
+/// Bounded half-open (SPEC H1-H4): at most `probes` probe slots held at
+/// once, and `successes` probe successes in one half-open period close the
+/// breaker. `1` and `1` are sections 1's single probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HalfOpen {
+    /// Probe slots held at once.
+    pub probes: NonZeroU32,
+    /// Probe successes that close the breaker.
+    pub successes: NonZeroU32,
+}
+
+impl Default for HalfOpen {
+    fn default() -> Self {
+        let one = NonZeroU32::new(1).expect("non-zero");
+        HalfOpen {
+            probes: one,
+            successes: one,
+        }
+    }
+}
+
+/// The most probes at once, and successes to close, that a half-open
+/// period may ask for: enough for any fleet, small enough that the slots
+/// of one key stay a short list.
+pub const MAX_HALF_OPEN: u32 = 1_000;
 
 impl BreakerPolicy {
     /// The length of the k-th consecutive opening (k >= 1):
@@ -339,6 +368,51 @@ pub struct PolicySpec {
     /// Lease settings; absent means the defaults of Y3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<LeaseSpec>,
+    /// False makes the policy a shadow (D1-D4); absent means true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforce: Option<bool>,
+    /// The retry budget (R1-R3), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_budget: Option<RetryBudgetSpec>,
+}
+
+/// A retry budget as written, before validation (SPEC R1-R3).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryBudgetSpec {
+    /// Retries allowed per first attempt, in (0, 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<f64>,
+    /// Retries always allowed per second of the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_per_second: Option<u32>,
+    /// The window: at least 1 s, a multiple of 10 ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<DurationSpec>,
+}
+
+/// Slow calls as written, before validation (SPEC S1-S3).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlowSpec {
+    /// A call at least this old is slow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<DurationSpec>,
+    /// The share of slow calls that trips the breaker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<f64>,
+}
+
+/// Bounded half-open as written, before validation (SPEC H1-H4).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HalfOpenSpec {
+    /// Probe slots held at once (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probes: Option<u32>,
+    /// Probe successes that close the breaker (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub successes: Option<u32>,
 }
 
 /// A breaker as written, before validation.
@@ -371,6 +445,15 @@ pub struct BreakerSpec {
     /// How long a probe may hold the probe slot (default: `break`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_lease: Option<DurationSpec>,
+    /// Slow calls (ratio mode only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slow: Option<SlowSpec>,
+    /// Bounded half-open: probes at once and successes to close.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub half_open: Option<HalfOpenSpec>,
+    /// Distinct callers whose failures a trip needs (at least 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quorum: Option<u32>,
 }
 
 /// A limiter as written, before validation.
@@ -397,6 +480,15 @@ pub struct LimiterSpec {
     /// Sliding window: how many segments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segments: Option<u32>,
+    /// Adaptive: the lowest limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<u32>,
+    /// Adaptive: the highest limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<u32>,
+    /// Adaptive: the limit to start at (default `min`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial: Option<u32>,
     /// The most permits waiters may ask for in total (default 0: no queue).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_limit: Option<u32>,
@@ -471,6 +563,18 @@ fn absent<T>(value: &Option<T>, field: &str, context: &str) -> Result<(), Policy
 impl PolicySpec {
     /// Checks every field and builds the policy, or names the first bad field.
     pub fn validate(&self) -> Result<Policy, PolicyError> {
+        if self.enforce == Some(false) {
+            return Err(invalid(
+                "enforce",
+                "shadow policies (SPEC D1-D4) are not supported by this fusebox version; remove it",
+            ));
+        }
+        if self.retry_budget.is_some() {
+            return Err(invalid(
+                "retry_budget",
+                "retry budgets (SPEC R1-R3) are not supported by this fusebox version; remove it",
+            ));
+        }
         Ok(Policy {
             breaker: self
                 .breaker
@@ -500,6 +604,10 @@ impl Policy {
                 multiplier: Some(b.multiplier),
                 max_break: b.max_break.map(|m| DurationSpec(m.get())),
                 probe_lease: Some(DurationSpec(b.probe_lease.get())),
+                half_open: (b.half_open != HalfOpen::default()).then(|| HalfOpenSpec {
+                    probes: Some(b.half_open.probes.get()),
+                    successes: Some(b.half_open.successes.get()),
+                }),
                 ..BreakerSpec::default()
             };
             match b.trip {
@@ -563,6 +671,7 @@ impl Policy {
             breaker,
             limiter,
             lease: Some(lease),
+            ..PolicySpec::default()
         }
     }
 }
@@ -642,12 +751,47 @@ impl BreakerSpec {
             .map(|p| positive(p, "breaker.probe_lease"))
             .transpose()?
             .unwrap_or(break_ms);
+        if self.slow.is_some() {
+            return Err(invalid(
+                "breaker.slow",
+                "slow calls (SPEC S1-S3) are not supported by this fusebox version; remove it",
+            ));
+        }
+        if self.quorum.is_some() {
+            return Err(invalid(
+                "breaker.quorum",
+                "quorum trips (SPEC Q1-Q2) are not supported by this fusebox version; remove it",
+            ));
+        }
+        let half_open = self
+            .half_open
+            .as_ref()
+            .map_or(Ok(HalfOpen::default()), HalfOpenSpec::validate)?;
         Ok(BreakerPolicy {
             trip,
             break_ms,
             multiplier,
             max_break,
             probe_lease,
+            half_open,
+        })
+    }
+}
+
+impl HalfOpenSpec {
+    /// Checks both counts: each from 1 to [`MAX_HALF_OPEN`], absent = 1.
+    pub fn validate(&self) -> Result<HalfOpen, PolicyError> {
+        let bounded = |value: Option<u32>, field: &str| match value {
+            None => Ok(NonZeroU32::new(1).expect("non-zero")),
+            Some(n) if n > MAX_HALF_OPEN => Err(invalid(
+                field,
+                format!("must be at most {MAX_HALF_OPEN}, not {n}"),
+            )),
+            Some(n) => NonZeroU32::new(n).ok_or_else(|| invalid(field, "must be at least 1")),
+        };
+        Ok(HalfOpen {
+            probes: bounded(self.probes, "breaker.half_open.probes")?,
+            successes: bounded(self.successes, "breaker.half_open.successes")?,
         })
     }
 }
@@ -720,6 +864,12 @@ impl LimiterSpec {
                     window,
                     segments,
                 }
+            }
+            "adaptive" => {
+                return Err(invalid(
+                    "limiter.kind",
+                    "the adaptive limiter is not supported by this fusebox version; use concurrency",
+                ))
             }
             other => {
                 return Err(invalid(

@@ -4,8 +4,12 @@
 
 use tonic::Status;
 
-use crate::domain::policy::{BreakerSpec, LeaseSpec, LimiterSpec};
-use crate::domain::{DurationSpec, LimiterKind, Order, Outcome, Policy, PolicySpec, Trip};
+use crate::domain::policy::{
+    BreakerSpec, HalfOpenSpec, LeaseSpec, LimiterSpec, RetryBudgetSpec, SlowSpec,
+};
+use crate::domain::{
+    DurationSpec, HalfOpen, LimiterKind, Order, Outcome, Policy, PolicySpec, Trip,
+};
 use crate::proto::v1 as pb;
 
 use super::status::status_of;
@@ -54,6 +58,18 @@ pub fn policy_of(p: pb::Policy) -> Result<Policy, Status> {
                 multiplier: b.multiplier,
                 max_break: duration("policy.breaker.max_break", b.max_break)?,
                 probe_lease: duration("policy.breaker.probe_lease", b.probe_lease)?,
+                slow: match b.slow {
+                    None => None,
+                    Some(s) => Some(SlowSpec {
+                        duration: duration("policy.breaker.slow.duration", s.duration)?,
+                        ratio: Some(s.ratio),
+                    }),
+                },
+                half_open: b.half_open.map(|h| HalfOpenSpec {
+                    probes: h.probes,
+                    successes: h.successes,
+                }),
+                quorum: b.quorum,
                 ..BreakerSpec::default()
             };
             match b.mode {
@@ -121,6 +137,12 @@ pub fn policy_of(p: pb::Policy) -> Result<Policy, Status> {
                     spec.window = duration("policy.limiter.sliding_window.window", w.window)?;
                     spec.segments = Some(w.segments);
                 }
+                Some(Kind::Adaptive(a)) => {
+                    spec.kind = "adaptive".into();
+                    spec.min = Some(a.min);
+                    spec.max = Some(a.max);
+                    spec.initial = a.initial;
+                }
                 None => return Err(status_of(EngineError::Invalid {
                     field: "policy.limiter.kind",
                     problem:
@@ -146,10 +168,20 @@ pub fn policy_of(p: pb::Policy) -> Result<Policy, Status> {
         }),
     };
     let limiter_kind = limiter.as_ref().map(|l| l.kind.clone());
+    let retry_budget = match p.retry_budget {
+        None => None,
+        Some(r) => Some(RetryBudgetSpec {
+            ratio: Some(r.ratio),
+            min_per_second: Some(r.min_per_second),
+            window: duration("policy.retry_budget.window", r.window)?,
+        }),
+    };
     PolicySpec {
         breaker,
         limiter,
         lease,
+        enforce: p.enforce,
+        retry_budget,
     }
     .validate()
     .map_err(|e| {
@@ -180,6 +212,10 @@ pub fn wire_policy(p: &Policy) -> pb::Policy {
             multiplier: Some(b.multiplier),
             max_break: b.max_break.map(|m| duration_of(m.get())),
             probe_lease: Some(duration_of(b.probe_lease.get())),
+            half_open: (b.half_open != HalfOpen::default()).then(|| pb::HalfOpen {
+                probes: Some(b.half_open.probes.get()),
+                successes: Some(b.half_open.successes.get()),
+            }),
             ..Default::default()
         }),
         limiter: p.limiter.map(|l| {

@@ -25,6 +25,7 @@ pub fn request(key: &str) -> pb::AcquireRequest {
         permits: None,
         max_wait: None,
         lease: None,
+        ..Default::default()
     }
 }
 
@@ -231,6 +232,7 @@ pub fn rule(
             breaker,
             limiter,
             lease: None,
+            ..Default::default()
         }),
         default: false,
     }
@@ -628,6 +630,7 @@ async fn set_policy_adds_replaces_in_place_and_delete_policy_removes() {
             breaker: Some(shown_consecutive(3, 1000)),
             limiter: None,
             lease: Some(default_lease()),
+            ..Default::default()
         })
     );
     let default = start.default.clone().expect("a default");
@@ -649,6 +652,7 @@ async fn set_policy_adds_replaces_in_place_and_delete_policy_removes() {
                 breaker: Some(shown_consecutive(1, 500)),
                 limiter: None,
                 lease: Some(default_lease()),
+                ..Default::default()
             }),
             default: false,
         },
@@ -783,6 +787,7 @@ async fn structured_policies_round_trip_through_list_policies() {
         multiplier: Some(2.0),
         max_break: Some(ms(60_000)),
         probe_lease: Some(ms(1_500)),
+        ..Default::default()
     };
     let lease = pb::Lease {
         default_lease: Some(ms(2_000)),
@@ -818,6 +823,7 @@ async fn structured_policies_round_trip_through_list_policies() {
                     order: pb::Order::NewestFirst as i32,
                 }),
                 lease: Some(lease),
+                ..Default::default()
             }),
             default: false,
         };
@@ -843,6 +849,7 @@ async fn structured_policies_round_trip_through_list_policies() {
                 ..concurrency(3)
             }),
             lease: Some(default_lease()),
+            ..Default::default()
         })
     );
     sent.push(bare);
@@ -922,6 +929,7 @@ async fn every_invalid_policy_is_refused_naming_the_field_and_changes_nothing() 
                 max_lease: max.map(ms),
                 expired_outcome: expired,
             }),
+            ..Default::default()
         }),
         ..rule("bad/*", None, None)
     };
@@ -1324,6 +1332,7 @@ lease = { default = "1s", max = "5s" }
             ignored: 1,
             stale: 1,
             expired: 1,
+            ..Default::default()
         }),
         "{state:?}"
     );

@@ -82,6 +82,7 @@ async fn ticket(server: &Server, key: &str) -> String {
                 permits: Some(1),
                 max_wait: None,
                 lease: Some(ms(60_000)),
+                ..Default::default()
             },
         ))
         .await
@@ -96,6 +97,7 @@ fn policy() -> pb::Policy {
         breaker: Some(crate::admin::consecutive(3, 1000)),
         limiter: None,
         lease: None,
+        ..Default::default()
     }
 }
 

@@ -101,6 +101,7 @@ impl Clients {
                 permits: None,
                 max_wait: None,
                 lease: lease.map(ms),
+                ..Default::default()
             })
             .await
             .unwrap_or_else(|s| panic!("Acquire {key:?}: {s:?}"))
@@ -139,6 +140,7 @@ fn fresh(key: &str) -> pb::KeyState {
         failure_ratio: None,
         phase_changed_at: None,
         limit: 4,
+        ..Default::default()
     }
 }
 
@@ -194,6 +196,7 @@ fn acquire(key: &str, max_wait: Option<WireDuration>, lease: Option<WireDuration
         permits: None,
         max_wait,
         lease,
+        ..Default::default()
     })
 }
 
@@ -555,6 +558,7 @@ async fn cap_reached_changes_nothing(c: &mut Clients) {
                 permits: Some(1),
                 max_wait,
                 lease: None,
+                ..Default::default()
             })
             .await
             .expect_err("the key cap is reached");

@@ -384,6 +384,7 @@ async fn keys_fetches_every_page() {
                 permits: Some(1),
                 max_wait: None,
                 lease: None,
+                ..Default::default()
             })
             .await
             .expect("Acquire answers")

@@ -186,6 +186,7 @@ fn acquire_request(key: &str, max_wait_ms: u64) -> pb::AcquireRequest {
         permits: None,
         max_wait: (max_wait_ms > 0).then(|| ms(max_wait_ms)),
         lease: None,
+        ..Default::default()
     }
 }
 

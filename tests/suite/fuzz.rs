@@ -685,6 +685,7 @@ fn wire_policy_message() -> impl Strategy<Value = pb::Policy> {
                 multiplier,
                 max_break,
                 probe_lease,
+                ..Default::default()
             },
         );
     let kind = prop_oneof![
@@ -721,6 +722,7 @@ fn wire_policy_message() -> impl Strategy<Value = pb::Policy> {
             breaker,
             limiter,
             lease,
+            ..Default::default()
         })
 }
 
@@ -858,6 +860,7 @@ fn methods() -> Vec<(&'static str, Vec<u8>)> {
                 permits: Some(1),
                 max_wait: d(5),
                 lease: d(50),
+                ..Default::default()
             }
             .encode_to_vec(),
         ),

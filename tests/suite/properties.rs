@@ -148,6 +148,7 @@ pub(crate) fn policy_spec() -> impl Strategy<Value = PolicySpec> {
             breaker,
             limiter,
             lease,
+            ..PolicySpec::default()
         })
 }
 

@@ -40,6 +40,7 @@ fn request(max_wait: u64) -> pb::AcquireRequest {
         permits: None,
         max_wait: (max_wait > 0).then(|| ms(max_wait)),
         lease: None,
+        ..Default::default()
     }
 }
 

@@ -65,6 +65,7 @@ fn acquire(key: &str, wait: Option<u64>) -> pb::AcquireRequest {
         permits: Some(1),
         max_wait: wait.map(ms),
         lease: Some(ms(600_000)),
+        ..Default::default()
     }
 }
 

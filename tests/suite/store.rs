@@ -345,6 +345,7 @@ limiter = { kind = "concurrency", permits = 1, queue_limit = 10 }
         permits: None,
         max_wait: Some(crate::harness::ms(max_wait)),
         lease: None,
+        ..Default::default()
     };
     let mut holder = a.fusebox().await;
     let held = holder.acquire(wait(0)).await.expect("Acquire").into_inner();

@@ -105,6 +105,7 @@ fn ask(key: &str, max_wait: Option<u64>) -> pb::AcquireRequest {
         permits: None,
         max_wait: max_wait.map(ms),
         lease: None,
+        ..Default::default()
     }
 }
 

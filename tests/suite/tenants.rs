@@ -528,6 +528,7 @@ async fn rules_are_capped_and_a_namespace_admin_stays_in_its_patterns_in(args: &
                 breaker: Some(crate::admin::consecutive(3, 1000)),
                 limiter: None,
                 lease: None,
+                ..Default::default()
             }),
             default: false,
         }),

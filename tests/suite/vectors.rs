@@ -587,6 +587,7 @@ pub fn wire_acquire(step: &Step) -> pb::AcquireRequest {
         permits: step.permits,
         max_wait: step.max_wait.map(ms),
         lease: step.lease.map(ms),
+        ..Default::default()
     }
 }
 

@@ -5,7 +5,7 @@
 use std::num::{NonZeroU32, NonZeroU64};
 
 use super::*;
-use crate::policy::{BreakerPolicy, LeasePolicy, LimiterKind, LimiterPolicy, Trip};
+use crate::policy::{BreakerPolicy, HalfOpen, LeasePolicy, LimiterKind, LimiterPolicy, Trip};
 use crate::ticket::PackedId;
 
 fn nz32(n: u32) -> NonZeroU32 {
@@ -25,6 +25,7 @@ fn consecutive(failures: u32, break_ms: u64) -> BreakerPolicy {
         multiplier: 1.0,
         max_break: None,
         probe_lease: nz64(break_ms),
+        half_open: HalfOpen::default(),
     }
 }
 
@@ -39,6 +40,7 @@ fn ratio(failure_ratio: f64, minimum_throughput: u32, sampling_window: Millis) -
         multiplier: 1.0,
         max_break: None,
         probe_lease: nz64(1_000),
+        half_open: HalfOpen::default(),
     }
 }
 

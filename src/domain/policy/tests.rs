@@ -508,6 +508,7 @@ fn left_out_fields_take_the_defaults_of_y3() {
                 multiplier: 1.0,
                 max_break: None,
                 probe_lease: nz64(2_000),
+                half_open: HalfOpen::default(),
             }),
             limiter: Some(LimiterPolicy {
                 kind: LimiterKind::Concurrency { permits: nz32(8) },
@@ -598,6 +599,7 @@ fn the_built_in_default_rule_is_five_failures_in_a_row_a_five_second_break_and_n
                 multiplier: 1.0,
                 max_break: None,
                 probe_lease: nz64(5_000),
+                half_open: HalfOpen::default(),
             }),
             limiter: None,
             lease: LeasePolicy {
@@ -639,6 +641,7 @@ fn every_kind_and_mode_is_read_into_its_validated_form() {
             multiplier: 2.0,
             max_break: Some(nz64(60_000)),
             probe_lease: nz64(1_000),
+            half_open: HalfOpen::default(),
         })
     );
     assert_eq!(
@@ -829,6 +832,7 @@ fn backoff(break_ms: u64, multiplier: f64, max_break: Option<u64>) -> BreakerPol
         multiplier,
         max_break: max_break.map(nz64),
         probe_lease: nz64(break_ms),
+        half_open: HalfOpen::default(),
     }
 }
 

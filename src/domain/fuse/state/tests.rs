@@ -123,6 +123,7 @@ fn policy() -> impl Strategy<Value = Policy> {
                 breaker,
                 limiter,
                 lease,
+                ..PolicySpec::default()
             }
             .validate()
             .ok()
