@@ -800,20 +800,7 @@ impl Guard {
             return self.unavailable(policy, status);
         }
         let deadline = self.inner.options.deadline + options.max_wait.unwrap_or_default();
-        let message = pb::AcquireRequest {
-            key: key.to_owned(),
-            permits: options.permits,
-            max_wait: options.max_wait.map(sanitize_duration),
-            lease: options.lease.map(sanitize_duration),
-            attempt: options.attempt,
-            caller: options
-                .caller
-                .as_ref()
-                .or(self.inner.options.caller.as_ref())
-                .cloned()
-                .unwrap_or_default(),
-            ..Default::default()
-        };
+        let message = self.acquire_request(key, options);
         let reply = match self.call_acquire(message, deadline).await {
             Ok(reply) => {
                 self.reachable();
@@ -875,6 +862,24 @@ impl Guard {
                 "unknown decision {}",
                 reply.decision
             )))),
+        }
+    }
+
+    /// The Acquire for one call: its options, the caller a call names or
+    /// else the guard's (none: empty, which fusebox reads as absent).
+    fn acquire_request(&self, key: &str, options: &CallOptions) -> pb::AcquireRequest {
+        pb::AcquireRequest {
+            key: key.to_owned(),
+            permits: options.permits,
+            max_wait: options.max_wait.map(sanitize_duration),
+            lease: options.lease.map(sanitize_duration),
+            attempt: options.attempt,
+            caller: options
+                .caller
+                .as_ref()
+                .or(self.inner.options.caller.as_ref())
+                .cloned()
+                .unwrap_or_default(),
         }
     }
 
@@ -1071,6 +1076,29 @@ mod tests {
         }
         let stats = guard.stats();
         assert_eq!((stats.outcomes_dropped, stats.complete_failures), (2, 0));
+    }
+
+    #[tokio::test]
+    async fn an_acquire_carries_the_calls_caller_else_the_guards_and_its_attempt() {
+        let connect = |caller: Option<&str>| {
+            let options = GuardOptions {
+                caller: caller.map(str::to_owned),
+                ..GuardOptions::default()
+            };
+            Guard::connect("http://127.0.0.1:1", None, options).expect("a lazy channel")
+        };
+        let retry = CallOptions {
+            caller: Some("retrier".into()),
+            attempt: Some(2),
+            ..CallOptions::default()
+        };
+        let guard = connect(Some("checkout"));
+        let first = guard.acquire_request("k", &CallOptions::default());
+        assert_eq!((first.caller.as_str(), first.attempt), ("checkout", None));
+        let again = guard.acquire_request("k", &retry);
+        assert_eq!((again.caller.as_str(), again.attempt), ("retrier", Some(2)));
+        let anonymous = connect(None).acquire_request("k", &CallOptions::default());
+        assert_eq!((anonymous.caller.as_str(), anonymous.attempt), ("", None));
     }
 
     #[test]
