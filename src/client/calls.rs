@@ -29,7 +29,6 @@ pub async fn acquire(
             lease: lease.map(duration_of),
             attempt,
             caller: caller.unwrap_or_default(),
-            ..Default::default()
         })
         .await
         .map_err(call_error)?
