@@ -441,7 +441,7 @@ public final class FuseboxClient implements AutoCloseable {
       req.setLease(duration(opts.lease));
     }
     String who = opts.caller != null ? opts.caller : caller;
-    if (who != null) {
+    if (who != null && !who.isEmpty()) {
       req.setCaller(who);
     }
     if (opts.attempt != null) {

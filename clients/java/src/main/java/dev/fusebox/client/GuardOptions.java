@@ -131,11 +131,11 @@ public final class GuardOptions {
 
   /**
    * Who makes this call, sent as the Acquire's {@code caller} (rule Q1) in place of the client's
-   * ({@link FuseboxClient.Builder#caller(String)}); null or empty: the client's.
+   * ({@link FuseboxClient.Builder#caller(String)}); null: the client's; empty: none (fusebox then
+   * takes the connection's address), as in every fusebox client library.
    */
   public GuardOptions caller(String name) {
-    String c = name == null || name.isEmpty() ? null : name;
-    return new GuardOptions(permits, maxWait, lease, classifier, deadline, onUnavailable, noRenew, costOf, c, attempt);
+    return new GuardOptions(permits, maxWait, lease, classifier, deadline, onUnavailable, noRenew, costOf, name, attempt);
   }
 
   /**

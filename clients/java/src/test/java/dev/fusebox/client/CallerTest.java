@@ -88,7 +88,9 @@ class CallerTest extends LiveServers {
         client(FuseboxClient.builder(s.addr).deadline(Duration.ofSeconds(2)).caller("billing").interceptor(wire));
     c.guard("k", () -> "first");
     c.guard("k", GuardOptions.defaults().attempt(3).caller("billing-retrier"), () -> "retry");
-    assertEquals(2, wire.sent.size());
+    c.guard("k", GuardOptions.defaults().caller(""), () -> "anonymous");
+    assertEquals(3, wire.sent.size());
+    assertEquals("", wire.sent.get(2).getCaller(), "an empty caller sends none");
     AcquireRequest first = wire.sent.get(0);
     AcquireRequest retry = wire.sent.get(1);
     assertFalse(first.hasAttempt(), "no attempt unless one is given");
