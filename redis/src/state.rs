@@ -6,12 +6,12 @@
 //! the module has no `unsafe` of its own. A string gets RDB, AOF,
 //! replication, `DUMP`/`RESTORE` and slot migration from Redis as they are.
 //!
-//! Layout, version 4 (little-endian; every value starts `FBX` and a
+//! Layout, version 5 (little-endian; every value starts `FBX` and a
 //! version byte, so a reader refuses a string that is not fusebox state,
 //! and one written by a newer module):
 //!
 //! ```text
-//! 0    "FBX", version 4                 4    header length (u32) = HEADER
+//! 0    "FBX", version 5                 4    header length (u32) = HEADER
 //! 8    next deadline (u64; MAX = none)  16   phase (u8)   17 flags (u8)
 //! 20   live tickets (u32)               24   waiters (u32)
 //! 28   policy length (u32)              32   policy id (16 bytes)
@@ -25,7 +25,9 @@
 //! 272  the policy as JSON (policy length bytes)
 //!      the ticket table ([`crate::table`]), table slots x 72 bytes + 8
 //!      the tail: window buckets, sliding-window segments (index u64,
-//!      count u64), waiters
+//!      count u64), waiters, then a half-open period's probing (u8 0 =
+//!      none; 1, then successes u32, shared u8, slots u16, each slot's
+//!      ticket id and end)
 //! ```
 //!
 //! For a token bucket, limiter a is the tick and limiter b the tokens as an
@@ -42,13 +44,14 @@
 //! Versions 1 (`FBX\x01` and the domain's `FuseState` as JSON), 2 (this
 //! layout, but for the ticket table's heap: [`crate::table`]) and 3 (this
 //! layout, but segment counts as u32, and tickets that never settle a
-//! cost) are still read; the next write of such a key writes version 4.
+//! cost) and 4 (this layout without the probing) are still read; the next
+//! write of such a key writes version 5.
 
 use std::fmt;
 
 use fusebox_domain::{
     BreakerState, CounterState, Fuse, FuseHead, FuseState, LimiterState, Millis, Phase,
-    ReasonCounts, TicketId, WaiterState, WindowBucket,
+    ProbingState, ReasonCounts, SlotState, TicketId, WaiterState, WindowBucket,
 };
 
 use crate::table::{self, u32_at, u64_at};
@@ -57,7 +60,7 @@ use crate::table::{self, u32_at, u64_at};
 pub const MAGIC: &[u8; 3] = b"FBX";
 
 /// The encoding this module writes and the newest it reads.
-pub const ENCODING_VERSION: u8 = 4;
+pub const ENCODING_VERSION: u8 = 5;
 
 /// Bytes of the fixed header of versions 2 and 3.
 pub const HEADER: usize = 272;
@@ -301,6 +304,7 @@ impl Header {
                     attempts: u32_at(value, 84),
                     openings: u32_at(value, 88),
                     window: Vec::new(),
+                    probing: None,
                 },
                 limiter: None,
                 waiters: Vec::new(),
@@ -395,6 +399,25 @@ impl Header {
                 lease: (lease != 0).then_some(lease),
             });
         }
+        // A half-open period's successes and slots (H1-H4), since version 5.
+        if self.version >= 5 && r.u8()? == 1 {
+            let successes = r.u32()?;
+            let shared = r.u8()? == 1;
+            let slots = r.u16()?;
+            let mut probing = ProbingState {
+                successes,
+                shared,
+                slots: Vec::with_capacity(usize::from(slots)),
+            };
+            for _ in 0..slots {
+                let ticket = TicketId((u128::from(r.u64()?) << 64) | u128::from(r.u64()?));
+                probing.slots.push(SlotState {
+                    ticket,
+                    until: r.u64()?,
+                });
+            }
+            head.breaker.probing = Some(probing);
+        }
         let (kind, a, b) = self.limiter;
         head.limiter = match kind {
             0 => None,
@@ -426,6 +449,9 @@ impl Reader<'_> {
             .ok_or_else(|| damaged("the tail ends early"))?;
         self.at += n;
         Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, StateError> {
+        Ok(self.take(1)?[0])
     }
     fn u16(&mut self) -> Result<u16, StateError> {
         Ok(u16_at(self.take(2)?, 0))
@@ -466,6 +492,20 @@ pub fn encode_tail(head: &FuseHead) -> Vec<u8> {
         out.extend_from_slice(&w.permits.to_le_bytes());
         out.extend_from_slice(&w.until.to_le_bytes());
         out.extend_from_slice(&w.lease.unwrap_or(0).to_le_bytes());
+    }
+    match &head.breaker.probing {
+        None => out.push(0),
+        Some(p) => {
+            out.push(1);
+            out.extend_from_slice(&p.successes.to_le_bytes());
+            out.push(u8::from(p.shared));
+            out.extend_from_slice(&count16(p.slots.len()));
+            for slot in p.slots.iter().take(usize::from(u16::MAX)) {
+                out.extend_from_slice(&((slot.ticket.0 >> 64) as u64).to_le_bytes());
+                out.extend_from_slice(&(slot.ticket.0 as u64).to_le_bytes());
+                out.extend_from_slice(&slot.until.to_le_bytes());
+            }
+        }
     }
     out
 }
@@ -588,12 +628,13 @@ mod tests {
         assert_eq!(version(b"FBX"), Err(StateError::NotFusebox));
         assert_eq!(version(b"FBX\x00"), Err(StateError::NotFusebox));
         assert_eq!(version(b"hello"), Err(StateError::NotFusebox));
-        assert_eq!(version(b"FBX\x05x"), Err(StateError::NewerEncoding(5)));
+        assert_eq!(version(b"FBX\x06x"), Err(StateError::NewerEncoding(6)));
+        assert_eq!(version(b"FBX\x05x"), Ok(5));
         assert_eq!(version(b"FBX\x04x"), Ok(4));
         assert_eq!(version(b"FBX\x03x"), Ok(3));
         assert_eq!(version(b"FBX\x02x"), Ok(2));
         assert_eq!(version(b"FBX\x01{}"), Ok(1));
-        assert!(StateError::NewerEncoding(5)
+        assert!(StateError::NewerEncoding(6)
             .to_string()
             .starts_with("state: "));
     }

@@ -1,5 +1,15 @@
 //! The circuit breaker of SPEC section 1: four phases, two trip modes,
-//! backoff, the probe slot and epochs.
+//! backoff, the probe slots and epochs, with the bounded half-open of
+//! section 10 (H1-H4).
+//!
+//! A half-open period follows one of two rules, fixed when it begins (H3,
+//! H4). With one probe slot (`half_open.probes = 1`, the default) it is
+//! section 1's: one deadline is the slot, and every admission starts an
+//! epoch, so a probe whose slot lapsed stays current until the next probe
+//! is admitted. With more slots, the probes of the period share its epoch,
+//! each holds a slot of its own ([`Probing::slots`]), and a probe is current
+//! only while it holds its slot. Either way, `half_open.successes` current
+//! probe successes close the breaker.
 //!
 //! The breaker knows nothing of permits or tickets' identities: the combined
 //! decision ([`Fuse`](crate::Fuse)) asks [`Breaker::admission`] first, which
@@ -9,6 +19,7 @@
 use crate::decision::Decision;
 use crate::health::HealthWindow;
 use crate::policy::{BreakerPolicy, Trip};
+use crate::ticket::TicketId;
 use crate::{Millis, Outcome, Phase, Reason};
 
 /// What the breaker would do with a request at `now`; computing it changes nothing.
@@ -54,6 +65,55 @@ pub struct Recorded {
     pub stale: bool,
     /// The phase change the outcome caused, if any: `(from, to)`.
     pub change: Option<(Phase, Phase)>,
+    /// The outcome was a current probe's (its phase change, if any, is the
+    /// probe's success or failure, not a trip).
+    pub probe: bool,
+}
+
+/// A ticket's outcome, as the breaker records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// The ticket.
+    pub ticket: TicketId,
+    /// The epoch it was issued in.
+    pub epoch: u64,
+    /// It is the probe of a single-slot period (a probe of a period of
+    /// several is known by its slot).
+    pub probe: bool,
+    /// How the call went.
+    pub outcome: Outcome,
+    /// The outcome is the settlement of its lease end (L3), which comes
+    /// before a slot ending at the same instant (H3).
+    pub at_lease_end: bool,
+}
+
+impl Report {
+    /// A completion of an ordinary ticket or a single-slot probe.
+    pub fn of(epoch: u64, probe: bool, outcome: Outcome) -> Report {
+        Report {
+            ticket: TicketId(0),
+            epoch,
+            probe,
+            outcome,
+            at_lease_end: false,
+        }
+    }
+}
+
+/// What a half-open period keeps beyond section 1's single slot: made
+/// only when the policy asks for more than one probe slot or more than one
+/// success, and dropped when the period ends.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Probing {
+    /// Current probe successes counted in this period (H2).
+    pub successes: u32,
+    /// The period follows the rule of several slots (H3): its probes share
+    /// its epoch and each is current only while it holds its slot.
+    pub shared: bool,
+    /// Under that rule, the slots: each probe's ticket and the end of its
+    /// slot, in admission order. A slot past its end is held no more; it
+    /// is dropped at the next admission or outcome.
+    pub slots: Vec<(TicketId, Millis)>,
 }
 
 /// One key's breaker.
@@ -73,6 +133,8 @@ pub struct Breaker {
     pub(crate) openings: u32,
     pub(crate) phase: Phase,
     pub(crate) window: HealthWindow,
+    /// The half-open period's successes and slots, when it needs them.
+    pub(crate) probing: Option<Box<Probing>>,
 }
 
 impl Breaker {
@@ -87,6 +149,7 @@ impl Breaker {
             deadline: 0,
             window: HealthWindow::default(),
             changed_at: now,
+            probing: None,
         }
     }
 
@@ -108,6 +171,32 @@ impl Breaker {
     /// Probes admitted since the breaker last closed.
     pub fn half_open_attempts(&self) -> u32 {
         self.attempts
+    }
+
+    /// Current probe successes counted in this half-open period (H2).
+    pub fn half_open_successes(&self) -> u32 {
+        self.probing.as_ref().map_or(0, |p| p.successes)
+    }
+
+    /// Probe slots held at `now` (H1).
+    pub fn probes_held(&self, now: Millis) -> u32 {
+        if self.phase != Phase::HalfOpen {
+            return 0;
+        }
+        match self.probing.as_deref() {
+            Some(p) if p.shared => p.slots.iter().filter(|s| s.1 > now).count() as u32,
+            _ => u32::from(self.deadline > now),
+        }
+    }
+
+    /// True while the half-open period follows the rule of several slots.
+    pub fn shares_probe_epoch(&self) -> bool {
+        self.phase == Phase::HalfOpen && self.probing.as_ref().is_some_and(|p| p.shared)
+    }
+
+    /// What the half-open period keeps beyond the single slot, if anything.
+    pub fn probing(&self) -> Option<&Probing> {
+        self.probing.as_deref()
     }
 
     /// The end of the break, when open.
@@ -151,8 +240,25 @@ impl Breaker {
         self.phase == Phase::Closed && self.run == 0 && self.attempts == 0 && window_empty
     }
 
-    /// What the breaker would do with a request at `now` (B1). Changes nothing.
-    pub fn admission(&self, now: Millis) -> Admission {
+    /// What the breaker would do with a request at `now` (B1, H1), under
+    /// `policy` (its `half_open.probes` bounds the slots of a period that
+    /// follows the rule of several). Changes nothing.
+    pub fn admission(&self, policy: Option<&BreakerPolicy>, now: Millis) -> Admission {
+        if let Some(p) = self.probing.as_deref().filter(|p| p.shared) {
+            if self.phase == Phase::HalfOpen {
+                let limit = policy.map_or(1, |b| b.half_open.probes.get());
+                let held = || p.slots.iter().map(|s| s.1).filter(|&end| end > now);
+                return match held().min() {
+                    Some(first) if held().count() as u64 >= u64::from(limit) => {
+                        Admission::Blocked {
+                            reason: Reason::ProbeInFlight,
+                            retry_after: first - now,
+                        }
+                    }
+                    _ => Admission::Probe,
+                };
+            }
+        }
         match self.phase {
             Phase::Closed => Admission::Normal,
             Phase::Isolated => Admission::Refused,
@@ -169,58 +275,138 @@ impl Breaker {
         }
     }
 
-    /// Commits a probe admitted at `now` whose slot is held until `slot_until`
-    /// at the latest; returns the probe's epoch. Returns the phase change when
-    /// the breaker moves from `OPEN` to `HALF_OPEN`.
-    pub fn begin_probe(&mut self, now: Millis, slot_until: Millis) -> Option<(Phase, Phase)> {
-        debug_assert_eq!(self.admission(now), Admission::Probe);
-        let change = (self.phase != Phase::HalfOpen).then(|| self.enter(Phase::HalfOpen, now));
-        self.epoch += 1;
+    /// Commits the probe `ticket` admitted at `now`, whose slot is held
+    /// until `slot_until` at the latest. Returns the phase change when the
+    /// breaker moves from `OPEN` to `HALF_OPEN`; the period that begins
+    /// follows the rule of several slots when `policy` asks for more than
+    /// one (H3).
+    pub fn begin_probe(
+        &mut self,
+        policy: Option<&BreakerPolicy>,
+        ticket: TicketId,
+        now: Millis,
+        slot_until: Millis,
+    ) -> Option<(Phase, Phase)> {
+        debug_assert_eq!(self.admission(policy, now), Admission::Probe);
+        let change = (self.phase != Phase::HalfOpen).then(|| {
+            let change = self.enter(Phase::HalfOpen, now);
+            if policy.is_some_and(|b| b.half_open.probes.get() > 1) {
+                self.probing = Some(Box::new(Probing {
+                    shared: true,
+                    ..Probing::default()
+                }));
+            }
+            change
+        });
         self.attempts = self.attempts.saturating_add(1);
-        self.deadline = slot_until;
+        match self.probing.as_deref_mut().filter(|p| p.shared) {
+            Some(p) => {
+                p.slots.retain(|s| s.1 > now);
+                p.slots.push((ticket, slot_until));
+            }
+            None => {
+                self.epoch += 1;
+                self.deadline = slot_until;
+            }
+        }
         change
     }
 
-    /// Records a ticket's outcome at `now` (B3, B4).
-    pub fn record(
-        &mut self,
-        policy: Option<&BreakerPolicy>,
-        ticket_epoch: u64,
-        probe: bool,
-        outcome: Outcome,
-        now: Millis,
-    ) -> Recorded {
+    /// Takes `ticket`'s slot out of a period of several slots; `Some(held)`
+    /// when it had one, `held` telling whether it still held it at `now`. A
+    /// lease end (`at_lease_end`) is settled before a slot ending at the
+    /// same instant counts as ended (H3).
+    fn take_slot(&mut self, ticket: TicketId, now: Millis, at_lease_end: bool) -> Option<bool> {
+        if self.phase != Phase::HalfOpen {
+            return None;
+        }
+        let p = self.probing.as_deref_mut().filter(|p| p.shared)?;
+        let i = p.slots.iter().position(|s| s.0 == ticket)?;
+        let (_, end) = p.slots.remove(i);
+        Some(end > now || (at_lease_end && end == now))
+    }
+
+    /// Records a ticket's outcome at `now` (B3, B4, H2).
+    pub fn record(&mut self, policy: Option<&BreakerPolicy>, r: Report, now: Millis) -> Recorded {
+        let Report {
+            ticket,
+            epoch: ticket_epoch,
+            probe,
+            outcome,
+            at_lease_end,
+        } = r;
         let current = ticket_epoch == self.epoch;
         let stale = Recorded {
             stale: true,
             change: None,
+            probe: false,
         };
-        let fresh = |change| Recorded {
-            stale: false,
-            change,
-        };
+        if let Some(held) = self.take_slot(ticket, now, at_lease_end) {
+            return if held && current {
+                self.probe_outcome(policy, outcome, now)
+            } else {
+                stale
+            };
+        }
         match (self.phase, probe) {
             (Phase::Closed, false) if current => {
                 let Some(policy) = policy else {
-                    return fresh(None);
-                };
-                fresh(self.record_closed(policy, outcome, now))
-            }
-            (Phase::HalfOpen, true) if current => match outcome {
-                Outcome::Success => fresh(Some(self.close(now))),
-                Outcome::Failure => {
-                    self.run = self.run.saturating_add(1);
-                    let Some(policy) = policy else {
-                        return fresh(Some(self.close(now)));
+                    return Recorded {
+                        stale: false,
+                        change: None,
+                        probe: false,
                     };
-                    fresh(Some(self.open(policy, now)))
+                };
+                Recorded {
+                    stale: false,
+                    change: self.record_closed(policy, outcome, now),
+                    probe: false,
                 }
-                Outcome::Ignored => {
-                    self.deadline = 0;
-                    fresh(None)
-                }
-            },
+            }
+            (Phase::HalfOpen, true) if current => self.probe_outcome(policy, outcome, now),
             _ => stale,
+        }
+    }
+
+    /// A current probe's outcome (B3, H2): a success counts toward
+    /// `half_open.successes` and closes the breaker at the last one, else
+    /// frees its slot; a failure opens the breaker again; `IGNORED` frees
+    /// the slot. (A probe of a period of several slots gave its slot up
+    /// already.)
+    fn probe_outcome(
+        &mut self,
+        policy: Option<&BreakerPolicy>,
+        outcome: Outcome,
+        now: Millis,
+    ) -> Recorded {
+        let change = match outcome {
+            Outcome::Success => {
+                let needed = policy.map_or(1, |b| b.half_open.successes.get());
+                let successes = self.half_open_successes().saturating_add(1);
+                if successes >= needed {
+                    Some(self.close(now))
+                } else {
+                    self.probing.get_or_insert_with(Box::default).successes = successes;
+                    self.deadline = 0;
+                    None
+                }
+            }
+            Outcome::Failure => {
+                self.run = self.run.saturating_add(1);
+                Some(match policy {
+                    Some(policy) => self.open(policy, now),
+                    None => self.close(now),
+                })
+            }
+            Outcome::Ignored => {
+                self.deadline = 0;
+                None
+            }
+        };
+        Recorded {
+            stale: false,
+            change,
+            probe: true,
         }
     }
 
@@ -278,6 +464,7 @@ impl Breaker {
         self.phase = phase;
         self.epoch += 1;
         self.deadline = 0;
+        self.probing = None;
         if from != phase {
             self.changed_at = now;
         }
@@ -298,7 +485,10 @@ impl Breaker {
     /// Applies a changed policy (Y4): phase, deadline, run, epoch and the
     /// sampling window stay (old outcomes age by their own time); a key whose
     /// policy lost its breaker while open or half-open is closed, since
-    /// nothing could end the break.
+    /// nothing could end the break. A half-open period keeps its slots, its
+    /// successes and its rule (H4): the new `half_open.probes` bounds
+    /// admissions from now on, the new `successes` is compared at the next
+    /// current probe success.
     pub fn adopt(&mut self, policy: Option<&BreakerPolicy>, now: Millis) -> Option<(Phase, Phase)> {
         match (policy, self.phase) {
             (None, Phase::Open | Phase::HalfOpen) => Some(self.close(now)),
@@ -370,6 +560,19 @@ impl Breaker {
             attempts: kept.attempts,
             openings: kept.openings,
             window: HealthWindow::default(),
+            probing: None,
+        }
+    }
+
+    /// After [`Breaker::restore`] under `policy`: a half-open period comes
+    /// back with every slot free and no success counted (the probes'
+    /// tickets did not survive), under the rule `policy` gives a new period.
+    pub fn restart_probing(&mut self, policy: Option<&BreakerPolicy>) {
+        if self.phase == Phase::HalfOpen && policy.is_some_and(|b| b.half_open.probes.get() > 1) {
+            self.probing = Some(Box::new(Probing {
+                shared: true,
+                ..Probing::default()
+            }));
         }
     }
 }
@@ -394,7 +597,7 @@ mod tests {
     /// A new breaker after one failure at `at`.
     fn failed_at(p: &BreakerPolicy, at: Millis) -> Breaker {
         let mut b = Breaker::new(0);
-        b.record(Some(p), 0, false, Outcome::Failure, at);
+        b.record(Some(p), Report::of(0, false, Outcome::Failure), at);
         b
     }
 
@@ -403,10 +606,10 @@ mod tests {
         let p = consecutive(1, 1000);
         let mut b = Breaker::new(0);
         let e = b.epoch();
-        b.record(Some(&p), e, false, Outcome::Failure, 10);
+        b.record(Some(&p), Report::of(e, false, Outcome::Failure), 10);
         let before = b.clone();
         assert_eq!(
-            b.admission(500),
+            b.admission(None, 500),
             Admission::Blocked {
                 reason: Reason::Open,
                 retry_after: 510
@@ -420,21 +623,21 @@ mod tests {
         let p = consecutive(1, 1000);
         let b = failed_at(&p, 10);
         assert!(matches!(
-            b.admission(1009),
+            b.admission(None, 1009),
             Admission::Blocked { retry_after: 1, .. }
         ));
-        assert_eq!(b.admission(1010), Admission::Probe);
+        assert_eq!(b.admission(None, 1010), Admission::Probe);
     }
 
     #[test]
     fn a_probe_admission_starts_a_new_epoch_so_the_old_probe_is_stale() {
         let p = consecutive(1, 1000);
         let mut b = failed_at(&p, 0);
-        b.begin_probe(1000, 2000);
+        b.begin_probe(None, TicketId(1000), 1000, 2000);
         let first = b.epoch();
-        assert_eq!(b.admission(2000), Admission::Probe);
-        b.begin_probe(2000, 3000);
-        let r = b.record(Some(&p), first, true, Outcome::Success, 2001);
+        assert_eq!(b.admission(None, 2000), Admission::Probe);
+        b.begin_probe(None, TicketId(2000), 2000, 3000);
+        let r = b.record(Some(&p), Report::of(first, true, Outcome::Success), 2001);
         assert!(r.stale);
         assert_eq!(b.phase(), Phase::HalfOpen);
         assert_eq!(b.half_open_attempts(), 2);
@@ -444,22 +647,23 @@ mod tests {
     fn ignored_frees_the_slot_and_counts_nothing() {
         let p = consecutive(2, 1000);
         let mut b = Breaker::new(0);
-        let r = b.record(Some(&p), 0, false, Outcome::Ignored, 0);
+        let r = b.record(Some(&p), Report::of(0, false, Outcome::Ignored), 0);
         assert_eq!(
             r,
             Recorded {
                 stale: false,
-                change: None
+                change: None,
+                probe: false,
             }
         );
         assert_eq!(b.consecutive_failures(), 0);
-        b.record(Some(&p), 0, false, Outcome::Failure, 0);
-        b.record(Some(&p), 0, false, Outcome::Failure, 0);
-        b.begin_probe(1000, 2000);
+        b.record(Some(&p), Report::of(0, false, Outcome::Failure), 0);
+        b.record(Some(&p), Report::of(0, false, Outcome::Failure), 0);
+        b.begin_probe(None, TicketId(1000), 1000, 2000);
         let e = b.epoch();
-        b.record(Some(&p), e, true, Outcome::Ignored, 1001);
+        b.record(Some(&p), Report::of(e, true, Outcome::Ignored), 1001);
         assert_eq!(b.phase(), Phase::HalfOpen);
-        assert_eq!(b.admission(1001), Admission::Probe);
+        assert_eq!(b.admission(None, 1001), Admission::Probe);
         assert_eq!(b.consecutive_failures(), 2);
     }
 
@@ -474,7 +678,7 @@ mod tests {
         b.isolate(3);
         assert_ne!(b.epoch(), e1);
         assert_eq!(b.phase(), Phase::Isolated);
-        assert_eq!(b.admission(4), Admission::Refused);
+        assert_eq!(b.admission(None, 4), Admission::Refused);
     }
 
     #[test]
@@ -516,7 +720,7 @@ mod tests {
         let p = consecutive(1, 1000);
         let mut b = failed_at(&p, 0);
         assert_eq!(b.adopt(None, 5), Some((Phase::Open, Phase::Closed)));
-        assert_eq!(b.admission(5), Admission::Normal);
+        assert_eq!(b.admission(None, 5), Admission::Normal);
     }
     #[test]
     fn a_restored_breaker_keeps_its_phase_break_run_and_backoff() {
@@ -527,14 +731,14 @@ mod tests {
         let r = Breaker::restore(&closed);
         assert_eq!(r.consecutive_failures(), 1);
         assert!(r.epoch() > b.epoch());
-        b.record(Some(&p), b.epoch(), false, Outcome::Failure, 10);
+        b.record(Some(&p), Report::of(b.epoch(), false, Outcome::Failure), 10);
         let open = b.durable();
         assert_eq!(open.open_until, 1010);
         let r = Breaker::restore(&open);
         assert_eq!(r.phase(), Phase::Open);
         assert_eq!(r.open_until(), Some(1010));
         assert_eq!(
-            r.admission(500),
+            r.admission(None, 500),
             Admission::Blocked {
                 reason: Reason::Open,
                 retry_after: 510
@@ -546,12 +750,12 @@ mod tests {
     fn a_restored_half_open_breaker_has_its_probe_slot_free() {
         let p = consecutive(1, 1000);
         let mut b = failed_at(&p, 0);
-        b.begin_probe(1000, 2000);
-        assert!(matches!(b.admission(1500), Admission::Blocked { .. }));
+        b.begin_probe(None, TicketId(1000), 1000, 2000);
+        assert!(matches!(b.admission(None, 1500), Admission::Blocked { .. }));
         let r = Breaker::restore(&b.durable());
         assert_eq!(r.phase(), Phase::HalfOpen);
         assert_eq!(r.half_open_attempts(), 1);
-        assert_eq!(r.admission(1500), Admission::Probe);
+        assert_eq!(r.admission(None, 1500), Admission::Probe);
     }
 
     #[test]

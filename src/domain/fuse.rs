@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::book::{Book, Waiter};
-use crate::breaker::{Admission, Breaker};
+use crate::breaker::{Admission, Breaker, Report};
 use crate::decision::{Decision, Grant};
 use crate::limiter::Limiter;
 use crate::policy::{Order, Policy};
@@ -358,6 +358,10 @@ pub struct View {
     pub consecutive_failures: u32,
     /// Probes admitted since the breaker last closed.
     pub half_open_attempts: u32,
+    /// Probe slots held now (H1).
+    pub probes_held: u32,
+    /// Current probe successes in this half-open period (H2).
+    pub half_open_successes: u32,
     /// The end of the break, when open.
     pub open_until: Option<Millis>,
     /// Permits free now (0 without a limiter).
@@ -471,6 +475,7 @@ impl Fuse {
         fuse.breaker = Breaker::restore(kept);
         let breaker = fuse.policy.breaker;
         fuse.breaker.adopt(breaker.as_ref(), now);
+        fuse.breaker.restart_probing(breaker.as_ref());
         fuse
     }
 }
@@ -563,6 +568,12 @@ impl<T: TicketTable> Fuse<T> {
             .unwrap_or_default();
         self.tidy();
         notices.into_iter()
+    }
+
+    /// What the breaker would do with a request at `now`, under the policy
+    /// in force. Changes nothing.
+    fn admission(&self, now: Millis) -> Admission {
+        self.breaker.admission(self.policy.breaker.as_ref(), now)
     }
 
     fn book(&self) -> Option<&Book> {
@@ -686,7 +697,7 @@ impl<T: TicketTable> Fuse<T> {
                 }
                 let outcome = self.policy.lease.expired_outcome;
                 self.counters.more().expired += 1;
-                self.finish(id, outcome, end);
+                self.finish_with_cost(id, outcome, None, end, true);
                 self.notice(Notice::Expired { ticket: id });
             }
             self.serve(at);
@@ -725,7 +736,7 @@ impl<T: TicketTable> Fuse<T> {
             return Err(FuseError::TicketInUse);
         }
         self.settle(now);
-        let admission = self.breaker.admission(now);
+        let admission = self.admission(now);
         let decision = if ask.permits == 0 {
             Ok(self.status(admission, now))
         } else {
@@ -868,11 +879,19 @@ impl<T: TicketTable> Fuse<T> {
                 .policy
                 .breaker
                 .map_or(lease_end, |b| now.saturating_add(b.probe_lease.get()));
-            if let Some((from, to)) = self.breaker.begin_probe(now, probe_lease.min(lease_end)) {
+            let policy = self.policy.breaker;
+            let slot_until = probe_lease.min(lease_end);
+            if let Some((from, to)) = self
+                .breaker
+                .begin_probe(policy.as_ref(), id, now, slot_until)
+            {
                 self.phase_changed(from, to, Cause::ProbeAdmitted, now);
             }
         }
         let epoch = self.breaker.epoch();
+        // A probe of a period of several slots is known by its slot (H3);
+        // the ticket's flag marks the single slot's probe only.
+        let probe = probe && !self.breaker.shares_probe_epoch();
         let live = self.live_mut();
         let (mut holds, mut settles) = (false, false);
         if let Some(limiter) = live.book.limiter_mut() {
@@ -902,7 +921,7 @@ impl<T: TicketTable> Fuse<T> {
 
     /// Serves waiters in order while the head's permits are free (P5).
     fn serve(&mut self, now: Millis) {
-        if self.breaker.admission(now) != Admission::Normal {
+        if self.admission(now) != Admission::Normal {
             return;
         }
         let order = self
@@ -940,7 +959,7 @@ impl<T: TicketTable> Fuse<T> {
             at,
         });
         // C4: waiters exist only while the breaker admits normally.
-        let Some(answer) = self.breaker.admission(at).refusal() else {
+        let Some(answer) = self.admission(at).refusal() else {
             return;
         };
         for waiter in self.live_mut().book.drain() {
@@ -972,7 +991,7 @@ impl<T: TicketTable> Fuse<T> {
         self.check_time(now)?;
         self.live_ticket(id, now)?;
         self.settle(now);
-        let stale = self.finish_with_cost(id, outcome, cost, now);
+        let stale = self.finish_with_cost(id, outcome, cost, now, false);
         self.tidy();
         Ok(Completed {
             stale,
@@ -980,34 +999,34 @@ impl<T: TicketTable> Fuse<T> {
         })
     }
 
-    /// Ends a live ticket with `outcome` at `at`: the outcome reaches the
-    /// breaker first, then the permits come back (C5). Returns staleness.
-    fn finish(&mut self, id: TicketId, outcome: Outcome, at: Millis) -> bool {
-        self.finish_with_cost(id, outcome, None, at)
-    }
-
-    /// [`Fuse::finish`] with a reported cost, settled after the outcome
-    /// reached the breaker and before waiters are served (U1).
+    /// Ends a live ticket with `outcome` at `at` (its lease end's
+    /// settlement when `at_lease_end`): the outcome reaches the breaker
+    /// first, then a reported cost is settled (U1), then the permits come
+    /// back and waiters are served (C5). Returns staleness.
     fn finish_with_cost(
         &mut self,
         id: TicketId,
         outcome: Outcome,
         cost: Option<u32>,
         at: Millis,
+        at_lease_end: bool,
     ) -> bool {
         let Some(ticket) = self.live.as_deref_mut().and_then(|l| l.tickets.remove(id)) else {
             return false;
         };
-        let recorded = self.breaker.record(
-            self.policy.breaker.as_ref(),
-            ticket.epoch,
-            ticket.probe,
+        let report = Report {
+            ticket: id,
+            epoch: ticket.epoch,
+            probe: ticket.probe,
             outcome,
-            at,
-        );
+            at_lease_end,
+        };
+        let recorded = self
+            .breaker
+            .record(self.policy.breaker.as_ref(), report, at);
         self.counters.outcome(outcome, recorded.stale);
         if let Some((from, to)) = recorded.change {
-            let cause = match (ticket.probe, to) {
+            let cause = match (recorded.probe, to) {
                 (false, _) => Cause::Tripped,
                 (true, Phase::Closed) => Cause::ProbeSucceeded,
                 (true, _) => Cause::ProbeFailed,
@@ -1116,6 +1135,8 @@ impl<T: TicketTable> Fuse<T> {
             phase: self.breaker.phase(),
             consecutive_failures: self.breaker.consecutive_failures(),
             half_open_attempts: self.breaker.half_open_attempts(),
+            probes_held: self.breaker.probes_held(now),
+            half_open_successes: self.breaker.half_open_successes(),
             open_until: self.breaker.open_until(),
             free,
             limit,
@@ -1141,8 +1162,8 @@ pub use charge::Quote;
 pub use tickets::{sorted as sorted_tickets, TicketTable, Tickets};
 
 pub use state::{
-    BreakerState, CounterState, FuseHead, FuseState, LimiterState, ReasonCounts, StateError,
-    TicketState, WaiterState, WindowBucket, STATE_VERSION,
+    BreakerState, CounterState, FuseHead, FuseState, LimiterState, ProbingState, ReasonCounts,
+    SlotState, StateError, TicketState, WaiterState, WindowBucket, STATE_VERSION,
 };
 
 #[cfg(test)]

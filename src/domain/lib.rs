@@ -36,13 +36,13 @@ pub mod ticket;
 pub mod wire;
 
 pub use book::{Book, Waiter};
-pub use breaker::{Admission, Breaker, Durable};
+pub use breaker::{Admission, Breaker, Durable, Probing, Report};
 pub use decision::{Decision, DecisionKind, Grant};
 pub use fuse::{
     sorted_tickets, Ask, BreakerState, Cause, Completed, CounterState, Fuse, FuseError, FuseHead,
-    FuseState, HeapParts, LimiterState, Notice, OperatorAction, Quote, ReasonCounts, StateError,
-    Stats, Ticket, TicketState, TicketTable, Tickets, View, WaiterState, WindowBucket,
-    STATE_VERSION,
+    FuseState, HeapParts, LimiterState, Notice, OperatorAction, ProbingState, Quote, ReasonCounts,
+    SlotState, StateError, Stats, Ticket, TicketState, TicketTable, Tickets, View, WaiterState,
+    WindowBucket, STATE_VERSION,
 };
 pub use key::{validate_key, KeyError, IDLE_AFTER};
 pub use names::{Named, UnknownName};

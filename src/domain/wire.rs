@@ -559,6 +559,12 @@ pub struct KeyView {
     pub consecutive_failures: u32,
     /// Probes admitted since the breaker last closed.
     pub half_open_attempts: u32,
+    /// Probe slots held (H1).
+    #[serde(default)]
+    pub probes_held: u32,
+    /// Current probe successes in this half-open period (H2).
+    #[serde(default)]
+    pub half_open_successes: u32,
     /// The end of the break, when open.
     #[serde(default)]
     pub open_until: Option<Millis>,
@@ -622,6 +628,8 @@ impl KeyView {
             phase,
             consecutive_failures,
             half_open_attempts,
+            probes_held,
+            half_open_successes,
             open_until,
             free,
             limit,
@@ -637,6 +645,8 @@ impl KeyView {
             phase,
             consecutive_failures,
             half_open_attempts,
+            probes_held,
+            half_open_successes,
             open_until,
             free,
             limit,
@@ -660,6 +670,8 @@ impl KeyView {
             phase: self.phase,
             consecutive_failures: self.consecutive_failures,
             half_open_attempts: self.half_open_attempts,
+            probes_held: self.probes_held,
+            half_open_successes: self.half_open_successes,
             open_until: self.open_until,
             free: self.free,
             limit: self.limit,

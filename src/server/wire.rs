@@ -82,6 +82,8 @@ pub fn key_state_of(core: &Core, r: &KeyReading) -> pb::KeyState {
         failure_ratio: v.failure_ratio,
         phase_changed_at: Some(timestamp_of(core.wall_time(v.changed_at))),
         limit: v.limit,
+        probes_held: v.probes_held,
+        half_open_successes: v.half_open_successes,
         ..Default::default()
     }
 }

@@ -66,7 +66,7 @@ impl<T: TicketTable> Fuse<T> {
     }
 
     fn quoted(&self, permits: u32, now: Millis) -> Quote {
-        let admits = self.breaker.admission(now) == Admission::Normal;
+        let admits = self.admission(now) == Admission::Normal;
         let Some(limiter) = self.limiter() else {
             return Quote {
                 fits: admits,

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Counters, Fuse, Live, MoreCounters, Notice, Ticket, TicketTable};
 use crate::book::{Book, Waiter};
-use crate::breaker::Breaker;
+use crate::breaker::{Breaker, Probing};
 use crate::health::HealthWindow;
 use crate::limiter::{Concurrency, FixedWindow, Limiter, SlidingWindow, TokenBucket};
 use crate::policy::{LimiterKind, Policy, PolicyError, PolicySpec};
@@ -35,10 +35,10 @@ use crate::ticket::TicketId;
 use crate::{Millis, Phase, Reason};
 
 /// The version of [`FuseState`] this build writes, and the newest it reads.
-/// Version 2 added tickets' `granted_at` and `settles` and a token bucket's
-/// negative tokens (U1); version 1 is read with neither (its tickets settle
-/// no cost).
-pub const STATE_VERSION: u32 = 2;
+/// Version 3 added the breaker's `probing` (H1-H4); version 2 added
+/// tickets' `granted_at` and `settles` and a token bucket's negative tokens
+/// (U1); version 1 is read with neither (its tickets settle no cost).
+pub const STATE_VERSION: u32 = 3;
 
 /// The largest time, count or epoch a state may hold: 2^53, far beyond
 /// anything a key reaches (285,000 years of milliseconds, or 2^53 events),
@@ -92,6 +92,33 @@ pub struct BreakerState {
     pub openings: u32,
     /// The ratio mode's sampling window, in the order its buckets were made.
     pub window: Vec<WindowBucket>,
+    /// A half-open period's successes and slots beyond the single slot
+    /// (H1-H4); absent when it has none (before version 3: always).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probing: Option<ProbingState>,
+}
+
+/// A half-open period's successes and slots (see [`crate::breaker::Probing`]).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ProbingState {
+    /// Current probe successes counted in the period.
+    pub successes: u32,
+    /// The period follows the rule of several slots.
+    pub shared: bool,
+    /// Under that rule, each probe's ticket and the end of its slot, in
+    /// admission order.
+    pub slots: Vec<SlotState>,
+}
+
+/// One probe slot of a period of several.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SlotState {
+    /// The probe's ticket.
+    pub ticket: TicketId,
+    /// When the slot ends.
+    pub until: Millis,
 }
 
 /// One bucket of the ratio mode's sampling window.
@@ -310,6 +337,10 @@ pub enum StateError {
     /// A bucket of the sampling window holds no outcome.
     #[error("breaker.window: every bucket must hold an outcome")]
     Window,
+    /// Probing outside a half-open period, slots under the single-slot
+    /// rule, or more slots than any policy allows.
+    #[error("breaker.probing: only a half-open period probes; only the rule of several slots keeps slots, at most 1000")]
+    Probing,
     /// The sliding window's segments are out of order.
     #[error("limiter.taken: segments must be in increasing order")]
     Segments,
@@ -475,6 +506,15 @@ impl Breaker {
                     failures,
                 })
                 .collect(),
+            probing: self.probing.as_deref().map(|p| ProbingState {
+                successes: p.successes,
+                shared: p.shared,
+                slots: p
+                    .slots
+                    .iter()
+                    .map(|&(ticket, until)| SlotState { ticket, until })
+                    .collect(),
+            }),
         }
     }
 
@@ -501,6 +541,24 @@ impl Breaker {
             .iter()
             .map(|b| (b.start, b.successes, b.failures))
             .collect();
+        let probing = match &s.probing {
+            None => None,
+            Some(_) if s.phase != Phase::HalfOpen => return Err(StateError::Probing),
+            Some(p) if !p.shared && !p.slots.is_empty() => return Err(StateError::Probing),
+            Some(p) if p.slots.len() > crate::policy::MAX_HALF_OPEN as usize => {
+                return Err(StateError::Probing)
+            }
+            Some(p) => {
+                for slot in &p.slots {
+                    at_most("breaker.probing.slots.until", slot.until, LIMIT)?;
+                }
+                Some(Box::new(Probing {
+                    successes: p.successes,
+                    shared: p.shared,
+                    slots: p.slots.iter().map(|s| (s.ticket, s.until)).collect(),
+                }))
+            }
+        };
         Ok(Breaker {
             epoch: s.epoch,
             deadline: s.deadline,
@@ -512,6 +570,7 @@ impl Breaker {
             window: HealthWindow {
                 buckets: (!buckets.is_empty()).then(|| Box::new(buckets)),
             },
+            probing,
         })
     }
 }

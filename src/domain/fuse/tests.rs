@@ -1541,11 +1541,13 @@ fn isolation_refuses_every_waiter_at_once() {
 #[test]
 fn a_fuse_stays_small() {
     assert!(
-        std::mem::size_of::<Fuse>() <= 96,
+        std::mem::size_of::<Fuse>() <= 104,
         "Fuse is {} bytes",
         std::mem::size_of::<Fuse>()
     );
-    assert_eq!(std::mem::size_of::<Breaker>(), 48);
+    // H1-H4 added the pointer to a half-open period's slots and successes,
+    // made only for a period that needs them.
+    assert_eq!(std::mem::size_of::<Breaker>(), 56);
     // U1 added when its permits were taken and whether they settle a cost.
     assert_eq!(std::mem::size_of::<Ticket>(), 32);
     assert_eq!(std::mem::align_of::<Fuse>(), 8, "no u128 alignment");
@@ -1903,4 +1905,198 @@ mod cost_model {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// bounded half-open (H1-H4)
+
+/// Consecutive, 1 failure, a break of 1000 ms, `probes` slots and
+/// `successes` to close.
+fn bounded(probes: u32, successes: u32) -> BreakerPolicy {
+    BreakerPolicy {
+        half_open: HalfOpen {
+            probes: nz32(probes),
+            successes: nz32(successes),
+        },
+        ..consecutive(1, 1_000)
+    }
+}
+
+/// A fuse under `breaker` that tripped at 0 (ticket 1's failure).
+fn tripped(breaker: BreakerPolicy) -> Fuse {
+    let mut f = Fuse::new(policy(Some(breaker), None), 0);
+    assert!(matches!(
+        f.acquire(&take(1), id(1), 0),
+        Ok(Decision::Granted(Some(_)))
+    ));
+    f.complete(id(1), Outcome::Failure, 0).unwrap();
+    assert_eq!(f.phase(), Phase::Open);
+    f
+}
+
+fn is_probe(d: Decision) -> bool {
+    matches!(d, Decision::Probe(_))
+}
+
+#[test]
+fn several_slots_admit_that_many_probes_then_block_until_the_earliest_ends() {
+    let mut f = tripped(bounded(3, 2));
+    for (n, at) in [(10, 1_000), (11, 1_100), (12, 1_200)] {
+        assert!(is_probe(f.acquire(&take(1), id(n), at).unwrap()), "{n}");
+    }
+    assert_eq!(
+        f.acquire(&take(1), id(13), 1_300),
+        Ok(Decision::Blocked {
+            reason: Reason::ProbeInFlight,
+            retry_after: 700
+        })
+    );
+    let v = f.view(1_300);
+    assert_eq!((v.probes_held, v.half_open_attempts), (3, 3));
+    // All three share the period's epoch; none superseded another.
+    let epochs: Vec<u64> = [10, 11, 12]
+        .iter()
+        .map(|&n| f.ticket(id(n)).unwrap().epoch)
+        .collect();
+    assert!(epochs.iter().all(|&e| e == f.breaker().epoch()));
+    // The first slot ends at 2000 (probe_lease = break): a fourth probe fits.
+    assert!(is_probe(f.acquire(&take(1), id(14), 2_000).unwrap()));
+    assert_eq!(f.view(2_000).probes_held, 3);
+}
+
+#[test]
+fn the_mth_success_closes_and_a_success_before_it_frees_its_slot() {
+    let mut f = tripped(bounded(2, 2));
+    assert!(is_probe(f.acquire(&take(1), id(10), 1_000).unwrap()));
+    assert!(is_probe(f.acquire(&take(1), id(11), 1_000).unwrap()));
+    let done = f.complete(id(10), Outcome::Success, 1_010).unwrap();
+    assert_eq!((done.stale, done.phase), (false, Phase::HalfOpen));
+    let v = f.view(1_010);
+    assert_eq!((v.probes_held, v.half_open_successes), (1, 1));
+    assert!(is_probe(f.acquire(&take(1), id(12), 1_020).unwrap()));
+    let done = f.complete(id(12), Outcome::Success, 1_030).unwrap();
+    assert_eq!((done.stale, done.phase), (false, Phase::Closed));
+    assert_eq!(f.view(1_030).half_open_successes, 0);
+    // The period ended: its last probe is of an old epoch.
+    assert!(f.complete(id(11), Outcome::Failure, 1_040).unwrap().stale);
+    assert_eq!(f.phase(), Phase::Closed);
+    assert!(f.drain_notices().any(|n| matches!(
+        n,
+        Notice::Phase {
+            to: Phase::Closed,
+            cause: Cause::ProbeSucceeded,
+            ..
+        }
+    )));
+}
+
+#[test]
+fn a_probe_failure_opens_again_and_ignored_frees_a_slot_counting_nothing() {
+    let mut f = tripped(bounded(2, 2));
+    assert!(is_probe(f.acquire(&take(1), id(10), 1_000).unwrap()));
+    assert!(is_probe(f.acquire(&take(1), id(11), 1_000).unwrap()));
+    f.complete(id(10), Outcome::Ignored, 1_005).unwrap();
+    let v = f.view(1_005);
+    assert_eq!((v.probes_held, v.half_open_successes), (1, 0));
+    f.drain_notices().for_each(drop);
+    let done = f.complete(id(11), Outcome::Failure, 1_010).unwrap();
+    assert_eq!((done.stale, done.phase), (false, Phase::Open));
+    assert!(f.drain_notices().any(|n| matches!(
+        n,
+        Notice::Phase {
+            to: Phase::Open,
+            cause: Cause::ProbeFailed,
+            ..
+        }
+    )));
+    assert_eq!(f.view(1_010).open_until, Some(2_010));
+}
+
+#[test]
+fn a_lapsed_slot_makes_its_probe_stale_with_several_slots_but_not_with_one() {
+    // Several slots: a probe is current only while it holds its slot.
+    let mut f = tripped(bounded(2, 1));
+    assert!(is_probe(f.acquire(&take(1), id(10), 1_000).unwrap()));
+    let done = f.complete(id(10), Outcome::Success, 2_000).unwrap();
+    assert_eq!((done.stale, done.phase), (true, Phase::HalfOpen));
+    // One slot (M = 2): the lapsed probe stays current until the next admission.
+    let mut g = tripped(bounded(1, 2));
+    assert!(is_probe(g.acquire(&take(1), id(10), 1_000).unwrap()));
+    let done = g.complete(id(10), Outcome::Success, 2_500).unwrap();
+    assert_eq!((done.stale, done.phase), (false, Phase::HalfOpen));
+    assert_eq!(g.view(2_500).half_open_successes, 1);
+    let e = g.breaker().epoch();
+    assert!(is_probe(g.acquire(&take(1), id(11), 2_600).unwrap()));
+    assert_ne!(g.breaker().epoch(), e, "each admission starts an epoch");
+    let done = g.complete(id(11), Outcome::Success, 2_700).unwrap();
+    assert_eq!(done.phase, Phase::Closed);
+}
+
+#[test]
+fn a_lease_end_is_settled_before_a_slot_ending_at_the_same_instant() {
+    let mut p = policy(Some(bounded(2, 1)), None);
+    p.lease = lease(500, 10_000, Outcome::Failure);
+    let mut f = Fuse::new(p, 0);
+    assert!(matches!(
+        f.acquire(&take(1), id(1), 0),
+        Ok(Decision::Granted(Some(_)))
+    ));
+    f.complete(id(1), Outcome::Failure, 0).unwrap();
+    assert!(is_probe(f.acquire(&take(1), id(10), 1_000).unwrap()));
+    // Lease 500 < probe_lease 1000: the slot ends with the lease, at 1500.
+    f.advance(1_500).unwrap();
+    assert_eq!(
+        f.phase(),
+        Phase::Open,
+        "the probe's lease end is its failure"
+    );
+    assert_eq!(f.view(1_500).open_until, Some(2_500));
+}
+
+#[test]
+fn a_policy_change_mid_period_frees_no_slot_and_keeps_successes() {
+    let mut f = tripped(bounded(3, 3));
+    for n in [10, 11] {
+        assert!(is_probe(f.acquire(&take(1), id(n), 1_000).unwrap()));
+    }
+    f.complete(id(10), Outcome::Success, 1_010).unwrap();
+    f.set_policy(policy(Some(bounded(1, 2)), None), 1_020)
+        .unwrap();
+    let v = f.view(1_020);
+    assert_eq!((v.probes_held, v.half_open_successes), (1, 1));
+    // The new N (1) limits admissions from now on: the slot held blocks.
+    assert!(matches!(
+        f.acquire(&take(1), id(12), 1_030),
+        Ok(Decision::Blocked {
+            reason: Reason::ProbeInFlight,
+            ..
+        })
+    ));
+    // The new M (2) is compared at the next current probe success.
+    let done = f.complete(id(11), Outcome::Success, 1_040).unwrap();
+    assert_eq!((done.stale, done.phase), (false, Phase::Closed));
+}
+
+#[test]
+fn one_slot_and_one_success_keep_no_probing_state() {
+    let mut f = tripped(bounded(1, 1));
+    assert!(is_probe(f.acquire(&take(1), id(10), 1_000).unwrap()));
+    assert!(f.breaker().probing().is_none());
+    assert_eq!(f.view(1_000).probes_held, 1);
+    assert!(f.ticket(id(10)).unwrap().probe);
+}
+
+#[test]
+fn a_half_open_period_of_several_slots_reads_back_from_its_state() {
+    let mut f = tripped(bounded(3, 2));
+    for n in [10, 11] {
+        assert!(is_probe(f.acquire(&take(1), id(n), 1_000).unwrap()));
+    }
+    f.complete(id(10), Outcome::Success, 1_010).unwrap();
+    let s = f.state();
+    assert_eq!(s.breaker.probing.as_ref().map(|p| p.slots.len()), Some(1));
+    let mut back = Fuse::from_state(s).unwrap();
+    assert_eq!(back, f);
+    let done = back.complete(id(11), Outcome::Success, 1_020).unwrap();
+    assert_eq!(done.phase, Phase::Closed);
 }

@@ -397,7 +397,7 @@ fn a_busy_key_reads_back_and_its_json_names_every_part() {
     assert_eq!(s.limiter, Some(LimiterState::Concurrency { held: 3 }));
     assert_eq!(Fuse::from_state(s.clone()), Ok(f));
     let json = serde_json::to_value(&s).unwrap();
-    assert_eq!(json["version"], 2);
+    assert_eq!(json["version"], STATE_VERSION);
     assert_eq!(json["tickets"][0]["id"], "00000000000000000000000000000001");
     assert_eq!(json["breaker"]["phase"], "CLOSED");
     assert_eq!(json["limiter"]["concurrency"]["held"], 3);
@@ -495,11 +495,11 @@ fn a_fresh_key_at_rest_reads_back_owning_nothing() {
 
 #[test]
 fn an_unknown_version_is_refused() {
-    assert_eq!(refused(|s| s.version = 3), StateError::UnknownVersion(3));
+    assert_eq!(refused(|s| s.version = 4), StateError::UnknownVersion(4));
     assert_eq!(refused(|s| s.version = 0), StateError::UnknownVersion(0));
     assert_eq!(
-        StateError::UnknownVersion(3).to_string(),
-        "version: 3 is not a state version this build reads (it reads 1 to 2)"
+        StateError::UnknownVersion(4).to_string(),
+        "version: 4 is not a state version this build reads (it reads 1 to 3)"
     );
 }
 
