@@ -27,7 +27,8 @@
 //!      the tail: window buckets, sliding-window segments (index u64,
 //!      count u64), waiters, then a half-open period's probing (u8 0 =
 //!      none; 1, then successes u32, shared u8, slots u16, each slot's
-//!      ticket id and end)
+//!      ticket id and end), the retry budget's denials (u64) and its
+//!      segments (u16, then index, first attempts, retries, u64 each)
 //! ```
 //!
 //! For a token bucket, limiter a is the tick and limiter b the tokens as an
@@ -50,8 +51,8 @@
 use std::fmt;
 
 use fusebox_domain::{
-    BreakerState, CounterState, Fuse, FuseHead, FuseState, LimiterState, Millis, Phase,
-    ProbingState, ReasonCounts, SlotState, TicketId, WaiterState, WindowBucket,
+    BreakerState, BudgetSegment, CounterState, Fuse, FuseHead, FuseState, LimiterState, Millis,
+    Phase, ProbingState, Reason, ReasonCounts, SlotState, TicketId, WaiterState, WindowBucket,
 };
 
 use crate::table::{self, u32_at, u64_at};
@@ -320,6 +321,8 @@ impl Header {
                         counter(7),
                         counter(8),
                         counter(9),
+                        // The retry budget's denials are kept in the tail.
+                        0,
                     ]),
                     queued: counter(10),
                     withdrawn: counter(11),
@@ -329,6 +332,7 @@ impl Header {
                     stale: counter(15),
                     expired: counter(16),
                 },
+                budget: Vec::new(),
             },
             limiter: (value[92], u64_at(value, 96), u64_at(value, 104)),
         };
@@ -417,6 +421,18 @@ impl Header {
                 });
             }
             head.breaker.probing = Some(probing);
+        }
+        // The retry budget's denials and segments, since version 5.
+        if self.version >= 5 {
+            head.counters.by_reason.retry_budget = r.u64()?;
+            let segments = r.u16()?;
+            for _ in 0..segments {
+                head.budget.push(BudgetSegment {
+                    index: r.u64()?,
+                    first: r.u64()?,
+                    retries: r.u64()?,
+                });
+            }
         }
         let (kind, a, b) = self.limiter;
         head.limiter = match kind {
@@ -507,6 +523,13 @@ pub fn encode_tail(head: &FuseHead) -> Vec<u8> {
             }
         }
     }
+    out.extend_from_slice(&head.counters.by_reason.retry_budget.to_le_bytes());
+    out.extend_from_slice(&count16(head.budget.len()));
+    for s in head.budget.iter().take(usize::from(u16::MAX)) {
+        out.extend_from_slice(&s.index.to_le_bytes());
+        out.extend_from_slice(&s.first.to_le_bytes());
+        out.extend_from_slice(&s.retries.to_le_bytes());
+    }
     out
 }
 
@@ -563,7 +586,7 @@ pub fn encode_header(head: &FuseHead, frame: &Frame) -> [u8; HEADER] {
     h[96..104].copy_from_slice(&a.to_le_bytes());
     h[104..112].copy_from_slice(&bword.to_le_bytes());
     let c = &head.counters;
-    let r: [u64; 7] = c.by_reason.into();
+    let r: [u64; Reason::COUNT] = c.by_reason.into();
     let counters = [
         c.granted,
         c.probes,

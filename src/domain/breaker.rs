@@ -244,9 +244,9 @@ impl Breaker {
     /// `policy` (its `half_open.probes` bounds the slots of a period that
     /// follows the rule of several). Changes nothing.
     pub fn admission(&self, policy: Option<&BreakerPolicy>, now: Millis) -> Admission {
+        let limit = policy.map_or(1, |b| b.half_open.probes.get());
         if let Some(p) = self.probing.as_deref().filter(|p| p.shared) {
             if self.phase == Phase::HalfOpen {
-                let limit = policy.map_or(1, |b| b.half_open.probes.get());
                 let held = || p.slots.iter().map(|s| s.1).filter(|&end| end > now);
                 return match held().min() {
                     Some(first) if held().count() as u64 >= u64::from(limit) => {
@@ -267,7 +267,9 @@ impl Breaker {
                 reason: Reason::Open,
                 retry_after: self.deadline - now,
             },
-            Phase::HalfOpen if now < self.deadline => Admission::Blocked {
+            // A single-slot period whose policy now allows more slots
+            // admits: each admission starts an epoch (H3, H4).
+            Phase::HalfOpen if now < self.deadline && limit <= 1 => Admission::Blocked {
                 reason: Reason::ProbeInFlight,
                 retry_after: self.deadline - now,
             },

@@ -12,11 +12,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::book::{Book, Waiter};
 use crate::breaker::{Admission, Breaker, Report};
+use crate::budget::Budget;
 use crate::decision::{Decision, Grant};
 use crate::limiter::Limiter;
 use crate::policy::{Order, Policy};
 use crate::ticket::TicketId;
 use crate::{Millis, Outcome, Phase, Reason};
+
+/// A retry beyond the budget: denied, no hint (R2).
+const RETRY_DENIED: Decision = Decision::Denied {
+    reason: Reason::RetryBudget,
+    retry_after: None,
+};
 
 /// What a live ticket remembers (SPEC B3, L2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +69,8 @@ pub struct Ask {
     pub room_for_ticket: bool,
     /// False when the engine has no room for another waiter (K3).
     pub room_for_waiter: bool,
+    /// True when the request says it is a retry (`attempt` >= 2, R1).
+    pub retry: bool,
 }
 
 impl Default for Ask {
@@ -72,6 +81,7 @@ impl Default for Ask {
             lease: None,
             room_for_ticket: true,
             room_for_waiter: true,
+            retry: false,
         }
     }
 }
@@ -205,11 +215,13 @@ pub struct Stats {
     pub blocked: u64,
     /// Requests refused while isolated.
     pub refused: u64,
-    /// Requests denied by the permit book (any reason).
+    /// Requests denied by the permit book (any reason but the retry budget).
     pub denied: u64,
+    /// Retries denied by the retry budget (R2); not in `denied`.
+    pub retry_denied: u64,
     /// Blocked and denied requests by reason, indexed by [`Reason::ALL`].
     #[serde(with = "crate::wire::by_reason")]
-    pub by_reason: [u64; 7],
+    pub by_reason: [u64; Reason::COUNT],
     /// Requests that waited in the queue.
     pub queued: u64,
     /// Waiters evicted from a full `newest_first` queue.
@@ -255,7 +267,7 @@ struct MoreCounters {
     failures: u64,
     probes: u64,
     refused: u64,
-    by_reason: [u64; 7],
+    by_reason: [u64; Reason::COUNT],
     queued: u64,
     withdrawn: u64,
     ignored: u64,
@@ -326,6 +338,7 @@ impl Counters {
         let by_reason = more.by_reason;
         let reason = |r: Reason| by_reason[r as usize];
         let blocked = reason(Reason::Open) + reason(Reason::ProbeInFlight);
+        let retry_denied = reason(Reason::RetryBudget);
         let evicted = reason(Reason::Evicted);
         let timed_out = reason(Reason::Timeout);
         Stats {
@@ -333,7 +346,8 @@ impl Counters {
             probes: more.probes,
             blocked,
             refused: more.refused,
-            denied: by_reason.iter().sum::<u64>() - blocked,
+            denied: by_reason.iter().sum::<u64>() - blocked - retry_denied,
+            retry_denied,
             by_reason,
             queued: more.queued,
             evicted,
@@ -420,13 +434,22 @@ struct Live<T> {
     tickets: T,
     book: Book,
     notices: Vec<Notice>,
+    budget: Budget,
 }
 
 impl<T: TicketTable> Live<T> {
     fn is_empty(&self) -> bool {
-        self.tickets.is_empty() && self.book.is_empty() && self.notices.is_empty()
+        self.tickets.is_empty()
+            && self.book.is_empty()
+            && self.notices.is_empty()
+            && self.budget.is_empty()
     }
 }
+
+/// The counts of a key that has none.
+static NO_BUDGET: Budget = Budget {
+    segments: Vec::new(),
+};
 
 /// Which optional parts of a fuse own a heap allocation now, besides the
 /// shared policy; see [`Fuse::heap_parts`].
@@ -576,6 +599,20 @@ impl<T: TicketTable> Fuse<T> {
         self.breaker.admission(self.policy.breaker.as_ref(), now)
     }
 
+    /// The retry-budget counts.
+    pub fn budget(&self) -> &Budget {
+        self.live.as_ref().map_or(&NO_BUDGET, |l| &l.budget)
+    }
+
+    /// True when the policy's retry budget would deny a retry at `now`.
+    fn retry_denied(&self, ask: &Ask, now: Millis) -> bool {
+        ask.retry
+            && self
+                .policy
+                .retry_budget
+                .is_some_and(|rb| !self.budget().admits_retry(&rb, now))
+    }
+
     fn book(&self) -> Option<&Book> {
         self.live.as_ref().map(|l| &l.book)
     }
@@ -627,10 +664,23 @@ impl<T: TicketTable> Fuse<T> {
     ) -> Result<(), FuseError> {
         self.check_time(now)?;
         self.settle(now);
+        let before = self.policy.retry_budget;
         self.policy = policy.into();
         let Policy {
-            breaker, limiter, ..
+            breaker,
+            limiter,
+            retry_budget,
+            ..
         } = *self.policy;
+        // A budget keeps its counts while its window is unchanged, and
+        // starts empty when added or when its window changes.
+        let same_window =
+            matches!((before, retry_budget), (Some(b), Some(a)) if b.window == a.window);
+        if !same_window {
+            if let Some(live) = self.live.as_deref_mut() {
+                live.budget.clear();
+            }
+        }
         if let Some((from, to)) = self.breaker.adopt(breaker.as_ref(), now) {
             self.phase_changed(from, to, Cause::PolicyChanged, now);
         }
@@ -738,7 +788,7 @@ impl<T: TicketTable> Fuse<T> {
         self.settle(now);
         let admission = self.admission(now);
         let decision = if ask.permits == 0 {
-            Ok(self.status(admission, now))
+            Ok(self.status(ask, admission, now))
         } else {
             self.decide(ask, admission, id, now)
         };
@@ -750,10 +800,14 @@ impl<T: TicketTable> Fuse<T> {
     }
 
     /// The status check of P2a: what the breaker answers when it blocks or
-    /// refuses, else whether any permit is free. Changes nothing.
-    fn status(&self, admission: Admission, now: Millis) -> Decision {
+    /// refuses, else what the retry budget answers a retry (R2), else
+    /// whether any permit is free. Changes nothing.
+    fn status(&self, ask: &Ask, admission: Admission, now: Millis) -> Decision {
         if let Some(refusal) = admission.refusal() {
             return refusal;
+        }
+        if admission == Admission::Normal && self.retry_denied(ask, now) {
+            return RETRY_DENIED;
         }
         let Some(limiter) = self.limiter() else {
             return Decision::Granted(None);
@@ -767,6 +821,9 @@ impl<T: TicketTable> Fuse<T> {
         }
     }
 
+    /// C1 and R2: the breaker, then the retry budget, then the limiter. A
+    /// request the breaker admits normally counts once in the budget,
+    /// whatever the limiter answers, unless the acquire fails (E3).
     fn decide(
         &mut self,
         ask: &Ask,
@@ -777,6 +834,29 @@ impl<T: TicketTable> Fuse<T> {
         if let Some(refusal) = admission.refusal() {
             return Ok(refusal);
         }
+        let budget = self
+            .policy
+            .retry_budget
+            .filter(|_| admission == Admission::Normal);
+        if budget.is_some() && self.retry_denied(ask, now) {
+            return Ok(RETRY_DENIED);
+        }
+        let decision = self.decide_permits(ask, admission, id, now)?;
+        if let Some(rb) = budget {
+            self.live_mut().budget.count(&rb, now, ask.retry);
+        }
+        Ok(decision)
+    }
+
+    /// The limiter's part of a decision (P2-P4) for a request the breaker
+    /// admitted.
+    fn decide_permits(
+        &mut self,
+        ask: &Ask,
+        admission: Admission,
+        id: TicketId,
+        now: Millis,
+    ) -> Result<Decision, FuseError> {
         let probe = admission == Admission::Probe;
         let n = ask.permits;
         let (Some(lp), Some(limiter)) = (self.policy.limiter, self.limiter()) else {
@@ -1116,6 +1196,9 @@ impl<T: TicketTable> Fuse<T> {
         self.live_tickets() == 0
             && self.waiters() == 0
             && self.breaker.is_at_rest(self.policy.breaker.as_ref(), now)
+            && self
+                .budget()
+                .is_empty_at(self.policy.retry_budget.as_ref(), now)
             && self.limiter().is_none_or(|limiter| limiter.is_full(now))
     }
 

@@ -25,6 +25,7 @@
 
 pub mod book;
 pub mod breaker;
+pub mod budget;
 pub mod decision;
 pub mod fuse;
 pub mod health;
@@ -37,6 +38,7 @@ pub mod wire;
 
 pub use book::{Book, Waiter};
 pub use breaker::{Admission, Breaker, Durable, Probing, Report};
+pub use budget::{Budget, BudgetSegment};
 pub use decision::{Decision, DecisionKind, Grant};
 pub use fuse::{
     sorted_tickets, Ask, BreakerState, Cause, Completed, CounterState, Fuse, FuseError, FuseHead,
@@ -47,8 +49,8 @@ pub use fuse::{
 pub use key::{validate_key, KeyError, IDLE_AFTER};
 pub use names::{Named, UnknownName};
 pub use policy::{
-    policy_id, BreakerPolicy, DurationSpec, HalfOpen, LeasePolicy, LimiterKind, LimiterPolicy,
-    Order, Policy, PolicyError, PolicySpec, Trip,
+    millionths, policy_id, BreakerPolicy, DurationSpec, HalfOpen, LeasePolicy, LimiterKind,
+    LimiterPolicy, Order, Policy, PolicyError, PolicySpec, Trip,
 };
 pub use ticket::TicketId;
 
@@ -151,6 +153,8 @@ pub enum Reason {
     Evicted,
     /// The waiter's `max_wait` ended before permits came free.
     Timeout,
+    /// A retry beyond the key's retry budget (R2).
+    RetryBudget,
 }
 
 impl Reason {
@@ -164,11 +168,12 @@ impl Reason {
             Reason::ExceedsLimit => "exceeds_limit",
             Reason::Evicted => "evicted",
             Reason::Timeout => "timeout",
+            Reason::RetryBudget => "retry_budget",
         }
     }
 
     /// Every reason, in wire order.
-    pub const ALL: [Reason; 7] = [
+    pub const ALL: [Reason; Reason::COUNT] = [
         Reason::Open,
         Reason::ProbeInFlight,
         Reason::NoPermits,
@@ -176,7 +181,11 @@ impl Reason {
         Reason::ExceedsLimit,
         Reason::Evicted,
         Reason::Timeout,
+        Reason::RetryBudget,
     ];
+
+    /// How many reasons there are.
+    pub const COUNT: usize = 8;
 }
 
 names::named!(Reason, "reason");

@@ -34,6 +34,26 @@ pub struct Policy {
     pub limiter: Option<LimiterPolicy>,
     /// Ticket lease settings.
     pub lease: LeasePolicy,
+    /// The retry budget (R1-R3), if the policy has one.
+    pub retry_budget: Option<RetryBudget>,
+}
+
+/// A validated retry budget (SPEC R1-R3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryBudget {
+    /// Retries allowed per first attempt, in millionths (the ratio taken
+    /// to 6 decimals).
+    pub ratio_millionths: u64,
+    /// Retries always allowed per second of the window.
+    pub min_per_second: u32,
+    /// The window in ms: at least 1 s, a multiple of 10 ms.
+    pub window: NonZeroU64,
+}
+
+/// A ratio in (0, 1] taken to 6 decimals: `round(r * 10^6)` (section 10,
+/// "Ratios").
+pub fn millionths(ratio: f64) -> u64 {
+    (ratio * 1_000_000.0).round() as u64
 }
 
 impl Default for Policy {
@@ -53,6 +73,7 @@ impl Default for Policy {
             }),
             limiter: None,
             lease: LeasePolicy::default(),
+            retry_budget: None,
         }
     }
 }
@@ -569,12 +590,6 @@ impl PolicySpec {
                 "shadow policies (SPEC D1-D4) are not supported by this fusebox version; remove it",
             ));
         }
-        if self.retry_budget.is_some() {
-            return Err(invalid(
-                "retry_budget",
-                "retry budgets (SPEC R1-R3) are not supported by this fusebox version; remove it",
-            ));
-        }
         Ok(Policy {
             breaker: self
                 .breaker
@@ -590,6 +605,11 @@ impl PolicySpec {
                 .lease
                 .as_ref()
                 .map_or(Ok(LeasePolicy::default()), LeaseSpec::validate)?,
+            retry_budget: self
+                .retry_budget
+                .as_ref()
+                .map(RetryBudgetSpec::validate)
+                .transpose()?,
         })
     }
 }
@@ -671,6 +691,11 @@ impl Policy {
             breaker,
             limiter,
             lease: Some(lease),
+            retry_budget: self.retry_budget.map(|r| RetryBudgetSpec {
+                ratio: Some(r.ratio_millionths as f64 / 1_000_000.0),
+                min_per_second: Some(r.min_per_second),
+                window: Some(DurationSpec(r.window.get())),
+            }),
             ..PolicySpec::default()
         }
     }
@@ -774,6 +799,37 @@ impl BreakerSpec {
             max_break,
             probe_lease,
             half_open,
+        })
+    }
+}
+
+impl RetryBudgetSpec {
+    /// Checks the budget: `ratio` in (0, 1], `min_per_second` (absent =
+    /// 0, as on the wire), `window` at least 1 s and a multiple of 10 ms.
+    pub fn validate(&self) -> Result<RetryBudget, PolicyError> {
+        let ctx = "for a retry budget";
+        let ratio = required(self.ratio, "retry_budget.ratio", ctx)?;
+        if !(ratio > 0.0 && ratio <= 1.0) {
+            return Err(invalid(
+                "retry_budget.ratio",
+                format!("must be above 0 and at most 1, not {ratio}"),
+            ));
+        }
+        let min_per_second = self.min_per_second.unwrap_or(0);
+        let window = duration(self.window, "retry_budget.window", ctx)?;
+        if window.get() < 1_000 || !window.get().is_multiple_of(10) {
+            return Err(invalid(
+                "retry_budget.window",
+                format!(
+                    "must be at least 1s and a multiple of 10ms, not {}",
+                    format_duration(window.get())
+                ),
+            ));
+        }
+        Ok(RetryBudget {
+            ratio_millionths: millionths(ratio),
+            min_per_second,
+            window,
         })
     }
 }

@@ -515,7 +515,10 @@ pub(crate) mod by_reason {
 
     use crate::Reason;
 
-    pub fn serialize<S: Serializer>(counts: &[u64; 7], s: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(
+        counts: &[u64; Reason::COUNT],
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
         let mut map = s.serialize_map(Some(Reason::ALL.len()))?;
         for r in Reason::ALL {
             map.serialize_entry(r.as_str(), &counts[r as usize])?;
@@ -523,15 +526,18 @@ pub(crate) mod by_reason {
         map.end()
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u64; 7], D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u64; Reason::COUNT], D::Error> {
         struct Counts;
         impl<'de> Visitor<'de> for Counts {
-            type Value = [u64; 7];
+            type Value = [u64; Reason::COUNT];
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("counts by reason")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<[u64; 7], A::Error> {
-                let mut counts = [0; 7];
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<[u64; Reason::COUNT], A::Error> {
+                let mut counts = [0; Reason::COUNT];
                 while let Some(name) = map.next_key::<String>()? {
                     match name.parse::<Reason>() {
                         Ok(r) => counts[r as usize] = map.next_value()?,

@@ -15,6 +15,16 @@ pub struct AcquireArgs {
     pub max_wait: Millis,
     /// The lease asked for.
     pub lease: Option<Millis>,
+    /// Which attempt of the call this is (R1): 0 or 1 a first attempt, 2
+    /// or more a retry.
+    pub attempt: u32,
+}
+
+impl AcquireArgs {
+    /// True when the request says it is a retry (R1).
+    pub fn is_retry(&self) -> bool {
+        self.attempt >= 2
+    }
 }
 
 /// The engine's answer to an acquire.
@@ -67,7 +77,7 @@ pub struct Totals {
     /// Final decisions by kind (see [`DECISION_NAMES`]).
     pub decisions: [u64; 5],
     /// Blocked and denied decisions by reason, in [`crate::domain::Reason::ALL`] order.
-    pub reasons: [u64; 7],
+    pub reasons: [u64; crate::domain::Reason::COUNT],
     /// Phase changes.
     pub transitions: u64,
     /// Requests refused (RESOURCE_EXHAUSTED) at a cap, by [`CAP_NAMES`].

@@ -523,6 +523,7 @@ impl Engine {
                     lease: args.lease,
                     room_for_ticket: ctx.has_room(Capped::Tickets),
                     room_for_waiter: args.max_wait == 0 || ctx.has_room(Capped::Waiters),
+                    retry: args.is_retry(),
                 };
                 let decision = match fuse.acquire(&ask, id, ctx.now) {
                     Ok(decision) => decision,
@@ -575,6 +576,7 @@ impl Engine {
     pub(super) fn status_check(&self, args: &AcquireArgs) -> Result<AcquireReply, EngineError> {
         let ask = Ask {
             permits: 0,
+            retry: args.is_retry(),
             ..Ask::default()
         };
         let probe_id = TicketId(0);

@@ -14,7 +14,7 @@ use crate::proto::wire::{duration_of, millis_of, phase_of};
 
 use super::api::Api;
 use super::status::{status_of, status_of_refusal};
-use super::wire::{outcome_of, reason_of};
+use super::wire::{check_caller, outcome_of, reason_of};
 
 impl Api {
     /// Acquire, by `grant` (`None`: authentication is off): the unary
@@ -30,11 +30,13 @@ impl Api {
                 .on_key(Role::Caller, "Acquire", &req.key)
                 .map_err(status_of_refusal)?;
         }
+        check_caller(&req.caller)?;
         let args = AcquireArgs {
             key: req.key,
             permits: req.permits.unwrap_or(1),
             max_wait: millis_of("max_wait", req.max_wait)?.unwrap_or(0),
             lease: millis_of("lease", req.lease)?,
+            attempt: req.attempt.unwrap_or(0),
         };
         let reply = self
             .store

@@ -21,6 +21,7 @@ pub fn reason_of(r: Reason) -> pb::Reason {
         Reason::ExceedsLimit => pb::Reason::ExceedsLimit,
         Reason::Evicted => pb::Reason::Evicted,
         Reason::Timeout => pb::Reason::Timeout,
+        Reason::RetryBudget => pb::Reason::RetryBudget,
     }
 }
 
@@ -77,6 +78,7 @@ pub fn key_state_of(core: &Core, r: &KeyReading) -> pb::KeyState {
             ignored: st.ignored,
             stale: st.stale,
             expired: st.expired,
+            retry_denied: st.retry_denied,
             ..Default::default()
         }),
         failure_ratio: v.failure_ratio,
@@ -86,6 +88,27 @@ pub fn key_state_of(core: &Core, r: &KeyReading) -> pb::KeyState {
         half_open_successes: v.half_open_successes,
         ..Default::default()
     }
+}
+
+/// The longest caller id an Acquire may name (Q1).
+pub const MAX_CALLER_BYTES: usize = 128;
+
+/// Checks an Acquire's `caller` (Q1): empty (absent), or a name that
+/// follows the key rules (K1) in at most 128 bytes.
+pub fn check_caller(caller: &str) -> Result<(), Status> {
+    if caller.len() > MAX_CALLER_BYTES {
+        return Err(invalid(
+            "caller",
+            format!(
+                "must be at most {MAX_CALLER_BYTES} bytes, not {}; send a short name for the calling service or pod",
+                caller.len()
+            ),
+        ));
+    }
+    if caller.chars().any(crate::domain::key::is_control) {
+        return Err(invalid("caller", "must not contain control characters"));
+    }
+    Ok(())
 }
 
 /// Checks a key prefix: at most 256 bytes, no control characters.

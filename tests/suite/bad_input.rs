@@ -612,3 +612,84 @@ async fn advance_without_manual_clock_is_unimplemented() {
         .into_inner();
     assert_eq!(r.decision, pb::Decision::Granted as i32);
 }
+
+/// H1, H2, Y2: `breaker.half_open.probes` and `.successes` outside 1..=1000
+/// are refused by `SetPolicy` (naming `policy.breaker.half_open.<field>`,
+/// the rules in force unchanged, E3) and by the config file at start-up
+/// (naming the rule and `breaker.half_open.<field>`); the bounds themselves
+/// are accepted and read back as set.
+#[tokio::test]
+async fn half_open_bounds_out_of_range_are_refused_naming_the_field() {
+    use crate::admin::{consecutive, policies, rule, set_policy};
+
+    let server = Server::manual(Some(CONFIG)).await;
+    let mut admin = server.admin().await;
+    let before = policies(&mut admin).await;
+    let half_open = |probes, successes| pb::Breaker {
+        half_open: Some(pb::HalfOpen { probes, successes }),
+        ..consecutive(3, 1000)
+    };
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let cases = [
+        ("probes", 0),
+        ("probes", 1001),
+        ("successes", 0),
+        ("successes", 1001),
+    ];
+    for (field, value) in cases {
+        let what = format!("half_open.{field} = {value}");
+        let breaker = match field {
+            "probes" => half_open(Some(value), None),
+            _ => half_open(None, Some(value)),
+        };
+        let status = set_policy(&mut admin, rule("h/*", Some(breaker), None))
+            .await
+            .expect_err(&what);
+        assert_eq!(status.code(), Code::InvalidArgument, "{what}: {status:?}");
+        let wire = format!("policy.breaker.half_open.{field}");
+        assert!(
+            status.message().contains(&wire),
+            "{what}: SetPolicy names {wire}: {:?}",
+            status.message()
+        );
+        assert_eq!(
+            policies(&mut admin).await,
+            before,
+            "{what}: nothing changed"
+        );
+
+        let path = dir.path().join(format!("{field}-{value}.toml"));
+        let text = format!(
+            "[[rule]]\nmatch = \"h/*\"\nbreaker = {{ mode = \"consecutive\", failures = 3, break = \"1s\", half_open = {{ {field} = {value} }} }}\n"
+        );
+        std::fs::write(&path, text).expect("config written");
+        let err = crate::harness::refused_start(
+            &["--config", path.to_str().expect("a UTF-8 path")],
+            None,
+        )
+        .await;
+        let named = format!("breaker.half_open.{field}");
+        for word in ["rule 1", "h/*", named.as_str()] {
+            assert!(
+                err.contains(word),
+                "{what}: the config error names {word:?}: {err}"
+            );
+        }
+    }
+
+    // The bounds are valid, and read back as set.
+    let set = set_policy(
+        &mut admin,
+        rule("h/*", Some(half_open(Some(1000), Some(1000))), None),
+    )
+    .await
+    .expect("probes = 1000, successes = 1000 is a valid policy");
+    let breaker = set.policy.and_then(|p| p.breaker).expect("a breaker");
+    assert_eq!(
+        breaker.half_open,
+        Some(pb::HalfOpen {
+            probes: Some(1000),
+            successes: Some(1000)
+        })
+    );
+}

@@ -1416,6 +1416,7 @@ impl<'a> Model<'a> {
                     permits,
                     max_wait,
                     lease,
+                    attempt: 0,
                 }));
                 match poll_once(&mut future) {
                     Poll::Ready(Err(EngineError::Invalid { field, .. })) => {
@@ -1674,6 +1675,7 @@ fn a_rule_change_that_answers_a_waiter_keeps_the_totals() {
         permits: 1,
         max_wait: 0,
         lease: None,
+        attempt: 0,
     }));
     let Poll::Ready(Ok(first)) = poll_once(&mut first) else {
         panic!("the first request is answered at once");
@@ -1685,6 +1687,7 @@ fn a_rule_change_that_answers_a_waiter_keeps_the_totals() {
         permits: 2,
         max_wait: 50,
         lease: None,
+        attempt: 0,
     }));
     assert!(poll_once(&mut waiter).is_pending(), "the request waits");
     assert_eq!((engine.totals().tickets, engine.totals().waiters), (1, 1));

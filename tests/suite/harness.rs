@@ -338,6 +338,7 @@ pub fn ask(key: &str) -> fusebox::engine::AcquireArgs {
         permits: 1,
         max_wait: 0,
         lease: None,
+        attempt: 0,
     }
 }
 

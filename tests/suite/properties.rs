@@ -568,6 +568,7 @@ impl Run {
                     lease,
                     room_for_ticket,
                     room_for_waiter,
+                    retry: false,
                 };
                 self.fuse.acquire(&ask, id, now).map(Reply::Decision)
             }

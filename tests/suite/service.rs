@@ -384,6 +384,7 @@ async fn tickets_are_distinct_and_unguessable() {
                 permits: 1,
                 max_wait: 0,
                 lease: None,
+                attempt: 0,
             })
             .await
             .expect("the engine grants");

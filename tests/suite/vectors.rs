@@ -60,6 +60,11 @@ pub struct Expect {
     pub open_until: Option<u64>,
     pub free: Option<u32>,
     pub queued: Option<u64>,
+    /// Probe slots held now (H1; extensions only).
+    pub probes_held: Option<u32>,
+    /// Current probe successes counted in this half-open period (H2;
+    /// extensions only).
+    pub half_open_successes: Option<u32>,
 }
 
 /// A decision as the vectors write it.
@@ -80,6 +85,8 @@ pub struct Reading {
     pub open_until: Option<u64>,
     pub free: u32,
     pub queued: u64,
+    pub probes_held: u32,
+    pub half_open_successes: u32,
 }
 
 /// A way of reaching fusebox that the runner can drive.
@@ -115,7 +122,7 @@ pub trait Target {
 /// `tests/vectors-extensions/`, each directory by name.
 pub fn load_all() -> Vec<Vector> {
     let mut all = load_dir("tests/vectors", 24);
-    all.extend(load_dir("tests/vectors-extensions", 10));
+    all.extend(load_dir("tests/vectors-extensions", 24));
     all
 }
 
@@ -214,6 +221,12 @@ pub async fn replay<T: Target>(vector: &Vector, target: &mut T) -> Vec<String> {
                 c.check("open_until", e.open_until.map(Some), got.open_until);
                 c.check("free", e.free, got.free);
                 c.check("queued", e.queued, got.queued);
+                c.check("probes_held", e.probes_held, got.probes_held);
+                c.check(
+                    "half_open_successes",
+                    e.half_open_successes,
+                    got.half_open_successes,
+                );
             }
             "isolate" => {
                 target
@@ -269,6 +282,8 @@ pub fn reading_of(v: &View) -> Reading {
         open_until: v.open_until,
         free: v.free,
         queued: v.queued,
+        probes_held: v.probes_held,
+        half_open_successes: v.half_open_successes,
     }
 }
 
@@ -662,6 +677,7 @@ impl Target for EngineTarget {
             permits: step.permits.unwrap_or(1),
             max_wait: step.max_wait.unwrap_or(0),
             lease: step.lease,
+            attempt: 0,
         };
         if args.max_wait == 0 {
             let sent = engine_sent(self.engine.acquire(args).await);
@@ -787,6 +803,8 @@ impl End {
             open_until: millis(s.open_remaining).map(|left| now + left),
             free: s.free,
             queued: u64::from(s.queued),
+            probes_held: s.probes_held,
+            half_open_successes: s.half_open_successes,
         }
     }
 

@@ -24,7 +24,10 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let when = args::now(&args[2])?;
     let id = args::ticket(&args[3])?;
     let known = policy::of_arg(args[4].as_slice())?;
-    let options = args::options(&args[5..], &["PERMITS", "LEASE", "MAXWAIT", "REPLY"])?;
+    let options = args::options(
+        &args[5..],
+        &["PERMITS", "LEASE", "MAXWAIT", "REPLY", "ATTEMPT"],
+    )?;
     let permits = options[0]
         .map(|a| {
             args::number(
@@ -45,10 +48,22 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         .transpose()?
         .unwrap_or(0);
     let form = args::form(options[3])?;
+    let attempt = options[4]
+        .map(|a| {
+            args::number(
+                a,
+                "attempt",
+                u64::from(u32::MAX),
+                "a whole number: 0 or 1 a first attempt, 2 or more a retry",
+            )
+        })
+        .transpose()?
+        .unwrap_or(0);
     let ask = Ask {
         permits,
         max_wait,
         lease,
+        retry: attempt >= 2,
         ..Ask::default()
     };
     let key = ctx.open_key_writable(&args[1]);

@@ -121,6 +121,7 @@ mod tests {
                 order: Order::OldestFirst,
             }),
             lease: Default::default(),
+            retry_budget: None,
         }
     }
 
@@ -164,6 +165,7 @@ mod tests {
                 breaker: None,
                 limiter: None,
                 lease: Default::default(),
+                retry_budget: None,
             },
             0,
         );
@@ -179,6 +181,7 @@ mod tests {
                     order: Order::OldestFirst,
                 }),
                 lease: Default::default(),
+                retry_budget: None,
             },
             0,
         );

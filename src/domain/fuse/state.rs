@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use super::{Counters, Fuse, Live, MoreCounters, Notice, Ticket, TicketTable};
 use crate::book::{Book, Waiter};
 use crate::breaker::{Breaker, Probing};
+use crate::budget::{Budget, BudgetSegment, SEGMENTS};
 use crate::health::HealthWindow;
 use crate::limiter::{Concurrency, FixedWindow, Limiter, SlidingWindow, TokenBucket};
 use crate::policy::{LimiterKind, Policy, PolicyError, PolicySpec};
@@ -69,6 +70,10 @@ pub struct FuseState {
     pub counters: CounterState,
     /// Notices not yet drained, oldest first.
     pub notices: Vec<Notice>,
+    /// The retry budget's segments, oldest first (R3); absent when none
+    /// is kept (before version 3: always).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budget: Vec<BudgetSegment>,
 }
 
 /// A breaker's state.
@@ -260,10 +265,17 @@ pub struct ReasonCounts {
     pub evicted: u64,
     /// [`Reason::Timeout`].
     pub timeout: u64,
+    /// [`Reason::RetryBudget`]; absent before version 3.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retry_budget: u64,
 }
 
-impl From<[u64; 7]> for ReasonCounts {
-    fn from(c: [u64; 7]) -> Self {
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl From<[u64; Reason::COUNT]> for ReasonCounts {
+    fn from(c: [u64; Reason::COUNT]) -> Self {
         let at = |r: Reason| c[r as usize];
         ReasonCounts {
             open: at(Reason::Open),
@@ -273,13 +285,14 @@ impl From<[u64; 7]> for ReasonCounts {
             exceeds_limit: at(Reason::ExceedsLimit),
             evicted: at(Reason::Evicted),
             timeout: at(Reason::Timeout),
+            retry_budget: at(Reason::RetryBudget),
         }
     }
 }
 
-impl From<ReasonCounts> for [u64; 7] {
+impl From<ReasonCounts> for [u64; Reason::COUNT] {
     fn from(c: ReasonCounts) -> Self {
-        let mut all = [0; 7];
+        let mut all = [0; Reason::COUNT];
         for (r, n) in [
             (Reason::Open, c.open),
             (Reason::ProbeInFlight, c.probe_in_flight),
@@ -288,6 +301,7 @@ impl From<ReasonCounts> for [u64; 7] {
             (Reason::ExceedsLimit, c.exceeds_limit),
             (Reason::Evicted, c.evicted),
             (Reason::Timeout, c.timeout),
+            (Reason::RetryBudget, c.retry_budget),
         ] {
             all[r as usize] = n;
         }
@@ -334,6 +348,10 @@ pub enum StateError {
         /// The deadline found.
         deadline: Millis,
     },
+    /// Retry-budget segments without a budget, out of order, too many, or
+    /// after the last time seen.
+    #[error("budget: segments only under a retry budget, at most 11, in increasing order, none after last_now")]
+    Budget,
     /// A bucket of the sampling window holds no outcome.
     #[error("breaker.window: every bucket must hold an outcome")]
     Window,
@@ -442,7 +460,7 @@ impl Counters {
     /// The counters that count `s`: the rarer counts are boxed exactly when
     /// one of them is not zero, as counting makes them.
     fn from_state(s: &CounterState) -> Result<Counters, StateError> {
-        let by_reason: [u64; 7] = s.by_reason.into();
+        let by_reason: [u64; Reason::COUNT] = s.by_reason.into();
         for (field, value) in [
             ("counters.granted", s.granted),
             ("counters.probes", s.probes),
@@ -666,6 +684,7 @@ impl<T: TicketTable> Fuse<T> {
             limiter,
             waiters,
             counters,
+            budget,
         } = self.head();
         FuseState {
             version: STATE_VERSION,
@@ -677,6 +696,7 @@ impl<T: TicketTable> Fuse<T> {
             waiters,
             counters,
             notices: live.map_or_else(Vec::new, |l| l.notices.clone()),
+            budget,
         }
     }
 }
@@ -702,6 +722,7 @@ impl Fuse {
             limiter: s.limiter,
             waiters: s.waiters,
             counters: s.counters,
+            budget: s.budget,
         };
         let tickets = s.tickets;
         let mut fuse = assemble(policy, head, |breaker, kind| {
@@ -729,6 +750,8 @@ pub struct FuseHead {
     pub waiters: Vec<WaiterState>,
     /// Statistics.
     pub counters: CounterState,
+    /// The retry budget's segments, oldest first.
+    pub budget: Vec<BudgetSegment>,
 }
 
 impl<T: TicketTable> Fuse<T> {
@@ -750,6 +773,7 @@ impl<T: TicketTable> Fuse<T> {
                 })
                 .collect(),
             counters: self.counters.state(),
+            budget: self.budget().segments().to_vec(),
         }
     }
 
@@ -832,6 +856,33 @@ fn checked_tickets(
 /// A fuse from its parts, each checked; `tickets` makes the table (and,
 /// when it can tell, the concurrency permits its tickets hold) once the
 /// breaker and the limiter's kind are known.
+/// A retry budget's segments, checked: only under a policy with a budget,
+/// at most [`SEGMENTS`] + 1, in increasing order, none after `last_now`.
+fn checked_budget(
+    policy: &Policy,
+    segments: &[BudgetSegment],
+    last_now: Millis,
+) -> Result<Budget, StateError> {
+    if segments.is_empty() {
+        return Ok(Budget::default());
+    }
+    let Some(rb) = policy.retry_budget else {
+        return Err(StateError::Budget);
+    };
+    let in_order = segments.windows(2).all(|w| w[0].index < w[1].index);
+    let last = segments.last().map_or(0, |s| s.index);
+    if !in_order || segments.len() as u64 > SEGMENTS + 1 || last > last_now / rb.segment_ms() {
+        return Err(StateError::Budget);
+    }
+    for s in segments {
+        at_most("budget.first", s.first, LIMIT)?;
+        at_most("budget.retries", s.retries, LIMIT)?;
+    }
+    Ok(Budget {
+        segments: segments.to_vec(),
+    })
+}
+
 fn assemble<T: TicketTable>(
     policy: Arc<Policy>,
     head: FuseHead,
@@ -861,10 +912,12 @@ fn assemble<T: TicketTable>(
             });
         }
     }
+    let budget = checked_budget(&policy, &head.budget, last_now)?;
     let mut live = Live {
         tickets: table,
         book: Book::default(),
         notices: Vec::new(),
+        budget,
     };
     live.book.limiter = limiter;
     if !head.waiters.is_empty() && (kind.is_none() || breaker.phase != Phase::Closed) {

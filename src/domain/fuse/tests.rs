@@ -90,6 +90,7 @@ fn policy(breaker: Option<BreakerPolicy>, limiter: Option<LimiterPolicy>) -> Pol
         breaker,
         limiter,
         lease: LeasePolicy::default(),
+        retry_budget: None,
     }
 }
 
@@ -312,7 +313,7 @@ fn statistics_count_every_kind_of_answer_and_outcome() {
     f.advance(1_113).unwrap();
     assert_eq!(f.live_tickets(), 0);
 
-    let mut by_reason = [0; 7];
+    let mut by_reason = [0; Reason::COUNT];
     for (reason, n) in [
         (Reason::Open, 2),
         (Reason::ProbeInFlight, 1),
@@ -341,6 +342,7 @@ fn statistics_count_every_kind_of_answer_and_outcome() {
         ignored: 2,
         stale: 1,
         expired: 1,
+        retry_denied: 0,
     };
     assert_eq!(f.stats(), expected);
     assert_eq!(f.view(1_113).stats, expected);
@@ -735,6 +737,7 @@ fn a_status_check_gives_no_ticket_and_changes_nothing() {
             lease: Some(100),
             room_for_ticket: false,
             room_for_waiter: false,
+            retry: false,
         };
         assert_eq!(f.acquire(&ask, id(1), 5), Ok(Decision::Granted(None)));
         assert_eq!(f, before);
@@ -2099,4 +2102,141 @@ fn a_half_open_period_of_several_slots_reads_back_from_its_state() {
     assert_eq!(back, f);
     let done = back.complete(id(11), Outcome::Success, 1_020).unwrap();
     assert_eq!(done.phase, Phase::Closed);
+}
+
+// ---------------------------------------------------------------------------
+// retry budget (R1-R3)
+
+/// A policy with a concurrency limiter of `permits` and a budget of
+/// `ratio` (in millionths), `floor` a second, over `window` ms.
+fn budgeted(permits: u32, ratio: u64, floor: u32, window: Millis) -> Policy {
+    Policy {
+        retry_budget: Some(crate::policy::RetryBudget {
+            ratio_millionths: ratio,
+            min_per_second: floor,
+            window: nz64(window),
+        }),
+        ..policy(
+            Some(consecutive(5, 1_000)),
+            Some(concurrency(permits, 0, Order::OldestFirst)),
+        )
+    }
+}
+
+fn retry(n: u32) -> Ask {
+    Ask {
+        retry: true,
+        ..take(n)
+    }
+}
+
+const BUDGET_DENIED: Decision = Decision::Denied {
+    reason: Reason::RetryBudget,
+    retry_after: None,
+};
+
+#[test]
+fn retries_pass_up_to_the_ratio_of_first_attempts_and_are_denied_beyond() {
+    // 0.2 of first attempts, no floor, 10 s.
+    let mut f = Fuse::new(budgeted(100, 200_000, 0, 10_000), 0);
+    assert_eq!(f.acquire(&retry(1), id(1), 0), Ok(BUDGET_DENIED));
+    for n in 0..10 {
+        assert!(matches!(
+            f.acquire(&take(1), id(10 + n), 1),
+            Ok(Decision::Granted(Some(_)))
+        ));
+    }
+    // floor(0.2 * 10) = 2 retries.
+    for n in 0..2 {
+        assert!(matches!(
+            f.acquire(&retry(1), id(30 + n), 2),
+            Ok(Decision::Granted(Some(_)))
+        ));
+    }
+    assert_eq!(f.acquire(&retry(1), id(40), 3), Ok(BUDGET_DENIED));
+    let s = f.stats();
+    assert_eq!((s.retry_denied, s.denied), (2, 0), "not in denied");
+    assert_eq!(s.by_reason[Reason::RetryBudget as usize], 2);
+    // A status check says what a retry would get, and counts nothing.
+    assert_eq!(f.acquire(&retry(0), id(0), 3), Ok(BUDGET_DENIED));
+    assert_eq!(
+        f.budget().totals(&f.policy().retry_budget.unwrap(), 3),
+        (10, 2)
+    );
+}
+
+#[test]
+fn the_floor_allows_retries_without_first_attempts_and_counts_age_out() {
+    // No ratio to speak of, 1 a second over 1 s: one retry per window.
+    let mut f = Fuse::new(budgeted(100, 1, 1, 1_000), 0);
+    assert!(matches!(
+        f.acquire(&retry(1), id(1), 0),
+        Ok(Decision::Granted(Some(_)))
+    ));
+    assert_eq!(f.acquire(&retry(1), id(2), 999), Ok(BUDGET_DENIED));
+    // Segment 0 leaves when segment 10 begins (10 x 100 ms).
+    assert!(matches!(
+        f.acquire(&retry(1), id(3), 1_000),
+        Ok(Decision::Granted(Some(_)))
+    ));
+}
+
+#[test]
+fn a_count_stands_whatever_the_limiter_answers_but_a_blocked_request_counts_nothing() {
+    let mut f = Fuse::new(budgeted(1, 1_000_000, 0, 10_000), 0);
+    assert!(matches!(
+        f.acquire(&take(1), id(1), 0),
+        Ok(Decision::Granted(Some(_)))
+    ));
+    // Denied by the limiter, still counted as a first attempt.
+    assert!(matches!(
+        f.acquire(&take(1), id(2), 0),
+        Ok(Decision::Denied {
+            reason: Reason::NoPermits,
+            ..
+        })
+    ));
+    let rb = f.policy().retry_budget.unwrap();
+    assert_eq!(f.budget().totals(&rb, 0), (2, 0));
+    // Tripped (5 failures): blocked requests count nothing.
+    f.complete(id(1), Outcome::Failure, 1).unwrap();
+    for n in 0..4 {
+        assert!(matches!(
+            f.acquire(&take(1), id(10 + n), 1),
+            Ok(Decision::Granted(Some(_)))
+        ));
+        f.complete(id(10 + n), Outcome::Failure, 1).unwrap();
+    }
+    assert_eq!(f.phase(), Phase::Open);
+    assert!(matches!(
+        f.acquire(&retry(1), id(20), 2),
+        Ok(Decision::Blocked { .. })
+    ));
+    assert_eq!(f.budget().totals(&rb, 2), (6, 0));
+    // The probe counts nothing either, and is never denied by the budget.
+    assert!(is_probe(f.acquire(&retry(1), id(21), 1_001).unwrap()));
+    assert_eq!(f.budget().totals(&rb, 1_001), (6, 0));
+}
+
+#[test]
+fn a_budget_keeps_its_counts_while_its_window_is_unchanged() {
+    let mut f = Fuse::new(budgeted(100, 500_000, 0, 10_000), 0);
+    for n in 0..4 {
+        f.acquire(&take(1), id(n + 1), 0).unwrap();
+    }
+    let rb = f.policy().retry_budget.unwrap();
+    f.set_policy(budgeted(100, 250_000, 0, 10_000), 1).unwrap();
+    assert_eq!(f.budget().totals(&rb, 1), (4, 0), "same window: kept");
+    f.set_policy(budgeted(100, 250_000, 0, 20_000), 2).unwrap();
+    assert!(f.budget().is_empty(), "a new window starts empty");
+    // K2: at rest once the window is empty and nothing is live.
+    let mut g = Fuse::new(budgeted(100, 500_000, 0, 1_000), 0);
+    g.acquire(&take(1), id(1), 0).unwrap();
+    g.complete(id(1), Outcome::Success, 0).unwrap();
+    assert!(!g.is_at_rest(999));
+    assert!(g.is_at_rest(1_000));
+    // The state keeps the counts.
+    f.acquire(&take(1), id(50), 3).unwrap();
+    let back = Fuse::from_state(f.state()).unwrap();
+    assert_eq!(back, f);
 }

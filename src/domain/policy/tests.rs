@@ -520,6 +520,7 @@ fn left_out_fields_take_the_defaults_of_y3() {
                 max: nz64(300_000),
                 expired_outcome: Outcome::Ignored,
             },
+            retry_budget: None,
         }
     );
     // `probe_lease` defaults to the base break, not the backed-off one.
@@ -583,6 +584,7 @@ fn an_empty_spec_has_no_breaker_no_limiter_and_default_leases() {
             breaker: None,
             limiter: None,
             lease: LeasePolicy::default(),
+            retry_budget: None,
         }
     );
     assert_eq!(PolicySpec::default().validate().unwrap(), policy);
@@ -607,6 +609,7 @@ fn the_built_in_default_rule_is_five_failures_in_a_row_a_five_second_break_and_n
                 max: nz64(300_000),
                 expired_outcome: Outcome::Ignored,
             },
+            retry_budget: None,
         }
     );
     // Written out, it validates to the same policy.

@@ -97,7 +97,7 @@ struct Sent {
 #[derive(Debug, Default)]
 struct Counted {
     decisions: [AtomicU64; 5],
-    reasons: [AtomicU64; 7],
+    reasons: [AtomicU64; crate::domain::Reason::COUNT],
     transitions: AtomicU64,
     cap_refusals: [AtomicU64; 3],
 }
@@ -428,6 +428,9 @@ impl RedisStore {
             }
             if args.max_wait > 0 && args.permits > 0 {
                 cmd.arg("MAXWAIT").arg(args.max_wait);
+            }
+            if args.is_retry() {
+                cmd.arg("ATTEMPT").arg(args.attempt);
             }
             // One string to parse, not an array of seven (decisions 89).
             cmd.arg("REPLY").arg(ReplyForm::Packed.as_str());

@@ -19,6 +19,7 @@ async fn acquire(engine: &crate::engine::Engine, key: &str) {
             permits: 1,
             max_wait: 0,
             lease: None,
+            attempt: 0,
         })
         .await
         .expect("granted");

@@ -230,6 +230,7 @@ fn apply(f: &mut Fuse, id: TicketId, op: &Op, now: Millis) -> String {
                 lease,
                 room_for_ticket: room,
                 room_for_waiter: room,
+                retry: false,
             };
             format!("{:?}", f.acquire(&ask, id, now))
         }
