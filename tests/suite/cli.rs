@@ -523,7 +523,7 @@ async fn acquire_sends_its_caller_and_attempt() {
     ticket_of(&reply);
     // R1: an attempt is a uint32; another is a usage error naming the flag,
     // caught before any call.
-    let run = client(&server, &["acquire", "svc", "--attempt", "-1"]).await;
+    let run = client(&server, &["acquire", "svc", "--attempt=-1"]).await;
     assert!(run.failed(2).contains("--attempt"), "{:?}", run.stderr);
 }
 
