@@ -6,10 +6,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/fusebox/fusebox/clients/go/fuseboxpb"
 )
@@ -85,5 +87,31 @@ func TestAttemptAndCallerGoOnTheWire(t *testing.T) {
 	}
 	if sent[1].GetAttempt() != 3 || sent[1].GetCaller() != "billing-retrier" {
 		t.Fatalf("second: want attempt 3 and caller billing-retrier, got %v", sent[1])
+	}
+}
+
+// A key whose retry budget has seen no first attempt denies a retry
+// (attempt 2, rule R2: DENIED retry_budget, no hint) and grants a first
+// attempt: the attempt reaches the server's budget.
+func TestAttemptIsCountedByTheRetryBudget(t *testing.T) {
+	s := startServer(t)
+	s.setPolicy("budget/*", &pb.Policy{RetryBudget: &pb.RetryBudget{
+		Ratio: 0.1, MinPerSecond: 0, Window: durationpb.New(10 * time.Second),
+	}})
+	for _, tr := range []Transport{TransportUnary, TransportStream} {
+		c := newClient(t, s, WithTransport(tr))
+		key := "budget/" + tr.String()
+		ran := 0
+		call := func(context.Context) error { ran++; return nil }
+		var denied *DeniedError
+		if err := c.Guard(context.Background(), key, call, Attempt(2)); !errors.As(err, &denied) || denied.Reason != "retry_budget" || denied.RetryAfter != 0 {
+			t.Fatalf("%v: want DENIED retry_budget without a hint, got %v", tr, err)
+		}
+		if err := c.Guard(context.Background(), key, call, Attempt(1)); err != nil {
+			t.Fatalf("%v: a first attempt: %v", tr, err)
+		}
+		if ran != 1 {
+			t.Fatalf("%v: the call ran %d times, want 1", tr, ran)
+		}
 	}
 }
