@@ -5,9 +5,10 @@ fusebox refuses a caller longer than 128 bytes with INVALID_ARGUMENT naming
 given, the client's own and a guard's, on both transports."""
 
 import pytest
-from conftest import CountingStub
+from conftest import CountingStub, ms
 
-from fusebox_client import CallError, FuseboxClient
+from fusebox_client import CallError, Denied, FuseboxClient
+from fusebox_client._gen import fusebox_pb2 as pb
 from fusebox_client.aio import AsyncFuseboxClient
 
 LONG = "c" * 129
@@ -87,3 +88,21 @@ def test_a_bad_option_is_refused_naming_it(server, options, field):
     assert stub.acquires == 0
     with pytest.raises(ValueError, match="^caller must be"):
         FuseboxClient(server.addr, caller=b"bytes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("transport", ["unary", "stream"])
+def test_the_attempt_is_counted_by_the_retry_budget(server, transport):
+    """A key whose retry budget has seen no first attempt denies a retry
+    (rule R2: DENIED retry_budget, no hint) and grants a first attempt."""
+    server.rule(
+        "budget/*",
+        retry_budget=pb.RetryBudget(ratio=0.1, min_per_second=0, window=ms(10_000)),
+    )
+    client = FuseboxClient(server.addr, deadline=2, transport=transport)
+    key = f"budget/{transport}"
+    with pytest.raises(Denied) as denied:
+        with client.guard(key, attempt=2):
+            pytest.fail("a denied retry runs nothing")
+    assert (denied.value.reason, denied.value.retry_after) == ("retry_budget", None)
+    with client.guard(key, attempt=1) as g:
+        assert g.ticket
