@@ -7,7 +7,7 @@ import { test } from 'node:test';
 
 import * as grpc from '@grpc/grpc-js';
 
-import { FuseboxRequestError } from '@fusebox/client';
+import { DeniedError, FuseboxRequestError, duration } from '@fusebox/client';
 import type { AcquireRequest, ClientOptions, Logger } from '@fusebox/client';
 
 import { SharedServer } from './server';
@@ -89,3 +89,26 @@ void test('a bad attempt or caller is refused naming it, before anything is sent
   assert.throws(() => shared.client({ caller: 7 as unknown as string }), /caller must be a string/);
   assert.equal(acquires, 0);
 });
+
+// A key whose retry budget has seen no first attempt denies a retry (rule
+// R2: DENIED retry_budget, no hint) and grants a first attempt.
+for (const transport of ['unary', 'stream'] as const) {
+  void test(`${transport}: the attempt is counted by the retry budget`, async () => {
+    const key = shared.freshKey();
+    await shared.server.setPolicy(key, { retryBudget: { ratio: 0.1, minPerSecond: 0, window: duration(10_000) } });
+    const c = shared.client({ transport });
+    let ran = 0;
+    const call = (): Promise<void> => {
+      ran++;
+      return Promise.resolve();
+    };
+    await assert.rejects(c.guard(key, call, { attempt: 2 }), (err: Error) => {
+      assert.ok(err instanceof DeniedError, String(err));
+      assert.equal(err.reason, 'retry_budget');
+      assert.equal(err.retryAfterMs, null);
+      return true;
+    });
+    await c.guard(key, call, { attempt: 1 });
+    assert.equal(ran, 1);
+  });
+}
