@@ -2,10 +2,13 @@ package dev.fusebox.client;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.fusebox.v1.AcquireRequest;
+import dev.fusebox.v1.Policy;
+import dev.fusebox.v1.RetryBudget;
 import io.grpc.CallOptions;
 import io.grpc.Channel;
 import io.grpc.ClientCall;
@@ -104,5 +107,36 @@ class CallerTest extends LiveServers {
     IllegalArgumentException e =
         assertThrows(IllegalArgumentException.class, () -> GuardOptions.defaults().attempt(-1));
     assertTrue(e.getMessage().startsWith("attempt must not be negative"), e.getMessage());
+  }
+
+  /**
+   * A key whose retry budget has seen no first attempt denies a retry (rule R2: DENIED
+   * retry_budget, no hint) and grants a first attempt: the attempt reaches the server's budget.
+   */
+  @Test
+  void theAttemptIsCountedByTheRetryBudget() throws Exception {
+    TestServer s = server();
+    s.setPolicy(
+        "budget/*",
+        Policy.newBuilder()
+            .setRetryBudget(
+                RetryBudget.newBuilder()
+                    .setRatio(0.1)
+                    .setMinPerSecond(0)
+                    .setWindow(com.google.protobuf.Duration.newBuilder().setSeconds(10)))
+            .build());
+    for (Transport t : Transport.values()) {
+      FuseboxClient c = client(s, t, null);
+      String key = "budget/" + t;
+      List<String> ran = new ArrayList<>();
+      DeniedException denied =
+          assertThrows(
+              DeniedException.class,
+              () -> c.guard(key, GuardOptions.defaults().attempt(2), () -> ran.add("a retry")));
+      assertEquals("retry_budget", denied.reason(), t.toString());
+      assertNull(denied.retryAfter(), t + ": no hint");
+      c.guard(key, GuardOptions.defaults().attempt(1), () -> ran.add("a first attempt"));
+      assertEquals(List.of("a first attempt"), ran, t.toString());
+    }
   }
 }
