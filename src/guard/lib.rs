@@ -96,6 +96,9 @@ pub enum Reason {
     Evicted,
     /// The wait ended.
     Timeout,
+    /// A retry ([`CallOptions::attempt`] 2 or more) beyond the key's retry
+    /// budget.
+    RetryBudget,
     /// A reason this client does not know.
     Other(i32),
 }
@@ -110,6 +113,7 @@ impl Reason {
             Ok(pb::Reason::ExceedsLimit) => Reason::ExceedsLimit,
             Ok(pb::Reason::Evicted) => Reason::Evicted,
             Ok(pb::Reason::Timeout) => Reason::Timeout,
+            Ok(pb::Reason::RetryBudget) => Reason::RetryBudget,
             _ => Reason::Other(value),
         }
     }
@@ -124,6 +128,7 @@ impl Reason {
             Reason::ExceedsLimit => "exceeds_limit".into(),
             Reason::Evicted => "evicted".into(),
             Reason::Timeout => "timeout".into(),
+            Reason::RetryBudget => "retry_budget".into(),
             Reason::Other(n) => format!("reason_{n}"),
         }
     }

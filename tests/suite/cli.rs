@@ -521,6 +521,17 @@ async fn acquire_sends_its_caller_and_attempt() {
     )
     .await;
     ticket_of(&reply);
+    // R2: an empty retry budget denies a retry and grants a first attempt.
+    let server = Server::manual(Some(
+        "[[rule]]\nmatch = \"budget/*\"\nretry_budget = { ratio = 0.1, min_per_second = 0, window = \"10s\" }\n",
+    ))
+    .await;
+    assert_eq!(
+        client_json(&server, &["acquire", "budget/a", "--attempt", "2"]).await,
+        acquire_reply("DENIED", None, Some("retry_budget"), None, None, "CLOSED")
+    );
+    let reply = client_json(&server, &["acquire", "budget/a", "--attempt", "1"]).await;
+    ticket_of(&reply);
     // R1: an attempt is a uint32; another is a usage error naming the flag,
     // caught before any call.
     let run = client(&server, &["acquire", "svc", "--attempt=-1"]).await;

@@ -3,7 +3,7 @@
 //! background: a test that reads what fusebox counted flushes the guard
 //! first (`tests/suite/outcomes.rs` tests the queue itself).
 
-use fusebox::guard::{CallOptions, Guard, GuardError, GuardOptions, Outcome, Transport};
+use fusebox::guard::{CallOptions, Guard, GuardError, GuardOptions, Outcome, Reason, Transport};
 use fusebox::proto::v1 as pb;
 use tonic::Code;
 
@@ -499,5 +499,58 @@ async fn the_guard_sends_its_caller_and_a_call_may_replace_it() {
             "{transport:?}"
         );
         guard.flush().await.expect("the outcomes are answered");
+    }
+}
+
+/// R2: a key whose retry budget has seen no first attempt denies a retry
+/// (`DENIED retry_budget`, no hint) and grants a first attempt, so the
+/// attempt a call names reaches the server's budget, on either transport.
+#[tokio::test]
+async fn a_calls_attempt_is_counted_by_the_retry_budget() {
+    let server = Server::manual(Some(
+        "[[rule]]\nmatch = \"budget/*\"\nretry_budget = { ratio = 0.1, min_per_second = 0, window = \"10s\" }\n",
+    ))
+    .await;
+    for transport in [Transport::Unary, Transport::Stream] {
+        let guard = Guard::connect(
+            &format!("http://{}", server.addr),
+            None,
+            GuardOptions {
+                transport,
+                ..patient()
+            },
+        )
+        .expect("a guard");
+        let key = format!("budget/{transport:?}");
+        let attempt = |n| CallOptions {
+            attempt: Some(n),
+            ..CallOptions::default()
+        };
+        let mut ran = 0;
+        let answer: Result<(), GuardError<String>> = guard
+            .run(&key, &attempt(2), || {
+                ran += 1;
+                async { Ok(()) }
+            })
+            .await;
+        assert!(
+            matches!(
+                answer,
+                Err(GuardError::Denied {
+                    reason: Reason::RetryBudget,
+                    retry_after: None
+                })
+            ),
+            "{transport:?}: {answer:?}"
+        );
+        let answer: Result<(), GuardError<String>> = guard
+            .run(&key, &attempt(1), || {
+                ran += 1;
+                async { Ok(()) }
+            })
+            .await;
+        answer.expect("a first attempt is granted");
+        assert_eq!(ran, 1, "{transport:?}");
+        guard.flush().await.expect("the outcome is answered");
     }
 }
