@@ -52,6 +52,15 @@ enum Command {
         /// The ticket's lease, e.g. 30s.
         #[arg(long, value_parser = parse_duration_flag)]
         lease: Option<u64>,
+        /// Who is calling (at most 128 bytes), for a breaker's quorum;
+        /// without it the server takes the connection's address. Ignored
+        /// with a token: the token's name is the caller.
+        #[arg(long)]
+        caller: Option<String>,
+        /// Which attempt this is: 1 (the default) for a first attempt, 2
+        /// or more for a retry, which a retry budget counts.
+        #[arg(long)]
+        attempt: Option<u32>,
         #[command(flatten)]
         client: ClientOptions,
     },
@@ -299,8 +308,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             permits,
             wait,
             lease,
+            caller,
+            attempt,
             client,
-        } => calls::acquire(&client, key, permits, wait, lease).await,
+        } => calls::acquire(&client, key, permits, wait, lease, caller, attempt).await,
         Command::Complete {
             ticket,
             outcome,

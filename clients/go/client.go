@@ -119,6 +119,7 @@ type clientConfig struct {
 	now         func() time.Time
 	transport   Transport
 	queue       int
+	caller      string
 }
 
 // Option configures a Client.
@@ -151,6 +152,14 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 func WithGuardDefaults(opts ...GuardOption) Option {
 	return func(c *clientConfig) { c.defaults = append(c.defaults, opts...) }
 }
+
+// WithCaller names who this client calls for (a service's name), sent as
+// every Acquire's caller (rule Q1) unless a guard says otherwise (Caller).
+// Without it fusebox takes the connection's address; with a token, the
+// token's name. A breaker with a quorum counts failures by caller. At most
+// 128 bytes of printable UTF-8: fusebox refuses another with
+// INVALID_ARGUMENT naming caller (a *RequestError).
+func WithCaller(name string) Option { return func(c *clientConfig) { c.caller = name } }
 
 // WithLogger sets where trouble is logged (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(c *clientConfig) { c.logger = l } }
@@ -225,6 +234,7 @@ func New(target string, opts ...Option) (*Client, error) {
 	}
 	c := &Client{now: cfg.now, logs: newLogLimiter(cfg.logger, cfg.logInterval)}
 	c.defaults = defaultGuardConfig()
+	c.defaults.caller = cfg.caller
 	for _, o := range cfg.defaults {
 		o(&c.defaults)
 	}

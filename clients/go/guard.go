@@ -74,6 +74,8 @@ type guardConfig struct {
 	unavailable UnavailablePolicy
 	renew       bool
 	cost        CostFunc
+	caller      string
+	attempt     *uint32
 }
 
 func defaultGuardConfig() guardConfig {
@@ -119,6 +121,20 @@ type CostFunc func(err error) (cost uint32, ok bool)
 // permits taken. Not asked when the call panicked, nor for a call run
 // without a ticket (a status check, or failing open).
 func WithCost(f CostFunc) GuardOption { return func(g *guardConfig) { g.cost = f } }
+
+// Caller names who makes this call, sent as the Acquire's caller (rule
+// Q1), in place of the client's (WithCaller). A breaker with a quorum
+// counts failures by caller. At most 128 bytes of printable UTF-8: fusebox
+// refuses another with INVALID_ARGUMENT naming caller (a *RequestError).
+// With a token, fusebox takes the token's name instead.
+func Caller(name string) GuardOption { return func(g *guardConfig) { g.caller = name } }
+
+// Attempt says which attempt of the caller's own call this is, sent as the
+// Acquire's attempt (rule R1): 1 (or leaving it out) for a first attempt,
+// 2 and up for a retry, which a retry budget on the key counts. The client
+// never runs a guarded call again by itself, so it marks no retry of its
+// own: a caller that retries says so here.
+func Attempt(n uint32) GuardOption { return func(g *guardConfig) { g.attempt = &n } }
 
 // NoRenew turns off background lease renewal for this guard.
 func NoRenew() GuardOption { return func(g *guardConfig) { g.renew = false } }
@@ -172,7 +188,7 @@ func (c *Client) Guard(ctx context.Context, key string, call func(ctx context.Co
 		return err
 	}
 
-	req := &pb.AcquireRequest{Key: key, Permits: cfg.permits}
+	req := &pb.AcquireRequest{Key: key, Permits: cfg.permits, Caller: cfg.caller, Attempt: cfg.attempt}
 	if cfg.maxWait > 0 {
 		req.MaxWait = durationpb.New(cfg.maxWait)
 	}

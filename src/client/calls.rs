@@ -9,13 +9,16 @@ use crate::print::{phase_name, print_acquire, print_key};
 
 /// `fusebox acquire`: asks for `permits` on `key`, waiting at most `wait`
 /// ms server-side, for a ticket leased for `lease` ms (the policy's when
-/// none); prints the decision and the ticket.
+/// none), as `caller` (Q1; the server's choice when none) on `attempt`
+/// (R1; a first attempt when none); prints the decision and the ticket.
 pub async fn acquire(
     client: &ClientOptions,
     key: String,
     permits: u32,
     wait: Option<u64>,
     lease: Option<u64>,
+    caller: Option<String>,
+    attempt: Option<u32>,
 ) -> anyhow::Result<()> {
     let mut c = pb::fusebox_client::FuseboxClient::new(connect(client).await?);
     let r = c
@@ -24,7 +27,8 @@ pub async fn acquire(
             permits: Some(permits),
             max_wait: wait.map(duration_of),
             lease: lease.map(duration_of),
-            ..Default::default()
+            attempt,
+            caller: caller.unwrap_or_default(),
         })
         .await
         .map_err(call_error)?

@@ -96,6 +96,9 @@ pub enum Reason {
     Evicted,
     /// The wait ended.
     Timeout,
+    /// A retry ([`CallOptions::attempt`] 2 or more) beyond the key's retry
+    /// budget.
+    RetryBudget,
     /// A reason this client does not know.
     Other(i32),
 }
@@ -110,6 +113,7 @@ impl Reason {
             Ok(pb::Reason::ExceedsLimit) => Reason::ExceedsLimit,
             Ok(pb::Reason::Evicted) => Reason::Evicted,
             Ok(pb::Reason::Timeout) => Reason::Timeout,
+            Ok(pb::Reason::RetryBudget) => Reason::RetryBudget,
             _ => Reason::Other(value),
         }
     }
@@ -124,6 +128,7 @@ impl Reason {
             Reason::ExceedsLimit => "exceeds_limit".into(),
             Reason::Evicted => "evicted".into(),
             Reason::Timeout => "timeout".into(),
+            Reason::RetryBudget => "retry_budget".into(),
             Reason::Other(n) => format!("reason_{n}"),
         }
     }
@@ -187,6 +192,16 @@ pub struct CallOptions {
     /// This call's policy when fusebox cannot answer; `None` means the
     /// guard's.
     pub on_unavailable: Option<FailPolicy>,
+    /// Who makes this call, sent as the Acquire's `caller`; `None` means
+    /// the guard's ([`GuardOptions::caller`]). fusebox ignores it when the
+    /// guard sends a token (the token's name is the caller).
+    pub caller: Option<String>,
+    /// Which attempt of the caller's own call this is, sent as the
+    /// Acquire's `attempt`: `None` or 1 for a first attempt, 2 and up for
+    /// the caller's retries (a retry budget on the key counts them). The
+    /// guard itself never runs a call again, so it marks no retry of its
+    /// own: a caller that retries says so here.
+    pub attempt: Option<u32>,
 }
 
 /// Options of a guard.
@@ -199,6 +214,15 @@ pub struct GuardOptions {
     pub on_unavailable: FailPolicy,
     /// Sent as `authorization: Bearer TOKEN`.
     pub token: Option<String>,
+    /// Who this guard calls for (a service's name), sent as every
+    /// Acquire's `caller` unless a call says otherwise
+    /// ([`CallOptions::caller`]); `None` leaves it out and fusebox takes
+    /// the peer's address. A breaker with a quorum counts failures by
+    /// caller. At most 128 bytes of printable UTF-8: fusebox refuses
+    /// another with `INVALID_ARGUMENT` naming `caller`
+    /// ([`GuardError::Rejected`]). With a token, fusebox takes the token's
+    /// name instead.
+    pub caller: Option<String>,
     /// Keys remembered as open at most.
     pub cache_capacity: usize,
     /// At most one warning per interval when fusebox is unavailable.
@@ -238,6 +262,7 @@ impl Default for GuardOptions {
             deadline: Duration::from_millis(50),
             on_unavailable: FailPolicy::Open,
             token: None,
+            caller: None,
             cache_capacity: 1024,
             log_interval: Duration::from_secs(10),
             backoff: Duration::from_millis(100),
@@ -780,13 +805,7 @@ impl Guard {
             return self.unavailable(policy, status);
         }
         let deadline = self.inner.options.deadline + options.max_wait.unwrap_or_default();
-        let message = pb::AcquireRequest {
-            key: key.to_owned(),
-            permits: options.permits,
-            max_wait: options.max_wait.map(sanitize_duration),
-            lease: options.lease.map(sanitize_duration),
-            ..Default::default()
-        };
+        let message = self.acquire_request(key, options);
         let reply = match self.call_acquire(message, deadline).await {
             Ok(reply) => {
                 self.reachable();
@@ -848,6 +867,24 @@ impl Guard {
                 "unknown decision {}",
                 reply.decision
             )))),
+        }
+    }
+
+    /// The Acquire for one call: its options, the caller a call names or
+    /// else the guard's (none: empty, which fusebox reads as absent).
+    fn acquire_request(&self, key: &str, options: &CallOptions) -> pb::AcquireRequest {
+        pb::AcquireRequest {
+            key: key.to_owned(),
+            permits: options.permits,
+            max_wait: options.max_wait.map(sanitize_duration),
+            lease: options.lease.map(sanitize_duration),
+            attempt: options.attempt,
+            caller: options
+                .caller
+                .as_ref()
+                .or(self.inner.options.caller.as_ref())
+                .cloned()
+                .unwrap_or_default(),
         }
     }
 
@@ -1044,6 +1081,29 @@ mod tests {
         }
         let stats = guard.stats();
         assert_eq!((stats.outcomes_dropped, stats.complete_failures), (2, 0));
+    }
+
+    #[tokio::test]
+    async fn an_acquire_carries_the_calls_caller_else_the_guards_and_its_attempt() {
+        let connect = |caller: Option<&str>| {
+            let options = GuardOptions {
+                caller: caller.map(str::to_owned),
+                ..GuardOptions::default()
+            };
+            Guard::connect("http://127.0.0.1:1", None, options).expect("a lazy channel")
+        };
+        let retry = CallOptions {
+            caller: Some("retrier".into()),
+            attempt: Some(2),
+            ..CallOptions::default()
+        };
+        let guard = connect(Some("checkout"));
+        let first = guard.acquire_request("k", &CallOptions::default());
+        assert_eq!((first.caller.as_str(), first.attempt), ("checkout", None));
+        let again = guard.acquire_request("k", &retry);
+        assert_eq!((again.caller.as_str(), again.attempt), ("retrier", Some(2)));
+        let anonymous = connect(None).acquire_request("k", &CallOptions::default());
+        assert_eq!((anonymous.caller.as_str(), anonymous.attempt), ("", None));
     }
 
     #[test]

@@ -580,6 +580,38 @@ async fn a_bad_key_fails_naming_the_field() {
 }
 
 #[tokio::test]
+async fn acquire_sends_its_caller_and_attempt() {
+    // Q1: fusebox refuses a caller of more than 128 bytes naming the field,
+    // and takes one of 128: the refusal proves `--caller` is sent.
+    let server = Server::manual(Some(CONFIG)).await;
+    let long = "c".repeat(129);
+    let run = client(&server, &["acquire", "svc", "--caller", &long]).await;
+    run.failed_saying(1, "error: INVALID_ARGUMENT: caller: ");
+    let fits = "c".repeat(128);
+    let reply = client_json(
+        &server,
+        &["acquire", "svc", "--caller", &fits, "--attempt", "2"],
+    )
+    .await;
+    ticket_of(&reply);
+    // R2: an empty retry budget denies a retry and grants a first attempt.
+    let server = Server::manual(Some(
+        "[[rule]]\nmatch = \"budget/*\"\nretry_budget = { ratio = 0.1, min_per_second = 0, window = \"10s\" }\n",
+    ))
+    .await;
+    assert_eq!(
+        client_json(&server, &["acquire", "budget/a", "--attempt", "2"]).await,
+        acquire_reply("DENIED", None, Some("retry_budget"), None, None, "CLOSED")
+    );
+    let reply = client_json(&server, &["acquire", "budget/a", "--attempt", "1"]).await;
+    ticket_of(&reply);
+    // R1: an attempt is a uint32; another is a usage error naming the flag,
+    // caught before any call.
+    let run = client(&server, &["acquire", "svc", "--attempt=-1"]).await;
+    assert!(run.failed(2).contains("--attempt"), "{:?}", run.stderr);
+}
+
+#[tokio::test]
 async fn advance_needs_a_manual_clock() {
     // X1: without --manual-clock the Clock service answers UNIMPLEMENTED,
     // and the CLI says how to get one.

@@ -3,7 +3,7 @@
 //! background: a test that reads what fusebox counted flushes the guard
 //! first (`tests/suite/outcomes.rs` tests the queue itself).
 
-use fusebox::guard::{CallOptions, Guard, GuardError, GuardOptions, Outcome};
+use fusebox::guard::{CallOptions, Guard, GuardError, GuardOptions, Outcome, Reason, Transport};
 use fusebox::proto::v1 as pb;
 use tonic::Code;
 
@@ -423,4 +423,134 @@ async fn run_with_cost_reports_what_the_call_really_used() {
     guard.flush().await.expect("the outcome is answered");
     assert_eq!(free().await, 3);
     assert_eq!(state().await.stats.unwrap_or_default().failures, 1);
+}
+
+/// Q1: fusebox refuses a caller of more than 128 bytes with
+/// INVALID_ARGUMENT naming `caller` and takes one of 128, so a refusal
+/// proves what the guard sent: its own caller, or a call's in its place,
+/// on either transport. The call never runs when refused.
+#[tokio::test]
+async fn the_guard_sends_its_caller_and_a_call_may_replace_it() {
+    let server = Server::manual(None).await;
+    let long = "c".repeat(129);
+    let fits = "c".repeat(128);
+    let refused_for_caller = |what: &str, answer: Result<(), GuardError<String>>| match answer {
+        Err(GuardError::Rejected(s))
+            if s.code() == Code::InvalidArgument && s.message().starts_with("caller:") => {}
+        other => panic!("{what}: want INVALID_ARGUMENT naming caller, got {other:?}"),
+    };
+    for transport in [Transport::Unary, Transport::Stream] {
+        let with = |caller: &str| {
+            Guard::connect(
+                &format!("http://{}", server.addr),
+                None,
+                GuardOptions {
+                    caller: Some(caller.to_owned()),
+                    transport,
+                    ..patient()
+                },
+            )
+            .expect("a guard")
+        };
+        let mut ran = Vec::new();
+        let guard = with(&long);
+        let answer = guard
+            .run("svc", &CallOptions::default(), || {
+                ran.push("the guard's caller");
+                async { Ok(()) }
+            })
+            .await;
+        refused_for_caller("the guard's caller", answer);
+        let checkout = CallOptions {
+            caller: Some("checkout".into()),
+            attempt: Some(2),
+            ..CallOptions::default()
+        };
+        let answer: Result<(), GuardError<String>> = guard
+            .run("svc", &checkout, || {
+                ran.push("a call's caller replaces the guard's");
+                async { Ok(()) }
+            })
+            .await;
+        answer.expect("granted");
+
+        let guard = with(&fits);
+        let answer: Result<(), GuardError<String>> = guard
+            .run("svc", &CallOptions::default(), || {
+                ran.push("128 bytes");
+                async { Ok(()) }
+            })
+            .await;
+        answer.expect("granted");
+        let too_long = CallOptions {
+            caller: Some(long.clone()),
+            ..CallOptions::default()
+        };
+        let answer = guard
+            .run("svc", &too_long, || {
+                ran.push("a call's caller");
+                async { Ok(()) }
+            })
+            .await;
+        refused_for_caller("a call's caller", answer);
+        assert_eq!(
+            ran,
+            ["a call's caller replaces the guard's", "128 bytes"],
+            "{transport:?}"
+        );
+        guard.flush().await.expect("the outcomes are answered");
+    }
+}
+
+/// R2: a key whose retry budget has seen no first attempt denies a retry
+/// (`DENIED retry_budget`, no hint) and grants a first attempt, so the
+/// attempt a call names reaches the server's budget, on either transport.
+#[tokio::test]
+async fn a_calls_attempt_is_counted_by_the_retry_budget() {
+    let server = Server::manual(Some(
+        "[[rule]]\nmatch = \"budget/*\"\nretry_budget = { ratio = 0.1, min_per_second = 0, window = \"10s\" }\n",
+    ))
+    .await;
+    for transport in [Transport::Unary, Transport::Stream] {
+        let guard = Guard::connect(
+            &format!("http://{}", server.addr),
+            None,
+            GuardOptions {
+                transport,
+                ..patient()
+            },
+        )
+        .expect("a guard");
+        let key = format!("budget/{transport:?}");
+        let attempt = |n| CallOptions {
+            attempt: Some(n),
+            ..CallOptions::default()
+        };
+        let mut ran = 0;
+        let answer: Result<(), GuardError<String>> = guard
+            .run(&key, &attempt(2), || {
+                ran += 1;
+                async { Ok(()) }
+            })
+            .await;
+        assert!(
+            matches!(
+                answer,
+                Err(GuardError::Denied {
+                    reason: Reason::RetryBudget,
+                    retry_after: None
+                })
+            ),
+            "{transport:?}: {answer:?}"
+        );
+        let answer: Result<(), GuardError<String>> = guard
+            .run(&key, &attempt(1), || {
+                ran += 1;
+                async { Ok(()) }
+            })
+            .await;
+        answer.expect("a first attempt is granted");
+        assert_eq!(ran, 1, "{transport:?}");
+        guard.flush().await.expect("the outcome is answered");
+    }
 }

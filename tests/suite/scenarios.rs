@@ -173,6 +173,7 @@ fn start(guard: &Guard, g: &Value, expect: Option<Value>, what: &str) -> Running
             Some("closed") => FailPolicy::Closed,
             other => panic!("{what}: on_unavailable {other:?}"),
         }),
+        ..CallOptions::default()
     };
     let (ran_tx, ran_rx) = watch::channel(false);
     let (release_tx, release_rx) = oneshot::channel::<bool>();

@@ -127,6 +127,9 @@ const (
 	Reason_REASON_EVICTED Reason = 6
 	// DENIED: the request's max_wait ended while it waited (P6).
 	Reason_REASON_TIMEOUT Reason = 7
+	// DENIED: a retry (attempt >= 2) beyond the key's retry budget (R2); no
+	// retry hint.
+	Reason_REASON_RETRY_BUDGET Reason = 8
 )
 
 // Enum value maps for Reason.
@@ -140,6 +143,7 @@ var (
 		5: "REASON_EXCEEDS_LIMIT",
 		6: "REASON_EVICTED",
 		7: "REASON_TIMEOUT",
+		8: "REASON_RETRY_BUDGET",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":     0,
@@ -150,6 +154,7 @@ var (
 		"REASON_EXCEEDS_LIMIT":   5,
 		"REASON_EVICTED":         6,
 		"REASON_TIMEOUT":         7,
+		"REASON_RETRY_BUDGET":    8,
 	}
 )
 
@@ -428,7 +433,15 @@ type AcquireRequest struct {
 	// Requested ticket lease, capped by the policy's lease.max (L2). Absent
 	// means the policy's lease.default; zero is rejected with
 	// INVALID_ARGUMENT.
-	Lease         *durationpb.Duration `protobuf:"bytes,4,opt,name=lease,proto3" json:"lease,omitempty"`
+	Lease *durationpb.Duration `protobuf:"bytes,4,opt,name=lease,proto3" json:"lease,omitempty"`
+	// Which attempt of the call this is (R1): absent, 0 or 1 = a first
+	// attempt; 2 or more = a retry, counted against the key's retry budget.
+	Attempt *uint32 `protobuf:"varint,5,opt,name=attempt,proto3,oneof" json:"attempt,omitempty"`
+	// Who is calling, for quorum trips (Q1): ignored when the server
+	// authenticates callers (the credential's name is used); else this, or
+	// the peer's IP address when empty. Follows the key's rules (K1), at most
+	// 128 bytes.
+	Caller        string `protobuf:"bytes,6,opt,name=caller,proto3" json:"caller,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -491,6 +504,20 @@ func (x *AcquireRequest) GetLease() *durationpb.Duration {
 	return nil
 }
 
+func (x *AcquireRequest) GetAttempt() uint32 {
+	if x != nil && x.Attempt != nil {
+		return *x.Attempt
+	}
+	return 0
+}
+
+func (x *AcquireRequest) GetCaller() string {
+	if x != nil {
+		return x.Caller
+	}
+	return ""
+}
+
 // Reply to Fusebox.Acquire.
 type AcquireResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -508,7 +535,13 @@ type AcquireResponse struct {
 	// Time left on the ticket's lease; absent when no ticket was issued.
 	Lease *durationpb.Duration `protobuf:"bytes,5,opt,name=lease,proto3" json:"lease,omitempty"`
 	// The breaker's phase after this call.
-	Phase         Phase `protobuf:"varint,6,opt,name=phase,proto3,enum=fusebox.v1.Phase" json:"phase,omitempty"`
+	Phase Phase `protobuf:"varint,6,opt,name=phase,proto3,enum=fusebox.v1.Phase" json:"phase,omitempty"`
+	// On a shadow policy (enforce = false, D1): what the request would have
+	// had (BLOCKED, DENIED or QUEUED) when it was granted anyway;
+	// DECISION_UNSPECIFIED otherwise.
+	ShadowDecision Decision `protobuf:"varint,7,opt,name=shadow_decision,json=shadowDecision,proto3,enum=fusebox.v1.Decision" json:"shadow_decision,omitempty"`
+	// The reason of `shadow_decision`; REASON_UNSPECIFIED otherwise.
+	ShadowReason  Reason `protobuf:"varint,8,opt,name=shadow_reason,json=shadowReason,proto3,enum=fusebox.v1.Reason" json:"shadow_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -583,6 +616,20 @@ func (x *AcquireResponse) GetPhase() Phase {
 		return x.Phase
 	}
 	return Phase_PHASE_UNSPECIFIED
+}
+
+func (x *AcquireResponse) GetShadowDecision() Decision {
+	if x != nil {
+		return x.ShadowDecision
+	}
+	return Decision_DECISION_UNSPECIFIED
+}
+
+func (x *AcquireResponse) GetShadowReason() Reason {
+	if x != nil {
+		return x.ShadowReason
+	}
+	return Reason_REASON_UNSPECIFIED
 }
 
 // Request for Fusebox.Complete.
@@ -998,7 +1045,15 @@ type KeyState struct {
 	// When the phase last changed (wall clock), or when the key was made.
 	PhaseChangedAt *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=phase_changed_at,json=phaseChangedAt,proto3" json:"phase_changed_at,omitempty"`
 	// The limiter's limit (permits or capacity); 0 for a key with no limiter.
-	Limit         uint32 `protobuf:"varint,13,opt,name=limit,proto3" json:"limit,omitempty"`
+	Limit uint32 `protobuf:"varint,13,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Live closed-period tickets older than breaker.slow.duration (S2).
+	LiveSlow uint32 `protobuf:"varint,14,opt,name=live_slow,json=liveSlow,proto3" json:"live_slow,omitempty"`
+	// Half-open probe slots held now (H1).
+	ProbesHeld uint32 `protobuf:"varint,15,opt,name=probes_held,json=probesHeld,proto3" json:"probes_held,omitempty"`
+	// Successful probes counted in this half-open period (H2).
+	HalfOpenSuccesses uint32 `protobuf:"varint,16,opt,name=half_open_successes,json=halfOpenSuccesses,proto3" json:"half_open_successes,omitempty"`
+	// The adaptive limiter's current limit; 0 without one.
+	AdaptiveLimit uint32 `protobuf:"varint,17,opt,name=adaptive_limit,json=adaptiveLimit,proto3" json:"adaptive_limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1124,6 +1179,34 @@ func (x *KeyState) GetLimit() uint32 {
 	return 0
 }
 
+func (x *KeyState) GetLiveSlow() uint32 {
+	if x != nil {
+		return x.LiveSlow
+	}
+	return 0
+}
+
+func (x *KeyState) GetProbesHeld() uint32 {
+	if x != nil {
+		return x.ProbesHeld
+	}
+	return 0
+}
+
+func (x *KeyState) GetHalfOpenSuccesses() uint32 {
+	if x != nil {
+		return x.HalfOpenSuccesses
+	}
+	return 0
+}
+
+func (x *KeyState) GetAdaptiveLimit() uint32 {
+	if x != nil {
+		return x.AdaptiveLimit
+	}
+	return 0
+}
+
 // Per-key counters.
 type KeyStats struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1157,7 +1240,14 @@ type KeyStats struct {
 	// Outcomes that arrived stale (B3).
 	Stale uint64 `protobuf:"varint,14,opt,name=stale,proto3" json:"stale,omitempty"`
 	// Tickets whose lease ended (L3).
-	Expired       uint64 `protobuf:"varint,15,opt,name=expired,proto3" json:"expired,omitempty"`
+	Expired uint64 `protobuf:"varint,15,opt,name=expired,proto3" json:"expired,omitempty"`
+	// Shadow grants: requests a shadow policy granted that it would have
+	// blocked, denied or queued (D2); not in `granted`.
+	Shadow uint64 `protobuf:"varint,16,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	// Tickets that became slow, live or at completion, each once (S1, S2).
+	Slow uint64 `protobuf:"varint,17,opt,name=slow,proto3" json:"slow,omitempty"`
+	// Retries denied by the retry budget (R2); not in `denied`.
+	RetryDenied   uint64 `protobuf:"varint,18,opt,name=retry_denied,json=retryDenied,proto3" json:"retry_denied,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1293,6 +1383,27 @@ func (x *KeyStats) GetStale() uint64 {
 func (x *KeyStats) GetExpired() uint64 {
 	if x != nil {
 		return x.Expired
+	}
+	return 0
+}
+
+func (x *KeyStats) GetShadow() uint64 {
+	if x != nil {
+		return x.Shadow
+	}
+	return 0
+}
+
+func (x *KeyStats) GetSlow() uint64 {
+	if x != nil {
+		return x.Slow
+	}
+	return 0
+}
+
+func (x *KeyStats) GetRetryDenied() uint64 {
+	if x != nil {
+		return x.RetryDenied
 	}
 	return 0
 }
@@ -1810,7 +1921,12 @@ type Policy struct {
 	// The limiter; absent = nothing is limited.
 	Limiter *Limiter `protobuf:"bytes,2,opt,name=limiter,proto3" json:"limiter,omitempty"`
 	// Lease settings; absent = the defaults (30 s, 5 min, IGNORED).
-	Lease         *Lease `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	Lease *Lease `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	// False makes the policy a shadow (dry run, D1-D4); absent = true.
+	Enforce *bool `protobuf:"varint,4,opt,name=enforce,proto3,oneof" json:"enforce,omitempty"`
+	// Retries beyond a share of first attempts are denied (R1-R3); absent =
+	// no budget.
+	RetryBudget   *RetryBudget `protobuf:"bytes,5,opt,name=retry_budget,json=retryBudget,proto3" json:"retry_budget,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1866,6 +1982,84 @@ func (x *Policy) GetLease() *Lease {
 	return nil
 }
 
+func (x *Policy) GetEnforce() bool {
+	if x != nil && x.Enforce != nil {
+		return *x.Enforce
+	}
+	return false
+}
+
+func (x *Policy) GetRetryBudget() *RetryBudget {
+	if x != nil {
+		return x.RetryBudget
+	}
+	return nil
+}
+
+// A retry budget (R1-R3).
+type RetryBudget struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Retries allowed per first attempt, in (0, 1].
+	Ratio float64 `protobuf:"fixed64,1,opt,name=ratio,proto3" json:"ratio,omitempty"`
+	// Retries always allowed per second of the window, whatever the ratio.
+	MinPerSecond uint32 `protobuf:"varint,2,opt,name=min_per_second,json=minPerSecond,proto3" json:"min_per_second,omitempty"`
+	// The window, at least 1 s and a multiple of 10 ms.
+	Window        *durationpb.Duration `protobuf:"bytes,3,opt,name=window,proto3" json:"window,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetryBudget) Reset() {
+	*x = RetryBudget{}
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetryBudget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetryBudget) ProtoMessage() {}
+
+func (x *RetryBudget) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetryBudget.ProtoReflect.Descriptor instead.
+func (*RetryBudget) Descriptor() ([]byte, []int) {
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *RetryBudget) GetRatio() float64 {
+	if x != nil {
+		return x.Ratio
+	}
+	return 0
+}
+
+func (x *RetryBudget) GetMinPerSecond() uint32 {
+	if x != nil {
+		return x.MinPerSecond
+	}
+	return 0
+}
+
+func (x *RetryBudget) GetWindow() *durationpb.Duration {
+	if x != nil {
+		return x.Window
+	}
+	return nil
+}
+
 // A breaker (SPEC section 1).
 type Breaker struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1883,14 +2077,21 @@ type Breaker struct {
 	// The longest break; absent = no cap.
 	MaxBreak *durationpb.Duration `protobuf:"bytes,5,opt,name=max_break,json=maxBreak,proto3" json:"max_break,omitempty"`
 	// How long a probe may hold the probe slot; absent = the break.
-	ProbeLease    *durationpb.Duration `protobuf:"bytes,6,opt,name=probe_lease,json=probeLease,proto3" json:"probe_lease,omitempty"`
+	ProbeLease *durationpb.Duration `protobuf:"bytes,6,opt,name=probe_lease,json=probeLease,proto3" json:"probe_lease,omitempty"`
+	// Slow calls, ratio mode only (S1-S3); absent = none.
+	Slow *Slow `protobuf:"bytes,7,opt,name=slow,proto3" json:"slow,omitempty"`
+	// Bounded half-open (H1-H4); absent = one probe, one success.
+	HalfOpen *HalfOpen `protobuf:"bytes,8,opt,name=half_open,json=halfOpen,proto3" json:"half_open,omitempty"`
+	// Distinct callers whose failures a trip needs (Q1, Q2), at least 2;
+	// absent = no quorum.
+	Quorum        *uint32 `protobuf:"varint,9,opt,name=quorum,proto3,oneof" json:"quorum,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Breaker) Reset() {
 	*x = Breaker{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[19]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1902,7 +2103,7 @@ func (x *Breaker) String() string {
 func (*Breaker) ProtoMessage() {}
 
 func (x *Breaker) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[19]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1915,7 +2116,7 @@ func (x *Breaker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Breaker.ProtoReflect.Descriptor instead.
 func (*Breaker) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{19}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Breaker) GetMode() isBreaker_Mode {
@@ -1971,6 +2172,27 @@ func (x *Breaker) GetProbeLease() *durationpb.Duration {
 	return nil
 }
 
+func (x *Breaker) GetSlow() *Slow {
+	if x != nil {
+		return x.Slow
+	}
+	return nil
+}
+
+func (x *Breaker) GetHalfOpen() *HalfOpen {
+	if x != nil {
+		return x.HalfOpen
+	}
+	return nil
+}
+
+func (x *Breaker) GetQuorum() uint32 {
+	if x != nil && x.Quorum != nil {
+		return *x.Quorum
+	}
+	return 0
+}
+
 type isBreaker_Mode interface {
 	isBreaker_Mode()
 }
@@ -1987,6 +2209,116 @@ func (*Breaker_Consecutive) isBreaker_Mode() {}
 
 func (*Breaker_Ratio) isBreaker_Mode() {}
 
+// Slow calls (S1-S3).
+type Slow struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A call at least this old is slow; more than 0, at most lease.max.
+	Duration *durationpb.Duration `protobuf:"bytes,1,opt,name=duration,proto3" json:"duration,omitempty"`
+	// The share of slow calls that trips the breaker, in (0, 1].
+	Ratio         float64 `protobuf:"fixed64,2,opt,name=ratio,proto3" json:"ratio,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Slow) Reset() {
+	*x = Slow{}
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Slow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Slow) ProtoMessage() {}
+
+func (x *Slow) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Slow.ProtoReflect.Descriptor instead.
+func (*Slow) Descriptor() ([]byte, []int) {
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *Slow) GetDuration() *durationpb.Duration {
+	if x != nil {
+		return x.Duration
+	}
+	return nil
+}
+
+func (x *Slow) GetRatio() float64 {
+	if x != nil {
+		return x.Ratio
+	}
+	return 0
+}
+
+// Bounded half-open (H1-H4).
+type HalfOpen struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Probe slots held at once, at least 1; absent = 1.
+	Probes *uint32 `protobuf:"varint,1,opt,name=probes,proto3,oneof" json:"probes,omitempty"`
+	// Probe successes that close the breaker, at least 1; absent = 1.
+	Successes     *uint32 `protobuf:"varint,2,opt,name=successes,proto3,oneof" json:"successes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HalfOpen) Reset() {
+	*x = HalfOpen{}
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HalfOpen) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HalfOpen) ProtoMessage() {}
+
+func (x *HalfOpen) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HalfOpen.ProtoReflect.Descriptor instead.
+func (*HalfOpen) Descriptor() ([]byte, []int) {
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *HalfOpen) GetProbes() uint32 {
+	if x != nil && x.Probes != nil {
+		return *x.Probes
+	}
+	return 0
+}
+
+func (x *HalfOpen) GetSuccesses() uint32 {
+	if x != nil && x.Successes != nil {
+		return *x.Successes
+	}
+	return 0
+}
+
 // Consecutive mode: opens after `failures` failures in a row.
 type Consecutive struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1997,7 +2329,7 @@ type Consecutive struct {
 
 func (x *Consecutive) Reset() {
 	*x = Consecutive{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[20]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2009,7 +2341,7 @@ func (x *Consecutive) String() string {
 func (*Consecutive) ProtoMessage() {}
 
 func (x *Consecutive) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[20]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2022,7 +2354,7 @@ func (x *Consecutive) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Consecutive.ProtoReflect.Descriptor instead.
 func (*Consecutive) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{20}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Consecutive) GetFailures() uint32 {
@@ -2047,7 +2379,7 @@ type Ratio struct {
 
 func (x *Ratio) Reset() {
 	*x = Ratio{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[21]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2059,7 +2391,7 @@ func (x *Ratio) String() string {
 func (*Ratio) ProtoMessage() {}
 
 func (x *Ratio) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[21]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2072,7 +2404,7 @@ func (x *Ratio) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ratio.ProtoReflect.Descriptor instead.
 func (*Ratio) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{21}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Ratio) GetFailureRatio() float64 {
@@ -2107,6 +2439,7 @@ type Limiter struct {
 	//	*Limiter_TokenBucket
 	//	*Limiter_FixedWindow
 	//	*Limiter_SlidingWindow
+	//	*Limiter_Adaptive
 	Kind isLimiter_Kind `protobuf_oneof:"kind"`
 	// Permits that waiters may ask for in total; 0 = no queue.
 	QueueLimit uint32 `protobuf:"varint,5,opt,name=queue_limit,json=queueLimit,proto3" json:"queue_limit,omitempty"`
@@ -2118,7 +2451,7 @@ type Limiter struct {
 
 func (x *Limiter) Reset() {
 	*x = Limiter{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[22]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2130,7 +2463,7 @@ func (x *Limiter) String() string {
 func (*Limiter) ProtoMessage() {}
 
 func (x *Limiter) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[22]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2143,7 +2476,7 @@ func (x *Limiter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limiter.ProtoReflect.Descriptor instead.
 func (*Limiter) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{22}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Limiter) GetKind() isLimiter_Kind {
@@ -2189,6 +2522,15 @@ func (x *Limiter) GetSlidingWindow() *SlidingWindow {
 	return nil
 }
 
+func (x *Limiter) GetAdaptive() *Adaptive {
+	if x != nil {
+		if x, ok := x.Kind.(*Limiter_Adaptive); ok {
+			return x.Adaptive
+		}
+	}
+	return nil
+}
+
 func (x *Limiter) GetQueueLimit() uint32 {
 	if x != nil {
 		return x.QueueLimit
@@ -2223,6 +2565,10 @@ type Limiter_SlidingWindow struct {
 	SlidingWindow *SlidingWindow `protobuf:"bytes,4,opt,name=sliding_window,json=slidingWindow,proto3,oneof"`
 }
 
+type Limiter_Adaptive struct {
+	Adaptive *Adaptive `protobuf:"bytes,7,opt,name=adaptive,proto3,oneof"`
+}
+
 func (*Limiter_Concurrency) isLimiter_Kind() {}
 
 func (*Limiter_TokenBucket) isLimiter_Kind() {}
@@ -2230,6 +2576,8 @@ func (*Limiter_TokenBucket) isLimiter_Kind() {}
 func (*Limiter_FixedWindow) isLimiter_Kind() {}
 
 func (*Limiter_SlidingWindow) isLimiter_Kind() {}
+
+func (*Limiter_Adaptive) isLimiter_Kind() {}
 
 // At most `permits` held at once.
 type Concurrency struct {
@@ -2241,7 +2589,7 @@ type Concurrency struct {
 
 func (x *Concurrency) Reset() {
 	*x = Concurrency{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[23]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2253,7 +2601,7 @@ func (x *Concurrency) String() string {
 func (*Concurrency) ProtoMessage() {}
 
 func (x *Concurrency) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[23]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2266,7 +2614,7 @@ func (x *Concurrency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Concurrency.ProtoReflect.Descriptor instead.
 func (*Concurrency) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{23}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Concurrency) GetPermits() uint32 {
@@ -2288,7 +2636,7 @@ type TokenBucket struct {
 
 func (x *TokenBucket) Reset() {
 	*x = TokenBucket{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[24]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2300,7 +2648,7 @@ func (x *TokenBucket) String() string {
 func (*TokenBucket) ProtoMessage() {}
 
 func (x *TokenBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[24]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2313,7 +2661,7 @@ func (x *TokenBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenBucket.ProtoReflect.Descriptor instead.
 func (*TokenBucket) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{24}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *TokenBucket) GetCapacity() uint32 {
@@ -2348,7 +2696,7 @@ type FixedWindow struct {
 
 func (x *FixedWindow) Reset() {
 	*x = FixedWindow{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[25]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2360,7 +2708,7 @@ func (x *FixedWindow) String() string {
 func (*FixedWindow) ProtoMessage() {}
 
 func (x *FixedWindow) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[25]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2373,7 +2721,7 @@ func (x *FixedWindow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FixedWindow.ProtoReflect.Descriptor instead.
 func (*FixedWindow) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{25}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *FixedWindow) GetPermits() uint32 {
@@ -2402,7 +2750,7 @@ type SlidingWindow struct {
 
 func (x *SlidingWindow) Reset() {
 	*x = SlidingWindow{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[26]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2414,7 +2762,7 @@ func (x *SlidingWindow) String() string {
 func (*SlidingWindow) ProtoMessage() {}
 
 func (x *SlidingWindow) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[26]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2427,7 +2775,7 @@ func (x *SlidingWindow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlidingWindow.ProtoReflect.Descriptor instead.
 func (*SlidingWindow) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{26}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SlidingWindow) GetPermits() uint32 {
@@ -2451,6 +2799,70 @@ func (x *SlidingWindow) GetSegments() uint32 {
 	return 0
 }
 
+// A concurrency limit learned from the durations of completed calls.
+type Adaptive struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lowest limit, at least 1.
+	Min uint32 `protobuf:"varint,1,opt,name=min,proto3" json:"min,omitempty"`
+	// The highest limit, at least `min`.
+	Max uint32 `protobuf:"varint,2,opt,name=max,proto3" json:"max,omitempty"`
+	// The limit to start at, between `min` and `max`; absent = `min`.
+	Initial       *uint32 `protobuf:"varint,3,opt,name=initial,proto3,oneof" json:"initial,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Adaptive) Reset() {
+	*x = Adaptive{}
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Adaptive) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Adaptive) ProtoMessage() {}
+
+func (x *Adaptive) ProtoReflect() protoreflect.Message {
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Adaptive.ProtoReflect.Descriptor instead.
+func (*Adaptive) Descriptor() ([]byte, []int) {
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *Adaptive) GetMin() uint32 {
+	if x != nil {
+		return x.Min
+	}
+	return 0
+}
+
+func (x *Adaptive) GetMax() uint32 {
+	if x != nil {
+		return x.Max
+	}
+	return 0
+}
+
+func (x *Adaptive) GetInitial() uint32 {
+	if x != nil && x.Initial != nil {
+		return *x.Initial
+	}
+	return 0
+}
+
 // Ticket lease settings (L2, L3).
 type Lease struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2466,7 +2878,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[27]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2478,7 +2890,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[27]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2491,7 +2903,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{27}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Lease) GetDefaultLease() *durationpb.Duration {
@@ -2530,7 +2942,7 @@ type PolicyRule struct {
 
 func (x *PolicyRule) Reset() {
 	*x = PolicyRule{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[28]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2542,7 +2954,7 @@ func (x *PolicyRule) String() string {
 func (*PolicyRule) ProtoMessage() {}
 
 func (x *PolicyRule) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[28]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2555,7 +2967,7 @@ func (x *PolicyRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyRule.ProtoReflect.Descriptor instead.
 func (*PolicyRule) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{28}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PolicyRule) GetMatch() string {
@@ -2590,7 +3002,7 @@ type SetPolicyRequest struct {
 
 func (x *SetPolicyRequest) Reset() {
 	*x = SetPolicyRequest{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[29]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2602,7 +3014,7 @@ func (x *SetPolicyRequest) String() string {
 func (*SetPolicyRequest) ProtoMessage() {}
 
 func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[29]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2615,7 +3027,7 @@ func (x *SetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{29}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SetPolicyRequest) GetRule() *PolicyRule {
@@ -2636,7 +3048,7 @@ type DeletePolicyRequest struct {
 
 func (x *DeletePolicyRequest) Reset() {
 	*x = DeletePolicyRequest{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[30]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2648,7 +3060,7 @@ func (x *DeletePolicyRequest) String() string {
 func (*DeletePolicyRequest) ProtoMessage() {}
 
 func (x *DeletePolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[30]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2661,7 +3073,7 @@ func (x *DeletePolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePolicyRequest.ProtoReflect.Descriptor instead.
 func (*DeletePolicyRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{30}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeletePolicyRequest) GetMatch() string {
@@ -2680,7 +3092,7 @@ type ListPoliciesRequest struct {
 
 func (x *ListPoliciesRequest) Reset() {
 	*x = ListPoliciesRequest{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[31]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2692,7 +3104,7 @@ func (x *ListPoliciesRequest) String() string {
 func (*ListPoliciesRequest) ProtoMessage() {}
 
 func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[31]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2705,7 +3117,7 @@ func (x *ListPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{31}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{35}
 }
 
 // The rules in force.
@@ -2721,7 +3133,7 @@ type ListPoliciesResponse struct {
 
 func (x *ListPoliciesResponse) Reset() {
 	*x = ListPoliciesResponse{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[32]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2733,7 +3145,7 @@ func (x *ListPoliciesResponse) String() string {
 func (*ListPoliciesResponse) ProtoMessage() {}
 
 func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[32]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2746,7 +3158,7 @@ func (x *ListPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{32}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListPoliciesResponse) GetRules() []*PolicyRule {
@@ -2774,7 +3186,7 @@ type AdvanceRequest struct {
 
 func (x *AdvanceRequest) Reset() {
 	*x = AdvanceRequest{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[33]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2786,7 +3198,7 @@ func (x *AdvanceRequest) String() string {
 func (*AdvanceRequest) ProtoMessage() {}
 
 func (x *AdvanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[33]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2799,7 +3211,7 @@ func (x *AdvanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdvanceRequest.ProtoReflect.Descriptor instead.
 func (*AdvanceRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{33}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *AdvanceRequest) GetBy() *durationpb.Duration {
@@ -2820,7 +3232,7 @@ type ClockReading struct {
 
 func (x *ClockReading) Reset() {
 	*x = ClockReading{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[34]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2832,7 +3244,7 @@ func (x *ClockReading) String() string {
 func (*ClockReading) ProtoMessage() {}
 
 func (x *ClockReading) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[34]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2845,7 +3257,7 @@ func (x *ClockReading) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockReading.ProtoReflect.Descriptor instead.
 func (*ClockReading) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{34}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ClockReading) GetNow() *durationpb.Duration {
@@ -2866,7 +3278,7 @@ type DecideRequest struct {
 
 func (x *DecideRequest) Reset() {
 	*x = DecideRequest{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[35]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2878,7 +3290,7 @@ func (x *DecideRequest) String() string {
 func (*DecideRequest) ProtoMessage() {}
 
 func (x *DecideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[35]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2891,7 +3303,7 @@ func (x *DecideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideRequest.ProtoReflect.Descriptor instead.
 func (*DecideRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{35}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DecideRequest) GetFrames() []*DecideFrame {
@@ -2922,7 +3334,7 @@ type DecideFrame struct {
 
 func (x *DecideFrame) Reset() {
 	*x = DecideFrame{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[36]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2934,7 +3346,7 @@ func (x *DecideFrame) String() string {
 func (*DecideFrame) ProtoMessage() {}
 
 func (x *DecideFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[36]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2947,7 +3359,7 @@ func (x *DecideFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideFrame.ProtoReflect.Descriptor instead.
 func (*DecideFrame) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{36}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DecideFrame) GetId() uint64 {
@@ -3041,7 +3453,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[37]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3053,7 +3465,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[37]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3066,7 +3478,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{37}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{41}
 }
 
 // One message of a Fusebox.Decide stream, from the server.
@@ -3080,7 +3492,7 @@ type DecideResponse struct {
 
 func (x *DecideResponse) Reset() {
 	*x = DecideResponse{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[38]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3092,7 +3504,7 @@ func (x *DecideResponse) String() string {
 func (*DecideResponse) ProtoMessage() {}
 
 func (x *DecideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[38]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3105,7 +3517,7 @@ func (x *DecideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideResponse.ProtoReflect.Descriptor instead.
 func (*DecideResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{38}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DecideResponse) GetResults() []*DecideResult {
@@ -3135,7 +3547,7 @@ type DecideResult struct {
 
 func (x *DecideResult) Reset() {
 	*x = DecideResult{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[39]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3147,7 +3559,7 @@ func (x *DecideResult) String() string {
 func (*DecideResult) ProtoMessage() {}
 
 func (x *DecideResult) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[39]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3160,7 +3572,7 @@ func (x *DecideResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideResult.ProtoReflect.Descriptor instead.
 func (*DecideResult) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{39}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DecideResult) GetId() uint64 {
@@ -3256,7 +3668,7 @@ type ItemError struct {
 
 func (x *ItemError) Reset() {
 	*x = ItemError{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[40]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3268,7 +3680,7 @@ func (x *ItemError) String() string {
 func (*ItemError) ProtoMessage() {}
 
 func (x *ItemError) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[40]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3281,7 +3693,7 @@ func (x *ItemError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemError.ProtoReflect.Descriptor instead.
 func (*ItemError) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{40}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ItemError) GetCode() int32 {
@@ -3309,7 +3721,7 @@ type AcquireBatchRequest struct {
 
 func (x *AcquireBatchRequest) Reset() {
 	*x = AcquireBatchRequest{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[41]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3321,7 +3733,7 @@ func (x *AcquireBatchRequest) String() string {
 func (*AcquireBatchRequest) ProtoMessage() {}
 
 func (x *AcquireBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[41]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3334,7 +3746,7 @@ func (x *AcquireBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireBatchRequest.ProtoReflect.Descriptor instead.
 func (*AcquireBatchRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{41}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *AcquireBatchRequest) GetItems() []*AcquireRequest {
@@ -3355,7 +3767,7 @@ type AcquireBatchResponse struct {
 
 func (x *AcquireBatchResponse) Reset() {
 	*x = AcquireBatchResponse{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[42]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3367,7 +3779,7 @@ func (x *AcquireBatchResponse) String() string {
 func (*AcquireBatchResponse) ProtoMessage() {}
 
 func (x *AcquireBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[42]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3380,7 +3792,7 @@ func (x *AcquireBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireBatchResponse.ProtoReflect.Descriptor instead.
 func (*AcquireBatchResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{42}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *AcquireBatchResponse) GetResults() []*AcquireResult {
@@ -3406,7 +3818,7 @@ type AcquireResult struct {
 
 func (x *AcquireResult) Reset() {
 	*x = AcquireResult{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[43]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3418,7 +3830,7 @@ func (x *AcquireResult) String() string {
 func (*AcquireResult) ProtoMessage() {}
 
 func (x *AcquireResult) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[43]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3431,7 +3843,7 @@ func (x *AcquireResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResult.ProtoReflect.Descriptor instead.
 func (*AcquireResult) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{43}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AcquireResult) GetResult() isAcquireResult_Result {
@@ -3486,7 +3898,7 @@ type CompleteBatchRequest struct {
 
 func (x *CompleteBatchRequest) Reset() {
 	*x = CompleteBatchRequest{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[44]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3498,7 +3910,7 @@ func (x *CompleteBatchRequest) String() string {
 func (*CompleteBatchRequest) ProtoMessage() {}
 
 func (x *CompleteBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[44]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3511,7 +3923,7 @@ func (x *CompleteBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBatchRequest.ProtoReflect.Descriptor instead.
 func (*CompleteBatchRequest) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{44}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CompleteBatchRequest) GetItems() []*CompleteRequest {
@@ -3532,7 +3944,7 @@ type CompleteBatchResponse struct {
 
 func (x *CompleteBatchResponse) Reset() {
 	*x = CompleteBatchResponse{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[45]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3544,7 +3956,7 @@ func (x *CompleteBatchResponse) String() string {
 func (*CompleteBatchResponse) ProtoMessage() {}
 
 func (x *CompleteBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[45]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3557,7 +3969,7 @@ func (x *CompleteBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteBatchResponse.ProtoReflect.Descriptor instead.
 func (*CompleteBatchResponse) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{45}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CompleteBatchResponse) GetResults() []*CompleteResult {
@@ -3583,7 +3995,7 @@ type CompleteResult struct {
 
 func (x *CompleteResult) Reset() {
 	*x = CompleteResult{}
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[46]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3595,7 +4007,7 @@ func (x *CompleteResult) String() string {
 func (*CompleteResult) ProtoMessage() {}
 
 func (x *CompleteResult) ProtoReflect() protoreflect.Message {
-	mi := &file_fusebox_v1_fusebox_proto_msgTypes[46]
+	mi := &file_fusebox_v1_fusebox_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3608,7 +4020,7 @@ func (x *CompleteResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResult.ProtoReflect.Descriptor instead.
 func (*CompleteResult) Descriptor() ([]byte, []int) {
-	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{46}
+	return file_fusebox_v1_fusebox_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *CompleteResult) GetResult() isCompleteResult_Result {
@@ -3657,14 +4069,18 @@ var File_fusebox_v1_fusebox_proto protoreflect.FileDescriptor
 const file_fusebox_v1_fusebox_proto_rawDesc = "" +
 	"\n" +
 	"\x18fusebox/v1/fusebox.proto\x12\n" +
-	"fusebox.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb4\x01\n" +
+	"fusebox.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf7\x01\n" +
 	"\x0eAcquireRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1d\n" +
 	"\apermits\x18\x02 \x01(\rH\x00R\apermits\x88\x01\x01\x124\n" +
 	"\bmax_wait\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\amaxWait\x12/\n" +
-	"\x05lease\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05leaseB\n" +
+	"\x05lease\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x12\x1d\n" +
+	"\aattempt\x18\x05 \x01(\rH\x01R\aattempt\x88\x01\x01\x12\x16\n" +
+	"\x06caller\x18\x06 \x01(\tR\x06callerB\n" +
 	"\n" +
-	"\b_permits\"\x9d\x02\n" +
+	"\b_permitsB\n" +
+	"\n" +
+	"\b_attempt\"\x95\x03\n" +
 	"\x0fAcquireResponse\x120\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x14.fusebox.v1.DecisionR\bdecision\x12\x16\n" +
 	"\x06ticket\x18\x02 \x01(\tR\x06ticket\x12*\n" +
@@ -3672,7 +4088,9 @@ const file_fusebox_v1_fusebox_proto_rawDesc = "" +
 	"\vretry_after\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryAfter\x12/\n" +
 	"\x05lease\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x12'\n" +
-	"\x05phase\x18\x06 \x01(\x0e2\x11.fusebox.v1.PhaseR\x05phase\"z\n" +
+	"\x05phase\x18\x06 \x01(\x0e2\x11.fusebox.v1.PhaseR\x05phase\x12=\n" +
+	"\x0fshadow_decision\x18\a \x01(\x0e2\x14.fusebox.v1.DecisionR\x0eshadowDecision\x127\n" +
+	"\rshadow_reason\x18\b \x01(\x0e2\x12.fusebox.v1.ReasonR\fshadowReason\"z\n" +
 	"\x0fCompleteRequest\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\tR\x06ticket\x12-\n" +
 	"\aoutcome\x18\x02 \x01(\x0e2\x13.fusebox.v1.OutcomeR\aoutcome\x12\x17\n" +
@@ -3693,7 +4111,7 @@ const file_fusebox_v1_fusebox_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"8\n" +
 	"\fCloseRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x95\x04\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xaa\x05\n" +
 	"\bKeyState\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12'\n" +
 	"\x05phase\x18\x02 \x01(\x0e2\x11.fusebox.v1.PhaseR\x05phase\x121\n" +
@@ -3708,8 +4126,13 @@ const file_fusebox_v1_fusebox_proto_rawDesc = "" +
 	" \x01(\v2\x14.fusebox.v1.KeyStatsR\x05stats\x12(\n" +
 	"\rfailure_ratio\x18\v \x01(\x01H\x00R\ffailureRatio\x88\x01\x01\x12D\n" +
 	"\x10phase_changed_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\x0ephaseChangedAt\x12\x14\n" +
-	"\x05limit\x18\r \x01(\rR\x05limitB\x10\n" +
-	"\x0e_failure_ratio\"\xf7\x03\n" +
+	"\x05limit\x18\r \x01(\rR\x05limit\x12\x1b\n" +
+	"\tlive_slow\x18\x0e \x01(\rR\bliveSlow\x12\x1f\n" +
+	"\vprobes_held\x18\x0f \x01(\rR\n" +
+	"probesHeld\x12.\n" +
+	"\x13half_open_successes\x18\x10 \x01(\rR\x11halfOpenSuccesses\x12%\n" +
+	"\x0eadaptive_limit\x18\x11 \x01(\rR\radaptiveLimitB\x10\n" +
+	"\x0e_failure_ratio\"\xc6\x04\n" +
 	"\bKeyStats\x12\x18\n" +
 	"\agranted\x18\x01 \x01(\x04R\agranted\x12\x16\n" +
 	"\x06probes\x18\x02 \x01(\x04R\x06probes\x12\x18\n" +
@@ -3726,7 +4149,10 @@ const file_fusebox_v1_fusebox_proto_rawDesc = "" +
 	"\bfailures\x18\f \x01(\x04R\bfailures\x12\x18\n" +
 	"\aignored\x18\r \x01(\x04R\aignored\x12\x14\n" +
 	"\x05stale\x18\x0e \x01(\x04R\x05stale\x12\x18\n" +
-	"\aexpired\x18\x0f \x01(\x04R\aexpired\x1a;\n" +
+	"\aexpired\x18\x0f \x01(\x04R\aexpired\x12\x16\n" +
+	"\x06shadow\x18\x10 \x01(\x04R\x06shadow\x12\x12\n" +
+	"\x04slow\x18\x11 \x01(\x04R\x04slow\x12!\n" +
+	"\fretry_denied\x18\x12 \x01(\x04R\vretryDenied\x1a;\n" +
 	"\rByReasonEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x90\x01\n" +
@@ -3766,11 +4192,19 @@ const file_fusebox_v1_fusebox_proto_rawDesc = "" +
 	"\bsequence\x18\n" +
 	" \x01(\x04R\bsequence\" \n" +
 	"\x06Lagged\x12\x16\n" +
-	"\x06missed\x18\x01 \x01(\x04R\x06missed\"\x8f\x01\n" +
+	"\x06missed\x18\x01 \x01(\x04R\x06missed\"\xf6\x01\n" +
 	"\x06Policy\x12-\n" +
 	"\abreaker\x18\x01 \x01(\v2\x13.fusebox.v1.BreakerR\abreaker\x12-\n" +
 	"\alimiter\x18\x02 \x01(\v2\x13.fusebox.v1.LimiterR\alimiter\x12'\n" +
-	"\x05lease\x18\x03 \x01(\v2\x11.fusebox.v1.LeaseR\x05lease\"\xe3\x02\n" +
+	"\x05lease\x18\x03 \x01(\v2\x11.fusebox.v1.LeaseR\x05lease\x12\x1d\n" +
+	"\aenforce\x18\x04 \x01(\bH\x00R\aenforce\x88\x01\x01\x12:\n" +
+	"\fretry_budget\x18\x05 \x01(\v2\x17.fusebox.v1.RetryBudgetR\vretryBudgetB\n" +
+	"\n" +
+	"\b_enforce\"|\n" +
+	"\vRetryBudget\x12\x14\n" +
+	"\x05ratio\x18\x01 \x01(\x01R\x05ratio\x12$\n" +
+	"\x0emin_per_second\x18\x02 \x01(\rR\fminPerSecond\x121\n" +
+	"\x06window\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x06window\"\xe4\x03\n" +
 	"\aBreaker\x12;\n" +
 	"\vconsecutive\x18\x01 \x01(\v2\x17.fusebox.v1.ConsecutiveH\x00R\vconsecutive\x12)\n" +
 	"\x05ratio\x18\x02 \x01(\v2\x11.fusebox.v1.RatioH\x00R\x05ratio\x12@\n" +
@@ -3780,20 +4214,34 @@ const file_fusebox_v1_fusebox_proto_rawDesc = "" +
 	"multiplier\x88\x01\x01\x126\n" +
 	"\tmax_break\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\bmaxBreak\x12:\n" +
 	"\vprobe_lease\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"probeLeaseB\x06\n" +
+	"probeLease\x12$\n" +
+	"\x04slow\x18\a \x01(\v2\x10.fusebox.v1.SlowR\x04slow\x121\n" +
+	"\thalf_open\x18\b \x01(\v2\x14.fusebox.v1.HalfOpenR\bhalfOpen\x12\x1b\n" +
+	"\x06quorum\x18\t \x01(\rH\x02R\x06quorum\x88\x01\x01B\x06\n" +
 	"\x04modeB\r\n" +
-	"\v_multiplier\")\n" +
+	"\v_multiplierB\t\n" +
+	"\a_quorum\"S\n" +
+	"\x04Slow\x125\n" +
+	"\bduration\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x14\n" +
+	"\x05ratio\x18\x02 \x01(\x01R\x05ratio\"c\n" +
+	"\bHalfOpen\x12\x1b\n" +
+	"\x06probes\x18\x01 \x01(\rH\x00R\x06probes\x88\x01\x01\x12!\n" +
+	"\tsuccesses\x18\x02 \x01(\rH\x01R\tsuccesses\x88\x01\x01B\t\n" +
+	"\a_probesB\f\n" +
+	"\n" +
+	"_successes\")\n" +
 	"\vConsecutive\x12\x1a\n" +
 	"\bfailures\x18\x01 \x01(\rR\bfailures\"\x9f\x01\n" +
 	"\x05Ratio\x12#\n" +
 	"\rfailure_ratio\x18\x01 \x01(\x01R\ffailureRatio\x12-\n" +
 	"\x12minimum_throughput\x18\x02 \x01(\rR\x11minimumThroughput\x12B\n" +
-	"\x0fsampling_window\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x0esamplingWindow\"\xd8\x02\n" +
+	"\x0fsampling_window\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x0esamplingWindow\"\x8c\x03\n" +
 	"\aLimiter\x12;\n" +
 	"\vconcurrency\x18\x01 \x01(\v2\x17.fusebox.v1.ConcurrencyH\x00R\vconcurrency\x12<\n" +
 	"\ftoken_bucket\x18\x02 \x01(\v2\x17.fusebox.v1.TokenBucketH\x00R\vtokenBucket\x12<\n" +
 	"\ffixed_window\x18\x03 \x01(\v2\x17.fusebox.v1.FixedWindowH\x00R\vfixedWindow\x12B\n" +
-	"\x0esliding_window\x18\x04 \x01(\v2\x19.fusebox.v1.SlidingWindowH\x00R\rslidingWindow\x12\x1f\n" +
+	"\x0esliding_window\x18\x04 \x01(\v2\x19.fusebox.v1.SlidingWindowH\x00R\rslidingWindow\x122\n" +
+	"\badaptive\x18\a \x01(\v2\x14.fusebox.v1.AdaptiveH\x00R\badaptive\x12\x1f\n" +
 	"\vqueue_limit\x18\x05 \x01(\rR\n" +
 	"queueLimit\x12'\n" +
 	"\x05order\x18\x06 \x01(\x0e2\x11.fusebox.v1.OrderR\x05orderB\x06\n" +
@@ -3810,7 +4258,13 @@ const file_fusebox_v1_fusebox_proto_rawDesc = "" +
 	"\rSlidingWindow\x12\x18\n" +
 	"\apermits\x18\x01 \x01(\rR\apermits\x121\n" +
 	"\x06window\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x06window\x12\x1a\n" +
-	"\bsegments\x18\x03 \x01(\rR\bsegments\"\xbd\x01\n" +
+	"\bsegments\x18\x03 \x01(\rR\bsegments\"Y\n" +
+	"\bAdaptive\x12\x10\n" +
+	"\x03min\x18\x01 \x01(\rR\x03min\x12\x10\n" +
+	"\x03max\x18\x02 \x01(\rR\x03max\x12\x1d\n" +
+	"\ainitial\x18\x03 \x01(\rH\x00R\ainitial\x88\x01\x01B\n" +
+	"\n" +
+	"\b_initial\"\xbd\x01\n" +
 	"\x05Lease\x12>\n" +
 	"\rdefault_lease\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\fdefaultLease\x126\n" +
 	"\tmax_lease\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bmaxLease\x12<\n" +
@@ -3876,7 +4330,7 @@ const file_fusebox_v1_fusebox_proto_rawDesc = "" +
 	"\x0eDECISION_PROBE\x10\x02\x12\x14\n" +
 	"\x10DECISION_BLOCKED\x10\x03\x12\x14\n" +
 	"\x10DECISION_REFUSED\x10\x04\x12\x13\n" +
-	"\x0fDECISION_DENIED\x10\x05*\xbd\x01\n" +
+	"\x0fDECISION_DENIED\x10\x05*\xd6\x01\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vREASON_OPEN\x10\x01\x12\x1a\n" +
@@ -3885,7 +4339,8 @@ const file_fusebox_v1_fusebox_proto_rawDesc = "" +
 	"\x11REASON_QUEUE_FULL\x10\x04\x12\x18\n" +
 	"\x14REASON_EXCEEDS_LIMIT\x10\x05\x12\x12\n" +
 	"\x0eREASON_EVICTED\x10\x06\x12\x12\n" +
-	"\x0eREASON_TIMEOUT\x10\a*a\n" +
+	"\x0eREASON_TIMEOUT\x10\a\x12\x17\n" +
+	"\x13REASON_RETRY_BUDGET\x10\b*a\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fOUTCOME_SUCCESS\x10\x01\x12\x13\n" +
@@ -3941,7 +4396,7 @@ func file_fusebox_v1_fusebox_proto_rawDescGZIP() []byte {
 }
 
 var file_fusebox_v1_fusebox_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_fusebox_v1_fusebox_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_fusebox_v1_fusebox_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_fusebox_v1_fusebox_proto_goTypes = []any{
 	(Decision)(0),                 // 0: fusebox.v1.Decision
 	(Reason)(0),                   // 1: fusebox.v1.Reason
@@ -3968,146 +4423,158 @@ var file_fusebox_v1_fusebox_proto_goTypes = []any{
 	(*Transition)(nil),            // 22: fusebox.v1.Transition
 	(*Lagged)(nil),                // 23: fusebox.v1.Lagged
 	(*Policy)(nil),                // 24: fusebox.v1.Policy
-	(*Breaker)(nil),               // 25: fusebox.v1.Breaker
-	(*Consecutive)(nil),           // 26: fusebox.v1.Consecutive
-	(*Ratio)(nil),                 // 27: fusebox.v1.Ratio
-	(*Limiter)(nil),               // 28: fusebox.v1.Limiter
-	(*Concurrency)(nil),           // 29: fusebox.v1.Concurrency
-	(*TokenBucket)(nil),           // 30: fusebox.v1.TokenBucket
-	(*FixedWindow)(nil),           // 31: fusebox.v1.FixedWindow
-	(*SlidingWindow)(nil),         // 32: fusebox.v1.SlidingWindow
-	(*Lease)(nil),                 // 33: fusebox.v1.Lease
-	(*PolicyRule)(nil),            // 34: fusebox.v1.PolicyRule
-	(*SetPolicyRequest)(nil),      // 35: fusebox.v1.SetPolicyRequest
-	(*DeletePolicyRequest)(nil),   // 36: fusebox.v1.DeletePolicyRequest
-	(*ListPoliciesRequest)(nil),   // 37: fusebox.v1.ListPoliciesRequest
-	(*ListPoliciesResponse)(nil),  // 38: fusebox.v1.ListPoliciesResponse
-	(*AdvanceRequest)(nil),        // 39: fusebox.v1.AdvanceRequest
-	(*ClockReading)(nil),          // 40: fusebox.v1.ClockReading
-	(*DecideRequest)(nil),         // 41: fusebox.v1.DecideRequest
-	(*DecideFrame)(nil),           // 42: fusebox.v1.DecideFrame
-	(*CancelRequest)(nil),         // 43: fusebox.v1.CancelRequest
-	(*DecideResponse)(nil),        // 44: fusebox.v1.DecideResponse
-	(*DecideResult)(nil),          // 45: fusebox.v1.DecideResult
-	(*ItemError)(nil),             // 46: fusebox.v1.ItemError
-	(*AcquireBatchRequest)(nil),   // 47: fusebox.v1.AcquireBatchRequest
-	(*AcquireBatchResponse)(nil),  // 48: fusebox.v1.AcquireBatchResponse
-	(*AcquireResult)(nil),         // 49: fusebox.v1.AcquireResult
-	(*CompleteBatchRequest)(nil),  // 50: fusebox.v1.CompleteBatchRequest
-	(*CompleteBatchResponse)(nil), // 51: fusebox.v1.CompleteBatchResponse
-	(*CompleteResult)(nil),        // 52: fusebox.v1.CompleteResult
-	nil,                           // 53: fusebox.v1.KeyStats.ByReasonEntry
-	(*durationpb.Duration)(nil),   // 54: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 55: google.protobuf.Timestamp
-	(*emptypb.Empty)(nil),         // 56: google.protobuf.Empty
+	(*RetryBudget)(nil),           // 25: fusebox.v1.RetryBudget
+	(*Breaker)(nil),               // 26: fusebox.v1.Breaker
+	(*Slow)(nil),                  // 27: fusebox.v1.Slow
+	(*HalfOpen)(nil),              // 28: fusebox.v1.HalfOpen
+	(*Consecutive)(nil),           // 29: fusebox.v1.Consecutive
+	(*Ratio)(nil),                 // 30: fusebox.v1.Ratio
+	(*Limiter)(nil),               // 31: fusebox.v1.Limiter
+	(*Concurrency)(nil),           // 32: fusebox.v1.Concurrency
+	(*TokenBucket)(nil),           // 33: fusebox.v1.TokenBucket
+	(*FixedWindow)(nil),           // 34: fusebox.v1.FixedWindow
+	(*SlidingWindow)(nil),         // 35: fusebox.v1.SlidingWindow
+	(*Adaptive)(nil),              // 36: fusebox.v1.Adaptive
+	(*Lease)(nil),                 // 37: fusebox.v1.Lease
+	(*PolicyRule)(nil),            // 38: fusebox.v1.PolicyRule
+	(*SetPolicyRequest)(nil),      // 39: fusebox.v1.SetPolicyRequest
+	(*DeletePolicyRequest)(nil),   // 40: fusebox.v1.DeletePolicyRequest
+	(*ListPoliciesRequest)(nil),   // 41: fusebox.v1.ListPoliciesRequest
+	(*ListPoliciesResponse)(nil),  // 42: fusebox.v1.ListPoliciesResponse
+	(*AdvanceRequest)(nil),        // 43: fusebox.v1.AdvanceRequest
+	(*ClockReading)(nil),          // 44: fusebox.v1.ClockReading
+	(*DecideRequest)(nil),         // 45: fusebox.v1.DecideRequest
+	(*DecideFrame)(nil),           // 46: fusebox.v1.DecideFrame
+	(*CancelRequest)(nil),         // 47: fusebox.v1.CancelRequest
+	(*DecideResponse)(nil),        // 48: fusebox.v1.DecideResponse
+	(*DecideResult)(nil),          // 49: fusebox.v1.DecideResult
+	(*ItemError)(nil),             // 50: fusebox.v1.ItemError
+	(*AcquireBatchRequest)(nil),   // 51: fusebox.v1.AcquireBatchRequest
+	(*AcquireBatchResponse)(nil),  // 52: fusebox.v1.AcquireBatchResponse
+	(*AcquireResult)(nil),         // 53: fusebox.v1.AcquireResult
+	(*CompleteBatchRequest)(nil),  // 54: fusebox.v1.CompleteBatchRequest
+	(*CompleteBatchResponse)(nil), // 55: fusebox.v1.CompleteBatchResponse
+	(*CompleteResult)(nil),        // 56: fusebox.v1.CompleteResult
+	nil,                           // 57: fusebox.v1.KeyStats.ByReasonEntry
+	(*durationpb.Duration)(nil),   // 58: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 59: google.protobuf.Timestamp
+	(*emptypb.Empty)(nil),         // 60: google.protobuf.Empty
 }
 var file_fusebox_v1_fusebox_proto_depIdxs = []int32{
-	54, // 0: fusebox.v1.AcquireRequest.max_wait:type_name -> google.protobuf.Duration
-	54, // 1: fusebox.v1.AcquireRequest.lease:type_name -> google.protobuf.Duration
+	58, // 0: fusebox.v1.AcquireRequest.max_wait:type_name -> google.protobuf.Duration
+	58, // 1: fusebox.v1.AcquireRequest.lease:type_name -> google.protobuf.Duration
 	0,  // 2: fusebox.v1.AcquireResponse.decision:type_name -> fusebox.v1.Decision
 	1,  // 3: fusebox.v1.AcquireResponse.reason:type_name -> fusebox.v1.Reason
-	54, // 4: fusebox.v1.AcquireResponse.retry_after:type_name -> google.protobuf.Duration
-	54, // 5: fusebox.v1.AcquireResponse.lease:type_name -> google.protobuf.Duration
+	58, // 4: fusebox.v1.AcquireResponse.retry_after:type_name -> google.protobuf.Duration
+	58, // 5: fusebox.v1.AcquireResponse.lease:type_name -> google.protobuf.Duration
 	3,  // 6: fusebox.v1.AcquireResponse.phase:type_name -> fusebox.v1.Phase
-	2,  // 7: fusebox.v1.CompleteRequest.outcome:type_name -> fusebox.v1.Outcome
-	3,  // 8: fusebox.v1.CompleteResponse.phase:type_name -> fusebox.v1.Phase
-	54, // 9: fusebox.v1.RenewRequest.lease:type_name -> google.protobuf.Duration
-	54, // 10: fusebox.v1.RenewResponse.lease:type_name -> google.protobuf.Duration
-	3,  // 11: fusebox.v1.KeyState.phase:type_name -> fusebox.v1.Phase
-	54, // 12: fusebox.v1.KeyState.open_remaining:type_name -> google.protobuf.Duration
-	16, // 13: fusebox.v1.KeyState.stats:type_name -> fusebox.v1.KeyStats
-	55, // 14: fusebox.v1.KeyState.phase_changed_at:type_name -> google.protobuf.Timestamp
-	53, // 15: fusebox.v1.KeyStats.by_reason:type_name -> fusebox.v1.KeyStats.ByReasonEntry
-	3,  // 16: fusebox.v1.ListKeysRequest.phases:type_name -> fusebox.v1.Phase
-	15, // 17: fusebox.v1.ListKeysResponse.keys:type_name -> fusebox.v1.KeyState
-	21, // 18: fusebox.v1.WatchEvent.snapshot:type_name -> fusebox.v1.Snapshot
-	22, // 19: fusebox.v1.WatchEvent.transition:type_name -> fusebox.v1.Transition
-	23, // 20: fusebox.v1.WatchEvent.lagged:type_name -> fusebox.v1.Lagged
-	15, // 21: fusebox.v1.Snapshot.keys:type_name -> fusebox.v1.KeyState
-	4,  // 22: fusebox.v1.Transition.kind:type_name -> fusebox.v1.TransitionKind
-	3,  // 23: fusebox.v1.Transition.from:type_name -> fusebox.v1.Phase
-	3,  // 24: fusebox.v1.Transition.to:type_name -> fusebox.v1.Phase
-	55, // 25: fusebox.v1.Transition.at:type_name -> google.protobuf.Timestamp
-	15, // 26: fusebox.v1.Transition.state:type_name -> fusebox.v1.KeyState
-	25, // 27: fusebox.v1.Policy.breaker:type_name -> fusebox.v1.Breaker
-	28, // 28: fusebox.v1.Policy.limiter:type_name -> fusebox.v1.Limiter
-	33, // 29: fusebox.v1.Policy.lease:type_name -> fusebox.v1.Lease
-	26, // 30: fusebox.v1.Breaker.consecutive:type_name -> fusebox.v1.Consecutive
-	27, // 31: fusebox.v1.Breaker.ratio:type_name -> fusebox.v1.Ratio
-	54, // 32: fusebox.v1.Breaker.break_duration:type_name -> google.protobuf.Duration
-	54, // 33: fusebox.v1.Breaker.max_break:type_name -> google.protobuf.Duration
-	54, // 34: fusebox.v1.Breaker.probe_lease:type_name -> google.protobuf.Duration
-	54, // 35: fusebox.v1.Ratio.sampling_window:type_name -> google.protobuf.Duration
-	29, // 36: fusebox.v1.Limiter.concurrency:type_name -> fusebox.v1.Concurrency
-	30, // 37: fusebox.v1.Limiter.token_bucket:type_name -> fusebox.v1.TokenBucket
-	31, // 38: fusebox.v1.Limiter.fixed_window:type_name -> fusebox.v1.FixedWindow
-	32, // 39: fusebox.v1.Limiter.sliding_window:type_name -> fusebox.v1.SlidingWindow
-	5,  // 40: fusebox.v1.Limiter.order:type_name -> fusebox.v1.Order
-	54, // 41: fusebox.v1.TokenBucket.period:type_name -> google.protobuf.Duration
-	54, // 42: fusebox.v1.FixedWindow.window:type_name -> google.protobuf.Duration
-	54, // 43: fusebox.v1.SlidingWindow.window:type_name -> google.protobuf.Duration
-	54, // 44: fusebox.v1.Lease.default_lease:type_name -> google.protobuf.Duration
-	54, // 45: fusebox.v1.Lease.max_lease:type_name -> google.protobuf.Duration
-	2,  // 46: fusebox.v1.Lease.expired_outcome:type_name -> fusebox.v1.Outcome
-	24, // 47: fusebox.v1.PolicyRule.policy:type_name -> fusebox.v1.Policy
-	34, // 48: fusebox.v1.SetPolicyRequest.rule:type_name -> fusebox.v1.PolicyRule
-	34, // 49: fusebox.v1.ListPoliciesResponse.rules:type_name -> fusebox.v1.PolicyRule
-	34, // 50: fusebox.v1.ListPoliciesResponse.default:type_name -> fusebox.v1.PolicyRule
-	54, // 51: fusebox.v1.AdvanceRequest.by:type_name -> google.protobuf.Duration
-	54, // 52: fusebox.v1.ClockReading.now:type_name -> google.protobuf.Duration
-	42, // 53: fusebox.v1.DecideRequest.frames:type_name -> fusebox.v1.DecideFrame
-	6,  // 54: fusebox.v1.DecideFrame.acquire:type_name -> fusebox.v1.AcquireRequest
-	8,  // 55: fusebox.v1.DecideFrame.complete:type_name -> fusebox.v1.CompleteRequest
-	10, // 56: fusebox.v1.DecideFrame.renew:type_name -> fusebox.v1.RenewRequest
-	43, // 57: fusebox.v1.DecideFrame.cancel:type_name -> fusebox.v1.CancelRequest
-	45, // 58: fusebox.v1.DecideResponse.results:type_name -> fusebox.v1.DecideResult
-	7,  // 59: fusebox.v1.DecideResult.acquire:type_name -> fusebox.v1.AcquireResponse
-	9,  // 60: fusebox.v1.DecideResult.complete:type_name -> fusebox.v1.CompleteResponse
-	11, // 61: fusebox.v1.DecideResult.renew:type_name -> fusebox.v1.RenewResponse
-	46, // 62: fusebox.v1.DecideResult.error:type_name -> fusebox.v1.ItemError
-	6,  // 63: fusebox.v1.AcquireBatchRequest.items:type_name -> fusebox.v1.AcquireRequest
-	49, // 64: fusebox.v1.AcquireBatchResponse.results:type_name -> fusebox.v1.AcquireResult
-	7,  // 65: fusebox.v1.AcquireResult.response:type_name -> fusebox.v1.AcquireResponse
-	46, // 66: fusebox.v1.AcquireResult.error:type_name -> fusebox.v1.ItemError
-	8,  // 67: fusebox.v1.CompleteBatchRequest.items:type_name -> fusebox.v1.CompleteRequest
-	52, // 68: fusebox.v1.CompleteBatchResponse.results:type_name -> fusebox.v1.CompleteResult
-	9,  // 69: fusebox.v1.CompleteResult.response:type_name -> fusebox.v1.CompleteResponse
-	46, // 70: fusebox.v1.CompleteResult.error:type_name -> fusebox.v1.ItemError
-	6,  // 71: fusebox.v1.Fusebox.Acquire:input_type -> fusebox.v1.AcquireRequest
-	8,  // 72: fusebox.v1.Fusebox.Complete:input_type -> fusebox.v1.CompleteRequest
-	10, // 73: fusebox.v1.Fusebox.Renew:input_type -> fusebox.v1.RenewRequest
-	41, // 74: fusebox.v1.Fusebox.Decide:input_type -> fusebox.v1.DecideRequest
-	47, // 75: fusebox.v1.Fusebox.AcquireBatch:input_type -> fusebox.v1.AcquireBatchRequest
-	50, // 76: fusebox.v1.Fusebox.CompleteBatch:input_type -> fusebox.v1.CompleteBatchRequest
-	12, // 77: fusebox.v1.Admin.GetKey:input_type -> fusebox.v1.GetKeyRequest
-	13, // 78: fusebox.v1.Admin.Isolate:input_type -> fusebox.v1.IsolateRequest
-	14, // 79: fusebox.v1.Admin.Close:input_type -> fusebox.v1.CloseRequest
-	17, // 80: fusebox.v1.Admin.ListKeys:input_type -> fusebox.v1.ListKeysRequest
-	19, // 81: fusebox.v1.Admin.Watch:input_type -> fusebox.v1.WatchRequest
-	35, // 82: fusebox.v1.Admin.SetPolicy:input_type -> fusebox.v1.SetPolicyRequest
-	36, // 83: fusebox.v1.Admin.DeletePolicy:input_type -> fusebox.v1.DeletePolicyRequest
-	37, // 84: fusebox.v1.Admin.ListPolicies:input_type -> fusebox.v1.ListPoliciesRequest
-	39, // 85: fusebox.v1.Clock.Advance:input_type -> fusebox.v1.AdvanceRequest
-	7,  // 86: fusebox.v1.Fusebox.Acquire:output_type -> fusebox.v1.AcquireResponse
-	9,  // 87: fusebox.v1.Fusebox.Complete:output_type -> fusebox.v1.CompleteResponse
-	11, // 88: fusebox.v1.Fusebox.Renew:output_type -> fusebox.v1.RenewResponse
-	44, // 89: fusebox.v1.Fusebox.Decide:output_type -> fusebox.v1.DecideResponse
-	48, // 90: fusebox.v1.Fusebox.AcquireBatch:output_type -> fusebox.v1.AcquireBatchResponse
-	51, // 91: fusebox.v1.Fusebox.CompleteBatch:output_type -> fusebox.v1.CompleteBatchResponse
-	15, // 92: fusebox.v1.Admin.GetKey:output_type -> fusebox.v1.KeyState
-	15, // 93: fusebox.v1.Admin.Isolate:output_type -> fusebox.v1.KeyState
-	15, // 94: fusebox.v1.Admin.Close:output_type -> fusebox.v1.KeyState
-	18, // 95: fusebox.v1.Admin.ListKeys:output_type -> fusebox.v1.ListKeysResponse
-	20, // 96: fusebox.v1.Admin.Watch:output_type -> fusebox.v1.WatchEvent
-	34, // 97: fusebox.v1.Admin.SetPolicy:output_type -> fusebox.v1.PolicyRule
-	56, // 98: fusebox.v1.Admin.DeletePolicy:output_type -> google.protobuf.Empty
-	38, // 99: fusebox.v1.Admin.ListPolicies:output_type -> fusebox.v1.ListPoliciesResponse
-	40, // 100: fusebox.v1.Clock.Advance:output_type -> fusebox.v1.ClockReading
-	86, // [86:101] is the sub-list for method output_type
-	71, // [71:86] is the sub-list for method input_type
-	71, // [71:71] is the sub-list for extension type_name
-	71, // [71:71] is the sub-list for extension extendee
-	0,  // [0:71] is the sub-list for field type_name
+	0,  // 7: fusebox.v1.AcquireResponse.shadow_decision:type_name -> fusebox.v1.Decision
+	1,  // 8: fusebox.v1.AcquireResponse.shadow_reason:type_name -> fusebox.v1.Reason
+	2,  // 9: fusebox.v1.CompleteRequest.outcome:type_name -> fusebox.v1.Outcome
+	3,  // 10: fusebox.v1.CompleteResponse.phase:type_name -> fusebox.v1.Phase
+	58, // 11: fusebox.v1.RenewRequest.lease:type_name -> google.protobuf.Duration
+	58, // 12: fusebox.v1.RenewResponse.lease:type_name -> google.protobuf.Duration
+	3,  // 13: fusebox.v1.KeyState.phase:type_name -> fusebox.v1.Phase
+	58, // 14: fusebox.v1.KeyState.open_remaining:type_name -> google.protobuf.Duration
+	16, // 15: fusebox.v1.KeyState.stats:type_name -> fusebox.v1.KeyStats
+	59, // 16: fusebox.v1.KeyState.phase_changed_at:type_name -> google.protobuf.Timestamp
+	57, // 17: fusebox.v1.KeyStats.by_reason:type_name -> fusebox.v1.KeyStats.ByReasonEntry
+	3,  // 18: fusebox.v1.ListKeysRequest.phases:type_name -> fusebox.v1.Phase
+	15, // 19: fusebox.v1.ListKeysResponse.keys:type_name -> fusebox.v1.KeyState
+	21, // 20: fusebox.v1.WatchEvent.snapshot:type_name -> fusebox.v1.Snapshot
+	22, // 21: fusebox.v1.WatchEvent.transition:type_name -> fusebox.v1.Transition
+	23, // 22: fusebox.v1.WatchEvent.lagged:type_name -> fusebox.v1.Lagged
+	15, // 23: fusebox.v1.Snapshot.keys:type_name -> fusebox.v1.KeyState
+	4,  // 24: fusebox.v1.Transition.kind:type_name -> fusebox.v1.TransitionKind
+	3,  // 25: fusebox.v1.Transition.from:type_name -> fusebox.v1.Phase
+	3,  // 26: fusebox.v1.Transition.to:type_name -> fusebox.v1.Phase
+	59, // 27: fusebox.v1.Transition.at:type_name -> google.protobuf.Timestamp
+	15, // 28: fusebox.v1.Transition.state:type_name -> fusebox.v1.KeyState
+	26, // 29: fusebox.v1.Policy.breaker:type_name -> fusebox.v1.Breaker
+	31, // 30: fusebox.v1.Policy.limiter:type_name -> fusebox.v1.Limiter
+	37, // 31: fusebox.v1.Policy.lease:type_name -> fusebox.v1.Lease
+	25, // 32: fusebox.v1.Policy.retry_budget:type_name -> fusebox.v1.RetryBudget
+	58, // 33: fusebox.v1.RetryBudget.window:type_name -> google.protobuf.Duration
+	29, // 34: fusebox.v1.Breaker.consecutive:type_name -> fusebox.v1.Consecutive
+	30, // 35: fusebox.v1.Breaker.ratio:type_name -> fusebox.v1.Ratio
+	58, // 36: fusebox.v1.Breaker.break_duration:type_name -> google.protobuf.Duration
+	58, // 37: fusebox.v1.Breaker.max_break:type_name -> google.protobuf.Duration
+	58, // 38: fusebox.v1.Breaker.probe_lease:type_name -> google.protobuf.Duration
+	27, // 39: fusebox.v1.Breaker.slow:type_name -> fusebox.v1.Slow
+	28, // 40: fusebox.v1.Breaker.half_open:type_name -> fusebox.v1.HalfOpen
+	58, // 41: fusebox.v1.Slow.duration:type_name -> google.protobuf.Duration
+	58, // 42: fusebox.v1.Ratio.sampling_window:type_name -> google.protobuf.Duration
+	32, // 43: fusebox.v1.Limiter.concurrency:type_name -> fusebox.v1.Concurrency
+	33, // 44: fusebox.v1.Limiter.token_bucket:type_name -> fusebox.v1.TokenBucket
+	34, // 45: fusebox.v1.Limiter.fixed_window:type_name -> fusebox.v1.FixedWindow
+	35, // 46: fusebox.v1.Limiter.sliding_window:type_name -> fusebox.v1.SlidingWindow
+	36, // 47: fusebox.v1.Limiter.adaptive:type_name -> fusebox.v1.Adaptive
+	5,  // 48: fusebox.v1.Limiter.order:type_name -> fusebox.v1.Order
+	58, // 49: fusebox.v1.TokenBucket.period:type_name -> google.protobuf.Duration
+	58, // 50: fusebox.v1.FixedWindow.window:type_name -> google.protobuf.Duration
+	58, // 51: fusebox.v1.SlidingWindow.window:type_name -> google.protobuf.Duration
+	58, // 52: fusebox.v1.Lease.default_lease:type_name -> google.protobuf.Duration
+	58, // 53: fusebox.v1.Lease.max_lease:type_name -> google.protobuf.Duration
+	2,  // 54: fusebox.v1.Lease.expired_outcome:type_name -> fusebox.v1.Outcome
+	24, // 55: fusebox.v1.PolicyRule.policy:type_name -> fusebox.v1.Policy
+	38, // 56: fusebox.v1.SetPolicyRequest.rule:type_name -> fusebox.v1.PolicyRule
+	38, // 57: fusebox.v1.ListPoliciesResponse.rules:type_name -> fusebox.v1.PolicyRule
+	38, // 58: fusebox.v1.ListPoliciesResponse.default:type_name -> fusebox.v1.PolicyRule
+	58, // 59: fusebox.v1.AdvanceRequest.by:type_name -> google.protobuf.Duration
+	58, // 60: fusebox.v1.ClockReading.now:type_name -> google.protobuf.Duration
+	46, // 61: fusebox.v1.DecideRequest.frames:type_name -> fusebox.v1.DecideFrame
+	6,  // 62: fusebox.v1.DecideFrame.acquire:type_name -> fusebox.v1.AcquireRequest
+	8,  // 63: fusebox.v1.DecideFrame.complete:type_name -> fusebox.v1.CompleteRequest
+	10, // 64: fusebox.v1.DecideFrame.renew:type_name -> fusebox.v1.RenewRequest
+	47, // 65: fusebox.v1.DecideFrame.cancel:type_name -> fusebox.v1.CancelRequest
+	49, // 66: fusebox.v1.DecideResponse.results:type_name -> fusebox.v1.DecideResult
+	7,  // 67: fusebox.v1.DecideResult.acquire:type_name -> fusebox.v1.AcquireResponse
+	9,  // 68: fusebox.v1.DecideResult.complete:type_name -> fusebox.v1.CompleteResponse
+	11, // 69: fusebox.v1.DecideResult.renew:type_name -> fusebox.v1.RenewResponse
+	50, // 70: fusebox.v1.DecideResult.error:type_name -> fusebox.v1.ItemError
+	6,  // 71: fusebox.v1.AcquireBatchRequest.items:type_name -> fusebox.v1.AcquireRequest
+	53, // 72: fusebox.v1.AcquireBatchResponse.results:type_name -> fusebox.v1.AcquireResult
+	7,  // 73: fusebox.v1.AcquireResult.response:type_name -> fusebox.v1.AcquireResponse
+	50, // 74: fusebox.v1.AcquireResult.error:type_name -> fusebox.v1.ItemError
+	8,  // 75: fusebox.v1.CompleteBatchRequest.items:type_name -> fusebox.v1.CompleteRequest
+	56, // 76: fusebox.v1.CompleteBatchResponse.results:type_name -> fusebox.v1.CompleteResult
+	9,  // 77: fusebox.v1.CompleteResult.response:type_name -> fusebox.v1.CompleteResponse
+	50, // 78: fusebox.v1.CompleteResult.error:type_name -> fusebox.v1.ItemError
+	6,  // 79: fusebox.v1.Fusebox.Acquire:input_type -> fusebox.v1.AcquireRequest
+	8,  // 80: fusebox.v1.Fusebox.Complete:input_type -> fusebox.v1.CompleteRequest
+	10, // 81: fusebox.v1.Fusebox.Renew:input_type -> fusebox.v1.RenewRequest
+	45, // 82: fusebox.v1.Fusebox.Decide:input_type -> fusebox.v1.DecideRequest
+	51, // 83: fusebox.v1.Fusebox.AcquireBatch:input_type -> fusebox.v1.AcquireBatchRequest
+	54, // 84: fusebox.v1.Fusebox.CompleteBatch:input_type -> fusebox.v1.CompleteBatchRequest
+	12, // 85: fusebox.v1.Admin.GetKey:input_type -> fusebox.v1.GetKeyRequest
+	13, // 86: fusebox.v1.Admin.Isolate:input_type -> fusebox.v1.IsolateRequest
+	14, // 87: fusebox.v1.Admin.Close:input_type -> fusebox.v1.CloseRequest
+	17, // 88: fusebox.v1.Admin.ListKeys:input_type -> fusebox.v1.ListKeysRequest
+	19, // 89: fusebox.v1.Admin.Watch:input_type -> fusebox.v1.WatchRequest
+	39, // 90: fusebox.v1.Admin.SetPolicy:input_type -> fusebox.v1.SetPolicyRequest
+	40, // 91: fusebox.v1.Admin.DeletePolicy:input_type -> fusebox.v1.DeletePolicyRequest
+	41, // 92: fusebox.v1.Admin.ListPolicies:input_type -> fusebox.v1.ListPoliciesRequest
+	43, // 93: fusebox.v1.Clock.Advance:input_type -> fusebox.v1.AdvanceRequest
+	7,  // 94: fusebox.v1.Fusebox.Acquire:output_type -> fusebox.v1.AcquireResponse
+	9,  // 95: fusebox.v1.Fusebox.Complete:output_type -> fusebox.v1.CompleteResponse
+	11, // 96: fusebox.v1.Fusebox.Renew:output_type -> fusebox.v1.RenewResponse
+	48, // 97: fusebox.v1.Fusebox.Decide:output_type -> fusebox.v1.DecideResponse
+	52, // 98: fusebox.v1.Fusebox.AcquireBatch:output_type -> fusebox.v1.AcquireBatchResponse
+	55, // 99: fusebox.v1.Fusebox.CompleteBatch:output_type -> fusebox.v1.CompleteBatchResponse
+	15, // 100: fusebox.v1.Admin.GetKey:output_type -> fusebox.v1.KeyState
+	15, // 101: fusebox.v1.Admin.Isolate:output_type -> fusebox.v1.KeyState
+	15, // 102: fusebox.v1.Admin.Close:output_type -> fusebox.v1.KeyState
+	18, // 103: fusebox.v1.Admin.ListKeys:output_type -> fusebox.v1.ListKeysResponse
+	20, // 104: fusebox.v1.Admin.Watch:output_type -> fusebox.v1.WatchEvent
+	38, // 105: fusebox.v1.Admin.SetPolicy:output_type -> fusebox.v1.PolicyRule
+	60, // 106: fusebox.v1.Admin.DeletePolicy:output_type -> google.protobuf.Empty
+	42, // 107: fusebox.v1.Admin.ListPolicies:output_type -> fusebox.v1.ListPoliciesResponse
+	44, // 108: fusebox.v1.Clock.Advance:output_type -> fusebox.v1.ClockReading
+	94, // [94:109] is the sub-list for method output_type
+	79, // [79:94] is the sub-list for method input_type
+	79, // [79:79] is the sub-list for extension type_name
+	79, // [79:79] is the sub-list for extension extendee
+	0,  // [0:79] is the sub-list for field type_name
 }
 
 func init() { file_fusebox_v1_fusebox_proto_init() }
@@ -4123,33 +4590,37 @@ func file_fusebox_v1_fusebox_proto_init() {
 		(*WatchEvent_Transition)(nil),
 		(*WatchEvent_Lagged)(nil),
 	}
-	file_fusebox_v1_fusebox_proto_msgTypes[19].OneofWrappers = []any{
+	file_fusebox_v1_fusebox_proto_msgTypes[18].OneofWrappers = []any{}
+	file_fusebox_v1_fusebox_proto_msgTypes[20].OneofWrappers = []any{
 		(*Breaker_Consecutive)(nil),
 		(*Breaker_Ratio)(nil),
 	}
-	file_fusebox_v1_fusebox_proto_msgTypes[22].OneofWrappers = []any{
+	file_fusebox_v1_fusebox_proto_msgTypes[22].OneofWrappers = []any{}
+	file_fusebox_v1_fusebox_proto_msgTypes[25].OneofWrappers = []any{
 		(*Limiter_Concurrency)(nil),
 		(*Limiter_TokenBucket)(nil),
 		(*Limiter_FixedWindow)(nil),
 		(*Limiter_SlidingWindow)(nil),
+		(*Limiter_Adaptive)(nil),
 	}
-	file_fusebox_v1_fusebox_proto_msgTypes[36].OneofWrappers = []any{
+	file_fusebox_v1_fusebox_proto_msgTypes[30].OneofWrappers = []any{}
+	file_fusebox_v1_fusebox_proto_msgTypes[40].OneofWrappers = []any{
 		(*DecideFrame_Acquire)(nil),
 		(*DecideFrame_Complete)(nil),
 		(*DecideFrame_Renew)(nil),
 		(*DecideFrame_Cancel)(nil),
 	}
-	file_fusebox_v1_fusebox_proto_msgTypes[39].OneofWrappers = []any{
+	file_fusebox_v1_fusebox_proto_msgTypes[43].OneofWrappers = []any{
 		(*DecideResult_Acquire)(nil),
 		(*DecideResult_Complete)(nil),
 		(*DecideResult_Renew)(nil),
 		(*DecideResult_Error)(nil),
 	}
-	file_fusebox_v1_fusebox_proto_msgTypes[43].OneofWrappers = []any{
+	file_fusebox_v1_fusebox_proto_msgTypes[47].OneofWrappers = []any{
 		(*AcquireResult_Response)(nil),
 		(*AcquireResult_Error)(nil),
 	}
-	file_fusebox_v1_fusebox_proto_msgTypes[46].OneofWrappers = []any{
+	file_fusebox_v1_fusebox_proto_msgTypes[50].OneofWrappers = []any{
 		(*CompleteResult_Response)(nil),
 		(*CompleteResult_Error)(nil),
 	}
@@ -4159,7 +4630,7 @@ func file_fusebox_v1_fusebox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fusebox_v1_fusebox_proto_rawDesc), len(file_fusebox_v1_fusebox_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   48,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

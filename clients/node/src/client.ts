@@ -68,6 +68,9 @@ export type CostOf<T> = (result: T) => number | undefined;
 /** The largest cost: a uint32 on the wire. */
 export const MAX_COST = 2 ** 32 - 1;
 
+/** The largest attempt: a uint32 on the wire. */
+export const MAX_ATTEMPT = 2 ** 32 - 1;
+
 /** Options of one guard; `T` is the guarded call's value. */
 export interface GuardOptions<T = unknown> {
   /** Permits asked for (default 1). 0 is a status check: no ticket, nothing reported. */
@@ -96,6 +99,20 @@ export interface GuardOptions<T = unknown> {
   cost?: CostOf<T>;
   /** The caller's cancellation: the call is then reported IGNORED and the guard rejects with the abort reason. */
   signal?: AbortSignal;
+  /**
+   * Who makes this call, sent as the Acquire's `caller` (rule Q1) in place
+   * of the client's `caller` option.
+   */
+  caller?: string;
+  /**
+   * Which attempt of the caller's own call this is, sent as the Acquire's
+   * `attempt` (rule R1): 1 (or leaving it out) for a first attempt, 2 and up
+   * for a retry, which a retry budget on the key counts. The client never
+   * runs a guarded call again by itself, so it marks no retry of its own: a
+   * caller that retries says so here. A whole number from 0 to 2^32 - 1,
+   * else the guard throws a RangeError naming `attempt`.
+   */
+  attempt?: number;
 }
 
 /** TLS options: PEM text or bytes. */
@@ -154,6 +171,14 @@ export interface ClientOptions {
    * its ticket ends with its lease on the server.
    */
   outcomeQueue?: number;
+  /**
+   * Who this client calls for (a service's name, at most 128 bytes of
+   * printable UTF-8), sent as every Acquire's `caller` (rule Q1) unless a
+   * guard says otherwise. Without it fusebox takes the connection's
+   * address; with a token, the token's name. fusebox refuses a longer one
+   * with INVALID_ARGUMENT naming `caller` (a FuseboxRequestError).
+   */
+  caller?: string;
 }
 
 const CANCELLED = grpc.status.CANCELLED;
@@ -240,6 +265,16 @@ interface Resolved<T = unknown> {
   onUnavailable: UnavailablePolicy;
   renew: boolean;
   cost: CostOf<T> | undefined;
+  caller: string | undefined;
+  attempt: number | undefined;
+}
+
+/** A caller option as the wire takes it, or a TypeError naming the field. */
+function checkCaller(caller: unknown): string | undefined {
+  if (caller !== undefined && typeof caller !== 'string') {
+    throw new TypeError(`fusebox: caller must be a string (a service's name), not a ${typeof caller}`);
+  }
+  return caller;
 }
 
 const shared = new Map<string, FuseboxClient>();
@@ -252,7 +287,8 @@ const shared = new Map<string, FuseboxClient>();
 export class FuseboxClient {
   /** The generated Fusebox stub, on the client's channel. */
   readonly stub: FuseboxStub;
-  private readonly opts: Required<Pick<ClientOptions, 'deadlineMs' | 'onUnavailable' | 'classifier'>>;
+  private readonly opts: Required<Pick<ClientOptions, 'deadlineMs' | 'onUnavailable' | 'classifier'>> &
+    Pick<ClientOptions, 'caller'>;
   private readonly cache: OpenCache;
   private readonly logs: LogLimiter;
   private readonly now: () => number;
@@ -281,6 +317,7 @@ export class FuseboxClient {
       deadlineMs: options.deadlineMs ?? DEFAULT_DEADLINE_MS,
       onUnavailable: options.onUnavailable ?? 'open',
       classifier: options.classifier ?? defaultClassifier,
+      caller: checkCaller(options.caller),
     };
     this.now = options.clock ?? (() => performance.now());
     this.cache = new OpenCache(options.cacheSize ?? DEFAULT_CACHE_SIZE);
@@ -433,6 +470,12 @@ export class FuseboxClient {
     if (options.cost !== undefined && typeof options.cost !== 'function') {
       throw new TypeError(`cost must be a function of the call's value, not ${String(options.cost)}`);
     }
+    const attempt = options.attempt;
+    if (attempt !== undefined && (!Number.isSafeInteger(attempt) || attempt < 0 || attempt > MAX_ATTEMPT)) {
+      throw new RangeError(
+        `fusebox: attempt must be a whole number from 0 to ${MAX_ATTEMPT} (1 a first attempt, 2 and up a retry), not ${String(attempt)}`,
+      );
+    }
     const cfg: Resolved<T> = {
       permits: options.permits,
       maxWaitMs: options.maxWaitMs ?? 0,
@@ -442,6 +485,8 @@ export class FuseboxClient {
       onUnavailable: options.onUnavailable ?? this.opts.onUnavailable,
       renew: options.renew ?? true,
       cost: options.cost,
+      caller: checkCaller(options.caller) ?? this.opts.caller,
+      attempt,
     };
     const signal = options.signal;
     const left = this.cache.blockedFor(key, this.now());
@@ -460,6 +505,12 @@ export class FuseboxClient {
     }
     if (cfg.leaseMs > 0) {
       req.lease = duration(cfg.leaseMs);
+    }
+    if (cfg.caller) {
+      req.caller = cfg.caller;
+    }
+    if (cfg.attempt !== undefined) {
+      req.attempt = cfg.attempt;
     }
     let resp: AcquireResponse;
     try {

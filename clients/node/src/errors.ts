@@ -9,6 +9,7 @@ export type Reason =
   | 'exceeds_limit'
   | 'evicted'
   | 'timeout'
+  | 'retry_budget'
   | 'unspecified';
 
 /** A `REASON_*` enum name as its lower-case contract name. */

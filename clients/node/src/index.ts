@@ -13,6 +13,7 @@ export {
   DEFAULT_LOG_INTERVAL_MS,
   DEFAULT_OUTCOME_QUEUE,
   FuseboxClient,
+  MAX_ATTEMPT,
   MAX_COST,
   defaultClassifier,
   tlsFromFiles,

@@ -36,6 +36,7 @@ Classifier = Callable[[BaseException], Outcome]
 CostOf = Callable[[Any], Optional[int]]
 
 MAX_COST = 2**32 - 1  # cost is a uint32 on the wire
+MAX_ATTEMPT = 2**32 - 1  # attempt is a uint32 on the wire
 
 
 def check_cost(cost: object) -> int:
@@ -45,6 +46,27 @@ def check_cost(cost: object) -> int:
             f"cost must be a whole number of permits from 0 to {MAX_COST}, not {cost!r}"
         )
     return cost
+
+
+def check_attempt(attempt: object) -> Optional[int]:
+    """An attempt as the wire takes it (None: left out), or ValueError
+    naming the field."""
+    if attempt is None:
+        return None
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or not 0 <= attempt <= MAX_ATTEMPT:
+        raise ValueError(
+            "attempt must be a whole number from 0 to"
+            f" {MAX_ATTEMPT} (1 a first attempt, 2 and up a retry), not {attempt!r}"
+        )
+    return attempt
+
+
+def check_caller(caller: object) -> Optional[str]:
+    """A caller id as the wire takes it (None: left out), or ValueError
+    naming the field. fusebox itself checks its length and characters."""
+    if caller is None or isinstance(caller, str):
+        return caller
+    raise ValueError(f"caller must be a string (a service's name), not {caller!r}")
 
 
 def default_classifier(exc: BaseException) -> Outcome:

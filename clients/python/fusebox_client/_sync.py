@@ -162,7 +162,18 @@ class Guard:
     could not be asked and the call runs without a ticket), `outcome`."""
 
     def __init__(
-        self, client, key, permits, max_wait, lease, classifier, fail_open, deadline, cost=None
+        self,
+        client,
+        key,
+        permits,
+        max_wait,
+        lease,
+        classifier,
+        fail_open,
+        deadline,
+        cost=None,
+        caller=None,
+        attempt=None,
     ):
         self.client = client
         self.key = key
@@ -174,6 +185,8 @@ class Guard:
         self.deadline = deadline
         self.cost_of: Optional[c.CostOf] = cost
         self.cost: Optional[int] = None
+        self.caller: Optional[str] = caller
+        self.attempt: Optional[int] = attempt
         self.decision: Optional[str] = None
         self.ticket: Optional[str] = None
         self.degraded = False
@@ -193,6 +206,8 @@ class Guard:
             self.fail_open,
             self.deadline,
             self.cost_of,
+            self.caller,
+            self.attempt,
         )
 
     def report_cost(self, cost: int) -> None:
@@ -244,6 +259,10 @@ class Guard:
             req.max_wait.CopyFrom(c.dur(self.max_wait))
         if self.lease is not None:
             req.lease.CopyFrom(c.dur(self.lease))
+        if self.caller:
+            req.caller = self.caller
+        if self.attempt is not None:
+            req.attempt = self.attempt
         return req
 
     def __enter__(self) -> Guard:
@@ -366,8 +385,10 @@ class _BaseClient(Generic[ChannelT, GuardT]):
         channel: Optional[ChannelT] = None,
         transport: str = "unary",
         outcome_queue: int = _outcomes.DEFAULT_QUEUE,
+        caller: Optional[str] = None,
     ):
         self.target = target
+        self.caller = c.check_caller(caller)
         self.transport = _stream.check_transport(transport)
         _outcomes.check_outcome_queue(outcome_queue)
         self.channel = channel if channel is not None else self._shared_channel(target, tls)
@@ -419,6 +440,8 @@ class _BaseClient(Generic[ChannelT, GuardT]):
         fail_open: Optional[bool] = None,
         deadline: Optional[float] = None,
         cost: Optional[c.CostOf] = None,
+        caller: Optional[str] = None,
+        attempt: Optional[int] = None,
     ) -> GuardT:
         """A context manager (and decorator) that runs its body under a ticket
         (`async with`, and coroutine functions, with the asyncio client).
@@ -426,9 +449,17 @@ class _BaseClient(Generic[ChannelT, GuardT]):
         `cost`, for a decorated function: maps its return value to the
         permits the call really used (None: no cost), reported with its
         outcome (rule U1). In a `with` block, call `report_cost(n)` on the
-        guard instead."""
+        guard instead.
+
+        `caller`: who makes this call, sent as the Acquire's caller (rule Q1)
+        in place of the client's. `attempt`: which attempt of the caller's own
+        call this is (rule R1: None or 1 a first attempt, 2 and up a retry,
+        which a retry budget on the key counts); the client never runs a call
+        again by itself, so a caller that retries says so here."""
         if cost is not None and not callable(cost):
             raise ValueError(f"cost must be a function of the call's result, not {cost!r}")
+        caller = c.check_caller(caller)
+        attempt = c.check_attempt(attempt)
         return self._guard_type(
             self,
             key,
@@ -439,6 +470,8 @@ class _BaseClient(Generic[ChannelT, GuardT]):
             self.fail_open if fail_open is None else fail_open,
             self.deadline if deadline is None else deadline,
             cost,
+            self.caller if caller is None else caller,
+            attempt,
         )
 
     def forget(self, key: str) -> None:
@@ -466,6 +499,11 @@ class FuseboxClient(_BaseClient[grpc.Channel, Guard]):
       the background, one send in flight at a time. With the queue full an
       outcome is dropped and counted (`stats.outcomes_dropped`); its ticket's
       lease then ends on the server.
+    caller: who this client calls for (a service's name, at most 128 bytes of
+      printable UTF-8), sent as every Acquire's caller (rule Q1) unless a
+      guard says otherwise; None leaves it out and fusebox takes the
+      connection's address (with a token: the token's name). fusebox refuses
+      a longer one with INVALID_ARGUMENT naming caller (`CallError`).
 
     `flush()` waits until the outcomes queued so far are answered; `close()`
     (or leaving `with client:`) flushes, then ends the Decide stream.

@@ -178,15 +178,18 @@ async def until_async(pred, what: str, wait: float = WAIT) -> None:
 
 
 class CountingStub:
-    """The client's stub, counting the Acquires that reach the channel."""
+    """The client's stub, counting the Acquires that reach the channel and
+    keeping the requests sent (`sent`)."""
 
     def __init__(self, stub):
         self.stub = stub
         self.acquires = 0
+        self.sent: list = []
 
-    def Acquire(self, *args, **kwargs):
+    def Acquire(self, request, *args, **kwargs):
         self.acquires += 1
-        return self.stub.Acquire(*args, **kwargs)
+        self.sent.append(request)
+        return self.stub.Acquire(request, *args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self.stub, name)

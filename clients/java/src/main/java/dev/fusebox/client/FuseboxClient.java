@@ -90,6 +90,7 @@ public final class FuseboxClient implements AutoCloseable {
   private final Reconnector reconnector;
   private final DecideStream stream;
   private final OutcomeQueue outcomes;
+  private final String caller;
   final OutageBackoff backoff = new OutageBackoff();
   final LogLimiter logs;
   final Counters counters = new Counters();
@@ -111,6 +112,7 @@ public final class FuseboxClient implements AutoCloseable {
     this.channel = cb.build();
     this.deadlineNanos = b.deadline.toNanos();
     this.failPolicy = b.failPolicy;
+    this.caller = b.caller;
     this.cache = new OpenCache(b.cacheSize);
     this.ticker = b.ticker;
     this.logs = new LogLimiter(b.logger, b.logInterval.toNanos());
@@ -427,7 +429,7 @@ public final class FuseboxClient implements AutoCloseable {
     return callAcquire(acquireRequest(key, opts), deadline, executor);
   }
 
-  private static AcquireRequest acquireRequest(String key, GuardOptions opts) {
+  private AcquireRequest acquireRequest(String key, GuardOptions opts) {
     AcquireRequest.Builder req = AcquireRequest.newBuilder().setKey(key);
     if (opts.permits != null) {
       req.setPermits(opts.permits);
@@ -437,6 +439,13 @@ public final class FuseboxClient implements AutoCloseable {
     }
     if (opts.lease != null) {
       req.setLease(duration(opts.lease));
+    }
+    String who = opts.caller != null ? opts.caller : caller;
+    if (who != null && !who.isEmpty()) {
+      req.setCaller(who);
+    }
+    if (opts.attempt != null) {
+      req.setAttempt(opts.attempt);
     }
     return req.build();
   }
@@ -750,6 +759,7 @@ public final class FuseboxClient implements AutoCloseable {
     private io.grpc.ClientInterceptor interceptor;
     private Transport transport = Transport.UNARY;
     private int outcomeQueue = DEFAULT_OUTCOME_QUEUE;
+    private String caller;
 
     private Builder(String target) {
       this.target = Objects.requireNonNull(target, "target");
@@ -758,6 +768,18 @@ public final class FuseboxClient implements AutoCloseable {
     /** Sends {@code authorization: Bearer TOKEN} on every call (null or empty: none). */
     public Builder token(String token) {
       this.token = token == null || token.isEmpty() ? null : token;
+      return this;
+    }
+
+    /**
+     * Names who this client calls for (a service's name, at most 128 bytes of printable UTF-8),
+     * sent as every Acquire's {@code caller} (rule Q1) unless a guard says otherwise ({@link
+     * GuardOptions#caller(String)}); null or empty: none, and fusebox takes the connection's
+     * address. With a token fusebox takes the token's name instead. fusebox refuses a longer one
+     * with INVALID_ARGUMENT naming {@code caller} (a {@link FuseboxRequestException}).
+     */
+    public Builder caller(String name) {
+      this.caller = name == null || name.isEmpty() ? null : name;
       return this;
     }
 

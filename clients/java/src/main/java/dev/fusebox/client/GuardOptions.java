@@ -14,7 +14,7 @@ import java.util.function.Function;
  */
 public final class GuardOptions {
   private static final GuardOptions DEFAULTS =
-      new GuardOptions(null, Duration.ZERO, null, null, null, null, false, null);
+      new GuardOptions(null, Duration.ZERO, null, null, null, null, false, null, null, null);
 
   final Integer permits;
   final Duration maxWait;
@@ -24,6 +24,8 @@ public final class GuardOptions {
   final FailPolicy onUnavailable;
   final boolean noRenew;
   final Function<Object, Integer> costOf;
+  final String caller;
+  final Integer attempt;
 
   private GuardOptions(
       Integer permits,
@@ -33,7 +35,9 @@ public final class GuardOptions {
       Duration deadline,
       FailPolicy onUnavailable,
       boolean noRenew,
-      Function<Object, Integer> costOf) {
+      Function<Object, Integer> costOf,
+      String caller,
+      Integer attempt) {
     this.permits = permits;
     this.maxWait = maxWait;
     this.lease = lease;
@@ -42,6 +46,8 @@ public final class GuardOptions {
     this.onUnavailable = onUnavailable;
     this.noRenew = noRenew;
     this.costOf = costOf;
+    this.caller = caller;
+    this.attempt = attempt;
   }
 
   /** No option set. */
@@ -57,7 +63,7 @@ public final class GuardOptions {
     if (n < 0) {
       throw new IllegalArgumentException("permits must not be negative");
     }
-    return new GuardOptions(n, maxWait, lease, classifier, deadline, onUnavailable, noRenew, costOf);
+    return new GuardOptions(n, maxWait, lease, classifier, deadline, onUnavailable, noRenew, costOf, caller, attempt);
   }
 
   /**
@@ -65,19 +71,19 @@ public final class GuardOptions {
    * Acquire's deadline is then the guard's deadline plus {@code d}.
    */
   public GuardOptions maxWait(Duration d) {
-    return new GuardOptions(permits, positive(d), lease, classifier, deadline, onUnavailable, noRenew, costOf);
+    return new GuardOptions(permits, positive(d), lease, classifier, deadline, onUnavailable, noRenew, costOf, caller, attempt);
   }
 
   /** Asks for a ticket lease of {@code d} (default, or zero: the policy's). */
   public GuardOptions lease(Duration d) {
     Duration l = positive(d).isZero() ? null : d;
-    return new GuardOptions(permits, maxWait, l, classifier, deadline, onUnavailable, noRenew, costOf);
+    return new GuardOptions(permits, maxWait, l, classifier, deadline, onUnavailable, noRenew, costOf, caller, attempt);
   }
 
   /** Replaces the classifier ({@link Classifier#DEFAULT}) for this guard. */
   public GuardOptions classifier(Classifier c) {
     return new GuardOptions(
-        permits, maxWait, lease, Objects.requireNonNull(c), deadline, onUnavailable, noRenew, costOf);
+        permits, maxWait, lease, Objects.requireNonNull(c), deadline, onUnavailable, noRenew, costOf, caller, attempt);
   }
 
   /**
@@ -88,18 +94,18 @@ public final class GuardOptions {
     if (positive(d).isZero()) {
       throw new IllegalArgumentException("deadline must be positive");
     }
-    return new GuardOptions(permits, maxWait, lease, classifier, d, onUnavailable, noRenew, costOf);
+    return new GuardOptions(permits, maxWait, lease, classifier, d, onUnavailable, noRenew, costOf, caller, attempt);
   }
 
   /** What happens when fusebox cannot be asked in time (default: the client's, OPEN unless set). */
   public GuardOptions onUnavailable(FailPolicy p) {
     return new GuardOptions(
-        permits, maxWait, lease, classifier, deadline, Objects.requireNonNull(p), noRenew, costOf);
+        permits, maxWait, lease, classifier, deadline, Objects.requireNonNull(p), noRenew, costOf, caller, attempt);
   }
 
   /** Turns off the background renewal of the ticket's lease. */
   public GuardOptions noRenew() {
-    return new GuardOptions(permits, maxWait, lease, classifier, deadline, onUnavailable, true, costOf);
+    return new GuardOptions(permits, maxWait, lease, classifier, deadline, onUnavailable, true, costOf, caller, attempt);
   }
 
   /**
@@ -120,7 +126,41 @@ public final class GuardOptions {
   @SuppressWarnings("unchecked") // the value is the call's; a mismatch is caught when applied
   public <T> GuardOptions costOf(Function<? super T, Integer> f) {
     Function<Object, Integer> any = (Function<Object, Integer>) Objects.requireNonNull(f, "costOf");
-    return new GuardOptions(permits, maxWait, lease, classifier, deadline, onUnavailable, noRenew, any);
+    return new GuardOptions(permits, maxWait, lease, classifier, deadline, onUnavailable, noRenew, any, caller, attempt);
+  }
+
+  /**
+   * Who makes this call, sent as the Acquire's {@code caller} (rule Q1) in place of the client's
+   * ({@link FuseboxClient.Builder#caller(String)}); null: the client's; empty: none (fusebox then
+   * takes the connection's address), as in every fusebox client library.
+   */
+  public GuardOptions caller(String name) {
+    return new GuardOptions(permits, maxWait, lease, classifier, deadline, onUnavailable, noRenew, costOf, name, attempt);
+  }
+
+  /**
+   * Which attempt of the caller's own call this is, sent as the Acquire's {@code attempt} (rule
+   * R1): 1 (or leaving it out) for a first attempt, 2 and up for a retry, which a retry budget on
+   * the key counts. The client never runs a guarded call again by itself, so it marks no retry of
+   * its own: a caller that retries says so here.
+   *
+   * <pre>{@code
+   * for (int attempt = 1; ; attempt++) {
+   *   try {
+   *     return client.guard("payments/charge", GuardOptions.defaults().attempt(attempt), () -> charge(order));
+   *   } catch (FuseboxRefusal | ChargeTimeout e) {
+   *     if (attempt == 3) throw e;
+   *   }
+   * }
+   * }</pre>
+   *
+   * @throws IllegalArgumentException {@code n} is negative
+   */
+  public GuardOptions attempt(int n) {
+    if (n < 0) {
+      throw new IllegalArgumentException("attempt must not be negative (1 a first attempt, 2 and up a retry), not " + n);
+    }
+    return new GuardOptions(permits, maxWait, lease, classifier, deadline, onUnavailable, noRenew, costOf, caller, n);
   }
 
   private static Duration positive(Duration d) {
