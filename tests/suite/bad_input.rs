@@ -822,19 +822,56 @@ async fn retry_budget_out_of_range_is_refused_naming_the_field() {
             );
         }
     }
+}
 
-    // The bounds are valid, and read back as set.
-    let bounds = pb::RetryBudget {
-        ratio: 1.0,
-        min_per_second: 0,
-        window: Some(ms(1_000)),
-    };
-    let set = set_policy(&mut admin, budget_rule(bounds.clone()))
+/// R1-R3: a retry budget at its bounds (ratio 1, min_per_second 0, window
+/// 1 s) and a usual one are accepted by `SetPolicy`, and read back as set,
+/// in its answer and by `ListPolicies`.
+#[tokio::test]
+async fn retry_budget_reads_back_as_set() {
+    use crate::admin::{policies, set_policy};
+
+    let server = Server::manual(Some(CONFIG)).await;
+    let mut admin = server.admin().await;
+    let budgets = [
+        pb::RetryBudget {
+            ratio: 1.0,
+            min_per_second: 0,
+            window: Some(ms(1_000)),
+        },
+        pb::RetryBudget {
+            ratio: 0.2,
+            min_per_second: 3,
+            window: Some(ms(10_000)),
+        },
+    ];
+    for budget in budgets {
+        let what = format!("{budget:?}");
+        let set = set_policy(
+            &mut admin,
+            pb::PolicyRule {
+                r#match: "b/*".into(),
+                policy: Some(pb::Policy {
+                    retry_budget: Some(budget.clone()),
+                    ..Default::default()
+                }),
+                default: false,
+            },
+        )
         .await
-        .expect("ratio 1, min_per_second 0, window 1s is a valid budget");
-    assert_eq!(
-        set.policy.and_then(|p| p.retry_budget),
-        Some(bounds),
-        "the budget reads back as set"
-    );
+        .unwrap_or_else(|e| panic!("{what} is a valid budget: {e:?}"));
+        assert_eq!(
+            set.policy.and_then(|p| p.retry_budget).as_ref(),
+            Some(&budget),
+            "SetPolicy answers the budget as set"
+        );
+        let listed = policies(&mut admin).await;
+        let shown = listed
+            .rules
+            .iter()
+            .find(|r| r.r#match == "b/*")
+            .and_then(|r| r.policy.as_ref())
+            .and_then(|p| p.retry_budget.as_ref());
+        assert_eq!(shown, Some(&budget), "ListPolicies shows {what}");
+    }
 }

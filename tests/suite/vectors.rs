@@ -854,9 +854,17 @@ impl End {
     /// Replaces the default rule with `policy` through `Admin.SetPolicy`.
     pub async fn set_default(&mut self, policy: &PolicySpec) {
         let policy = policy.validate().expect("the step's policy is valid");
+        let mut wire = fusebox::server::policy::wire_policy(&policy);
+        // Written out here, as a client sends it: the retry budget must
+        // reach SetPolicy whatever the server's read-back shows.
+        wire.retry_budget = policy.retry_budget.map(|r| pb::RetryBudget {
+            ratio: r.ratio_millionths as f64 / 1_000_000.0,
+            min_per_second: r.min_per_second,
+            window: Some(ms(r.window.get())),
+        });
         let rule = pb::PolicyRule {
             r#match: String::new(),
-            policy: Some(fusebox::server::policy::wire_policy(&policy)),
+            policy: Some(wire),
             default: true,
         };
         crate::admin::set_policy(&mut self.admin, rule)
