@@ -640,7 +640,6 @@ pub fn wire_acquire(step: &Step) -> pb::AcquireRequest {
         lease: step.lease.map(ms),
         attempt: step.attempt,
         caller: step.caller.clone().unwrap_or_default(),
-        ..Default::default()
     }
 }
 
