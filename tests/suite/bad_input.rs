@@ -274,6 +274,26 @@ fn cases(t: &Tickets) -> Vec<Case> {
         );
     }
 
+    // Q1: a caller id that breaks the key rules or is longer than 128
+    // bytes, on a key with state and on one never made.
+    for (what, caller) in [
+        ("129 bytes", "c".repeat(129)),
+        ("a control character", "pod\u{7}-1".to_owned()),
+    ] {
+        for key in [USED, NEVER] {
+            add(
+                format!("Acquire {key}, caller of {what}"),
+                Call::Acquire(pb::AcquireRequest {
+                    key: key.into(),
+                    caller: caller.clone(),
+                    ..Default::default()
+                }),
+                invalid,
+                "caller",
+            );
+        }
+    }
+
     // E2: negative and out-of-range durations, in every duration field.
     for (what, d) in bad_durations() {
         for key in [USED, NEVER] {
