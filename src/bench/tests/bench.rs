@@ -465,7 +465,11 @@ async fn a_retry_storm_is_held_to_the_budget() {
         (sent / firsts - 5.0).abs() < 0.5,
         "about 5 retries per first attempt: {total}"
     );
-    assert_eq!(granted + denied, sent, "every retry granted or denied: {total}");
+    assert_eq!(
+        granted + denied,
+        sent,
+        "every retry granted or denied: {total}"
+    );
     assert!(granted > 0.0 && denied > granted, "{total}");
     assert!(granted <= 0.25 * firsts, "held to the budget: {total}");
     assert_eq!(total["errors"], 0, "{total}");
