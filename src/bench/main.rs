@@ -22,6 +22,10 @@
 //! - `beside`: a server on a store beside an embedded one.
 //! - `rls-conformance`: one sequence of Envoy rate-limit checks sent to
 //!   fusebox and to envoyproxy/ratelimit, every answer side by side.
+//! - `retry-storm`: Acquires on one key whose policy has a retry budget,
+//!   a share of them retries (`attempt = 2`): first attempts, retries
+//!   granted and retries denied `retry_budget`, second by second,
+//!   embedded or `--store`.
 //! - `redis-cpu`: the fusebox Redis module against a Lua script doing the
 //!   same work, straight on a Redis or Redis Cluster (no fusebox server):
 //!   decisions/s, latency and Redis CPU per decision.
@@ -49,6 +53,7 @@ mod options;
 mod redis_cpu;
 mod report;
 mod spread;
+mod storm;
 mod target;
 mod throttlecrab;
 
@@ -180,6 +185,42 @@ enum Mode {
     /// (scripts/bench-rls): every answer side by side, and every one that
     /// differs named. Starts no server.
     RlsConformance,
+    /// A retry storm on one key (`storm/dependency`) whose policy has a
+    /// retry budget: the callers' Acquires, `--retry-share` of them retries
+    /// (`attempt = 2`), closed loop, every ticket completed; reports first
+    /// attempts, retries granted and retries denied `retry_budget`, second
+    /// by second after the `--warmup` (give it the budget's window). Starts
+    /// the server itself with the budget on `storm/*` (embedded, or on
+    /// `--store`), unless `--target` (whose server must have it).
+    RetryStorm {
+        /// The share of Acquires sent as retries, in [0, 1): 0.833334 is 5
+        /// retries per first attempt.
+        #[arg(long, default_value_t = 0.833334, value_parser = parse_share)]
+        retry_share: f64,
+        /// The budget's ratio, in (0, 1].
+        #[arg(long, default_value_t = 0.2)]
+        budget_ratio: f64,
+        /// The budget's min_per_second.
+        #[arg(long, default_value_t = 3)]
+        budget_min_per_second: u32,
+        /// The budget's window, at least 1s and a multiple of 10ms.
+        #[arg(long, default_value = "10s", value_parser = fusebox::domain::policy::parse_duration)]
+        budget_window: u64,
+        /// Start the server on this store (redis://HOST:PORT or
+        /// redis-cluster://H1:P1,...) instead of embedded.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
+    },
+}
+
+/// A share in [0, 1).
+fn parse_share(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(share) if (0.0..1.0).contains(&share) => Ok(share),
+        _ => Err(format!(
+            "must be a number from 0 up to (not including) 1, not {text:?}"
+        )),
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -331,6 +372,65 @@ async fn run(
         let (mode, text, figures) = conformance::conformance_mode(fusebox, ratelimit).await?;
         return report(o, None, mode, &text, figures, &warnings);
     }
+    if let Some(Mode::RetryStorm {
+        retry_share,
+        budget_ratio,
+        budget_min_per_second,
+        budget_window,
+        store,
+    }) = cli.mode.clone()
+    {
+        let budget = storm::Budget {
+            ratio: budget_ratio,
+            min_per_second: budget_min_per_second,
+            window_ms: budget_window,
+        };
+        let mut target = match &o.target {
+            Some(url) => {
+                anyhow::ensure!(
+                    store.is_none(),
+                    "fusebox-bench retry-storm --store starts its server itself: leave out --target"
+                );
+                let scheme = if o.tls_ca.is_some() { "https" } else { "http" };
+                Target::existing(url, o.http.as_deref(), scheme)
+            }
+            None => {
+                anyhow::ensure!(
+                    o.config.is_none(),
+                    "fusebox-bench retry-storm writes its server's config itself (the budget on storm/*): leave out --config, set the budget with --budget-ratio, --budget-min-per-second and --budget-window"
+                );
+                let config =
+                    std::env::temp_dir().join(format!("fusebox-storm-{}.toml", std::process::id()));
+                std::fs::write(&config, storm::config(&budget))
+                    .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", config.display()))?;
+                let more: Vec<String> = match &store {
+                    Some(url) => vec!["--store".to_owned(), url.clone()],
+                    None => Vec::new(),
+                };
+                let started = Target::start_with(
+                    &o.server_bin()?,
+                    Some(&config),
+                    o.server_cpus.as_deref(),
+                    &more,
+                )
+                .await;
+                let _ = std::fs::remove_file(&config);
+                started?
+            }
+        };
+        eprintln!(
+            "bench: server {}{}",
+            target.grpcs.join(", "),
+            store
+                .as_deref()
+                .map_or(String::new(), |s| format!(", on {s}"))
+        );
+        let outcome = storm::storm_mode(o, &mut target, retry_share, &budget).await;
+        let stopped = target.stop().await;
+        let (mode, text, figures) = outcome?;
+        stopped?;
+        return report(o, Some(&target), mode, &text, figures, &warnings);
+    }
     if let Some(Mode::Beside { store }) = &cli.mode {
         anyhow::ensure!(
             o.target.is_none(),
@@ -386,6 +486,7 @@ async fn run(
             Mode::RedisCpu { .. }
             | Mode::Beside { .. }
             | Mode::Attack { .. }
+            | Mode::RetryStorm { .. }
             | Mode::RlsConformance,
         ) => {
             unreachable!("measured above, with servers of their own")

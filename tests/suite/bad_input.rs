@@ -713,3 +713,184 @@ async fn half_open_bounds_out_of_range_are_refused_naming_the_field() {
         })
     );
 }
+
+/// R1-R3, Y2: a `retry_budget` with `ratio` outside (0, 1] or missing, or a
+/// `window` under 1 s, not a multiple of 10 ms or missing, is refused by
+/// `SetPolicy` (naming `policy.retry_budget.<field>`, the rules in force
+/// unchanged, E3) and by the config file at start-up (naming the rule and
+/// `retry_budget.<field>`).
+#[tokio::test]
+async fn retry_budget_out_of_range_is_refused_naming_the_field() {
+    use crate::admin::{policies, set_policy};
+
+    let server = Server::manual(Some(CONFIG)).await;
+    let mut admin = server.admin().await;
+    let before = policies(&mut admin).await;
+    let budget_rule = |budget: pb::RetryBudget| pb::PolicyRule {
+        r#match: "b/*".into(),
+        policy: Some(pb::Policy {
+            retry_budget: Some(budget),
+            ..Default::default()
+        }),
+        default: false,
+    };
+    let dir = tempfile::tempdir().expect("a temp dir");
+    // (field, what is wrong, the budget on the wire, the budget in TOML).
+    let cases: [(&str, &str, pb::RetryBudget, &str); 7] = [
+        (
+            "ratio",
+            "ratio = 0",
+            pb::RetryBudget {
+                ratio: 0.0,
+                min_per_second: 3,
+                window: Some(ms(10_000)),
+            },
+            "ratio = 0.0, min_per_second = 3, window = \"10s\"",
+        ),
+        (
+            "ratio",
+            "ratio = 1.5",
+            pb::RetryBudget {
+                ratio: 1.5,
+                min_per_second: 3,
+                window: Some(ms(10_000)),
+            },
+            "ratio = 1.5, min_per_second = 3, window = \"10s\"",
+        ),
+        (
+            "ratio",
+            "ratio missing",
+            pb::RetryBudget {
+                ratio: 0.0,
+                min_per_second: 3,
+                window: Some(ms(10_000)),
+            },
+            "min_per_second = 3, window = \"10s\"",
+        ),
+        (
+            "window",
+            "window = 500ms",
+            pb::RetryBudget {
+                ratio: 0.2,
+                min_per_second: 3,
+                window: Some(ms(500)),
+            },
+            "ratio = 0.2, min_per_second = 3, window = \"500ms\"",
+        ),
+        (
+            "window",
+            "window = 1005ms",
+            pb::RetryBudget {
+                ratio: 0.2,
+                min_per_second: 3,
+                window: Some(ms(1_005)),
+            },
+            "ratio = 0.2, min_per_second = 3, window = \"1005ms\"",
+        ),
+        (
+            "window",
+            "window missing",
+            pb::RetryBudget {
+                ratio: 0.2,
+                min_per_second: 3,
+                window: None,
+            },
+            "ratio = 0.2, min_per_second = 3",
+        ),
+        (
+            "window",
+            "window = 0",
+            pb::RetryBudget {
+                ratio: 0.2,
+                min_per_second: 3,
+                window: Some(ms(0)),
+            },
+            "ratio = 0.2, min_per_second = 3, window = \"0s\"",
+        ),
+    ];
+    for (i, (field, what, budget, toml)) in cases.into_iter().enumerate() {
+        let status = set_policy(&mut admin, budget_rule(budget))
+            .await
+            .expect_err(what);
+        assert_eq!(status.code(), Code::InvalidArgument, "{what}: {status:?}");
+        let wire = format!("policy.retry_budget.{field}");
+        assert!(
+            status.message().contains(&wire),
+            "{what}: SetPolicy names {wire}: {:?}",
+            status.message()
+        );
+        assert_eq!(
+            policies(&mut admin).await,
+            before,
+            "{what}: nothing changed"
+        );
+
+        let path = dir.path().join(format!("budget-{i}.toml"));
+        let text = format!("[[rule]]\nmatch = \"b/*\"\nretry_budget = {{ {toml} }}\n");
+        std::fs::write(&path, text).expect("config written");
+        let err = crate::harness::refused_start(
+            &["--config", path.to_str().expect("a UTF-8 path")],
+            None,
+        )
+        .await;
+        let named = format!("retry_budget.{field}");
+        for word in ["rule 1", "b/*", named.as_str()] {
+            assert!(
+                err.contains(word),
+                "{what}: the config error names {word:?}: {err}"
+            );
+        }
+    }
+}
+
+/// R1-R3: a retry budget at its bounds (ratio 1, min_per_second 0, window
+/// 1 s) and a usual one are accepted by `SetPolicy`, and read back as set,
+/// in its answer and by `ListPolicies`.
+#[tokio::test]
+async fn retry_budget_reads_back_as_set() {
+    use crate::admin::{policies, set_policy};
+
+    let server = Server::manual(Some(CONFIG)).await;
+    let mut admin = server.admin().await;
+    let budgets = [
+        pb::RetryBudget {
+            ratio: 1.0,
+            min_per_second: 0,
+            window: Some(ms(1_000)),
+        },
+        pb::RetryBudget {
+            ratio: 0.2,
+            min_per_second: 3,
+            window: Some(ms(10_000)),
+        },
+    ];
+    for budget in budgets {
+        let what = format!("{budget:?}");
+        let set = set_policy(
+            &mut admin,
+            pb::PolicyRule {
+                r#match: "b/*".into(),
+                policy: Some(pb::Policy {
+                    retry_budget: Some(budget),
+                    ..Default::default()
+                }),
+                default: false,
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{what} is a valid budget: {e:?}"));
+        assert_eq!(
+            set.policy.and_then(|p| p.retry_budget).as_ref(),
+            Some(&budget),
+            "SetPolicy answers the budget as set"
+        );
+        let listed = policies(&mut admin).await;
+        let shown = listed
+            .rules
+            .iter()
+            .find(|r| r.r#match == "b/*")
+            .and_then(|r| r.policy.as_ref())
+            .and_then(|p| p.retry_budget.as_ref());
+        assert_eq!(shown, Some(&budget), "ListPolicies shows {what}");
+    }
+}

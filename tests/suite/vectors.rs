@@ -39,6 +39,12 @@ pub struct Step {
     /// A `complete`'s cost (U1); absent = what the ticket took.
     pub cost: Option<u32>,
     pub waiter: Option<String>,
+    /// An `acquire`'s attempt (R1): absent, 0 or 1 a first attempt, 2 or
+    /// more a retry (extensions only).
+    pub attempt: Option<u32>,
+    /// An `acquire`'s caller (Q1), sent as `AcquireRequest.caller`; in
+    /// process it is ignored (extensions only).
+    pub caller: Option<String>,
     /// A `set_policy`'s new policy for the key (Y4; extensions only).
     pub policy: Option<PolicySpec>,
     pub expect: Expect,
@@ -65,6 +71,15 @@ pub struct Expect {
     /// Current probe successes counted in this half-open period (H2;
     /// extensions only).
     pub half_open_successes: Option<u32>,
+    /// The key's statistics: retries denied by the retry budget (R2), also
+    /// checked against `by_reason` `retry_budget` (extensions only).
+    pub retry_denied: Option<u64>,
+    /// The key's statistics: requests denied by the permit book, the retry
+    /// budget's denials not among them (extensions only).
+    pub denied: Option<u64>,
+    /// The key's statistics: tickets granted to ordinary requests
+    /// (extensions only).
+    pub granted: Option<u64>,
 }
 
 /// A decision as the vectors write it.
@@ -87,6 +102,14 @@ pub struct Reading {
     pub queued: u64,
     pub probes_held: u32,
     pub half_open_successes: u32,
+    /// `KeyStats.retry_denied`.
+    pub retry_denied: u64,
+    /// `KeyStats.by_reason` under `retry_budget`.
+    pub by_reason_retry_budget: u64,
+    /// `KeyStats.denied`.
+    pub denied: u64,
+    /// `KeyStats.granted`.
+    pub granted: u64,
 }
 
 /// A way of reaching fusebox that the runner can drive.
@@ -227,6 +250,14 @@ pub async fn replay<T: Target>(vector: &Vector, target: &mut T) -> Vec<String> {
                     e.half_open_successes,
                     got.half_open_successes,
                 );
+                c.check("retry_denied", e.retry_denied, got.retry_denied);
+                c.check(
+                    "by_reason retry_budget",
+                    e.retry_denied,
+                    got.by_reason_retry_budget,
+                );
+                c.check("denied", e.denied, got.denied);
+                c.check("granted", e.granted, got.granted);
             }
             "isolate" => {
                 target
@@ -284,6 +315,10 @@ pub fn reading_of(v: &View) -> Reading {
         queued: v.queued,
         probes_held: v.probes_held,
         half_open_successes: v.half_open_successes,
+        retry_denied: v.stats.retry_denied,
+        by_reason_retry_budget: v.stats.by_reason[Reason::RetryBudget as usize],
+        denied: v.stats.denied,
+        granted: v.stats.granted,
     }
 }
 
@@ -331,6 +366,7 @@ impl Target for CoreTarget {
             permits: step.permits.unwrap_or(1),
             max_wait: step.max_wait.unwrap_or(0),
             lease: step.lease,
+            retry: step.attempt.unwrap_or(0) >= 2,
             ..Ask::default()
         };
         let decision = self
@@ -602,7 +638,8 @@ pub fn wire_acquire(step: &Step) -> pb::AcquireRequest {
         permits: step.permits,
         max_wait: step.max_wait.map(ms),
         lease: step.lease.map(ms),
-        ..Default::default()
+        attempt: step.attempt,
+        caller: step.caller.clone().unwrap_or_default(),
     }
 }
 
@@ -677,7 +714,7 @@ impl Target for EngineTarget {
             permits: step.permits.unwrap_or(1),
             max_wait: step.max_wait.unwrap_or(0),
             lease: step.lease,
-            attempt: 0,
+            attempt: step.attempt.unwrap_or(0),
         };
         if args.max_wait == 0 {
             let sent = engine_sent(self.engine.acquire(args).await);
@@ -793,6 +830,7 @@ impl End {
     /// Reads `key` at `now` as the vectors write it.
     pub async fn reading(&mut self, key: &str, now: u64) -> Reading {
         let s = get_key(&mut self.admin, key).await;
+        let stats = s.stats.clone().unwrap_or_default();
         Reading {
             phase: pb::Phase::try_from(s.phase).map_or_else(
                 |_| format!("phase {}", s.phase),
@@ -805,15 +843,27 @@ impl End {
             queued: u64::from(s.queued),
             probes_held: s.probes_held,
             half_open_successes: s.half_open_successes,
+            retry_denied: stats.retry_denied,
+            by_reason_retry_budget: stats.by_reason.get("retry_budget").copied().unwrap_or(0),
+            denied: stats.denied,
+            granted: stats.granted,
         }
     }
 
     /// Replaces the default rule with `policy` through `Admin.SetPolicy`.
     pub async fn set_default(&mut self, policy: &PolicySpec) {
         let policy = policy.validate().expect("the step's policy is valid");
+        let mut wire = fusebox::server::policy::wire_policy(&policy);
+        // Written out here, as a client sends it: the retry budget must
+        // reach SetPolicy whatever the server's read-back shows.
+        wire.retry_budget = policy.retry_budget.map(|r| pb::RetryBudget {
+            ratio: r.ratio_millionths as f64 / 1_000_000.0,
+            min_per_second: r.min_per_second,
+            window: Some(ms(r.window.get())),
+        });
         let rule = pb::PolicyRule {
             r#match: String::new(),
-            policy: Some(fusebox::server::policy::wire_policy(&policy)),
+            policy: Some(wire),
             default: true,
         };
         crate::admin::set_policy(&mut self.admin, rule)

@@ -423,3 +423,60 @@ async fn server_bin_names_the_server_the_tool_starts() {
     assert_eq!(doc["settings"]["server_bin"], bin.to_str().expect("UTF-8"));
     check_row(&doc["figures"]["results"][0]);
 }
+
+/// The retry storm (R1-R3): with 5 retries per first attempt on a key whose
+/// budget is `ratio = 0.2`, no floor, a 1 s window, the tool sends about 5
+/// retries per first attempt, the server denies most of them
+/// `retry_budget`, and the retries granted stay near a fifth of the first
+/// attempts (the window slides in 100 ms segments, so a second's share may
+/// pass 0.2 a little; the whole measurement stays under 0.25).
+#[tokio::test]
+async fn a_retry_storm_is_held_to_the_budget() {
+    let (run, doc) = bench_json(&[
+        "retry-storm",
+        "--retry-share",
+        "0.833334",
+        "--budget-ratio",
+        "0.2",
+        "--budget-min-per-second",
+        "0",
+        "--budget-window",
+        "1s",
+        "--warmup",
+        "1s",
+        "--duration",
+        "2s",
+        "--connections",
+        "2",
+        "--in-flight",
+        "2",
+    ])
+    .await;
+    assert_eq!(doc["mode"], "retry-storm");
+    let figures = &doc["figures"];
+    assert_eq!(figures["per_second"].as_array().map(Vec::len), Some(2));
+    let total = &figures["total"];
+    let firsts = number(total, "first_attempts");
+    let sent = number(total, "retries_sent");
+    let granted = number(total, "retries_granted");
+    let denied = number(total, "retries_denied_retry_budget");
+    assert!(firsts >= 10.0, "first attempts in {total}");
+    assert!(
+        (sent / firsts - 5.0).abs() < 0.5,
+        "about 5 retries per first attempt: {total}"
+    );
+    assert_eq!(
+        granted + denied,
+        sent,
+        "every retry granted or denied: {total}"
+    );
+    assert!(granted > 0.0 && denied > granted, "{total}");
+    assert!(granted <= 0.25 * firsts, "held to the budget: {total}");
+    assert_eq!(total["errors"], 0, "{total}");
+    assert_eq!(total["other_answers"], 0, "{total}");
+    assert!(
+        run.stdout.contains("retries denied retry_budget"),
+        "the table: {}",
+        run.stdout
+    );
+}
