@@ -2,8 +2,9 @@
 //! errors are `ERR <field>: <what to do>`, like the contract's messages.
 
 use fusebox_domain::policy::MAX_DURATION;
+use fusebox_domain::quorum::MAX_CALLER_BYTES;
 use fusebox_domain::wire::ReplyForm;
-use fusebox_domain::{Millis, Named, Outcome, TicketId};
+use fusebox_domain::{CallerId, Millis, Named, Outcome, TicketId};
 use redis_module::{RedisError, RedisString};
 
 use crate::clock::{Now, MAX_NOW};
@@ -70,6 +71,23 @@ pub fn duration(arg: &RedisString, field: &str) -> Result<Millis, RedisError> {
         MAX_DURATION,
         "a whole number of milliseconds from 0 to 31536000000 (365 days)",
     )
+}
+
+/// `CALLER name`: who acquires (Q1), at most [`MAX_CALLER_BYTES`] of
+/// UTF-8 with no control character, as the server checks it.
+pub fn caller(arg: &RedisString) -> Result<CallerId, RedisError> {
+    let bad = |why: &str| RedisError::String(format!("ERR caller: {why}"));
+    let text = std::str::from_utf8(arg.as_slice()).map_err(|_| bad("must be UTF-8"))?;
+    if text.len() > MAX_CALLER_BYTES {
+        return Err(bad(&format!(
+            "must be at most {MAX_CALLER_BYTES} bytes, not {}",
+            text.len()
+        )));
+    }
+    if text.chars().any(fusebox_domain::key::is_control) {
+        return Err(bad("must not contain control characters"));
+    }
+    Ok(CallerId::of(text))
 }
 
 /// `ticket_hex`: a ticket id as 1 to 32 hex digits.

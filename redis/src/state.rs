@@ -6,12 +6,12 @@
 //! the module has no `unsafe` of its own. A string gets RDB, AOF,
 //! replication, `DUMP`/`RESTORE` and slot migration from Redis as they are.
 //!
-//! Layout, version 5 (little-endian; every value starts `FBX` and a
+//! Layout, version 6 (little-endian; every value starts `FBX` and a
 //! version byte, so a reader refuses a string that is not fusebox state,
 //! and one written by a newer module):
 //!
 //! ```text
-//! 0    "FBX", version 5                 4    header length (u32) = HEADER
+//! 0    "FBX", version 6                 4    header length (u32) = HEADER
 //! 8    next deadline (u64; MAX = none)  16   phase (u8)   17 flags (u8)
 //! 20   live tickets (u32)               24   waiters (u32)
 //! 28   policy length (u32)              32   policy id (16 bytes)
@@ -28,7 +28,10 @@
 //!      count u64), waiters, then a half-open period's probing (u8 0 =
 //!      none; 1, then successes u32, shared u8, slots u16, each slot's
 //!      ticket id and end), the retry budget's denials (u64) and its
-//!      segments (u16, then index, first attempts, retries, u64 each)
+//!      segments (u16, then index, first attempts, retries, u64 each),
+//!      each waiter's caller (u32), and a quorum's callers (u8 0 = none; 1,
+//!      then the run's (u16, then u32 each) and the window's (u16, then
+//!      caller u32 and bucket start u64 each))
 //! ```
 //!
 //! For a token bucket, limiter a is the tick and limiter b the tokens as an
@@ -45,14 +48,16 @@
 //! Versions 1 (`FBX\x01` and the domain's `FuseState` as JSON), 2 (this
 //! layout, but for the ticket table's heap: [`crate::table`]) and 3 (this
 //! layout, but segment counts as u32, and tickets that never settle a
-//! cost) and 4 (this layout without the probing) are still read; the next
-//! write of such a key writes version 5.
+//! cost), 4 (this layout without the probing) and 5 (without callers:
+//! its waiters and tickets read as called by the caller whose fingerprint
+//! is 0) are still read; the next write of such a key writes version 6.
 
 use std::fmt;
 
 use fusebox_domain::{
-    BreakerState, BudgetSegment, CounterState, Fuse, FuseHead, FuseState, LimiterState, Millis,
-    Phase, ProbingState, Reason, ReasonCounts, SlotState, TicketId, WaiterState, WindowBucket,
+    BreakerState, BudgetSegment, CallerId, CallersState, CounterState, Fuse, FuseHead, FuseState,
+    LimiterState, Millis, Phase, ProbingState, Reason, ReasonCounts, SlotState, TicketId,
+    WaiterState, WindowBucket,
 };
 
 use crate::table::{self, u32_at, u64_at};
@@ -61,7 +66,7 @@ use crate::table::{self, u32_at, u64_at};
 pub const MAGIC: &[u8; 3] = b"FBX";
 
 /// The encoding this module writes and the newest it reads.
-pub const ENCODING_VERSION: u8 = 5;
+pub const ENCODING_VERSION: u8 = 6;
 
 /// Bytes of the fixed header of versions 2 and 3.
 pub const HEADER: usize = 272;
@@ -306,6 +311,7 @@ impl Header {
                     openings: u32_at(value, 88),
                     window: Vec::new(),
                     probing: None,
+                    callers: None,
                 },
                 limiter: None,
                 waiters: Vec::new(),
@@ -401,6 +407,7 @@ impl Header {
                 permits,
                 until,
                 lease: (lease != 0).then_some(lease),
+                caller: CallerId(0),
             });
         }
         // A half-open period's successes and slots (H1-H4), since version 5.
@@ -432,6 +439,22 @@ impl Header {
                     first: r.u64()?,
                     retries: r.u64()?,
                 });
+            }
+        }
+        // The waiters' callers and a quorum's callers, since version 6.
+        if self.version >= 6 {
+            for w in &mut head.waiters {
+                w.caller = CallerId(r.u32()?);
+            }
+            if r.u8()? == 1 {
+                let mut callers = CallersState::default();
+                for _ in 0..r.u16()? {
+                    callers.run.push(CallerId(r.u32()?));
+                }
+                for _ in 0..r.u16()? {
+                    callers.window.push((CallerId(r.u32()?), r.u64()?));
+                }
+                head.breaker.callers = Some(callers);
             }
         }
         let (kind, a, b) = self.limiter;
@@ -529,6 +552,25 @@ pub fn encode_tail(head: &FuseHead) -> Vec<u8> {
         out.extend_from_slice(&s.index.to_le_bytes());
         out.extend_from_slice(&s.first.to_le_bytes());
         out.extend_from_slice(&s.retries.to_le_bytes());
+    }
+    // Since version 6: the waiters' callers, then a quorum's callers.
+    for w in &head.waiters {
+        out.extend_from_slice(&w.caller.0.to_le_bytes());
+    }
+    match &head.breaker.callers {
+        None => out.push(0),
+        Some(c) => {
+            out.push(1);
+            out.extend_from_slice(&count16(c.run.len()));
+            for caller in c.run.iter().take(usize::from(u16::MAX)) {
+                out.extend_from_slice(&caller.0.to_le_bytes());
+            }
+            out.extend_from_slice(&count16(c.window.len()));
+            for (caller, start) in c.window.iter().take(usize::from(u16::MAX)) {
+                out.extend_from_slice(&caller.0.to_le_bytes());
+                out.extend_from_slice(&start.to_le_bytes());
+            }
+        }
     }
     out
 }
@@ -651,13 +693,14 @@ mod tests {
         assert_eq!(version(b"FBX"), Err(StateError::NotFusebox));
         assert_eq!(version(b"FBX\x00"), Err(StateError::NotFusebox));
         assert_eq!(version(b"hello"), Err(StateError::NotFusebox));
-        assert_eq!(version(b"FBX\x06x"), Err(StateError::NewerEncoding(6)));
+        assert_eq!(version(b"FBX\x07x"), Err(StateError::NewerEncoding(7)));
+        assert_eq!(version(b"FBX\x06x"), Ok(6));
         assert_eq!(version(b"FBX\x05x"), Ok(5));
         assert_eq!(version(b"FBX\x04x"), Ok(4));
         assert_eq!(version(b"FBX\x03x"), Ok(3));
         assert_eq!(version(b"FBX\x02x"), Ok(2));
         assert_eq!(version(b"FBX\x01{}"), Ok(1));
-        assert!(StateError::NewerEncoding(6)
+        assert!(StateError::NewerEncoding(7)
             .to_string()
             .starts_with("state: "));
     }

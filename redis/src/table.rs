@@ -20,7 +20,7 @@
 //! base                 cap slots of SLOT bytes:
 //!                        0  id, high 64 bits      8  id, low 64 bits
 //!                       16  lease end (ms)       24  epoch
-//!                       32  permits (u32)        36  4 bytes of zeros
+//!                       32  permits (u32)        36  its caller (u32, Q1)
 //!                       40  flags (u8: 1 in use, 2 the probe, 4 holds permits,
 //!                           8 settles a reported cost)
 //!                       41  when its permits were taken (ms, 7 bytes: u56)
@@ -30,6 +30,9 @@
 //!                       16  id, low 64 bits
 //!                       the first `length` in heap order, the rest unused
 //! ```
+//!
+//! Encodings 3 to 5 wrote zeros at byte 36: their tickets read as acquired
+//! by the caller whose fingerprint is 0.
 //!
 //! Encoding 3 wrote zeros at byte 41 and never flag 8: its tickets read as
 //! taken at 0 and settle no cost (U1).
@@ -42,7 +45,7 @@
 //! and a damaged slot reads as empty (the value's header was checked when
 //! it was loaded; this only keeps a bad value from taking Redis down).
 
-use fusebox_domain::{Millis, Ticket, TicketId, TicketTable};
+use fusebox_domain::{CallerId, Millis, Ticket, TicketId, TicketTable};
 
 /// Bytes of one slot.
 pub const SLOT: usize = 48;
@@ -194,6 +197,7 @@ fn slot_at(b: &[u8], at: usize) -> Option<Slot> {
             lease_end: u64_at(b, at + 16),
             epoch: u64_at(b, at + 24),
             permits: u32_at(b, at + 32),
+            caller: CallerId(u32_at(b, at + 36)),
             probe: flags & PROBE != 0,
             holds: flags & HOLDS != 0,
             granted_at: u64_at(b, at + 40) >> 8,
@@ -207,7 +211,12 @@ fn slot_at(b: &[u8], at: usize) -> Option<Slot> {
 pub fn tickets_v2(bytes: &[u8], base: usize, cap: usize) -> Vec<(TicketId, Ticket)> {
     (0..cap)
         .filter_map(|i| slot_at(bytes, base + i * SLOT))
-        .map(|s| (TicketId(s.id), s.ticket))
+        // Bytes 36..40 held the slot's place in the heap, not a caller.
+        .map(|s| {
+            let mut ticket = s.ticket;
+            ticket.caller = CallerId(0);
+            (TicketId(s.id), ticket)
+        })
         .collect()
 }
 
@@ -352,6 +361,7 @@ impl<B: Bytes> Table<B> {
         raw[16..24].copy_from_slice(&s.ticket.lease_end.to_le_bytes());
         raw[24..32].copy_from_slice(&s.ticket.epoch.to_le_bytes());
         raw[32..36].copy_from_slice(&s.ticket.permits.to_le_bytes());
+        raw[36..40].copy_from_slice(&s.ticket.caller.0.to_le_bytes());
         let granted_at = s.ticket.granted_at.min(GRANTED_AT_MAX);
         raw[40..48].copy_from_slice(&(granted_at << 8).to_le_bytes());
         raw[40] = IN_USE
@@ -722,6 +732,7 @@ mod tests {
 
     fn ticket(n: u16, lease_end: Millis, probe: bool) -> Ticket {
         Ticket {
+            caller: Default::default(),
             epoch: u64::from(n) * 3,
             permits: u32::from(n % 7),
             probe,

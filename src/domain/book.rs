@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::limiter::Limiter;
 use crate::policy::{LimiterPolicy, Order};
+use crate::quorum::CallerId;
 use crate::ticket::{PackedId, TicketId};
 use crate::Millis;
 
@@ -27,6 +28,8 @@ pub struct Waiter {
     pub until: Millis,
     /// The lease it asked for, if any.
     pub lease: Option<Millis>,
+    /// Who asked (Q1): its ticket's caller.
+    pub caller: CallerId,
 }
 
 /// A waiter as kept: no `u128` alignment, and the lease in one word (a
@@ -37,6 +40,7 @@ struct Queued {
     until: Millis,
     lease: Millis,
     permits: u32,
+    caller: CallerId,
 }
 
 impl From<Waiter> for Queued {
@@ -47,6 +51,7 @@ impl From<Waiter> for Queued {
             until: w.until,
             lease: w.lease.unwrap_or(0),
             permits: w.permits,
+            caller: w.caller,
         }
     }
 }
@@ -58,6 +63,7 @@ impl From<Queued> for Waiter {
             permits: q.permits,
             until: q.until,
             lease: (q.lease != 0).then_some(q.lease),
+            caller: q.caller,
         }
     }
 }
@@ -337,6 +343,7 @@ mod tests {
 
     fn waiter(id: u128, permits: u32, until: Millis) -> Waiter {
         Waiter {
+            caller: Default::default(),
             id: TicketId(id),
             permits,
             until,
@@ -430,7 +437,7 @@ mod model {
                             continue;
                         }
                         let lease = (n % 3 != 0).then_some(u64::from(n) + 1);
-                        let w = Waiter { id, permits, until, lease };
+                        let w = Waiter { caller: Default::default(), id, permits, until, lease };
                         model.push(w);
                         b.enqueue(w);
                     }

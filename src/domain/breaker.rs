@@ -18,7 +18,8 @@
 
 use crate::decision::Decision;
 use crate::health::HealthWindow;
-use crate::policy::{BreakerPolicy, Trip};
+use crate::policy::{millionths, BreakerPolicy, Trip};
+use crate::quorum::{CallerId, Callers};
 use crate::ticket::TicketId;
 use crate::{Millis, Outcome, Phase, Reason};
 
@@ -85,6 +86,8 @@ pub struct Report {
     /// The outcome is the settlement of its lease end (L3), which comes
     /// before a slot ending at the same instant (H3).
     pub at_lease_end: bool,
+    /// Who acquired the ticket (Q1).
+    pub caller: CallerId,
 }
 
 impl Report {
@@ -96,6 +99,7 @@ impl Report {
             probe,
             outcome,
             at_lease_end: false,
+            caller: CallerId::default(),
         }
     }
 }
@@ -135,6 +139,9 @@ pub struct Breaker {
     pub(crate) window: HealthWindow,
     /// The half-open period's successes and slots, when it needs them.
     pub(crate) probing: Option<Box<Probing>>,
+    /// Under a quorum (Q2), the callers of the run's and the window's
+    /// failures; made at the first failure recorded under a quorum.
+    pub(crate) callers: Option<Box<Callers>>,
 }
 
 impl Breaker {
@@ -150,6 +157,7 @@ impl Breaker {
             window: HealthWindow::default(),
             changed_at: now,
             probing: None,
+            callers: None,
         }
     }
 
@@ -336,6 +344,7 @@ impl Breaker {
             probe,
             outcome,
             at_lease_end,
+            caller,
         } = r;
         let current = ticket_epoch == self.epoch;
         let stale = Recorded {
@@ -361,7 +370,7 @@ impl Breaker {
                 };
                 Recorded {
                     stale: false,
-                    change: self.record_closed(policy, outcome, now),
+                    change: self.record_closed(policy, outcome, caller, now),
                     probe: false,
                 }
             }
@@ -416,6 +425,7 @@ impl Breaker {
         &mut self,
         policy: &BreakerPolicy,
         outcome: Outcome,
+        caller: CallerId,
         now: Millis,
     ) -> Option<(Phase, Phase)> {
         let failed = match outcome {
@@ -429,24 +439,93 @@ impl Breaker {
             0
         };
         let trips = match policy.trip {
-            Trip::Consecutive { failures } => self.run >= failures.get(),
+            Trip::Consecutive { failures } => {
+                if policy.quorum.is_some() {
+                    self.note_run(failed, caller);
+                }
+                self.run >= failures.get() && self.quorum_met(policy, now)
+            }
             Trip::Ratio {
                 failure_ratio,
                 minimum_throughput,
                 sampling_window,
             } => {
                 self.window.record(now, sampling_window, failed);
+                if policy.quorum.is_some() {
+                    let callers = self.callers.get_or_insert_with(Box::default);
+                    callers.prune(now, sampling_window);
+                    if failed {
+                        callers
+                            .fail_in_window(caller, HealthWindow::bucket_of(now, sampling_window));
+                    }
+                }
                 let (n, f) = self.window.totals(now, sampling_window);
-                n >= u64::from(minimum_throughput.get()) && f as f64 >= failure_ratio * n as f64
+                // Section 10, "Ratios": f / n >= r in integers, r to 6 decimals.
+                n >= u64::from(minimum_throughput.get())
+                    && u128::from(f) * 1_000_000
+                        >= u128::from(millionths(failure_ratio)) * u128::from(n)
+                    && self.quorum_met(policy, now)
             }
         };
+        self.drop_empty_callers();
         trips.then(|| self.open(policy, now))
+    }
+
+    /// Keeps the run's callers in step with the run (Q2): a failure adds
+    /// its caller, a success clears them with the run.
+    fn note_run(&mut self, failed: bool, caller: CallerId) {
+        if failed {
+            self.callers
+                .get_or_insert_with(Box::default)
+                .fail_in_run(caller);
+        } else if let Some(c) = self.callers.as_deref_mut() {
+            c.run.clear();
+        }
+    }
+
+    fn drop_empty_callers(&mut self) {
+        if self.callers.as_ref().is_some_and(|c| c.is_empty()) {
+            self.callers = None;
+        }
+    }
+
+    /// True when the failures that would trip the breaker come from at
+    /// least the policy's quorum of distinct callers (Q2), or the policy
+    /// has none.
+    fn quorum_met(&self, policy: &BreakerPolicy, now: Millis) -> bool {
+        let Some(k) = policy.quorum else {
+            return true;
+        };
+        u64::from(self.distinct_callers(Some(policy), now)) >= u64::from(k.get())
+    }
+
+    /// Distinct callers of the failures that count toward a trip at `now`
+    /// (Q2): the run's in consecutive mode, the window's in ratio mode.
+    pub fn distinct_callers(&self, policy: Option<&BreakerPolicy>, now: Millis) -> u32 {
+        let Some(c) = self.callers.as_deref() else {
+            return 0;
+        };
+        match policy.map(|p| p.trip) {
+            Some(Trip::Ratio {
+                sampling_window, ..
+            }) => c.in_window(now, sampling_window),
+            _ => c.run.len() as u32,
+        }
+    }
+
+    /// The callers recorded under a quorum, if any.
+    pub fn callers(&self) -> Option<&Callers> {
+        self.callers.as_deref()
     }
 
     /// Opens the breaker at `now` for the next break of the backoff rule.
     fn open(&mut self, policy: &BreakerPolicy, now: Millis) -> (Phase, Phase) {
         self.openings = self.openings.saturating_add(1);
         self.window.clear();
+        if let Some(c) = self.callers.as_deref_mut() {
+            c.window.clear();
+        }
+        self.drop_empty_callers();
         let change = self.enter(Phase::Open, now);
         self.deadline = now.saturating_add(policy.break_length(self.openings));
         change
@@ -458,6 +537,7 @@ impl Breaker {
         self.attempts = 0;
         self.openings = 0;
         self.window.clear();
+        self.callers = None;
         self.enter(Phase::Closed, now)
     }
 
@@ -492,6 +572,11 @@ impl Breaker {
     /// admissions from now on, the new `successes` is compared at the next
     /// current probe success.
     pub fn adopt(&mut self, policy: Option<&BreakerPolicy>, now: Millis) -> Option<(Phase, Phase)> {
+        // Callers are recorded under a quorum only; a changed quorum counts
+        // those already recorded (section 10, "Policy changes").
+        if policy.is_none_or(|p| p.quorum.is_none()) {
+            self.callers = None;
+        }
         match (policy, self.phase) {
             (None, Phase::Open | Phase::HalfOpen) => Some(self.close(now)),
             _ => None,
@@ -563,6 +648,7 @@ impl Breaker {
             openings: kept.openings,
             window: HealthWindow::default(),
             probing: None,
+            callers: None,
         }
     }
 

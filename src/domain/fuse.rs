@@ -16,6 +16,7 @@ use crate::budget::Budget;
 use crate::decision::{Decision, Grant};
 use crate::limiter::Limiter;
 use crate::policy::{Order, Policy};
+use crate::quorum::CallerId;
 use crate::ticket::TicketId;
 use crate::{Millis, Outcome, Phase, Reason};
 
@@ -45,6 +46,8 @@ pub struct Ticket {
     /// against them (U1). Cleared, like `holds`, when the limiter is remade
     /// or keeps time otherwise.
     pub settles: bool,
+    /// Who acquired it (Q1).
+    pub caller: CallerId,
 }
 
 impl Ticket {
@@ -71,6 +74,8 @@ pub struct Ask {
     pub room_for_waiter: bool,
     /// True when the request says it is a retry (`attempt` >= 2, R1).
     pub retry: bool,
+    /// Who asks (Q1); the empty name when nobody says.
+    pub caller: CallerId,
 }
 
 impl Default for Ask {
@@ -82,6 +87,7 @@ impl Default for Ask {
             room_for_ticket: true,
             room_for_waiter: true,
             retry: false,
+            caller: CallerId::of(""),
         }
     }
 }
@@ -902,6 +908,7 @@ impl<T: TicketTable> Fuse<T> {
                 permits: n,
                 until: now.saturating_add(ask.max_wait),
                 lease: ask.lease,
+                caller: ask.caller,
             });
             for oldest in evicted {
                 self.answer(
@@ -936,7 +943,7 @@ impl<T: TicketTable> Fuse<T> {
         if !ask.room_for_ticket {
             return Err(FuseError::NoRoomForTicket);
         }
-        let grant = self.issue(id, probe, n, ask.lease, now);
+        let grant = self.issue(id, probe, n, ask.lease, ask.caller, now);
         Ok(if probe {
             Decision::Probe(grant)
         } else {
@@ -951,6 +958,7 @@ impl<T: TicketTable> Fuse<T> {
         probe: bool,
         n: u32,
         lease: Option<Millis>,
+        caller: CallerId,
         now: Millis,
     ) -> Grant {
         let lease_end = now.saturating_add(self.policy.lease.grant(lease));
@@ -991,6 +999,7 @@ impl<T: TicketTable> Fuse<T> {
                 holds,
                 granted_at: now,
                 settles,
+                caller,
             },
         );
         Grant {
@@ -1021,7 +1030,7 @@ impl<T: TicketTable> Fuse<T> {
                 }
             }
             self.live_mut().book.remove(head.id);
-            let grant = self.issue(head.id, false, head.permits, head.lease, now);
+            let grant = self.issue(head.id, false, head.permits, head.lease, head.caller, now);
             self.answer(head.id, Decision::Granted(Some(grant)));
         }
     }
@@ -1100,6 +1109,7 @@ impl<T: TicketTable> Fuse<T> {
             probe: ticket.probe,
             outcome,
             at_lease_end,
+            caller: ticket.caller,
         };
         let recorded = self
             .breaker
@@ -1245,8 +1255,8 @@ pub use charge::Quote;
 pub use tickets::{sorted as sorted_tickets, TicketTable, Tickets};
 
 pub use state::{
-    BreakerState, CounterState, FuseHead, FuseState, LimiterState, ProbingState, ReasonCounts,
-    SlotState, StateError, TicketState, WaiterState, WindowBucket, STATE_VERSION,
+    BreakerState, CallersState, CounterState, FuseHead, FuseState, LimiterState, ProbingState,
+    ReasonCounts, SlotState, StateError, TicketState, WaiterState, WindowBucket, STATE_VERSION,
 };
 
 #[cfg(test)]

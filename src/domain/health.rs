@@ -34,11 +34,16 @@ fn width(window: Millis) -> Millis {
 }
 
 impl HealthWindow {
+    /// The start of the bucket `now` falls in.
+    pub fn bucket_of(now: Millis, window: Millis) -> Millis {
+        let w = width(window);
+        now / w * w
+    }
+
     /// Records one outcome at `now`.
     pub fn record(&mut self, now: Millis, window: Millis, failed: bool) {
         self.prune(now, window);
-        let w = width(window);
-        let start = now / w * w;
+        let start = Self::bucket_of(now, window);
         let buckets = self.buckets.get_or_insert_with(Default::default);
         match buckets.back_mut() {
             Some((i, s, f)) if *i == start => {

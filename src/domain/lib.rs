@@ -33,6 +33,7 @@ pub mod key;
 pub mod limiter;
 pub mod names;
 pub mod policy;
+pub mod quorum;
 pub mod ticket;
 pub mod wire;
 
@@ -41,10 +42,10 @@ pub use breaker::{Admission, Breaker, Durable, Probing, Report};
 pub use budget::{Budget, BudgetSegment};
 pub use decision::{Decision, DecisionKind, Grant};
 pub use fuse::{
-    sorted_tickets, Ask, BreakerState, Cause, Completed, CounterState, Fuse, FuseError, FuseHead,
-    FuseState, HeapParts, LimiterState, Notice, OperatorAction, ProbingState, Quote, ReasonCounts,
-    SlotState, StateError, Stats, Ticket, TicketState, TicketTable, Tickets, View, WaiterState,
-    WindowBucket, STATE_VERSION,
+    sorted_tickets, Ask, BreakerState, CallersState, Cause, Completed, CounterState, Fuse,
+    FuseError, FuseHead, FuseState, HeapParts, LimiterState, Notice, OperatorAction, ProbingState,
+    Quote, ReasonCounts, SlotState, StateError, Stats, Ticket, TicketState, TicketTable, Tickets,
+    View, WaiterState, WindowBucket, STATE_VERSION,
 };
 pub use key::{validate_key, KeyError, IDLE_AFTER};
 pub use names::{Named, UnknownName};
@@ -52,6 +53,7 @@ pub use policy::{
     millionths, policy_id, BreakerPolicy, DurationSpec, HalfOpen, LeasePolicy, LimiterKind,
     LimiterPolicy, Order, Policy, PolicyError, PolicySpec, Trip,
 };
+pub use quorum::{CallerId, Callers, MAX_QUORUM};
 pub use ticket::TicketId;
 
 /// Lower-case hexadecimal: the `hex` crate, through the domain so that its

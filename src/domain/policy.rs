@@ -10,6 +10,7 @@ use std::num::{NonZeroU32, NonZeroU64};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::quorum::MAX_QUORUM;
 use super::{Millis, Outcome};
 
 /// The id of a policy's JSON, as the Redis module keeps it and a command
@@ -70,6 +71,7 @@ impl Default for Policy {
                 max_break: None,
                 probe_lease: break_ms,
                 half_open: HalfOpen::default(),
+                quorum: None,
             }),
             limiter: None,
             lease: LeasePolicy::default(),
@@ -112,6 +114,9 @@ pub struct BreakerPolicy {
     pub probe_lease: NonZeroU64,
     /// Probes at once and successes to close (H1-H4); 1 and 1 by default.
     pub half_open: HalfOpen,
+    /// Distinct callers whose failures a trip needs (Q2), 2 to
+    /// [`MAX_QUORUM`]; `None`: no quorum.
+    pub quorum: Option<NonZeroU32>,
 }
 
 /// Bounded half-open (SPEC H1-H4): at most `probes` probe slots held at
@@ -628,6 +633,7 @@ impl Policy {
                     probes: Some(b.half_open.probes.get()),
                     successes: Some(b.half_open.successes.get()),
                 }),
+                quorum: b.quorum.map(NonZeroU32::get),
                 ..BreakerSpec::default()
             };
             match b.trip {
@@ -782,12 +788,21 @@ impl BreakerSpec {
                 "slow calls (SPEC S1-S3) are not supported by this fusebox version; remove it",
             ));
         }
-        if self.quorum.is_some() {
-            return Err(invalid(
-                "breaker.quorum",
-                "quorum trips (SPEC Q1-Q2) are not supported by this fusebox version; remove it",
-            ));
-        }
+        let quorum = self
+            .quorum
+            .map(|k| {
+                if (2..=MAX_QUORUM).contains(&k) {
+                    Ok(NonZeroU32::new(k).expect("at least 2"))
+                } else {
+                    Err(invalid(
+                        "breaker.quorum",
+                        format!(
+                            "must be from 2 to {MAX_QUORUM} distinct callers, not {k}; leave it out for no quorum"
+                        ),
+                    ))
+                }
+            })
+            .transpose()?;
         let half_open = self
             .half_open
             .as_ref()
@@ -799,6 +814,7 @@ impl BreakerSpec {
             max_break,
             probe_lease,
             half_open,
+            quorum,
         })
     }
 }

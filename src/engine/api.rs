@@ -2,7 +2,7 @@
 //! the keys: the arguments of an acquire, its answer and a completion's,
 //! a key as read, and the figures kept as keys change.
 
-use crate::domain::{Decision, Millis, Phase, View};
+use crate::domain::{CallerId, Decision, Millis, Phase, View};
 
 /// A request for permits, as the server hands it over.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,12 +18,21 @@ pub struct AcquireArgs {
     /// Which attempt of the call this is (R1): 0 or 1 a first attempt, 2
     /// or more a retry.
     pub attempt: u32,
+    /// Who asks (Q1): the credential's name, the Acquire's `caller`, or
+    /// the peer's address, as the server resolved it; empty when nobody
+    /// says (in-process).
+    pub caller: String,
 }
 
 impl AcquireArgs {
     /// True when the request says it is a retry (R1).
     pub fn is_retry(&self) -> bool {
         self.attempt >= 2
+    }
+
+    /// The caller's fingerprint (Q1).
+    pub fn caller_id(&self) -> CallerId {
+        CallerId::of(&self.caller)
     }
 }
 

@@ -524,6 +524,7 @@ impl Engine {
                     room_for_ticket: ctx.has_room(Capped::Tickets),
                     room_for_waiter: args.max_wait == 0 || ctx.has_room(Capped::Waiters),
                     retry: args.is_retry(),
+                    caller: args.caller_id(),
                 };
                 let decision = match fuse.acquire(&ask, id, ctx.now) {
                     Ok(decision) => decision,

@@ -167,9 +167,10 @@ pub fn open(api: &Api, request: Request<Streaming<pb::DecideRequest>>) -> Result
             .map_err(status_of_refusal)?;
     }
     let limits = api.node.limits();
+    let remote = super::tls::remote_addr(&request);
     let counted = Counted::open(
         api,
-        super::tls::remote_addr(&request),
+        remote,
         limits.max_decide_streams,
         api.node.share_of(grant.as_deref()),
     )?;
@@ -189,6 +190,7 @@ pub fn open(api: &Api, request: Request<Streaming<pb::DecideRequest>>) -> Result
     let stream = Stream {
         api: api.clone(),
         grant,
+        peer: remote.map(|a| a.ip()),
         credential,
         tx,
         waiting: JoinSet::new(),
@@ -247,6 +249,8 @@ async fn all<T>(pending: Vec<(usize, Boxed<'_, T>)>) -> Vec<(usize, T)> {
 struct Stream {
     api: Api,
     grant: Option<Arc<Grant>>,
+    /// The peer's address, a caller's name without another (Q1).
+    peer: Option<std::net::IpAddr>,
     /// The credential the stream was opened with, watched (a stream whose
     /// token is removed ends).
     credential: crate::auth::Credential,
@@ -506,14 +510,14 @@ impl Stream {
                 )),
             ));
         }
-        let (grant, share) = (grant.as_deref(), share.as_ref());
+        let (grant, share, peer) = (grant.as_deref(), share.as_ref(), self.peer);
         let answered: Pending<'a> = match frame {
             // One that may not wait: decided at once, or its command sent.
             Frame::Acquire(req) if req.max_wait.is_none_or(|d| d.seconds == 0 && d.nanos == 0) => {
                 let mut trace = self.trace("acquire", id);
                 trace.key(&req.key);
                 Box::pin(async move {
-                    let result = api.acquire_as(grant, share, req).await;
+                    let result = api.acquire_as(grant, share, peer, req).await;
                     trace.acquired(&result);
                     match result {
                         Ok(response) => answer(id, Answer::Acquire(response)),
@@ -528,7 +532,9 @@ impl Stream {
                 let mut trace = self.trace("acquire", id);
                 trace.key(&req.key);
                 let acquire: Pin<Box<dyn Future<Output = _> + Send>> = Box::pin(async move {
-                    let result = api.acquire_as(grant.as_deref(), share.as_ref(), req).await;
+                    let result = api
+                        .acquire_as(grant.as_deref(), share.as_ref(), peer, req)
+                        .await;
                     trace.acquired(&result);
                     result
                 });
@@ -625,9 +631,16 @@ async fn each_in_order<B, I, T, F>(
     mut one: F,
 ) -> Result<Vec<T>, Status>
 where
-    F: for<'b> FnMut(&'b Api, Option<&'b Grant>, Option<&'b Arc<Share>>, I) -> Boxed<'b, T>,
+    F: for<'b> FnMut(
+        &'b Api,
+        Option<&'b Grant>,
+        Option<&'b Arc<Share>>,
+        Option<std::net::IpAddr>,
+        I,
+    ) -> Boxed<'b, T>,
 {
     let grant = api.grant(&request)?;
+    let peer = super::tls::remote_addr(&request).map(|a| a.ip());
     let share = api.node.share_of(grant.as_deref());
     let _calling = calling(api, share.as_ref());
     let items = items_of(request.into_inner());
@@ -639,7 +652,7 @@ where
     let mut results = Vec::with_capacity(items.len());
     let mut pending = Vec::new();
     for (at, item) in items.into_iter().enumerate() {
-        match start(one(api, grant.as_deref(), share.as_ref(), item)).await {
+        match start(one(api, grant.as_deref(), share.as_ref(), peer, item)).await {
             Ok(result) => results.push((at, result)),
             Err(later) => pending.push((at, later)),
         }
@@ -655,7 +668,7 @@ pub async fn acquire_batch(
     request: Request<pb::AcquireBatchRequest>,
 ) -> Result<pb::AcquireBatchResponse, Status> {
     use pb::acquire_result::Result as R;
-    let results = each_in_order(api, request, |r| r.items, |api, grant, share, item| {
+    let results = each_in_order(api, request, |r| r.items, |api, grant, share, peer, item| {
         let waits = item
             .max_wait
             .is_some_and(|d| d.seconds != 0 || d.nanos != 0);
@@ -665,7 +678,7 @@ pub async fn acquire_batch(
                     "max_wait: a batch item does not wait; leave it out, or use Acquire or Decide to wait",
                 ))
             } else {
-                api.acquire_as(grant, share, item).await
+                api.acquire_as(grant, share, peer, item).await
             };
             pb::AcquireResult {
                 result: Some(match result {
@@ -689,7 +702,7 @@ pub async fn complete_batch(
         api,
         request,
         |r| r.items,
-        |api, grant, share, item| {
+        |api, grant, share, _peer, item| {
             Box::pin(async move {
                 pb::CompleteResult {
                     result: Some(match api.complete_as(grant, share, item).await {

@@ -18,7 +18,8 @@ impl Api {
         let grant = self.grant(&request)?;
         let share = self.node.share_of(grant.as_deref());
         let _calling = decide::calling(self, share.as_ref());
-        self.acquire_as(grant.as_deref(), share.as_ref(), request.into_inner())
+        let peer = super::tls::remote_addr(&request).map(|a| a.ip());
+        self.acquire_as(grant.as_deref(), share.as_ref(), peer, request.into_inner())
             .await
     }
 

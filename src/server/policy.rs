@@ -216,6 +216,7 @@ pub fn wire_policy(p: &Policy) -> pb::Policy {
                 probes: Some(b.half_open.probes.get()),
                 successes: Some(b.half_open.successes.get()),
             }),
+            quorum: b.quorum.map(std::num::NonZeroU32::get),
             ..Default::default()
         }),
         limiter: p.limiter.map(|l| {

@@ -1,6 +1,7 @@
 //! Acquire, Complete and Renew as one call does them: the unary calls', and
 //! every Decide frame's and batch item's (the same checks, the same answers).
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use tonic::Status;
@@ -14,7 +15,7 @@ use crate::proto::wire::{duration_of, millis_of, phase_of};
 
 use super::api::Api;
 use super::status::{status_of, status_of_refusal};
-use super::wire::{check_caller, outcome_of, reason_of};
+use super::wire::{caller_of, check_caller, outcome_of, reason_of};
 
 impl Api {
     /// Acquire, by `grant` (`None`: authentication is off): the unary
@@ -23,6 +24,7 @@ impl Api {
         &self,
         grant: Option<&Grant>,
         share: Option<&Arc<Share>>,
+        peer: Option<IpAddr>,
         req: pb::AcquireRequest,
     ) -> Result<pb::AcquireResponse, Status> {
         if let Some(grant) = grant {
@@ -31,12 +33,14 @@ impl Api {
                 .map_err(status_of_refusal)?;
         }
         check_caller(&req.caller)?;
+        let caller = caller_of(grant, req.caller, peer);
         let args = AcquireArgs {
             key: req.key,
             permits: req.permits.unwrap_or(1),
             max_wait: millis_of("max_wait", req.max_wait)?.unwrap_or(0),
             lease: millis_of("lease", req.lease)?,
             attempt: req.attempt.unwrap_or(0),
+            caller,
         };
         let reply = self
             .store

@@ -2,7 +2,11 @@
 //! errors that name the field: reasons, outcomes, phases, prefixes and a
 //! key's state.
 
+use std::net::IpAddr;
+
 use tonic::Status;
+
+use crate::auth::Grant;
 
 use crate::domain::{Outcome, Phase, Reason};
 use crate::engine::{Core, KeyReading};
@@ -90,8 +94,7 @@ pub fn key_state_of(core: &Core, r: &KeyReading) -> pb::KeyState {
     }
 }
 
-/// The longest caller id an Acquire may name (Q1).
-pub const MAX_CALLER_BYTES: usize = 128;
+pub use crate::domain::quorum::MAX_CALLER_BYTES;
 
 /// Checks an Acquire's `caller` (Q1): empty (absent), or a name that
 /// follows the key rules (K1) in at most 128 bytes.
@@ -109,6 +112,27 @@ pub fn check_caller(caller: &str) -> Result<(), Status> {
         return Err(invalid("caller", "must not contain control characters"));
     }
     Ok(())
+}
+
+/// Who calls (Q1): with authentication, the credential's name (the
+/// Acquire's `caller` is then ignored); without, the Acquire's `caller`;
+/// without either, the peer's IP address without its port, an
+/// IPv4-mapped IPv6 address written as IPv4. A credential's name longer
+/// than a caller may be is cut to [`MAX_CALLER_BYTES`].
+pub fn caller_of(grant: Option<&Grant>, caller: String, peer: Option<IpAddr>) -> String {
+    match (grant, peer) {
+        (Some(grant), _) => {
+            let name = &grant.name;
+            let mut end = name.len().min(MAX_CALLER_BYTES);
+            while !name.is_char_boundary(end) {
+                end -= 1;
+            }
+            name[..end].to_owned()
+        }
+        (None, _) if !caller.is_empty() => caller,
+        (None, Some(ip)) => ip.to_canonical().to_string(),
+        (None, None) => String::new(),
+    }
 }
 
 /// Checks a key prefix: at most 256 bytes, no control characters.

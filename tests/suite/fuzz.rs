@@ -1412,6 +1412,7 @@ impl<'a> Model<'a> {
                 lease,
             } => {
                 let mut future: Pending<'a> = Box::pin(engine.acquire(AcquireArgs {
+                    caller: Default::default(),
                     key: KEYS[key].into(),
                     permits,
                     max_wait,
@@ -1671,6 +1672,7 @@ fn a_rule_change_that_answers_a_waiter_keeps_the_totals() {
     let config = Config::parse(ENGINE_CONFIG, "engine.toml").expect("a valid config");
     let engine = Engine::with_manual_clock(config);
     let mut first: Pending<'_> = Box::pin(engine.acquire(AcquireArgs {
+        caller: Default::default(),
         key: "t/b".into(),
         permits: 1,
         max_wait: 0,
@@ -1683,6 +1685,7 @@ fn a_rule_change_that_answers_a_waiter_keeps_the_totals() {
     assert!(first.ticket.is_some(), "{first:?}");
     // Capacity 2, one token left: two permits wait.
     let mut waiter: Pending<'_> = Box::pin(engine.acquire(AcquireArgs {
+        caller: Default::default(),
         key: "t/b".into(),
         permits: 2,
         max_wait: 50,

@@ -334,6 +334,7 @@ pub async fn steer(
 /// process before serving it.
 pub fn ask(key: &str) -> fusebox::engine::AcquireArgs {
     fusebox::engine::AcquireArgs {
+        caller: Default::default(),
         key: key.to_owned(),
         permits: 1,
         max_wait: 0,

@@ -563,6 +563,7 @@ impl Run {
             } => {
                 self.next_id += 1;
                 let ask = Ask {
+                    caller: Default::default(),
                     permits,
                     max_wait,
                     lease,

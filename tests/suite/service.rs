@@ -380,6 +380,7 @@ async fn tickets_are_distinct_and_unguessable() {
     for i in 0..ENGINE_TICKETS {
         let reply = engine
             .acquire(fusebox::engine::AcquireArgs {
+                caller: Default::default(),
                 key: format!("bulk/{}", i % 16),
                 permits: 1,
                 max_wait: 0,

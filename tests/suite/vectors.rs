@@ -42,8 +42,9 @@ pub struct Step {
     /// An `acquire`'s attempt (R1): absent, 0 or 1 a first attempt, 2 or
     /// more a retry (extensions only).
     pub attempt: Option<u32>,
-    /// An `acquire`'s caller (Q1), sent as `AcquireRequest.caller`; in
-    /// process it is ignored (extensions only).
+    /// An `acquire`'s caller (Q1), sent as `AcquireRequest.caller`, in
+    /// process `Ask.caller` (absent: the empty name; over gRPC the peer's
+    /// address, the same for every step of a trace).
     pub caller: Option<String>,
     /// A `set_policy`'s new policy for the key (Y4; extensions only).
     pub policy: Option<PolicySpec>,
@@ -367,6 +368,7 @@ impl Target for CoreTarget {
             max_wait: step.max_wait.unwrap_or(0),
             lease: step.lease,
             retry: step.attempt.unwrap_or(0) >= 2,
+            caller: fusebox::domain::CallerId::of(step.caller.as_deref().unwrap_or("")),
             ..Ask::default()
         };
         let decision = self
@@ -710,6 +712,7 @@ impl Target for EngineTarget {
 
     async fn acquire(&mut self, step: &Step) -> Answer {
         let args = AcquireArgs {
+            caller: step.caller.clone().unwrap_or_default(),
             key: step.key.clone().expect("acquire names a key"),
             permits: step.permits.unwrap_or(1),
             max_wait: step.max_wait.unwrap_or(0),
@@ -861,6 +864,10 @@ impl End {
             min_per_second: r.min_per_second,
             window: Some(ms(r.window.get())),
         });
+        // And the quorum (Q2).
+        if let (Some(b), Some(wb)) = (policy.breaker, wire.breaker.as_mut()) {
+            wb.quorum = b.quorum.map(std::num::NonZeroU32::get);
+        }
         let rule = pb::PolicyRule {
             r#match: String::new(),
             policy: Some(wire),

@@ -2,7 +2,7 @@
 //! `FB.ACQUIRE`, `FB.COMPLETE`, `FB.RENEW`.
 
 use fusebox_domain::wire::{Answer, Completion};
-use fusebox_domain::{Ask, FuseError};
+use fusebox_domain::{Ask, CallerId, FuseError};
 use redis_module::{Context, RedisError, RedisResult, RedisString};
 
 use crate::keyed::{self, Opened};
@@ -12,7 +12,7 @@ use crate::reply::{answer_reply, completion_reply, millis};
 use crate::{args, policy};
 
 /// `FB.ACQUIRE key now_ms ticket_hex policy [PERMITS n] [LEASE ms]
-/// [MAXWAIT ms] [REPLY array|packed]`: a request for permits under `policy` (SPEC C1–C3,
+/// [MAXWAIT ms] [REPLY array|packed] [ATTEMPT n] [CALLER name]`: a request for permits under `policy` (SPEC C1–C3,
 /// P1–P4), the policy's JSON or `@` and its id ([`crate::policy`]). An
 /// empty key starts as a fresh fuse under the policy at `now_ms`; a key
 /// whose policy differs takes the new one first (Y4). A status check
@@ -26,7 +26,7 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let known = policy::of_arg(args[4].as_slice())?;
     let options = args::options(
         &args[5..],
-        &["PERMITS", "LEASE", "MAXWAIT", "REPLY", "ATTEMPT"],
+        &["PERMITS", "LEASE", "MAXWAIT", "REPLY", "ATTEMPT", "CALLER"],
     )?;
     let permits = options[0]
         .map(|a| {
@@ -64,6 +64,10 @@ pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         max_wait,
         lease,
         retry: attempt >= 2,
+        caller: options[5]
+            .map(args::caller)
+            .transpose()?
+            .unwrap_or_else(|| CallerId::of("")),
         ..Ask::default()
     };
     let key = ctx.open_key_writable(&args[1]);

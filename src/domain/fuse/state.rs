@@ -32,14 +32,16 @@ use crate::budget::{Budget, BudgetSegment, SEGMENTS};
 use crate::health::HealthWindow;
 use crate::limiter::{Concurrency, FixedWindow, Limiter, SlidingWindow, TokenBucket};
 use crate::policy::{LimiterKind, Policy, PolicyError, PolicySpec};
+use crate::quorum::{CallerId, Callers, MAX_QUORUM};
 use crate::ticket::TicketId;
 use crate::{Millis, Phase, Reason};
 
 /// The version of [`FuseState`] this build writes, and the newest it reads.
-/// Version 3 added the breaker's `probing` (H1-H4); version 2 added
+/// Version 4 added tickets' and waiters' `caller` and the breaker's
+/// `callers` (Q1-Q2); version 3 added the breaker's `probing` (H1-H4); version 2 added
 /// tickets' `granted_at` and `settles` and a token bucket's negative tokens
 /// (U1); version 1 is read with neither (its tickets settle no cost).
-pub const STATE_VERSION: u32 = 3;
+pub const STATE_VERSION: u32 = 4;
 
 /// The largest time, count or epoch a state may hold: 2^53, far beyond
 /// anything a key reaches (285,000 years of milliseconds, or 2^53 events),
@@ -101,6 +103,21 @@ pub struct BreakerState {
     /// (H1-H4); absent when it has none (before version 3: always).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probing: Option<ProbingState>,
+    /// Under a quorum, the callers of the run's and the window's failures
+    /// (Q2); absent when none are recorded (before version 4: always).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callers: Option<CallersState>,
+}
+
+/// The callers a breaker under a quorum recorded (see [`Callers`]).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CallersState {
+    /// The distinct callers of the run's failures.
+    pub run: Vec<CallerId>,
+    /// Each distinct caller of a window failure and the start of the
+    /// bucket of its latest one, oldest first.
+    pub window: Vec<(CallerId, Millis)>,
 }
 
 /// A half-open period's successes and slots (see [`crate::breaker::Probing`]).
@@ -202,6 +219,13 @@ pub struct TicketState {
     /// Absent (version 1) = false: such a ticket settles no cost.
     #[serde(default)]
     pub settles: bool,
+    /// Who acquired it (Q1). Absent (before version 4) = the empty name's.
+    #[serde(default = "no_caller")]
+    pub caller: CallerId,
+}
+
+fn no_caller() -> CallerId {
+    CallerId::of("")
 }
 
 /// A waiting request.
@@ -216,6 +240,9 @@ pub struct WaiterState {
     pub until: Millis,
     /// The lease it asked for; `None` = the policy's default.
     pub lease: Option<Millis>,
+    /// Who asked (Q1). Absent (before version 4) = the empty name's.
+    #[serde(default = "no_caller")]
+    pub caller: CallerId,
 }
 
 /// The key's statistics, as totals; what [`crate::Stats`] derives from
@@ -355,6 +382,9 @@ pub enum StateError {
     /// A bucket of the sampling window holds no outcome.
     #[error("breaker.window: every bucket must hold an outcome")]
     Window,
+    /// More callers recorded than a quorum keeps.
+    #[error("breaker.callers: at most 100 callers in the run and 100 in the window")]
+    Callers,
     /// Probing outside a half-open period, slots under the single-slot
     /// rule, or more slots than any policy allows.
     #[error("breaker.probing: only a half-open period probes; only the rule of several slots keeps slots, at most 1000")]
@@ -533,6 +563,10 @@ impl Breaker {
                     .map(|&(ticket, until)| SlotState { ticket, until })
                     .collect(),
             }),
+            callers: self.callers.as_deref().map(|c| CallersState {
+                run: c.run.clone(),
+                window: c.window.clone(),
+            }),
         }
     }
 
@@ -589,6 +623,26 @@ impl Breaker {
                 buckets: (!buckets.is_empty()).then(|| Box::new(buckets)),
             },
             probing,
+            callers: match &s.callers {
+                None => None,
+                Some(c)
+                    if c.run.len() > MAX_QUORUM as usize
+                        || c.window.len() > MAX_QUORUM as usize =>
+                {
+                    return Err(StateError::Callers)
+                }
+                Some(c) => {
+                    for &(_, start) in &c.window {
+                        at_most("breaker.callers.window", start, last_now)?;
+                    }
+                    (!(c.run.is_empty() && c.window.is_empty())).then(|| {
+                        Box::new(Callers {
+                            run: c.run.clone(),
+                            window: c.window.clone(),
+                        })
+                    })
+                }
+            },
         })
     }
 }
@@ -676,6 +730,7 @@ impl<T: TicketTable> Fuse<T> {
                 holds: t.holds,
                 granted_at: t.granted_at,
                 settles: t.settles,
+                caller: t.caller,
             })
             .collect();
         let FuseHead {
@@ -770,6 +825,7 @@ impl<T: TicketTable> Fuse<T> {
                     permits: w.permits,
                     until: w.until,
                     lease: w.lease,
+                    caller: w.caller,
                 })
                 .collect(),
             counters: self.counters.state(),
@@ -844,6 +900,7 @@ fn checked_tickets(
                 holds: t.holds,
                 granted_at: t.granted_at,
                 settles: t.settles,
+                caller: t.caller,
             },
         );
     }
@@ -950,6 +1007,7 @@ fn assemble<T: TicketTable>(
             permits: w.permits,
             until: w.until,
             lease: w.lease,
+            caller: w.caller,
         });
     }
     Ok(Fuse {

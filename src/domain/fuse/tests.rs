@@ -18,6 +18,7 @@ fn nz64(n: u64) -> NonZeroU64 {
 
 fn consecutive(failures: u32, break_ms: u64) -> BreakerPolicy {
     BreakerPolicy {
+        quorum: None,
         trip: Trip::Consecutive {
             failures: nz32(failures),
         },
@@ -31,6 +32,7 @@ fn consecutive(failures: u32, break_ms: u64) -> BreakerPolicy {
 
 fn ratio(failure_ratio: f64, minimum_throughput: u32, sampling_window: Millis) -> BreakerPolicy {
     BreakerPolicy {
+        quorum: None,
         trip: Trip::Ratio {
             failure_ratio,
             minimum_throughput: nz32(minimum_throughput),
@@ -732,6 +734,7 @@ fn a_status_check_gives_no_ticket_and_changes_nothing() {
         f.advance(5).unwrap();
         let before = f.clone();
         let ask = Ask {
+            caller: Default::default(),
             permits: 0,
             max_wait: 1_000,
             lease: Some(100),
@@ -1544,18 +1547,20 @@ fn isolation_refuses_every_waiter_at_once() {
 #[test]
 fn a_fuse_stays_small() {
     assert!(
-        std::mem::size_of::<Fuse>() <= 104,
+        std::mem::size_of::<Fuse>() <= 112,
         "Fuse is {} bytes",
         std::mem::size_of::<Fuse>()
     );
     // H1-H4 added the pointer to a half-open period's slots and successes,
-    // made only for a period that needs them.
-    assert_eq!(std::mem::size_of::<Breaker>(), 56);
-    // U1 added when its permits were taken and whether they settle a cost.
-    assert_eq!(std::mem::size_of::<Ticket>(), 32);
+    // made only for a period that needs them; Q1-Q2 the pointer to the
+    // callers of a quorum's failures, made only under a quorum.
+    assert_eq!(std::mem::size_of::<Breaker>(), 64);
+    // U1 added when its permits were taken and whether they settle a cost;
+    // Q1 its caller's fingerprint.
+    assert_eq!(std::mem::size_of::<Ticket>(), 40);
     assert_eq!(std::mem::align_of::<Fuse>(), 8, "no u128 alignment");
     // A live ticket costs its id and its ticket, with no padding.
-    assert_eq!(std::mem::size_of::<(PackedId, Ticket)>(), 48);
+    assert_eq!(std::mem::size_of::<(PackedId, Ticket)>(), 56);
 }
 
 /// The measured case of the memory budget: one acquire and a FAILURE under

@@ -256,6 +256,7 @@ mod tests {
 
     fn ticket(lease_end: Millis, probe: bool) -> Ticket {
         Ticket {
+            caller: Default::default(),
             epoch: 0,
             permits: 1,
             probe,
@@ -342,7 +343,7 @@ mod model {
                         if model.contains_key(&id) {
                             continue;
                         }
-                        let ticket = Ticket { epoch: u64::from(n), permits: 1, probe, lease_end: end, holds: false, granted_at: 0, settles: false };
+                        let ticket = Ticket { caller: Default::default(), epoch: u64::from(n), permits: 1, probe, lease_end: end, holds: false, granted_at: 0, settles: false };
                         if probe {
                             model.values_mut().for_each(|t| t.probe = false);
                         }

@@ -503,6 +503,7 @@ fn left_out_fields_take_the_defaults_of_y3() {
         policy,
         Policy {
             breaker: Some(BreakerPolicy {
+                quorum: None,
                 trip: Trip::Consecutive { failures: nz32(3) },
                 break_ms: nz64(2_000),
                 multiplier: 1.0,
@@ -596,6 +597,7 @@ fn the_built_in_default_rule_is_five_failures_in_a_row_a_five_second_break_and_n
         Policy::default(),
         Policy {
             breaker: Some(BreakerPolicy {
+                quorum: None,
                 trip: Trip::Consecutive { failures: nz32(5) },
                 break_ms: nz64(5_000),
                 multiplier: 1.0,
@@ -635,6 +637,7 @@ fn every_kind_and_mode_is_read_into_its_validated_form() {
     assert_eq!(
         policy.breaker,
         Some(BreakerPolicy {
+            quorum: None,
             trip: Trip::Ratio {
                 failure_ratio: 0.5,
                 minimum_throughput: nz32(20),
@@ -830,6 +833,7 @@ fn format_duration_uses_the_largest_unit_that_divides() {
 
 fn backoff(break_ms: u64, multiplier: f64, max_break: Option<u64>) -> BreakerPolicy {
     BreakerPolicy {
+        quorum: None,
         trip: Trip::Consecutive { failures: nz32(1) },
         break_ms: nz64(break_ms),
         multiplier,

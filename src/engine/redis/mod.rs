@@ -432,6 +432,9 @@ impl RedisStore {
             if args.is_retry() {
                 cmd.arg("ATTEMPT").arg(args.attempt);
             }
+            if !args.caller.is_empty() && args.permits > 0 {
+                cmd.arg("CALLER").arg(&args.caller);
+            }
             // One string to parse, not an array of seven (decisions 89).
             cmd.arg("REPLY").arg(ReplyForm::Packed.as_str());
             cmd

@@ -15,6 +15,7 @@ fn runtime() -> tokio::runtime::Runtime {
 async fn acquire(engine: &crate::engine::Engine, key: &str) {
     engine
         .acquire(crate::engine::AcquireArgs {
+            caller: Default::default(),
             key: key.to_owned(),
             permits: 1,
             max_wait: 0,
