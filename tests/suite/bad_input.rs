@@ -714,6 +714,65 @@ async fn half_open_bounds_out_of_range_are_refused_naming_the_field() {
     );
 }
 
+/// Q2, Y2: `breaker.quorum` outside 2..=100 is refused by `SetPolicy`
+/// (naming `policy.breaker.quorum`, the rules in force unchanged, E3) and
+/// by the config file at start-up (naming the rule and `breaker.quorum`);
+/// the bounds themselves are accepted and read back as set.
+#[tokio::test]
+async fn a_quorum_out_of_range_is_refused_naming_the_field() {
+    use crate::admin::{consecutive, policies, rule, set_policy};
+
+    let server = Server::manual(Some(CONFIG)).await;
+    let mut admin = server.admin().await;
+    let before = policies(&mut admin).await;
+    let with_quorum = |quorum| pb::Breaker {
+        quorum: Some(quorum),
+        ..consecutive(3, 1000)
+    };
+    let dir = tempfile::tempdir().expect("a temp dir");
+    for value in [0u32, 1, 101, u32::MAX] {
+        let what = format!("quorum = {value}");
+        let status = set_policy(&mut admin, rule("q/*", Some(with_quorum(value)), None))
+            .await
+            .expect_err(&what);
+        assert_eq!(status.code(), Code::InvalidArgument, "{what}: {status:?}");
+        assert!(
+            status.message().contains("policy.breaker.quorum"),
+            "{what}: SetPolicy names policy.breaker.quorum: {:?}",
+            status.message()
+        );
+        assert_eq!(
+            policies(&mut admin).await,
+            before,
+            "{what}: nothing changed"
+        );
+
+        let path = dir.path().join(format!("quorum-{value}.toml"));
+        let text = format!(
+            "[[rule]]\nmatch = \"q/*\"\nbreaker = {{ mode = \"consecutive\", failures = 3, break = \"1s\", quorum = {value} }}\n"
+        );
+        std::fs::write(&path, text).expect("config written");
+        let err = crate::harness::refused_start(
+            &["--config", path.to_str().expect("a UTF-8 path")],
+            None,
+        )
+        .await;
+        for word in ["rule 1", "q/*", "breaker.quorum"] {
+            assert!(
+                err.contains(word),
+                "{what}: the config error names {word:?}: {err}"
+            );
+        }
+    }
+    for value in [2, 100] {
+        let set = set_policy(&mut admin, rule("q/*", Some(with_quorum(value)), None))
+            .await
+            .unwrap_or_else(|s| panic!("quorum = {value} is valid: {s:?}"));
+        let breaker = set.policy.and_then(|p| p.breaker).expect("a breaker");
+        assert_eq!(breaker.quorum, Some(value), "read back as set");
+    }
+}
+
 /// R1-R3, Y2: a `retry_budget` with `ratio` outside (0, 1] or missing, or a
 /// `window` under 1 s, not a multiple of 10 ms or missing, is refused by
 /// `SetPolicy` (naming `policy.retry_budget.<field>`, the rules in force

@@ -24,6 +24,7 @@ mod outcomes;
 mod process;
 mod properties;
 mod queues;
+mod quorum;
 // The Redis module's harness (real redis-servers with the module loaded).
 #[path = "../../redis/tests/module/harness.rs"]
 #[allow(dead_code)]

@@ -2325,3 +2325,102 @@ mod budget_model {
         }
     }
 }
+
+mod quorum_model {
+    //! Quorum trips against a model that keeps every outcome with its time
+    //! and caller: whatever the sequence of callers and outcomes, the
+    //! breaker opens exactly when the model's trip condition holds and its
+    //! failures come from at least `quorum` distinct callers (Q2), in
+    //! consecutive and in ratio mode, and never below the quorum.
+    use super::*;
+    use crate::quorum::CallerId;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Copy, Debug)]
+    struct Step {
+        after: Millis,
+        caller: u8,
+        failed: bool,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        (0u64..300, 0u8..5, prop::bool::weighted(0.7)).prop_map(|(after, caller, failed)| Step {
+            after,
+            caller,
+            failed,
+        })
+    }
+
+    fn run(
+        breaker: BreakerPolicy,
+        steps: &[Step],
+        trips: impl Fn(&[(Millis, u8, bool)], Millis) -> bool,
+    ) -> Result<(), TestCaseError> {
+        let mut f = Fuse::new(policy(Some(breaker), None), 0);
+        let mut seen: Vec<(Millis, u8, bool)> = Vec::new();
+        let mut now = 0;
+        for (i, s) in steps.iter().enumerate() {
+            now += s.after;
+            let ask = Ask {
+                caller: CallerId::of(&format!("pod-{}", s.caller)),
+                ..Ask::default()
+            };
+            let t = id(i as u128 + 1);
+            let granted = matches!(f.acquire(&ask, t, now).unwrap(), Decision::Granted(Some(_)));
+            prop_assert!(granted, "step {}: a closed breaker grants", i);
+            let outcome = if s.failed {
+                Outcome::Failure
+            } else {
+                Outcome::Success
+            };
+            f.complete(t, outcome, now).unwrap();
+            seen.push((now, s.caller, s.failed));
+            let want = trips(&seen, now);
+            prop_assert_eq!(f.phase() == Phase::Open, want, "step {}: {:?}", i, seen);
+            if want {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn consecutive_mode_trips_as_the_model_says(
+            failures in 1u32..5,
+            quorum in 2u32..5,
+            steps in prop::collection::vec(step(), 1..60),
+        ) {
+            let b = BreakerPolicy { quorum: Some(nz32(quorum)), ..consecutive(failures, 1_000) };
+            run(b, &steps, |seen, _| {
+                let tail: Vec<_> = seen.iter().rev().take_while(|o| o.2).collect();
+                let callers: std::collections::BTreeSet<u8> = tail.iter().map(|o| o.1).collect();
+                tail.len() as u32 >= failures && callers.len() as u32 >= quorum
+            })?;
+        }
+
+        #[test]
+        fn ratio_mode_trips_as_the_model_says(
+            millionths in prop::sample::select(vec![300_000u64, 500_000, 700_000, 1_000_000]),
+            minimum in 1u32..6,
+            quorum in 2u32..5,
+            steps in prop::collection::vec(step(), 1..60),
+        ) {
+            let window = 1_000;
+            let b = BreakerPolicy {
+                quorum: Some(nz32(quorum)),
+                ..ratio(millionths as f64 / 1_000_000.0, minimum, window)
+            };
+            run(b, &steps, |seen, now| {
+                let inside: Vec<_> = seen.iter().filter(|o| o.0 / 100 * 100 + window > now).collect();
+                let n = inside.len() as u64;
+                let failed = inside.iter().filter(|o| o.2).count() as u64;
+                let callers: std::collections::BTreeSet<u8> =
+                    inside.iter().filter(|o| o.2).map(|o| o.1).collect();
+                n >= u64::from(minimum)
+                    && failed * 1_000_000 >= millionths * n
+                    && callers.len() as u32 >= quorum
+            })?;
+        }
+    }
+}
