@@ -36,6 +36,11 @@ pub async fn policies(client: &ClientOptions) -> anyhow::Result<()> {
         let pad = " ".repeat(width);
         if let Some(b) = &policy.breaker {
             emit(&format!("{pad}  half-open: {}", half_open_words(b)))?;
+            if let Some(k) = b.quorum {
+                emit(&format!(
+                    "{pad}  quorum: failures from {k} distinct callers to trip"
+                ))?;
+            }
         }
         emit(&format!(
             "{pad}  limiter: {}",
@@ -189,6 +194,7 @@ fn rule_json(rule: &pb::PolicyRule) -> Value {
             "max_break_ms": ms(b.max_break),
             "probe_lease_ms": ms(b.probe_lease),
             "half_open": { "probes": probes, "successes": successes },
+            "quorum": b.quorum,
         });
         match &b.mode {
             Some(pb::breaker::Mode::Consecutive(c)) => {

@@ -757,6 +757,7 @@ async fn policies_lists_the_rules_then_the_default_with_their_half_open_bound() 
                 "max_break_ms": null,
                 "probe_lease_ms": 1000,
                 "half_open": { "probes": 3, "successes": 2 },
+                "quorum": null,
             },
             "limiter": { "kind": "concurrency", "permits": 4, "queue_limit": 2 },
             "lease": { "default_ms": 30000, "max_ms": 300000, "expired_outcome": "IGNORED" },
@@ -772,4 +773,20 @@ async fn policies_lists_the_rules_then_the_default_with_their_half_open_bound() 
         "absent: one probe, one success"
     );
     assert_eq!(all.as_array().map(Vec::len), Some(2));
+    server.stop().await;
+
+    // A quorum (Q2) is written out in words and in JSON.
+    let server = Server::manual(Some(
+        "[default]\nbreaker = { mode = \"consecutive\", failures = 10, break = \"10s\", quorum = 3 }\n",
+    ))
+    .await;
+    let run = client(&server, &["policies"]).await;
+    assert!(
+        run.ok()
+            .contains("\n         quorum: failures from 3 distinct callers to trip\n"),
+        "{}",
+        run.ok()
+    );
+    let all = client_json(&server, &["policies"]).await;
+    assert_eq!(all[0]["breaker"]["quorum"], 3, "{all}");
 }
