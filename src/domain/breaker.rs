@@ -68,6 +68,11 @@ pub struct Recorded {
     /// The outcome was a current probe's (its phase change, if any, is the
     /// probe's success or failure, not a trip).
     pub probe: bool,
+    /// The outcome was recorded as slow (S1): a current closed-period
+    /// ticket's or a current probe's, at least `slow.duration` old.
+    pub slow: bool,
+    /// The trip came from slow calls alone (S3 (b) without (a)).
+    pub slow_trip: bool,
 }
 
 /// A ticket's outcome, as the breaker records it.
@@ -85,6 +90,10 @@ pub struct Report {
     /// The outcome is the settlement of its lease end (L3), which comes
     /// before a slot ending at the same instant (H3).
     pub at_lease_end: bool,
+    /// The ticket's age is at least the policy's `slow.duration` (S1).
+    pub slow: bool,
+    /// Live slow tickets besides this one (S2), for S3's condition (b).
+    pub live_slow: u32,
 }
 
 impl Report {
@@ -96,6 +105,8 @@ impl Report {
             probe,
             outcome,
             at_lease_end: false,
+            slow: false,
+            live_slow: 0,
         }
     }
 }
@@ -336,16 +347,22 @@ impl Breaker {
             probe,
             outcome,
             at_lease_end,
+            slow,
+            live_slow,
         } = r;
         let current = ticket_epoch == self.epoch;
         let stale = Recorded {
             stale: true,
             change: None,
             probe: false,
+            slow: false,
+            slow_trip: false,
         };
+        // Only a policy with slow calls marks anything slow (S1).
+        let slow = slow && policy.is_some_and(|b| b.slow.is_some());
         if let Some(held) = self.take_slot(ticket, now, at_lease_end) {
             return if held && current {
-                self.probe_outcome(policy, outcome, now)
+                self.probe_outcome(policy, outcome, slow, now)
             } else {
                 stale
             };
@@ -357,17 +374,89 @@ impl Breaker {
                         stale: false,
                         change: None,
                         probe: false,
+                        slow: false,
+                        slow_trip: false,
                     };
                 };
+                let slow = slow && outcome != Outcome::Ignored;
+                let (change, slow_trip) = self.record_closed(policy, outcome, slow, live_slow, now);
                 Recorded {
                     stale: false,
-                    change: self.record_closed(policy, outcome, now),
+                    change,
                     probe: false,
+                    slow,
+                    slow_trip,
                 }
             }
-            (Phase::HalfOpen, true) if current => self.probe_outcome(policy, outcome, now),
+            (Phase::HalfOpen, true) if current => self.probe_outcome(policy, outcome, slow, now),
             _ => stale,
         }
+    }
+
+    /// S3 at an instant when tickets became live slow: `live_slow` is the
+    /// count of live slow tickets now. Trips as at an outcome, from `now`;
+    /// returns the change and whether it came from slow calls alone.
+    pub fn evaluate_slow(
+        &mut self,
+        policy: Option<&BreakerPolicy>,
+        live_slow: u32,
+        now: Millis,
+    ) -> Option<((Phase, Phase), bool)> {
+        let policy = policy?;
+        if self.phase != Phase::Closed {
+            return None;
+        }
+        let (failures, slow) = self.trip_condition(policy, live_slow, now);
+        (failures || slow).then(|| (self.open(policy, now), !failures))
+    }
+
+    /// S3: `((a), (b))` at `now`, with `live_slow` live slow tickets.
+    fn trip_condition(
+        &mut self,
+        policy: &BreakerPolicy,
+        live_slow: u32,
+        now: Millis,
+    ) -> (bool, bool) {
+        let Trip::Ratio {
+            failure_ratio,
+            minimum_throughput,
+            sampling_window,
+        } = policy.trip
+        else {
+            return (false, false);
+        };
+        self.window.prune(now, sampling_window);
+        let (n, f) = self.window.totals(now, sampling_window);
+        let min = u64::from(minimum_throughput.get());
+        let failures = n >= min && f as f64 >= failure_ratio * n as f64;
+        let slow = policy.slow.is_some_and(|s| {
+            let live = u64::from(live_slow);
+            let all = n + live;
+            all >= min && s.reached(self.window.slow_total(now, sampling_window) + live, all)
+        });
+        (failures, slow)
+    }
+
+    /// Live slow calls and slow outcomes in the window at `now`, and the
+    /// share they make of `n` (S3 (b)), when the policy has slow calls.
+    pub fn slow_ratio(
+        &self,
+        policy: Option<&BreakerPolicy>,
+        live_slow: u32,
+        now: Millis,
+    ) -> Option<f64> {
+        let policy = policy?;
+        policy.slow?;
+        let Trip::Ratio {
+            sampling_window, ..
+        } = policy.trip
+        else {
+            return None;
+        };
+        let (n, _) = self.window.totals(now, sampling_window);
+        let live = u64::from(live_slow);
+        let slow = self.window.slow_total(now, sampling_window) + live;
+        (n + live > 0).then(|| slow as f64 / (n + live) as f64)
     }
 
     /// A current probe's outcome (B3, H2): a success counts toward
@@ -379,8 +468,15 @@ impl Breaker {
         &mut self,
         policy: Option<&BreakerPolicy>,
         outcome: Outcome,
+        slow: bool,
         now: Millis,
     ) -> Recorded {
+        // A slow probe success is that probe's failure (S1).
+        let outcome = match outcome {
+            Outcome::Success if slow => Outcome::Failure,
+            other => other,
+        };
+        let slow = slow && outcome != Outcome::Ignored;
         let change = match outcome {
             Outcome::Success => {
                 let needed = policy.map_or(1, |b| b.half_open.successes.get());
@@ -409,17 +505,23 @@ impl Breaker {
             stale: false,
             change,
             probe: true,
+            slow,
+            slow_trip: false,
         }
     }
 
+    /// A current closed-period outcome (section 1, S1, S3): returns the
+    /// trip, if any, and whether it came from slow calls alone.
     fn record_closed(
         &mut self,
         policy: &BreakerPolicy,
         outcome: Outcome,
+        slow: bool,
+        live_slow: u32,
         now: Millis,
-    ) -> Option<(Phase, Phase)> {
+    ) -> (Option<(Phase, Phase)>, bool) {
         let failed = match outcome {
-            Outcome::Ignored => return None,
+            Outcome::Ignored => return (None, false),
             Outcome::Failure => true,
             Outcome::Success => false,
         };
@@ -428,19 +530,23 @@ impl Breaker {
         } else {
             0
         };
-        let trips = match policy.trip {
-            Trip::Consecutive { failures } => self.run >= failures.get(),
+        let (failures, slow_calls) = match policy.trip {
+            Trip::Consecutive { failures } => (self.run >= failures.get(), false),
             Trip::Ratio {
-                failure_ratio,
-                minimum_throughput,
-                sampling_window,
+                sampling_window, ..
             } => {
                 self.window.record(now, sampling_window, failed);
-                let (n, f) = self.window.totals(now, sampling_window);
-                n >= u64::from(minimum_throughput.get()) && f as f64 >= failure_ratio * n as f64
+                if slow {
+                    self.window.record_slow(now, sampling_window);
+                }
+                self.trip_condition(policy, live_slow, now)
             }
         };
-        trips.then(|| self.open(policy, now))
+        if failures || slow_calls {
+            (Some(self.open(policy, now)), !failures)
+        } else {
+            (None, false)
+        }
     }
 
     /// Opens the breaker at `now` for the next break of the backoff rule.
@@ -656,6 +762,8 @@ mod tests {
                 stale: false,
                 change: None,
                 probe: false,
+                slow: false,
+                slow_trip: false,
             }
         );
         assert_eq!(b.consecutive_failures(), 0);

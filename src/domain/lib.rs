@@ -46,12 +46,14 @@ pub use fuse::{
     SlotState, StateError, Stats, Ticket, TicketState, TicketTable, Tickets, View, WaiterState,
     WindowBucket, STATE_VERSION,
 };
+pub use fuse::{SlowCalls, SlowPending, SlowPendingState, SlowState};
 pub use key::{validate_key, KeyError, IDLE_AFTER};
 pub use names::{Named, UnknownName};
 pub use policy::{
     millionths, policy_id, BreakerPolicy, DurationSpec, HalfOpen, LeasePolicy, LimiterKind,
     LimiterPolicy, Order, Policy, PolicyError, PolicySpec, Trip,
 };
+pub use policy::{Slow, SlowSpec};
 pub use ticket::TicketId;
 
 /// Lower-case hexadecimal: the `hex` crate, through the domain so that its
