@@ -6,12 +6,12 @@
 //! the module has no `unsafe` of its own. A string gets RDB, AOF,
 //! replication, `DUMP`/`RESTORE` and slot migration from Redis as they are.
 //!
-//! Layout, version 5 (little-endian; every value starts `FBX` and a
+//! Layout, version 6 (little-endian; every value starts `FBX` and a
 //! version byte, so a reader refuses a string that is not fusebox state,
 //! and one written by a newer module):
 //!
 //! ```text
-//! 0    "FBX", version 5                 4    header length (u32) = HEADER
+//! 0    "FBX", version 6                 4    header length (u32) = HEADER
 //! 8    next deadline (u64; MAX = none)  16   phase (u8)   17 flags (u8)
 //! 20   live tickets (u32)               24   waiters (u32)
 //! 28   policy length (u32)              32   policy id (16 bytes)
@@ -28,7 +28,11 @@
 //!      count u64), waiters, then a half-open period's probing (u8 0 =
 //!      none; 1, then successes u32, shared u8, slots u16, each slot's
 //!      ticket id and end), the retry budget's denials (u64) and its
-//!      segments (u16, then index, first attempts, retries, u64 each)
+//!      segments (u16, then index, first attempts, retries, u64 each),
+//!      then slow calls: the slow count (u64), the window's slow
+//!      outcomes (u16, then bucket start u64 and count u32 each), the live
+//!      slow calls (u8 0 = none; 1, then since u64, live u32, pending u32,
+//!      each pending ticket's instant u64, id (16) and counted u8)
 //! ```
 //!
 //! For a token bucket, limiter a is the tick and limiter b the tokens as an
@@ -45,14 +49,15 @@
 //! Versions 1 (`FBX\x01` and the domain's `FuseState` as JSON), 2 (this
 //! layout, but for the ticket table's heap: [`crate::table`]) and 3 (this
 //! layout, but segment counts as u32, and tickets that never settle a
-//! cost) and 4 (this layout without the probing) are still read; the next
-//! write of such a key writes version 5.
+//! cost), 4 (this layout without the probing) and 5 (without the slow
+//! calls) are still read; the next write of such a key writes version 6.
 
 use std::fmt;
 
 use fusebox_domain::{
     BreakerState, BudgetSegment, CounterState, Fuse, FuseHead, FuseState, LimiterState, Millis,
-    Phase, ProbingState, Reason, ReasonCounts, SlotState, TicketId, WaiterState, WindowBucket,
+    Phase, ProbingState, Reason, ReasonCounts, SlotState, SlowPendingState, SlowState, TicketId,
+    WaiterState, WindowBucket,
 };
 
 use crate::table::{self, u32_at, u64_at};
@@ -61,7 +66,7 @@ use crate::table::{self, u32_at, u64_at};
 pub const MAGIC: &[u8; 3] = b"FBX";
 
 /// The encoding this module writes and the newest it reads.
-pub const ENCODING_VERSION: u8 = 5;
+pub const ENCODING_VERSION: u8 = 6;
 
 /// Bytes of the fixed header of versions 2 and 3.
 pub const HEADER: usize = 272;
@@ -331,8 +336,11 @@ impl Header {
                     ignored: counter(14),
                     stale: counter(15),
                     expired: counter(16),
+                    // Slow calls are counted in the tail.
+                    slow: 0,
                 },
                 budget: Vec::new(),
+                slow: None,
             },
             limiter: (value[92], u64_at(value, 96), u64_at(value, 104)),
         };
@@ -370,6 +378,7 @@ impl Header {
                 start: r.u64()?,
                 successes: r.u32()?,
                 failures: r.u32()?,
+                slow: 0,
             });
         }
         let segments = r.u16()?;
@@ -432,6 +441,46 @@ impl Header {
                     first: r.u64()?,
                     retries: r.u64()?,
                 });
+            }
+        }
+        // Slow calls (S1-S3), since version 6: the count, the window's
+        // slow outcomes by bucket start, the live slow calls.
+        if self.version >= 6 {
+            head.counters.slow = r.u64()?;
+            let marked = r.u16()?;
+            for _ in 0..marked {
+                let start = r.u64()?;
+                let slow = r.u32()?;
+                let bucket = head
+                    .breaker
+                    .window
+                    .iter_mut()
+                    .find(|b| b.start == start)
+                    .ok_or_else(|| {
+                        damaged(format!("window: slow outcomes in no bucket ({start})"))
+                    })?;
+                bucket.slow = slow;
+            }
+            if r.u8()? == 1 {
+                let since = r.u64()?;
+                let live = r.u32()?;
+                let pending = r.u32()?;
+                let mut state = SlowState {
+                    since,
+                    live,
+                    pending: Vec::with_capacity((pending as usize).min(4096)),
+                };
+                for _ in 0..pending {
+                    let at = r.u64()?;
+                    let ticket = TicketId((u128::from(r.u64()?) << 64) | u128::from(r.u64()?));
+                    let counted = r.u8()? == 1;
+                    state.pending.push(SlowPendingState {
+                        at,
+                        ticket,
+                        counted,
+                    });
+                }
+                head.slow = Some(state);
             }
         }
         let (kind, a, b) = self.limiter;
@@ -529,6 +578,28 @@ pub fn encode_tail(head: &FuseHead) -> Vec<u8> {
         out.extend_from_slice(&s.index.to_le_bytes());
         out.extend_from_slice(&s.first.to_le_bytes());
         out.extend_from_slice(&s.retries.to_le_bytes());
+    }
+    out.extend_from_slice(&head.counters.slow.to_le_bytes());
+    let marked: Vec<_> = window.iter().filter(|b| b.slow > 0).collect();
+    out.extend_from_slice(&count16(marked.len()));
+    for b in marked.iter().take(usize::from(u16::MAX)) {
+        out.extend_from_slice(&b.start.to_le_bytes());
+        out.extend_from_slice(&b.slow.to_le_bytes());
+    }
+    match &head.slow {
+        None => out.push(0),
+        Some(slow) => {
+            out.push(1);
+            out.extend_from_slice(&slow.since.to_le_bytes());
+            out.extend_from_slice(&slow.live.to_le_bytes());
+            out.extend_from_slice(&(slow.pending.len() as u32).to_le_bytes());
+            for p in &slow.pending {
+                out.extend_from_slice(&p.at.to_le_bytes());
+                out.extend_from_slice(&((p.ticket.0 >> 64) as u64).to_le_bytes());
+                out.extend_from_slice(&(p.ticket.0 as u64).to_le_bytes());
+                out.push(u8::from(p.counted));
+            }
+        }
     }
     out
 }

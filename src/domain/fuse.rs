@@ -645,6 +645,13 @@ impl<T: TicketTable> Fuse<T> {
     /// Frees the live part once it holds nothing; every public operation
     /// ends here, so between operations a key at rest owns no live part.
     fn tidy(&mut self) {
+        if let Some(slow) = self.live.as_deref_mut().map(|l| &mut l.slow) {
+            // With nothing tracked, when the duration came in force no
+            // longer matters: every later grant is after it.
+            if slow.pending.is_empty() && slow.live == 0 {
+                slow.since = 0;
+            }
+        }
         if self.live.as_ref().is_some_and(|l| l.is_empty()) {
             self.live = None;
         }
@@ -702,7 +709,7 @@ impl<T: TicketTable> Fuse<T> {
             self.phase_changed(from, to, Cause::PolicyChanged, now);
         }
         if slow_before != self.slow_policy().map(|s| s.duration) {
-            self.restart_slow(now);
+            self.restart_slow(now, slow_before.is_some());
         }
         if self.live.is_some() || limiter.is_some() {
             let live = self.live_mut();
@@ -836,15 +843,19 @@ impl<T: TicketTable> Fuse<T> {
     /// current closed-period ticket becomes live slow at `max(now,
     /// granted_at + duration)`; without `slow` none is. A ticket live slow
     /// before keeps its place in the statistics (counted once).
-    fn restart_slow(&mut self, now: Millis) {
+    fn restart_slow(&mut self, now: Millis, had_slow: bool) {
         let slow = self.slow_policy();
         let epoch = self.breaker.epoch();
         let closed = self.breaker.phase() == Phase::Closed;
         let Some(live) = self.live.as_deref_mut() else {
             return;
         };
-        let was_live = live.slow.live > 0;
         let old = std::mem::take(&mut live.slow);
+        // Tickets already counted in `slow`: every current one not waiting
+        // to become slow under the old duration, and those waiting that
+        // were counted before.
+        let waiting: std::collections::HashMap<TicketId, bool> =
+            old.pending.iter().map(|p| (p.ticket, p.counted)).collect();
         let Some(slow) = slow.filter(|_| closed) else {
             return;
         };
@@ -853,7 +864,7 @@ impl<T: TicketTable> Fuse<T> {
         live.tickets.for_each(&mut |id, t| {
             // A shadow ticket (D2) is never live slow: skip it here too.
             if t.epoch == epoch && !t.probe {
-                let counted = was_live && !old.pending.iter().any(|p| p.ticket == id);
+                let counted = waiting.get(&id).copied().unwrap_or(had_slow);
                 pending.push((t.granted_at, id, counted));
             }
         });

@@ -216,6 +216,10 @@ pub fn wire_policy(p: &Policy) -> pb::Policy {
                 probes: Some(b.half_open.probes.get()),
                 successes: Some(b.half_open.successes.get()),
             }),
+            slow: b.slow.map(|s| pb::Slow {
+                duration: Some(duration_of(s.duration.get())),
+                ratio: s.ratio_millionths as f64 / 1_000_000.0,
+            }),
             ..Default::default()
         }),
         limiter: p.limiter.map(|l| {
