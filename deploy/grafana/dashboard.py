@@ -115,6 +115,13 @@ PANELS: list[Row | Panel] = [
         " (breaker.half_open.probes), and the probe successes counted toward closing it"
         " (breaker.half_open.successes close it). Per-key series.",
     ),
+    panel(
+        "Slow calls in flight",
+        ("max by (key) (fusebox_key_live_slow{$sel}) > 0", "{{key}} live slow"),
+        ("max by (key) (rate(fusebox_key_slow_calls_total{$sel}$rate)) > 0", "{{key}} became slow/s"),
+        description="Live slow calls: current tickets older than the key's breaker.slow.duration, which count"
+        " toward a trip before they return (S2, S3), and the rate at which calls become slow. Per-key series.",
+    ),
     row("Tickets and waiters"),
     panel("Live tickets", ("max(fusebox_tickets{$sel})", "tickets"), ("max(fusebox_max_tickets{$sel})", "cap")),
     panel("Waiters", ("max(fusebox_waiters{$sel})", "waiters"), ("max(fusebox_max_waiters{$sel})", "cap")),

@@ -236,6 +236,7 @@ def test_dashboard_covers_the_asked_for_figures():
         "fusebox_denials_total",
         "fusebox_keys_by_phase",
         "fusebox_key_probes_held",
+        "fusebox_key_live_slow",
         "fusebox_tickets",
         "fusebox_waiters",
         "fusebox_connections",

@@ -29,9 +29,15 @@
 //!      none; 1, then successes u32, shared u8, slots u16, each slot's
 //!      ticket id and end), the retry budget's denials (u64) and its
 //!      segments (u16, then index, first attempts, retries, u64 each),
-//!      each waiter's caller (u32), and a quorum's callers (u8 0 = none; 1,
-//!      then the run's (u16, then u32 each) and the window's (u16, then
-//!      caller u32 and bucket start u64 each))
+//!      each waiter's caller (u32), a quorum's callers (u8 0 = none; 1,
+//!      then the run's (u16, then u32 each), the window's failures' and
+//!      slow outcomes' (u16 each, then caller u32 and bucket start u64
+//!      each)), then slow calls: the slow count (u64), the window's slow
+//!      outcomes (u16, then bucket start u64 and count u32 each), the live
+//!      slow calls (u8 0 = none; 1, then since u64, live u32, pending u32,
+//!      each pending ticket's instant u64, id (16), counted u8 and caller
+//!      u32, then the live slow tickets' callers (u16, then caller u32 and
+//!      count u32 each))
 //! ```
 //!
 //! For a token bucket, limiter a is the tick and limiter b the tokens as an
@@ -48,16 +54,17 @@
 //! Versions 1 (`FBX\x01` and the domain's `FuseState` as JSON), 2 (this
 //! layout, but for the ticket table's heap: [`crate::table`]) and 3 (this
 //! layout, but segment counts as u32, and tickets that never settle a
-//! cost), 4 (this layout without the probing) and 5 (without callers:
-//! its waiters and tickets read as called by the caller whose fingerprint
-//! is 0) are still read; the next write of such a key writes version 6.
+//! cost), 4 (this layout without the probing) and 5 (without callers and
+//! slow calls: its waiters and tickets read as called by the caller whose
+//! fingerprint is 0) are still read; the next write of such a key writes
+//! version 6.
 
 use std::fmt;
 
 use fusebox_domain::{
     BreakerState, BudgetSegment, CallerId, CallersState, CounterState, Fuse, FuseHead, FuseState,
-    LimiterState, Millis, Phase, ProbingState, Reason, ReasonCounts, SlotState, TicketId,
-    WaiterState, WindowBucket,
+    LimiterState, Millis, Phase, ProbingState, Reason, ReasonCounts, SlotState, SlowPendingState,
+    SlowState, TicketId, WaiterState, WindowBucket,
 };
 
 use crate::table::{self, u32_at, u64_at};
@@ -337,8 +344,11 @@ impl Header {
                     ignored: counter(14),
                     stale: counter(15),
                     expired: counter(16),
+                    // Slow calls are counted in the tail.
+                    slow: 0,
                 },
                 budget: Vec::new(),
+                slow: None,
             },
             limiter: (value[92], u64_at(value, 96), u64_at(value, 104)),
         };
@@ -376,6 +386,7 @@ impl Header {
                 start: r.u64()?,
                 successes: r.u32()?,
                 failures: r.u32()?,
+                slow: 0,
             });
         }
         let segments = r.u16()?;
@@ -454,7 +465,53 @@ impl Header {
                 for _ in 0..r.u16()? {
                     callers.window.push((CallerId(r.u32()?), r.u64()?));
                 }
+                for _ in 0..r.u16()? {
+                    callers.slow.push((CallerId(r.u32()?), r.u64()?));
+                }
                 head.breaker.callers = Some(callers);
+            }
+            // Slow calls (S1-S3): the count, the window's slow outcomes by
+            // bucket start, the live slow calls.
+            head.counters.slow = r.u64()?;
+            let marked = r.u16()?;
+            for _ in 0..marked {
+                let start = r.u64()?;
+                let slow = r.u32()?;
+                let bucket = head
+                    .breaker
+                    .window
+                    .iter_mut()
+                    .find(|b| b.start == start)
+                    .ok_or_else(|| {
+                        damaged(format!("window: slow outcomes in no bucket ({start})"))
+                    })?;
+                bucket.slow = slow;
+            }
+            if r.u8()? == 1 {
+                let since = r.u64()?;
+                let live = r.u32()?;
+                let pending = r.u32()?;
+                let mut state = SlowState {
+                    since,
+                    live,
+                    pending: Vec::with_capacity((pending as usize).min(4096)),
+                    callers: Vec::new(),
+                };
+                for _ in 0..pending {
+                    let at = r.u64()?;
+                    let ticket = TicketId((u128::from(r.u64()?) << 64) | u128::from(r.u64()?));
+                    let counted = r.u8()? == 1;
+                    state.pending.push(SlowPendingState {
+                        at,
+                        ticket,
+                        counted,
+                        caller: CallerId(r.u32()?),
+                    });
+                }
+                for _ in 0..r.u16()? {
+                    state.callers.push((CallerId(r.u32()?), r.u32()?));
+                }
+                head.slow = Some(state);
             }
         }
         let (kind, a, b) = self.limiter;
@@ -565,10 +622,40 @@ pub fn encode_tail(head: &FuseHead) -> Vec<u8> {
             for caller in c.run.iter().take(usize::from(u16::MAX)) {
                 out.extend_from_slice(&caller.0.to_le_bytes());
             }
-            out.extend_from_slice(&count16(c.window.len()));
-            for (caller, start) in c.window.iter().take(usize::from(u16::MAX)) {
+            for list in [&c.window, &c.slow] {
+                out.extend_from_slice(&count16(list.len()));
+                for (caller, start) in list.iter().take(usize::from(u16::MAX)) {
+                    out.extend_from_slice(&caller.0.to_le_bytes());
+                    out.extend_from_slice(&start.to_le_bytes());
+                }
+            }
+        }
+    }
+    out.extend_from_slice(&head.counters.slow.to_le_bytes());
+    let marked: Vec<_> = window.iter().filter(|b| b.slow > 0).collect();
+    out.extend_from_slice(&count16(marked.len()));
+    for b in marked.iter().take(usize::from(u16::MAX)) {
+        out.extend_from_slice(&b.start.to_le_bytes());
+        out.extend_from_slice(&b.slow.to_le_bytes());
+    }
+    match &head.slow {
+        None => out.push(0),
+        Some(slow) => {
+            out.push(1);
+            out.extend_from_slice(&slow.since.to_le_bytes());
+            out.extend_from_slice(&slow.live.to_le_bytes());
+            out.extend_from_slice(&(slow.pending.len() as u32).to_le_bytes());
+            for p in &slow.pending {
+                out.extend_from_slice(&p.at.to_le_bytes());
+                out.extend_from_slice(&((p.ticket.0 >> 64) as u64).to_le_bytes());
+                out.extend_from_slice(&(p.ticket.0 as u64).to_le_bytes());
+                out.push(u8::from(p.counted));
+                out.extend_from_slice(&p.caller.0.to_le_bytes());
+            }
+            out.extend_from_slice(&count16(slow.callers.len()));
+            for (caller, n) in slow.callers.iter().take(usize::from(u16::MAX)) {
                 out.extend_from_slice(&caller.0.to_le_bytes());
-                out.extend_from_slice(&start.to_le_bytes());
+                out.extend_from_slice(&n.to_le_bytes());
             }
         }
     }

@@ -26,6 +26,10 @@
 //!   a share of them retries (`attempt = 2`): first attempts, retries
 //!   granted and retries denied `retry_budget`, second by second,
 //!   embedded or `--store`.
+//! - `hang`: a dependency that starts hanging, on a key whose policy has
+//!   `breaker.slow`: the time from the hang's start to the breaker's
+//!   opening through in-flight slow calls, against the instant S3 says,
+//!   embedded or `--store`.
 //! - `redis-cpu`: the fusebox Redis module against a Lua script doing the
 //!   same work, straight on a Redis or Redis Cluster (no fusebox server):
 //!   decisions/s, latency and Redis CPU per decision.
@@ -47,6 +51,7 @@ mod conformance;
 mod envoy_rls;
 mod fill;
 mod growth;
+mod hang;
 mod load;
 mod numbers;
 mod options;
@@ -206,6 +211,36 @@ enum Mode {
         /// The budget's window, at least 1s and a multiple of 10ms.
         #[arg(long, default_value = "10s", value_parser = fusebox::domain::policy::parse_duration)]
         budget_window: u64,
+        /// Start the server on this store (redis://HOST:PORT or
+        /// redis-cluster://H1:P1,...) instead of embedded.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
+    },
+    /// A dependency that starts hanging (S2, S3): callers run calls of
+    /// `--call-time` on one key whose policy has `breaker.slow`, completing
+    /// each SUCCESS; after `--warmup` every call hangs (never completes).
+    /// Reports, per run, the time from the hang's start to the breaker's
+    /// opening (the key's phase_changed_at, and GetKey polled) against the
+    /// instant the `--minimum-throughput`-th hung call is `--slow-duration`
+    /// old. Starts the server itself (embedded, or on `--store`).
+    Hang {
+        /// `breaker.slow.duration`.
+        #[arg(long, default_value = "2s", value_parser = fusebox::domain::policy::parse_duration)]
+        slow_duration: u64,
+        /// `breaker.slow.ratio`, in (0, 1].
+        #[arg(long, default_value_t = 0.5)]
+        slow_ratio: f64,
+        /// `breaker.sampling_window`: shorter than the slow duration, so
+        /// that no outcome from before the hang counts when calls turn slow.
+        #[arg(long, default_value = "1s", value_parser = fusebox::domain::policy::parse_duration)]
+        sampling_window: u64,
+        /// `breaker.minimum_throughput`: the hung calls that must be slow
+        /// (at most the callers, `--connections` x `--in-flight`).
+        #[arg(long, default_value_t = 16)]
+        minimum_throughput: u32,
+        /// How long each call takes while the dependency answers.
+        #[arg(long, default_value = "20ms", value_parser = fusebox::domain::policy::parse_duration)]
+        call_time: u64,
         /// Start the server on this store (redis://HOST:PORT or
         /// redis-cluster://H1:P1,...) instead of embedded.
         #[arg(long, value_name = "URL")]
@@ -431,6 +466,55 @@ async fn run(
         stopped?;
         return report(o, Some(&target), mode, &text, figures, &warnings);
     }
+    if let Some(Mode::Hang {
+        slow_duration,
+        slow_ratio,
+        sampling_window,
+        minimum_throughput,
+        call_time,
+        store,
+    }) = cli.mode.clone()
+    {
+        anyhow::ensure!(
+            o.target.is_none() && o.config.is_none(),
+            "fusebox-bench hang starts its server itself with the policy on hang/*: leave out --target and --config"
+        );
+        let h = hang::Hang {
+            slow_ms: slow_duration,
+            slow_ratio,
+            window_ms: sampling_window,
+            minimum_throughput,
+            call_ms: call_time,
+        };
+        let config = std::env::temp_dir().join(format!("fusebox-hang-{}.toml", std::process::id()));
+        std::fs::write(&config, hang::config(&h))
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", config.display()))?;
+        let more: Vec<String> = match &store {
+            Some(url) => vec!["--store".to_owned(), url.clone()],
+            None => Vec::new(),
+        };
+        let started = Target::start_with(
+            &o.server_bin()?,
+            Some(&config),
+            o.server_cpus.as_deref(),
+            &more,
+        )
+        .await;
+        let _ = std::fs::remove_file(&config);
+        let mut target = started?;
+        eprintln!(
+            "bench: server {}{}",
+            target.grpcs.join(", "),
+            store
+                .as_deref()
+                .map_or(String::new(), |s| format!(", on {s}"))
+        );
+        let outcome = hang::hang_mode(o, &mut target, &h).await;
+        let stopped = target.stop().await;
+        let (mode, text, figures) = outcome?;
+        stopped?;
+        return report(o, Some(&target), mode, &text, figures, &warnings);
+    }
     if let Some(Mode::Beside { store }) = &cli.mode {
         anyhow::ensure!(
             o.target.is_none(),
@@ -487,6 +571,7 @@ async fn run(
             | Mode::Beside { .. }
             | Mode::Attack { .. }
             | Mode::RetryStorm { .. }
+            | Mode::Hang { .. }
             | Mode::RlsConformance,
         ) => {
             unreachable!("measured above, with servers of their own")

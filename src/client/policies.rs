@@ -41,6 +41,13 @@ pub async fn policies(client: &ClientOptions) -> anyhow::Result<()> {
                     "{pad}  quorum: failures from {k} distinct callers to trip"
                 ))?;
             }
+            if let Some(slow) = &b.slow {
+                emit(&format!(
+                    "{pad}  slow calls: older than {}, trip at {}% slow",
+                    span(slow.duration),
+                    slow.ratio * 100.0
+                ))?;
+            }
         }
         emit(&format!(
             "{pad}  limiter: {}",
@@ -208,6 +215,9 @@ fn rule_json(rule: &pb::PolicyRule) -> Value {
                 breaker["sampling_window_ms"] = json!(ms(r.sampling_window));
             }
             None => {}
+        }
+        if let Some(slow) = &b.slow {
+            breaker["slow"] = json!({ "duration_ms": ms(slow.duration), "ratio": slow.ratio });
         }
         breaker
     });

@@ -69,11 +69,16 @@ pub struct Recorded {
     /// The outcome was a current probe's (its phase change, if any, is the
     /// probe's success or failure, not a trip).
     pub probe: bool,
+    /// The outcome was recorded as slow (S1): a current closed-period
+    /// ticket's or a current probe's, at least `slow.duration` old.
+    pub slow: bool,
+    /// The trip came from slow calls alone (S3 (b) without (a)).
+    pub slow_trip: bool,
 }
 
 /// A ticket's outcome, as the breaker records it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Report {
+pub struct Report<'a> {
     /// The ticket.
     pub ticket: TicketId,
     /// The epoch it was issued in.
@@ -88,11 +93,18 @@ pub struct Report {
     pub at_lease_end: bool,
     /// Who acquired the ticket (Q1).
     pub caller: CallerId,
+    /// The ticket's age is at least the policy's `slow.duration` (S1).
+    pub slow: bool,
+    /// Live slow tickets besides this one (S2), for S3's condition (b).
+    pub live_slow: u32,
+    /// Under a quorum, the callers of those live slow tickets, each with
+    /// how many it holds (Q2 for S3 (b)).
+    pub live_callers: &'a [(CallerId, u32)],
 }
 
-impl Report {
+impl Report<'static> {
     /// A completion of an ordinary ticket or a single-slot probe.
-    pub fn of(epoch: u64, probe: bool, outcome: Outcome) -> Report {
+    pub fn of(epoch: u64, probe: bool, outcome: Outcome) -> Report<'static> {
         Report {
             ticket: TicketId(0),
             epoch,
@@ -100,6 +112,9 @@ impl Report {
             outcome,
             at_lease_end: false,
             caller: CallerId::default(),
+            slow: false,
+            live_slow: 0,
+            live_callers: &[],
         }
     }
 }
@@ -337,7 +352,12 @@ impl Breaker {
     }
 
     /// Records a ticket's outcome at `now` (B3, B4, H2).
-    pub fn record(&mut self, policy: Option<&BreakerPolicy>, r: Report, now: Millis) -> Recorded {
+    pub fn record(
+        &mut self,
+        policy: Option<&BreakerPolicy>,
+        r: Report<'_>,
+        now: Millis,
+    ) -> Recorded {
         let Report {
             ticket,
             epoch: ticket_epoch,
@@ -345,16 +365,23 @@ impl Breaker {
             outcome,
             at_lease_end,
             caller,
+            slow,
+            live_slow,
+            live_callers,
         } = r;
         let current = ticket_epoch == self.epoch;
         let stale = Recorded {
             stale: true,
             change: None,
             probe: false,
+            slow: false,
+            slow_trip: false,
         };
+        // Only a policy with slow calls marks anything slow (S1).
+        let slow = slow && policy.is_some_and(|b| b.slow.is_some());
         if let Some(held) = self.take_slot(ticket, now, at_lease_end) {
             return if held && current {
-                self.probe_outcome(policy, outcome, now)
+                self.probe_outcome(policy, outcome, slow, now)
             } else {
                 stale
             };
@@ -366,17 +393,104 @@ impl Breaker {
                         stale: false,
                         change: None,
                         probe: false,
+                        slow: false,
+                        slow_trip: false,
                     };
                 };
+                let slow = slow && outcome != Outcome::Ignored;
+                let (change, slow_trip) = self.record_closed(
+                    policy,
+                    outcome,
+                    caller,
+                    (slow, live_slow, live_callers),
+                    now,
+                );
                 Recorded {
                     stale: false,
-                    change: self.record_closed(policy, outcome, caller, now),
+                    change,
                     probe: false,
+                    slow,
+                    slow_trip,
                 }
             }
-            (Phase::HalfOpen, true) if current => self.probe_outcome(policy, outcome, now),
+            (Phase::HalfOpen, true) if current => self.probe_outcome(policy, outcome, slow, now),
             _ => stale,
         }
+    }
+
+    /// S3 at an instant when tickets became live slow: `live_slow` is the
+    /// count of live slow tickets now. Trips as at an outcome, from `now`;
+    /// returns the change and whether it came from slow calls alone.
+    pub fn evaluate_slow(
+        &mut self,
+        policy: Option<&BreakerPolicy>,
+        live_slow: u32,
+        live_callers: &[(CallerId, u32)],
+        now: Millis,
+    ) -> Option<((Phase, Phase), bool)> {
+        let policy = policy?;
+        if self.phase != Phase::Closed {
+            return None;
+        }
+        let (failures, slow) = self.trip_condition(policy, live_slow, live_callers, now);
+        self.drop_empty_callers();
+        (failures || slow).then(|| (self.open(policy, now), !failures))
+    }
+
+    /// S3: `((a), (b))` at `now`, with `live_slow` live slow tickets.
+    fn trip_condition(
+        &mut self,
+        policy: &BreakerPolicy,
+        live_slow: u32,
+        live_callers: &[(CallerId, u32)],
+        now: Millis,
+    ) -> (bool, bool) {
+        let Trip::Ratio {
+            failure_ratio,
+            minimum_throughput,
+            sampling_window,
+        } = policy.trip
+        else {
+            return (false, false);
+        };
+        self.window.prune(now, sampling_window);
+        if let Some(c) = self.callers.as_deref_mut() {
+            c.prune(now, sampling_window);
+        }
+        let (n, f) = self.window.totals(now, sampling_window);
+        let min = u64::from(minimum_throughput.get());
+        // Section 10, "Ratios": f / n >= r in integers, r to 6 decimals.
+        let failures = n >= min
+            && u128::from(f) * 1_000_000 >= u128::from(millionths(failure_ratio)) * u128::from(n)
+            && self.quorum_met(policy, now);
+        let slow = policy.slow.is_some_and(|s| {
+            let live = u64::from(live_slow);
+            let all = n + live;
+            all >= min && s.reached(self.window.slow_total(now, sampling_window) + live, all)
+        }) && self.slow_quorum_met(policy, live_callers, now);
+        (failures, slow)
+    }
+
+    /// Live slow calls and slow outcomes in the window at `now`, and the
+    /// share they make of `n` (S3 (b)), when the policy has slow calls.
+    pub fn slow_ratio(
+        &self,
+        policy: Option<&BreakerPolicy>,
+        live_slow: u32,
+        now: Millis,
+    ) -> Option<f64> {
+        let policy = policy?;
+        policy.slow?;
+        let Trip::Ratio {
+            sampling_window, ..
+        } = policy.trip
+        else {
+            return None;
+        };
+        let (n, _) = self.window.totals(now, sampling_window);
+        let live = u64::from(live_slow);
+        let slow = self.window.slow_total(now, sampling_window) + live;
+        (n + live > 0).then(|| slow as f64 / (n + live) as f64)
     }
 
     /// A current probe's outcome (B3, H2): a success counts toward
@@ -388,8 +502,15 @@ impl Breaker {
         &mut self,
         policy: Option<&BreakerPolicy>,
         outcome: Outcome,
+        slow: bool,
         now: Millis,
     ) -> Recorded {
+        // A slow probe success is that probe's failure (S1).
+        let outcome = match outcome {
+            Outcome::Success if slow => Outcome::Failure,
+            other => other,
+        };
+        let slow = slow && outcome != Outcome::Ignored;
         let change = match outcome {
             Outcome::Success => {
                 let needed = policy.map_or(1, |b| b.half_open.successes.get());
@@ -418,18 +539,23 @@ impl Breaker {
             stale: false,
             change,
             probe: true,
+            slow,
+            slow_trip: false,
         }
     }
 
+    /// A current closed-period outcome (section 1, S1, S3): returns the
+    /// trip, if any, and whether it came from slow calls alone.
     fn record_closed(
         &mut self,
         policy: &BreakerPolicy,
         outcome: Outcome,
         caller: CallerId,
+        (slow, live_slow, live_callers): (bool, u32, &[(CallerId, u32)]),
         now: Millis,
-    ) -> Option<(Phase, Phase)> {
+    ) -> (Option<(Phase, Phase)>, bool) {
         let failed = match outcome {
-            Outcome::Ignored => return None,
+            Outcome::Ignored => return (None, false),
             Outcome::Failure => true,
             Outcome::Success => false,
         };
@@ -438,37 +564,43 @@ impl Breaker {
         } else {
             0
         };
-        let trips = match policy.trip {
+        let (failures, slow_calls) = match policy.trip {
             Trip::Consecutive { failures } => {
                 if policy.quorum.is_some() {
                     self.note_run(failed, caller);
                 }
-                self.run >= failures.get() && self.quorum_met(policy, now)
+                (
+                    self.run >= failures.get() && self.quorum_met(policy, now),
+                    false,
+                )
             }
             Trip::Ratio {
-                failure_ratio,
-                minimum_throughput,
-                sampling_window,
+                sampling_window, ..
             } => {
                 self.window.record(now, sampling_window, failed);
+                if slow {
+                    self.window.record_slow(now, sampling_window);
+                }
                 if policy.quorum.is_some() {
                     let callers = self.callers.get_or_insert_with(Box::default);
                     callers.prune(now, sampling_window);
+                    let bucket = HealthWindow::bucket_of(now, sampling_window);
                     if failed {
-                        callers
-                            .fail_in_window(caller, HealthWindow::bucket_of(now, sampling_window));
+                        callers.fail_in_window(caller, bucket);
+                    }
+                    if slow {
+                        callers.slow_in_window(caller, bucket);
                     }
                 }
-                let (n, f) = self.window.totals(now, sampling_window);
-                // Section 10, "Ratios": f / n >= r in integers, r to 6 decimals.
-                n >= u64::from(minimum_throughput.get())
-                    && u128::from(f) * 1_000_000
-                        >= u128::from(millionths(failure_ratio)) * u128::from(n)
-                    && self.quorum_met(policy, now)
+                self.trip_condition(policy, live_slow, live_callers, now)
             }
         };
         self.drop_empty_callers();
-        trips.then(|| self.open(policy, now))
+        if failures || slow_calls {
+            (Some(self.open(policy, now)), !failures)
+        } else {
+            (None, false)
+        }
     }
 
     /// Keeps the run's callers in step with the run (Q2): a failure adds
@@ -499,6 +631,36 @@ impl Breaker {
         u64::from(self.distinct_callers(Some(policy), now)) >= u64::from(k.get())
     }
 
+    /// True when the slow outcomes in the window and the live slow tickets
+    /// come from at least the policy's quorum of distinct callers (Q2 for
+    /// S3 (b)), or the policy has none.
+    fn slow_quorum_met(
+        &self,
+        policy: &BreakerPolicy,
+        live_callers: &[(CallerId, u32)],
+        now: Millis,
+    ) -> bool {
+        let (
+            Some(k),
+            Trip::Ratio {
+                sampling_window, ..
+            },
+        ) = (policy.quorum, policy.trip)
+        else {
+            return true;
+        };
+        let recorded = self.callers.as_deref().map_or(&[][..], |c| &c.slow[..]);
+        let mut callers: Vec<CallerId> = recorded
+            .iter()
+            .filter(|&&(_, start)| start + sampling_window > now)
+            .map(|&(c, _)| c)
+            .chain(live_callers.iter().filter(|l| l.1 > 0).map(|&(c, _)| c))
+            .collect();
+        callers.sort_unstable();
+        callers.dedup();
+        callers.len() as u64 >= u64::from(k.get())
+    }
+
     /// Distinct callers of the failures that count toward a trip at `now`
     /// (Q2): the run's in consecutive mode, the window's in ratio mode.
     pub fn distinct_callers(&self, policy: Option<&BreakerPolicy>, now: Millis) -> u32 {
@@ -524,6 +686,7 @@ impl Breaker {
         self.window.clear();
         if let Some(c) = self.callers.as_deref_mut() {
             c.window.clear();
+            c.slow.clear();
         }
         self.drop_empty_callers();
         let change = self.enter(Phase::Open, now);
@@ -742,6 +905,8 @@ mod tests {
                 stale: false,
                 change: None,
                 probe: false,
+                slow: false,
+                slow_trip: false,
             }
         );
         assert_eq!(b.consecutive_failures(), 0);

@@ -119,11 +119,13 @@ pub enum Cause {
     Closed,
     /// A changed policy has no breaker.
     PolicyChanged,
+    /// Slow calls reached the trip condition (S3 (b)) while failures did not.
+    SlowCalls,
 }
 
 impl Cause {
     /// Every cause.
-    pub const ALL: [Cause; 7] = [
+    pub const ALL: [Cause; 8] = [
         Cause::Tripped,
         Cause::ProbeAdmitted,
         Cause::ProbeSucceeded,
@@ -131,6 +133,7 @@ impl Cause {
         Cause::Isolated,
         Cause::Closed,
         Cause::PolicyChanged,
+        Cause::SlowCalls,
     ];
 
     /// The cause in plain words: what watchers are told, and what the
@@ -144,6 +147,7 @@ impl Cause {
             Cause::Isolated => "isolated by an operator",
             Cause::Closed => "closed by an operator",
             Cause::PolicyChanged => "the policy no longer has a breaker",
+            Cause::SlowCalls => "slow calls",
         }
     }
 }
@@ -249,6 +253,8 @@ pub struct Stats {
     pub stale: u64,
     /// Tickets whose lease ended.
     pub expired: u64,
+    /// Tickets that became slow (S1, S2), live or at completion, each once.
+    pub slow: u64,
 }
 
 /// The statistics a fuse keeps: the counts of the common path (granted,
@@ -279,6 +285,7 @@ struct MoreCounters {
     ignored: u64,
     stale: u64,
     expired: u64,
+    slow: u64,
 }
 
 /// Which of the common counts.
@@ -365,6 +372,7 @@ impl Counters {
             ignored: more.ignored,
             stale: more.stale,
             expired: more.expired,
+            slow: more.slow,
         }
     }
 }
@@ -402,6 +410,12 @@ pub struct View {
     pub changed_at: Millis,
     /// Statistics.
     pub stats: Stats,
+    /// Live slow tickets (S2).
+    pub live_slow: u32,
+    /// Slow outcomes in the window and live slow tickets, as a share of
+    /// outcomes in the window and live slow tickets (S3 (b)), when the
+    /// policy has slow calls and the share is not empty.
+    pub slow_ratio: Option<f64>,
 }
 
 /// Why an operation was refused. A refused operation changes nothing (E3).
@@ -441,6 +455,7 @@ struct Live<T> {
     book: Book,
     notices: Vec<Notice>,
     budget: Budget,
+    slow: SlowCalls,
 }
 
 impl<T: TicketTable> Live<T> {
@@ -449,6 +464,7 @@ impl<T: TicketTable> Live<T> {
             && self.book.is_empty()
             && self.notices.is_empty()
             && self.budget.is_empty()
+            && self.slow.is_empty()
     }
 }
 
@@ -635,6 +651,13 @@ impl<T: TicketTable> Fuse<T> {
     /// Frees the live part once it holds nothing; every public operation
     /// ends here, so between operations a key at rest owns no live part.
     fn tidy(&mut self) {
+        if let Some(slow) = self.live.as_deref_mut().map(|l| &mut l.slow) {
+            // With nothing tracked, when the duration came in force no
+            // longer matters: every later grant is after it.
+            if slow.pending.is_empty() && slow.live == 0 {
+                slow.since = 0;
+            }
+        }
         if self.live.as_ref().is_some_and(|l| l.is_empty()) {
             self.live = None;
         }
@@ -671,6 +694,7 @@ impl<T: TicketTable> Fuse<T> {
         self.check_time(now)?;
         self.settle(now);
         let before = self.policy.retry_budget;
+        let slow_before = self.slow_policy().map(|s| s.duration);
         self.policy = policy.into();
         let Policy {
             breaker,
@@ -689,6 +713,9 @@ impl<T: TicketTable> Fuse<T> {
         }
         if let Some((from, to)) = self.breaker.adopt(breaker.as_ref(), now) {
             self.phase_changed(from, to, Cause::PolicyChanged, now);
+        }
+        if slow_before != self.slow_policy().map(|s| s.duration) {
+            self.restart_slow(now, slow_before.is_some());
         }
         if self.live.is_some() || limiter.is_some() {
             let live = self.live_mut();
@@ -737,7 +764,8 @@ impl<T: TicketTable> Fuse<T> {
             }
             limiter.ready_at(head.permits, self.last_now)
         });
-        [lease, timeout, refill].into_iter().flatten().min()
+        let slow = live.slow.next();
+        [lease, timeout, refill, slow].into_iter().flatten().min()
     }
 
     fn settle(&mut self, now: Millis) {
@@ -771,9 +799,98 @@ impl<T: TicketTable> Fuse<T> {
                 );
                 self.serve(at);
             }
+            self.settle_slow(at);
             settled_at = Some(at);
         }
         self.last_now = now;
+    }
+
+    /// The policy's slow calls, if any (S1-S3).
+    fn slow_policy(&self) -> Option<crate::policy::Slow> {
+        self.policy.breaker.and_then(|b| b.slow)
+    }
+
+    /// S2, S3 at `at`, after T2's events of that instant: the tickets due
+    /// by `at` become live slow together, and the trip condition is
+    /// evaluated once if any did.
+    fn settle_slow(&mut self, at: Millis) {
+        let Some(live) = self.live.as_deref_mut() else {
+            return;
+        };
+        let mut became = 0u64;
+        while let Some(p) = live.slow.pending.front().copied().filter(|p| p.at <= at) {
+            live.slow.pending.pop_front();
+            live.slow.live = live.slow.live.saturating_add(1);
+            live.slow.join(p.caller);
+            if !p.counted {
+                became += 1;
+            }
+        }
+        if became == 0 && live.slow.live == 0 {
+            return;
+        }
+        let live_slow = live.slow.live;
+        if became > 0 {
+            self.counters.more().slow += became;
+        }
+        let policy = self.policy.breaker;
+        let live_callers = self
+            .live
+            .as_deref()
+            .map_or(&[][..], |l| &l.slow.callers[..]);
+        if let Some(((from, to), slow_trip)) =
+            self.breaker
+                .evaluate_slow(policy.as_ref(), live_slow, live_callers, at)
+        {
+            let cause = if slow_trip {
+                Cause::SlowCalls
+            } else {
+                Cause::Tripped
+            };
+            self.phase_changed(from, to, cause, at);
+        }
+    }
+
+    /// Y4 for `slow` (section 10, "Policy changes"): from `now`, every live
+    /// current closed-period ticket becomes live slow at `max(now,
+    /// granted_at + duration)`; without `slow` none is. A ticket live slow
+    /// before keeps its place in the statistics (counted once).
+    fn restart_slow(&mut self, now: Millis, had_slow: bool) {
+        let slow = self.slow_policy();
+        let epoch = self.breaker.epoch();
+        let closed = self.breaker.phase() == Phase::Closed;
+        let Some(live) = self.live.as_deref_mut() else {
+            return;
+        };
+        let old = std::mem::take(&mut live.slow);
+        // Tickets already counted in `slow`: every current one not waiting
+        // to become slow under the old duration, and those waiting that
+        // were counted before.
+        let waiting: std::collections::HashMap<TicketId, bool> =
+            old.pending.iter().map(|p| (p.ticket, p.counted)).collect();
+        let Some(slow) = slow.filter(|_| closed) else {
+            return;
+        };
+        live.slow.since = now;
+        let mut pending = Vec::new();
+        live.tickets.for_each(&mut |id, t| {
+            // A shadow ticket (D2) is never live slow: skip it here too.
+            if t.epoch == epoch && !t.probe {
+                let counted = waiting.get(&id).copied().unwrap_or(had_slow);
+                pending.push((t.granted_at, id, counted, t.caller));
+            }
+        });
+        pending.sort_unstable();
+        live.slow.pending = pending
+            .into_iter()
+            .map(|(granted_at, ticket, counted, caller)| slow::Pending {
+                at: now.max(granted_at.saturating_add(slow.duration.get())),
+                ticket,
+                counted,
+                caller,
+            })
+            .collect();
+        self.settle_slow(now);
     }
 
     /// Answers a request for permits at `now` (C1–C3, P1–P4). `id` names the
@@ -980,12 +1097,25 @@ impl<T: TicketTable> Fuse<T> {
         // A probe of a period of several slots is known by its slot (H3);
         // the ticket's flag marks the single slot's probe only.
         let probe = probe && !self.breaker.shares_probe_epoch();
+        let (slow_policy, phase) = (self.slow_policy(), self.breaker.phase());
         let live = self.live_mut();
         let (mut holds, mut settles) = (false, false);
         if let Some(limiter) = live.book.limiter_mut() {
             limiter.take(n, now);
             holds = limiter.returns_permits();
             settles = !holds && n > 0;
+        }
+        // S2: a current closed-period ticket becomes live slow at its
+        // instant. (A shadow ticket, D2, is never live slow: it belongs
+        // outside this branch.)
+        if let (Some(slow), false, Phase::Closed) = (slow_policy, probe, phase) {
+            let at = live.slow.instant(now, slow.duration.get());
+            live.slow.pending.push_back(slow::Pending {
+                at,
+                ticket: id,
+                counted: false,
+                caller,
+            });
         }
         // B2: a superseded probe stays live (its outcome will be stale) but
         // is no longer the probe: inserting a probe moves the flag.
@@ -1041,6 +1171,11 @@ impl<T: TicketTable> Fuse<T> {
     }
 
     fn phase_changed(&mut self, from: Phase, to: Phase, cause: Cause, at: Millis) {
+        // Every phase change starts an epoch: no ticket is current, so
+        // none is live slow or will be (S2).
+        if let Some(live) = self.live.as_deref_mut() {
+            live.slow.clear();
+        }
         self.notice(Notice::Phase {
             from,
             to,
@@ -1103,6 +1238,28 @@ impl<T: TicketTable> Fuse<T> {
         let Some(ticket) = self.live.as_deref_mut().and_then(|l| l.tickets.remove(id)) else {
             return false;
         };
+        let slow = self.slow_policy();
+        let epoch = self.breaker.epoch();
+        let phase = self.breaker.phase();
+        // S2: the ticket leaves the live slow count, or the queue of those
+        // not slow yet. `counted`: it is in the statistics' `slow` already.
+        let mut counted = false;
+        let mut live_slow = 0;
+        if let (Some(slow), Some(live)) = (slow, self.live.as_deref_mut()) {
+            if ticket.epoch == epoch && !ticket.probe && phase == Phase::Closed {
+                let due = live.slow.instant(ticket.granted_at, slow.duration.get());
+                match live.slow.take(id, due) {
+                    Some(was) => counted = was,
+                    None if due <= at => {
+                        live.slow.live = live.slow.live.saturating_sub(1);
+                        live.slow.leave(ticket.caller);
+                        counted = true;
+                    }
+                    None => {}
+                }
+            }
+            live_slow = live.slow.live;
+        }
         let report = Report {
             ticket: id,
             epoch: ticket.epoch,
@@ -1110,13 +1267,29 @@ impl<T: TicketTable> Fuse<T> {
             outcome,
             at_lease_end,
             caller: ticket.caller,
+            slow: slow.is_some_and(|s| at.saturating_sub(ticket.granted_at) >= s.duration.get()),
+            live_slow,
+            live_callers: self
+                .live
+                .as_deref()
+                .map_or(&[][..], |l| &l.slow.callers[..]),
         };
         let recorded = self
             .breaker
             .record(self.policy.breaker.as_ref(), report, at);
-        self.counters.outcome(outcome, recorded.stale);
+        // A slow probe success is counted as the failure it was taken for.
+        let counted_outcome = if recorded.probe && recorded.slow && outcome == Outcome::Success {
+            Outcome::Failure
+        } else {
+            outcome
+        };
+        self.counters.outcome(counted_outcome, recorded.stale);
+        if recorded.slow && !counted {
+            self.counters.more().slow += 1;
+        }
         if let Some((from, to)) = recorded.change {
             let cause = match (recorded.probe, to) {
+                (false, _) if recorded.slow_trip => Cause::SlowCalls,
                 (false, _) => Cause::Tripped,
                 (true, Phase::Closed) => Cause::ProbeSucceeded,
                 (true, _) => Cause::ProbeFailed,
@@ -1242,13 +1415,33 @@ impl<T: TicketTable> Fuse<T> {
                 .failure_ratio(self.policy.breaker.as_ref(), now),
             changed_at: self.breaker.changed_at(),
             stats: self.stats(),
+            live_slow: self.live_slow(),
+            slow_ratio: self.breaker.slow_ratio(
+                self.policy.breaker.as_ref(),
+                self.live_slow(),
+                now,
+            ),
         }
+    }
+
+    /// Live slow tickets (S2), as settled at the last time seen.
+    pub fn live_slow(&self) -> u32 {
+        self.live.as_ref().map_or(0, |l| l.slow.live)
+    }
+
+    /// The live slow calls kept: the count and the queue of tickets not
+    /// slow yet.
+    pub fn slow_calls(&self) -> Option<&SlowCalls> {
+        self.live.as_deref().map(|l| &l.slow)
     }
 }
 
 mod charge;
+mod slow;
 mod state;
 mod tickets;
+
+pub use slow::{Pending as SlowPending, SlowCalls};
 
 pub use charge::Quote;
 
@@ -1256,7 +1449,8 @@ pub use tickets::{sorted as sorted_tickets, TicketTable, Tickets};
 
 pub use state::{
     BreakerState, CallersState, CounterState, FuseHead, FuseState, LimiterState, ProbingState,
-    ReasonCounts, SlotState, StateError, TicketState, WaiterState, WindowBucket, STATE_VERSION,
+    ReasonCounts, SlotState, SlowPendingState, SlowState, StateError, TicketState, WaiterState,
+    WindowBucket, STATE_VERSION,
 };
 
 #[cfg(test)]

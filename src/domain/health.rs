@@ -27,6 +27,14 @@ pub struct HealthWindow {
                   allocation is paid only by ratio-mode keys with outcomes in the window"
     )]
     pub(crate) buckets: Option<Box<VecDeque<(Millis, u32, u32)>>>,
+    /// `(bucket start, slow outcomes)` of the buckets that hold a slow
+    /// outcome (S1), oldest first; `None` when there is none. Kept apart
+    /// from `buckets` so that a window without slow calls pays nothing.
+    #[allow(
+        clippy::box_collection,
+        reason = "one word inline; only keys with slow outcomes in the window pay more"
+    )]
+    pub(crate) slow: Option<Box<VecDeque<(Millis, u32)>>>,
 }
 
 fn width(window: Millis) -> Millis {
@@ -57,8 +65,40 @@ impl HealthWindow {
         }
     }
 
+    /// Marks the outcome just recorded at `now` as slow too (S1).
+    pub fn record_slow(&mut self, now: Millis, window: Millis) {
+        let w = width(window);
+        let start = now / w * w;
+        let slow = self.slow.get_or_insert_with(Default::default);
+        match slow.back_mut() {
+            Some((i, n)) if *i == start => *n = n.saturating_add(1),
+            _ => slow.push_back((start, 1)),
+        }
+    }
+
+    /// Slow outcomes that count at `now`.
+    pub fn slow_total(&self, now: Millis, window: Millis) -> u64 {
+        self.slow
+            .iter()
+            .flat_map(|b| b.iter())
+            .filter(|(start, _)| start + window > now)
+            .map(|&(_, n)| u64::from(n))
+            .sum()
+    }
+
     /// Drops buckets that no longer count at `now`.
     pub fn prune(&mut self, now: Millis, window: Millis) {
+        if let Some(slow) = self.slow.as_mut() {
+            while slow
+                .front()
+                .is_some_and(|&(start, _)| start + window <= now)
+            {
+                slow.pop_front();
+            }
+            if slow.is_empty() {
+                self.slow = None;
+            }
+        }
         let Some(buckets) = self.buckets.as_mut() else {
             return;
         };
@@ -88,11 +128,12 @@ impl HealthWindow {
     /// Forgets every outcome.
     pub fn clear(&mut self) {
         self.buckets = None;
+        self.slow = None;
     }
 
     /// True when the window holds an allocation (it has buckets).
     pub fn is_allocated(&self) -> bool {
-        self.buckets.is_some()
+        self.buckets.is_some() || self.slow.is_some()
     }
 
     /// True when no outcome counts at `now`.
@@ -135,5 +176,20 @@ mod tests {
         h.prune(1100, 1000);
         assert!(h.is_empty_at(1100, 1000));
         assert!(!h.is_allocated(), "an empty window frees its buckets");
+    }
+
+    #[test]
+    fn slow_outcomes_age_out_with_their_bucket() {
+        let mut h = HealthWindow::default();
+        h.record(0, 1000, false);
+        h.record_slow(0, 1000);
+        h.record(150, 1000, true);
+        h.record_slow(150, 1000);
+        h.record_slow(150, 1000);
+        assert_eq!(h.slow_total(150, 1000), 3);
+        assert_eq!(h.slow_total(1000, 1000), 2);
+        h.prune(1100, 1000);
+        assert_eq!(h.slow_total(1100, 1000), 0);
+        assert!(!h.is_allocated());
     }
 }

@@ -47,12 +47,14 @@ pub use fuse::{
     Quote, ReasonCounts, SlotState, StateError, Stats, Ticket, TicketState, TicketTable, Tickets,
     View, WaiterState, WindowBucket, STATE_VERSION,
 };
+pub use fuse::{SlowCalls, SlowPending, SlowPendingState, SlowState};
 pub use key::{validate_key, KeyError, IDLE_AFTER};
 pub use names::{Named, UnknownName};
 pub use policy::{
     millionths, policy_id, BreakerPolicy, DurationSpec, HalfOpen, LeasePolicy, LimiterKind,
     LimiterPolicy, Order, Policy, PolicyError, PolicySpec, Trip,
 };
+pub use policy::{Slow, SlowSpec};
 pub use quorum::{CallerId, Callers, MAX_QUORUM};
 pub use ticket::TicketId;
 

@@ -72,6 +72,7 @@ impl Default for Policy {
                 probe_lease: break_ms,
                 half_open: HalfOpen::default(),
                 quorum: None,
+                slow: None,
             }),
             limiter: None,
             lease: LeasePolicy::default(),
@@ -117,6 +118,26 @@ pub struct BreakerPolicy {
     /// Distinct callers whose failures a trip needs (Q2), 2 to
     /// [`MAX_QUORUM`]; `None`: no quorum.
     pub quorum: Option<NonZeroU32>,
+    /// Slow calls (S1-S3), ratio mode only.
+    pub slow: Option<Slow>,
+}
+
+/// Validated slow calls (SPEC S1-S3): a current call at least `duration`
+/// old is slow, and a slow share of at least `ratio` trips the breaker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slow {
+    /// The age in ms from which a call is slow: above 0, at most `lease.max`.
+    pub duration: NonZeroU64,
+    /// The slow share that trips, in millionths (the ratio taken to 6
+    /// decimals, section 10 "Ratios"), from 1 to 1,000,000.
+    pub ratio_millionths: u64,
+}
+
+impl Slow {
+    /// `slow / n >= ratio`, exactly in integers; an empty share never is.
+    pub fn reached(&self, slow: u64, n: u64) -> bool {
+        n > 0 && u128::from(slow) * 1_000_000 >= u128::from(self.ratio_millionths) * u128::from(n)
+    }
 }
 
 /// Bounded half-open (SPEC H1-H4): at most `probes` probe slots held at
@@ -595,21 +616,38 @@ impl PolicySpec {
                 "shadow policies (SPEC D1-D4) are not supported by this fusebox version; remove it",
             ));
         }
+        let breaker = self
+            .breaker
+            .as_ref()
+            .map(BreakerSpec::validate)
+            .transpose()?;
+        let limiter = self
+            .limiter
+            .as_ref()
+            .map(LimiterSpec::validate)
+            .transpose()?;
+        let lease = self
+            .lease
+            .as_ref()
+            .map_or(Ok(LeasePolicy::default()), LeaseSpec::validate)?;
+        if let Some(slow) = breaker.and_then(|b| b.slow) {
+            // A call can be no older than its lease: a longer duration
+            // would never see a slow call.
+            if slow.duration > lease.max {
+                return Err(invalid(
+                    "breaker.slow.duration",
+                    format!(
+                        "({}) must not be above lease.max ({}): no call lives longer",
+                        format_duration(slow.duration.get()),
+                        format_duration(lease.max.get())
+                    ),
+                ));
+            }
+        }
         Ok(Policy {
-            breaker: self
-                .breaker
-                .as_ref()
-                .map(BreakerSpec::validate)
-                .transpose()?,
-            limiter: self
-                .limiter
-                .as_ref()
-                .map(LimiterSpec::validate)
-                .transpose()?,
-            lease: self
-                .lease
-                .as_ref()
-                .map_or(Ok(LeasePolicy::default()), LeaseSpec::validate)?,
+            breaker,
+            limiter,
+            lease,
             retry_budget: self
                 .retry_budget
                 .as_ref()
@@ -634,6 +672,10 @@ impl Policy {
                     successes: Some(b.half_open.successes.get()),
                 }),
                 quorum: b.quorum.map(NonZeroU32::get),
+                slow: b.slow.map(|s| SlowSpec {
+                    duration: Some(DurationSpec(s.duration.get())),
+                    ratio: Some(s.ratio_millionths as f64 / 1_000_000.0),
+                }),
                 ..BreakerSpec::default()
             };
             match b.trip {
@@ -782,12 +824,16 @@ impl BreakerSpec {
             .map(|p| positive(p, "breaker.probe_lease"))
             .transpose()?
             .unwrap_or(break_ms);
-        if self.slow.is_some() {
-            return Err(invalid(
-                "breaker.slow",
-                "slow calls (SPEC S1-S3) are not supported by this fusebox version; remove it",
-            ));
-        }
+        let slow = match (&self.slow, trip) {
+            (None, _) => None,
+            (Some(_), Trip::Consecutive { .. }) => {
+                return Err(invalid(
+                    "breaker.slow",
+                    "is not a setting in consecutive mode: slow calls need mode = \"ratio\"",
+                ))
+            }
+            (Some(spec), Trip::Ratio { .. }) => Some(spec.validate()?),
+        };
         let quorum = self
             .quorum
             .map(|k| {
@@ -815,6 +861,36 @@ impl BreakerSpec {
             probe_lease,
             half_open,
             quorum,
+            slow,
+        })
+    }
+}
+
+impl SlowSpec {
+    /// Checks both fields: `duration` above 0 (at most `lease.max`, which
+    /// the policy checks), `ratio` in (0, 1]; both required.
+    pub fn validate(&self) -> Result<Slow, PolicyError> {
+        let ctx = "for slow calls";
+        let duration = duration(self.duration, "breaker.slow.duration", ctx)?;
+        let ratio = required(self.ratio, "breaker.slow.ratio", ctx)?;
+        if !(ratio > 0.0 && ratio <= 1.0) {
+            return Err(invalid(
+                "breaker.slow.ratio",
+                format!("must be above 0 and at most 1, not {ratio}"),
+            ));
+        }
+        // Taken to 6 decimals, a ratio under 0.0000005 would be 0: every
+        // outcome would trip. Refused, so that a policy reads back as set.
+        let ratio_millionths = millionths(ratio);
+        if ratio_millionths == 0 {
+            return Err(invalid(
+                "breaker.slow.ratio",
+                format!("is taken to 6 decimals and must be at least 0.000001, not {ratio}"),
+            ));
+        }
+        Ok(Slow {
+            duration,
+            ratio_millionths,
         })
     }
 }

@@ -56,12 +56,14 @@ pub struct Callers {
     /// Each distinct caller of a failure in the sampling window, with the
     /// start of the bucket of its latest failure; oldest first.
     pub window: Vec<(CallerId, Millis)>,
+    /// The same for slow outcomes (S1), for S3 (b).
+    pub slow: Vec<(CallerId, Millis)>,
 }
 
 impl Callers {
     /// True when nothing is recorded.
     pub fn is_empty(&self) -> bool {
-        self.run.is_empty() && self.window.is_empty()
+        self.run.is_empty() && self.window.is_empty() && self.slow.is_empty()
     }
 
     /// Adds `caller` to the run's callers.
@@ -78,18 +80,20 @@ impl Callers {
     /// Records a failure of `caller` in the window bucket starting at
     /// `bucket`.
     pub fn fail_in_window(&mut self, caller: CallerId, bucket: Millis) {
-        if let Some(i) = self.window.iter().position(|c| c.0 == caller) {
-            self.window.remove(i);
-        } else if self.window.len() >= MAX_QUORUM as usize {
-            self.window.remove(0);
-        }
-        self.window.push((caller, bucket));
+        note(&mut self.window, caller, bucket);
+    }
+
+    /// Records a slow outcome of `caller` in the window bucket starting at
+    /// `bucket` (S1).
+    pub fn slow_in_window(&mut self, caller: CallerId, bucket: Millis) {
+        note(&mut self.slow, caller, bucket);
     }
 
     /// Forgets the window's callers whose last failure no longer counts at
     /// `now` (its bucket started `window` or more ago).
     pub fn prune(&mut self, now: Millis, window: Millis) {
         self.window.retain(|&(_, start)| start + window > now);
+        self.slow.retain(|&(_, start)| start + window > now);
     }
 
     /// Distinct callers of the window's failures that count at `now`.
@@ -99,6 +103,17 @@ impl Callers {
             .filter(|&&(_, start)| start + window > now)
             .count() as u32
     }
+}
+
+/// Notes `caller`'s latest outcome in the bucket starting at `bucket`,
+/// keeping at most [`MAX_QUORUM`] callers, oldest first.
+fn note(list: &mut Vec<(CallerId, Millis)>, caller: CallerId, bucket: Millis) {
+    if let Some(i) = list.iter().position(|c| c.0 == caller) {
+        list.remove(i);
+    } else if list.len() >= MAX_QUORUM as usize {
+        list.remove(0);
+    }
+    list.push((caller, bucket));
 }
 
 #[cfg(test)]

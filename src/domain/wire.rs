@@ -606,6 +606,12 @@ pub struct KeyView {
     /// release must not keep it from reading a view.
     #[serde(default, skip_deserializing)]
     pub policy: Option<PolicySpec>,
+    /// Live slow tickets (S2).
+    #[serde(default)]
+    pub live_slow: u32,
+    /// The slow share of S3 (b), when the policy has slow calls.
+    #[serde(default)]
+    pub slow_ratio: Option<f64>,
 }
 
 impl KeyView {
@@ -646,6 +652,8 @@ impl KeyView {
             failure_ratio,
             changed_at,
             ref stats,
+            live_slow,
+            slow_ratio,
         } = *view;
         KeyView {
             phase,
@@ -667,6 +675,8 @@ impl KeyView {
             next_deadline,
             stats: stats.clone(),
             policy,
+            live_slow,
+            slow_ratio,
         }
     }
 
@@ -688,6 +698,8 @@ impl KeyView {
             failure_ratio: self.failure_ratio,
             changed_at: self.changed_at,
             stats: self.stats.clone(),
+            live_slow: self.live_slow,
+            slow_ratio: self.slow_ratio,
         }
     }
 }

@@ -31,6 +31,18 @@ pub struct KeyJson {
     pub half_open: Option<HalfOpenJson>,
     /// Share of failures in the sampling window (ratio mode only).
     pub failure_ratio: Option<f64>,
+    /// Live slow calls (S2): current closed-period tickets at least
+    /// `breaker.slow.duration` old.
+    pub live_slow: u32,
+    /// Tickets that became slow, live or at completion, each once.
+    pub slow_calls: u64,
+    /// Slow outcomes in the window and live slow calls, as a share of the
+    /// outcomes in the window and live slow calls (S3 (b)); `null` without
+    /// `breaker.slow` or with nothing to share.
+    pub slow_ratio: Option<f64>,
+    /// The key's policy's `breaker.slow` in force now: `duration_ms` and
+    /// `ratio` (`null` without one).
+    pub slow: Option<SlowJson>,
     /// Permits free now (0 without a limiter).
     pub free: u32,
     /// The limiter's limit (0 without a limiter).
@@ -98,6 +110,17 @@ impl KeyJson {
                 .breaker
                 .map(|b| HalfOpenJson::of(b.half_open)),
             failure_ratio: v.failure_ratio.filter(|f| f.is_finite()),
+            live_slow: v.live_slow,
+            slow_calls: s.slow,
+            slow_ratio: v.slow_ratio.filter(|f| f.is_finite()),
+            slow: core
+                .policy_for(&r.key)
+                .breaker
+                .and_then(|b| b.slow)
+                .map(|s| SlowJson {
+                    duration_ms: s.duration.get(),
+                    ratio: s.ratio_millionths as f64 / 1_000_000.0,
+                }),
             free: v.free,
             limit: v.limit,
             queued: v.queued,
@@ -109,6 +132,15 @@ impl KeyJson {
             successes: s.successes,
         }
     }
+}
+
+/// A key's `breaker.slow`, for the dashboard.
+#[derive(Clone, Debug, Serialize)]
+pub struct SlowJson {
+    /// The age from which a call is slow, in ms.
+    pub duration_ms: Millis,
+    /// The slow share that trips the breaker.
+    pub ratio: f64,
 }
 
 /// A phase change, isolate or close, for the timeline.

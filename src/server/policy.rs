@@ -217,7 +217,10 @@ pub fn wire_policy(p: &Policy) -> pb::Policy {
                 successes: Some(b.half_open.successes.get()),
             }),
             quorum: b.quorum.map(std::num::NonZeroU32::get),
-            ..Default::default()
+            slow: b.slow.map(|s| pb::Slow {
+                duration: Some(duration_of(s.duration.get())),
+                ratio: s.ratio_millionths as f64 / 1_000_000.0,
+            }),
         }),
         limiter: p.limiter.map(|l| {
             use pb::limiter::Kind;

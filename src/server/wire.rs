@@ -83,6 +83,7 @@ pub fn key_state_of(core: &Core, r: &KeyReading) -> pb::KeyState {
             stale: st.stale,
             expired: st.expired,
             retry_denied: st.retry_denied,
+            slow: st.slow,
             ..Default::default()
         }),
         failure_ratio: v.failure_ratio,
@@ -90,6 +91,7 @@ pub fn key_state_of(core: &Core, r: &KeyReading) -> pb::KeyState {
         limit: v.limit,
         probes_held: v.probes_held,
         half_open_successes: v.half_open_successes,
+        live_slow: v.live_slow,
         ..Default::default()
     }
 }

@@ -953,3 +953,147 @@ async fn retry_budget_reads_back_as_set() {
         assert_eq!(shown, Some(&budget), "ListPolicies shows {what}");
     }
 }
+
+/// S1-S3, Y2, CX10: `breaker.slow` in consecutive mode, without both
+/// fields, with `ratio` outside (0, 1] or under 0.0000005, or with
+/// `duration` 0 or above `lease.max`, is refused by `SetPolicy` (naming
+/// `policy.breaker.slow...`, the rules in force unchanged, E3) and by the
+/// config file at start-up (naming the rule and `breaker.slow...`); a
+/// valid one is accepted and reads back as set.
+#[tokio::test]
+async fn slow_calls_out_of_range_are_refused_naming_the_field() {
+    use crate::admin::{policies, set_policy};
+
+    let server = Server::manual(Some(CONFIG)).await;
+    let mut admin = server.admin().await;
+    let before = policies(&mut admin).await;
+    let ratio_mode = Some(pb::breaker::Mode::Ratio(pb::Ratio {
+        failure_ratio: 0.5,
+        minimum_throughput: 10,
+        sampling_window: Some(ms(10_000)),
+    }));
+    let slow_rule = |consecutive: bool, slow: pb::Slow, lease_max: Option<u64>| pb::PolicyRule {
+        r#match: "s/*".into(),
+        policy: Some(pb::Policy {
+            breaker: Some(pb::Breaker {
+                mode: if consecutive {
+                    Some(pb::breaker::Mode::Consecutive(pb::Consecutive {
+                        failures: 3,
+                    }))
+                } else {
+                    ratio_mode.clone()
+                },
+                break_duration: Some(ms(1_000)),
+                slow: Some(slow),
+                ..Default::default()
+            }),
+            lease: lease_max.map(|max| pb::Lease {
+                default_lease: Some(ms(max)),
+                max_lease: Some(ms(max)),
+                expired_outcome: 0,
+            }),
+            ..Default::default()
+        }),
+        default: false,
+    };
+    let slow = |duration: Option<u64>, ratio: f64| pb::Slow {
+        duration: duration.map(ms),
+        ratio,
+    };
+    let ratio_toml = "mode = \"ratio\", failure_ratio = 0.5, minimum_throughput = 10, sampling_window = \"10s\", break = \"1s\"";
+    let dir = tempfile::tempdir().expect("a temp dir");
+    // (field, what is wrong, the rule on the wire, the rule's breaker and lease in TOML).
+    let cases = [
+        (
+            "slow",
+            "slow in consecutive mode",
+            slow_rule(true, slow(Some(500), 0.5), None),
+            "breaker = { mode = \"consecutive\", failures = 3, break = \"1s\", slow = { duration = \"500ms\", ratio = 0.5 } }".to_owned(),
+        ),
+        (
+            "slow.duration",
+            "duration missing",
+            slow_rule(false, slow(None, 0.5), None),
+            format!("breaker = {{ {ratio_toml}, slow = {{ ratio = 0.5 }} }}"),
+        ),
+        (
+            "slow.duration",
+            "duration 0",
+            slow_rule(false, slow(Some(0), 0.5), None),
+            format!("breaker = {{ {ratio_toml}, slow = {{ duration = \"0s\", ratio = 0.5 }} }}"),
+        ),
+        (
+            "slow.duration",
+            "duration above lease.max",
+            slow_rule(false, slow(Some(2_000), 0.5), Some(1_000)),
+            format!("breaker = {{ {ratio_toml}, slow = {{ duration = \"2s\", ratio = 0.5 }} }}\nlease = {{ default = \"1s\", max = \"1s\" }}"),
+        ),
+        (
+            "slow.ratio",
+            "ratio 0 (missing on the wire)",
+            slow_rule(false, slow(Some(500), 0.0), None),
+            format!("breaker = {{ {ratio_toml}, slow = {{ duration = \"500ms\" }} }}"),
+        ),
+        (
+            "slow.ratio",
+            "ratio 1.5",
+            slow_rule(false, slow(Some(500), 1.5), None),
+            format!("breaker = {{ {ratio_toml}, slow = {{ duration = \"500ms\", ratio = 1.5 }} }}"),
+        ),
+        (
+            "slow.ratio",
+            "ratio 0.0000001",
+            slow_rule(false, slow(Some(500), 0.000_000_1), None),
+            format!("breaker = {{ {ratio_toml}, slow = {{ duration = \"500ms\", ratio = 0.0000001 }} }}"),
+        ),
+    ];
+    for (i, (field, what, rule, toml)) in cases.into_iter().enumerate() {
+        let status = set_policy(&mut admin, rule).await.expect_err(what);
+        assert_eq!(status.code(), Code::InvalidArgument, "{what}: {status:?}");
+        let wire = format!("policy.breaker.{field}");
+        assert!(
+            status.message().contains(&wire),
+            "{what}: SetPolicy names {wire}: {:?}",
+            status.message()
+        );
+        assert_eq!(
+            policies(&mut admin).await,
+            before,
+            "{what}: nothing changed"
+        );
+
+        let path = dir.path().join(format!("slow-{i}.toml"));
+        let text = format!("[[rule]]\nmatch = \"s/*\"\n{toml}\n");
+        std::fs::write(&path, text).expect("config written");
+        let err = crate::harness::refused_start(
+            &["--config", path.to_str().expect("a UTF-8 path")],
+            None,
+        )
+        .await;
+        let named = format!("breaker.{field}");
+        for word in ["rule 1", "s/*", named.as_str()] {
+            assert!(
+                err.contains(word),
+                "{what}: the config error names {word:?}: {err}"
+            );
+        }
+    }
+
+    // At its bounds (duration = lease.max, ratio 1) and a usual one: accepted,
+    // read back as set by SetPolicy's answer and ListPolicies.
+    for (duration, ratio, lease_max) in [(300_000, 1.0, None), (750, 0.25, Some(60_000))] {
+        let rule = slow_rule(false, slow(Some(duration), ratio), lease_max);
+        let what = format!("{duration} ms, {ratio}");
+        set_policy(&mut admin, rule).await.expect(&what);
+        let listed = policies(&mut admin).await;
+        let got = listed
+            .rules
+            .iter()
+            .find(|r| r.r#match == "s/*")
+            .and_then(|r| r.policy.as_ref())
+            .and_then(|p| p.breaker.as_ref())
+            .and_then(|b| b.slow)
+            .expect("the rule's slow reads back");
+        assert_eq!(got, slow(Some(duration), ratio), "{what}");
+    }
+}

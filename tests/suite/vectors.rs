@@ -81,6 +81,11 @@ pub struct Expect {
     /// The key's statistics: tickets granted to ordinary requests
     /// (extensions only).
     pub granted: Option<u64>,
+    /// Live slow tickets (S2; extensions only).
+    pub live_slow: Option<u32>,
+    /// The key's statistics: tickets that became slow, live or at
+    /// completion, each once (S1, S2; extensions only).
+    pub slow: Option<u64>,
 }
 
 /// A decision as the vectors write it.
@@ -111,6 +116,10 @@ pub struct Reading {
     pub denied: u64,
     /// `KeyStats.granted`.
     pub granted: u64,
+    /// `KeyState.live_slow`.
+    pub live_slow: u32,
+    /// `KeyStats.slow`.
+    pub slow: u64,
 }
 
 /// A way of reaching fusebox that the runner can drive.
@@ -259,6 +268,8 @@ pub async fn replay<T: Target>(vector: &Vector, target: &mut T) -> Vec<String> {
                 );
                 c.check("denied", e.denied, got.denied);
                 c.check("granted", e.granted, got.granted);
+                c.check("live_slow", e.live_slow, got.live_slow);
+                c.check("slow", e.slow, got.slow);
             }
             "isolate" => {
                 target
@@ -320,6 +331,8 @@ pub fn reading_of(v: &View) -> Reading {
         by_reason_retry_budget: v.stats.by_reason[Reason::RetryBudget as usize],
         denied: v.stats.denied,
         granted: v.stats.granted,
+        live_slow: v.live_slow,
+        slow: v.stats.slow,
     }
 }
 
@@ -850,6 +863,8 @@ impl End {
             by_reason_retry_budget: stats.by_reason.get("retry_budget").copied().unwrap_or(0),
             denied: stats.denied,
             granted: stats.granted,
+            live_slow: s.live_slow,
+            slow: stats.slow,
         }
     }
 

@@ -38,7 +38,9 @@ use crate::{Millis, Phase, Reason};
 
 /// The version of [`FuseState`] this build writes, and the newest it reads.
 /// Version 4 added tickets' and waiters' `caller` and the breaker's
-/// `callers` (Q1-Q2); version 3 added the breaker's `probing` (H1-H4); version 2 added
+/// `callers` (Q1-Q2), live slow calls (`slow`, S2) and the slow outcomes
+/// of the window's buckets and the counters (S1). Version 3 added the
+/// breaker's `probing` (H1-H4); version 2 added
 /// tickets' `granted_at` and `settles` and a token bucket's negative tokens
 /// (U1); version 1 is read with neither (its tickets settle no cost).
 pub const STATE_VERSION: u32 = 4;
@@ -76,6 +78,10 @@ pub struct FuseState {
     /// is kept (before version 3: always).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub budget: Vec<BudgetSegment>,
+    /// Live slow calls (S2); absent when none is tracked (before version
+    /// 4: always).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slow: Option<SlowState>,
 }
 
 /// A breaker's state.
@@ -118,6 +124,9 @@ pub struct CallersState {
     /// Each distinct caller of a window failure and the start of the
     /// bucket of its latest one, oldest first.
     pub window: Vec<(CallerId, Millis)>,
+    /// The same for slow outcomes (S1).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slow: Vec<(CallerId, Millis)>,
 }
 
 /// A half-open period's successes and slots (see [`crate::breaker::Probing`]).
@@ -153,6 +162,9 @@ pub struct WindowBucket {
     pub successes: u32,
     /// Failures recorded in it.
     pub failures: u32,
+    /// Of those outcomes, the slow ones (S1; before version 4: 0).
+    #[serde(default, skip_serializing_if = "is_zero32")]
+    pub slow: u32,
 }
 
 /// A limiter's state, of one of the four kinds; its settings are the policy's.
@@ -272,6 +284,46 @@ pub struct CounterState {
     pub stale: u64,
     /// Tickets whose lease ended.
     pub expired: u64,
+    /// Tickets that became slow (S1, S2), each once (before version 4: 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub slow: u64,
+}
+
+fn is_zero32(n: &u32) -> bool {
+    *n == 0
+}
+
+/// A key's live slow calls (S2, see [`crate::SlowCalls`]).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SlowState {
+    /// When the policy's `slow.duration` came in force.
+    pub since: Millis,
+    /// Live slow tickets.
+    pub live: u32,
+    /// Current closed-period tickets not slow yet, in the order they
+    /// become slow.
+    pub pending: Vec<SlowPendingState>,
+    /// The callers of the live slow tickets, each with how many it holds
+    /// (Q2 for S3 (b)).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub callers: Vec<(CallerId, u32)>,
+}
+
+/// A ticket not slow yet.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SlowPendingState {
+    /// When it becomes live slow.
+    pub at: Millis,
+    /// The ticket.
+    pub ticket: TicketId,
+    /// It is counted in `slow` already.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counted: bool,
+    /// Who acquired it (Q1).
+    #[serde(default = "no_caller")]
+    pub caller: CallerId,
 }
 
 /// Blocked and denied requests, by [`Reason`].
@@ -380,11 +432,15 @@ pub enum StateError {
     #[error("budget: segments only under a retry budget, at most 11, in increasing order, none after last_now")]
     Budget,
     /// A bucket of the sampling window holds no outcome.
-    #[error("breaker.window: every bucket must hold an outcome")]
+    #[error("breaker.window: every bucket must hold an outcome, and no more slow outcomes than outcomes")]
     Window,
     /// More callers recorded than a quorum keeps.
     #[error("breaker.callers: at most 100 callers in the run and 100 in the window")]
     Callers,
+    /// Live slow calls without slow calls in the policy or while not
+    /// closed, out of order, with a ticket twice, or already due.
+    #[error("slow: only under a policy with slow calls while closed, in order, each ticket once, none due by last_now")]
+    Slow,
     /// Probing outside a half-open period, slots under the single-slot
     /// rule, or more slots than any policy allows.
     #[error("breaker.probing: only a half-open period probes; only the rule of several slots keeps slots, at most 1000")]
@@ -484,6 +540,7 @@ impl Counters {
             ignored: more.ignored,
             stale: more.stale,
             expired: more.expired,
+            slow: more.slow,
         }
     }
 
@@ -502,6 +559,7 @@ impl Counters {
             ("counters.ignored", s.ignored),
             ("counters.stale", s.stale),
             ("counters.expired", s.expired),
+            ("counters.slow", s.slow),
         ] {
             at_most(field, value, LIMIT)?;
         }
@@ -523,6 +581,7 @@ impl Counters {
             ignored: s.ignored,
             stale: s.stale,
             expired: s.expired,
+            slow: s.slow,
         };
         Ok(Counters {
             granted,
@@ -552,6 +611,13 @@ impl Breaker {
                     start,
                     successes,
                     failures,
+                    slow: self
+                        .window
+                        .slow
+                        .iter()
+                        .flat_map(|b| b.iter())
+                        .find(|s| s.0 == start)
+                        .map_or(0, |s| s.1),
                 })
                 .collect(),
             probing: self.probing.as_deref().map(|p| ProbingState {
@@ -566,6 +632,7 @@ impl Breaker {
             callers: self.callers.as_deref().map(|c| CallersState {
                 run: c.run.clone(),
                 window: c.window.clone(),
+                slow: c.slow.clone(),
             }),
         }
     }
@@ -584,7 +651,9 @@ impl Breaker {
         // since a changed sampling window aligns new buckets to another width.
         for b in &s.window {
             at_most("breaker.window.start", b.start, last_now)?;
-            if (b.successes, b.failures) == (0, 0) {
+            if (b.successes, b.failures) == (0, 0)
+                || u64::from(b.slow) > u64::from(b.successes) + u64::from(b.failures)
+            {
                 return Err(StateError::Window);
             }
         }
@@ -592,6 +661,12 @@ impl Breaker {
             .window
             .iter()
             .map(|b| (b.start, b.successes, b.failures))
+            .collect();
+        let slow: VecDeque<_> = s
+            .window
+            .iter()
+            .filter(|b| b.slow > 0)
+            .map(|b| (b.start, b.slow))
             .collect();
         let probing = match &s.probing {
             None => None,
@@ -621,6 +696,7 @@ impl Breaker {
             phase: s.phase,
             window: HealthWindow {
                 buckets: (!buckets.is_empty()).then(|| Box::new(buckets)),
+                slow: (!slow.is_empty()).then(|| Box::new(slow)),
             },
             probing,
             callers: match &s.callers {
@@ -632,15 +708,15 @@ impl Breaker {
                     return Err(StateError::Callers)
                 }
                 Some(c) => {
-                    for &(_, start) in &c.window {
+                    for &(_, start) in c.window.iter().chain(&c.slow) {
                         at_most("breaker.callers.window", start, last_now)?;
                     }
-                    (!(c.run.is_empty() && c.window.is_empty())).then(|| {
-                        Box::new(Callers {
-                            run: c.run.clone(),
-                            window: c.window.clone(),
-                        })
-                    })
+                    let callers = Callers {
+                        run: c.run.clone(),
+                        window: c.window.clone(),
+                        slow: c.slow.clone(),
+                    };
+                    (!callers.is_empty()).then(|| Box::new(callers))
                 }
             },
         })
@@ -740,6 +816,7 @@ impl<T: TicketTable> Fuse<T> {
             waiters,
             counters,
             budget,
+            slow,
         } = self.head();
         FuseState {
             version: STATE_VERSION,
@@ -752,6 +829,7 @@ impl<T: TicketTable> Fuse<T> {
             counters,
             notices: live.map_or_else(Vec::new, |l| l.notices.clone()),
             budget,
+            slow,
         }
     }
 }
@@ -778,6 +856,7 @@ impl Fuse {
             waiters: s.waiters,
             counters: s.counters,
             budget: s.budget,
+            slow: s.slow,
         };
         let tickets = s.tickets;
         let mut fuse = assemble(policy, head, |breaker, kind| {
@@ -807,6 +886,8 @@ pub struct FuseHead {
     pub counters: CounterState,
     /// The retry budget's segments, oldest first.
     pub budget: Vec<BudgetSegment>,
+    /// Live slow calls (S2), when any is tracked.
+    pub slow: Option<SlowState>,
 }
 
 impl<T: TicketTable> Fuse<T> {
@@ -830,6 +911,24 @@ impl<T: TicketTable> Fuse<T> {
                 .collect(),
             counters: self.counters.state(),
             budget: self.budget().segments().to_vec(),
+            slow: live
+                .map(|l| &l.slow)
+                .filter(|s| !s.is_empty())
+                .map(|s| SlowState {
+                    since: s.since,
+                    live: s.live,
+                    pending: s
+                        .pending
+                        .iter()
+                        .map(|p| SlowPendingState {
+                            at: p.at,
+                            ticket: p.ticket,
+                            counted: p.counted,
+                            caller: p.caller,
+                        })
+                        .collect(),
+                    callers: s.callers.clone(),
+                }),
         }
     }
 
@@ -940,6 +1039,51 @@ fn checked_budget(
     })
 }
 
+/// Live slow calls, checked: only under a policy with slow calls while
+/// closed, instants in order and in range, no ticket twice.
+fn checked_slow(
+    policy: &Policy,
+    breaker: &Breaker,
+    s: Option<&SlowState>,
+    last_now: Millis,
+) -> Result<super::SlowCalls, StateError> {
+    let Some(s) = s else {
+        return Ok(super::SlowCalls::default());
+    };
+    let has_slow = policy.breaker.is_some_and(|b| b.slow.is_some());
+    let in_order = s.pending.windows(2).all(|w| w[0].at <= w[1].at);
+    let mut ids: Vec<TicketId> = s.pending.iter().map(|p| p.ticket).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    if !has_slow
+        || breaker.phase != Phase::Closed
+        || !in_order
+        || ids.len() != s.pending.len()
+        || s.pending.first().is_some_and(|p| p.at <= last_now)
+    {
+        return Err(StateError::Slow);
+    }
+    at_most("slow.since", s.since, last_now)?;
+    for p in &s.pending {
+        at_most("slow.pending.at", p.at, LIMIT)?;
+    }
+    Ok(super::SlowCalls {
+        since: s.since,
+        live: s.live,
+        pending: s
+            .pending
+            .iter()
+            .map(|p| super::SlowPending {
+                at: p.at,
+                ticket: p.ticket,
+                counted: p.counted,
+                caller: p.caller,
+            })
+            .collect(),
+        callers: s.callers.clone(),
+    })
+}
+
 fn assemble<T: TicketTable>(
     policy: Arc<Policy>,
     head: FuseHead,
@@ -970,11 +1114,13 @@ fn assemble<T: TicketTable>(
         }
     }
     let budget = checked_budget(&policy, &head.budget, last_now)?;
+    let slow = checked_slow(&policy, &breaker, head.slow.as_ref(), last_now)?;
     let mut live = Live {
         tickets: table,
         book: Book::default(),
         notices: Vec::new(),
         budget,
+        slow,
     };
     live.book.limiter = limiter;
     if !head.waiters.is_empty() && (kind.is_none() || breaker.phase != Phase::Closed) {

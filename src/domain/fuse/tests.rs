@@ -27,6 +27,7 @@ fn consecutive(failures: u32, break_ms: u64) -> BreakerPolicy {
         max_break: None,
         probe_lease: nz64(break_ms),
         half_open: HalfOpen::default(),
+        slow: None,
     }
 }
 
@@ -43,6 +44,7 @@ fn ratio(failure_ratio: f64, minimum_throughput: u32, sampling_window: Millis) -
         max_break: None,
         probe_lease: nz64(1_000),
         half_open: HalfOpen::default(),
+        slow: None,
     }
 }
 
@@ -345,6 +347,7 @@ fn statistics_count_every_kind_of_answer_and_outcome() {
         stale: 1,
         expired: 1,
         retry_denied: 0,
+        slow: 0,
     };
     assert_eq!(f.stats(), expected);
     assert_eq!(f.view(1_113).stats, expected);
@@ -1547,14 +1550,16 @@ fn isolation_refuses_every_waiter_at_once() {
 #[test]
 fn a_fuse_stays_small() {
     assert!(
-        std::mem::size_of::<Fuse>() <= 112,
+        std::mem::size_of::<Fuse>() <= 120,
         "Fuse is {} bytes",
         std::mem::size_of::<Fuse>()
     );
     // H1-H4 added the pointer to a half-open period's slots and successes,
-    // made only for a period that needs them; Q1-Q2 the pointer to the
-    // callers of a quorum's failures, made only under a quorum.
-    assert_eq!(std::mem::size_of::<Breaker>(), 64);
+    // made only for a period that needs them; S1 the pointer to the slow
+    // outcomes of the window, made only while it holds one; Q1-Q2 the
+    // pointer to the callers of a quorum's failures, made only under a
+    // quorum.
+    assert_eq!(std::mem::size_of::<Breaker>(), 72);
     // U1 added when its permits were taken and whether they settle a cost;
     // Q1 its caller's fingerprint.
     assert_eq!(std::mem::size_of::<Ticket>(), 40);
@@ -2422,5 +2427,138 @@ mod quorum_model {
                     && callers.len() as u32 >= quorum
             })?;
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// slow calls (S1-S3)
+
+mod slow_model {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::policy::Slow;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// A request for one permit.
+        Acquire,
+        /// Completes the `n`-th live ticket (mod their count) as a failure
+        /// or a success.
+        Complete(usize, bool),
+    }
+
+    fn op() -> impl Strategy<Value = (Millis, Op)> {
+        (
+            0u64..12,
+            prop_oneof![
+                3 => Just(Op::Acquire),
+                2 => (any::<usize>(), proptest::bool::weighted(0.3))
+                    .prop_map(|(n, failed)| Op::Complete(n, failed)),
+            ],
+        )
+    }
+
+    /// The model: outcomes recorded (failed, slow) and live tickets'
+    /// grant times, all in the closed period (the window is longer than
+    /// any trace). `trip_at` evaluates S3 at `t` with the live tickets
+    /// whose age reached `d`: `Some(cause)` when (a) or (b) holds.
+    struct Model {
+        d: Millis,
+        min: u64,
+        ratio: u64,
+        outcomes: Vec<(bool, bool)>,
+        live: Vec<(u128, Millis)>,
+    }
+
+    impl Model {
+        fn live_slow(&self, t: Millis) -> u64 {
+            self.live.iter().filter(|(_, g)| g + self.d <= t).count() as u64
+        }
+
+        fn condition(&self, t: Millis) -> Option<Cause> {
+            let n = self.outcomes.len() as u64;
+            let f = self.outcomes.iter().filter(|o| o.0).count() as u64;
+            if n >= self.min && f == n {
+                return Some(Cause::Tripped);
+            }
+            let live = self.live_slow(t);
+            let slow = self.outcomes.iter().filter(|o| o.1).count() as u64 + live;
+            let all = n + live;
+            (all >= self.min && all > 0 && slow * 1_000_000 >= self.ratio * all)
+                .then_some(Cause::SlowCalls)
+        }
+    }
+
+    proptest! {
+        /// The breaker opens through S3 exactly when, and at the instant
+        /// that, a model of outcomes and live ticket ages says: at an
+        /// outcome, or at an instant tickets become live slow (before any
+        /// request at that instant), with the cause the model gives.
+        #[test]
+        fn slow_calls_trip_exactly_when_a_model_says(
+            d in 1u64..30,
+            min in 1u32..6,
+            ratio in prop::sample::select(vec![250_000u64, 500_000, 750_000, 1_000_000]),
+            ops in proptest::collection::vec(op(), 1..60),
+        ) {
+            let mut breaker = ratio_breaker(min);
+            breaker.slow = Some(Slow { duration: nz64(d), ratio_millionths: ratio });
+            let mut p = policy(Some(breaker), None);
+            p.lease = lease(1_000_000, 1_000_000, Outcome::Ignored);
+            let mut f = Fuse::new(p, 0);
+            let mut m = Model { d, min: u64::from(min), ratio, outcomes: Vec::new(), live: Vec::new() };
+            let (mut now, mut next) = (0u64, 1u128);
+            let mut tripped: Option<(Millis, Cause)> = None;
+            for (after, op) in ops {
+                let t = now + after;
+                // Instants in (now, t]: tickets becoming live slow at s,
+                // then the condition once.
+                for s in (now + 1)..=t {
+                    if tripped.is_none() && m.live.iter().any(|(_, g)| g + d == s) {
+                        if let Some(cause) = m.condition(s) {
+                            tripped = Some((s, cause));
+                        }
+                    }
+                }
+                now = t;
+                if tripped.is_some() {
+                    break;
+                }
+                match op {
+                    Op::Acquire => {
+                        let decision = f.acquire(&take(1), id(next), t).unwrap();
+                        prop_assert!(matches!(decision, Decision::Granted(Some(_))), "{decision:?} at {t}");
+                        m.live.push((next, t));
+                        next += 1;
+                    }
+                    Op::Complete(_, _) if m.live.is_empty() => {}
+                    Op::Complete(n, failed) => {
+                        let (ticket, g) = m.live.remove(n % m.live.len());
+                        let outcome = if failed { Outcome::Failure } else { Outcome::Success };
+                        let done = f.complete(id(ticket), outcome, t).unwrap();
+                        prop_assert!(!done.stale);
+                        m.outcomes.push((failed, t - g >= d));
+                        if let Some(cause) = m.condition(t) {
+                            tripped = Some((t, cause));
+                            break;
+                        }
+                    }
+                }
+                prop_assert_eq!(f.phase(), Phase::Closed, "at {}", t);
+                prop_assert_eq!(u64::from(f.view(t).live_slow), m.live_slow(t), "live slow at {}", t);
+            }
+            // Settle what is due by the end of the trace.
+            f.advance(now).unwrap();
+            let opened = f.drain_notices().find_map(|n| match n {
+                Notice::Phase { to: Phase::Open, at, cause, .. } => Some((at, cause)),
+                _ => None,
+            });
+            prop_assert_eq!(opened, tripped);
+        }
+    }
+
+    fn ratio_breaker(min: u32) -> BreakerPolicy {
+        ratio(1.0, min, 10_000_000)
     }
 }

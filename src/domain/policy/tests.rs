@@ -429,6 +429,43 @@ fn the_first_bad_field_is_named_and_the_breaker_is_checked_before_the_limiter() 
     assert_eq!(e.field, "limiter.permits");
 }
 
+#[test]
+fn slow_calls_are_checked_and_named() {
+    let ratio = r#"mode = "ratio", failure_ratio = 0.5, minimum_throughput = 4, sampling_window = "10s", break = "5s""#;
+    let cases = [
+        (r#"breaker = { mode = "consecutive", failures = 1, break = "1s", slow = { duration = "1s", ratio = 0.5 } }"#.to_owned(), "breaker.slow"),
+        (format!("breaker = {{ {ratio}, slow = {{ ratio = 0.5 }} }}"), "breaker.slow.duration"),
+        (format!("breaker = {{ {ratio}, slow = {{ duration = \"1s\" }} }}"), "breaker.slow.ratio"),
+        (format!("breaker = {{ {ratio}, slow = {{ duration = \"0ms\", ratio = 0.5 }} }}"), "breaker.slow.duration"),
+        (format!("breaker = {{ {ratio}, slow = {{ duration = \"1s\", ratio = 0 }} }}"), "breaker.slow.ratio"),
+        (format!("breaker = {{ {ratio}, slow = {{ duration = \"1s\", ratio = 1.5 }} }}"), "breaker.slow.ratio"),
+        (format!("breaker = {{ {ratio}, slow = {{ duration = \"1s\", ratio = 0.0000001 }} }}"), "breaker.slow.ratio"),
+        (format!("breaker = {{ {ratio}, slow = {{ duration = \"6m\", ratio = 0.5 }} }}"), "breaker.slow.duration"),
+        (format!("breaker = {{ {ratio}, slow = {{ duration = \"2s\", ratio = 0.5 }} }}\nlease = {{ default = \"1s\", max = \"1s\" }}"), "breaker.slow.duration"),
+    ];
+    for (text, field) in cases {
+        match spec(&text).validate() {
+            Ok(_) => panic!("{text} was accepted"),
+            Err(e) => assert!(
+                e.field.contains(field) || e.problem.contains(field),
+                "{text}: {e}"
+            ),
+        }
+    }
+    let p = spec(&format!(
+        "breaker = {{ {ratio}, slow = {{ duration = \"5m\", ratio = 0.3333334 }} }}"
+    ))
+    .validate()
+    .expect("valid");
+    let slow = p.breaker.and_then(|b| b.slow).expect("slow");
+    assert_eq!(
+        (slow.duration.get(), slow.ratio_millionths),
+        (300_000, 333_333)
+    );
+    assert_eq!(p.spec().validate(), Ok(p), "reads back as set");
+    assert!(slow.reached(1, 3) && !slow.reached(333_332, 1_000_000) && !slow.reached(0, 0));
+}
+
 /// Unknown fields are refused by serde at every level, with the field's name.
 #[test]
 fn an_unknown_field_is_refused_when_read() {
@@ -510,6 +547,7 @@ fn left_out_fields_take_the_defaults_of_y3() {
                 max_break: None,
                 probe_lease: nz64(2_000),
                 half_open: HalfOpen::default(),
+                slow: None,
             }),
             limiter: Some(LimiterPolicy {
                 kind: LimiterKind::Concurrency { permits: nz32(8) },
@@ -604,6 +642,7 @@ fn the_built_in_default_rule_is_five_failures_in_a_row_a_five_second_break_and_n
                 max_break: None,
                 probe_lease: nz64(5_000),
                 half_open: HalfOpen::default(),
+                slow: None,
             }),
             limiter: None,
             lease: LeasePolicy {
@@ -648,6 +687,7 @@ fn every_kind_and_mode_is_read_into_its_validated_form() {
             max_break: Some(nz64(60_000)),
             probe_lease: nz64(1_000),
             half_open: HalfOpen::default(),
+            slow: None,
         })
     );
     assert_eq!(
@@ -840,6 +880,7 @@ fn backoff(break_ms: u64, multiplier: f64, max_break: Option<u64>) -> BreakerPol
         max_break: max_break.map(nz64),
         probe_lease: nz64(break_ms),
         half_open: HalfOpen::default(),
+        slow: None,
     }
 }
 

@@ -148,7 +148,8 @@ function fillRow(entry, now) {
   setText(cells.since, `for ${duration(Date.now() - d.phase_changed_at_ms)}`);
   cells.since.title = `since ${stamp(d.phase_changed_at_ms)}`;
   cells.keyText.title = `${d.key}\n${d.requests} requests, ${d.turned_away} turned away; ${d.successes} successes, ${d.failures} failures`
-    + (d.half_open ? `\nhalf-open: ${halfOpenPolicy(d.half_open)}` : '');
+    + (d.half_open ? `\nhalf-open: ${halfOpenPolicy(d.half_open)}` : '')
+    + (d.slow ? `\nslow calls: older than ${duration(d.slow.duration_ms)}, trip at ${Math.round(d.slow.ratio * 100)}%; ${d.live_slow} in flight, ${d.slow_calls} so far` : '');
 
   let breakText = '—';
   let breakClass = 'muted';
@@ -173,6 +174,14 @@ function fillRow(entry, now) {
       + `${halfOpenPolicy(h)}. A probe failure opens the breaker again.`;
   } else if (d.phase === 'ISOLATED') {
     breakText = 'until closed';
+  } else if (d.phase === 'CLOSED' && d.slow && d.live_slow > 0) {
+    breakText = `${d.live_slow} slow in flight`;
+    breakClass = 'warn';
+    if (d.slow_ratio !== null && d.slow_ratio !== undefined) {
+      breakSub = `${Math.round(d.slow_ratio * 100)}% slow of ${Math.round(d.slow.ratio * 100)}% to trip`;
+    }
+    breakTitle = `calls older than ${duration(d.slow.duration_ms)} are slow; `
+      + `${d.slow_calls} became slow so far. Hanging calls trip the breaker before they return.`;
   }
   setText(cells.breakText, breakText);
   cells.breakText.className = breakClass;

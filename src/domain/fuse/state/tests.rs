@@ -649,7 +649,8 @@ fn a_breaker_or_tickets_that_cannot_be_are_refused() {
         refused(|s| s.breaker.window = vec![WindowBucket {
             start: 5,
             successes: 0,
-            failures: 0
+            failures: 0,
+            slow: 0,
         }]),
         StateError::Window
     );
