@@ -981,7 +981,7 @@ async fn slow_calls_out_of_range_are_refused_naming_the_field() {
                         failures: 3,
                     }))
                 } else {
-                    ratio_mode.clone()
+                    ratio_mode
                 },
                 break_duration: Some(ms(1_000)),
                 slow: Some(slow),

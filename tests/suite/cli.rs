@@ -85,6 +85,7 @@ fn key_state(
         "half_open_attempts": half_open_attempts,
         "probes_held": 0,
         "half_open_successes": 0,
+        "live_slow": 0,
         "open_remaining_ms": open_remaining_ms,
         "free": free,
         "queued": queued,
@@ -420,6 +421,7 @@ async fn get_reads_a_key_in_words_and_in_json() {
          half-open attempts    0\n\
          probe slots held      0\n\
          half-open successes   0\n\
+         live slow calls       0\n\
          free permits          0\n\
          queued permits        0 (0 waiters)\n\
          live tickets          0\n"
@@ -487,6 +489,7 @@ async fn get_shows_the_probe_slots_held_and_the_successes_of_a_half_open_key() {
          half-open attempts    3\n\
          probe slots held      2\n\
          half-open successes   1\n\
+         live slow calls       0\n\
          free permits          0\n\
          queued permits        0 (0 waiters)\n\
          live tickets          2\n"

@@ -106,6 +106,7 @@ fn key(name: &str, phase: &str, fields: Value, stats: Value) -> Value {
         "half_open_attempts": 0,
         "probes_held": 0,
         "half_open_successes": 0,
+        "live_slow": 0,
         "free": 0,
         "limit": 0,
         "queued": 0,
@@ -130,6 +131,7 @@ fn key(name: &str, phase: &str, fields: Value, stats: Value) -> Value {
             "ignored": 0,
             "stale": 0,
             "expired": 0,
+            "slow": 0,
         },
     });
     for (field, value) in fields.as_object().expect("an object") {
