@@ -45,6 +45,10 @@ pub struct Ticket {
     /// against them (U1). Cleared, like `holds`, when the limiter is remade
     /// or keeps time otherwise.
     pub settles: bool,
+    /// True for a shadow ticket (D2): granted by a shadow policy where it
+    /// would have blocked or denied. It holds no permits, is never a probe,
+    /// and its outcome changes nothing. Fixed at its grant.
+    pub shadow: bool,
 }
 
 impl Ticket {
@@ -239,10 +243,14 @@ pub struct Stats {
     pub failures: u64,
     /// Outcomes reported as ignored.
     pub ignored: u64,
-    /// Outcomes that arrived stale.
+    /// Outcomes that arrived stale (shadow tickets' outcomes included, D2).
     pub stale: u64,
     /// Tickets whose lease ended.
     pub expired: u64,
+    /// Shadow grants (D1): requests a shadow policy granted that it would
+    /// have blocked or denied; each is also counted under its would-be
+    /// decision and reason, never in `granted`.
+    pub shadow: u64,
 }
 
 /// The statistics a fuse keeps: the counts of the common path (granted,
@@ -273,6 +281,7 @@ struct MoreCounters {
     ignored: u64,
     stale: u64,
     expired: u64,
+    shadow: u64,
 }
 
 /// Which of the common counts.
@@ -320,6 +329,13 @@ impl Counters {
             }
             Decision::Queued => self.more().queued += 1,
             Decision::Granted(None) => {}
+            // Under its would-be decision and reason, and as a shadow
+            // grant, never as granted (D2).
+            Decision::Shadow { reason, .. } => {
+                let more = self.more();
+                more.by_reason[reason as usize] += 1;
+                more.shadow += 1;
+            }
         }
     }
 
@@ -359,6 +375,7 @@ impl Counters {
             ignored: more.ignored,
             stale: more.stale,
             expired: more.expired,
+            shadow: more.shadow,
         }
     }
 }
@@ -788,7 +805,7 @@ impl<T: TicketTable> Fuse<T> {
         self.settle(now);
         let admission = self.admission(now);
         let decision = if ask.permits == 0 {
-            Ok(self.status(ask, admission, now))
+            Ok(self.shadow_status(self.status(ask, admission, now)))
         } else {
             self.decide(ask, admission, id, now)
         };
@@ -821,9 +838,74 @@ impl<T: TicketTable> Fuse<T> {
         }
     }
 
+    /// A status check's answer on a shadow policy (D1): what would be
+    /// `BLOCKED` or `DENIED` is `GRANTED` with no ticket, the would-be
+    /// reason kept; `REFUSED` stays (D4).
+    fn shadow_status(&self, decision: Decision) -> Decision {
+        match decision {
+            Decision::Blocked { reason, .. } | Decision::Denied { reason, .. }
+                if !self.policy.enforce =>
+            {
+                Decision::Shadow {
+                    grant: None,
+                    reason,
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// A request's answer on a shadow policy (D1, D2): what would be
+    /// `BLOCKED` or `DENIED` gets a shadow ticket instead, which holds no
+    /// permits and is never a probe. `REFUSED` stays (D4); a would-be
+    /// `QUEUED` cannot arise, since `max_wait` is 0 (D3). A shadow ticket
+    /// needs room like any ticket (K3); without it the acquire fails and
+    /// changes nothing.
+    fn shadowed(
+        &mut self,
+        ask: &Ask,
+        decision: Decision,
+        id: TicketId,
+        now: Millis,
+    ) -> Result<Decision, FuseError> {
+        if self.policy.enforce {
+            return Ok(decision);
+        }
+        let reason = match decision {
+            Decision::Blocked { reason, .. } | Decision::Denied { reason, .. } => reason,
+            other => return Ok(other),
+        };
+        if !ask.room_for_ticket {
+            return Err(FuseError::NoRoomForTicket);
+        }
+        let lease_end = now.saturating_add(self.policy.lease.grant(ask.lease));
+        let epoch = self.breaker.epoch();
+        self.live_mut().tickets.insert(
+            id,
+            Ticket {
+                epoch,
+                permits: ask.permits,
+                probe: false,
+                lease_end,
+                holds: false,
+                granted_at: now,
+                settles: false,
+                shadow: true,
+            },
+        );
+        Ok(Decision::Shadow {
+            grant: Some(Grant {
+                ticket: id,
+                lease_end,
+            }),
+            reason,
+        })
+    }
+
     /// C1 and R2: the breaker, then the retry budget, then the limiter. A
     /// request the breaker admits normally counts once in the budget,
-    /// whatever the limiter answers, unless the acquire fails (E3).
+    /// whatever the limiter answers, unless the acquire fails (E3). On a
+    /// shadow policy the answer is then made a shadow grant (D1).
     fn decide(
         &mut self,
         ask: &Ask,
@@ -832,16 +914,22 @@ impl<T: TicketTable> Fuse<T> {
         now: Millis,
     ) -> Result<Decision, FuseError> {
         if let Some(refusal) = admission.refusal() {
-            return Ok(refusal);
+            return self.shadowed(ask, refusal, id, now);
         }
         let budget = self
             .policy
             .retry_budget
             .filter(|_| admission == Admission::Normal);
         if budget.is_some() && self.retry_denied(ask, now) {
-            return Ok(RETRY_DENIED);
+            return self.shadowed(ask, RETRY_DENIED, id, now);
         }
+        // Nobody waits on a shadow policy (D3).
+        let ask = &Ask {
+            max_wait: if self.policy.enforce { ask.max_wait } else { 0 },
+            ..*ask
+        };
         let decision = self.decide_permits(ask, admission, id, now)?;
+        let decision = self.shadowed(ask, decision, id, now)?;
         if let Some(rb) = budget {
             self.live_mut().budget.count(&rb, now, ask.retry);
         }
@@ -991,6 +1079,7 @@ impl<T: TicketTable> Fuse<T> {
                 holds,
                 granted_at: now,
                 settles,
+                shadow: false,
             },
         );
         Grant {
@@ -1094,6 +1183,11 @@ impl<T: TicketTable> Fuse<T> {
         let Some(ticket) = self.live.as_deref_mut().and_then(|l| l.tickets.remove(id)) else {
             return false;
         };
+        if ticket.shadow {
+            // Its outcome, age and cost change nothing; it answers stale (D2).
+            self.counters.outcome(outcome, true);
+            return true;
+        }
         let report = Report {
             ticket: id,
             epoch: ticket.epoch,

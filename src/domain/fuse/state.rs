@@ -39,7 +39,7 @@ use crate::{Millis, Phase, Reason};
 /// Version 3 added the breaker's `probing` (H1-H4); version 2 added
 /// tickets' `granted_at` and `settles` and a token bucket's negative tokens
 /// (U1); version 1 is read with neither (its tickets settle no cost).
-pub const STATE_VERSION: u32 = 3;
+pub const STATE_VERSION: u32 = 4;
 
 /// The largest time, count or epoch a state may hold: 2^53, far beyond
 /// anything a key reaches (285,000 years of milliseconds, or 2^53 events),
@@ -202,6 +202,13 @@ pub struct TicketState {
     /// Absent (version 1) = false: such a ticket settles no cost.
     #[serde(default)]
     pub settles: bool,
+    /// True for a shadow ticket (D2). Absent (before version 4) = false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub shadow: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// A waiting request.
@@ -245,6 +252,9 @@ pub struct CounterState {
     pub stale: u64,
     /// Tickets whose lease ended.
     pub expired: u64,
+    /// Shadow grants (D1); absent before version 4.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shadow: u64,
 }
 
 /// Blocked and denied requests, by [`Reason`].
@@ -381,6 +391,11 @@ pub enum StateError {
     /// A ticket holds permits that no concurrency limiter takes back.
     #[error("tickets: {0} holds permits, but the limiter is not a concurrency limiter")]
     HoldsWithoutConcurrency(TicketId),
+    /// A shadow ticket is a probe, holds permits or settles a cost (D2).
+    #[error(
+        "tickets: {0} is a shadow ticket, so it cannot be a probe, hold permits or settle a cost"
+    )]
+    ShadowHolds(TicketId),
     /// A ticket settles a cost, but the limiter is not a token bucket or window.
     #[error("tickets: {0} settles a cost, but the limiter is not a token bucket or window")]
     SettlesWithoutRate(TicketId),
@@ -454,6 +469,7 @@ impl Counters {
             ignored: more.ignored,
             stale: more.stale,
             expired: more.expired,
+            shadow: more.shadow,
         }
     }
 
@@ -472,6 +488,7 @@ impl Counters {
             ("counters.ignored", s.ignored),
             ("counters.stale", s.stale),
             ("counters.expired", s.expired),
+            ("counters.shadow", s.shadow),
         ] {
             at_most(field, value, LIMIT)?;
         }
@@ -493,6 +510,7 @@ impl Counters {
             ignored: s.ignored,
             stale: s.stale,
             expired: s.expired,
+            shadow: s.shadow,
         };
         Ok(Counters {
             granted,
@@ -676,6 +694,7 @@ impl<T: TicketTable> Fuse<T> {
                 holds: t.holds,
                 granted_at: t.granted_at,
                 settles: t.settles,
+                shadow: t.shadow,
             })
             .collect();
         let FuseHead {
@@ -827,6 +846,9 @@ fn checked_tickets(
         if t.settles && !kind.is_some_and(LimiterKind::is_rate) {
             return Err(StateError::SettlesWithoutRate(t.id));
         }
+        if t.shadow && (t.probe || t.holds || t.settles) {
+            return Err(StateError::ShadowHolds(t.id));
+        }
         probes += usize::from(t.probe);
         if t.holds {
             if !matches!(kind, Some(LimiterKind::Concurrency { .. })) {
@@ -844,6 +866,7 @@ fn checked_tickets(
                 holds: t.holds,
                 granted_at: t.granted_at,
                 settles: t.settles,
+                shadow: t.shadow,
             },
         );
     }

@@ -91,6 +91,7 @@ fn policy(breaker: Option<BreakerPolicy>, limiter: Option<LimiterPolicy>) -> Pol
         limiter,
         lease: LeasePolicy::default(),
         retry_budget: None,
+        enforce: true,
     }
 }
 
@@ -343,6 +344,7 @@ fn statistics_count_every_kind_of_answer_and_outcome() {
         stale: 1,
         expired: 1,
         retry_denied: 0,
+        shadow: 0,
     };
     assert_eq!(f.stats(), expected);
     assert_eq!(f.view(1_113).stats, expected);
@@ -2320,3 +2322,4 @@ mod budget_model {
         }
     }
 }
+mod shadow;
