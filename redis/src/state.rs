@@ -6,12 +6,12 @@
 //! the module has no `unsafe` of its own. A string gets RDB, AOF,
 //! replication, `DUMP`/`RESTORE` and slot migration from Redis as they are.
 //!
-//! Layout, version 5 (little-endian; every value starts `FBX` and a
+//! Layout, version 6 (little-endian; every value starts `FBX` and a
 //! version byte, so a reader refuses a string that is not fusebox state,
 //! and one written by a newer module):
 //!
 //! ```text
-//! 0    "FBX", version 5                 4    header length (u32) = HEADER
+//! 0    "FBX", version 6                 4    header length (u32) = HEADER
 //! 8    next deadline (u64; MAX = none)  16   phase (u8)   17 flags (u8)
 //! 20   live tickets (u32)               24   waiters (u32)
 //! 28   policy length (u32)              32   policy id (16 bytes)
@@ -28,8 +28,11 @@
 //!      count u64), waiters, then a half-open period's probing (u8 0 =
 //!      none; 1, then successes u32, shared u8, slots u16, each slot's
 //!      ticket id and end), the retry budget's denials (u64) and its
-//!      segments (u16, then index, first attempts, retries, u64 each)
+//!      segments (u16, then index, first attempts, retries, u64 each),
+//!      then the shadow grants (u64, D1)
 //! ```
+//!
+//! A shadow ticket (D2) is flagged in its slot ([`crate::table`]).
 //!
 //! For a token bucket, limiter a is the tick and limiter b the tokens as an
 //! i64 (below 0 once calls cost more than they took, U1); for a fixed
@@ -45,8 +48,9 @@
 //! Versions 1 (`FBX\x01` and the domain's `FuseState` as JSON), 2 (this
 //! layout, but for the ticket table's heap: [`crate::table`]) and 3 (this
 //! layout, but segment counts as u32, and tickets that never settle a
-//! cost) and 4 (this layout without the probing) are still read; the next
-//! write of such a key writes version 5.
+//! cost), 4 (this layout without the probing) and 5 (this layout without
+//! the shadow grants, and no shadow ticket) are still read; the next write
+//! of such a key writes version 6.
 
 use std::fmt;
 
@@ -61,7 +65,7 @@ use crate::table::{self, u32_at, u64_at};
 pub const MAGIC: &[u8; 3] = b"FBX";
 
 /// The encoding this module writes and the newest it reads.
-pub const ENCODING_VERSION: u8 = 5;
+pub const ENCODING_VERSION: u8 = 6;
 
 /// Bytes of the fixed header of versions 2 and 3.
 pub const HEADER: usize = 272;
@@ -331,6 +335,8 @@ impl Header {
                     ignored: counter(14),
                     stale: counter(15),
                     expired: counter(16),
+                    // The shadow grants are kept in the tail.
+                    shadow: 0,
                 },
                 budget: Vec::new(),
             },
@@ -434,6 +440,10 @@ impl Header {
                 });
             }
         }
+        // The shadow grants (D1), since version 6.
+        if self.version >= 6 {
+            head.counters.shadow = r.u64()?;
+        }
         let (kind, a, b) = self.limiter;
         head.limiter = match kind {
             0 => None,
@@ -530,6 +540,7 @@ pub fn encode_tail(head: &FuseHead) -> Vec<u8> {
         out.extend_from_slice(&s.first.to_le_bytes());
         out.extend_from_slice(&s.retries.to_le_bytes());
     }
+    out.extend_from_slice(&head.counters.shadow.to_le_bytes());
     out
 }
 

@@ -144,6 +144,23 @@ impl Cause {
             Cause::PolicyChanged => "the policy no longer has a breaker",
         }
     }
+
+    /// The cause in plain words, prefixed `shadow: ` for a shadow
+    /// policy's breaker (D1, section 10's transition causes).
+    pub fn text(self, shadow: bool) -> &'static str {
+        if !shadow {
+            return self.as_str();
+        }
+        match self {
+            Cause::Tripped => "shadow: failures reached the trip condition",
+            Cause::ProbeAdmitted => "shadow: the break ended and a probe was admitted",
+            Cause::ProbeSucceeded => "shadow: the probe succeeded",
+            Cause::ProbeFailed => "shadow: the probe failed",
+            Cause::Isolated => "shadow: isolated by an operator",
+            Cause::Closed => "shadow: closed by an operator",
+            Cause::PolicyChanged => "shadow: the policy no longer has a breaker",
+        }
+    }
 }
 
 crate::names::named!(Cause, "cause");

@@ -743,6 +743,10 @@ pub struct PhaseNotice {
     pub why: Option<String>,
     /// The key's view after the step.
     pub view: KeyView,
+    /// True when the key's policy is a shadow (D1): the cause is told
+    /// prefixed `shadow: `. Absent (older modules) = false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shadow: bool,
 }
 
 /// The bytes of a MAC: HMAC-SHA256.
