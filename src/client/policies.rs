@@ -48,6 +48,11 @@ pub async fn policies(client: &ClientOptions) -> anyhow::Result<()> {
         if let Some(r) = &policy.retry_budget {
             emit(&format!("{pad}  retry budget: {}", retry_budget_words(r)))?;
         }
+        if policy.enforce == Some(false) {
+            emit(&format!(
+                "{pad}  enforce: false (shadow: decisions are counted, never enforced but isolation)"
+            ))?;
+        }
     }
     Ok(())
 }
@@ -220,6 +225,7 @@ fn rule_json(rule: &pb::PolicyRule) -> Value {
             "min_per_second": r.min_per_second,
             "window_ms": ms(r.window),
         })),
+        "enforce": policy.enforce.unwrap_or(true),
     })
 }
 

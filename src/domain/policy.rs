@@ -698,7 +698,6 @@ impl Policy {
             // Written only when false, so an enforcing policy's JSON (and
             // its id) is what it was before shadow policies existed.
             enforce: (!self.enforce).then_some(false),
-            ..PolicySpec::default()
         }
     }
 }

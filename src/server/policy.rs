@@ -273,6 +273,5 @@ pub fn wire_policy(p: &Policy) -> pb::Policy {
         }),
         // Sent only on a shadow policy: absent means true.
         enforce: (!p.enforce).then_some(false),
-        ..Default::default()
     }
 }

@@ -72,7 +72,6 @@ impl Api {
             phase: phase_of(reply.phase) as i32,
             shadow_decision: shadow_decision as i32,
             shadow_reason: shadow_reason as i32,
-            ..Default::default()
         })
     }
 

@@ -130,6 +130,7 @@ fn key(name: &str, phase: &str, fields: Value, stats: Value) -> Value {
             "ignored": 0,
             "stale": 0,
             "expired": 0,
+            "shadow": 0,
         },
     });
     for (field, value) in fields.as_object().expect("an object") {
