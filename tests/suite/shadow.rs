@@ -95,6 +95,32 @@ async fn a_shadow_key_says_so(server: &Server) {
         Some(0.0),
         "a shadow grant is not a blocked answer"
     );
+
+    // The dashboard says the key is on a shadow policy, and tells the trip
+    // as a shadow's.
+    let page = crate::http::get(&addr, "/api/keys?prefix=s%2F")
+        .await
+        .json();
+    let row = &page["keys"][0];
+    assert_eq!(row["key"], "s/a", "{page}");
+    assert_eq!(row["shadow_policy"], true, "{row}");
+    assert_eq!(row["shadow"], 1, "{row}");
+    assert_eq!(row["turned_away"], 1, "only the refusal: {row}");
+    let trip =
+        crate::harness::eventually("the trip in /api/transitions", crate::admin::LIMIT, || {
+            let addr = addr.clone();
+            async move {
+                let timeline = crate::http::get(&addr, "/api/transitions?prefix=s%2F")
+                    .await
+                    .json();
+                timeline
+                    .as_array()
+                    .and_then(|t| t.iter().find(|e| e["to"] == "OPEN"))
+                    .cloned()
+            }
+        })
+        .await;
+    assert_eq!(trip["cause"], "shadow: failures reached the trip condition");
 }
 
 #[tokio::test]
