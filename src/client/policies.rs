@@ -50,7 +50,7 @@ pub async fn policies(client: &ClientOptions) -> anyhow::Result<()> {
         }
         if policy.enforce == Some(false) {
             emit(&format!(
-                "{pad}  enforce: false (shadow: decisions are counted, never enforced but isolation)"
+                "{pad}  enforce: false (a shadow: decisions are made and counted, not enforced; isolation is)"
             ))?;
         }
     }
