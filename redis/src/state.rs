@@ -662,13 +662,14 @@ mod tests {
         assert_eq!(version(b"FBX"), Err(StateError::NotFusebox));
         assert_eq!(version(b"FBX\x00"), Err(StateError::NotFusebox));
         assert_eq!(version(b"hello"), Err(StateError::NotFusebox));
-        assert_eq!(version(b"FBX\x06x"), Err(StateError::NewerEncoding(6)));
+        assert_eq!(version(b"FBX\x07x"), Err(StateError::NewerEncoding(7)));
+        assert_eq!(version(b"FBX\x06x"), Ok(6));
         assert_eq!(version(b"FBX\x05x"), Ok(5));
         assert_eq!(version(b"FBX\x04x"), Ok(4));
         assert_eq!(version(b"FBX\x03x"), Ok(3));
         assert_eq!(version(b"FBX\x02x"), Ok(2));
         assert_eq!(version(b"FBX\x01{}"), Ok(1));
-        assert!(StateError::NewerEncoding(6)
+        assert!(StateError::NewerEncoding(7)
             .to_string()
             .starts_with("state: "));
     }

@@ -59,7 +59,7 @@ fn a_value_of_the_first_encoding_is_read_and_written_back_in_the_current_one() {
     let done = c.cmd(&["FB.COMPLETE", "old", "130", &hex(2), "success"]);
     assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
     let now = bytes(c.cmd(&["GET", "old"]));
-    assert!(now.starts_with(b"FBX\x05"), "written in version 5");
+    assert!(now.starts_with(b"FBX\x06"), "written in version 6");
     let after = view(&mut c, "old", 130);
     assert_eq!(after["live_tickets"], 1);
     assert_eq!(after["consecutive_failures"], 0);
@@ -96,7 +96,7 @@ fn a_value_of_the_second_encoding_is_read_and_written_back_in_the_current_one() 
     let done = c.cmd(&["FB.COMPLETE", "old", "140", &hex(6), "success"]);
     assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
     let now = bytes(c.cmd(&["GET", "old"]));
-    assert!(now.starts_with(b"FBX\x05"), "written in version 5");
+    assert!(now.starts_with(b"FBX\x06"), "written in version 6");
     let after = view(&mut c, "old", 140);
     assert_eq!(after["live_tickets"], 4);
     assert_eq!(after["next_deadline"], 60100, "the other four end at 60100");
@@ -136,7 +136,7 @@ fn a_value_of_the_third_encoding_is_read_and_its_tickets_settle_no_cost() {
 
     let done = c.cmd(&["FB.COMPLETE", "old", "400", &hex(1), "success", "COST", "0"]);
     assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
-    assert!(bytes(c.cmd(&["GET", "old"])).starts_with(b"FBX\x05"));
+    assert!(bytes(c.cmd(&["GET", "old"])).starts_with(b"FBX\x06"));
     assert_eq!(free(&mut c, 400), Some(1), "an old ticket settles no cost");
     assert_eq!(
         free(&mut c, 1000),
