@@ -115,3 +115,24 @@ func TestAttemptIsCountedByTheRetryBudget(t *testing.T) {
 		}
 	}
 }
+
+// On a shadow policy (enforce = false, D1) a retry the budget would deny
+// runs, and the call's admission says what it would have been.
+func TestAShadowPolicyRunsTheCallAndSaysWhatItWouldHaveBeen(t *testing.T) {
+	s := startServer(t)
+	enforce := false
+	s.setPolicy("dry/*", &pb.Policy{Enforce: &enforce, RetryBudget: &pb.RetryBudget{
+		Ratio: 0.1, MinPerSecond: 0, Window: durationpb.New(10 * time.Second),
+	}})
+	for _, tr := range []Transport{TransportUnary, TransportStream} {
+		c := newClient(t, s, WithTransport(tr))
+		var adm Admission
+		call := func(ctx context.Context) error { adm, _ = AdmissionFrom(ctx); return nil }
+		if err := c.Guard(context.Background(), "dry/"+tr.String(), call, Attempt(2)); err != nil {
+			t.Fatalf("%v: a shadow policy runs the call: %v", tr, err)
+		}
+		if adm.Ticket == "" || adm.ShadowDecision != "denied" || adm.ShadowReason != "retry_budget" {
+			t.Fatalf("%v: want a shadow ticket, denied retry_budget, got %+v", tr, adm)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package fusebox
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -152,6 +153,11 @@ type Admission struct {
 	// anyway; Err is why.
 	FailedOpen bool
 	Err        error
+	// ShadowDecision is "blocked" or "denied" when the key's policy is a
+	// shadow (enforce = false, a dry run) that granted a call it would have
+	// blocked or denied; ShadowReason says why. Both are empty otherwise.
+	ShadowDecision string
+	ShadowReason   Reason
 }
 
 type admissionKey struct{}
@@ -237,6 +243,10 @@ func (c *Client) Guard(ctx context.Context, key string, call func(ctx context.Co
 		}
 		c.cache.forget(key)
 		adm := Admission{Key: key, Ticket: resp.GetTicket(), Probe: probe}
+		if d := resp.GetShadowDecision(); d != pb.Decision_DECISION_UNSPECIFIED {
+			adm.ShadowDecision = strings.ToLower(strings.TrimPrefix(d.String(), "DECISION_"))
+			adm.ShadowReason = reasonOf(resp.GetShadowReason())
+		}
 		return c.run(ctx, adm, resp.GetLease().AsDuration(), cfg, call)
 	case pb.Decision_DECISION_BLOCKED:
 		c.stats.blocked.Add(1)

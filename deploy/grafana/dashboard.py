@@ -80,6 +80,14 @@ PANELS: list[Row | Panel] = [
         legend="{{reason}}",
     ),
     panel(
+        "Shadow grants/s",
+        'sum(rate(fusebox_decisions_total{$sel, decision="shadow"}$rate))',
+        unit="reqps",
+        legend="would have been blocked or denied",
+        description="Requests a shadow policy (enforce = false) granted that it would have blocked or denied:"
+        " what turning enforcement on would turn away.",
+    ),
+    panel(
         "Busiest keys: answers/s",
         "topk(10, sum by (key, decision) (rate(fusebox_key_requests_total{$sel}$rate)))",
         unit="reqps",

@@ -103,6 +103,7 @@ pub fn payloads<T: TicketTable>(
                         who: note.who.clone(),
                         why: note.why.clone(),
                         view,
+                        shadow: !fuse.policy().enforce,
                     };
                     (Channel::Events, serde_json::to_string(&message))
                 }

@@ -108,7 +108,7 @@ mod tests {
         let reason = proptest::sample::select(Reason::ALL.to_vec());
         let decision = prop_oneof![
             proptest::option::of(grant.clone()).prop_map(Decision::Granted),
-            grant.prop_map(Decision::Probe),
+            grant.clone().prop_map(Decision::Probe),
             (reason.clone(), 0u64..1 << 53).prop_map(|(reason, retry_after)| Decision::Blocked {
                 reason,
                 retry_after
@@ -121,6 +121,11 @@ mod tests {
                 }
             }),
             Just(Decision::Queued),
+            (
+                proptest::option::of(grant.clone()),
+                proptest::sample::select(Reason::ALL.to_vec())
+            )
+                .prop_map(|(grant, reason)| Decision::Shadow { grant, reason }),
         ];
         let phase = proptest::sample::select(Phase::ALL.to_vec());
         (decision, phase, 0u64..1 << 53).prop_map(|(decision, phase, now)| Answer {

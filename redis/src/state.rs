@@ -37,8 +37,10 @@
 //!      slow calls (u8 0 = none; 1, then since u64, live u32, pending u32,
 //!      each pending ticket's instant u64, id (16), counted u8 and caller
 //!      u32, then the live slow tickets' callers (u16, then caller u32 and
-//!      count u32 each))
+//!      count u32 each)), then the shadow grants (u64, D1)
 //! ```
+//!
+//! A shadow ticket (D2) is flagged in its slot ([`crate::table`]).
 //!
 //! For a token bucket, limiter a is the tick and limiter b the tokens as an
 //! i64 (below 0 once calls cost more than they took, U1); for a fixed
@@ -54,10 +56,10 @@
 //! Versions 1 (`FBX\x01` and the domain's `FuseState` as JSON), 2 (this
 //! layout, but for the ticket table's heap: [`crate::table`]) and 3 (this
 //! layout, but segment counts as u32, and tickets that never settle a
-//! cost), 4 (this layout without the probing) and 5 (without callers and
-//! slow calls: its waiters and tickets read as called by the caller whose
-//! fingerprint is 0) are still read; the next write of such a key writes
-//! version 6.
+//! cost), 4 (this layout without the probing) and 5 (without callers, slow
+//! calls and shadow grants: its waiters and tickets read as called by the
+//! caller whose fingerprint is 0, and none is a shadow ticket) are still
+//! read; the next write of such a key writes version 6.
 
 use std::fmt;
 
@@ -346,6 +348,8 @@ impl Header {
                     expired: counter(16),
                     // Slow calls are counted in the tail.
                     slow: 0,
+                    // The shadow grants are kept in the tail.
+                    shadow: 0,
                 },
                 budget: Vec::new(),
                 slow: None,
@@ -513,6 +517,8 @@ impl Header {
                 }
                 head.slow = Some(state);
             }
+            // The shadow grants (D1).
+            head.counters.shadow = r.u64()?;
         }
         let (kind, a, b) = self.limiter;
         head.limiter = match kind {
@@ -659,6 +665,7 @@ pub fn encode_tail(head: &FuseHead) -> Vec<u8> {
             }
         }
     }
+    out.extend_from_slice(&head.counters.shadow.to_le_bytes());
     out
 }
 

@@ -22,7 +22,7 @@
 //!                       16  lease end (ms)       24  epoch
 //!                       32  permits (u32)        36  its caller (u32, Q1)
 //!                       40  flags (u8: 1 in use, 2 the probe, 4 holds permits,
-//!                           8 settles a reported cost)
+//!                           8 settles a reported cost, 16 a shadow ticket)
 //!                       41  when its permits were taken (ms, 7 bytes: u56)
 //! base + cap * SLOT     the heap's length (u32), 4 bytes of zeros
 //!        + 8            cap heap entries of HEAP_ENTRY bytes:
@@ -84,6 +84,8 @@ const IN_USE: u8 = 1;
 const PROBE: u8 = 2;
 const HOLDS: u8 = 4;
 const SETTLES: u8 = 8;
+/// A shadow ticket (D2); never set before encoding 6.
+const SHADOW: u8 = 16;
 
 /// The most a slot's 7 bytes of `granted_at` hold (2^56 - 1 ms, two
 /// million years).
@@ -202,6 +204,7 @@ fn slot_at(b: &[u8], at: usize) -> Option<Slot> {
             holds: flags & HOLDS != 0,
             granted_at: u64_at(b, at + 40) >> 8,
             settles: flags & SETTLES != 0,
+            shadow: flags & SHADOW != 0,
         },
     })
 }
@@ -367,7 +370,8 @@ impl<B: Bytes> Table<B> {
         raw[40] = IN_USE
             | if s.ticket.probe { PROBE } else { 0 }
             | if s.ticket.holds { HOLDS } else { 0 }
-            | if s.ticket.settles { SETTLES } else { 0 };
+            | if s.ticket.settles { SETTLES } else { 0 }
+            | if s.ticket.shadow { SHADOW } else { 0 };
         write(self.bytes.bytes_mut(), at, &raw);
         self.dirty.mark(at, SLOT);
     }
@@ -741,6 +745,7 @@ mod tests {
             // Times up to the 7 bytes' limit, so the flag byte is kept apart.
             granted_at: (u64::from(n) * 0x0123_4567_89ab) & ((1 << 56) - 1),
             settles: n.is_multiple_of(3) && !n.is_multiple_of(2),
+            shadow: n.is_multiple_of(5) && !n.is_multiple_of(6) && !probe,
         }
     }
 

@@ -60,6 +60,11 @@ pub async fn policies(client: &ClientOptions) -> anyhow::Result<()> {
         if let Some(r) = &policy.retry_budget {
             emit(&format!("{pad}  retry budget: {}", retry_budget_words(r)))?;
         }
+        if policy.enforce == Some(false) {
+            emit(&format!(
+                "{pad}  enforce: false (a shadow: decisions are made and counted, not enforced; isolation is)"
+            ))?;
+        }
     }
     Ok(())
 }
@@ -236,6 +241,7 @@ fn rule_json(rule: &pb::PolicyRule) -> Value {
             "min_per_second": r.min_per_second,
             "window_ms": ms(r.window),
         })),
+        "enforce": policy.enforce.unwrap_or(true),
     })
 }
 

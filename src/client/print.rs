@@ -27,10 +27,13 @@ pub(crate) fn print_acquire(r: &pb::AcquireResponse, json: bool) -> anyhow::Resu
     let decision = pb::Decision::try_from(r.decision)
         .map(|d| d.as_str_name().trim_start_matches("DECISION_"))
         .unwrap_or("UNSPECIFIED");
-    let reason = pb::Reason::try_from(r.reason)
+    let reason = reason_name(r.reason);
+    // On a shadow policy (D1): what the request would have had.
+    let shadow = pb::Decision::try_from(r.shadow_decision)
         .ok()
-        .filter(|r| *r != pb::Reason::Unspecified)
-        .map(|r| r.as_str_name().trim_start_matches("REASON_").to_lowercase());
+        .filter(|d| *d != pb::Decision::Unspecified)
+        .map(|d| d.as_str_name().trim_start_matches("DECISION_"));
+    let shadow_reason = reason_name(r.shadow_reason);
     if json {
         println!(
             "{}",
@@ -41,11 +44,20 @@ pub(crate) fn print_acquire(r: &pb::AcquireResponse, json: bool) -> anyhow::Resu
                 "retry_after_ms": ms(r.retry_after),
                 "lease_ms": ms(r.lease),
                 "phase": phase_name(r.phase),
+                "shadow_decision": shadow,
+                "shadow_reason": shadow_reason,
             })
         );
         return Ok(());
     }
     let mut line = decision.to_owned();
+    if let Some(would) = shadow {
+        line.push_str(&format!(" (shadow policy: would be {would}"));
+        if let Some(why) = &shadow_reason {
+            line.push_str(&format!(" {why}"));
+        }
+        line.push(')');
+    }
     if !r.ticket.is_empty() {
         line.push_str(&format!("  ticket {}", r.ticket));
     }
@@ -61,6 +73,14 @@ pub(crate) fn print_acquire(r: &pb::AcquireResponse, json: bool) -> anyhow::Resu
     line.push_str(&format!("  phase {}", phase_name(r.phase)));
     println!("{line}");
     Ok(())
+}
+
+/// A reason as the vectors write it (`no_permits`); none when unspecified.
+fn reason_name(value: i32) -> Option<String> {
+    pb::Reason::try_from(value)
+        .ok()
+        .filter(|r| *r != pb::Reason::Unspecified)
+        .map(|r| r.as_str_name().trim_start_matches("REASON_").to_lowercase())
 }
 
 /// Prints a key's breaker and permits.
@@ -85,6 +105,7 @@ pub(crate) fn print_key(s: &pb::KeyState, json: bool) -> anyhow::Result<()> {
                 "queued": s.queued,
                 "live_tickets": s.live_tickets,
                 "waiters": s.waiters,
+                "shadow": s.stats.as_ref().map_or(0, |st| st.shadow),
             })
         );
         return Ok(());
@@ -105,6 +126,10 @@ pub(crate) fn print_key(s: &pb::KeyState, json: bool) -> anyhow::Result<()> {
     println!("free permits          {}", s.free);
     println!("queued permits        {} ({} waiters)", s.queued, s.waiters);
     println!("live tickets          {}", s.live_tickets);
+    let shadow = s.stats.as_ref().map_or(0, |st| st.shadow);
+    if shadow > 0 {
+        println!("shadow grants         {shadow} (a shadow policy granted what it would have blocked or denied)");
+    }
     Ok(())
 }
 
@@ -188,6 +213,7 @@ pub(crate) fn key_json(s: &pb::KeyState) -> serde_json::Value {
             "stale": st.stale,
             "slow": st.slow,
             "expired": st.expired,
+            "shadow": st.shadow,
         },
     })
 }

@@ -42,6 +42,18 @@ pub enum Decision {
     },
     /// Waiting; the final answer comes as a [`Notice::Answered`](crate::Notice::Answered).
     Queued,
+    /// Granted by a shadow policy (SPEC D1) that would have blocked or
+    /// denied the request: on the wire `GRANTED` with `shadow_decision` and
+    /// `shadow_reason`. The reason says both (see [`Decision::shadow_of`]):
+    /// `open` and `probe_in_flight` are the breaker's (`BLOCKED`), any other
+    /// the permit book's or the retry budget's (`DENIED`). A would-be
+    /// `QUEUED` never arises, since nobody waits on a shadow policy (D3).
+    Shadow {
+        /// The shadow ticket; `None` for a status check.
+        grant: Option<Grant>,
+        /// Why the request would have been blocked or denied.
+        reason: Reason,
+    },
 }
 
 impl Decision {
@@ -50,6 +62,7 @@ impl Decision {
         match *self {
             Decision::Granted(grant) => grant,
             Decision::Probe(grant) => Some(grant),
+            Decision::Shadow { grant, .. } => grant,
             _ => None,
         }
     }
@@ -63,6 +76,24 @@ impl Decision {
             Decision::Refused => DecisionKind::Refused,
             Decision::Denied { .. } => DecisionKind::Denied,
             Decision::Queued => DecisionKind::Queued,
+            Decision::Shadow { .. } => DecisionKind::Shadow,
+        }
+    }
+
+    /// What a shadow policy's request answered `reason` would have had:
+    /// `BLOCKED` for the breaker's reasons, else `DENIED` (D1).
+    pub fn shadow_of(reason: Reason) -> DecisionKind {
+        match reason {
+            Reason::Open | Reason::ProbeInFlight => DecisionKind::Blocked,
+            _ => DecisionKind::Denied,
+        }
+    }
+
+    /// For a shadow grant: the decision it would have had and why (D1).
+    pub fn shadow(&self) -> Option<(DecisionKind, Reason)> {
+        match *self {
+            Decision::Shadow { reason, .. } => Some((Decision::shadow_of(reason), reason)),
+            _ => None,
         }
     }
 }
@@ -83,17 +114,20 @@ pub enum DecisionKind {
     Denied,
     /// [`Decision::Queued`].
     Queued,
+    /// [`Decision::Shadow`].
+    Shadow,
 }
 
 impl DecisionKind {
     /// Every kind.
-    pub const ALL: [DecisionKind; 6] = [
+    pub const ALL: [DecisionKind; 7] = [
         DecisionKind::Granted,
         DecisionKind::Probe,
         DecisionKind::Blocked,
         DecisionKind::Refused,
         DecisionKind::Denied,
         DecisionKind::Queued,
+        DecisionKind::Shadow,
     ];
 
     /// The kind's name: lower case, as the module writes it.
@@ -105,6 +139,7 @@ impl DecisionKind {
             DecisionKind::Refused => "refused",
             DecisionKind::Denied => "denied",
             DecisionKind::Queued => "queued",
+            DecisionKind::Shadow => "shadow",
         }
     }
 }

@@ -48,6 +48,10 @@ pub struct Ticket {
     pub settles: bool,
     /// Who acquired it (Q1).
     pub caller: CallerId,
+    /// True for a shadow ticket (D2): granted by a shadow policy where it
+    /// would have blocked or denied. It holds no permits, is never a probe,
+    /// and its outcome changes nothing. Fixed at its grant.
+    pub shadow: bool,
 }
 
 impl Ticket {
@@ -150,6 +154,24 @@ impl Cause {
             Cause::SlowCalls => "slow calls",
         }
     }
+
+    /// The cause in plain words, prefixed `shadow: ` for a shadow
+    /// policy's breaker (D1, section 10's transition causes).
+    pub fn text(self, shadow: bool) -> &'static str {
+        if !shadow {
+            return self.as_str();
+        }
+        match self {
+            Cause::Tripped => "shadow: failures reached the trip condition",
+            Cause::ProbeAdmitted => "shadow: the break ended and a probe was admitted",
+            Cause::ProbeSucceeded => "shadow: the probe succeeded",
+            Cause::ProbeFailed => "shadow: the probe failed",
+            Cause::Isolated => "shadow: isolated by an operator",
+            Cause::Closed => "shadow: closed by an operator",
+            Cause::PolicyChanged => "shadow: the policy no longer has a breaker",
+            Cause::SlowCalls => "shadow: slow calls",
+        }
+    }
 }
 
 crate::names::named!(Cause, "cause");
@@ -249,12 +271,16 @@ pub struct Stats {
     pub failures: u64,
     /// Outcomes reported as ignored.
     pub ignored: u64,
-    /// Outcomes that arrived stale.
+    /// Outcomes that arrived stale (shadow tickets' outcomes included, D2).
     pub stale: u64,
     /// Tickets whose lease ended.
     pub expired: u64,
     /// Tickets that became slow (S1, S2), live or at completion, each once.
     pub slow: u64,
+    /// Shadow grants (D1): requests a shadow policy granted that it would
+    /// have blocked or denied; each is also counted under its would-be
+    /// decision and reason, never in `granted`.
+    pub shadow: u64,
 }
 
 /// The statistics a fuse keeps: the counts of the common path (granted,
@@ -286,6 +312,7 @@ struct MoreCounters {
     stale: u64,
     expired: u64,
     slow: u64,
+    shadow: u64,
 }
 
 /// Which of the common counts.
@@ -333,6 +360,13 @@ impl Counters {
             }
             Decision::Queued => self.more().queued += 1,
             Decision::Granted(None) => {}
+            // Under its would-be decision and reason, and as a shadow
+            // grant, never as granted (D2).
+            Decision::Shadow { reason, .. } => {
+                let more = self.more();
+                more.by_reason[reason as usize] += 1;
+                more.shadow += 1;
+            }
         }
     }
 
@@ -373,6 +407,7 @@ impl Counters {
             stale: more.stale,
             expired: more.expired,
             slow: more.slow,
+            shadow: more.shadow,
         }
     }
 }
@@ -874,8 +909,8 @@ impl<T: TicketTable> Fuse<T> {
         live.slow.since = now;
         let mut pending = Vec::new();
         live.tickets.for_each(&mut |id, t| {
-            // A shadow ticket (D2) is never live slow: skip it here too.
-            if t.epoch == epoch && !t.probe {
+            // A shadow ticket (D2) is never live slow.
+            if t.epoch == epoch && !t.probe && !t.shadow {
                 let counted = waiting.get(&id).copied().unwrap_or(had_slow);
                 pending.push((t.granted_at, id, counted, t.caller));
             }
@@ -911,7 +946,7 @@ impl<T: TicketTable> Fuse<T> {
         self.settle(now);
         let admission = self.admission(now);
         let decision = if ask.permits == 0 {
-            Ok(self.status(ask, admission, now))
+            Ok(self.shadow_status(self.status(ask, admission, now)))
         } else {
             self.decide(ask, admission, id, now)
         };
@@ -944,9 +979,75 @@ impl<T: TicketTable> Fuse<T> {
         }
     }
 
+    /// A status check's answer on a shadow policy (D1): what would be
+    /// `BLOCKED` or `DENIED` is `GRANTED` with no ticket, the would-be
+    /// reason kept; `REFUSED` stays (D4).
+    fn shadow_status(&self, decision: Decision) -> Decision {
+        match decision {
+            Decision::Blocked { reason, .. } | Decision::Denied { reason, .. }
+                if !self.policy.enforce =>
+            {
+                Decision::Shadow {
+                    grant: None,
+                    reason,
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// A request's answer on a shadow policy (D1, D2): what would be
+    /// `BLOCKED` or `DENIED` gets a shadow ticket instead, which holds no
+    /// permits and is never a probe. `REFUSED` stays (D4); a would-be
+    /// `QUEUED` cannot arise, since `max_wait` is 0 (D3). A shadow ticket
+    /// needs room like any ticket (K3); without it the acquire fails and
+    /// changes nothing.
+    fn shadowed(
+        &mut self,
+        ask: &Ask,
+        decision: Decision,
+        id: TicketId,
+        now: Millis,
+    ) -> Result<Decision, FuseError> {
+        if self.policy.enforce {
+            return Ok(decision);
+        }
+        let reason = match decision {
+            Decision::Blocked { reason, .. } | Decision::Denied { reason, .. } => reason,
+            other => return Ok(other),
+        };
+        if !ask.room_for_ticket {
+            return Err(FuseError::NoRoomForTicket);
+        }
+        let lease_end = now.saturating_add(self.policy.lease.grant(ask.lease));
+        let epoch = self.breaker.epoch();
+        self.live_mut().tickets.insert(
+            id,
+            Ticket {
+                epoch,
+                permits: ask.permits,
+                probe: false,
+                lease_end,
+                holds: false,
+                granted_at: now,
+                settles: false,
+                shadow: true,
+                caller: ask.caller,
+            },
+        );
+        Ok(Decision::Shadow {
+            grant: Some(Grant {
+                ticket: id,
+                lease_end,
+            }),
+            reason,
+        })
+    }
+
     /// C1 and R2: the breaker, then the retry budget, then the limiter. A
     /// request the breaker admits normally counts once in the budget,
-    /// whatever the limiter answers, unless the acquire fails (E3).
+    /// whatever the limiter answers, unless the acquire fails (E3). On a
+    /// shadow policy the answer is then made a shadow grant (D1).
     fn decide(
         &mut self,
         ask: &Ask,
@@ -955,16 +1056,22 @@ impl<T: TicketTable> Fuse<T> {
         now: Millis,
     ) -> Result<Decision, FuseError> {
         if let Some(refusal) = admission.refusal() {
-            return Ok(refusal);
+            return self.shadowed(ask, refusal, id, now);
         }
         let budget = self
             .policy
             .retry_budget
             .filter(|_| admission == Admission::Normal);
         if budget.is_some() && self.retry_denied(ask, now) {
-            return Ok(RETRY_DENIED);
+            return self.shadowed(ask, RETRY_DENIED, id, now);
         }
+        // Nobody waits on a shadow policy (D3).
+        let ask = &Ask {
+            max_wait: if self.policy.enforce { ask.max_wait } else { 0 },
+            ..*ask
+        };
         let decision = self.decide_permits(ask, admission, id, now)?;
+        let decision = self.shadowed(ask, decision, id, now)?;
         if let Some(rb) = budget {
             self.live_mut().budget.count(&rb, now, ask.retry);
         }
@@ -1130,6 +1237,7 @@ impl<T: TicketTable> Fuse<T> {
                 granted_at: now,
                 settles,
                 caller,
+                shadow: false,
             },
         );
         Grant {
@@ -1238,6 +1346,11 @@ impl<T: TicketTable> Fuse<T> {
         let Some(ticket) = self.live.as_deref_mut().and_then(|l| l.tickets.remove(id)) else {
             return false;
         };
+        if ticket.shadow {
+            // Its outcome, age and cost change nothing; it answers stale (D2).
+            self.counters.outcome(outcome, true);
+            return true;
+        }
         let slow = self.slow_policy();
         let epoch = self.breaker.epoch();
         let phase = self.breaker.phase();

@@ -37,6 +37,9 @@ pub struct Policy {
     pub lease: LeasePolicy,
     /// The retry budget (R1-R3), if the policy has one.
     pub retry_budget: Option<RetryBudget>,
+    /// False on a shadow policy (D1-D4): its decisions are made and
+    /// counted, but what it would block or deny is granted.
+    pub enforce: bool,
 }
 
 /// A validated retry budget (SPEC R1-R3).
@@ -77,6 +80,7 @@ impl Default for Policy {
             limiter: None,
             lease: LeasePolicy::default(),
             retry_budget: None,
+            enforce: true,
         }
     }
 }
@@ -610,12 +614,6 @@ fn absent<T>(value: &Option<T>, field: &str, context: &str) -> Result<(), Policy
 impl PolicySpec {
     /// Checks every field and builds the policy, or names the first bad field.
     pub fn validate(&self) -> Result<Policy, PolicyError> {
-        if self.enforce == Some(false) {
-            return Err(invalid(
-                "enforce",
-                "shadow policies (SPEC D1-D4) are not supported by this fusebox version; remove it",
-            ));
-        }
         let breaker = self
             .breaker
             .as_ref()
@@ -653,6 +651,7 @@ impl PolicySpec {
                 .as_ref()
                 .map(RetryBudgetSpec::validate)
                 .transpose()?,
+            enforce: self.enforce.unwrap_or(true),
         })
     }
 }
@@ -744,7 +743,9 @@ impl Policy {
                 min_per_second: Some(r.min_per_second),
                 window: Some(DurationSpec(r.window.get())),
             }),
-            ..PolicySpec::default()
+            // Written only when false, so an enforcing policy's JSON (and
+            // its id) is what it was before shadow policies existed.
+            enforce: (!self.enforce).then_some(false),
         }
     }
 }

@@ -215,7 +215,7 @@ pub struct AnswerFields {
     /// The decision's kind.
     #[serde(with = "lower")]
     pub decision: DecisionKind,
-    /// Why, for `blocked` and `denied`.
+    /// Why, for `blocked`, `denied` and `shadow` (what it would have been).
     #[serde(with = "lower::option", default)]
     pub reason: Option<Reason>,
     /// The ticket, for a grant.
@@ -264,6 +264,13 @@ impl From<&Answer> for AnswerFields {
                 f.reason = Some(reason);
                 f.retry_after_ms = retry_after;
             }
+            Decision::Shadow { grant, reason } => {
+                f.reason = Some(reason);
+                if let Some(g) = grant {
+                    f.ticket = Some(g.ticket);
+                    f.lease_ms = Some(g.lease_end.saturating_sub(a.now));
+                }
+            }
             Decision::Granted(None) | Decision::Refused | Decision::Queued => {}
         }
         f
@@ -305,6 +312,13 @@ impl TryFrom<AnswerFields> for Answer {
                 retry_after: f.retry_after_ms,
             },
             DecisionKind::Queued => Decision::Queued,
+            DecisionKind::Shadow => Decision::Shadow {
+                grant: match f.ticket {
+                    Some(_) => Some(grant()?),
+                    None => None,
+                },
+                reason: reason()?,
+            },
         };
         Ok(Answer {
             decision,
@@ -741,6 +755,10 @@ pub struct PhaseNotice {
     pub why: Option<String>,
     /// The key's view after the step.
     pub view: KeyView,
+    /// True when the key's policy is a shadow (D1): the cause is told
+    /// prefixed `shadow: `. Absent (older modules) = false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shadow: bool,
 }
 
 /// The bytes of a MAC: HMAC-SHA256.

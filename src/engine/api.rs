@@ -84,7 +84,7 @@ pub struct Totals {
     /// Keys forgotten since start (K2).
     pub forgotten: u64,
     /// Final decisions by kind (see [`DECISION_NAMES`]).
-    pub decisions: [u64; 5],
+    pub decisions: [u64; 6],
     /// Blocked and denied decisions by reason, in [`crate::domain::Reason::ALL`] order.
     pub reasons: [u64; crate::domain::Reason::COUNT],
     /// Phase changes.
@@ -97,4 +97,5 @@ pub struct Totals {
 pub const CAP_NAMES: [&str; 3] = ["max_keys", "max_tickets", "max_waiters"];
 
 /// Decisions by kind, in [`Totals::decisions`] order.
-pub const DECISION_NAMES: [&str; 5] = ["granted", "probe", "blocked", "refused", "denied"];
+pub const DECISION_NAMES: [&str; 6] =
+    ["granted", "probe", "blocked", "refused", "denied", "shadow"];

@@ -109,6 +109,8 @@ pub(super) struct Effects {
     pub(super) changes: Vec<Notice>,
     /// The timer must look at an earlier deadline.
     pub(super) wake_timer: bool,
+    /// The key's policy is a shadow: its changes are told `shadow: ` (D1).
+    pub(super) shadow: bool,
 }
 
 /// Keyed breakers and permit books, in this process: the embedded store.
@@ -444,12 +446,14 @@ impl Engine {
         }
         if !changes.is_empty() {
             let view = slot.fuse.view(now);
+            let shadow = !slot.fuse.policy().enforce;
             rest.outbox.extend(
                 changes
                     .iter()
-                    .filter_map(|c| events::event_of(&slot.name, c, &view, actor)),
+                    .filter_map(|c| events::event_of(&slot.name, c, &view, actor, shadow)),
             );
             effects.changes = changes;
+            effects.shadow = shadow;
         }
         if !effects.changes.is_empty() || !effects.answers.is_empty() {
             effects.key = Some(slot.name.clone());
@@ -477,7 +481,7 @@ impl Engine {
         }
         if let Some(key) = &effects.key {
             for change in &effects.changes {
-                events::log_change(key, change);
+                events::log_change(key, change, effects.shadow);
             }
         }
         if effects.wake_timer {

@@ -60,6 +60,7 @@ pub(super) fn event_of(
     notice: &Notice,
     view: &View,
     actor: Option<(&str, &str)>,
+    shadow: bool,
 ) -> Option<Event> {
     let Notice::Phase {
         from,
@@ -87,7 +88,7 @@ pub(super) fn event_of(
         kind,
         from,
         to,
-        cause: cause.as_str(),
+        cause: cause.text(shadow),
         who,
         reason,
         at,
@@ -129,7 +130,7 @@ impl Publisher {
 }
 
 /// Logs a phase change in words an operator understands.
-pub(super) fn log_change(key: &str, change: &Notice) {
+pub(super) fn log_change(key: &str, change: &Notice, shadow: bool) {
     if let Notice::Phase {
         from,
         to,
@@ -137,6 +138,6 @@ pub(super) fn log_change(key: &str, change: &Notice) {
         at,
     } = *change
     {
-        tracing::info!(key, from = %from, to = %to, at_ms = at, "breaker {from} -> {to}: {}", cause.as_str());
+        tracing::info!(key, from = %from, to = %to, at_ms = at, "breaker {from} -> {to}: {}", cause.text(shadow));
     }
 }

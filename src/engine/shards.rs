@@ -50,6 +50,7 @@ pub(super) struct Slot {
 /// Where [`Totals::decisions`] counts grants and denials.
 const GRANTED: usize = 0;
 const DENIED: usize = 4;
+const SHADOW: usize = 5;
 
 /// A shard's figures are [`Totals`] too, kept as they change under the
 /// shard's lock and summed on read.
@@ -63,6 +64,10 @@ impl Totals {
             Decision::Blocked { reason, .. } => (2, Some(reason)),
             Decision::Refused => (3, None),
             Decision::Denied { reason, .. } => (DENIED, Some(reason)),
+            // Answered granted by a shadow policy (D1): neither a grant
+            // nor a denial, so no reason is counted.
+            Decision::Shadow { grant: None, .. } => return,
+            Decision::Shadow { .. } => (SHADOW, None),
         };
         self.tally(index, reason);
     }

@@ -463,6 +463,15 @@ pub enum Admitted {
     /// fusebox could not be asked in time and the policy is fail open: the
     /// call runs without a ticket and nothing will be reported.
     FailedOpen,
+    /// The key's policy is a shadow (a dry run, SPEC D1): fusebox granted
+    /// a call it would have blocked (`blocked`) or denied, for `reason`.
+    /// The call runs; its outcome is reported and changes nothing.
+    Shadow {
+        /// True when it would have been `BLOCKED`, false `DENIED`.
+        blocked: bool,
+        /// Why it would have been.
+        reason: Reason,
+    },
 }
 
 tokio::task_local! {
@@ -824,13 +833,24 @@ impl Guard {
         let retry_after = duration_from(reply.retry_after);
         match pb::Decision::try_from(reply.decision) {
             Ok(decision @ (pb::Decision::Granted | pb::Decision::Probe)) => {
+                let shadow = match pb::Decision::try_from(reply.shadow_decision) {
+                    Ok(pb::Decision::Blocked) => Some(true),
+                    Ok(pb::Decision::Denied) => Some(false),
+                    _ => None,
+                }
+                .map(|blocked| Admitted::Shadow {
+                    blocked,
+                    reason: Reason::of(reply.shadow_reason),
+                });
                 if reply.ticket.is_empty() {
-                    return Ok(Admission::WithoutTicket(Admitted::Unticketed));
+                    return Ok(Admission::WithoutTicket(
+                        shadow.unwrap_or(Admitted::Unticketed),
+                    ));
                 }
                 let how = if decision == pb::Decision::Probe {
                     Admitted::Probe
                 } else {
-                    Admitted::Granted
+                    shadow.unwrap_or(Admitted::Granted)
                 };
                 Ok(Admission::Ticket(
                     Ticket {

@@ -56,8 +56,15 @@ pub struct KeyJson {
     /// Answers to acquires since the key was made.
     pub requests: u64,
     /// Of which blocked, refused or denied (the retry budget's denials
-    /// included).
+    /// included); a shadow policy's shadow grants are not turned away.
     pub turned_away: u64,
+    /// True when the key's policy in force is a shadow (`enforce = false`,
+    /// D1): it counts what it would block or deny and grants it.
+    pub shadow_policy: bool,
+    /// Requests granted by a shadow policy that would have blocked or
+    /// denied them (D2), counted in `requests` under what they would have
+    /// had.
+    pub shadow: u64,
     /// Outcomes recorded as failures.
     pub failures: u64,
     /// Outcomes recorded as successes.
@@ -96,6 +103,7 @@ impl KeyJson {
     pub fn of(core: &Core, r: &KeyReading) -> KeyJson {
         let v = &r.view;
         let s = &v.stats;
+        let policy = core.policy_for(&r.key);
         KeyJson {
             key: r.key.clone(),
             phase: v.phase.as_str(),
@@ -105,10 +113,7 @@ impl KeyJson {
             half_open_attempts: v.half_open_attempts,
             probes_held: v.probes_held,
             half_open_successes: v.half_open_successes,
-            half_open: core
-                .policy_for(&r.key)
-                .breaker
-                .map(|b| HalfOpenJson::of(b.half_open)),
+            half_open: policy.breaker.map(|b| HalfOpenJson::of(b.half_open)),
             failure_ratio: v.failure_ratio.filter(|f| f.is_finite()),
             live_slow: v.live_slow,
             slow_calls: s.slow,
@@ -127,7 +132,10 @@ impl KeyJson {
             waiters: v.waiters,
             live_tickets: v.live_tickets,
             requests: s.granted + s.probes + s.blocked + s.refused + s.denied + s.retry_denied,
-            turned_away: s.blocked + s.refused + s.denied + s.retry_denied,
+            turned_away: (s.blocked + s.refused + s.denied + s.retry_denied)
+                .saturating_sub(s.shadow),
+            shadow_policy: !policy.enforce,
+            shadow: s.shadow,
             failures: s.failures,
             successes: s.successes,
         }

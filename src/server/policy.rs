@@ -275,6 +275,7 @@ pub fn wire_policy(p: &Policy) -> pb::Policy {
             min_per_second: r.min_per_second,
             window: Some(duration_of(r.window.get())),
         }),
-        ..Default::default()
+        // Sent only on a shadow policy: absent means true.
+        enforce: (!p.enforce).then_some(false),
     }
 }

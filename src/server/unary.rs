@@ -15,7 +15,7 @@ use crate::proto::wire::{duration_of, millis_of, phase_of};
 
 use super::api::Api;
 use super::status::{status_of, status_of_refusal};
-use super::wire::{caller_of, check_caller, outcome_of, reason_of};
+use super::wire::{caller_of, check_caller, decision_of_kind, outcome_of, reason_of};
 
 impl Api {
     /// Acquire, by `grant` (`None`: authentication is off): the unary
@@ -60,6 +60,12 @@ impl Api {
                 retry_after,
             } => (pb::Decision::Denied, Some(reason), retry_after),
             Decision::Queued => return Err(Status::internal("a queued request was not answered")),
+            // D1: granted, with what it would have had; no retry_after.
+            Decision::Shadow { .. } => (pb::Decision::Granted, None, None),
+        };
+        let (shadow_decision, shadow_reason) = match reply.decision.shadow() {
+            Some((kind, reason)) => (decision_of_kind(kind), reason_of(reason)),
+            None => (pb::Decision::Unspecified, pb::Reason::Unspecified),
         };
         Ok(pb::AcquireResponse {
             decision: decision as i32,
@@ -68,7 +74,8 @@ impl Api {
             retry_after: retry_after.map(duration_of),
             lease: reply.lease_left.map(duration_of),
             phase: phase_of(reply.phase) as i32,
-            ..Default::default()
+            shadow_decision: shadow_decision as i32,
+            shadow_reason: shadow_reason as i32,
         })
     }
 

@@ -7,8 +7,7 @@ use std::net::IpAddr;
 use tonic::Status;
 
 use crate::auth::Grant;
-
-use crate::domain::{Outcome, Phase, Reason};
+use crate::domain::{DecisionKind, Outcome, Phase, Reason};
 use crate::engine::{Core, KeyReading};
 use crate::proto::v1 as pb;
 use crate::proto::wire::{duration_of, phase_of, timestamp_of};
@@ -26,6 +25,21 @@ pub fn reason_of(r: Reason) -> pb::Reason {
         Reason::Evicted => pb::Reason::Evicted,
         Reason::Timeout => pb::Reason::Timeout,
         Reason::RetryBudget => pb::Reason::RetryBudget,
+    }
+}
+
+/// The wire form of a decision's kind (a shadow grant's would-be
+/// decision, D1: `BLOCKED` or `DENIED`).
+pub fn decision_of_kind(kind: DecisionKind) -> pb::Decision {
+    match kind {
+        // A would-be QUEUED never arises (D3); the wire has no queued.
+        DecisionKind::Granted | DecisionKind::Shadow | DecisionKind::Queued => {
+            pb::Decision::Granted
+        }
+        DecisionKind::Probe => pb::Decision::Probe,
+        DecisionKind::Blocked => pb::Decision::Blocked,
+        DecisionKind::Refused => pb::Decision::Refused,
+        DecisionKind::Denied => pb::Decision::Denied,
     }
 }
 
@@ -84,7 +98,7 @@ pub fn key_state_of(core: &Core, r: &KeyReading) -> pb::KeyState {
             expired: st.expired,
             retry_denied: st.retry_denied,
             slow: st.slow,
-            ..Default::default()
+            shadow: st.shadow,
         }),
         failure_ratio: v.failure_ratio,
         phase_changed_at: Some(timestamp_of(core.wall_time(v.changed_at))),

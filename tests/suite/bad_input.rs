@@ -1097,3 +1097,64 @@ async fn slow_calls_out_of_range_are_refused_naming_the_field() {
         assert_eq!(got, slow(Some(duration), ratio), "{what}");
     }
 }
+
+/// D1-D4, Y2: `enforce` is a bool. A config file whose rule says
+/// `enforce = "no"` (or a number) is refused at start-up naming the rule
+/// and `enforce`; `enforce = false` is a shadow policy, accepted by
+/// `SetPolicy` and read back as set, in its answer and by `ListPolicies`,
+/// and `enforce = true` (the default) reads back absent.
+#[tokio::test]
+async fn enforce_is_a_bool_and_a_shadow_policy_reads_back_as_set() {
+    use crate::admin::{policies, set_policy};
+
+    let dir = tempfile::tempdir().expect("a temp dir");
+    for (i, value) in ["\"no\"", "0", "\"false\""].into_iter().enumerate() {
+        let path = dir.path().join(format!("enforce-{i}.toml"));
+        let text = format!(
+            "[[rule]]\nmatch = \"s/*\"\nbreaker = {{ mode = \"consecutive\", failures = 3, break = \"1s\" }}\nenforce = {value}\n"
+        );
+        std::fs::write(&path, text).expect("config written");
+        let err = crate::harness::refused_start(
+            &["--config", path.to_str().expect("a UTF-8 path")],
+            None,
+        )
+        .await;
+        assert!(
+            err.contains("enforce"),
+            "enforce = {value}: the config error names enforce: {err}"
+        );
+    }
+
+    let server = Server::manual(Some(CONFIG)).await;
+    let mut admin = server.admin().await;
+    for enforce in [Some(false), Some(true), None] {
+        let set = set_policy(
+            &mut admin,
+            pb::PolicyRule {
+                r#match: "s/*".into(),
+                policy: Some(pb::Policy {
+                    enforce,
+                    ..Default::default()
+                }),
+                default: false,
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("enforce = {enforce:?} is a valid policy: {e:?}"));
+        // Absent means true, and true is sent back absent.
+        let want = enforce.filter(|e| !e);
+        assert_eq!(
+            set.policy.and_then(|p| p.enforce),
+            want,
+            "SetPolicy answers enforce = {enforce:?}"
+        );
+        let listed = policies(&mut admin).await;
+        let shown = listed
+            .rules
+            .iter()
+            .find(|r| r.r#match == "s/*")
+            .and_then(|r| r.policy.as_ref())
+            .and_then(|p| p.enforce);
+        assert_eq!(shown, want, "ListPolicies shows enforce = {enforce:?}");
+    }
+}

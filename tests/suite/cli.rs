@@ -51,6 +51,8 @@ fn acquire_reply(
         "retry_after_ms": retry_after_ms,
         "lease_ms": lease_ms,
         "phase": phase,
+        "shadow_decision": null,
+        "shadow_reason": null,
     })
 }
 
@@ -91,6 +93,7 @@ fn key_state(
         "queued": queued,
         "live_tickets": live_tickets,
         "waiters": waiters,
+        "shadow": 0,
     })
 }
 
@@ -765,6 +768,7 @@ async fn policies_lists_the_rules_then_the_default_with_their_half_open_bound() 
             "limiter": { "kind": "concurrency", "permits": 4, "queue_limit": 2 },
             "lease": { "default_ms": 30000, "max_ms": 300000, "expired_outcome": "IGNORED" },
             "retry_budget": null,
+            "enforce": true,
         })
     );
     assert_eq!(all[1]["default"], true, "{all}");

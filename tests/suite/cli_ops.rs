@@ -132,6 +132,7 @@ fn key(name: &str, phase: &str, fields: Value, stats: Value) -> Value {
             "stale": 0,
             "expired": 0,
             "slow": 0,
+            "shadow": 0,
         },
     });
     for (field, value) in fields.as_object().expect("an object") {

@@ -554,3 +554,43 @@ async fn a_calls_attempt_is_counted_by_the_retry_budget() {
         guard.flush().await.expect("the outcome is answered");
     }
 }
+
+/// D1, D2: on a shadow policy the guard runs a call fusebox would have
+/// blocked, tells it from inside the call as `Admitted::Shadow` with the
+/// would-be reason, and its outcome (reported stale) trips nothing.
+#[tokio::test]
+async fn a_shadow_policy_runs_the_call_and_the_guard_says_what_it_would_have_been() {
+    use fusebox::guard::{admitted, Admitted};
+
+    let server = Server::manual(Some(
+        "[[rule]]\nmatch = \"dry/*\"\nbreaker = { mode = \"consecutive\", failures = 1, break = \"10s\" }\nenforce = false\n",
+    ))
+    .await;
+    let guard =
+        Guard::connect(&format!("http://{}", server.addr), None, patient()).expect("a guard");
+    let first: Result<Option<Admitted>, GuardError<()>> = guard
+        .run("dry/a", &CallOptions::default(), || async { Err(()) })
+        .await
+        .map(|_: ()| None);
+    assert!(matches!(first, Err(GuardError::Call(()))));
+    guard.flush().await.expect("the outcome is answered");
+    assert_eq!(server.get("dry/a").await.phase, pb::Phase::Open as i32);
+
+    let how: Result<Option<Admitted>, GuardError<()>> = guard
+        .run("dry/a", &CallOptions::default(), || async {
+            Ok(admitted())
+        })
+        .await;
+    assert_eq!(
+        how.expect("a shadow policy runs the call"),
+        Some(Admitted::Shadow {
+            blocked: true,
+            reason: Reason::Open
+        })
+    );
+    guard.flush().await.expect("the outcome is answered");
+    let state = server.get("dry/a").await;
+    let stats = state.stats.unwrap_or_default();
+    assert_eq!((stats.shadow, stats.blocked, stats.stale), (1, 1, 1));
+    assert_eq!(state.phase, pb::Phase::Open as i32);
+}

@@ -39,6 +39,7 @@ mod scale;
 mod scenarios;
 mod servers;
 mod service;
+mod shadow;
 mod shares;
 mod store;
 mod store_trust;

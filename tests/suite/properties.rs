@@ -784,6 +784,9 @@ impl Run {
             Decision::Granted(None) => {
                 prop_assert!(false, "a request for {permits} permits got no ticket");
             }
+            Decision::Shadow { .. } => {
+                prop_assert!(false, "a shadow grant under an enforcing policy");
+            }
             Decision::Granted(Some(grant)) | Decision::Probe(grant) => {
                 prop_assert_eq!(grant.ticket, id);
                 prop_assert_eq!(grant.lease_end, now + self.policy.lease.grant(lease), "L2");

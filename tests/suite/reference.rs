@@ -33,6 +33,8 @@ fn admitted(decision: &str) -> Answer {
         reason: None,
         retry_after: None,
         ticket: true,
+        shadow_decision: None,
+        shadow_reason: None,
     }
 }
 
@@ -43,6 +45,8 @@ fn blocked(reason: &str, retry_after: u64) -> Answer {
         reason: Some(reason.to_owned()),
         retry_after: Some(retry_after),
         ticket: false,
+        shadow_decision: None,
+        shadow_reason: None,
     }
 }
 

@@ -86,6 +86,16 @@ pub struct Expect {
     /// The key's statistics: tickets that became slow, live or at
     /// completion, each once (S1, S2; extensions only).
     pub slow: Option<u64>,
+    /// On a shadow policy (D1): the decision the request would have had,
+    /// `BLOCKED` or `DENIED` (extensions only).
+    pub shadow_decision: Option<String>,
+    /// On a shadow policy (D1): the reason it would have had.
+    pub shadow_reason: Option<String>,
+    /// The key's statistics: shadow grants (D2; extensions only).
+    pub shadow: Option<u64>,
+    /// The key's statistics: requests blocked by the breaker, shadow
+    /// grants that would have been blocked among them (extensions only).
+    pub blocked: Option<u64>,
 }
 
 /// A decision as the vectors write it.
@@ -95,6 +105,10 @@ pub struct Answer {
     pub reason: Option<String>,
     pub retry_after: Option<u64>,
     pub ticket: bool,
+    /// `shadow_decision`, when set (D1).
+    pub shadow_decision: Option<String>,
+    /// `shadow_reason`, when set (D1).
+    pub shadow_reason: Option<String>,
 }
 
 /// A key's state as the vectors write it.
@@ -120,6 +134,10 @@ pub struct Reading {
     pub live_slow: u32,
     /// `KeyStats.slow`.
     pub slow: u64,
+    /// `KeyStats.shadow`.
+    pub shadow: u64,
+    /// `KeyStats.blocked`.
+    pub blocked: u64,
 }
 
 /// A way of reaching fusebox that the runner can drive.
@@ -224,6 +242,16 @@ pub async fn replay<T: Target>(vector: &Vector, target: &mut T) -> Vec<String> {
                 c.check("reason", e.reason.clone().map(Some), got.reason);
                 c.check("retry_after", e.retry_after.map(Some), got.retry_after);
                 c.check("ticket", e.ticket, got.ticket);
+                c.check(
+                    "shadow_decision",
+                    e.shadow_decision.clone().map(Some),
+                    got.shadow_decision,
+                );
+                c.check(
+                    "shadow_reason",
+                    e.shadow_reason.clone().map(Some),
+                    got.shadow_reason,
+                );
             }
             "complete" => {
                 let label = step.ticket.as_deref().expect("complete names a ticket");
@@ -270,6 +298,8 @@ pub async fn replay<T: Target>(vector: &Vector, target: &mut T) -> Vec<String> {
                 c.check("granted", e.granted, got.granted);
                 c.check("live_slow", e.live_slow, got.live_slow);
                 c.check("slow", e.slow, got.slow);
+                c.check("shadow", e.shadow, got.shadow);
+                c.check("blocked", e.blocked, got.blocked);
             }
             "isolate" => {
                 target
@@ -307,12 +337,16 @@ pub fn answer_of(decision: &Decision) -> Answer {
             retry_after,
         } => ("DENIED", Some(reason), retry_after),
         Decision::Queued => ("QUEUED", None, None),
+        Decision::Shadow { .. } => ("GRANTED", None, None),
     };
+    let shadow = decision.shadow();
     Answer {
         decision: name.to_owned(),
         reason: reason.map(|r: Reason| r.as_str().to_owned()),
         retry_after,
         ticket: decision.grant().is_some(),
+        shadow_decision: shadow.map(|(kind, _)| kind.as_str().to_uppercase()),
+        shadow_reason: shadow.map(|(_, r)| r.as_str().to_owned()),
     }
 }
 
@@ -333,6 +367,8 @@ pub fn reading_of(v: &View) -> Reading {
         granted: v.stats.granted,
         live_slow: v.live_slow,
         slow: v.stats.slow,
+        shadow: v.stats.shadow,
+        blocked: v.stats.blocked,
     }
 }
 
@@ -634,6 +670,8 @@ pub fn error_answer(what: String) -> Answer {
         reason: None,
         retry_after: None,
         ticket: false,
+        shadow_decision: None,
+        shadow_reason: None,
     }
 }
 
@@ -865,6 +903,8 @@ impl End {
             granted: stats.granted,
             live_slow: s.live_slow,
             slow: stats.slow,
+            shadow: stats.shadow,
+            blocked: stats.blocked,
         }
     }
 
@@ -975,11 +1015,23 @@ pub fn answer_of_wire(r: &pb::AcquireResponse) -> Answer {
         Ok(reason) => Some(wire_name(reason.as_str_name(), "REASON_").to_lowercase()),
         Err(_) => Some(format!("reason {}", r.reason)),
     };
+    let shadow_decision = match pb::Decision::try_from(r.shadow_decision) {
+        Ok(pb::Decision::Unspecified) => None,
+        Ok(d) => Some(wire_name(d.as_str_name(), "DECISION_")),
+        Err(_) => Some(format!("decision {}", r.shadow_decision)),
+    };
+    let shadow_reason = match pb::Reason::try_from(r.shadow_reason) {
+        Ok(pb::Reason::Unspecified) => None,
+        Ok(reason) => Some(wire_name(reason.as_str_name(), "REASON_").to_lowercase()),
+        Err(_) => Some(format!("reason {}", r.shadow_reason)),
+    };
     Answer {
         decision,
         reason,
         retry_after: millis(r.retry_after),
         ticket: !r.ticket.is_empty(),
+        shadow_decision,
+        shadow_reason,
     }
 }
 

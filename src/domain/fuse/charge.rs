@@ -122,6 +122,7 @@ mod tests {
             }),
             lease: Default::default(),
             retry_budget: None,
+            enforce: true,
         }
     }
 
@@ -166,6 +167,7 @@ mod tests {
                 limiter: None,
                 lease: Default::default(),
                 retry_budget: None,
+                enforce: true,
             },
             0,
         );
@@ -182,6 +184,7 @@ mod tests {
                 }),
                 lease: Default::default(),
                 retry_budget: None,
+                enforce: true,
             },
             0,
         );

@@ -234,10 +234,17 @@ pub struct TicketState {
     /// Who acquired it (Q1). Absent (before version 4) = the empty name's.
     #[serde(default = "no_caller")]
     pub caller: CallerId,
+    /// True for a shadow ticket (D2). Absent (before version 4) = false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub shadow: bool,
 }
 
 fn no_caller() -> CallerId {
     CallerId::of("")
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// A waiting request.
@@ -287,6 +294,9 @@ pub struct CounterState {
     /// Tickets that became slow (S1, S2), each once (before version 4: 0).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub slow: u64,
+    /// Shadow grants (D1); absent before version 4.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shadow: u64,
 }
 
 fn is_zero32(n: &u32) -> bool {
@@ -467,6 +477,11 @@ pub enum StateError {
     /// A ticket holds permits that no concurrency limiter takes back.
     #[error("tickets: {0} holds permits, but the limiter is not a concurrency limiter")]
     HoldsWithoutConcurrency(TicketId),
+    /// A shadow ticket is a probe, holds permits or settles a cost (D2).
+    #[error(
+        "tickets: {0} is a shadow ticket, so it cannot be a probe, hold permits or settle a cost"
+    )]
+    ShadowHolds(TicketId),
     /// A ticket settles a cost, but the limiter is not a token bucket or window.
     #[error("tickets: {0} settles a cost, but the limiter is not a token bucket or window")]
     SettlesWithoutRate(TicketId),
@@ -541,6 +556,7 @@ impl Counters {
             stale: more.stale,
             expired: more.expired,
             slow: more.slow,
+            shadow: more.shadow,
         }
     }
 
@@ -560,6 +576,7 @@ impl Counters {
             ("counters.stale", s.stale),
             ("counters.expired", s.expired),
             ("counters.slow", s.slow),
+            ("counters.shadow", s.shadow),
         ] {
             at_most(field, value, LIMIT)?;
         }
@@ -582,6 +599,7 @@ impl Counters {
             stale: s.stale,
             expired: s.expired,
             slow: s.slow,
+            shadow: s.shadow,
         };
         Ok(Counters {
             granted,
@@ -807,6 +825,7 @@ impl<T: TicketTable> Fuse<T> {
                 granted_at: t.granted_at,
                 settles: t.settles,
                 caller: t.caller,
+                shadow: t.shadow,
             })
             .collect();
         let FuseHead {
@@ -982,6 +1001,9 @@ fn checked_tickets(
         if t.settles && !kind.is_some_and(LimiterKind::is_rate) {
             return Err(StateError::SettlesWithoutRate(t.id));
         }
+        if t.shadow && (t.probe || t.holds || t.settles) {
+            return Err(StateError::ShadowHolds(t.id));
+        }
         probes += usize::from(t.probe);
         if t.holds {
             if !matches!(kind, Some(LimiterKind::Concurrency { .. })) {
@@ -1000,6 +1022,7 @@ fn checked_tickets(
                 granted_at: t.granted_at,
                 settles: t.settles,
                 caller: t.caller,
+                shadow: t.shadow,
             },
         );
     }

@@ -95,6 +95,7 @@ fn policy(breaker: Option<BreakerPolicy>, limiter: Option<LimiterPolicy>) -> Pol
         limiter,
         lease: LeasePolicy::default(),
         retry_budget: None,
+        enforce: true,
     }
 }
 
@@ -348,6 +349,7 @@ fn statistics_count_every_kind_of_answer_and_outcome() {
         expired: 1,
         retry_denied: 0,
         slow: 0,
+        shadow: 0,
     };
     assert_eq!(f.stats(), expected);
     assert_eq!(f.view(1_113).stats, expected);
@@ -2562,3 +2564,4 @@ mod slow_model {
         ratio(1.0, min, 10_000_000)
     }
 }
+mod shadow;

@@ -264,6 +264,7 @@ mod tests {
             holds: false,
             granted_at: 0,
             settles: false,
+            shadow: false,
         }
     }
 
@@ -343,7 +344,7 @@ mod model {
                         if model.contains_key(&id) {
                             continue;
                         }
-                        let ticket = Ticket { caller: Default::default(), epoch: u64::from(n), permits: 1, probe, lease_end: end, holds: false, granted_at: 0, settles: false };
+                        let ticket = Ticket { caller: Default::default(), epoch: u64::from(n), permits: 1, probe, lease_end: end, holds: false, granted_at: 0, settles: false, shadow: false };
                         if probe {
                             model.values_mut().for_each(|t| t.probe = false);
                         }

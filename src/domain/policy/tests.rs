@@ -560,6 +560,7 @@ fn left_out_fields_take_the_defaults_of_y3() {
                 expired_outcome: Outcome::Ignored,
             },
             retry_budget: None,
+            enforce: true,
         }
     );
     // `probe_lease` defaults to the base break, not the backed-off one.
@@ -624,6 +625,7 @@ fn an_empty_spec_has_no_breaker_no_limiter_and_default_leases() {
             limiter: None,
             lease: LeasePolicy::default(),
             retry_budget: None,
+            enforce: true,
         }
     );
     assert_eq!(PolicySpec::default().validate().unwrap(), policy);
@@ -651,6 +653,7 @@ fn the_built_in_default_rule_is_five_failures_in_a_row_a_five_second_break_and_n
                 expired_outcome: Outcome::Ignored,
             },
             retry_budget: None,
+            enforce: true,
         }
     );
     // Written out, it validates to the same policy.

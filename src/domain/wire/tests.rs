@@ -296,6 +296,7 @@ fn every_event_round_trips() {
                     policy: None,
                     ..KeyView::of(&f, 30)
                 },
+                shadow: false,
             };
             let json = serde_json::to_string(&notice).unwrap();
             assert!(

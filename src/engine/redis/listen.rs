@@ -194,7 +194,13 @@ fn event(payload: &[u8]) -> Option<Event> {
     };
     let who = notice.who.as_deref().unwrap_or_default();
     let why = notice.why.as_deref().unwrap_or_default();
-    event_of(&key, &change, &notice.view.view(), Some((who, why)))
+    event_of(
+        &key,
+        &change,
+        &notice.view.view(),
+        Some((who, why)),
+        notice.shadow,
+    )
 }
 
 #[cfg(test)]

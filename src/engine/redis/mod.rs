@@ -96,7 +96,7 @@ struct Sent {
 /// kind, transitions heard, cap refusals.
 #[derive(Debug, Default)]
 struct Counted {
-    decisions: [AtomicU64; 5],
+    decisions: [AtomicU64; 6],
     reasons: [AtomicU64; crate::domain::Reason::COUNT],
     transitions: AtomicU64,
     cap_refusals: [AtomicU64; 3],

@@ -149,7 +149,16 @@ function fillRow(entry, now) {
   cells.since.title = `since ${stamp(d.phase_changed_at_ms)}`;
   cells.keyText.title = `${d.key}\n${d.requests} requests, ${d.turned_away} turned away; ${d.successes} successes, ${d.failures} failures`
     + (d.half_open ? `\nhalf-open: ${halfOpenPolicy(d.half_open)}` : '')
-    + (d.slow ? `\nslow calls: older than ${duration(d.slow.duration_ms)}, trip at ${Math.round(d.slow.ratio * 100)}%; ${d.live_slow} in flight, ${d.slow_calls} so far` : '');
+    + (d.slow ? `\nslow calls: older than ${duration(d.slow.duration_ms)}, trip at ${Math.round(d.slow.ratio * 100)}%; ${d.live_slow} in flight, ${d.slow_calls} so far` : '')
+    + (d.shadow_policy || d.shadow > 0
+      ? `\nshadow policy (dry run): ${d.shadow} requests it would have blocked or denied were granted`
+      : '');
+  if (!cells.shadowTag) {
+    cells.shadowTag = el('span', 'shadow-tag', 'shadow');
+    cells.shadowTag.title = 'enforce = false: decisions are counted, never enforced (isolation is)';
+    cells.key.appendChild(cells.shadowTag);
+  }
+  cells.shadowTag.hidden = !d.shadow_policy;
 
   let breakText = '—';
   let breakClass = 'muted';

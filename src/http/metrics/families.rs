@@ -695,8 +695,8 @@ pub const FAMILIES: &[Family] = &[
     Family {
         name: "fusebox_decisions_total",
         kind: Type::Counter,
-        help: "Final answers to acquires, by decision (a queued request counts once, when answered).",
-        store_help: Some("Final answers to acquires given by this server, by decision (a queued request counts once, when answered)."),
+        help: "Final answers to acquires, by decision (a queued request counts once, when answered; shadow: granted by a shadow policy that would have blocked or denied).",
+        store_help: Some("Final answers to acquires given by this server, by decision (a queued request counts once, when answered; shadow: granted by a shadow policy that would have blocked or denied)."),
         labels: &["decision"],
         when: When::Always,
         read: |s, x| {
@@ -836,7 +836,7 @@ pub const FAMILIES: &[Family] = &[
     Family {
         name: "fusebox_key_requests_total",
         kind: Type::Counter,
-        help: "Answers to acquires on the key, by decision (denied includes the retry budget's denials); restarts when the key is forgotten.",
+        help: "Answers to acquires on the key, by decision (denied includes the retry budget's denials; on a shadow policy blocked and denied count what would have been, and shadow those granted instead); restarts when the key is forgotten.",
         store_help: None,
         labels: &["key", "decision"],
         when: When::Always,
@@ -844,7 +844,14 @@ pub const FAMILIES: &[Family] = &[
             for r in &s.keys {
                 let st = &r.view.stats;
                 let denied = st.denied + st.retry_denied;
-                let by_decision = [st.granted, st.probes, st.blocked, st.refused, denied];
+                let by_decision = [
+                    st.granted,
+                    st.probes,
+                    st.blocked,
+                    st.refused,
+                    denied,
+                    st.shadow,
+                ];
                 for (name, n) in DECISION_NAMES.iter().zip(by_decision) {
                     x.put(&[("key", &r.key), ("decision", name)], n)?;
                 }
