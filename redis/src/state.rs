@@ -6,12 +6,12 @@
 //! the module has no `unsafe` of its own. A string gets RDB, AOF,
 //! replication, `DUMP`/`RESTORE` and slot migration from Redis as they are.
 //!
-//! Layout, version 5 (little-endian; every value starts `FBX` and a
+//! Layout, version 6 (little-endian; every value starts `FBX` and a
 //! version byte, so a reader refuses a string that is not fusebox state,
 //! and one written by a newer module):
 //!
 //! ```text
-//! 0    "FBX", version 5                 4    header length (u32) = HEADER
+//! 0    "FBX", version 6                 4    header length (u32) = HEADER
 //! 8    next deadline (u64; MAX = none)  16   phase (u8)   17 flags (u8)
 //! 20   live tickets (u32)               24   waiters (u32)
 //! 28   policy length (u32)              32   policy id (16 bytes)
@@ -28,12 +28,16 @@
 //!      count u64), waiters, then a half-open period's probing (u8 0 =
 //!      none; 1, then successes u32, shared u8, slots u16, each slot's
 //!      ticket id and end), the retry budget's denials (u64) and its
-//!      segments (u16, then index, first attempts, retries, u64 each)
+//!      segments (u16, then index, first attempts, retries, u64 each),
+//!      then an adaptive limiter's short and long averages (u64 each,
+//!      0 for the other kinds)
 //! ```
 //!
 //! For a token bucket, limiter a is the tick and limiter b the tokens as an
 //! i64 (below 0 once calls cost more than they took, U1); for a fixed
-//! window, a is the window's index and b its count.
+//! window, a is the window's index and b its count; for an adaptive
+//! limiter (kind 5), a is the permits held and b the learned limit in
+//! millionths of a permit.
 //!
 //! The fixed header holds what the settler and the census read without
 //! decoding anything (the next deadline, the phase, the live tickets and
@@ -45,8 +49,9 @@
 //! Versions 1 (`FBX\x01` and the domain's `FuseState` as JSON), 2 (this
 //! layout, but for the ticket table's heap: [`crate::table`]) and 3 (this
 //! layout, but segment counts as u32, and tickets that never settle a
-//! cost) and 4 (this layout without the probing) are still read; the next
-//! write of such a key writes version 5.
+//! cost), 4 (this layout without the probing) and 5 (this layout without
+//! the adaptive averages) are still read; the next write of such a key
+//! writes version 6.
 
 use std::fmt;
 
@@ -61,7 +66,7 @@ use crate::table::{self, u32_at, u64_at};
 pub const MAGIC: &[u8; 3] = b"FBX";
 
 /// The encoding this module writes and the newest it reads.
-pub const ENCODING_VERSION: u8 = 5;
+pub const ENCODING_VERSION: u8 = 6;
 
 /// Bytes of the fixed header of versions 2 and 3.
 pub const HEADER: usize = 272;
@@ -229,7 +234,7 @@ pub struct Header {
     /// the sliding segments and the waiters are read from it).
     pub head: FuseHead,
     /// The limiter's kind code (0 none, 1 concurrency, 2 token bucket,
-    /// 3 fixed window, 4 sliding window) and its two words.
+    /// 3 fixed window, 4 sliding window, 5 adaptive) and its two words.
     limiter: (u8, u64, u64),
 }
 
@@ -434,6 +439,12 @@ impl Header {
                 });
             }
         }
+        // An adaptive limiter's averages, since version 6.
+        let (short, long) = if self.version >= 6 {
+            (r.u64()?, r.u64()?)
+        } else {
+            (0, 0)
+        };
         let (kind, a, b) = self.limiter;
         head.limiter = match kind {
             0 => None,
@@ -446,6 +457,12 @@ impl Header {
             }),
             3 => Some(LimiterState::FixedWindow { index: a, used: b }),
             4 => Some(LimiterState::SlidingWindow { taken }),
+            5 => Some(LimiterState::Adaptive {
+                held: a,
+                limit: b,
+                short,
+                long,
+            }),
             k => return Err(damaged(format!("limiter: kind {k}"))),
         };
         Ok(head)
@@ -530,6 +547,12 @@ pub fn encode_tail(head: &FuseHead) -> Vec<u8> {
         out.extend_from_slice(&s.first.to_le_bytes());
         out.extend_from_slice(&s.retries.to_le_bytes());
     }
+    let (short, long) = match &head.limiter {
+        Some(LimiterState::Adaptive { short, long, .. }) => (*short, *long),
+        _ => (0, 0),
+    };
+    out.extend_from_slice(&short.to_le_bytes());
+    out.extend_from_slice(&long.to_le_bytes());
     out
 }
 
@@ -581,6 +604,7 @@ pub fn encode_header(head: &FuseHead, frame: &Frame) -> [u8; HEADER] {
         Some(LimiterState::TokenBucket { tokens, tick }) => (2, *tick, *tokens as u64),
         Some(LimiterState::FixedWindow { index, used }) => (3, *index, *used),
         Some(LimiterState::SlidingWindow { .. }) => (4, 0, 0),
+        Some(LimiterState::Adaptive { held, limit, .. }) => (5, *held, *limit),
     };
     h[92] = kind;
     h[96..104].copy_from_slice(&a.to_le_bytes());
@@ -651,13 +675,14 @@ mod tests {
         assert_eq!(version(b"FBX"), Err(StateError::NotFusebox));
         assert_eq!(version(b"FBX\x00"), Err(StateError::NotFusebox));
         assert_eq!(version(b"hello"), Err(StateError::NotFusebox));
-        assert_eq!(version(b"FBX\x06x"), Err(StateError::NewerEncoding(6)));
+        assert_eq!(version(b"FBX\x07x"), Err(StateError::NewerEncoding(7)));
+        assert_eq!(version(b"FBX\x06x"), Ok(6));
         assert_eq!(version(b"FBX\x05x"), Ok(5));
         assert_eq!(version(b"FBX\x04x"), Ok(4));
         assert_eq!(version(b"FBX\x03x"), Ok(3));
         assert_eq!(version(b"FBX\x02x"), Ok(2));
         assert_eq!(version(b"FBX\x01{}"), Ok(1));
-        assert!(StateError::NewerEncoding(6)
+        assert!(StateError::NewerEncoding(7)
             .to_string()
             .starts_with("state: "));
     }

@@ -79,6 +79,7 @@ pub(crate) fn print_key(s: &pb::KeyState, json: bool) -> anyhow::Result<()> {
                 "half_open_attempts": s.half_open_attempts,
                 "probes_held": s.probes_held,
                 "half_open_successes": s.half_open_successes,
+                "adaptive_limit": s.adaptive_limit,
                 "open_remaining_ms": open_remaining,
                 "free": s.free,
                 "queued": s.queued,
@@ -100,6 +101,9 @@ pub(crate) fn print_key(s: &pb::KeyState, json: bool) -> anyhow::Result<()> {
     println!("half-open attempts    {}", s.half_open_attempts);
     println!("probe slots held      {}", s.probes_held);
     println!("half-open successes   {}", s.half_open_successes);
+    if s.adaptive_limit > 0 {
+        println!("adaptive limit        {}", s.adaptive_limit);
+    }
     println!("free permits          {}", s.free);
     println!("queued permits        {} ({} waiters)", s.queued, s.waiters);
     println!("live tickets          {}", s.live_tickets);
@@ -160,6 +164,7 @@ pub(crate) fn key_json(s: &pb::KeyState) -> serde_json::Value {
         "half_open_attempts": s.half_open_attempts,
         "probes_held": s.probes_held,
         "half_open_successes": s.half_open_successes,
+        "adaptive_limit": s.adaptive_limit,
         "free": s.free,
         "limit": s.limit,
         "queued": s.queued,

@@ -396,6 +396,8 @@ pub struct View {
     pub changed_at: Millis,
     /// Statistics.
     pub stats: Stats,
+    /// The adaptive limiter's limit in force; 0 without one.
+    pub adaptive_limit: u32,
 }
 
 /// Why an operation was refused. A refused operation changes nothing (E3).
@@ -1113,6 +1115,15 @@ impl<T: TicketTable> Fuse<T> {
             };
             self.phase_changed(from, to, cause, at);
         }
+        // An adaptive limit learns from the completion after the breaker
+        // heard it and before the permits come back (section 10, C5); the
+        // live tickets count the one completing.
+        if let Some(live) = self.live.as_deref_mut() {
+            let count = live.tickets.len() as u64 + 1;
+            if let Some(limiter) = live.book.limiter_mut() {
+                limiter.observe(at.saturating_sub(ticket.granted_at), outcome, count);
+            }
+        }
         if ticket.holds {
             if let Some(limiter) = self.live.as_deref_mut().and_then(|l| l.book.limiter_mut()) {
                 limiter.release(ticket.permits);
@@ -1232,6 +1243,10 @@ impl<T: TicketTable> Fuse<T> {
                 .failure_ratio(self.policy.breaker.as_ref(), now),
             changed_at: self.breaker.changed_at(),
             stats: self.stats(),
+            adaptive_limit: self
+                .limiter()
+                .and_then(Limiter::adaptive_limit)
+                .unwrap_or(0),
         }
     }
 }

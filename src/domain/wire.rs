@@ -601,6 +601,9 @@ pub struct KeyView {
     /// Statistics.
     #[serde(default)]
     pub stats: Stats,
+    /// The adaptive limiter's limit in force (0 without one).
+    #[serde(default)]
+    pub adaptive_limit: u32,
     /// The policy in force, for people reading `FB.GET`. Not read back: a
     /// server runs the policies of its own rules, and a policy of a later
     /// release must not keep it from reading a view.
@@ -646,6 +649,7 @@ impl KeyView {
             failure_ratio,
             changed_at,
             ref stats,
+            adaptive_limit,
         } = *view;
         KeyView {
             phase,
@@ -666,6 +670,7 @@ impl KeyView {
             now_ms: now,
             next_deadline,
             stats: stats.clone(),
+            adaptive_limit,
             policy,
         }
     }
@@ -688,6 +693,7 @@ impl KeyView {
             failure_ratio: self.failure_ratio,
             changed_at: self.changed_at,
             stats: self.stats.clone(),
+            adaptive_limit: self.adaptive_limit,
         }
     }
 }

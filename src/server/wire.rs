@@ -86,6 +86,7 @@ pub fn key_state_of(core: &Core, r: &KeyReading) -> pb::KeyState {
         limit: v.limit,
         probes_held: v.probes_held,
         half_open_successes: v.half_open_successes,
+        adaptive_limit: v.adaptive_limit,
         ..Default::default()
     }
 }

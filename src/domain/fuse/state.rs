@@ -30,16 +30,19 @@ use crate::book::{Book, Waiter};
 use crate::breaker::{Breaker, Probing};
 use crate::budget::{Budget, BudgetSegment, SEGMENTS};
 use crate::health::HealthWindow;
-use crate::limiter::{Concurrency, FixedWindow, Limiter, SlidingWindow, TokenBucket};
+use crate::limiter::{
+    Adaptive, Concurrency, FixedWindow, Limiter, SlidingWindow, TokenBucket, ADAPTIVE_UNIT,
+};
 use crate::policy::{LimiterKind, Policy, PolicyError, PolicySpec};
 use crate::ticket::TicketId;
 use crate::{Millis, Phase, Reason};
 
 /// The version of [`FuseState`] this build writes, and the newest it reads.
-/// Version 3 added the breaker's `probing` (H1-H4); version 2 added
+/// Version 4 added the adaptive limiter's state; version 3 added the
+/// breaker's `probing` (H1-H4); version 2 added
 /// tickets' `granted_at` and `settles` and a token bucket's negative tokens
 /// (U1); version 1 is read with neither (its tickets settle no cost).
-pub const STATE_VERSION: u32 = 3;
+pub const STATE_VERSION: u32 = 4;
 
 /// The largest time, count or epoch a state may hold: 2^53, far beyond
 /// anything a key reaches (285,000 years of milliseconds, or 2^53 events),
@@ -166,6 +169,17 @@ pub enum LimiterState {
         /// `[segment index, permits taken]`, oldest first.
         taken: Vec<(u64, u64)>,
     },
+    /// An adaptive limit and what it learned (section 10, CX20-CX27).
+    Adaptive {
+        /// Permits held.
+        held: u64,
+        /// The learned limit, in millionths of a permit.
+        limit: u64,
+        /// The short average of ages, in thousandths of a ms (0: none yet).
+        short: u64,
+        /// The long average of ages, in thousandths of a ms (0: none yet).
+        long: u64,
+    },
 }
 
 impl LimiterState {
@@ -175,6 +189,7 @@ impl LimiterState {
             LimiterState::TokenBucket { .. } => "token_bucket",
             LimiterState::FixedWindow { .. } => "fixed_window",
             LimiterState::SlidingWindow { .. } => "sliding_window",
+            LimiterState::Adaptive { .. } => "adaptive",
         }
     }
 }
@@ -378,8 +393,20 @@ pub enum StateError {
         /// The breaker's epoch.
         current: u64,
     },
+    /// An adaptive limit outside its policy's `[min, max]`.
+    #[error("limiter.limit: {limit} millionths, outside the policy's [{low}, {high}]")]
+    AdaptiveLimit {
+        /// The state's limit.
+        limit: u64,
+        /// `min`, in millionths.
+        low: u64,
+        /// `max`, in millionths.
+        high: u64,
+    },
     /// A ticket holds permits that no concurrency limiter takes back.
-    #[error("tickets: {0} holds permits, but the limiter is not a concurrency limiter")]
+    #[error(
+        "tickets: {0} holds permits, but the limiter is not a concurrency or adaptive limiter"
+    )]
     HoldsWithoutConcurrency(TicketId),
     /// A ticket settles a cost, but the limiter is not a token bucket or window.
     #[error("tickets: {0} settles a cost, but the limiter is not a token bucket or window")]
@@ -608,6 +635,15 @@ impl Limiter {
             Limiter::SlidingWindow(t) => LimiterState::SlidingWindow {
                 taken: t.state.taken.iter().copied().collect(),
             },
+            Limiter::Adaptive(t) => {
+                let (limit, short, long) = t.state.parts();
+                LimiterState::Adaptive {
+                    held: t.state.held(),
+                    limit,
+                    short,
+                    long,
+                }
+            }
         }
     }
 
@@ -645,6 +681,26 @@ impl Limiter {
                 t.state = SlidingWindow {
                     taken: taken.iter().copied().collect(),
                 };
+            }
+            (
+                Limiter::Adaptive(t),
+                &LimiterState::Adaptive {
+                    held,
+                    limit,
+                    short,
+                    long,
+                },
+            ) => {
+                let (low, high) = (
+                    u64::from(t.settings.min.get()) * ADAPTIVE_UNIT,
+                    u64::from(t.settings.max.get()) * ADAPTIVE_UNIT,
+                );
+                if !(low..=high).contains(&limit) {
+                    return Err(StateError::AdaptiveLimit { limit, low, high });
+                }
+                at_most("limiter.short", short, LIMIT)?;
+                at_most("limiter.long", long, LIMIT)?;
+                t.state = Adaptive::from_parts(held, limit, short, long);
             }
             (_, s) => {
                 return Err(StateError::LimiterKind {
@@ -829,7 +885,7 @@ fn checked_tickets(
         }
         probes += usize::from(t.probe);
         if t.holds {
-            if !matches!(kind, Some(LimiterKind::Concurrency { .. })) {
+            if !kind.is_some_and(LimiterKind::returns_permits) {
                 return Err(StateError::HoldsWithoutConcurrency(t.id));
             }
             held += u64::from(t.permits);
@@ -904,7 +960,14 @@ fn assemble<T: TicketTable>(
         }
     };
     let (table, held) = tickets(&breaker, kind.as_ref())?;
-    if let (Some(LimiterState::Concurrency { held: in_use }), Some(held)) = (&head.limiter, held) {
+    if let (
+        Some(
+            LimiterState::Concurrency { held: in_use }
+            | LimiterState::Adaptive { held: in_use, .. },
+        ),
+        Some(held),
+    ) = (&head.limiter, held)
+    {
         if *in_use != held {
             return Err(StateError::HeldPermits {
                 held: *in_use,

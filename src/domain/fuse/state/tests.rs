@@ -496,11 +496,11 @@ fn a_fresh_key_at_rest_reads_back_owning_nothing() {
 
 #[test]
 fn an_unknown_version_is_refused() {
-    assert_eq!(refused(|s| s.version = 4), StateError::UnknownVersion(4));
+    assert_eq!(refused(|s| s.version = 5), StateError::UnknownVersion(5));
     assert_eq!(refused(|s| s.version = 0), StateError::UnknownVersion(0));
     assert_eq!(
-        StateError::UnknownVersion(4).to_string(),
-        "version: 4 is not a state version this build reads (it reads 1 to 3)"
+        StateError::UnknownVersion(5).to_string(),
+        "version: 5 is not a state version this build reads (it reads 1 to 4)"
     );
 }
 
