@@ -85,6 +85,7 @@ fn key_state(
         "half_open_attempts": half_open_attempts,
         "probes_held": 0,
         "half_open_successes": 0,
+        "adaptive_limit": 0,
         "open_remaining_ms": open_remaining_ms,
         "free": free,
         "queued": queued,

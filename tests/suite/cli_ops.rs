@@ -106,6 +106,7 @@ fn key(name: &str, phase: &str, fields: Value, stats: Value) -> Value {
         "half_open_attempts": 0,
         "probes_held": 0,
         "half_open_successes": 0,
+        "adaptive_limit": 0,
         "free": 0,
         "limit": 0,
         "queued": 0,
