@@ -1515,3 +1515,21 @@ async fn an_adaptive_key_shows_the_same_limit_with_a_store() {
     an_adaptive_limit_of_five(&server, "adaptive/a").await;
     check_adaptive_surfaces(&server, "adaptive/a").await;
 }
+
+/// The README's adaptive example is a valid config whose rule has the
+/// limits it says.
+#[test]
+fn the_readme_adaptive_example_is_a_valid_config() {
+    let readme = include_str!("../../README.md");
+    let example = readme
+        .split("**Adaptive concurrency.**")
+        .nth(1)
+        .and_then(|s| s.split("```toml\n").nth(1))
+        .and_then(|s| s.split("```").next())
+        .expect("the README's adaptive example");
+    let config = fusebox::config::Config::parse(example, "README.md").expect("a valid config");
+    let rule = config.rules.rules.first().expect("one rule");
+    let kind = rule.policy.limiter.expect("a limiter").kind;
+    assert_eq!(kind.name(), "adaptive");
+    assert_eq!(kind.limit(), 200, "P2's limit is max");
+}
