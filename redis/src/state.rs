@@ -29,8 +29,9 @@
 //!      none; 1, then successes u32, shared u8, slots u16, each slot's
 //!      ticket id and end), the retry budget's denials (u64) and its
 //!      segments (u16, then index, first attempts, retries, u64 each),
-//!      then an adaptive limiter's short and long averages (u64 each,
-//!      0 for the other kinds)
+//!      then an adaptive limiter's short average, lowest short averages
+//!      of the current and the previous window, and the window's index
+//!      (u64 each, 0 for the other kinds)
 //! ```
 //!
 //! For a token bucket, limiter a is the tick and limiter b the tokens as an
@@ -439,12 +440,14 @@ impl Header {
                 });
             }
         }
-        // An adaptive limiter's averages, since version 6.
-        let (short, long) = if self.version >= 6 {
-            (r.u64()?, r.u64()?)
-        } else {
-            (0, 0)
-        };
+        // An adaptive limiter's averages and windows, since version 6.
+        let mut averages = [0u64; 4];
+        if self.version >= 6 {
+            for a in &mut averages {
+                *a = r.u64()?;
+            }
+        }
+        let [short, low, before, window] = averages;
         let (kind, a, b) = self.limiter;
         head.limiter = match kind {
             0 => None,
@@ -461,7 +464,9 @@ impl Header {
                 held: a,
                 limit: b,
                 short,
-                long,
+                low,
+                before,
+                window,
             }),
             k => return Err(damaged(format!("limiter: kind {k}"))),
         };
@@ -547,12 +552,19 @@ pub fn encode_tail(head: &FuseHead) -> Vec<u8> {
         out.extend_from_slice(&s.first.to_le_bytes());
         out.extend_from_slice(&s.retries.to_le_bytes());
     }
-    let (short, long) = match &head.limiter {
-        Some(LimiterState::Adaptive { short, long, .. }) => (*short, *long),
-        _ => (0, 0),
+    let averages = match &head.limiter {
+        Some(LimiterState::Adaptive {
+            short,
+            low,
+            before,
+            window,
+            ..
+        }) => [*short, *low, *before, *window],
+        _ => [0; 4],
     };
-    out.extend_from_slice(&short.to_le_bytes());
-    out.extend_from_slice(&long.to_le_bytes());
+    for a in averages {
+        out.extend_from_slice(&a.to_le_bytes());
+    }
     out
 }
 

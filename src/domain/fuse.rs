@@ -1121,7 +1121,7 @@ impl<T: TicketTable> Fuse<T> {
         if let Some(live) = self.live.as_deref_mut() {
             let count = live.tickets.len() as u64 + 1;
             if let Some(limiter) = live.book.limiter_mut() {
-                limiter.observe(at.saturating_sub(ticket.granted_at), outcome, count);
+                limiter.observe(at.saturating_sub(ticket.granted_at), outcome, count, at);
             }
         }
         if ticket.holds {

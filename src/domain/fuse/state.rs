@@ -177,8 +177,12 @@ pub enum LimiterState {
         limit: u64,
         /// The short average of ages, in thousandths of a ms (0: none yet).
         short: u64,
-        /// The long average of ages, in thousandths of a ms (0: none yet).
-        long: u64,
+        /// The lowest short average in the current baseline window (0: none).
+        low: u64,
+        /// The lowest short average in the window before (0: none).
+        before: u64,
+        /// The current baseline window's index.
+        window: u64,
     },
 }
 
@@ -636,12 +640,14 @@ impl Limiter {
                 taken: t.state.taken.iter().copied().collect(),
             },
             Limiter::Adaptive(t) => {
-                let (limit, short, long) = t.state.parts();
+                let [limit, short, low, before, window] = t.state.parts();
                 LimiterState::Adaptive {
                     held: t.state.held(),
                     limit,
                     short,
-                    long,
+                    low,
+                    before,
+                    window,
                 }
             }
         }
@@ -688,19 +694,31 @@ impl Limiter {
                     held,
                     limit,
                     short,
-                    long,
+                    low,
+                    before,
+                    window,
                 },
             ) => {
-                let (low, high) = (
+                let (bottom, top) = (
                     u64::from(t.settings.min.get()) * ADAPTIVE_UNIT,
                     u64::from(t.settings.max.get()) * ADAPTIVE_UNIT,
                 );
-                if !(low..=high).contains(&limit) {
-                    return Err(StateError::AdaptiveLimit { limit, low, high });
+                if !(bottom..=top).contains(&limit) {
+                    return Err(StateError::AdaptiveLimit {
+                        limit,
+                        low: bottom,
+                        high: top,
+                    });
                 }
                 at_most("limiter.short", short, LIMIT)?;
-                at_most("limiter.long", long, LIMIT)?;
-                t.state = Adaptive::from_parts(held, limit, short, long);
+                at_most("limiter.low", low, LIMIT)?;
+                at_most("limiter.before", before, LIMIT)?;
+                at_most(
+                    "limiter.window",
+                    window,
+                    last_now / crate::limiter::BASELINE_WINDOW,
+                )?;
+                t.state = Adaptive::from_parts(held, [limit, short, low, before, window]);
             }
             (_, s) => {
                 return Err(StateError::LimiterKind {

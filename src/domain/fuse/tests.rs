@@ -2377,7 +2377,7 @@ mod adaptive_model {
             width in 0u32..20,
             start in 0u32..20,
             expired in prop::sample::select(vec![Outcome::Ignored, Outcome::Failure]),
-            steps in prop::collection::vec((0u64..60, op()), 1..150),
+            steps in prop::collection::vec((0u64..300, op()), 1..150),
         ) {
             let (mut lo, mut hi) = (min, min + width);
             let initial = lo + start.min(width);

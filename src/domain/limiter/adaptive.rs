@@ -18,13 +18,14 @@ pub const UNIT: u64 = 1_000_000;
 pub const AGE_UNIT: u64 = 1_000;
 /// The short average moves by 1/`SHORT_WEIGHT` of a sample's difference.
 pub const SHORT_WEIGHT: u64 = 10;
-/// The long average moves by 1/`LONG_WEIGHT` of a sample's difference.
-pub const LONG_WEIGHT: u64 = 100;
+/// The baseline is the lowest short average of the current and the
+/// previous window of `BASELINE_WINDOW` ms, aligned to its multiples (K4).
+pub const BASELINE_WINDOW: Millis = 10_000;
 /// The gradient's bounds and tolerance, in millionths.
 pub const GRADIENT_MIN: u64 = 500_000;
 /// The gradient's upper bound: the limit never shrinks when ages are flat.
 pub const GRADIENT_MAX: u64 = 1_000_000;
-/// Ages up to 1.5 times the long average count as no worse than usual.
+/// Ages up to 1.5 times the baseline count as no worse than usual.
 pub const TOLERANCE: u64 = 1_500_000;
 /// The new limit weighs `SMOOTHING` millionths, the old one the rest.
 pub const SMOOTHING: u64 = 200_000;
@@ -42,7 +43,8 @@ pub struct AdaptiveSettings {
     pub initial: NonZeroU32,
 }
 
-/// Permits held by live tickets, the learned limit and the two averages.
+/// Permits held by live tickets, the learned limit, the short average and
+/// the baseline's windows.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Adaptive {
     pub(crate) held: u64,
@@ -50,8 +52,12 @@ pub struct Adaptive {
     pub(crate) limit: u64,
     /// The short average of ages, in thousandths of a ms; 0 = no sample yet.
     pub(crate) short: u64,
-    /// The long average of ages, in thousandths of a ms; 0 = no sample yet.
-    pub(crate) long: u64,
+    /// The lowest short average in the current window; 0 = none.
+    pub(crate) low: u64,
+    /// The lowest short average in the window before; 0 = none.
+    pub(crate) before: u64,
+    /// The current window's index: it starts at `window * BASELINE_WINDOW`.
+    pub(crate) window: u64,
 }
 
 impl Adaptive {
@@ -65,19 +71,22 @@ impl Adaptive {
         u32::try_from(self.limit / UNIT).unwrap_or(u32::MAX)
     }
 
-    /// The learned limit (millionths), the short and the long average
-    /// (thousandths of a ms).
-    pub fn parts(&self) -> (u64, u64, u64) {
-        (self.limit, self.short, self.long)
+    /// The learned limit (millionths), the short average, the lowest
+    /// short averages of the current and the previous window (thousandths
+    /// of a ms) and the current window's index.
+    pub fn parts(&self) -> [u64; 5] {
+        [self.limit, self.short, self.low, self.before, self.window]
     }
 
     /// The state with these parts, as [`Adaptive::parts`] gives them.
-    pub fn from_parts(held: u64, limit: u64, short: u64, long: u64) -> Adaptive {
+    pub fn from_parts(held: u64, [limit, short, low, before, window]: [u64; 5]) -> Adaptive {
         Adaptive {
             held,
             limit,
             short,
-            long,
+            low,
+            before,
+            window,
         }
     }
 
@@ -87,10 +96,17 @@ impl Adaptive {
         self.limit = self.limit.clamp(low, high);
     }
 
-    /// Learns from one completion of a non-shadow ticket (CX21-CX24): its
-    /// `age` at the completion, its `outcome`, and the key's `live` tickets
+    /// Learns from one completion of a non-shadow ticket at `now`
+    /// (CX21-CX24): its `age`, its `outcome`, and the key's `live` tickets
     /// counting the one completing.
-    pub fn observe(&mut self, s: &AdaptiveSettings, age: Millis, outcome: Outcome, live: u64) {
+    pub fn observe(
+        &mut self,
+        s: &AdaptiveSettings,
+        age: Millis,
+        outcome: Outcome,
+        live: u64,
+        now: Millis,
+    ) {
         match outcome {
             Outcome::Ignored => {}
             Outcome::Failure => {
@@ -98,20 +114,37 @@ impl Adaptive {
                 self.clamp(s);
             }
             Outcome::Success => {
-                let sample = age.max(1).saturating_mul(AGE_UNIT);
-                if self.short == 0 {
-                    self.short = sample;
-                    self.long = sample;
-                } else {
-                    self.short = ewma(self.short, sample, SHORT_WEIGHT);
-                    self.long = ewma(self.long, sample, LONG_WEIGHT);
+                let window = now / BASELINE_WINDOW;
+                if window != self.window {
+                    self.before = if window == self.window + 1 {
+                        self.low
+                    } else {
+                        0
+                    };
+                    self.low = 0;
+                    self.window = window;
                 }
+                let sample = age.max(1).saturating_mul(AGE_UNIT);
+                self.short = if self.short == 0 {
+                    sample
+                } else {
+                    ewma(self.short, sample, SHORT_WEIGHT)
+                };
+                self.low = if self.low == 0 {
+                    self.short
+                } else {
+                    self.low.min(self.short)
+                };
+                let baseline = match self.before {
+                    0 => self.low,
+                    before => before.min(self.low),
+                };
                 let whole = self.limit / UNIT;
                 if live.saturating_mul(2) < whole {
                     // Too few calls in flight to say anything about the limit.
                     return;
                 }
-                let gradient = mul_div(self.long, TOLERANCE, self.short.max(1))
+                let gradient = mul_div(baseline, TOLERANCE, self.short.max(1))
                     .clamp(GRADIENT_MIN, GRADIENT_MAX);
                 let target = mul_div(self.limit, gradient, UNIT)
                     .saturating_add(isqrt(whole).max(1).saturating_mul(UNIT));
@@ -162,10 +195,8 @@ impl Algorithm for Adaptive {
 
     fn full(s: &AdaptiveSettings, _: Millis) -> Self {
         Adaptive {
-            held: 0,
             limit: u64::from(s.initial.get()) * UNIT,
-            short: 0,
-            long: 0,
+            ..Adaptive::default()
         }
     }
 
@@ -236,27 +267,42 @@ mod tests {
     fn flat_ages_under_load_grow_the_limit_by_a_fifth_of_its_root() {
         let s = settings(1, 100, 10);
         let mut a = Adaptive::full(&s, 0);
-        a.observe(&s, 20, Outcome::Success, 10);
+        a.observe(&s, 20, Outcome::Success, 10, 0);
         // gradient 1: target = 10 + 3; limit = 10 * 0.8 + 13 * 0.2 = 10.6
         assert_eq!(a.limit, 10_600_000);
-        assert_eq!((a.short, a.long), (20_000, 20_000));
+        assert_eq!((a.short, a.low, a.before), (20_000, 20_000, 0));
     }
 
     #[test]
     fn doubled_ages_shrink_the_limit_and_failures_back_off() {
         let s = settings(2, 100, 20);
         let mut a = Adaptive::full(&s, 0);
-        a.observe(&s, 20, Outcome::Success, 20);
+        a.observe(&s, 20, Outcome::Success, 20, 0);
         let before = a.limit;
         for _ in 0..20 {
-            a.observe(&s, 80, Outcome::Success, 20);
+            a.observe(&s, 80, Outcome::Success, 20, 0);
         }
         assert!(a.limit < before, "{} < {before}", a.limit);
         let l = a.limit;
-        a.observe(&s, 1, Outcome::Failure, 1);
+        a.observe(&s, 1, Outcome::Failure, 1, 0);
         assert_eq!(a.limit, (l * 9 / 10).max(2 * UNIT));
-        a.observe(&s, 1, Outcome::Ignored, 1);
+        a.observe(&s, 1, Outcome::Ignored, 1, 0);
         assert_eq!(a.limit, (l * 9 / 10).max(2 * UNIT));
+    }
+
+    #[test]
+    fn the_baseline_is_the_lowest_short_average_of_two_windows() {
+        let s = settings(1, 100, 10);
+        let mut a = Adaptive::full(&s, 0);
+        a.observe(&s, 20, Outcome::Success, 10, 9_000);
+        a.observe(&s, 40, Outcome::Success, 10, 10_000);
+        assert_eq!(
+            (a.short, a.low, a.before, a.window),
+            (22_000, 22_000, 20_000, 1)
+        );
+        a.observe(&s, 40, Outcome::Success, 10, 30_000);
+        // Two windows on: neither lowest is kept.
+        assert_eq!((a.short, a.low, a.before, a.window), (23_800, 23_800, 0, 3));
     }
 
     #[test]

@@ -20,7 +20,7 @@ mod token_bucket;
 
 use std::fmt::Debug;
 
-pub use adaptive::{Adaptive, AdaptiveSettings, UNIT as ADAPTIVE_UNIT};
+pub use adaptive::{Adaptive, AdaptiveSettings, BASELINE_WINDOW, UNIT as ADAPTIVE_UNIT};
 pub use concurrency::{Concurrency, ConcurrencySettings};
 pub use fixed_window::{FixedWindow, FixedWindowSettings};
 pub use sliding_window::{SlidingWindow, SlidingWindowSettings};
@@ -240,13 +240,13 @@ impl Limiter {
         }
     }
 
-    /// Learns from a non-shadow ticket's completion (adaptive only; the
+    /// Learns from a non-shadow ticket's completion at `now` (adaptive only; the
     /// other kinds ignore it): its `age`, `outcome`, and the key's `live`
     /// tickets counting the one completing. Called after the outcome
     /// reached the breaker and before the permits come back (C5).
-    pub fn observe(&mut self, age: Millis, outcome: Outcome, live: u64) {
+    pub fn observe(&mut self, age: Millis, outcome: Outcome, live: u64, now: Millis) {
         if let Limiter::Adaptive(t) = self {
-            t.state.observe(&t.settings, age, outcome, live);
+            t.state.observe(&t.settings, age, outcome, live, now);
         }
     }
 
