@@ -924,7 +924,15 @@ async fn adaptive_limits_out_of_range_are_refused_naming_the_field() {
     };
     let dir = tempfile::tempdir().expect("a temp dir");
     // (field, what is wrong, min, max, initial, the limiter in TOML).
-    let cases: [(&str, &str, u32, u32, Option<u32>, &str); 6] = [
+    type Case = (
+        &'static str,
+        &'static str,
+        u32,
+        u32,
+        Option<u32>,
+        &'static str,
+    );
+    let cases: [Case; 6] = [
         ("min", "min = 0", 0, 10, None, "min = 0, max = 10"),
         ("max", "max = 0", 1, 0, None, "min = 1, max = 0"),
         ("max", "max below min", 5, 4, None, "min = 5, max = 4"),
@@ -1046,10 +1054,7 @@ async fn an_adaptive_limiter_reads_back_as_set() {
         )
         .await
         .unwrap_or_else(|e| panic!("{what} is a valid limiter: {e:?}"));
-        let kind = |p: Option<&pb::Policy>| {
-            p.and_then(|p| p.limiter.as_ref())
-                .and_then(|l| l.kind.clone())
-        };
+        let kind = |p: Option<&pb::Policy>| p.and_then(|p| p.limiter.as_ref()).and_then(|l| l.kind);
         assert_eq!(
             kind(set.policy.as_ref()),
             Some(pb::limiter::Kind::Adaptive(shown)),
