@@ -140,16 +140,17 @@ impl Adaptive {
                     before => before.min(self.low),
                 };
                 let whole = self.limit / UNIT;
-                if live.saturating_mul(2) < whole {
-                    // Too few calls in flight to say anything about the limit.
-                    return;
-                }
                 let gradient = mul_div(baseline, TOLERANCE, self.short.max(1))
                     .clamp(GRADIENT_MIN, GRADIENT_MAX);
                 let target = mul_div(self.limit, gradient, UNIT)
                     .saturating_add(isqrt(whole).max(1).saturating_mul(UNIT));
-                self.limit = mul_div(self.limit, UNIT - SMOOTHING, UNIT)
+                let next = mul_div(self.limit, UNIT - SMOOTHING, UNIT)
                     .saturating_add(mul_div(target, SMOOTHING, UNIT));
+                // Too few calls in flight to show the limit is too low: it
+                // may shrink, never grow.
+                if next < self.limit || live.saturating_mul(2) >= whole {
+                    self.limit = next;
+                }
                 self.clamp(s);
             }
         }
