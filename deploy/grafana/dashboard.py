@@ -135,6 +135,16 @@ PANELS: list[Row | Panel] = [
     panel("Waiters", ("max(fusebox_waiters{$sel})", "waiters"), ("max(fusebox_max_waiters{$sel})", "cap")),
     panel("Queued permits by key", "topk(10, max by (key) (fusebox_key_queued_permits{$sel}))", legend="{{key}}"),
     panel("Free permits by key", "topk(10, max by (key) (fusebox_key_free_permits{$sel}))", legend="{{key}}"),
+    panel(
+        "Adaptive limits",
+        ("max by (key) (fusebox_key_adaptive_limit{$sel})", "{{key}} limit"),
+        (
+            "max by (key) (fusebox_key_free_permits{$sel}) and on (key) fusebox_key_adaptive_limit{$sel}",
+            "{{key}} free",
+        ),
+        description="The limit each adaptive key has learned from its calls' durations (between its policy's"
+        " limiter.min and limiter.max), and its permits free now. Per-key series.",
+    ),
     row("Connections and streams"),
     panel(
         "gRPC connections",

@@ -36,6 +36,10 @@ rate_limit = { unit = "minute", requests_per_unit = 100, algorithm = "sliding_wi
 match = "shop/*"
 breaker = { mode = "consecutive", failures = 2, break = "1m" }
 limiter = { kind = "concurrency", permits = 4, queue_limit = 8 }
+
+[[rule]]
+match = "adaptive/*"
+limiter = { kind = "adaptive", min = 1, max = 20, initial = 4 }
 """
 
 # PromQL words that are not metric names.
@@ -162,6 +166,7 @@ def traffic(server: Server) -> None:
     blocked = json.loads(server.cli("acquire", "shop/cart", "--json"))
     assert blocked["decision"] == "BLOCKED", blocked
     server.cli("acquire", "other/key")
+    server.cli("acquire", "adaptive/key")
 
 
 def scrape(server: Server) -> set[str]:
@@ -237,6 +242,7 @@ def test_dashboard_covers_the_asked_for_figures():
         "fusebox_keys_by_phase",
         "fusebox_key_probes_held",
         "fusebox_key_live_slow",
+        "fusebox_key_adaptive_limit",
         "fusebox_tickets",
         "fusebox_waiters",
         "fusebox_connections",

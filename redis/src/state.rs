@@ -37,14 +37,19 @@
 //!      slow calls (u8 0 = none; 1, then since u64, live u32, pending u32,
 //!      each pending ticket's instant u64, id (16), counted u8 and caller
 //!      u32, then the live slow tickets' callers (u16, then caller u32 and
-//!      count u32 each)), then the shadow grants (u64, D1)
+//!      count u32 each)), then the shadow grants (u64, D1), then
+//!      an adaptive limiter's short average, lowest short averages
+//!      of the current and the previous window, and the window's index
+//!      (u64 each, 0 for the other kinds)
 //! ```
 //!
 //! A shadow ticket (D2) is flagged in its slot ([`crate::table`]).
 //!
 //! For a token bucket, limiter a is the tick and limiter b the tokens as an
 //! i64 (below 0 once calls cost more than they took, U1); for a fixed
-//! window, a is the window's index and b its count.
+//! window, a is the window's index and b its count; for an adaptive
+//! limiter (kind 5), a is the permits held and b the learned limit in
+//! millionths of a permit.
 //!
 //! The fixed header holds what the settler and the census read without
 //! decoding anything (the next deadline, the phase, the live tickets and
@@ -57,9 +62,10 @@
 //! layout, but for the ticket table's heap: [`crate::table`]) and 3 (this
 //! layout, but segment counts as u32, and tickets that never settle a
 //! cost), 4 (this layout without the probing) and 5 (without callers, slow
-//! calls and shadow grants: its waiters and tickets read as called by the
-//! caller whose fingerprint is 0, and none is a shadow ticket) are still
-//! read; the next write of such a key writes version 6.
+//! calls, shadow grants and the adaptive averages: its waiters and tickets
+//! read as called by the caller whose fingerprint is 0, and none is a
+//! shadow ticket) are still read; the next write of such a key writes
+//! version 6.
 
 use std::fmt;
 
@@ -243,7 +249,7 @@ pub struct Header {
     /// the sliding segments and the waiters are read from it).
     pub head: FuseHead,
     /// The limiter's kind code (0 none, 1 concurrency, 2 token bucket,
-    /// 3 fixed window, 4 sliding window) and its two words.
+    /// 3 fixed window, 4 sliding window, 5 adaptive) and its two words.
     limiter: (u8, u64, u64),
 }
 
@@ -520,6 +526,14 @@ impl Header {
             // The shadow grants (D1).
             head.counters.shadow = r.u64()?;
         }
+        // An adaptive limiter's averages and windows, since version 6.
+        let mut averages = [0u64; 4];
+        if self.version >= 6 {
+            for a in &mut averages {
+                *a = r.u64()?;
+            }
+        }
+        let [short, low, before, window] = averages;
         let (kind, a, b) = self.limiter;
         head.limiter = match kind {
             0 => None,
@@ -532,6 +546,14 @@ impl Header {
             }),
             3 => Some(LimiterState::FixedWindow { index: a, used: b }),
             4 => Some(LimiterState::SlidingWindow { taken }),
+            5 => Some(LimiterState::Adaptive {
+                held: a,
+                limit: b,
+                short,
+                low,
+                before,
+                window,
+            }),
             k => return Err(damaged(format!("limiter: kind {k}"))),
         };
         Ok(head)
@@ -666,6 +688,19 @@ pub fn encode_tail(head: &FuseHead) -> Vec<u8> {
         }
     }
     out.extend_from_slice(&head.counters.shadow.to_le_bytes());
+    let averages = match &head.limiter {
+        Some(LimiterState::Adaptive {
+            short,
+            low,
+            before,
+            window,
+            ..
+        }) => [*short, *low, *before, *window],
+        _ => [0; 4],
+    };
+    for a in averages {
+        out.extend_from_slice(&a.to_le_bytes());
+    }
     out
 }
 
@@ -717,6 +752,7 @@ pub fn encode_header(head: &FuseHead, frame: &Frame) -> [u8; HEADER] {
         Some(LimiterState::TokenBucket { tokens, tick }) => (2, *tick, *tokens as u64),
         Some(LimiterState::FixedWindow { index, used }) => (3, *index, *used),
         Some(LimiterState::SlidingWindow { .. }) => (4, 0, 0),
+        Some(LimiterState::Adaptive { held, limit, .. }) => (5, *held, *limit),
     };
     h[92] = kind;
     h[96..104].copy_from_slice(&a.to_le_bytes());

@@ -30,6 +30,10 @@
 //!   `breaker.slow`: the time from the hang's start to the breaker's
 //!   opening through in-flight slow calls, against the instant S3 says,
 //!   embedded or `--store`.
+//! - `adaptive-limit`: callers on one key with an adaptive limiter in
+//!   front of a simulated dependency whose latency doubles above a number
+//!   of calls in flight: the limit and the latency second by second, as a
+//!   table, a CSV and an SVG plot, embedded or `--store`.
 //! - `redis-cpu`: the fusebox Redis module against a Lua script doing the
 //!   same work, straight on a Redis or Redis Cluster (no fusebox server):
 //!   decisions/s, latency and Redis CPU per decision.
@@ -43,6 +47,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod adaptive;
 mod arms;
 mod attack;
 mod beside;
@@ -241,6 +246,50 @@ enum Mode {
         /// How long each call takes while the dependency answers.
         #[arg(long, default_value = "20ms", value_parser = fusebox::domain::policy::parse_duration)]
         call_time: u64,
+        /// Start the server on this store (redis://HOST:PORT or
+        /// redis-cluster://H1:P1,...) instead of embedded.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
+    },
+    /// An adaptive concurrency limiter on one key (`adaptive/dependency`)
+    /// in front of a simulated dependency that answers in
+    /// `--base-latency` with up to `--knee` calls inside and twice as slowly
+    /// above (from `--shift` on, above `--knee-later`): every caller sends
+    /// Acquires in a closed loop, runs each granted call against the
+    /// dependency and completes it; each second the tool reads the key's
+    /// `adaptive_limit` and the mean latency. Starts the server itself with
+    /// the limiter on `adaptive/*` (embedded, or on `--store`), unless
+    /// `--target` (whose server must have it).
+    AdaptiveLimit {
+        /// The limiter's min.
+        #[arg(long, default_value_t = 1)]
+        min: u32,
+        /// The limiter's max.
+        #[arg(long, default_value_t = 200)]
+        max: u32,
+        /// The limiter's initial.
+        #[arg(long, default_value_t = 10)]
+        initial: u32,
+        /// The dependency's latency below its knee.
+        #[arg(long, default_value = "20ms", value_parser = fusebox::domain::policy::parse_duration)]
+        base_latency: u64,
+        /// Calls inside the dependency above which every new call takes
+        /// twice as long.
+        #[arg(long, default_value_t = 40)]
+        knee: usize,
+        /// The knee from `--shift` on (the dependency loses capacity).
+        #[arg(long, default_value_t = 20)]
+        knee_later: usize,
+        /// When the knee moves, from the start of the measurement
+        /// (default: half the `--duration`).
+        #[arg(long, value_parser = fusebox::domain::policy::parse_duration)]
+        shift: Option<u64>,
+        /// Write the samples as CSV here.
+        #[arg(long, value_name = "PATH")]
+        csv: Option<std::path::PathBuf>,
+        /// Write the plot of the limit and the latency as SVG here.
+        #[arg(long, value_name = "PATH")]
+        svg: Option<std::path::PathBuf>,
         /// Start the server on this store (redis://HOST:PORT or
         /// redis-cluster://H1:P1,...) instead of embedded.
         #[arg(long, value_name = "URL")]
@@ -515,6 +564,41 @@ async fn run(
         stopped?;
         return report(o, Some(&target), mode, &text, figures, &warnings);
     }
+    if let Some(Mode::AdaptiveLimit {
+        min,
+        max,
+        initial,
+        base_latency,
+        knee,
+        knee_later,
+        shift,
+        csv,
+        svg,
+        store,
+    }) = cli.mode.clone()
+    {
+        let limits = adaptive::Limits { min, max, initial };
+        let dependency = adaptive::Dependency {
+            base_ms: base_latency.max(1),
+            knee,
+            knee_later,
+            shift_ms: shift.unwrap_or(o.duration / 2),
+        };
+        let mut target = own_server(
+            o,
+            "adaptive-limit",
+            "the limiter on adaptive/*; set it with --min, --max and --initial",
+            &adaptive::config(&limits),
+            store.as_deref(),
+        )
+        .await?;
+        let outputs = adaptive::Outputs { csv, svg };
+        let outcome = adaptive::adaptive_mode(o, &mut target, &limits, &dependency, &outputs).await;
+        let stopped = target.stop().await;
+        let (mode, text, figures) = outcome?;
+        stopped?;
+        return report(o, Some(&target), mode, &text, figures, &warnings);
+    }
     if let Some(Mode::Beside { store }) = &cli.mode {
         anyhow::ensure!(
             o.target.is_none(),
@@ -572,6 +656,7 @@ async fn run(
             | Mode::Attack { .. }
             | Mode::RetryStorm { .. }
             | Mode::Hang { .. }
+            | Mode::AdaptiveLimit { .. }
             | Mode::RlsConformance,
         ) => {
             unreachable!("measured above, with servers of their own")
@@ -581,4 +666,55 @@ async fn run(
     let (mode, text, figures) = outcome?;
     stopped?;
     report(o, Some(&target), mode, &text, figures, &warnings)
+}
+
+/// The server a mode with a config of its own runs against: `--target`
+/// (which must have that config already), or one the tool starts with
+/// `config` (embedded, or on `store`).
+async fn own_server(
+    o: &Options,
+    mode: &str,
+    what: &str,
+    config: &str,
+    store: Option<&str>,
+) -> anyhow::Result<Target> {
+    let target = match &o.target {
+        Some(url) => {
+            anyhow::ensure!(
+                store.is_none(),
+                "fusebox-bench {mode} --store starts its server itself: leave out --target"
+            );
+            let scheme = if o.tls_ca.is_some() { "https" } else { "http" };
+            Target::existing(url, o.http.as_deref(), scheme)
+        }
+        None => {
+            anyhow::ensure!(
+                o.config.is_none(),
+                "fusebox-bench {mode} writes its server's config itself ({what}): leave out --config"
+            );
+            let path =
+                std::env::temp_dir().join(format!("fusebox-{mode}-{}.toml", std::process::id()));
+            std::fs::write(&path, config)
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+            let more: Vec<String> = match store {
+                Some(url) => vec!["--store".to_owned(), url.to_owned()],
+                None => Vec::new(),
+            };
+            let started = Target::start_with(
+                &o.server_bin()?,
+                Some(&path),
+                o.server_cpus.as_deref(),
+                &more,
+            )
+            .await;
+            let _ = std::fs::remove_file(&path);
+            started?
+        }
+    };
+    eprintln!(
+        "bench: server {}{}",
+        target.grpcs.join(", "),
+        store.map_or(String::new(), |s| format!(", on {s}"))
+    );
+    Ok(target)
 }

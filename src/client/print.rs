@@ -100,6 +100,7 @@ pub(crate) fn print_key(s: &pb::KeyState, json: bool) -> anyhow::Result<()> {
                 "probes_held": s.probes_held,
                 "half_open_successes": s.half_open_successes,
                 "live_slow": s.live_slow,
+                "adaptive_limit": s.adaptive_limit,
                 "open_remaining_ms": open_remaining,
                 "free": s.free,
                 "queued": s.queued,
@@ -123,6 +124,9 @@ pub(crate) fn print_key(s: &pb::KeyState, json: bool) -> anyhow::Result<()> {
     println!("probe slots held      {}", s.probes_held);
     println!("half-open successes   {}", s.half_open_successes);
     println!("live slow calls       {}", s.live_slow);
+    if s.adaptive_limit > 0 {
+        println!("adaptive limit        {}", s.adaptive_limit);
+    }
     println!("free permits          {}", s.free);
     println!("queued permits        {} ({} waiters)", s.queued, s.waiters);
     println!("live tickets          {}", s.live_tickets);
@@ -188,6 +192,7 @@ pub(crate) fn key_json(s: &pb::KeyState) -> serde_json::Value {
         "probes_held": s.probes_held,
         "half_open_successes": s.half_open_successes,
         "live_slow": s.live_slow,
+        "adaptive_limit": s.adaptive_limit,
         "free": s.free,
         "limit": s.limit,
         "queued": s.queued,

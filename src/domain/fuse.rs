@@ -451,6 +451,8 @@ pub struct View {
     /// outcomes in the window and live slow tickets (S3 (b)), when the
     /// policy has slow calls and the share is not empty.
     pub slow_ratio: Option<f64>,
+    /// The adaptive limiter's limit in force; 0 without one.
+    pub adaptive_limit: u32,
 }
 
 /// Why an operation was refused. A refused operation changes nothing (E3).
@@ -1409,6 +1411,15 @@ impl<T: TicketTable> Fuse<T> {
             };
             self.phase_changed(from, to, cause, at);
         }
+        // An adaptive limit learns from the completion after the breaker
+        // heard it and before the permits come back (section 10, C5); the
+        // live tickets count the one completing.
+        if let Some(live) = self.live.as_deref_mut() {
+            let count = live.tickets.len() as u64 + 1;
+            if let Some(limiter) = live.book.limiter_mut() {
+                limiter.observe(at.saturating_sub(ticket.granted_at), outcome, count, at);
+            }
+        }
         if ticket.holds {
             if let Some(limiter) = self.live.as_deref_mut().and_then(|l| l.book.limiter_mut()) {
                 limiter.release(ticket.permits);
@@ -1534,6 +1545,10 @@ impl<T: TicketTable> Fuse<T> {
                 self.live_slow(),
                 now,
             ),
+            adaptive_limit: self
+                .limiter()
+                .and_then(Limiter::adaptive_limit)
+                .unwrap_or(0),
         }
     }
 

@@ -243,6 +243,15 @@ pub enum LimiterKind {
         /// How many segments the window is cut into.
         segments: NonZeroU32,
     },
+    /// A concurrency limit learned between `min` and `max` (SPEC section 10).
+    Adaptive {
+        /// The lowest limit.
+        min: NonZeroU32,
+        /// The highest limit: P2's limit.
+        max: NonZeroU32,
+        /// The limit a fresh key starts at, from `min` to `max`.
+        initial: NonZeroU32,
+    },
 }
 
 impl LimiterKind {
@@ -253,6 +262,7 @@ impl LimiterKind {
             | LimiterKind::FixedWindow { permits, .. }
             | LimiterKind::SlidingWindow { permits, .. } => permits.get(),
             LimiterKind::TokenBucket { capacity, .. } => capacity.get(),
+            LimiterKind::Adaptive { max, .. } => max.get(),
         }
     }
 
@@ -263,13 +273,23 @@ impl LimiterKind {
             LimiterKind::TokenBucket { .. } => "token_bucket",
             LimiterKind::FixedWindow { .. } => "fixed_window",
             LimiterKind::SlidingWindow { .. } => "sliding_window",
+            LimiterKind::Adaptive { .. } => "adaptive",
         }
     }
 
     /// True for the kinds whose permits are spent, not returned (P7), and
     /// so settled against a reported cost (U1): token bucket and windows.
     pub fn is_rate(&self) -> bool {
-        !matches!(self, LimiterKind::Concurrency { .. })
+        !self.returns_permits()
+    }
+
+    /// True for the kinds whose permits come back with their ticket (P7):
+    /// concurrency and adaptive.
+    pub fn returns_permits(&self) -> bool {
+        matches!(
+            self,
+            LimiterKind::Concurrency { .. } | LimiterKind::Adaptive { .. }
+        )
     }
 }
 
@@ -726,6 +746,11 @@ impl Policy {
                     spec.window = Some(DurationSpec(window.get()));
                     spec.segments = Some(segments.get());
                 }
+                LimiterKind::Adaptive { min, max, initial } => {
+                    spec.min = Some(min.get());
+                    spec.max = Some(max.get());
+                    spec.initial = Some(initial.get());
+                }
             }
             spec
         });
@@ -951,6 +976,9 @@ impl LimiterSpec {
         let kind = match self.kind.as_str() {
             "concurrency" => {
                 let ctx = "for a concurrency limiter";
+                absent(&self.min, "limiter.min", ctx)?;
+                absent(&self.max, "limiter.max", ctx)?;
+                absent(&self.initial, "limiter.initial", ctx)?;
                 absent(&self.capacity, "limiter.capacity", ctx)?;
                 absent(&self.refill, "limiter.refill", ctx)?;
                 absent(&self.period, "limiter.period", ctx)?;
@@ -962,6 +990,9 @@ impl LimiterSpec {
             }
             "token_bucket" => {
                 let ctx = "for a token bucket";
+                absent(&self.min, "limiter.min", ctx)?;
+                absent(&self.max, "limiter.max", ctx)?;
+                absent(&self.initial, "limiter.initial", ctx)?;
                 absent(&self.permits, "limiter.permits", ctx)?;
                 absent(&self.window, "limiter.window", ctx)?;
                 absent(&self.segments, "limiter.segments", ctx)?;
@@ -982,6 +1013,9 @@ impl LimiterSpec {
             }
             "fixed_window" => {
                 let ctx = "for a fixed window";
+                absent(&self.min, "limiter.min", ctx)?;
+                absent(&self.max, "limiter.max", ctx)?;
+                absent(&self.initial, "limiter.initial", ctx)?;
                 absent(&self.capacity, "limiter.capacity", ctx)?;
                 absent(&self.refill, "limiter.refill", ctx)?;
                 absent(&self.period, "limiter.period", ctx)?;
@@ -993,6 +1027,9 @@ impl LimiterSpec {
             }
             "sliding_window" => {
                 let ctx = "for a sliding window";
+                absent(&self.min, "limiter.min", ctx)?;
+                absent(&self.max, "limiter.max", ctx)?;
+                absent(&self.initial, "limiter.initial", ctx)?;
                 absent(&self.capacity, "limiter.capacity", ctx)?;
                 absent(&self.refill, "limiter.refill", ctx)?;
                 absent(&self.period, "limiter.period", ctx)?;
@@ -1015,16 +1052,38 @@ impl LimiterSpec {
                 }
             }
             "adaptive" => {
-                return Err(invalid(
-                    "limiter.kind",
-                    "the adaptive limiter is not supported by this fusebox version; use concurrency",
-                ))
+                let ctx = "for an adaptive limiter";
+                absent(&self.permits, "limiter.permits", ctx)?;
+                absent(&self.capacity, "limiter.capacity", ctx)?;
+                absent(&self.refill, "limiter.refill", ctx)?;
+                absent(&self.period, "limiter.period", ctx)?;
+                absent(&self.window, "limiter.window", ctx)?;
+                absent(&self.segments, "limiter.segments", ctx)?;
+                let min = count(self.min, "limiter.min", ctx)?;
+                let max = count(self.max, "limiter.max", ctx)?;
+                if max < min {
+                    return Err(invalid(
+                        "limiter.max",
+                        format!("({max}) must not be below limiter.min ({min})"),
+                    ));
+                }
+                let initial = match self.initial {
+                    None => min,
+                    Some(n) if n < min.get() || n > max.get() => {
+                        return Err(invalid(
+                            "limiter.initial",
+                            format!("({n}) must be from limiter.min ({min}) to limiter.max ({max})"),
+                        ))
+                    }
+                    Some(n) => NonZeroU32::new(n).expect("at least min, which is at least 1"),
+                };
+                LimiterKind::Adaptive { min, max, initial }
             }
             other => {
                 return Err(invalid(
                     "limiter.kind",
                     format!(
-                        "must be \"concurrency\", \"token_bucket\", \"fixed_window\" or \"sliding_window\", not {other:?}"
+                        "must be \"concurrency\", \"token_bucket\", \"fixed_window\", \"sliding_window\" or \"adaptive\", not {other:?}"
                     ),
                 ))
             }

@@ -615,6 +615,9 @@ pub struct KeyView {
     /// Statistics.
     #[serde(default)]
     pub stats: Stats,
+    /// The adaptive limiter's limit in force (0 without one).
+    #[serde(default)]
+    pub adaptive_limit: u32,
     /// The policy in force, for people reading `FB.GET`. Not read back: a
     /// server runs the policies of its own rules, and a policy of a later
     /// release must not keep it from reading a view.
@@ -668,6 +671,7 @@ impl KeyView {
             ref stats,
             live_slow,
             slow_ratio,
+            adaptive_limit,
         } = *view;
         KeyView {
             phase,
@@ -688,6 +692,7 @@ impl KeyView {
             now_ms: now,
             next_deadline,
             stats: stats.clone(),
+            adaptive_limit,
             policy,
             live_slow,
             slow_ratio,
@@ -714,6 +719,7 @@ impl KeyView {
             stats: self.stats.clone(),
             live_slow: self.live_slow,
             slow_ratio: self.slow_ratio,
+            adaptive_limit: self.adaptive_limit,
         }
     }
 }

@@ -25,6 +25,8 @@ pub struct KeyJson {
     /// Probe successes counted in this half-open period (H2); 0 unless
     /// half-open.
     pub half_open_successes: u32,
+    /// The adaptive limiter's limit in force now; 0 without one.
+    pub adaptive_limit: u32,
     /// The key's policy's `breaker.half_open` in force now: the slots a
     /// half-open period may hold at once and the successes that close it
     /// (`null` without a breaker).
@@ -113,6 +115,7 @@ impl KeyJson {
             half_open_attempts: v.half_open_attempts,
             probes_held: v.probes_held,
             half_open_successes: v.half_open_successes,
+            adaptive_limit: v.adaptive_limit,
             half_open: policy.breaker.map(|b| HalfOpenJson::of(b.half_open)),
             failure_ratio: v.failure_ratio.filter(|f| f.is_finite()),
             live_slow: v.live_slow,

@@ -37,7 +37,8 @@ fn wire_field(config_field: &str, limiter_kind: Option<&str>) -> String {
             config_field.replacen("breaker.", "breaker.ratio.", 1)
         }
         "limiter.permits" | "limiter.capacity" | "limiter.refill" | "limiter.period"
-        | "limiter.window" | "limiter.segments" => match limiter_kind {
+        | "limiter.window" | "limiter.segments" | "limiter.min" | "limiter.max"
+        | "limiter.initial" => match limiter_kind {
             Some(kind) => config_field.replacen("limiter.", &format!("limiter.{kind}."), 1),
             None => config_field.to_owned(),
         },
@@ -146,7 +147,7 @@ pub fn policy_of(p: pb::Policy) -> Result<Policy, Status> {
                 None => return Err(status_of(EngineError::Invalid {
                     field: "policy.limiter.kind",
                     problem:
-                        "is required: set concurrency, token_bucket, fixed_window or sliding_window"
+                        "is required: set concurrency, token_bucket, fixed_window, sliding_window or adaptive"
                             .into(),
                 })),
             }
@@ -252,6 +253,11 @@ pub fn wire_policy(p: &Policy) -> pb::Policy {
                         permits: permits.get(),
                         window: Some(duration_of(window.get())),
                         segments: segments.get(),
+                    }),
+                    LimiterKind::Adaptive { min, max, initial } => Kind::Adaptive(pb::Adaptive {
+                        min: min.get(),
+                        max: max.get(),
+                        initial: Some(initial.get()),
                     }),
                 }),
                 queue_limit: l.queue_limit,

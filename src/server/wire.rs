@@ -106,7 +106,7 @@ pub fn key_state_of(core: &Core, r: &KeyReading) -> pb::KeyState {
         probes_held: v.probes_held,
         half_open_successes: v.half_open_successes,
         live_slow: v.live_slow,
-        ..Default::default()
+        adaptive_limit: v.adaptive_limit,
     }
 }
 

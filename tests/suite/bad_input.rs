@@ -1158,3 +1158,182 @@ async fn enforce_is_a_bool_and_a_shadow_policy_reads_back_as_set() {
         assert_eq!(shown, want, "ListPolicies shows enforce = {enforce:?}");
     }
 }
+
+/// CX20, Y2: an adaptive limiter with `min` or `max` of 0 or missing,
+/// `max` below `min`, `initial` outside `[min, max]`, or a setting of
+/// another kind is refused by `SetPolicy` (naming
+/// `policy.limiter.adaptive.<field>`, the rules in force unchanged, E3) and
+/// by the config file at start-up (naming the rule and `limiter.<field>`).
+#[tokio::test]
+async fn adaptive_limits_out_of_range_are_refused_naming_the_field() {
+    use crate::admin::{policies, set_policy};
+
+    let server = Server::manual(Some(CONFIG)).await;
+    let mut admin = server.admin().await;
+    let before = policies(&mut admin).await;
+    let rule = |min: u32, max: u32, initial: Option<u32>| pb::PolicyRule {
+        r#match: "a/*".into(),
+        policy: Some(pb::Policy {
+            limiter: Some(pb::Limiter {
+                kind: Some(pb::limiter::Kind::Adaptive(pb::Adaptive {
+                    min,
+                    max,
+                    initial,
+                })),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        default: false,
+    };
+    let dir = tempfile::tempdir().expect("a temp dir");
+    // (field, what is wrong, min, max, initial, the limiter in TOML).
+    type Case = (
+        &'static str,
+        &'static str,
+        u32,
+        u32,
+        Option<u32>,
+        &'static str,
+    );
+    let cases: [Case; 6] = [
+        ("min", "min = 0", 0, 10, None, "min = 0, max = 10"),
+        ("max", "max = 0", 1, 0, None, "min = 1, max = 0"),
+        ("max", "max below min", 5, 4, None, "min = 5, max = 4"),
+        (
+            "initial",
+            "initial above max",
+            2,
+            4,
+            Some(5),
+            "min = 2, max = 4, initial = 5",
+        ),
+        (
+            "initial",
+            "initial below min",
+            2,
+            4,
+            Some(1),
+            "min = 2, max = 4, initial = 1",
+        ),
+        ("min", "min missing", 0, 4, None, "max = 4"),
+    ];
+    for (i, (field, what, min, max, initial, toml)) in cases.into_iter().enumerate() {
+        let status = set_policy(&mut admin, rule(min, max, initial))
+            .await
+            .expect_err(what);
+        assert_eq!(status.code(), Code::InvalidArgument, "{what}: {status:?}");
+        let wire = format!("policy.limiter.adaptive.{field}");
+        assert!(
+            status.message().contains(&wire),
+            "{what}: SetPolicy names {wire}: {:?}",
+            status.message()
+        );
+        assert_eq!(
+            policies(&mut admin).await,
+            before,
+            "{what}: nothing changed"
+        );
+
+        let path = dir.path().join(format!("adaptive-{i}.toml"));
+        let text =
+            format!("[[rule]]\nmatch = \"a/*\"\nlimiter = {{ kind = \"adaptive\", {toml} }}\n");
+        std::fs::write(&path, text).expect("config written");
+        let err = crate::harness::refused_start(
+            &["--config", path.to_str().expect("a UTF-8 path")],
+            None,
+        )
+        .await;
+        let named = format!("limiter.{field}");
+        for word in ["rule 1", "a/*", named.as_str()] {
+            assert!(
+                err.contains(word),
+                "{what}: the config error names {word:?}: {err}"
+            );
+        }
+    }
+    // A setting of another kind is not silently ignored.
+    let path = dir.path().join("adaptive-permits.toml");
+    std::fs::write(
+        &path,
+        "[[rule]]\nmatch = \"a/*\"\nlimiter = { kind = \"adaptive\", min = 1, max = 4, permits = 3 }\n",
+    )
+    .expect("config written");
+    let err =
+        crate::harness::refused_start(&["--config", path.to_str().expect("a UTF-8 path")], None)
+            .await;
+    assert!(err.contains("limiter.permits"), "{err}");
+}
+
+/// CX20: an adaptive limiter is accepted by `SetPolicy` and reads back as
+/// set (a missing `initial` as `min`), in its answer and by
+/// `ListPolicies`; a key under it reads `adaptive_limit` = `initial` and
+/// `limit` = `max`.
+#[tokio::test]
+async fn an_adaptive_limiter_reads_back_as_set() {
+    use crate::admin::{policies, set_policy};
+
+    let server = Server::manual(Some(CONFIG)).await;
+    let mut admin = server.admin().await;
+    for (sent, shown) in [
+        (
+            pb::Adaptive {
+                min: 2,
+                max: 40,
+                initial: Some(7),
+            },
+            pb::Adaptive {
+                min: 2,
+                max: 40,
+                initial: Some(7),
+            },
+        ),
+        (
+            pb::Adaptive {
+                min: 3,
+                max: 3,
+                initial: None,
+            },
+            pb::Adaptive {
+                min: 3,
+                max: 3,
+                initial: Some(3),
+            },
+        ),
+    ] {
+        let what = format!("{sent:?}");
+        let set = set_policy(
+            &mut admin,
+            pb::PolicyRule {
+                r#match: "a/*".into(),
+                policy: Some(pb::Policy {
+                    limiter: Some(pb::Limiter {
+                        kind: Some(pb::limiter::Kind::Adaptive(sent)),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                default: false,
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{what} is a valid limiter: {e:?}"));
+        let kind = |p: Option<&pb::Policy>| p.and_then(|p| p.limiter.as_ref()).and_then(|l| l.kind);
+        assert_eq!(
+            kind(set.policy.as_ref()),
+            Some(pb::limiter::Kind::Adaptive(shown)),
+            "SetPolicy answers {what} as set"
+        );
+        let listed = policies(&mut admin).await;
+        let rule = listed.rules.iter().find(|r| r.r#match == "a/*");
+        assert_eq!(
+            kind(rule.and_then(|r| r.policy.as_ref())),
+            Some(pb::limiter::Kind::Adaptive(shown)),
+            "ListPolicies shows {what}"
+        );
+    }
+    let mut c = Clients::new(&server).await;
+    let _ticket = c.ticket("a/one", None).await;
+    let state = c.get("a/one").await;
+    assert_eq!((state.adaptive_limit, state.limit, state.free), (3, 3, 2));
+}

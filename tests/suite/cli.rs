@@ -88,6 +88,7 @@ fn key_state(
         "probes_held": 0,
         "half_open_successes": 0,
         "live_slow": 0,
+        "adaptive_limit": 0,
         "open_remaining_ms": open_remaining_ms,
         "free": free,
         "queued": queued,

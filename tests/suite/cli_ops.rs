@@ -107,6 +107,7 @@ fn key(name: &str, phase: &str, fields: Value, stats: Value) -> Value {
         "probes_held": 0,
         "half_open_successes": 0,
         "live_slow": 0,
+        "adaptive_limit": 0,
         "free": 0,
         "limit": 0,
         "queued": 0,

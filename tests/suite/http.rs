@@ -1424,3 +1424,112 @@ retry_budget = { ratio = 0.1, min_per_second = 0, window = "10s" }
         "{text}"
     );
 }
+
+// ---------- the adaptive limiter (CX20-CX27) on the same surfaces ----------
+
+const ADAPTIVE: &str = r#"
+[[rule]]
+match = "adaptive/*"
+limiter = { kind = "adaptive", min = 2, max = 30, initial = 4 }
+"#;
+
+/// Four calls of 20 ms in flight on `key`, three of them completed: each
+/// success with at least half the limit in flight adds a fifth of
+/// `isqrt(4) = 2` (CX24): 4.0, 4.4, 4.8, 5.2 permits, so the limit in force
+/// is 5 with one permit held; a fifth call at the start was denied.
+async fn an_adaptive_limit_of_five(server: &Server, key: &str) {
+    let mut c = server.fusebox().await;
+    let mut tickets = Vec::new();
+    for _ in 0..4 {
+        tickets.push(granted(&mut c, key).await);
+    }
+    let denied = acquire(&mut c, key, 1).await;
+    assert_eq!(decision(&denied), pb::Decision::Denied, "{denied:?}");
+    assert_eq!(denied.reason, pb::Reason::NoPermits as i32, "{denied:?}");
+    assert_eq!(denied.retry_after, None, "no hint: {denied:?}");
+    crate::admin::advance_clock(&mut server.clock().await, 20).await;
+    for ticket in &tickets[..3] {
+        crate::admin::complete(&mut c, ticket, pb::Outcome::Success).await;
+    }
+}
+
+/// The same figures of an adaptive key on gRPC, the dashboard's JSON and
+/// `/metrics`.
+async fn check_adaptive_surfaces(server: &Server, key: &str) {
+    let state = server.get(key).await;
+    assert_eq!(
+        (
+            state.adaptive_limit,
+            state.limit,
+            state.free,
+            state.live_tickets
+        ),
+        (5, 30, 4, 1),
+        "{state:?}"
+    );
+    let http = http_addr(server);
+    let page = get(&http, "/api/keys?prefix=adaptive%2F").await.json();
+    let row = &page["keys"][0];
+    assert_eq!(row["key"], key, "{page}");
+    assert_eq!(row["adaptive_limit"], 5, "{row}");
+    assert_eq!(row["free"], 4, "{row}");
+    let text = metrics_text(server).await;
+    assert_eq!(
+        series(
+            &text,
+            &format!("fusebox_key_adaptive_limit{{key=\"{key}\"}}")
+        ),
+        Some(5.0),
+        "{text}"
+    );
+    // A key without an adaptive limiter has no series.
+    assert_eq!(
+        series(&text, "fusebox_key_adaptive_limit{key=\"plain\"}"),
+        None,
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn an_adaptive_key_shows_its_limit_on_grpc_json_and_metrics() {
+    let server = Server::manual(Some(ADAPTIVE)).await;
+    granted(&mut server.fusebox().await, "plain").await;
+    an_adaptive_limit_of_five(&server, "adaptive/a").await;
+    check_adaptive_surfaces(&server, "adaptive/a").await;
+}
+
+/// With `--store`, the module learns the same limit (CX26).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adaptive_key_shows_the_same_limit_with_a_store() {
+    let Some(redis) =
+        crate::harness::standalone("an_adaptive_key_shows_the_same_limit_with_a_store").await
+    else {
+        return;
+    };
+    let store = format!("redis://127.0.0.1:{}", redis.server.port);
+    let server = crate::harness::servers_on(&store, ADAPTIVE, true, 1)
+        .await
+        .pop()
+        .expect("a server");
+    granted(&mut server.fusebox().await, "plain").await;
+    an_adaptive_limit_of_five(&server, "adaptive/a").await;
+    check_adaptive_surfaces(&server, "adaptive/a").await;
+}
+
+/// The README's adaptive example is a valid config whose rule has the
+/// limits it says.
+#[test]
+fn the_readme_adaptive_example_is_a_valid_config() {
+    let readme = include_str!("../../README.md");
+    let example = readme
+        .split("**Adaptive concurrency.**")
+        .nth(1)
+        .and_then(|s| s.split("```toml\n").nth(1))
+        .and_then(|s| s.split("```").next())
+        .expect("the README's adaptive example");
+    let config = fusebox::config::Config::parse(example, "README.md").expect("a valid config");
+    let rule = config.rules.rules.first().expect("one rule");
+    let kind = rule.policy.limiter.expect("a limiter").kind;
+    assert_eq!(kind.name(), "adaptive");
+    assert_eq!(kind.limit(), 200, "P2's limit is max");
+}

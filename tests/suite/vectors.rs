@@ -72,6 +72,9 @@ pub struct Expect {
     /// Current probe successes counted in this half-open period (H2;
     /// extensions only).
     pub half_open_successes: Option<u32>,
+    /// `KeyState.adaptive_limit`: the adaptive limiter's limit in force, 0
+    /// without one (extensions only).
+    pub adaptive_limit: Option<u32>,
     /// The key's statistics: retries denied by the retry budget (R2), also
     /// checked against `by_reason` `retry_budget` (extensions only).
     pub retry_denied: Option<u64>,
@@ -122,6 +125,8 @@ pub struct Reading {
     pub queued: u64,
     pub probes_held: u32,
     pub half_open_successes: u32,
+    /// `KeyState.adaptive_limit`.
+    pub adaptive_limit: u32,
     /// `KeyStats.retry_denied`.
     pub retry_denied: u64,
     /// `KeyStats.by_reason` under `retry_budget`.
@@ -288,6 +293,7 @@ pub async fn replay<T: Target>(vector: &Vector, target: &mut T) -> Vec<String> {
                     e.half_open_successes,
                     got.half_open_successes,
                 );
+                c.check("adaptive_limit", e.adaptive_limit, got.adaptive_limit);
                 c.check("retry_denied", e.retry_denied, got.retry_denied);
                 c.check(
                     "by_reason retry_budget",
@@ -361,6 +367,7 @@ pub fn reading_of(v: &View) -> Reading {
         queued: v.queued,
         probes_held: v.probes_held,
         half_open_successes: v.half_open_successes,
+        adaptive_limit: v.adaptive_limit,
         retry_denied: v.stats.retry_denied,
         by_reason_retry_budget: v.stats.by_reason[Reason::RetryBudget as usize],
         denied: v.stats.denied,
@@ -897,6 +904,7 @@ impl End {
             queued: u64::from(s.queued),
             probes_held: s.probes_held,
             half_open_successes: s.half_open_successes,
+            adaptive_limit: s.adaptive_limit,
             retry_denied: stats.retry_denied,
             by_reason_retry_budget: stats.by_reason.get("retry_budget").copied().unwrap_or(0),
             denied: stats.denied,

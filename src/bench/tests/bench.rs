@@ -480,3 +480,68 @@ async fn a_retry_storm_is_held_to_the_budget() {
         run.stdout
     );
 }
+
+/// The adaptive limiter in front of a dependency that doubles its latency
+/// above 8 calls inside: the tool samples the key's `adaptive_limit` every
+/// second, always within `[min, max]`, grown from `initial` while calls
+/// are fast; every call's latency is the dependency's (20 or 40 ms, plus
+/// the timer's slack); the CSV has a row a second and the SVG a line for
+/// the limit, the knee and the latency.
+#[tokio::test]
+async fn the_adaptive_limit_is_sampled_every_second_and_plotted() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let csv = dir.path().join("adaptive.csv");
+    let svg = dir.path().join("adaptive.svg");
+    let (run, doc) = bench_json(&[
+        "adaptive-limit",
+        "--min",
+        "1",
+        "--max",
+        "50",
+        "--initial",
+        "2",
+        "--knee",
+        "8",
+        "--knee-later",
+        "4",
+        "--warmup",
+        "1s",
+        "--duration",
+        "3s",
+        "--connections",
+        "2",
+        "--in-flight",
+        "8",
+        "--csv",
+        csv.to_str().expect("a UTF-8 path"),
+        "--svg",
+        svg.to_str().expect("a UTF-8 path"),
+    ])
+    .await;
+    assert_eq!(doc["mode"], "adaptive-limit");
+    let figures = &doc["figures"];
+    let rows = figures["per_second"].as_array().expect("rows");
+    assert_eq!(rows.len(), 3, "{figures}");
+    for row in rows {
+        let limit = number(row, "adaptive_limit");
+        assert!((1.0..=50.0).contains(&limit), "within [min, max]: {row}");
+        let latency = number(row, "mean_latency_ms");
+        assert!(
+            (20.0..=200.0).contains(&latency),
+            "the dependency's latency: {row}"
+        );
+    }
+    assert!(
+        rows.iter().any(|r| number(r, "adaptive_limit") > 2.0),
+        "the limit grew from initial: {figures}"
+    );
+    assert_eq!(figures["total"]["errors"], 0, "{figures}");
+    assert!(number(&figures["total"], "granted") > 0.0, "{figures}");
+    let csv = std::fs::read_to_string(&csv).expect("the CSV");
+    assert_eq!(csv.lines().count(), 4, "{csv}");
+    assert!(csv.starts_with("second,knee,adaptive_limit,"), "{csv}");
+    let svg = std::fs::read_to_string(&svg).expect("the SVG");
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert_eq!(svg.matches("<polyline").count(), 3, "{svg}");
+    assert!(run.stdout.contains("adaptive_limit"), "{}", run.stdout);
+}

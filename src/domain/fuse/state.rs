@@ -30,7 +30,9 @@ use crate::book::{Book, Waiter};
 use crate::breaker::{Breaker, Probing};
 use crate::budget::{Budget, BudgetSegment, SEGMENTS};
 use crate::health::HealthWindow;
-use crate::limiter::{Concurrency, FixedWindow, Limiter, SlidingWindow, TokenBucket};
+use crate::limiter::{
+    Adaptive, Concurrency, FixedWindow, Limiter, SlidingWindow, TokenBucket, ADAPTIVE_UNIT,
+};
 use crate::policy::{LimiterKind, Policy, PolicyError, PolicySpec};
 use crate::quorum::{CallerId, Callers, MAX_QUORUM};
 use crate::ticket::TicketId;
@@ -39,7 +41,8 @@ use crate::{Millis, Phase, Reason};
 /// The version of [`FuseState`] this build writes, and the newest it reads.
 /// Version 4 added tickets' and waiters' `caller` and the breaker's
 /// `callers` (Q1-Q2), live slow calls (`slow`, S2) and the slow outcomes
-/// of the window's buckets and the counters (S1). Version 3 added the
+/// of the window's buckets and the counters (S1), the adaptive limiter's
+/// state. Version 3 added the
 /// breaker's `probing` (H1-H4); version 2 added
 /// tickets' `granted_at` and `settles` and a token bucket's negative tokens
 /// (U1); version 1 is read with neither (its tickets settle no cost).
@@ -195,6 +198,21 @@ pub enum LimiterState {
         /// `[segment index, permits taken]`, oldest first.
         taken: Vec<(u64, u64)>,
     },
+    /// An adaptive limit and what it learned (section 10, CX20-CX27).
+    Adaptive {
+        /// Permits held.
+        held: u64,
+        /// The learned limit, in millionths of a permit.
+        limit: u64,
+        /// The short average of ages, in thousandths of a ms (0: none yet).
+        short: u64,
+        /// The lowest short average in the current baseline window (0: none).
+        low: u64,
+        /// The lowest short average in the window before (0: none).
+        before: u64,
+        /// The current baseline window's index.
+        window: u64,
+    },
 }
 
 impl LimiterState {
@@ -204,6 +222,7 @@ impl LimiterState {
             LimiterState::TokenBucket { .. } => "token_bucket",
             LimiterState::FixedWindow { .. } => "fixed_window",
             LimiterState::SlidingWindow { .. } => "sliding_window",
+            LimiterState::Adaptive { .. } => "adaptive",
         }
     }
 }
@@ -474,8 +493,20 @@ pub enum StateError {
         /// The breaker's epoch.
         current: u64,
     },
+    /// An adaptive limit outside its policy's `[min, max]`.
+    #[error("limiter.limit: {limit} millionths, outside the policy's [{low}, {high}]")]
+    AdaptiveLimit {
+        /// The state's limit.
+        limit: u64,
+        /// `min`, in millionths.
+        low: u64,
+        /// `max`, in millionths.
+        high: u64,
+    },
     /// A ticket holds permits that no concurrency limiter takes back.
-    #[error("tickets: {0} holds permits, but the limiter is not a concurrency limiter")]
+    #[error(
+        "tickets: {0} holds permits, but the limiter is not a concurrency or adaptive limiter"
+    )]
     HoldsWithoutConcurrency(TicketId),
     /// A shadow ticket is a probe, holds permits or settles a cost (D2).
     #[error(
@@ -756,6 +787,17 @@ impl Limiter {
             Limiter::SlidingWindow(t) => LimiterState::SlidingWindow {
                 taken: t.state.taken.iter().copied().collect(),
             },
+            Limiter::Adaptive(t) => {
+                let [limit, short, low, before, window] = t.state.parts();
+                LimiterState::Adaptive {
+                    held: t.state.held(),
+                    limit,
+                    short,
+                    low,
+                    before,
+                    window,
+                }
+            }
         }
     }
 
@@ -793,6 +835,38 @@ impl Limiter {
                 t.state = SlidingWindow {
                     taken: taken.iter().copied().collect(),
                 };
+            }
+            (
+                Limiter::Adaptive(t),
+                &LimiterState::Adaptive {
+                    held,
+                    limit,
+                    short,
+                    low,
+                    before,
+                    window,
+                },
+            ) => {
+                let (bottom, top) = (
+                    u64::from(t.settings.min.get()) * ADAPTIVE_UNIT,
+                    u64::from(t.settings.max.get()) * ADAPTIVE_UNIT,
+                );
+                if !(bottom..=top).contains(&limit) {
+                    return Err(StateError::AdaptiveLimit {
+                        limit,
+                        low: bottom,
+                        high: top,
+                    });
+                }
+                at_most("limiter.short", short, LIMIT)?;
+                at_most("limiter.low", low, LIMIT)?;
+                at_most("limiter.before", before, LIMIT)?;
+                at_most(
+                    "limiter.window",
+                    window,
+                    last_now / crate::limiter::BASELINE_WINDOW,
+                )?;
+                t.state = Adaptive::from_parts(held, [limit, short, low, before, window]);
             }
             (_, s) => {
                 return Err(StateError::LimiterKind {
@@ -1006,7 +1080,7 @@ fn checked_tickets(
         }
         probes += usize::from(t.probe);
         if t.holds {
-            if !matches!(kind, Some(LimiterKind::Concurrency { .. })) {
+            if !kind.is_some_and(LimiterKind::returns_permits) {
                 return Err(StateError::HoldsWithoutConcurrency(t.id));
             }
             held += u64::from(t.permits);
@@ -1128,7 +1202,14 @@ fn assemble<T: TicketTable>(
         }
     };
     let (table, held) = tickets(&breaker, kind.as_ref())?;
-    if let (Some(LimiterState::Concurrency { held: in_use }), Some(held)) = (&head.limiter, held) {
+    if let (
+        Some(
+            LimiterState::Concurrency { held: in_use }
+            | LimiterState::Adaptive { held: in_use, .. },
+        ),
+        Some(held),
+    ) = (&head.limiter, held)
+    {
         if *in_use != held {
             return Err(StateError::HeldPermits {
                 held: *in_use,

@@ -2565,3 +2565,141 @@ mod slow_model {
     }
 }
 mod shadow;
+
+mod adaptive_model {
+    //! The adaptive limiter (section 10, CX20-CX27) under any sequence of
+    //! grants, completions of every outcome, lease ends and policy changes:
+    //! the limit in force stays within the policy's `[min, max]`, a grant
+    //! never leaves more permits held than the limit at that instant (so
+    //! never more than `max`), `free = max(0, limit - held)`, and the whole
+    //! state reads back bit for bit (what `--data-dir` and the module keep).
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Copy, Debug)]
+    enum Op {
+        Acquire { permits: u32, lease: Millis },
+        Complete { pick: usize, outcome: Outcome },
+        Limits { min: u32, width: u32 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let outcome = prop::sample::select(vec![
+            Outcome::Success,
+            Outcome::Success,
+            Outcome::Failure,
+            Outcome::Ignored,
+        ]);
+        prop_oneof![
+            6 => (1u32..4, 1u64..400).prop_map(|(permits, lease)| Op::Acquire { permits, lease }),
+            6 => (any::<usize>(), outcome).prop_map(|(pick, outcome)| Op::Complete { pick, outcome }),
+            1 => (1u32..8, 0u32..12).prop_map(|(min, width)| Op::Limits { min, width }),
+        ]
+    }
+
+    fn adaptive(min: u32, max: u32, initial: u32, expired: Outcome) -> Policy {
+        Policy {
+            lease: lease(100, 1_000, expired),
+            ..policy(
+                None,
+                Some(LimiterPolicy {
+                    kind: LimiterKind::Adaptive {
+                        min: nz32(min),
+                        max: nz32(max),
+                        initial: nz32(initial),
+                    },
+                    queue_limit: 0,
+                    order: Order::OldestFirst,
+                }),
+            )
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn the_limit_stays_in_bounds_and_grants_never_pass_it(
+            min in 1u32..6,
+            width in 0u32..20,
+            start in 0u32..20,
+            expired in prop::sample::select(vec![Outcome::Ignored, Outcome::Failure]),
+            steps in prop::collection::vec((0u64..300, op()), 1..150),
+        ) {
+            let (mut lo, mut hi) = (min, min + width);
+            let initial = lo + start.min(width);
+            let mut f = Fuse::new(adaptive(lo, hi, initial, expired), 0);
+            let mut issued: Vec<TicketId> = Vec::new();
+            let mut now = 0;
+            for (i, (after, op)) in steps.into_iter().enumerate() {
+                now += after;
+                match op {
+                    Op::Acquire { permits, lease } => {
+                        let ask = Ask { permits, lease: Some(lease), ..Ask::default() };
+                        let t = id(i as u128 + 1);
+                        f.advance(now).unwrap();
+                        let before = f.view(now).adaptive_limit;
+                        match f.acquire(&ask, t, now).unwrap() {
+                            Decision::Granted(Some(_)) => {
+                                issued.push(t);
+                                let held: u64 = issued
+                                    .iter()
+                                    .filter_map(|&t| f.ticket(t))
+                                    .filter(|t| t.holds)
+                                    .map(|t| u64::from(t.permits))
+                                    .sum();
+                                let limit = f.view(now).adaptive_limit;
+                                prop_assert!(held <= u64::from(limit), "step {i}: {held} held, limit {limit}");
+                                prop_assert!(held <= u64::from(hi));
+                            }
+                            Decision::Denied { reason, retry_after } => {
+                                prop_assert_eq!(retry_after, None, "step {}: a hint", i);
+                                prop_assert!(matches!(reason, Reason::NoPermits | Reason::ExceedsLimit));
+                                prop_assert_eq!(f.view(now).adaptive_limit, before, "a denial learns nothing");
+                            }
+                            other => prop_assert!(false, "step {i}: {other:?}"),
+                        }
+                    }
+                    Op::Complete { pick, outcome } => {
+                        f.advance(now).unwrap();
+                        issued.retain(|&t| f.ticket(t).is_some());
+                        if !issued.is_empty() {
+                            let t = issued.remove(pick % issued.len());
+                            f.complete(t, outcome, now).unwrap();
+                        }
+                    }
+                    Op::Limits { min, width } => {
+                        (lo, hi) = (min, min + width);
+                        f.set_policy(adaptive(lo, hi, lo, expired), now).unwrap();
+                    }
+                }
+                f.advance(now).unwrap();
+                let v = f.view(now);
+                prop_assert!((lo..=hi).contains(&v.adaptive_limit), "step {i}: {} outside [{lo}, {hi}]", v.adaptive_limit);
+                prop_assert_eq!(v.limit, hi, "P2's limit is max");
+                let held: u64 = issued
+                    .iter()
+                    .filter_map(|&t| f.ticket(t))
+                    .filter(|t| t.holds)
+                    .map(|t| u64::from(t.permits))
+                    .sum();
+                prop_assert_eq!(u64::from(v.free), u64::from(v.adaptive_limit).saturating_sub(held));
+                let back = Fuse::from_state(f.state()).unwrap();
+                prop_assert_eq!(&back, &f, "step {}: the state reads back", i);
+            }
+        }
+    }
+
+    #[test]
+    fn a_key_that_learned_an_age_is_not_at_rest_until_made_afresh() {
+        let mut f = Fuse::new(adaptive(1, 10, 3, Outcome::Ignored), 0);
+        assert!(f.is_at_rest(0));
+        f.acquire(&take(1), id(1), 0).unwrap();
+        assert!(!f.is_at_rest(0));
+        f.complete(id(1), Outcome::Ignored, 5).unwrap();
+        assert!(f.is_at_rest(5), "IGNORED teaches nothing");
+        f.acquire(&take(1), id(2), 5).unwrap();
+        f.complete(id(2), Outcome::Success, 15).unwrap();
+        // One call in flight with a limit of 3: the limit stays, the averages learn.
+        assert_eq!(f.view(15).adaptive_limit, 3);
+        assert!(!f.is_at_rest(15), "it learned an age");
+    }
+}

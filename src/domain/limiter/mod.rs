@@ -12,6 +12,7 @@
 //! here (and its arm in `each!` and [`Limiter::new`]), and its settings in
 //! [`LimiterKind`].
 
+mod adaptive;
 mod concurrency;
 mod fixed_window;
 mod sliding_window;
@@ -19,13 +20,14 @@ mod token_bucket;
 
 use std::fmt::Debug;
 
+pub use adaptive::{Adaptive, AdaptiveSettings, BASELINE_WINDOW, UNIT as ADAPTIVE_UNIT};
 pub use concurrency::{Concurrency, ConcurrencySettings};
 pub use fixed_window::{FixedWindow, FixedWindowSettings};
 pub use sliding_window::{SlidingWindow, SlidingWindowSettings};
 pub use token_bucket::{TokenBucket, TokenBucketSettings};
 
 use super::policy::LimiterKind;
-use super::Millis;
+use super::{Millis, Outcome};
 
 /// One limiter algorithm: its state, and the settings it runs under.
 pub trait Algorithm: Clone + Debug + PartialEq + Eq + Sized {
@@ -137,6 +139,8 @@ pub enum Limiter {
     FixedWindow(Tuned<FixedWindow>),
     /// See [`SlidingWindow`].
     SlidingWindow(Tuned<SlidingWindow>),
+    /// See [`Adaptive`].
+    Adaptive(Tuned<Adaptive>),
 }
 
 /// Runs `$body` on the variant's [`Tuned`], whatever the kind.
@@ -147,6 +151,7 @@ macro_rules! each {
             Limiter::TokenBucket($tuned) => $body,
             Limiter::FixedWindow($tuned) => $body,
             Limiter::SlidingWindow($tuned) => $body,
+            Limiter::Adaptive($tuned) => $body,
         }
     };
 }
@@ -159,6 +164,7 @@ impl Limiter {
             LimiterKind::TokenBucket { .. } => Tuned::made(kind, now).map(Limiter::TokenBucket),
             LimiterKind::FixedWindow { .. } => Tuned::made(kind, now).map(Limiter::FixedWindow),
             LimiterKind::SlidingWindow { .. } => Tuned::made(kind, now).map(Limiter::SlidingWindow),
+            LimiterKind::Adaptive { .. } => Tuned::made(kind, now).map(Limiter::Adaptive),
         }
         .expect("each algorithm reads the settings of its own kind")
     }
@@ -224,6 +230,24 @@ impl Limiter {
     /// (concurrency) or `n` is above the limit.
     pub fn ready_at(&self, n: u32, now: Millis) -> Option<Millis> {
         each!(self, t => t.ready_at(n, now))
+    }
+
+    /// An adaptive limiter's limit in force; `None` for the other kinds.
+    pub fn adaptive_limit(&self) -> Option<u32> {
+        match self {
+            Limiter::Adaptive(t) => Some(t.state.current()),
+            _ => None,
+        }
+    }
+
+    /// Learns from a non-shadow ticket's completion at `now` (adaptive only; the
+    /// other kinds ignore it): its `age`, `outcome`, and the key's `live`
+    /// tickets counting the one completing. Called after the outcome
+    /// reached the breaker and before the permits come back (C5).
+    pub fn observe(&mut self, age: Millis, outcome: Outcome, live: u64, now: Millis) {
+        if let Limiter::Adaptive(t) = self {
+            t.state.observe(&t.settings, age, outcome, live, now);
+        }
     }
 
     /// True when the limiter is as a fresh one would be at `now`: every

@@ -323,7 +323,47 @@ fn each_invalid_value_names_its_field_and_says_what_is_wrong() {
         (
             r#"limiter = { kind = "leaky_bucket", permits = 10 }"#,
             "limiter.kind",
-            r#"must be "concurrency", "token_bucket", "fixed_window" or "sliding_window", not "leaky_bucket""#,
+            r#"must be "concurrency", "token_bucket", "fixed_window", "sliding_window" or "adaptive", not "leaky_bucket""#,
+        ),
+        (
+            r#"limiter = { kind = "adaptive", max = 10 }"#,
+            "limiter.min",
+            "is required for an adaptive limiter",
+        ),
+        (
+            r#"limiter = { kind = "adaptive", min = 0, max = 10 }"#,
+            "limiter.min",
+            "must be at least 1",
+        ),
+        (
+            r#"limiter = { kind = "adaptive", min = 2 }"#,
+            "limiter.max",
+            "is required for an adaptive limiter",
+        ),
+        (
+            r#"limiter = { kind = "adaptive", min = 5, max = 4 }"#,
+            "limiter.max",
+            "(4) must not be below limiter.min (5)",
+        ),
+        (
+            r#"limiter = { kind = "adaptive", min = 2, max = 4, initial = 5 }"#,
+            "limiter.initial",
+            "(5) must be from limiter.min (2) to limiter.max (4)",
+        ),
+        (
+            r#"limiter = { kind = "adaptive", min = 2, max = 4, initial = 1 }"#,
+            "limiter.initial",
+            "(1) must be from limiter.min (2) to limiter.max (4)",
+        ),
+        (
+            r#"limiter = { kind = "adaptive", min = 1, max = 4, permits = 3 }"#,
+            "limiter.permits",
+            "is not a setting for an adaptive limiter",
+        ),
+        (
+            r#"limiter = { kind = "concurrency", permits = 3, max = 4 }"#,
+            "limiter.max",
+            "is not a setting for a concurrency limiter",
         ),
         (
             r#"limiter = { kind = "concurrency", permits = 4, order = "fifo" }"#,
@@ -929,6 +969,8 @@ fn a_policy_kept_as_its_spec_validates_back_to_itself_through_json() {
         r#"limiter = { kind = "token_bucket", capacity = 10, refill = 2, period = "100ms" }"#,
         r#"limiter = { kind = "fixed_window", permits = 3, window = "1m" }"#,
         r#"limiter = { kind = "concurrency", permits = 7 }"#,
+        r#"limiter = { kind = "adaptive", min = 2, max = 50, initial = 10, queue_limit = 4 }"#,
+        r#"limiter = { kind = "adaptive", min = 3, max = 3 }"#,
         "",
     ];
     for text in texts {

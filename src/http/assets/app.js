@@ -211,7 +211,12 @@ function fillRow(entry, now) {
   }
   cells.failText.className = d.consecutive_failures > 0 || d.failure_ratio > 0 ? 'warn' : 'muted';
 
-  if (d.limit > 0) {
+  if (d.adaptive_limit > 0) {
+    setText(cells.free, `${d.free} / ${d.adaptive_limit}`);
+    cells.free.title = `adaptive limit ${d.adaptive_limit} (learned from the calls' durations; at most ${d.limit})`;
+    cells.free.className = `c-free num${d.free === 0 ? ' warn' : ''}`;
+  } else if (d.limit > 0) {
+    cells.free.title = '';
     setText(cells.free, `${d.free} / ${d.limit}`);
     cells.free.className = `c-free num${d.free === 0 ? ' warn' : ''}`;
   } else {

@@ -981,6 +981,19 @@ pub const FAMILIES: &[Family] = &[
         read: |s, x| per_key(s, x, |r| Some(r.view.stats.slow)),
     },
     Family {
+        name: "fusebox_key_adaptive_limit",
+        kind: Type::Gauge,
+        help: "The adaptive limiter's limit in force now, between the policy's limiter.min and limiter.max (keys with an adaptive limiter).",
+        store_help: None,
+        labels: &["key"],
+        when: When::Always,
+        read: |s, x| {
+            per_key(s, x, |r| {
+                (r.view.adaptive_limit > 0).then_some(r.view.adaptive_limit)
+            })
+        },
+    },
+    Family {
         name: "fusebox_key_probe_slots",
         kind: Type::Gauge,
         help: "Probe slots a half-open period may hold at once: the policy's breaker.half_open.probes (keys with a breaker).",
