@@ -469,46 +469,14 @@ async fn run(
             min_per_second: budget_min_per_second,
             window_ms: budget_window,
         };
-        let mut target = match &o.target {
-            Some(url) => {
-                anyhow::ensure!(
-                    store.is_none(),
-                    "fusebox-bench retry-storm --store starts its server itself: leave out --target"
-                );
-                let scheme = if o.tls_ca.is_some() { "https" } else { "http" };
-                Target::existing(url, o.http.as_deref(), scheme)
-            }
-            None => {
-                anyhow::ensure!(
-                    o.config.is_none(),
-                    "fusebox-bench retry-storm writes its server's config itself (the budget on storm/*): leave out --config, set the budget with --budget-ratio, --budget-min-per-second and --budget-window"
-                );
-                let config =
-                    std::env::temp_dir().join(format!("fusebox-storm-{}.toml", std::process::id()));
-                std::fs::write(&config, storm::config(&budget))
-                    .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", config.display()))?;
-                let more: Vec<String> = match &store {
-                    Some(url) => vec!["--store".to_owned(), url.clone()],
-                    None => Vec::new(),
-                };
-                let started = Target::start_with(
-                    &o.server_bin()?,
-                    Some(&config),
-                    o.server_cpus.as_deref(),
-                    &more,
-                )
-                .await;
-                let _ = std::fs::remove_file(&config);
-                started?
-            }
-        };
-        eprintln!(
-            "bench: server {}{}",
-            target.grpcs.join(", "),
-            store
-                .as_deref()
-                .map_or(String::new(), |s| format!(", on {s}"))
-        );
+        let mut target = own_server(
+            o,
+            "retry-storm",
+            "the budget on storm/*; set it with --budget-ratio, --budget-min-per-second and --budget-window",
+            &storm::config(&budget),
+            store.as_deref(),
+        )
+        .await?;
         let outcome = storm::storm_mode(o, &mut target, retry_share, &budget).await;
         let stopped = target.stop().await;
         let (mode, text, figures) = outcome?;
@@ -535,29 +503,14 @@ async fn run(
             minimum_throughput,
             call_ms: call_time,
         };
-        let config = std::env::temp_dir().join(format!("fusebox-hang-{}.toml", std::process::id()));
-        std::fs::write(&config, hang::config(&h))
-            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", config.display()))?;
-        let more: Vec<String> = match &store {
-            Some(url) => vec!["--store".to_owned(), url.clone()],
-            None => Vec::new(),
-        };
-        let started = Target::start_with(
-            &o.server_bin()?,
-            Some(&config),
-            o.server_cpus.as_deref(),
-            &more,
+        let mut target = own_server(
+            o,
+            "hang",
+            "the policy on hang/*",
+            &hang::config(&h),
+            store.as_deref(),
         )
-        .await;
-        let _ = std::fs::remove_file(&config);
-        let mut target = started?;
-        eprintln!(
-            "bench: server {}{}",
-            target.grpcs.join(", "),
-            store
-                .as_deref()
-                .map_or(String::new(), |s| format!(", on {s}"))
-        );
+        .await?;
         let outcome = hang::hang_mode(o, &mut target, &h).await;
         let stopped = target.stop().await;
         let (mode, text, figures) = outcome?;
