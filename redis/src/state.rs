@@ -6,12 +6,12 @@
 //! the module has no `unsafe` of its own. A string gets RDB, AOF,
 //! replication, `DUMP`/`RESTORE` and slot migration from Redis as they are.
 //!
-//! Layout, version 6 (little-endian; every value starts `FBX` and a
+//! Layout, version 7 (little-endian; every value starts `FBX` and a
 //! version byte, so a reader refuses a string that is not fusebox state,
 //! and one written by a newer module):
 //!
 //! ```text
-//! 0    "FBX", version 6                 4    header length (u32) = HEADER
+//! 0    "FBX", version 7                 4    header length (u32) = HEADER
 //! 8    next deadline (u64; MAX = none)  16   phase (u8)   17 flags (u8)
 //! 20   live tickets (u32)               24   waiters (u32)
 //! 28   policy length (u32)              32   policy id (16 bytes)
@@ -38,9 +38,8 @@
 //!      each pending ticket's instant u64, id (16), counted u8 and caller
 //!      u32, then the live slow tickets' callers (u16, then caller u32 and
 //!      count u32 each)), then the shadow grants (u64, D1), then
-//!      an adaptive limiter's short average, lowest short averages
-//!      of the current and the previous window, and the window's index
-//!      (u64 each, 0 for the other kinds)
+//!      an adaptive limiter's baseline, its samples' sum and count, and
+//!      when they began (u64 each, 0 for the other kinds; CX26)
 //! ```
 //!
 //! A shadow ticket (D2) is flagged in its slot ([`crate::table`]).
@@ -64,8 +63,10 @@
 //! cost), 4 (this layout without the probing) and 5 (without callers, slow
 //! calls, shadow grants and the adaptive averages: its waiters and tickets
 //! read as called by the caller whose fingerprint is 0, and none is a
-//! shadow ticket) are still read; the next write of such a key writes
-//! version 6.
+//! shadow ticket) and 6 (this layout, but an adaptive limiter's four
+//! words meant what an earlier algorithm learned: read as zeros, a limiter
+//! that measures its baseline again) are still read; the next write of
+//! such a key writes version 7.
 
 use std::fmt;
 
@@ -81,7 +82,7 @@ use crate::table::{self, u32_at, u64_at};
 pub const MAGIC: &[u8; 3] = b"FBX";
 
 /// The encoding this module writes and the newest it reads.
-pub const ENCODING_VERSION: u8 = 6;
+pub const ENCODING_VERSION: u8 = 7;
 
 /// Bytes of the fixed header of versions 2 and 3.
 pub const HEADER: usize = 272;
@@ -526,14 +527,18 @@ impl Header {
             // The shadow grants (D1).
             head.counters.shadow = r.u64()?;
         }
-        // An adaptive limiter's averages and windows, since version 6.
+        // An adaptive limiter's baseline and samples since version 7;
+        // version 6's words are skipped: such a limiter measures again.
         let mut averages = [0u64; 4];
         if self.version >= 6 {
             for a in &mut averages {
                 *a = r.u64()?;
             }
+            if self.version == 6 {
+                averages = [0; 4];
+            }
         }
-        let [short, low, before, window] = averages;
+        let [base, sum, count, since] = averages;
         let (kind, a, b) = self.limiter;
         head.limiter = match kind {
             0 => None,
@@ -549,10 +554,10 @@ impl Header {
             5 => Some(LimiterState::Adaptive {
                 held: a,
                 limit: b,
-                short,
-                low,
-                before,
-                window,
+                base,
+                sum,
+                count,
+                since,
             }),
             k => return Err(damaged(format!("limiter: kind {k}"))),
         };
@@ -690,12 +695,12 @@ pub fn encode_tail(head: &FuseHead) -> Vec<u8> {
     out.extend_from_slice(&head.counters.shadow.to_le_bytes());
     let averages = match &head.limiter {
         Some(LimiterState::Adaptive {
-            short,
-            low,
-            before,
-            window,
+            base,
+            sum,
+            count,
+            since,
             ..
-        }) => [*short, *low, *before, *window],
+        }) => [*base, *sum, *count, *since],
         _ => [0; 4],
     };
     for a in averages {
@@ -823,14 +828,15 @@ mod tests {
         assert_eq!(version(b"FBX"), Err(StateError::NotFusebox));
         assert_eq!(version(b"FBX\x00"), Err(StateError::NotFusebox));
         assert_eq!(version(b"hello"), Err(StateError::NotFusebox));
-        assert_eq!(version(b"FBX\x07x"), Err(StateError::NewerEncoding(7)));
+        assert_eq!(version(b"FBX\x08x"), Err(StateError::NewerEncoding(8)));
+        assert_eq!(version(b"FBX\x07x"), Ok(7));
         assert_eq!(version(b"FBX\x06x"), Ok(6));
         assert_eq!(version(b"FBX\x05x"), Ok(5));
         assert_eq!(version(b"FBX\x04x"), Ok(4));
         assert_eq!(version(b"FBX\x03x"), Ok(3));
         assert_eq!(version(b"FBX\x02x"), Ok(2));
         assert_eq!(version(b"FBX\x01{}"), Ok(1));
-        assert!(StateError::NewerEncoding(7)
+        assert!(StateError::NewerEncoding(8)
             .to_string()
             .starts_with("state: "));
     }

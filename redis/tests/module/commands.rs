@@ -376,7 +376,7 @@ fn a_bad_argument_is_refused_naming_it_and_changes_nothing() {
     let Reply::Bulk(Some(bytes)) = &before else {
         panic!("{before:?}");
     };
-    assert!(bytes.starts_with(b"FBX\x06"), "{before:?}");
+    assert!(bytes.starts_with(b"FBX\x07"), "{before:?}");
 
     let long_ticket = "f".repeat(33);
     let long_caller = "c".repeat(129);
@@ -803,7 +803,7 @@ fn fb_list_pages_through_the_fusebox_keys_matching_a_pattern() {
     );
     assert!(c.cmd(&["SET", "svc:plain", "hello"]).is_ok());
     assert_eq!(c.cmd(&["HSET", "svc:hash", "f", "v"]), int(1));
-    assert!(c.cmd(&["SET", "svc:newer", "FBX\x07{}"]).is_ok());
+    assert!(c.cmd(&["SET", "svc:newer", "FBX\x08{}"]).is_ok());
     let before: Vec<Reply> = keys.iter().map(|k| raw(&mut c, k)).collect();
 
     let mut cursor = "0".to_owned();

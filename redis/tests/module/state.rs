@@ -59,7 +59,7 @@ fn a_value_of_the_first_encoding_is_read_and_written_back_in_the_current_one() {
     let done = c.cmd(&["FB.COMPLETE", "old", "130", &hex(2), "success"]);
     assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
     let now = bytes(c.cmd(&["GET", "old"]));
-    assert!(now.starts_with(b"FBX\x06"), "written in version 6");
+    assert!(now.starts_with(b"FBX\x07"), "written in version 7");
     let after = view(&mut c, "old", 130);
     assert_eq!(after["live_tickets"], 1);
     assert_eq!(after["consecutive_failures"], 0);
@@ -96,7 +96,7 @@ fn a_value_of_the_second_encoding_is_read_and_written_back_in_the_current_one() 
     let done = c.cmd(&["FB.COMPLETE", "old", "140", &hex(6), "success"]);
     assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
     let now = bytes(c.cmd(&["GET", "old"]));
-    assert!(now.starts_with(b"FBX\x06"), "written in version 6");
+    assert!(now.starts_with(b"FBX\x07"), "written in version 7");
     let after = view(&mut c, "old", 140);
     assert_eq!(after["live_tickets"], 4);
     assert_eq!(after["next_deadline"], 60100, "the other four end at 60100");
@@ -136,7 +136,7 @@ fn a_value_of_the_third_encoding_is_read_and_its_tickets_settle_no_cost() {
 
     let done = c.cmd(&["FB.COMPLETE", "old", "400", &hex(1), "success", "COST", "0"]);
     assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
-    assert!(bytes(c.cmd(&["GET", "old"])).starts_with(b"FBX\x06"));
+    assert!(bytes(c.cmd(&["GET", "old"])).starts_with(b"FBX\x07"));
     assert_eq!(free(&mut c, 400), Some(1), "an old ticket settles no cost");
     assert_eq!(
         free(&mut c, 1000),
@@ -391,4 +391,45 @@ fn fb_list_never_answers_more_than_count_and_goes_on_inside_a_bucket() {
         inside > 0,
         "some bucket held more than one key: the test did not reach its point"
     );
+}
+
+/// A value of encoding 6 kept an adaptive limiter's state as an earlier
+/// algorithm learned it: its four words are read as zeros, so the limiter
+/// measures its baseline again at `min` (CX26); its limit and held permits
+/// stay, and the next step writes encoding 7.
+#[test]
+fn an_adaptive_limiter_of_the_sixth_encoding_measures_its_baseline_again() {
+    let Some((_redis, mut c)) = Standalone::connected("an_adaptive_limiter_of_the_sixth") else {
+        return;
+    };
+    let policy = r#"{"limiter":{"kind":"adaptive","min":2,"max":50,"initial":8}}"#;
+    let limit = |c: &mut Conn, now: u64| view(c, "ad", now)["adaptive_limit"].as_u64();
+    for i in 0..10u128 {
+        let now = (10 * i).to_string();
+        let got = c.cmd(&["FB.ACQUIRE", "ad", &now, &hex(i + 1), policy]);
+        assert_eq!(
+            got.items()[0],
+            Reply::Bulk(Some(b"granted".to_vec())),
+            "{got:?}"
+        );
+        let done = c.cmd(&["FB.COMPLETE", "ad", &now, &hex(i + 1), "success"]);
+        assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
+    }
+    assert_eq!(limit(&mut c, 100), Some(8), "measured: in force at initial");
+    let held = c.cmd(&["FB.ACQUIRE", "ad", "100", &hex(99), policy]);
+    assert_eq!(held.items()[0], Reply::Bulk(Some(b"granted".to_vec())));
+
+    let mut value = bytes(c.cmd(&["GET", "ad"]));
+    assert!(value.starts_with(b"FBX\x07"));
+    value[3] = 6;
+    assert!(c.cmd(&[&b"SET"[..], b"ad", &value]).is_ok());
+    assert_eq!(limit(&mut c, 100), Some(2), "at min until measured again");
+    assert_eq!(
+        view(&mut c, "ad", 100)["free"],
+        1,
+        "the held permit stays held"
+    );
+    let done = c.cmd(&["FB.COMPLETE", "ad", "120", &hex(99), "success"]);
+    assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
+    assert!(bytes(c.cmd(&["GET", "ad"])).starts_with(b"FBX\x07"));
 }

@@ -42,11 +42,13 @@ use crate::{Millis, Phase, Reason};
 /// Version 4 added tickets' and waiters' `caller` and the breaker's
 /// `callers` (Q1-Q2), live slow calls (`slow`, S2) and the slow outcomes
 /// of the window's buckets and the counters (S1), the adaptive limiter's
-/// state. Version 3 added the
+/// state; version 5 gave that state its present meaning (an older one is
+/// read as a limiter that measures its baseline again, CX26). Version 3
+/// added the
 /// breaker's `probing` (H1-H4); version 2 added
 /// tickets' `granted_at` and `settles` and a token bucket's negative tokens
 /// (U1); version 1 is read with neither (its tickets settle no cost).
-pub const STATE_VERSION: u32 = 4;
+pub const STATE_VERSION: u32 = 5;
 
 /// The largest time, count or epoch a state may hold: 2^53, far beyond
 /// anything a key reaches (285,000 years of milliseconds, or 2^53 events),
@@ -204,14 +206,18 @@ pub enum LimiterState {
         held: u64,
         /// The learned limit, in millionths of a permit.
         limit: u64,
-        /// The short average of ages, in thousandths of a ms (0: none yet).
-        short: u64,
-        /// The lowest short average in the current baseline window (0: none).
-        low: u64,
-        /// The lowest short average in the window before (0: none).
-        before: u64,
-        /// The current baseline window's index.
-        window: u64,
+        /// The baseline age, in thousandths of a ms (0: being measured).
+        #[serde(alias = "short")]
+        base: u64,
+        /// The ages (ms) of the current round's or measurement's samples.
+        #[serde(alias = "low")]
+        sum: u64,
+        /// How many samples those are.
+        #[serde(alias = "before")]
+        count: u64,
+        /// When the current round or measurement began.
+        #[serde(alias = "window")]
+        since: u64,
     },
 }
 
@@ -788,14 +794,14 @@ impl Limiter {
                 taken: t.state.taken.iter().copied().collect(),
             },
             Limiter::Adaptive(t) => {
-                let [limit, short, low, before, window] = t.state.parts();
+                let [limit, base, sum, count, since] = t.state.parts();
                 LimiterState::Adaptive {
                     held: t.state.held(),
                     limit,
-                    short,
-                    low,
-                    before,
-                    window,
+                    base,
+                    sum,
+                    count,
+                    since,
                 }
             }
         }
@@ -841,10 +847,10 @@ impl Limiter {
                 &LimiterState::Adaptive {
                     held,
                     limit,
-                    short,
-                    low,
-                    before,
-                    window,
+                    base,
+                    sum,
+                    count,
+                    since,
                 },
             ) => {
                 let (bottom, top) = (
@@ -858,15 +864,11 @@ impl Limiter {
                         high: top,
                     });
                 }
-                at_most("limiter.short", short, LIMIT)?;
-                at_most("limiter.low", low, LIMIT)?;
-                at_most("limiter.before", before, LIMIT)?;
-                at_most(
-                    "limiter.window",
-                    window,
-                    last_now / crate::limiter::BASELINE_WINDOW,
-                )?;
-                t.state = Adaptive::from_parts(held, [limit, short, low, before, window]);
+                at_most("limiter.base", base, LIMIT)?;
+                at_most("limiter.sum", sum, LIMIT)?;
+                at_most("limiter.count", count, LIMIT)?;
+                at_most("limiter.since", since, last_now)?;
+                t.state = Adaptive::from_parts(held, [limit, base, sum, count, since]);
             }
             (_, s) => {
                 return Err(StateError::LimiterKind {
@@ -942,10 +944,24 @@ impl Fuse {
             return Err(StateError::UnknownVersion(s.version));
         }
         let policy = Arc::new(s.policy.validate()?);
+        let mut limiter = s.limiter;
+        if s.version < 5 {
+            if let Some(LimiterState::Adaptive { held, limit, .. }) = limiter {
+                // Learned by the algorithm before version 5: measured again.
+                limiter = Some(LimiterState::Adaptive {
+                    held,
+                    limit,
+                    base: 0,
+                    sum: 0,
+                    count: 0,
+                    since: 0,
+                });
+            }
+        }
         let head = FuseHead {
             last_now: s.last_now,
             breaker: s.breaker,
-            limiter: s.limiter,
+            limiter,
             waiters: s.waiters,
             counters: s.counters,
             budget: s.budget,

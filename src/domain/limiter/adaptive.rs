@@ -2,9 +2,13 @@
 //! ages of completed tickets (SPEC section 10, rules CX20-CX27 of
 //! `docs/contract-extensions.md`).
 //!
-//! Everything is integer arithmetic, so the engine and the Redis module
-//! (which compile this file) agree bit for bit. The limit is kept in
-//! millionths of a permit; what a request can use is its whole part.
+//! A gradient controller in the manner of Envoy's: a **baseline** measured
+//! now and then with the limit held at `min` (the dependency's latency
+//! when it is not loaded), and **rounds** of at least [`ROUND`] ms whose
+//! mean age, against the baseline, moves the limit. Everything is integer
+//! arithmetic, so the engine and the Redis module (which compile this file)
+//! agree bit for bit. The limit is kept in millionths of a permit; what a
+//! request can use is its whole part.
 
 use std::num::NonZeroU32;
 
@@ -14,50 +18,57 @@ use crate::{Millis, Outcome};
 
 /// One permit in the limit's fixed point.
 pub const UNIT: u64 = 1_000_000;
-/// One millisecond in the averages' fixed point.
+/// One millisecond in the baseline's fixed point.
 pub const AGE_UNIT: u64 = 1_000;
-/// The short average moves by 1/`SHORT_WEIGHT` of a sample's difference.
-pub const SHORT_WEIGHT: u64 = 10;
-/// The baseline is the lowest short average of the current and the
-/// previous window of `BASELINE_WINDOW` ms, aligned to its multiples (K4).
-pub const BASELINE_WINDOW: Millis = 10_000;
-/// The gradient's bounds and tolerance, in millionths.
+/// A round lasts at least this long (ms): the limit moves at most once
+/// per round, after the calls it let in had time to show their ages.
+pub const ROUND: Millis = 100;
+/// The baseline is measured again in every window of `MEASURE_EVERY` ms,
+/// aligned to its multiples (K4).
+pub const MEASURE_EVERY: Millis = 10_000;
+/// A measurement ends with this many samples ...
+pub const MEASURE_SAMPLES: u64 = 10;
+/// ... or, with at least one, this long (ms) after it began.
+pub const MEASURE_LONGEST: Millis = 1_000;
+/// The gradient's lower bound, in millionths: a round at most halves the
+/// limit's target.
 pub const GRADIENT_MIN: u64 = 500_000;
 /// The gradient's upper bound: the limit never shrinks when ages are flat.
 pub const GRADIENT_MAX: u64 = 1_000_000;
-/// Ages up to 1.5 times the baseline count as no worse than usual.
-pub const TOLERANCE: u64 = 1_500_000;
+/// Ages up to 1.25 times the baseline count as no worse than unloaded.
+pub const TOLERANCE: u64 = 1_250_000;
 /// The new limit weighs `SMOOTHING` millionths, the old one the rest.
-pub const SMOOTHING: u64 = 200_000;
+pub const SMOOTHING: u64 = 500_000;
 /// A failure multiplies the limit by `BACKOFF` millionths.
 pub const BACKOFF: u64 = 900_000;
 
 /// The settings of `adaptive`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AdaptiveSettings {
-    /// The lowest limit.
+    /// The lowest limit, and the limit in force while the baseline is
+    /// measured.
     pub min: NonZeroU32,
     /// The highest limit (P2's limit).
     pub max: NonZeroU32,
-    /// The limit a fresh key starts at.
+    /// The limit a fresh key starts at once its first baseline is measured.
     pub initial: NonZeroU32,
 }
 
-/// Permits held by live tickets, the learned limit, the short average and
-/// the baseline's windows.
+/// Permits held by live tickets, the learned limit, the baseline, and the
+/// samples of the current round or measurement.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Adaptive {
     pub(crate) held: u64,
     /// The limit in millionths of a permit.
     pub(crate) limit: u64,
-    /// The short average of ages, in thousandths of a ms; 0 = no sample yet.
-    pub(crate) short: u64,
-    /// The lowest short average in the current window; 0 = none.
-    pub(crate) low: u64,
-    /// The lowest short average in the window before; 0 = none.
-    pub(crate) before: u64,
-    /// The current window's index: it starts at `window * BASELINE_WINDOW`.
-    pub(crate) window: u64,
+    /// The baseline age, in thousandths of a ms; 0 = being measured.
+    pub(crate) base: u64,
+    /// The ages (ms) of the current round's or measurement's samples.
+    pub(crate) sum: u64,
+    /// How many samples those are.
+    pub(crate) count: u64,
+    /// When the current round or measurement began (ms).
+    pub(crate) since: Millis,
 }
 
 impl Adaptive {
@@ -66,27 +77,37 @@ impl Adaptive {
         self.held
     }
 
-    /// The limit in force: the whole part of the learned limit.
-    pub fn current(&self) -> u32 {
-        u32::try_from(self.limit / UNIT).unwrap_or(u32::MAX)
+    /// True while the baseline is being measured (the limit in force is
+    /// then `min`).
+    pub fn measuring(&self) -> bool {
+        self.base == 0
     }
 
-    /// The learned limit (millionths), the short average, the lowest
-    /// short averages of the current and the previous window (thousandths
-    /// of a ms) and the current window's index.
+    /// The limit in force: `min` while the baseline is measured, else the
+    /// whole part of the learned limit.
+    pub fn current(&self, s: &AdaptiveSettings) -> u32 {
+        if self.measuring() {
+            s.min.get()
+        } else {
+            u32::try_from(self.limit / UNIT).unwrap_or(u32::MAX)
+        }
+    }
+
+    /// The learned limit (millionths), the baseline (thousandths of a ms),
+    /// the current samples' sum (ms) and count, and when they began.
     pub fn parts(&self) -> [u64; 5] {
-        [self.limit, self.short, self.low, self.before, self.window]
+        [self.limit, self.base, self.sum, self.count, self.since]
     }
 
     /// The state with these parts, as [`Adaptive::parts`] gives them.
-    pub fn from_parts(held: u64, [limit, short, low, before, window]: [u64; 5]) -> Adaptive {
+    pub fn from_parts(held: u64, [limit, base, sum, count, since]: [u64; 5]) -> Adaptive {
         Adaptive {
             held,
             limit,
-            short,
-            low,
-            before,
-            window,
+            base,
+            sum,
+            count,
+            since,
         }
     }
 
@@ -113,35 +134,29 @@ impl Adaptive {
                 self.limit = mul_div(self.limit, BACKOFF, UNIT);
                 self.clamp(s);
             }
-            Outcome::Success => {
-                let window = now / BASELINE_WINDOW;
-                if window != self.window {
-                    self.before = if window == self.window + 1 {
-                        self.low
-                    } else {
-                        0
-                    };
-                    self.low = 0;
-                    self.window = window;
+            Outcome::Success if self.measuring() => {
+                // Only calls granted since the measurement began ran at
+                // `min` or below (CX24).
+                if now.saturating_sub(age) >= self.since {
+                    self.sum = self.sum.saturating_add(age.max(1));
+                    self.count += 1;
                 }
-                let sample = age.max(1).saturating_mul(AGE_UNIT);
-                self.short = if self.short == 0 {
-                    sample
-                } else {
-                    ewma(self.short, sample, SHORT_WEIGHT)
-                };
-                self.low = if self.low == 0 {
-                    self.short
-                } else {
-                    self.low.min(self.short)
-                };
-                let baseline = match self.before {
-                    0 => self.low,
-                    before => before.min(self.low),
-                };
+                let over = now >= self.since.saturating_add(MEASURE_LONGEST);
+                if self.count >= MEASURE_SAMPLES || (self.count > 0 && over) {
+                    self.base = mul_div(self.sum, AGE_UNIT, self.count).max(1);
+                    self.begin_round(now);
+                }
+            }
+            Outcome::Success => {
+                self.sum = self.sum.saturating_add(age.max(1));
+                self.count += 1;
+                if now < self.since.saturating_add(ROUND) {
+                    return;
+                }
+                let mean = mul_div(self.sum, AGE_UNIT, self.count).max(1);
                 let whole = self.limit / UNIT;
-                let gradient = mul_div(baseline, TOLERANCE, self.short.max(1))
-                    .clamp(GRADIENT_MIN, GRADIENT_MAX);
+                let gradient =
+                    mul_div(self.base, TOLERANCE, mean).clamp(GRADIENT_MIN, GRADIENT_MAX);
                 let target = mul_div(self.limit, gradient, UNIT)
                     .saturating_add(isqrt(whole).max(1).saturating_mul(UNIT));
                 let next = mul_div(self.limit, UNIT - SMOOTHING, UNIT)
@@ -152,20 +167,26 @@ impl Adaptive {
                     self.limit = next;
                 }
                 self.clamp(s);
+                let window = self.since / MEASURE_EVERY;
+                self.begin_round(now);
+                if now / MEASURE_EVERY != window {
+                    // A new window: measure the baseline again (CX24).
+                    self.base = 0;
+                }
             }
         }
+    }
+
+    fn begin_round(&mut self, now: Millis) {
+        self.sum = 0;
+        self.count = 0;
+        self.since = now;
     }
 }
 
 /// `floor(a * b / c)`, in 128 bits, saturated to `u64`.
 fn mul_div(a: u64, b: u64, c: u64) -> u64 {
     let v = u128::from(a) * u128::from(b) / u128::from(c.max(1));
-    u64::try_from(v).unwrap_or(u64::MAX)
-}
-
-/// `floor((avg * (w - 1) + sample) / w)`.
-fn ewma(avg: u64, sample: u64, w: u64) -> u64 {
-    let v = (u128::from(avg) * u128::from(w - 1) + u128::from(sample)) / u128::from(w);
     u64::try_from(v).unwrap_or(u64::MAX)
 }
 
@@ -206,8 +227,8 @@ impl Algorithm for Adaptive {
         s.max.get()
     }
 
-    fn available(&self, _: &AdaptiveSettings, _: Millis) -> u32 {
-        u64::from(self.current()).saturating_sub(self.held) as u32
+    fn available(&self, s: &AdaptiveSettings, _: Millis) -> u32 {
+        u64::from(self.current(s)).saturating_sub(self.held) as u32
     }
 
     fn take(&mut self, _: &AdaptiveSettings, n: u32, _: Millis) {
@@ -236,7 +257,7 @@ impl Algorithm for Adaptive {
     }
 
     /// At rest only as a fresh one: nothing held, the limit at `initial`,
-    /// no age learned (K2; CX25).
+    /// no baseline and no sample (K2; CX25).
     fn is_full(&self, s: &AdaptiveSettings, now: Millis) -> bool {
         self.held == 0 && *self == Self::full(s, now)
     }
@@ -255,6 +276,15 @@ mod tests {
         }
     }
 
+    /// A limiter whose baseline is `base_ms` and whose round began at `since`.
+    fn learned(s: &AdaptiveSettings, limit: u64, base_ms: u64, since: Millis) -> Adaptive {
+        let mut a = Adaptive::full(s, 0);
+        a.limit = limit * UNIT;
+        a.base = base_ms * AGE_UNIT;
+        a.since = since;
+        a
+    }
+
     #[test]
     fn integer_square_roots_are_floors() {
         for n in 0..10_000u64 {
@@ -265,54 +295,92 @@ mod tests {
     }
 
     #[test]
-    fn flat_ages_under_load_grow_the_limit_by_a_fifth_of_its_root() {
-        let s = settings(1, 100, 10);
+    fn a_fresh_limiter_measures_its_baseline_at_min_then_starts_at_initial() {
+        let s = settings(2, 100, 10);
         let mut a = Adaptive::full(&s, 0);
-        a.observe(&s, 20, Outcome::Success, 10, 0);
-        // gradient 1: target = 10 + 3; limit = 10 * 0.8 + 13 * 0.2 = 10.6
-        assert_eq!(a.limit, 10_600_000);
-        assert_eq!((a.short, a.low, a.before), (20_000, 20_000, 0));
+        assert!(a.measuring());
+        assert_eq!((a.current(&s), a.available(&s, 0)), (2, 2));
+        for i in 0..MEASURE_SAMPLES - 1 {
+            a.observe(&s, 20 + i % 2, Outcome::Success, 2, 100 + i);
+            assert!(a.measuring(), "sample {i}");
+        }
+        a.observe(&s, 21, Outcome::Success, 2, 200);
+        // Ten samples: five of 20 ms, five of 21 ms.
+        assert_eq!(a.parts(), [10 * UNIT, 20_500, 0, 0, 200]);
+        assert_eq!(a.current(&s), 10);
+    }
+
+    #[test]
+    fn a_measurement_counts_only_calls_granted_since_it_began() {
+        let s = settings(1, 100, 10);
+        let mut a = learned(&s, 10, 20, 5_000);
+        a.base = 0;
+        a.observe(&s, 300, Outcome::Success, 5, 5_100);
+        assert_eq!((a.sum, a.count), (0, 0), "granted before the measurement");
+        a.observe(&s, 30, Outcome::Success, 1, 5_100);
+        assert_eq!((a.sum, a.count), (30, 1));
+        // With one sample, it ends MEASURE_LONGEST after it began.
+        a.observe(&s, 100, Outcome::Success, 1, 5_000 + MEASURE_LONGEST);
+        assert_eq!(a.parts(), [10 * UNIT, 65_000, 0, 0, 6_000]);
+    }
+
+    #[test]
+    fn flat_ages_under_load_grow_the_limit_by_half_its_root_a_round() {
+        let s = settings(1, 100, 10);
+        let mut a = learned(&s, 10, 20, 0);
+        a.observe(&s, 20, Outcome::Success, 10, 50);
+        assert_eq!(
+            a.parts(),
+            [10 * UNIT, 20_000, 20, 1, 0],
+            "the round goes on"
+        );
+        a.observe(&s, 20, Outcome::Success, 10, ROUND);
+        // gradient 1: target = 10 + 3; limit = 10 * 0.5 + 13 * 0.5 = 11.5
+        assert_eq!(a.parts(), [11_500_000, 20_000, 0, 0, ROUND]);
+        assert_eq!(a.current(&s), 11);
+    }
+
+    #[test]
+    fn too_few_calls_in_flight_never_grow_the_limit() {
+        let s = settings(1, 100, 10);
+        let mut a = learned(&s, 10, 20, 0);
+        a.observe(&s, 20, Outcome::Success, 4, ROUND);
+        assert_eq!(a.limit, 10 * UNIT);
     }
 
     #[test]
     fn doubled_ages_shrink_the_limit_and_failures_back_off() {
         let s = settings(2, 100, 20);
-        let mut a = Adaptive::full(&s, 0);
-        a.observe(&s, 20, Outcome::Success, 20, 0);
-        let before = a.limit;
-        for _ in 0..20 {
-            a.observe(&s, 80, Outcome::Success, 20, 0);
+        let mut a = learned(&s, 10, 20, 0);
+        a.observe(&s, 40, Outcome::Success, 10, ROUND);
+        // gradient 20 * 1.25 / 40 = 0.625: target = 6.25 + 3; limit 9.625
+        assert_eq!(a.limit, 9_625_000);
+        a.observe(&s, 1, Outcome::Failure, 1, ROUND);
+        assert_eq!(a.limit, 8_662_500);
+        a.observe(&s, 1, Outcome::Ignored, 1, ROUND);
+        assert_eq!(a.limit, 8_662_500);
+        for _ in 0..100 {
+            a.observe(&s, 1, Outcome::Failure, 1, ROUND);
         }
-        assert!(a.limit < before, "{} < {before}", a.limit);
-        let l = a.limit;
-        a.observe(&s, 1, Outcome::Failure, 1, 0);
-        assert_eq!(a.limit, (l * 9 / 10).max(2 * UNIT));
-        a.observe(&s, 1, Outcome::Ignored, 1, 0);
-        assert_eq!(a.limit, (l * 9 / 10).max(2 * UNIT));
+        assert_eq!(a.current(&s), 2, "never below min");
     }
 
     #[test]
-    fn the_baseline_is_the_lowest_short_average_of_two_windows() {
-        let s = settings(1, 100, 10);
-        let mut a = Adaptive::full(&s, 0);
-        a.observe(&s, 20, Outcome::Success, 10, 9_000);
-        a.observe(&s, 40, Outcome::Success, 10, 10_000);
-        assert_eq!(
-            (a.short, a.low, a.before, a.window),
-            (22_000, 22_000, 20_000, 1)
-        );
-        a.observe(&s, 40, Outcome::Success, 10, 30_000);
-        // Two windows on: neither lowest is kept.
-        assert_eq!((a.short, a.low, a.before, a.window), (23_800, 23_800, 0, 3));
+    fn the_first_round_to_end_in_a_new_window_measures_the_baseline_again() {
+        let s = settings(3, 100, 10);
+        let mut a = learned(&s, 10, 20, MEASURE_EVERY - 50);
+        a.observe(&s, 20, Outcome::Success, 10, MEASURE_EVERY + 50);
+        assert_eq!(a.parts(), [11_500_000, 0, 0, 0, MEASURE_EVERY + 50]);
+        assert_eq!(a.current(&s), 3, "min while measuring");
     }
 
     #[test]
     fn a_lowered_limit_keeps_held_permits_held() {
         let s = settings(1, 10, 8);
-        let mut a = Adaptive::full(&s, 0);
+        let mut a = learned(&s, 8, 20, 0);
         a.take(&s, 6, 0);
         a.rebase(&s, &settings(1, 4, 1), 0);
-        assert_eq!(a.current(), 4);
+        assert_eq!(a.current(&s), 4);
         assert_eq!(a.available(&s, 0), 0);
         a.release(3);
         assert_eq!(a.available(&s, 0), 1);

@@ -20,7 +20,7 @@ mod token_bucket;
 
 use std::fmt::Debug;
 
-pub use adaptive::{Adaptive, AdaptiveSettings, BASELINE_WINDOW, UNIT as ADAPTIVE_UNIT};
+pub use adaptive::{Adaptive, AdaptiveSettings, UNIT as ADAPTIVE_UNIT};
 pub use concurrency::{Concurrency, ConcurrencySettings};
 pub use fixed_window::{FixedWindow, FixedWindowSettings};
 pub use sliding_window::{SlidingWindow, SlidingWindowSettings};
@@ -235,7 +235,7 @@ impl Limiter {
     /// An adaptive limiter's limit in force; `None` for the other kinds.
     pub fn adaptive_limit(&self) -> Option<u32> {
         match self {
-            Limiter::Adaptive(t) => Some(t.state.current()),
+            Limiter::Adaptive(t) => Some(t.state.current(&t.settings)),
             _ => None,
         }
     }

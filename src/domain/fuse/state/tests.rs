@@ -497,12 +497,60 @@ fn a_fresh_key_at_rest_reads_back_owning_nothing() {
 
 #[test]
 fn an_unknown_version_is_refused() {
-    assert_eq!(refused(|s| s.version = 5), StateError::UnknownVersion(5));
+    assert_eq!(refused(|s| s.version = 6), StateError::UnknownVersion(6));
     assert_eq!(refused(|s| s.version = 0), StateError::UnknownVersion(0));
     assert_eq!(
-        StateError::UnknownVersion(5).to_string(),
-        "version: 5 is not a state version this build reads (it reads 1 to 4)"
+        StateError::UnknownVersion(6).to_string(),
+        "version: 6 is not a state version this build reads (it reads 1 to 5)"
     );
+}
+
+#[test]
+fn an_adaptive_limiter_written_before_version_5_measures_its_baseline_again() {
+    let policy = nz_policy(r#"limiter = { kind = "adaptive", min = 2, max = 50, initial = 8 }"#);
+    let mut f = Fuse::new(policy, 0);
+    for (i, at) in (0..12u64).map(|i| (i, i * 10)) {
+        let t = ticket_id(i as u8 + 1);
+        assert!(matches!(
+            f.acquire(&Ask::default(), t, at),
+            Ok(Decision::Granted(Some(_)))
+        ));
+        f.complete(t, Outcome::Success, at + 5).unwrap();
+    }
+    assert_eq!(
+        f.view(200).adaptive_limit,
+        8,
+        "measured: in force at initial"
+    );
+    let mut old = serde_json::to_value(f.state()).unwrap();
+    old["version"] = 4.into();
+    let limiter = old["limiter"]["adaptive"].as_object_mut().unwrap();
+    for (new, was) in [
+        ("base", "short"),
+        ("sum", "low"),
+        ("count", "before"),
+        ("since", "window"),
+    ] {
+        let v = limiter.remove(new).unwrap();
+        limiter.insert(was.into(), v);
+    }
+    let back = Fuse::from_state(serde_json::from_value(old).unwrap()).unwrap();
+    let Some(LimiterState::Adaptive {
+        held,
+        limit,
+        base,
+        sum,
+        count,
+        since,
+    }) = back.state().limiter
+    else {
+        panic!("an adaptive limiter");
+    };
+    assert_eq!(
+        (held, limit, base, sum, count, since),
+        (0, 8_000_000, 0, 0, 0, 0)
+    );
+    assert_eq!(back.view(200).adaptive_limit, 2, "at min until measured");
 }
 
 #[test]
