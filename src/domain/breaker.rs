@@ -102,6 +102,7 @@ pub struct Report<'a> {
     pub live_callers: &'a [(CallerId, u32)],
 }
 
+#[cfg(test)]
 impl Report<'static> {
     /// A completion of an ordinary ticket or a single-slot probe.
     pub fn of(epoch: u64, probe: bool, outcome: Outcome) -> Report<'static> {
@@ -133,6 +134,13 @@ pub struct Probing {
     /// slot, in admission order. A slot past its end is held no more; it
     /// is dropped at the next admission or outcome.
     pub slots: Vec<(TicketId, Millis)>,
+}
+
+impl Probing {
+    /// The ends of the slots still held at `now`.
+    fn held(&self, now: Millis) -> impl Iterator<Item = Millis> + '_ {
+        self.slots.iter().map(|s| s.1).filter(move |&end| end > now)
+    }
 }
 
 /// One key's breaker.
@@ -207,7 +215,7 @@ impl Breaker {
             return 0;
         }
         match self.probing.as_deref() {
-            Some(p) if p.shared => p.slots.iter().filter(|s| s.1 > now).count() as u32,
+            Some(p) if p.shared => p.held(now).count() as u32,
             _ => u32::from(self.deadline > now),
         }
     }
@@ -270,9 +278,8 @@ impl Breaker {
         let limit = policy.map_or(1, |b| b.half_open.probes.get());
         if let Some(p) = self.probing.as_deref().filter(|p| p.shared) {
             if self.phase == Phase::HalfOpen {
-                let held = || p.slots.iter().map(|s| s.1).filter(|&end| end > now);
-                return match held().min() {
-                    Some(first) if held().count() as u64 >= u64::from(limit) => {
+                return match p.held(now).min() {
+                    Some(first) if p.held(now).count() as u64 >= u64::from(limit) => {
                         Admission::Blocked {
                             reason: Reason::ProbeInFlight,
                             retry_after: first - now,

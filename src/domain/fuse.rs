@@ -1072,7 +1072,7 @@ impl<T: TicketTable> Fuse<T> {
             max_wait: if self.policy.enforce { ask.max_wait } else { 0 },
             ..*ask
         };
-        let decision = self.decide_permits(ask, admission, id, now)?;
+        let decision = self.decide_permits(ask, admission == Admission::Probe, id, now)?;
         let decision = self.shadowed(ask, decision, id, now)?;
         if let Some(rb) = budget {
             self.live_mut().budget.count(&rb, now, ask.retry);
@@ -1081,15 +1081,14 @@ impl<T: TicketTable> Fuse<T> {
     }
 
     /// The limiter's part of a decision (P2-P4) for a request the breaker
-    /// admitted.
+    /// admitted, as a `probe` or not.
     fn decide_permits(
         &mut self,
         ask: &Ask,
-        admission: Admission,
+        probe: bool,
         id: TicketId,
         now: Millis,
     ) -> Result<Decision, FuseError> {
-        let probe = admission == Admission::Probe;
         let n = ask.permits;
         let (Some(lp), Some(limiter)) = (self.policy.limiter, self.limiter()) else {
             return self.grant_at_once(ask, id, probe, 0, now);
