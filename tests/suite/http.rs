@@ -1554,3 +1554,79 @@ fn the_readme_adaptive_example_is_a_valid_config() {
     assert_eq!(kind.name(), "adaptive");
     assert_eq!(kind.limit(), 200, "P2's limit is max");
 }
+
+// ---------- slow calls (S1-S3, CX10-CX15) on the same surfaces ----------
+
+const SLOW: &str = r#"
+[[rule]]
+match = "slow/*"
+breaker = { mode = "ratio", failure_ratio = 0.5, minimum_throughput = 100, sampling_window = "10s", break = "1s", slow = { duration = "100ms", ratio = 0.9 } }
+"#;
+
+/// Three calls granted, then 150 ms: all three are live slow and counted
+/// (CX12); one completes (still counted once), and a fourth, granted then,
+/// is not slow yet. gRPC, the dashboard's JSON and `/metrics` agree: two
+/// live slow calls, three slow calls in all.
+async fn check_slow_surfaces(server: &Server, key: &str) {
+    let mut c = server.fusebox().await;
+    let mut tickets = Vec::new();
+    for _ in 0..3 {
+        tickets.push(granted(&mut c, key).await);
+    }
+    assert_eq!(server.get(key).await.live_slow, 0, "not slow yet");
+    crate::admin::advance_clock(&mut server.clock().await, 150).await;
+    assert_eq!(server.get(key).await.live_slow, 3);
+    crate::admin::complete(&mut c, &tickets[0], pb::Outcome::Success).await;
+    granted(&mut c, key).await;
+    let state = server.get(key).await;
+    assert_eq!((state.live_slow, state.live_tickets), (2, 3), "{state:?}");
+    let http = http_addr(server);
+    let page = get(&http, "/api/keys?prefix=slow%2F").await.json();
+    let row = &page["keys"][0];
+    assert_eq!(row["key"], key, "{page}");
+    assert_eq!(
+        (&row["live_slow"], &row["slow_calls"]),
+        (&2.into(), &3.into()),
+        "{row}"
+    );
+    let text = metrics_text(server).await;
+    for (family, want) in [
+        ("fusebox_key_live_slow", 2.0),
+        ("fusebox_key_slow_calls_total", 3.0),
+    ] {
+        assert_eq!(
+            series(&text, &format!("{family}{{key=\"{key}\"}}")),
+            Some(want),
+            "{family}: {text}"
+        );
+    }
+    assert_eq!(
+        series(&text, "fusebox_key_live_slow{key=\"plain\"}"),
+        Some(0.0),
+        "a key without slow calls reads 0: {text}"
+    );
+}
+
+#[tokio::test]
+async fn live_slow_calls_show_on_grpc_json_and_metrics() {
+    let server = Server::manual(Some(SLOW)).await;
+    granted(&mut server.fusebox().await, "plain").await;
+    check_slow_surfaces(&server, "slow/a").await;
+}
+
+/// With `--store`, the module counts the same slow calls (CX15).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_slow_calls_show_the_same_with_a_store() {
+    let Some(redis) =
+        crate::harness::standalone("live_slow_calls_show_the_same_with_a_store").await
+    else {
+        return;
+    };
+    let store = format!("redis://127.0.0.1:{}", redis.server.port);
+    let server = crate::harness::servers_on(&store, SLOW, true, 1)
+        .await
+        .pop()
+        .expect("a server");
+    granted(&mut server.fusebox().await, "plain").await;
+    check_slow_surfaces(&server, "slow/a").await;
+}
