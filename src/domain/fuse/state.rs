@@ -206,7 +206,8 @@ pub enum LimiterState {
         held: u64,
         /// The learned limit, in millionths of a permit.
         limit: u64,
-        /// The baseline age, in thousandths of a ms (0: being measured).
+        /// The baseline age, in thousandths of a ms (0: none yet; 2^64 - 1:
+        /// being measured again).
         #[serde(alias = "short")]
         base: u64,
         /// The ages (ms) of the current round's or measurement's samples.
@@ -864,7 +865,9 @@ impl Limiter {
                         high: top,
                     });
                 }
-                at_most("limiter.base", base, LIMIT)?;
+                if base != crate::limiter::ADAPTIVE_MEASURING {
+                    at_most("limiter.base", base, LIMIT)?;
+                }
                 at_most("limiter.sum", sum, LIMIT)?;
                 at_most("limiter.count", count, LIMIT)?;
                 at_most("limiter.since", since, last_now)?;

@@ -2,9 +2,10 @@
 //! ages of completed tickets (SPEC section 10, rules CX20-CX27 of
 //! `docs/contract-extensions.md`).
 //!
-//! A gradient controller in the manner of Envoy's: a **baseline** measured
-//! now and then with the limit held at `min` (the dependency's latency
-//! when it is not loaded), and **rounds** of at least [`ROUND`] ms whose
+//! A gradient controller in the manner of Envoy's: a **baseline** (the
+//! dependency's latency when it is not loaded) learned from a fresh key's
+//! first calls and measured again now and then with the limit held at
+//! `min`, and **rounds** of at least [`ROUND`] ms whose
 //! mean age, against the baseline, moves the limit. Everything is integer
 //! arithmetic, so the engine and the Redis module (which compile this file)
 //! agree bit for bit. The limit is kept in millionths of a permit; what a
@@ -26,10 +27,13 @@ pub const ROUND: Millis = 100;
 /// The baseline is measured again in every window of `MEASURE_EVERY` ms,
 /// aligned to its multiples (K4).
 pub const MEASURE_EVERY: Millis = 10_000;
-/// A measurement ends with this many samples ...
+/// A baseline is the mean of this many samples ...
 pub const MEASURE_SAMPLES: u64 = 10;
-/// ... or, with at least one, this long (ms) after it began.
+/// ... or, in a measurement with at least one, of those it has this long
+/// (ms) after it began.
 pub const MEASURE_LONGEST: Millis = 1_000;
+/// `base` while a measurement holds the limit at `min`.
+pub const MEASURING: u64 = u64::MAX;
 /// The gradient's lower bound, in millionths: a round at most halves the
 /// limit's target.
 pub const GRADIENT_MIN: u64 = 500_000;
@@ -46,11 +50,11 @@ pub const BACKOFF: u64 = 900_000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AdaptiveSettings {
     /// The lowest limit, and the limit in force while the baseline is
-    /// measured.
+    /// measured again.
     pub min: NonZeroU32,
     /// The highest limit (P2's limit).
     pub max: NonZeroU32,
-    /// The limit a fresh key starts at once its first baseline is measured.
+    /// The limit a fresh key starts at.
     pub initial: NonZeroU32,
 }
 
@@ -61,7 +65,8 @@ pub struct Adaptive {
     pub(crate) held: u64,
     /// The limit in millionths of a permit.
     pub(crate) limit: u64,
-    /// The baseline age, in thousandths of a ms; 0 = being measured.
+    /// The baseline age, in thousandths of a ms; 0 = none yet (a fresh
+    /// key's first calls make it), [`MEASURING`] = being measured again.
     pub(crate) base: u64,
     /// The ages (ms) of the current round's or measurement's samples.
     pub(crate) sum: u64,
@@ -77,14 +82,14 @@ impl Adaptive {
         self.held
     }
 
-    /// True while the baseline is being measured (the limit in force is
-    /// then `min`).
+    /// True while the baseline is being measured again (the limit in force
+    /// is then `min`).
     pub fn measuring(&self) -> bool {
-        self.base == 0
+        self.base == MEASURING
     }
 
-    /// The limit in force: `min` while the baseline is measured, else the
-    /// whole part of the learned limit.
+    /// The limit in force: `min` while the baseline is measured again,
+    /// else the whole part of the learned limit.
     pub fn current(&self, s: &AdaptiveSettings) -> u32 {
         if self.measuring() {
             s.min.get()
@@ -134,6 +139,15 @@ impl Adaptive {
                 self.limit = mul_div(self.limit, BACKOFF, UNIT);
                 self.clamp(s);
             }
+            Outcome::Success if self.base == 0 => {
+                // A fresh key's first calls make its baseline (CX24).
+                self.sum = self.sum.saturating_add(age.max(1));
+                self.count += 1;
+                if self.count >= MEASURE_SAMPLES {
+                    self.base = mul_div(self.sum, AGE_UNIT, self.count).max(1);
+                    self.begin_round(now);
+                }
+            }
             Outcome::Success if self.measuring() => {
                 // Only calls granted since the measurement began ran at
                 // `min` or below (CX24).
@@ -171,7 +185,7 @@ impl Adaptive {
                 self.begin_round(now);
                 if now / MEASURE_EVERY != window {
                     // A new window: measure the baseline again (CX24).
-                    self.base = 0;
+                    self.base = MEASURING;
                 }
             }
         }
@@ -295,18 +309,23 @@ mod tests {
     }
 
     #[test]
-    fn a_fresh_limiter_measures_its_baseline_at_min_then_starts_at_initial() {
+    fn a_fresh_limiter_starts_at_initial_and_its_first_ten_calls_make_the_baseline() {
         let s = settings(2, 100, 10);
         let mut a = Adaptive::full(&s, 0);
-        assert!(a.measuring());
-        assert_eq!((a.current(&s), a.available(&s, 0)), (2, 2));
+        assert!(!a.measuring());
+        assert_eq!((a.current(&s), a.available(&s, 0)), (10, 10));
         for i in 0..MEASURE_SAMPLES - 1 {
-            a.observe(&s, 20 + i % 2, Outcome::Success, 2, 100 + i);
-            assert!(a.measuring(), "sample {i}");
+            // However late: a fresh key waits for ten calls.
+            a.observe(&s, 20 + i % 2, Outcome::Success, 2, 5_000 + i);
+            assert_eq!(
+                (a.base, a.count, a.current(&s)),
+                (0, i + 1, 10),
+                "sample {i}"
+            );
         }
-        a.observe(&s, 21, Outcome::Success, 2, 200);
+        a.observe(&s, 21, Outcome::Success, 2, 6_000);
         // Ten samples: five of 20 ms, five of 21 ms.
-        assert_eq!(a.parts(), [10 * UNIT, 20_500, 0, 0, 200]);
+        assert_eq!(a.parts(), [10 * UNIT, 20_500, 0, 0, 6_000]);
         assert_eq!(a.current(&s), 10);
     }
 
@@ -314,7 +333,8 @@ mod tests {
     fn a_measurement_counts_only_calls_granted_since_it_began() {
         let s = settings(1, 100, 10);
         let mut a = learned(&s, 10, 20, 5_000);
-        a.base = 0;
+        a.base = MEASURING;
+        assert_eq!(a.current(&s), 1, "min while measuring");
         a.observe(&s, 300, Outcome::Success, 5, 5_100);
         assert_eq!((a.sum, a.count), (0, 0), "granted before the measurement");
         a.observe(&s, 30, Outcome::Success, 1, 5_100);
@@ -370,7 +390,7 @@ mod tests {
         let s = settings(3, 100, 10);
         let mut a = learned(&s, 10, 20, MEASURE_EVERY - 50);
         a.observe(&s, 20, Outcome::Success, 10, MEASURE_EVERY + 50);
-        assert_eq!(a.parts(), [11_500_000, 0, 0, 0, MEASURE_EVERY + 50]);
+        assert_eq!(a.parts(), [11_500_000, MEASURING, 0, 0, MEASURE_EVERY + 50]);
         assert_eq!(a.current(&s), 3, "min while measuring");
     }
 

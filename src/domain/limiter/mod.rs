@@ -20,7 +20,9 @@ mod token_bucket;
 
 use std::fmt::Debug;
 
-pub use adaptive::{Adaptive, AdaptiveSettings, UNIT as ADAPTIVE_UNIT};
+pub use adaptive::{
+    Adaptive, AdaptiveSettings, MEASURING as ADAPTIVE_MEASURING, UNIT as ADAPTIVE_UNIT,
+};
 pub use concurrency::{Concurrency, ConcurrencySettings};
 pub use fixed_window::{FixedWindow, FixedWindowSettings};
 pub use sliding_window::{SlidingWindow, SlidingWindowSettings};

@@ -506,7 +506,7 @@ fn an_unknown_version_is_refused() {
 }
 
 #[test]
-fn an_adaptive_limiter_written_before_version_5_measures_its_baseline_again() {
+fn an_adaptive_limiter_written_before_version_5_learns_its_baseline_again() {
     let policy = nz_policy(r#"limiter = { kind = "adaptive", min = 2, max = 50, initial = 8 }"#);
     let mut f = Fuse::new(policy, 0);
     for (i, at) in (0..12u64).map(|i| (i, i * 10)) {
@@ -550,7 +550,21 @@ fn an_adaptive_limiter_written_before_version_5_measures_its_baseline_again() {
         (held, limit, base, sum, count, since),
         (0, 8_000_000, 0, 0, 0, 0)
     );
-    assert_eq!(back.view(200).adaptive_limit, 2, "at min until measured");
+    // A slow call ends a round of the limiter read as it was (a baseline of
+    // 5 ms: it shrinks), but is one of the ten first samples of the one
+    // read back (the limit stays).
+    let mut kept = f.clone();
+    let mut back = back;
+    for f in [&mut kept, &mut back] {
+        let t = ticket_id(99);
+        assert!(matches!(
+            f.acquire(&Ask::default(), t, 300),
+            Ok(Decision::Granted(Some(_)))
+        ));
+        f.complete(t, Outcome::Success, 500).unwrap();
+    }
+    assert_eq!(kept.view(500).adaptive_limit, 7, "a round against 5 ms");
+    assert_eq!(back.view(500).adaptive_limit, 8, "a first sample");
 }
 
 #[test]
