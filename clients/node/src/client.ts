@@ -15,6 +15,7 @@ import type { AcquireRequest, AcquireResponse, AdminStub, ClockStub, FuseboxStub
 import { duration, millis, proto } from './proto';
 import type { Logger, Stats } from './stats';
 import { LogLimiter, consoleLogger, emptyStats } from './stats';
+import type { Reason } from './errors';
 import { DecideMux, statusError } from './stream';
 import { OutcomeSender } from './outcomes';
 import type { ItemAnswer, QueuedOutcome } from './outcomes';
@@ -46,6 +47,12 @@ export type UnavailablePolicy = 'open' | 'closed';
 /** How the guarded call was let in. */
 export type Admission = 'granted' | 'probe' | 'failed_open';
 
+/**
+ * What a shadow policy (`enforce = false`, a dry run) would have answered
+ * a call it granted anyway.
+ */
+export type ShadowDecision = 'blocked' | 'denied';
+
 /** What a guarded call is given. */
 export interface GuardContext {
   readonly key: string;
@@ -57,6 +64,15 @@ export interface GuardContext {
   readonly signal: AbortSignal;
   /** With `failed_open`: why fusebox could not be asked. */
   readonly unavailableError?: unknown;
+  /**
+   * `blocked` or `denied` when the key's policy is a shadow (`enforce =
+   * false`, a dry run) that granted this call though it would have blocked
+   * or denied it; null otherwise. The call runs and its outcome is reported
+   * all the same.
+   */
+  readonly shadowDecision: ShadowDecision | null;
+  /** Why the shadow policy would have blocked or denied the call (`retry_budget`, ...); null otherwise. */
+  readonly shadowReason: Reason | null;
 }
 
 /**
@@ -113,6 +129,19 @@ export interface GuardOptions<T = unknown> {
    * else the guard throws a RangeError naming `attempt`.
    */
   attempt?: number;
+}
+
+// A grant's shadow fields: what a shadow policy would have answered (D1),
+// or nulls for a real grant.
+function shadowOf(resp: AcquireResponse): { shadowDecision: ShadowDecision | null; shadowReason: Reason | null } {
+  const d = resp.shadowDecision;
+  if (d === 'DECISION_UNSPECIFIED') {
+    return { shadowDecision: null, shadowReason: null };
+  }
+  return {
+    shadowDecision: d.replace(/^DECISION_/, '').toLowerCase() as ShadowDecision,
+    shadowReason: reasonOf(resp.shadowReason),
+  };
 }
 
 /** TLS options: PEM text or bytes. */
@@ -538,7 +567,7 @@ export class FuseboxClient {
       }
       this.counters.failedOpen++;
       this.logs.warn('unavailable', 'fusebox unavailable; failing open', { key, err: String(err) });
-      const ctx = { key, admission: 'failed_open', ticket: null, signal: signal ?? NEVER_ABORTED, unavailableError: err } as const;
+      const ctx = { key, admission: 'failed_open', ticket: null, signal: signal ?? NEVER_ABORTED, unavailableError: err, shadowDecision: null, shadowReason: null } as const;
       return runBare(ctx, call, signal);
     }
 
@@ -556,6 +585,7 @@ export class FuseboxClient {
           admission: probe ? 'probe' : 'granted',
           ticket: resp.ticket || null,
           signal: signal ?? NEVER_ABORTED,
+          ...shadowOf(resp),
         };
         return this.run(ctx, millis(resp.lease) ?? 0, cfg, call, signal);
       }

@@ -26,6 +26,7 @@ export type {
   GuardContext,
   GuardOptions,
   Outcome,
+  ShadowDecision,
   TlsOptions,
   UnavailablePolicy,
 } from './client';

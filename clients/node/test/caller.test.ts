@@ -8,7 +8,7 @@ import { test } from 'node:test';
 import * as grpc from '@grpc/grpc-js';
 
 import { DeniedError, FuseboxRequestError, duration } from '@fusebox/client';
-import type { AcquireRequest, ClientOptions, Logger } from '@fusebox/client';
+import type { AcquireRequest, ClientOptions, GuardContext, Logger } from '@fusebox/client';
 
 import { SharedServer } from './server';
 
@@ -110,5 +110,46 @@ for (const transport of ['unary', 'stream'] as const) {
     });
     await c.guard(key, call, { attempt: 1 });
     assert.equal(ran, 1);
+  });
+}
+
+// On a shadow policy (enforce = false, rule D1) a retry the budget would
+// deny runs, its context says what it would have been, and its outcome is
+// reported: fusebox counts a shadow grant and takes the shadow ticket's
+// completion (stale, D2), leaving no ticket live.
+for (const transport of ['unary', 'stream'] as const) {
+  void test(`${transport}: a shadow policy runs the call and says what it would have been`, async () => {
+    const key = shared.freshKey();
+    await shared.server.setPolicy(key, {
+      enforce: false,
+      retryBudget: { ratio: 0.1, minPerSecond: 0, window: duration(10_000) },
+    });
+    const c = shared.client({ transport });
+    const seen: GuardContext[] = [];
+    const call = (ctx: GuardContext): Promise<string> => {
+      seen.push(ctx);
+      return Promise.resolve('ran');
+    };
+    assert.equal(await c.guard(key, call, { attempt: 2 }), 'ran');
+    assert.equal(await c.guard(key, call, { attempt: 1 }), 'ran');
+    assert.equal(seen.length, 2);
+    const [shadow, real] = seen;
+    assert.equal(shadow.admission, 'granted');
+    assert.ok(shadow.ticket, 'a shadow grant has a ticket');
+    assert.equal(shadow.shadowDecision, 'denied');
+    assert.equal(shadow.shadowReason, 'retry_budget');
+    assert.ok(real.ticket);
+    assert.equal(real.shadowDecision, null);
+    assert.equal(real.shadowReason, null);
+
+    assert.equal(await c.flush(10_000), true);
+    assert.equal(c.stats().completed, 2);
+    assert.equal(c.stats().completeFailures, 0);
+    const state = await shared.server.key(key);
+    assert.ok(state.stats !== null);
+    assert.deepEqual(
+      [state.stats.shadow, state.stats.granted, state.stats.retryDenied, state.stats.stale, state.stats.successes, state.liveTickets],
+      ['1', '1', '1', '1', '1', 0],
+    );
   });
 }

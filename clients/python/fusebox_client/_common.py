@@ -225,6 +225,12 @@ def reason_name(reason: int) -> str:
     return pb.Reason.Name(reason).removeprefix("REASON_").lower()
 
 
+def decision_name(decision: int) -> str:
+    """A decision in lower case without its prefix ("blocked", "denied"): the
+    form of a shadow grant's would-be decision, as reasons have."""
+    return pb.Decision.Name(decision).removeprefix("DECISION_").lower()
+
+
 def dur(seconds: Optional[float]):
     if seconds is None:
         return None

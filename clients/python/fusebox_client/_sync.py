@@ -159,7 +159,13 @@ class _Renewals:
 class Guard:
     """One guarded call. Attributes after entering: `decision` (a
     fusebox.v1.Decision name or None), `ticket`, `degraded` (True when fusebox
-    could not be asked and the call runs without a ticket), `outcome`."""
+    could not be asked and the call runs without a ticket), `outcome`.
+
+    `shadow_decision` is "blocked" or "denied" when the key's policy is a
+    shadow (enforce = false, a dry run) that granted a call it would have
+    blocked or denied, and `shadow_reason` says why ("open", "no_permits",
+    "retry_budget", ...); both are None otherwise. The call runs all the same
+    and its outcome is reported; fusebox counts it as a shadow grant."""
 
     def __init__(
         self,
@@ -189,6 +195,8 @@ class Guard:
         self.attempt: Optional[int] = attempt
         self.decision: Optional[str] = None
         self.ticket: Optional[str] = None
+        self.shadow_decision: Optional[str] = None
+        self.shadow_reason: Optional[str] = None
         self.degraded = False
         self.outcome: Optional[c.Outcome] = None
         self.renewals = 0
@@ -312,6 +320,9 @@ class Guard:
             cl.counters.add("probes" if d == pb.DECISION_PROBE else "acquired")
             cl.cache.forget(self.key)
             self.ticket = resp.ticket or None
+            if resp.shadow_decision != pb.DECISION_UNSPECIFIED:
+                self.shadow_decision = c.decision_name(resp.shadow_decision)
+                self.shadow_reason = c.reason_name(resp.shadow_reason)
             if self.ticket and resp.HasField("lease"):
                 self._start_renewer(resp.lease.ToMilliseconds() / 1000.0)
             return self

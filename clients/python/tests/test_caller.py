@@ -7,7 +7,7 @@ given, the client's own and a guard's, on both transports."""
 import pytest
 from conftest import CountingStub, ms
 
-from fusebox_client import CallError, Denied, FuseboxClient
+from fusebox_client import CallError, Denied, FuseboxClient, Outcome
 from fusebox_client._gen import fusebox_pb2 as pb
 from fusebox_client.aio import AsyncFuseboxClient
 
@@ -106,3 +106,56 @@ def test_the_attempt_is_counted_by_the_retry_budget(server, transport):
     assert (denied.value.reason, denied.value.retry_after) == ("retry_budget", None)
     with client.guard(key, attempt=1) as g:
         assert g.ticket
+
+
+def shadow_budget(server) -> None:
+    """A shadow policy (enforce = false, rule D1) with a retry budget that
+    has seen no first attempt: it would deny every retry (R2)."""
+    server.rule(
+        "dry/*",
+        enforce=False,
+        retry_budget=pb.RetryBudget(ratio=0.1, min_per_second=0, window=ms(10_000)),
+    )
+
+
+def assert_shadow_completed(server, key: str) -> None:
+    """fusebox counted one shadow grant and took its outcome (a shadow
+    ticket's completion counts as stale, D2): no ticket is left live."""
+    state = server.key(key)
+    assert (state.stats.shadow, state.stats.granted, state.stats.retry_denied) == (1, 1, 1), state
+    assert (state.stats.stale, state.live_tickets) == (1, 0), state
+
+
+@pytest.mark.parametrize("transport", ["unary", "stream"])
+def test_a_shadow_policy_runs_the_call_and_says_what_it_would_have_been(server, transport):
+    shadow_budget(server)
+    client = FuseboxClient(server.addr, deadline=2, transport=transport)
+    key = f"dry/{transport}"
+    with client.guard(key, attempt=2) as g:
+        ran = "a retry the shadow budget would deny"
+    assert ran and g.ticket and g.decision == "DECISION_GRANTED"
+    assert (g.shadow_decision, g.shadow_reason) == ("denied", "retry_budget")
+    assert g.outcome == Outcome.SUCCESS
+    with client.guard(key, attempt=1) as first:
+        pass
+    assert first.ticket and (first.shadow_decision, first.shadow_reason) == (None, None)
+    assert client.flush(10)
+    assert client.stats.complete_failures == 0
+    assert_shadow_completed(server, key)
+    client.close()
+
+
+@pytest.mark.parametrize("transport", ["unary", "stream"])
+async def test_the_asyncio_client_says_what_a_shadow_policy_would_have_done(server, transport):
+    shadow_budget(server)
+    client = AsyncFuseboxClient(server.addr, deadline=2, transport=transport)
+    key = f"dry/aio-{transport}"
+    async with client.guard(key, attempt=2) as g:
+        assert (g.shadow_decision, g.shadow_reason) == ("denied", "retry_budget")
+    assert g.ticket and g.outcome == Outcome.SUCCESS
+    async with client.guard(key) as first:
+        pass
+    assert first.ticket and (first.shadow_decision, first.shadow_reason) == (None, None)
+    assert await client.flush(10)
+    await client.aclose()
+    assert_shadow_completed(server, key)

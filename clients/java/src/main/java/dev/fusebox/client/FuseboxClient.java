@@ -538,7 +538,14 @@ public final class FuseboxClient implements AutoCloseable {
           cache.forget(key);
           String ticket = resp.getTicket().isEmpty() ? null : resp.getTicket();
           long lease = resp.hasLease() ? nanos(resp.getLease()) : 0;
-          return new Ticket(this, new Admission(key, ticket, probe, false, null), opts, deadline, lease);
+          String shadowDecision = null;
+          String shadowReason = null;
+          if (resp.getShadowDecision() != dev.fusebox.v1.Decision.DECISION_UNSPECIFIED) {
+            shadowDecision = decisionOf(resp.getShadowDecision());
+            shadowReason = reasonOf(resp.getShadowReason());
+          }
+          Admission admission = new Admission(key, ticket, probe, false, null, shadowDecision, shadowReason);
+          return new Ticket(this, admission, opts, deadline, lease);
         }
       case DECISION_BLOCKED:
         {
@@ -590,6 +597,12 @@ public final class FuseboxClient implements AutoCloseable {
 
   static String reasonOf(Reason r) {
     return r.name().substring("REASON_".length()).toLowerCase(Locale.ROOT);
+  }
+
+  /** A decision in lower case without its prefix ({@code blocked}, {@code denied}). */
+  static String decisionOf(dev.fusebox.v1.Decision d) {
+    String name = d.name();
+    return (name.startsWith("DECISION_") ? name.substring("DECISION_".length()) : name).toLowerCase(Locale.ROOT);
   }
 
   static Duration duration(java.time.Duration d) {

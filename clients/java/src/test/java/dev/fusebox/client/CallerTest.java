@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.fusebox.v1.AcquireRequest;
+import dev.fusebox.v1.KeyState;
 import dev.fusebox.v1.Policy;
 import dev.fusebox.v1.RetryBudget;
 import io.grpc.CallOptions;
@@ -137,6 +138,57 @@ class CallerTest extends LiveServers {
       assertNull(denied.retryAfter(), t + ": no hint");
       c.guard(key, GuardOptions.defaults().attempt(1), () -> ran.add("a first attempt"));
       assertEquals(List.of("a first attempt"), ran, t.toString());
+    }
+  }
+
+  /**
+   * On a shadow policy ({@code enforce = false}, rule D1) a retry the budget would deny runs, its
+   * admission says what it would have been, and its outcome is reported: fusebox counts a shadow
+   * grant and takes the shadow ticket's completion (stale, D2), leaving no ticket live.
+   */
+  @Test
+  void aShadowPolicyRunsTheCallAndSaysWhatItWouldHaveBeen() throws Exception {
+    TestServer s = server();
+    s.setPolicy(
+        "dry/*",
+        Policy.newBuilder()
+            .setEnforce(false)
+            .setRetryBudget(
+                RetryBudget.newBuilder()
+                    .setRatio(0.1)
+                    .setMinPerSecond(0)
+                    .setWindow(com.google.protobuf.Duration.newBuilder().setSeconds(10)))
+            .build());
+    for (Transport t : Transport.values()) {
+      FuseboxClient c = client(s, t, null);
+      String key = "dry/" + t;
+      Admission shadow =
+          c.guard(key, GuardOptions.defaults().attempt(2), () -> FuseboxClient.admission().orElseThrow());
+      assertTrue(shadow.ticket() != null && shadow.shadow(), t + ": want a shadow ticket, got " + shadow);
+      assertEquals("denied", shadow.shadowDecision(), t.toString());
+      assertEquals("retry_budget", shadow.shadowReason(), t.toString());
+      Admission real =
+          c.guard(key, GuardOptions.defaults().attempt(1), () -> FuseboxClient.admission().orElseThrow());
+      assertTrue(real.ticket() != null && !real.shadow(), t + ": want a real ticket, got " + real);
+      assertNull(real.shadowDecision(), t.toString());
+      assertNull(real.shadowReason(), t.toString());
+
+      // A ticket of acquire() carries the same admission.
+      try (Ticket ticket = c.acquire(key, GuardOptions.defaults().attempt(2))) {
+        assertEquals("denied", ticket.admission().shadowDecision(), t.toString());
+        assertEquals("retry_budget", ticket.admission().shadowReason(), t.toString());
+        ticket.success();
+      }
+
+      assertTrue(c.flush(Duration.ofSeconds(30)), t + ": flush");
+      assertEquals(3, c.stats().completed(), t.toString());
+      assertEquals(0, c.stats().completeFailures(), t.toString());
+      KeyState state = s.key(key);
+      assertEquals(2, state.getStats().getShadow(), t + ": " + state);
+      assertEquals(1, state.getStats().getGranted(), t + ": " + state);
+      assertEquals(2, state.getStats().getStale(), t + ": the shadow tickets' outcomes were taken, " + state);
+      assertEquals(1, state.getStats().getSuccesses(), t + ": " + state);
+      assertEquals(0, state.getLiveTickets(), t + ": " + state);
     }
   }
 }
