@@ -349,15 +349,18 @@ async fn a_watcher_that_never_reads_gets_lagged_then_a_fresh_snapshot() {
         let flooding = flooding.clone();
         tokio::spawn(async move {
             let mut c = server.fusebox().await;
-            let (mut count, mut slowest) = (0u32, Duration::ZERO);
+            let (mut count, mut during, mut slowest) = (0u32, 0u32, Duration::ZERO);
             while flooding.load(std::sync::atomic::Ordering::SeqCst) || count < 10 {
                 let started = Instant::now();
                 let t = ticket(&mut c, "dec/k").await;
                 complete(&mut c, &t, pb::Outcome::Success).await;
                 slowest = slowest.max(started.elapsed());
                 count += 1;
+                if flooding.load(std::sync::atomic::Ordering::SeqCst) {
+                    during += 1;
+                }
             }
-            (count, slowest)
+            (count, during, slowest)
         })
     };
 
@@ -396,10 +399,16 @@ async fn a_watcher_that_never_reads_gets_lagged_then_a_fresh_snapshot() {
             .expect("a flooder");
     }
     flooding.store(false, std::sync::atomic::Ordering::SeqCst);
-    let (count, slowest) = decisions.await.expect("the decisions task");
-    assert!(count >= 10, "decisions kept being answered: {count}");
+    let (count, during, slowest) = decisions.await.expect("the decisions task");
+    // Answered while the flood lasted, none held back by the stalled
+    // watcher (a liveness bound, loose for a loaded test machine: a
+    // decision that waited for the watcher would wait for ever).
     assert!(
-        slowest < Duration::from_secs(2),
+        during >= 1 && count >= 10,
+        "decisions kept being answered: {during} during the flood, {count} in all"
+    );
+    assert!(
+        slowest < Duration::from_secs(10),
         "the slowest decision took {slowest:?}"
     );
 
