@@ -854,16 +854,21 @@ impl<T: TicketTable> Fuse<T> {
         let Some(live) = self.live.as_deref_mut() else {
             return;
         };
-        let mut became = 0u64;
+        // `joined`: tickets that became live slow at `at`; `became`: those
+        // of them not counted before (CX12).
+        let (mut joined, mut became) = (false, 0u64);
         while let Some(p) = live.slow.pending.front().copied().filter(|p| p.at <= at) {
             live.slow.pending.pop_front();
             live.slow.live = live.slow.live.saturating_add(1);
             live.slow.join(p.caller);
+            joined = true;
             if !p.counted {
                 became += 1;
             }
         }
-        if became == 0 && live.slow.live == 0 {
+        // S3: evaluated once at every instant when tickets become live slow,
+        // not at other settled instants (an outcome evaluates on its own).
+        if !joined {
             return;
         }
         let live_slow = live.slow.live;

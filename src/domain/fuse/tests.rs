@@ -2564,6 +2564,40 @@ mod slow_model {
         ratio(1.0, min, 10_000_000)
     }
 }
+
+/// S3: the slow-call condition is evaluated at outcomes and at the
+/// instants when tickets become live slow, and at no other settled
+/// instant: once the window's success has aged out the share would hold,
+/// but a lease end recording nothing (IGNORED) does not evaluate it; the
+/// next instant a ticket becomes live slow does.
+#[test]
+fn a_lease_end_that_records_nothing_does_not_evaluate_slow_calls() {
+    let mut breaker = ratio(0.99, 2, 1_000);
+    breaker.slow = Some(crate::policy::Slow {
+        duration: nz64(100),
+        ratio_millionths: 700_000,
+    });
+    let mut p = policy(Some(breaker), None);
+    p.lease = lease(5_000, 5_000, Outcome::Ignored);
+    let mut f = Fuse::new(p, 0);
+    f.acquire(&take(1), id(1), 0).unwrap();
+    f.complete(id(1), Outcome::Success, 10).unwrap();
+    f.acquire(&take(1), id(2), 500).unwrap();
+    f.acquire(&take(1), id(3), 500).unwrap();
+    // Two live slow and one success: 2 / 3 < 0.7.
+    f.advance(600).unwrap();
+    assert_eq!(f.view(600).live_slow, 2);
+    assert_eq!(f.view(600).phase, Phase::Closed);
+    // A lease of 50 ms ends before the ticket would become slow.
+    f.acquire(&leased(50), id(4), 1_400).unwrap();
+    f.advance(1_450).unwrap();
+    assert!(f.ticket(id(4)).is_none(), "its lease ended");
+    assert_eq!(f.view(1_450).phase, Phase::Closed, "no evaluation at 1450");
+    // The success aged out: at the next live-slow instant, 3 / 3 trips.
+    f.acquire(&take(1), id(5), 1_460).unwrap();
+    f.advance(1_560).unwrap();
+    assert_eq!(f.view(1_560).phase, Phase::Open);
+}
 mod shadow;
 
 mod adaptive_model {
