@@ -62,6 +62,102 @@ pub struct Counters {
     pub rls_shadow_over_limit: AtomicU64,
     /// Descriptors that matched no configured limit (answered OK, uncharged).
     pub rls_unmatched: AtomicU64,
+    /// ShouldRateLimit checks refused whole, and descriptors answered
+    /// otherwise than counted, by [`RlsTrouble`].
+    pub rls_trouble: [AtomicU64; RlsTrouble::ALL.len()],
+    /// When each kind of trouble was last logged, and how many since.
+    pub rls_logged: [LogGate; RlsTrouble::ALL.len()],
+}
+
+/// What went otherwise than a plain answer for a ShouldRateLimit check
+/// (RL18): counted on `/metrics` by reason and logged at most once a
+/// second each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RlsTrouble {
+    /// The check was refused whole: bad input (RL2).
+    InvalidArgument,
+    /// The check was refused whole: no credential, or a wrong one (RL11).
+    Unauthenticated,
+    /// The check was refused whole: the credential may not charge a key.
+    PermissionDenied,
+    /// The check could not be decided: the store, shutting down (RL12).
+    Unavailable,
+    /// A descriptor's key could not be made (a cap, a share): answered as
+    /// `[rls] no_room` says (RL18).
+    NoRoom,
+    /// A descriptor's values were digested into a bounded key (RL17).
+    Digested,
+}
+
+impl RlsTrouble {
+    /// Every kind, in their order in the counters.
+    pub const ALL: [RlsTrouble; 6] = [
+        RlsTrouble::InvalidArgument,
+        RlsTrouble::Unauthenticated,
+        RlsTrouble::PermissionDenied,
+        RlsTrouble::Unavailable,
+        RlsTrouble::NoRoom,
+        RlsTrouble::Digested,
+    ];
+
+    /// Its label on `/metrics`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RlsTrouble::InvalidArgument => "invalid_argument",
+            RlsTrouble::Unauthenticated => "unauthenticated",
+            RlsTrouble::PermissionDenied => "permission_denied",
+            RlsTrouble::Unavailable => "unavailable",
+            RlsTrouble::NoRoom => "no_room",
+            RlsTrouble::Digested => "digested",
+        }
+    }
+}
+
+/// Lets a log line through at most once a second, counting the ones held
+/// back meanwhile.
+#[derive(Debug, Default)]
+pub struct LogGate {
+    /// Milliseconds since the Unix epoch of the last line let through.
+    last: AtomicU64,
+    /// Lines held back since.
+    held: AtomicU64,
+}
+
+impl LogGate {
+    /// `Some(lines held back before this one)` when a line may be logged
+    /// now, else `None` (and this one is counted as held back).
+    pub fn pass(&self) -> Option<u64> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let last = self.last.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= 1000
+            && self
+                .last
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            return Some(self.held.swap(0, Ordering::Relaxed));
+        }
+        self.held.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
+impl Counters {
+    /// Counts `trouble` and logs `what` (at most once a second per kind).
+    pub fn rls_trouble(&self, trouble: RlsTrouble, what: impl FnOnce() -> String) {
+        let i = trouble as usize;
+        self.rls_trouble[i].fetch_add(1, Ordering::Relaxed);
+        if let Some(held) = self.rls_logged[i].pass() {
+            tracing::warn!(
+                reason = trouble.as_str(),
+                similar_held_back = held,
+                "rate-limit check: {}",
+                what()
+            );
+        }
+    }
 }
 
 impl Default for Counters {
@@ -84,6 +180,8 @@ impl Default for Counters {
             rls_over_limit: AtomicU64::new(0),
             rls_shadow_over_limit: AtomicU64::new(0),
             rls_unmatched: AtomicU64::new(0),
+            rls_trouble: Default::default(),
+            rls_logged: Default::default(),
         }
     }
 }

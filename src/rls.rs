@@ -47,6 +47,9 @@ pub struct RlsSpec {
     pub max_value_bytes: Option<u32>,
     /// Cap on descriptor nodes in the config.
     pub max_nodes: Option<u32>,
+    /// What a descriptor whose key cannot be made (a cap, a share) answers:
+    /// `over_limit` (default) or `ok` (uncharged); RL18.
+    pub no_room: Option<String>,
     /// The domains.
     #[serde(default)]
     pub domain: Vec<DomainSpec>,
@@ -136,6 +139,15 @@ const OVERRIDE_UNITS: [(i32, Millis, i32, &str); 6] = [
     (5, 30 * 86_400_000, 5, "month"),
     (6, 365 * 86_400_000, 6, "year"),
 ];
+
+/// The length of the protocol's `RateLimit.Unit` number `unit`, in whole
+/// seconds (at least 1).
+pub fn unit_seconds(unit: i32) -> i64 {
+    OVERRIDE_UNITS
+        .iter()
+        .find(|u| u.2 == unit)
+        .map_or(1, |u| (u.1 / 1000) as i64)
+}
 
 /// A descriptor's `limit` override made into the key and policy it is
 /// charged under (RL15): the matched key with `/~N/unit` after it (its own
@@ -251,6 +263,20 @@ pub struct Rls {
     pub max_entries: u32,
     /// Cap on an entry's key or value, in bytes.
     pub max_value_bytes: u32,
+    /// What a descriptor whose key cannot be made answers (RL18).
+    pub no_room: NoRoom,
+}
+
+/// What a descriptor whose key cannot be made (the key cap, the
+/// credential's share) answers (RL18).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NoRoom {
+    /// `OVER_LIMIT`: the limit stays a limit; nothing of the request is
+    /// charged (RL6).
+    #[default]
+    OverLimit,
+    /// `OK`, uncharged: the request's other descriptors still decide.
+    Ok,
 }
 
 impl Default for Rls {
@@ -260,6 +286,7 @@ impl Default for Rls {
             max_descriptors: MAX_DESCRIPTORS,
             max_entries: MAX_ENTRIES,
             max_value_bytes: MAX_VALUE_BYTES,
+            no_room: NoRoom::OverLimit,
         }
     }
 }
@@ -271,15 +298,18 @@ pub struct Matched {
     pub key: String,
     /// What the node says.
     pub action: Action,
+    /// True when the key holds the values' digest (RL17).
+    pub digested: bool,
 }
 
 /// Escapes what would make a key ambiguous: the separators `/` and `=`,
-/// `%` itself, `*` (a prefix pattern's end), the hash tag's braces, and
-/// anything that is not printable ASCII.
+/// `%` itself, `*` (a prefix pattern's end), the hash tag's braces, `~`
+/// (a digested value's mark, RL17), and anything that is not printable
+/// ASCII.
 pub fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for b in text.bytes() {
-        if b.is_ascii_graphic() && !b"/=%*{},".contains(&b) {
+        if b.is_ascii_graphic() && !b"/=%*{},~".contains(&b) {
             out.push(b as char);
         } else {
             out.push_str(&format!("%{b:02X}"));
@@ -288,12 +318,24 @@ pub fn escape(text: &str) -> String {
     out
 }
 
-/// The key of a descriptor: `rls/{domain}/` and one segment per entry,
-/// `key=value` where the config names the value and `key` where it takes
-/// any; then, when some level takes any value, `/=` and those values,
-/// comma-separated. The domain is the Redis hash tag, so that one request's
-/// keys live on one primary.
-fn key_of(domain: &str, path: &[(&str, Option<&str>)], values: &[&str]) -> String {
+/// The longest key a descriptor maps to before a limit override's
+/// `/~N/UNIT` (RL15, at most 19 bytes) is added: a fusebox key is at most
+/// 256 bytes (K1).
+pub const MAX_RLS_KEY: usize = 232;
+
+/// Bytes of a digested values part's readable prefix, at most (RL17).
+const DIGEST_PREFIX: usize = 32;
+
+/// Bytes of a digested values part besides its prefix: `~` and 32 hex
+/// digits (128 bits of SHA-256).
+const DIGEST_LEN: usize = 33;
+
+/// The path part of a descriptor's key: `rls/{domain}/` and one segment
+/// per entry, `key=value` where the config names the value and `key`
+/// where it takes any; then, when some level takes any value, `/=`. The
+/// domain is the Redis hash tag, so that one request's keys live on one
+/// primary.
+fn path_of(domain: &str, path: &[(&str, Option<&str>)]) -> String {
     let mut key = format!("rls/{{{}}}", escape(domain));
     for (k, v) in path {
         key.push('/');
@@ -305,10 +347,56 @@ fn key_of(domain: &str, path: &[(&str, Option<&str>)], values: &[&str]) -> Strin
     }
     if path.iter().any(|(_, v)| v.is_none()) {
         key.push_str("/=");
-        let escaped: Vec<String> = values.iter().map(|v| escape(v)).collect();
-        key.push_str(&escaped.join(","));
     }
     key
+}
+
+/// The key of a descriptor (RL1, RL17): its path ([`path_of`]) and the
+/// values its any-value nodes took, escaped and comma-separated. When a
+/// value is longer than `max_value` bytes, or the key would be longer than
+/// [`MAX_RLS_KEY`], the values are written as a readable prefix of their
+/// escaped text, `~`, and 32 hex digits of SHA-256 over them (each value's
+/// length, then its bytes): a bounded key that no other values share and
+/// no end user can make too long. The second value says whether it was
+/// digested.
+fn key_of(
+    domain: &str,
+    path: &[(&str, Option<&str>)],
+    values: &[&str],
+    max_value: usize,
+) -> (String, bool) {
+    let mut key = path_of(domain, path);
+    if values.is_empty() {
+        return (key, false);
+    }
+    let escaped: Vec<String> = values.iter().map(|v| escape(v)).collect();
+    let joined = escaped.join(",");
+    let long = values.iter().any(|v| v.len() > max_value);
+    if !long && key.len() + joined.len() <= MAX_RLS_KEY {
+        key.push_str(&joined);
+        return (key, false);
+    }
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for v in values {
+        hash.update((v.len() as u64).to_be_bytes());
+        hash.update(v.as_bytes());
+    }
+    let digest = hash.finalize();
+    // As much of the text as fits, never half an escape (`%XX`).
+    let room = MAX_RLS_KEY
+        .saturating_sub(key.len() + DIGEST_LEN)
+        .min(DIGEST_PREFIX);
+    let mut cut = room.min(joined.len());
+    while cut > 0 && joined.as_bytes()[cut.saturating_sub(2)..cut].contains(&b'%') {
+        cut -= 1;
+    }
+    key.push_str(&joined[..cut]);
+    key.push('~');
+    for byte in &digest[..16] {
+        key.push_str(&format!("{byte:02x}"));
+    }
+    (key, true)
 }
 
 impl Rls {
@@ -337,9 +425,11 @@ impl Rls {
             }
         }
         let action = node.action.clone()?;
+        let (key, digested) = key_of(domain, &path, &values, self.max_value_bytes as usize);
         Some(Matched {
-            key: key_of(domain, &path, &values),
+            key,
             action,
+            digested,
         })
     }
 }
@@ -371,6 +461,17 @@ impl RlsSpec {
             },
             max_entries: cap(self.max_entries, "max_entries", MAX_ENTRIES)?,
             max_value_bytes: cap(self.max_value_bytes, "max_value_bytes", MAX_VALUE_BYTES)?,
+            no_room: match self.no_room.as_deref() {
+                None | Some("over_limit") => NoRoom::OverLimit,
+                Some("ok") => NoRoom::Ok,
+                Some(other) => {
+                    return Err(invalid(
+                        "[rls]",
+                        "no_room",
+                        format!("{other:?} is not an answer: use \"over_limit\" or \"ok\""),
+                    ))
+                }
+            },
         };
         let max_nodes = cap(self.max_nodes, "max_nodes", MAX_NODES)?;
         let mut rules = Vec::new();
@@ -496,8 +597,18 @@ impl Walk<'_> {
                     .map(|(k, v)| (k.as_str(), v.as_deref()))
                     .collect();
                 let exact = parts.iter().all(|(_, v)| v.is_some());
-                let mut text = key_of(self.domain, &parts, &[]);
+                let mut text = path_of(self.domain, &parts);
                 if !exact {
+                    // Room for at least a digest of the values (RL17).
+                    if text.len() + DIGEST_LEN > MAX_RLS_KEY {
+                        return Err(bad(
+                            "key",
+                            format!(
+                                "makes keys that begin with {text:?} ({} bytes), which leaves no room for a value ({DIGEST_LEN} bytes within {MAX_RLS_KEY}): shorten the keys and values on this path",
+                                text.len()
+                            ),
+                        ));
+                    }
                     text.push('*');
                 }
                 let pattern = Pattern::parse(&text).map_err(|problem| {
@@ -677,6 +788,49 @@ mod tests {
                 "rls/{edge}/path=%2Fapi/user/=*",
                 "rls/{edge}/remote_address/=*"
             ]
+        );
+    }
+
+    /// RL17: no value an end user sends makes a key that cannot be made:
+    /// over-long or escape-heavy values map to a bounded key of their own.
+    #[test]
+    fn any_value_maps_to_a_bounded_key_of_its_own() {
+        let (rls, _) = rls(r#"
+            [[domain]]
+            name = "edge"
+            [[domain.descriptor]]
+            key = "user"
+            rate_limit = { unit = "second", requests_per_unit = 10 }
+        "#);
+        let key = |v: &str| rls.lookup("edge", &[("user", v)]).expect("match");
+        let short = key("alice");
+        assert_eq!(
+            (short.key.as_str(), short.digested),
+            ("rls/{edge}/user/=alice", false)
+        );
+        let tilde = key("a~b");
+        assert_eq!(tilde.key, "rls/{edge}/user/=a%7Eb", "~ is escaped");
+        let mut seen = std::collections::HashSet::new();
+        for v in [
+            "x".repeat(129),
+            "x".repeat(130),
+            "/".repeat(80),
+            "é".repeat(40),
+            "%".repeat(300),
+            format!("{}y", "x".repeat(5000)),
+        ] {
+            let m = key(&v);
+            assert!(m.digested, "{v:?}");
+            assert!(m.key.len() <= MAX_RLS_KEY, "{} bytes", m.key.len());
+            assert!(m.key.starts_with("rls/{edge}/user/="), "{}", m.key);
+            crate::domain::validate_key(&m.key).expect("a valid key");
+            assert_eq!(key(&v).key, m.key, "the same value, the same key");
+            assert!(seen.insert(m.key), "no two values share a key");
+        }
+        let cut = key(&"/".repeat(80)).key;
+        assert!(
+            cut.contains("=%2F%2F") && cut.split('~').next().unwrap().ends_with("%2F"),
+            "{cut}"
         );
     }
 

@@ -1,4 +1,4 @@
-//! The engine's clock: whole milliseconds since the engine started (T0).
+//! The engine's clock: whole milliseconds from its origin (T0).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -14,17 +14,32 @@ pub trait Clock: Send + Sync + 'static {
     fn instant_of(&self, at: Millis) -> Option<Instant>;
 }
 
-/// The operating system's monotonic clock.
+/// One day in ms: every window, segment and refill period that is a
+/// whole number of seconds, minutes or hours divides it.
+const DAY: Millis = 86_400_000;
+
+/// The operating system's monotonic clock, its origin the last midnight
+/// (UTC) of the wall clock: windows, segments and refill ticks aligned to
+/// multiples of their length on it (K4) begin on the wall clock's whole
+/// seconds, minutes, hours and days, as those of the Redis module do (it
+/// counts in Unix milliseconds), and a restart does not move them.
 #[derive(Debug)]
 pub struct SystemClock {
-    origin: Instant,
+    /// The instant the clock was made at.
+    started: Instant,
+    /// Its reading then: milliseconds since the last midnight, UTC.
+    offset: Millis,
 }
 
 impl SystemClock {
-    /// A clock whose origin is now.
+    /// A clock whose origin is the last midnight (UTC).
     pub fn new() -> Self {
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as Millis);
         SystemClock {
-            origin: Instant::now(),
+            started: Instant::now(),
+            offset: unix % DAY,
         }
     }
 }
@@ -37,11 +52,11 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Millis {
-        self.origin.elapsed().as_millis() as Millis
+        self.offset + self.started.elapsed().as_millis() as Millis
     }
 
     fn instant_of(&self, at: Millis) -> Option<Instant> {
-        Some(self.origin + Duration::from_millis(at))
+        Some(self.started + Duration::from_millis(at.saturating_sub(self.offset)))
     }
 }
 

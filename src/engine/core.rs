@@ -48,6 +48,8 @@ impl Core {
     /// `--manual-clock`, the same clock as a [`ManualClock`]). It has no
     /// rules until the store puts its own in force.
     pub fn new(limits: Limits, clock: Arc<dyn Clock>, manual: Option<Arc<ManualClock>>) -> Core {
+        // The wall-clock time at which the clock read 0.
+        let origin = SystemTime::now() - std::time::Duration::from_millis(clock.now());
         Core {
             clock,
             manual,
@@ -56,7 +58,7 @@ impl Core {
             publisher: Publisher::new(),
             stopping: tokio::sync::watch::channel(false).0,
             shutting_down: AtomicBool::new(false),
-            origin: SystemTime::now(),
+            origin,
             unix_times: AtomicBool::new(false),
             shares: Shares::default(),
             rules_refused: AtomicU64::new(0),

@@ -13,9 +13,11 @@ use super::api::Api;
 use super::status::{status_of, status_of_refusal};
 use crate::auth::Role;
 use crate::domain::{Policy, Quote};
-use crate::engine::ChargeItem;
+use crate::engine::shares::Share;
+use crate::engine::{ChargeItem, EngineError};
+use crate::node::RlsTrouble;
 use crate::proto::envoy::service::ratelimit::v3 as rls;
-use crate::rls::{Action, Limit};
+use crate::rls::{Action, Limit, NoRoom};
 use crate::telemetry::KeyValue;
 use rls::rate_limit_response::{Code, DescriptorStatus, RateLimit};
 
@@ -64,8 +66,34 @@ impl rls::rate_limit_service_server::RateLimitService for Api {
 }
 
 impl Api {
-    /// ShouldRateLimit, inside its span.
+    /// ShouldRateLimit, inside its span: a check refused whole is counted
+    /// by its code and logged (RL18).
     async fn should_rate_limit_traced(
+        &self,
+        request: Request<rls::RateLimitRequest>,
+    ) -> Result<Response<rls::RateLimitResponse>, Status> {
+        let answer = self.decide_rate_limit(request).await;
+        if let Err(status) = &answer {
+            let trouble = match status.code() {
+                tonic::Code::InvalidArgument => RlsTrouble::InvalidArgument,
+                tonic::Code::Unauthenticated => RlsTrouble::Unauthenticated,
+                tonic::Code::PermissionDenied => RlsTrouble::PermissionDenied,
+                _ => RlsTrouble::Unavailable,
+            };
+            self.node.counters().rls_trouble(trouble, || {
+                format!(
+                    "refused whole with {:?}: {}; Envoy applies failure_mode_deny",
+                    status.code(),
+                    status.message()
+                )
+            });
+        }
+        answer
+    }
+
+    /// ShouldRateLimit: maps the descriptors, charges the enforced ones
+    /// all or nothing, each shadow one alone.
+    async fn decide_rate_limit(
         &self,
         request: Request<rls::RateLimitRequest>,
     ) -> Result<Response<rls::RateLimitResponse>, Status> {
@@ -95,6 +123,16 @@ impl Api {
                 plans.push(Plan::Free);
                 continue;
             };
+            if matched.digested {
+                self.node
+                    .counters()
+                    .rls_trouble(RlsTrouble::Digested, || {
+                        format!(
+                            "descriptors[{i}] of domain {:?}: its values are longer than [rls] max_value_bytes ({}) or make too long a key; counted at a key of their digest, {}",
+                            req.domain, config.max_value_bytes, matched.key
+                        )
+                    });
+            }
             let (limit, shadow) = match matched.action {
                 Action::Unlimited => {
                     plans.push(Plan::Free);
@@ -165,11 +203,8 @@ impl Api {
         let mut enforced_quotes = if enforced.is_empty() {
             Vec::new()
         } else {
-            self.store
-                .charge_all(&enforced, share.as_ref())
-                .await
-                .map_err(unavailable_or)?
-                .quotes
+            self.charge_enforced(&enforced, share.as_ref(), config.no_room)
+                .await?
         }
         .into_iter();
         let mut statuses = Vec::with_capacity(plans.len());
@@ -215,20 +250,38 @@ impl Api {
                         continue;
                     }
                 };
-                let quote = reply.quotes[0];
-                if !quote.fits {
+                // What Envoy acts on never changes (RL9): the status is OK
+                // without figures, as if the descriptor were not there; the
+                // would-be answer is counted, logged and on the key's Watch.
+                if !reply.quotes[0].fits {
                     self.node
                         .counters()
                         .rls_shadow_over_limit
                         .fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(key = %key, "a shadow_mode descriptor is over its limit; answered OK (shadow_mode never refuses)");
                 }
-                quote
+                statuses.push(DescriptorStatus {
+                    code: Code::Ok as i32,
+                    ..DescriptorStatus::default()
+                });
+                continue;
             } else {
                 let quote = enforced_quotes
                     .next()
                     .ok_or_else(|| Status::internal("a charge answered fewer quotes than asked"))?;
-                over |= !quote.fits;
-                quote
+                match quote {
+                    Some(quote) => {
+                        over |= !quote.fits;
+                        quote
+                    }
+                    // Its key could not be made (RL18).
+                    None => {
+                        let (status, refused) = status_of_no_room(&limit, config.no_room);
+                        over |= refused;
+                        statuses.push(status);
+                        continue;
+                    }
+                }
             };
             statuses.push(status_of_quote(&quote, &limit));
         }
@@ -245,11 +298,118 @@ impl Api {
     }
 }
 
+impl Api {
+    /// Charges the enforced descriptors all or nothing (RL6). A key that
+    /// cannot be made (the key cap, the credential's share) does not fail
+    /// the check (RL18): its descriptor's quote is `None`, the keys that
+    /// exist are still decided, and under `no_room = "over_limit"` nothing
+    /// is charged (their figures as they stand).
+    async fn charge_enforced(
+        &self,
+        items: &[ChargeItem],
+        share: Option<&Arc<Share>>,
+        no_room: NoRoom,
+    ) -> Result<Vec<Option<Quote>>, Status> {
+        let refusal = match self.store.charge_all(items, share).await {
+            Ok(reply) => return Ok(reply.quotes.into_iter().map(Some).collect()),
+            Err(e) if is_no_room(&e) => e,
+            Err(e) => return Err(unavailable_or(e)),
+        };
+        let mut live = Vec::with_capacity(items.len());
+        for item in items {
+            let (_, is_live) = self.store.read(&item.key).await.map_err(unavailable_or)?;
+            live.push(is_live);
+        }
+        let counters = self.node.counters();
+        for (item, _) in items.iter().zip(&live).filter(|(_, l)| !**l) {
+            counters.rls_trouble(RlsTrouble::NoRoom, || {
+                format!(
+                    "no room for the key {}: {refusal}; answered {} as [rls] no_room says",
+                    item.key,
+                    match no_room {
+                        NoRoom::OverLimit => "OVER_LIMIT",
+                        NoRoom::Ok => "OK, uncharged",
+                    }
+                )
+            });
+        }
+        let refused = no_room == NoRoom::OverLimit && live.contains(&false);
+        let kept: Vec<ChargeItem> = items
+            .iter()
+            .zip(&live)
+            .filter(|(_, l)| **l)
+            .map(|(item, _)| ChargeItem {
+                // Over limit already: the others are read, not charged.
+                permits: if refused { 0 } else { item.permits },
+                ..item.clone()
+            })
+            .collect();
+        let quotes = if kept.is_empty() {
+            Vec::new()
+        } else {
+            match self.store.charge_all(&kept, share).await {
+                Ok(reply) => reply.quotes,
+                // Room went meanwhile: every key is answered as no room.
+                Err(e) if is_no_room(&e) => return Ok(vec![None; items.len()]),
+                Err(e) => return Err(unavailable_or(e)),
+            }
+        };
+        let mut quotes = quotes.into_iter();
+        Ok(live
+            .iter()
+            .map(|&l| if l { quotes.next() } else { None })
+            .collect())
+    }
+}
+
+/// True when a charge was refused because a key could not be made.
+fn is_no_room(e: &EngineError) -> bool {
+    matches!(
+        e,
+        EngineError::Exhausted { .. } | EngineError::ShareExhausted { .. }
+    )
+}
+
+/// The status of a descriptor whose key could not be made, and whether
+/// it makes the request over limit (RL18): `OVER_LIMIT` with its limit,
+/// nothing remaining and a reset one unit away; or `OK` without figures.
+fn status_of_no_room(limit: &Limit, no_room: NoRoom) -> (DescriptorStatus, bool) {
+    match no_room {
+        NoRoom::Ok => (
+            DescriptorStatus {
+                code: Code::Ok as i32,
+                ..DescriptorStatus::default()
+            },
+            false,
+        ),
+        NoRoom::OverLimit => (
+            DescriptorStatus {
+                code: Code::OverLimit as i32,
+                current_limit: Some(RateLimit {
+                    name: String::new(),
+                    requests_per_unit: limit.requests_per_unit,
+                    unit: limit.unit,
+                }),
+                limit_remaining: 0,
+                duration_until_reset: Some(prost_types::Duration {
+                    seconds: crate::rls::unit_seconds(limit.unit),
+                    nanos: 0,
+                }),
+                quota: None,
+            },
+            true,
+        ),
+    }
+}
+
 /// A descriptor's status from its quote: `current_limit`,
 /// `limit_remaining` and `duration_until_reset` are what Envoy turns into
-/// its `x-ratelimit-limit`, `-remaining` and `-reset` headers.
+/// its `x-ratelimit-limit`, `-remaining` and `-reset` headers (RL16): the
+/// reset in whole seconds, rounded up and at least 1 (Envoy reads only
+/// the seconds), and the remaining never above the limit it is shown with
+/// (a token bucket's burst may hold more).
 fn status_of_quote(quote: &Quote, limit: &Limit) -> DescriptorStatus {
-    let reset = quote.reset_in.unwrap_or(0);
+    let reset = quote.reset_in.unwrap_or(0).div_ceil(1000).max(1);
     DescriptorStatus {
         code: if quote.fits {
             Code::Ok
@@ -261,10 +421,10 @@ fn status_of_quote(quote: &Quote, limit: &Limit) -> DescriptorStatus {
             requests_per_unit: limit.requests_per_unit,
             unit: limit.unit,
         }),
-        limit_remaining: quote.remaining,
+        limit_remaining: quote.remaining.min(limit.requests_per_unit),
         duration_until_reset: Some(prost_types::Duration {
-            seconds: i64::try_from(reset / 1000).unwrap_or(i64::MAX),
-            nanos: i32::try_from((reset % 1000) * 1_000_000).unwrap_or(0),
+            seconds: i64::try_from(reset).unwrap_or(i64::MAX),
+            nanos: 0,
         }),
         quota: None,
     }
@@ -344,15 +504,6 @@ fn check(req: &rls::RateLimitRequest, config: &crate::rls::Rls) -> Result<(), St
                 return Err(bad(
                     format!("descriptors[{i}].entries[{j}].key"),
                     format!("must be 1 to {max} bytes ([rls] max_value_bytes)"),
-                ));
-            }
-            if e.value.len() > max {
-                return Err(bad(
-                    format!("descriptors[{i}].entries[{j}].value"),
-                    format!(
-                        "is {} bytes, more than [rls] max_value_bytes ({max})",
-                        e.value.len()
-                    ),
                 ));
             }
         }

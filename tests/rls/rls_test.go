@@ -217,8 +217,10 @@ func table() []step {
 			overall: ok, want: []want{{code: ok}, {code: ok}}},
 		{name: "unknown domain", domain: "nowhere", descs: []*rlcommon.RateLimitDescriptor{ip("a")},
 			overall: ok, want: []want{{code: ok}}},
-		{name: "over-long value", domain: "edge", descs: []*rlcommon.RateLimitDescriptor{ip(strings.Repeat("x", 129))},
-			err: codes.InvalidArgument},
+		{name: "an over-long value is counted at its digest's key", domain: "edge", descs: []*rlcommon.RateLimitDescriptor{ip(strings.Repeat("x", 129))},
+			overall: ok, want: []want{{ok, 3, 2, 60}}},
+		{name: "the same over-long value, the same counter", domain: "edge", descs: []*rlcommon.RateLimitDescriptor{ip(strings.Repeat("x", 129))},
+			overall: ok, want: []want{{ok, 3, 1, 60}}},
 		{name: "empty domain", domain: "", descs: []*rlcommon.RateLimitDescriptor{ip("a")}, err: codes.InvalidArgument},
 		{name: "no descriptors", domain: "edge", err: codes.InvalidArgument},
 	}

@@ -155,7 +155,8 @@ async fn statuses_overall_code_hits_and_header_figures() {
         .expect("answer");
     assert_eq!((r.overall_code, codes(&r)), (OK, vec![OK]));
 
-    // Shadow mode: over, reported, but the request is OK.
+    // Shadow mode: over and counted, but what Envoy acts on never
+    // changes: OK without figures (RL7).
     let canary = || descriptor(&[("canary", "c")], None);
     ask(&mut rls, "edge", vec![canary()], 0)
         .await
@@ -163,7 +164,9 @@ async fn statuses_overall_code_hits_and_header_figures() {
     let r = ask(&mut rls, "edge", vec![canary()], 0)
         .await
         .expect("answer");
-    assert_eq!((r.overall_code, codes(&r)), (OK, vec![OVER]));
+    assert_eq!((r.overall_code, codes(&r)), (OK, vec![OK]));
+    assert!(r.statuses[0].current_limit.is_none(), "{r:?}");
+    assert!(r.statuses[0].duration_until_reset.is_none(), "{r:?}");
 
     // The next minute starts afresh.
     advance(&server, 50_000).await;
@@ -241,9 +244,9 @@ async fn bad_requests_are_invalid_argument_naming_the_field() {
             "edge",
             vec![
                 descriptor(&[("a", "b")], None),
-                descriptor(&[("remote_address", &long)], None),
+                descriptor(&[(long.as_str(), "v")], None),
             ],
-            "descriptors[1].entries[0].value",
+            "descriptors[1].entries[0].key",
         ),
         (
             "edge",
@@ -262,41 +265,40 @@ async fn bad_requests_are_invalid_argument_naming_the_field() {
     }
 }
 
-/// A request is checked whole before anything is charged (RL2): a shadow
-/// descriptor whose key would be too long, after an enforced one that
-/// fits, is refused naming it, and the enforced one was not charged; a
-/// descriptor's `hits_addend` above 2^32 - 1 is refused even where no rule
-/// matches.
+/// No value an end user sends fails a check (RL17): a value whose key
+/// would be too long (100 slashes, each written %2F) or that is over
+/// `max_value_bytes` is counted at a key of its digest, and the request's
+/// other descriptors are decided as ever. A descriptor's `hits_addend`
+/// above 2^32 - 1 is still refused whole, before anything is charged
+/// (RL2), even where no rule matches.
 #[tokio::test]
 async fn a_request_is_refused_whole_before_any_charge() {
     let server = Server::manual(Some(CONFIG)).await;
     let mut rls = client(&server).await;
-    // 100 slashes, each written %2F in the key: far over 256 bytes.
     let slashes = "/".repeat(100);
-    let e = ask(
-        &mut rls,
-        "edge",
-        vec![
-            descriptor(&[("remote_address", "10.0.0.9")], None),
-            descriptor(&[("canary", &slashes)], None),
-        ],
-        0,
-    )
-    .await
-    .expect_err("refused");
-    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
-    assert!(e.message().starts_with("descriptors[1]:"), "{e:?}");
-    let alone = ask(
-        &mut rls,
-        "edge",
-        vec![descriptor(&[("remote_address", "10.0.0.9")], None)],
-        0,
-    )
-    .await
-    .expect("answered");
-    assert_eq!(
-        alone.statuses[0].limit_remaining, 2,
-        "the refused request charged nothing: {alone:?}"
+    for n in 1..=4u32 {
+        let r = ask(
+            &mut rls,
+            "edge",
+            vec![
+                descriptor(&[("remote_address", &slashes)], None),
+                descriptor(&[("remote_address", "10.0.0.9")], None),
+            ],
+            0,
+        )
+        .await
+        .expect("answered, never refused for a value");
+        let want = if n <= 3 { OK } else { OVER };
+        assert_eq!(r.overall_code, want, "request {n}: {r:?}");
+        if n <= 3 {
+            assert_eq!(r.statuses[0].limit_remaining, 3 - n, "{r:?}");
+            assert_eq!(r.statuses[1].limit_remaining, 3 - n, "{r:?}");
+        }
+    }
+    let (_, metrics) = crate::reload::http_get(&server, "/metrics").await;
+    assert!(
+        metrics.contains("fusebox_rls_trouble_total{reason=\"digested\"} 4"),
+        "{metrics}"
     );
     let e = ask(
         &mut rls,
@@ -497,21 +499,44 @@ async fn watch_sees_rls_keys() {
     assert_eq!(keys, ["rls/{edge}/remote_address/=10.1.1.1"]);
 }
 
-/// At the key cap fusebox cannot decide: UNAVAILABLE (Envoy then applies
-/// its failure mode), with the cap's name, never UNKNOWN; keys that exist
-/// keep working.
+/// At the key cap a key that cannot be made never fails the check
+/// (RL18): its descriptor is OVER_LIMIT (`no_room` by default) and nothing
+/// of the request is charged, or, with `no_room = "ok"`, OK uncharged
+/// while the request's existing keys are charged; keys that exist keep
+/// working either way, and each such descriptor is counted.
 #[tokio::test]
-async fn at_the_key_cap_the_answer_is_unavailable() {
-    let config = format!("[server]\nmax_keys = 1\n{CONFIG}");
-    let server = Server::manual(Some(&config)).await;
-    let mut rls = client(&server).await;
-    let ip = |v: &str| vec![descriptor(&[("remote_address", v)], None)];
-    ask(&mut rls, "edge", ip("a"), 0).await.expect("answer");
-    let e = ask(&mut rls, "edge", ip("b"), 0)
-        .await
-        .expect_err("no room for a key");
-    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
-    assert!(e.message().contains("max_keys"), "{e:?}");
-    let r = ask(&mut rls, "edge", ip("a"), 0).await.expect("answer");
-    assert_eq!(r.statuses[0].limit_remaining, 1);
+async fn at_the_key_cap_a_new_key_is_answered_as_no_room_says() {
+    for (no_room, new_code) in [("", OVER), ("no_room = \"ok\"\n", OK)] {
+        let config = format!("[server]\nmax_keys = 1\n[rls]\n{no_room}{CONFIG}");
+        let server = Server::manual(Some(&config)).await;
+        let mut rls = client(&server).await;
+        let ip = |v: &str| descriptor(&[("remote_address", v)], None);
+        ask(&mut rls, "edge", vec![ip("a")], 0)
+            .await
+            .expect("answer");
+        let r = ask(&mut rls, "edge", vec![ip("a"), ip("b")], 0)
+            .await
+            .expect("answered, never refused for room");
+        assert_eq!(codes(&r), [OK, new_code], "{no_room}: {r:?}");
+        assert_eq!(r.overall_code, new_code, "{no_room}: {r:?}");
+        let charged = if new_code == OK { 1 } else { 0 };
+        assert_eq!(
+            r.statuses[0].limit_remaining,
+            2 - charged,
+            "{no_room}: {r:?}"
+        );
+        let r = ask(&mut rls, "edge", vec![ip("a")], 0)
+            .await
+            .expect("answer");
+        assert_eq!(
+            r.statuses[0].limit_remaining,
+            1 - charged,
+            "{no_room}: {r:?}"
+        );
+        let (_, metrics) = crate::reload::http_get(&server, "/metrics").await;
+        assert!(
+            metrics.contains("fusebox_rls_trouble_total{reason=\"no_room\"} 1"),
+            "{metrics}"
+        );
+    }
 }

@@ -45,7 +45,8 @@ impl<T: TicketTable> Fuse<T> {
     }
 
     /// Charges `permits` at `now` when they fit, and answers as
-    /// [`Fuse::quote`] would, with `remaining` counted after the charge.
+    /// [`Fuse::quote`] would, with `remaining` and `reset_in` counted after
+    /// the charge.
     /// A charge that does not fit, or a status check, changes nothing but
     /// the key's statistics.
     pub fn charge(&mut self, permits: u32, now: Millis) -> Result<Quote, FuseError> {
@@ -55,8 +56,11 @@ impl<T: TicketTable> Fuse<T> {
         if quote.fits && permits > 0 {
             if let Some(limiter) = self.live_mut().book.limiter_mut() {
                 limiter.take(permits, now);
-                quote.remaining = limiter.available(now);
             }
+            // What is left, and when it starts afresh, after the charge.
+            let after = self.quoted(0, now);
+            quote.remaining = after.remaining;
+            quote.reset_in = after.reset_in;
             self.counters.bump(Common::Granted);
         } else if !quote.fits {
             self.counters.more().by_reason[crate::Reason::NoPermits as usize] += 1;
@@ -157,6 +161,45 @@ mod tests {
         assert!(!fuse.charge(0, 300).expect("check").fits, "none is free");
         assert!(fuse.charge(3, 1000).expect("charge").fits, "a new window");
         assert_eq!(fuse.stats().granted, 3);
+    }
+
+    /// The reset a charge answers is the one after it: a token bucket or a
+    /// sliding window that was full resets only once the charge is paid
+    /// back.
+    #[test]
+    fn a_charge_answers_the_reset_after_it() {
+        let bucket = Policy {
+            limiter: Some(LimiterPolicy {
+                kind: LimiterKind::TokenBucket {
+                    capacity: NonZeroU32::new(4).expect("non-zero"),
+                    refill: NonZeroU32::new(1).expect("non-zero"),
+                    period: NonZeroU64::new(250).expect("non-zero"),
+                },
+                queue_limit: 0,
+                order: Order::OldestFirst,
+            }),
+            ..window(1, 1)
+        };
+        let mut fuse: Fuse = Fuse::new(bucket, 0);
+        let first = fuse.charge(1, 100).expect("charge");
+        assert_eq!((first.remaining, first.reset_in), (3, Some(150)));
+        let more = fuse.charge(2, 100).expect("charge");
+        assert_eq!((more.remaining, more.reset_in), (1, Some(650)));
+        let sliding = Policy {
+            limiter: Some(LimiterPolicy {
+                kind: LimiterKind::SlidingWindow {
+                    permits: NonZeroU32::new(2).expect("non-zero"),
+                    window: NonZeroU64::new(1000).expect("non-zero"),
+                    segments: NonZeroU32::new(4).expect("non-zero"),
+                },
+                queue_limit: 0,
+                order: Order::OldestFirst,
+            }),
+            ..window(1, 1)
+        };
+        let mut fuse: Fuse = Fuse::new(sliding, 0);
+        let c = fuse.charge(1, 100).expect("charge");
+        assert_eq!((c.remaining, c.reset_in), (1, Some(900)));
     }
 
     #[test]

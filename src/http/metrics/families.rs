@@ -509,6 +509,24 @@ pub const FAMILIES: &[Family] = &[
         read: |s, x| x.one(load(&s.node.counters().rls_unmatched)),
     },
     Family {
+        name: "fusebox_rls_trouble_total",
+        kind: Type::Counter,
+        help: "ShouldRateLimit checks refused whole (invalid_argument, unauthenticated, permission_denied, unavailable) and descriptors answered as [rls] no_room says (no_room) or keyed by a digest of their values (digested), by reason.",
+        store_help: None,
+        labels: &["reason"],
+        when: When::Always,
+        read: |s, x| {
+            let counters = s.node.counters();
+            for trouble in crate::node::RlsTrouble::ALL {
+                x.put(
+                    &[("reason", trouble.as_str())],
+                    load(&counters.rls_trouble[trouble as usize]),
+                )?;
+            }
+            Ok(())
+        },
+    },
+    Family {
         name: "fusebox_strangers",
         kind: Type::Gauge,
         help: "gRPC connections open that have shown no credential yet (with [auth]; capped by [server] max_strangers).",
