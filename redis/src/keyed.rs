@@ -4,8 +4,9 @@
 //! bytes written are replicated as one `FB.PATCH`, so a replica (and an
 //! AOF replay) writes the same bytes without running the step again.
 //!
-//! A value of version 1 (JSON) is read whole, and one of version 2 has its
-//! ticket table read whole; either is written back in version 4.
+//! A value of version 1 (JSON) is read whole, and one of versions 2 to 7
+//! has its ticket table read whole; either is written back in the current
+//! encoding.
 
 use fusebox_domain::{
     Fuse, FuseError, FuseHead, Millis, Notice, Ticket, TicketId, TicketTable, Tickets,
@@ -89,6 +90,12 @@ impl<B: Bytes> TicketTable for StepTickets<B> {
             StepTickets::Stored(t) => t.remove(id),
         }
     }
+    fn next_seq(&self) -> u64 {
+        match self {
+            StepTickets::Fresh(t) => t.next_seq(),
+            StepTickets::Stored(t) => t.next_seq(),
+        }
+    }
     fn first_lease(&self) -> Option<(Millis, TicketId)> {
         match self {
             StepTickets::Fresh(t) => t.first_lease(),
@@ -99,6 +106,12 @@ impl<B: Bytes> TicketTable for StepTickets<B> {
         match self {
             StepTickets::Fresh(t) => t.set_lease_end(id, lease_end),
             StepTickets::Stored(t) => t.set_lease_end(id, lease_end),
+        }
+    }
+    fn mark_slow_counted(&mut self, id: TicketId) {
+        match self {
+            StepTickets::Fresh(t) => t.mark_slow_counted(id),
+            StepTickets::Stored(t) => t.mark_slow_counted(id),
         }
     }
     fn forget_holds(&mut self) {
@@ -163,10 +176,16 @@ fn build<B: Bytes>(
     policy: &Known,
     bytes: B,
 ) -> Result<(Fuse<StepTickets<B>>, Option<B>), StateError> {
-    let (tickets, spare) = if header.version == 2 && header.table_cap > 0 {
-        // Encoding 2's table is read whole; the step writes the key anew.
+    let (tickets, spare) = if header.version < state::ENCODING_VERSION && header.table_cap > 0 {
+        // An older encoding's table is read whole; the step writes the key
+        // anew.
+        let read = if header.version == 2 {
+            table::tickets_v2
+        } else {
+            table::tickets_v7
+        };
         let mut tickets = Tickets::default();
-        for (id, ticket) in table::tickets_v2(bytes.bytes(), header.table_at(), header.table_cap) {
+        for (id, ticket) in read(bytes.bytes(), header.table_at(), header.table_cap) {
             tickets.insert(id, ticket);
         }
         (StepTickets::Fresh(tickets), Some(bytes))
@@ -378,6 +397,7 @@ pub fn store_drained(
             (bytes, cap, probe)
         }
         other => {
+            let next_seq = other.as_ref().map_or(0, TicketTable::next_seq);
             let (list, bytes) = match other {
                 Some(StepTickets::Stored(table)) => {
                     let list = table.tickets();
@@ -405,7 +425,8 @@ pub fn store_drained(
                 (bytes, 0, None)
             } else {
                 let table_at = HEADER + policy.json.len();
-                let table = Table::build(bytes, table_at, table::cap_for(list.len()), &list);
+                let mut table = Table::build(bytes, table_at, table::cap_for(list.len()), &list);
+                table.raise_next_seq(next_seq);
                 let (cap, probe) = (table.cap(), table.probe());
                 let (bytes, written) = table.finish();
                 dirty.extend(written);

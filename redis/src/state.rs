@@ -6,12 +6,12 @@
 //! the module has no `unsafe` of its own. A string gets RDB, AOF,
 //! replication, `DUMP`/`RESTORE` and slot migration from Redis as they are.
 //!
-//! Layout, version 7 (little-endian; every value starts `FBX` and a
+//! Layout, version 8 (little-endian; every value starts `FBX` and a
 //! version byte, so a reader refuses a string that is not fusebox state,
 //! and one written by a newer module):
 //!
 //! ```text
-//! 0    "FBX", version 7                 4    header length (u32) = HEADER
+//! 0    "FBX", version 8                 4    header length (u32) = HEADER
 //! 8    next deadline (u64; MAX = none)  16   phase (u8)   17 flags (u8)
 //! 20   live tickets (u32)               24   waiters (u32)
 //! 28   policy length (u32)              32   policy id (16 bytes)
@@ -23,7 +23,7 @@
 //! 112  17 counters (u64 each)           248  ticket table slots (u32)
 //! 252  tail length (u32)                256  the probe's ticket id (16)
 //! 272  the policy as JSON (policy length bytes)
-//!      the ticket table ([`crate::table`]), table slots x 72 bytes + 8
+//!      the ticket table ([`crate::table`]), table slots x 88 bytes + 16
 //!      the tail: window buckets, sliding-window segments (index u64,
 //!      count u64), waiters, then a half-open period's probing (u8 0 =
 //!      none; 1, then successes u32, shared u8, slots u16, each slot's
@@ -65,8 +65,9 @@
 //! read as called by the caller whose fingerprint is 0, and none is a
 //! shadow ticket) and 6 (this layout, but an adaptive limiter's four
 //! words meant what an earlier algorithm learned: read as zeros, a limiter
-//! that measures its baseline again) are still read; the next write of
-//! such a key writes version 7.
+//! that measures its baseline again) and 7 (this layout, but a ticket table
+//! without grant numbers, T2: [`crate::table`]) are still read; the next
+//! write of such a key writes version 8.
 
 use std::fmt;
 
@@ -82,7 +83,7 @@ use crate::table::{self, u32_at, u64_at};
 pub const MAGIC: &[u8; 3] = b"FBX";
 
 /// The encoding this module writes and the newest it reads.
-pub const ENCODING_VERSION: u8 = 7;
+pub const ENCODING_VERSION: u8 = 8;
 
 /// Bytes of the fixed header of versions 2 and 3.
 pub const HEADER: usize = 272;
@@ -262,10 +263,10 @@ impl Header {
 
     /// Where the tail starts.
     pub fn tail_at(&self) -> usize {
-        let section = if self.version == 2 {
-            table::section_len_v2(self.table_cap)
-        } else {
-            table::section_len(self.table_cap)
+        let section = match self.version {
+            2 => table::section_len_v2(self.table_cap),
+            3..=7 => table::section_len_v7(self.table_cap),
+            _ => table::section_len(self.table_cap),
         };
         self.table_at() + section
     }
@@ -828,7 +829,8 @@ mod tests {
         assert_eq!(version(b"FBX"), Err(StateError::NotFusebox));
         assert_eq!(version(b"FBX\x00"), Err(StateError::NotFusebox));
         assert_eq!(version(b"hello"), Err(StateError::NotFusebox));
-        assert_eq!(version(b"FBX\x08x"), Err(StateError::NewerEncoding(8)));
+        assert_eq!(version(b"FBX\x09x"), Err(StateError::NewerEncoding(9)));
+        assert_eq!(version(b"FBX\x08x"), Ok(8));
         assert_eq!(version(b"FBX\x07x"), Ok(7));
         assert_eq!(version(b"FBX\x06x"), Ok(6));
         assert_eq!(version(b"FBX\x05x"), Ok(5));

@@ -1,6 +1,7 @@
 //! A key's live tickets kept in place in its value: an open-addressing
 //! hash table of fixed-size slots by ticket id, and a 4-ary min-heap of
-//! `(lease end, id)` entries. A step on a key with a thousand live tickets
+//! `(lease end, grant number, id)` entries (lease ends at one instant are
+//! settled in grant order, T2). A step on a key with a thousand live tickets
 //! reads and writes the few slots and heap entries it touches (a lookup, an
 //! insert or a removal is O(1) in the slots, a lease pushed O(log n) in the
 //! heap), not the whole table, and records which bytes it wrote so that
@@ -22,14 +23,23 @@
 //!                       16  lease end (ms)       24  epoch
 //!                       32  permits (u32)        36  its caller (u32, Q1)
 //!                       40  flags (u8: 1 in use, 2 the probe, 4 holds permits,
-//!                           8 settles a reported cost, 16 a shadow ticket)
+//!                           8 settles a reported cost, 16 a shadow ticket,
+//!                           32 counted as slow, S2)
 //!                       41  when its permits were taken (ms, 7 bytes: u56)
-//! base + cap * SLOT     the heap's length (u32), 4 bytes of zeros
-//!        + 8            cap heap entries of HEAP_ENTRY bytes:
-//!                        0  lease end (ms)        8  id, high 64 bits
-//!                       16  id, low 64 bits
+//!                       48  its grant number (u64, T2)
+//! base + cap * SLOT     the heap's length (u32), 4 bytes of zeros,
+//!                       the next grant number (u64)
+//!        + 16           cap heap entries of HEAP_ENTRY bytes:
+//!                        0  lease end (ms)        8  grant number
+//!                       16  id, high 64 bits     24  id, low 64 bits
 //!                       the first `length` in heap order, the rest unused
 //! ```
+//!
+//! Encodings 3 to 7 had slots of 48 bytes (no grant number), a heap of
+//! `(lease end, id)` entries of 24 bytes after an 8-byte length:
+//! [`tickets_v7`] reads their tickets (all granted together, grant number
+//! 0, so that ties settle by id as they did), and the next step writes the
+//! key in the layout above.
 //!
 //! Encodings 3 to 5 wrote zeros at byte 36: their tickets read as acquired
 //! by the caller whose fingerprint is 0.
@@ -48,13 +58,16 @@
 use fusebox_domain::{CallerId, Millis, Ticket, TicketId, TicketTable};
 
 /// Bytes of one slot.
-pub const SLOT: usize = 48;
+pub const SLOT: usize = 56;
 
 /// Bytes of one heap entry.
-pub const HEAP_ENTRY: usize = 24;
+pub const HEAP_ENTRY: usize = 32;
 
-/// Bytes before the heap's entries: its length.
-const HEAP_HEAD: usize = 8;
+/// Bytes before the heap's entries: its length and the next grant number.
+const HEAP_HEAD: usize = 16;
+
+/// Bytes of one slot in encodings 2 to 7.
+const SLOT_V7: usize = 48;
 
 /// Children of a heap entry.
 const ARITY: usize = 4;
@@ -70,7 +83,16 @@ pub const fn section_len(cap: usize) -> usize {
 
 /// Bytes a table of `cap` slots took in encoding 2.
 pub const fn section_len_v2(cap: usize) -> usize {
-    cap * (SLOT + 4)
+    cap * (SLOT_V7 + 4)
+}
+
+/// Bytes a table of `cap` slots took in encodings 3 to 7.
+pub const fn section_len_v7(cap: usize) -> usize {
+    if cap == 0 {
+        0
+    } else {
+        cap * (SLOT_V7 + 24) + 8
+    }
 }
 
 /// The fewest slots a table has (a key with one ticket).
@@ -86,6 +108,8 @@ const HOLDS: u8 = 4;
 const SETTLES: u8 = 8;
 /// A shadow ticket (D2); never set before encoding 6.
 const SHADOW: u8 = 16;
+/// Counted in the statistics' `slow` (S2); never set before encoding 8.
+const SLOW_COUNTED: u8 = 32;
 
 /// The most a slot's 7 bytes of `granted_at` hold (2^56 - 1 ms, two
 /// million years).
@@ -205,15 +229,37 @@ fn slot_at(b: &[u8], at: usize) -> Option<Slot> {
             granted_at: u64_at(b, at + 40) >> 8,
             settles: flags & SETTLES != 0,
             shadow: flags & SHADOW != 0,
+            slow_counted: flags & SLOW_COUNTED != 0,
+            // Read as 0 from a slot of encodings 2 to 7 (48 bytes): never
+            // past its end, since the caller reads those with `SLOT_V7`.
+            seq: 0,
         },
     })
 }
 
+/// The slot at `at` of `b` in this layout, its grant number read too.
+fn slot_with_seq(b: &[u8], at: usize) -> Option<Slot> {
+    slot_at(b, at).map(|mut s| {
+        s.ticket.seq = u64_at(b, at + 48);
+        s
+    })
+}
+
+/// The tickets of a table of `cap` slots at `base` of `bytes` as
+/// encodings 3 to 7 laid it out (slots of 48 bytes; the heap is not
+/// read): all with grant number 0.
+pub fn tickets_v7(bytes: &[u8], base: usize, cap: usize) -> Vec<(TicketId, Ticket)> {
+    (0..cap)
+        .filter_map(|i| slot_at(bytes, base + i * SLOT_V7))
+        .map(|s| (TicketId(s.id), s.ticket))
+        .collect()
+}
+
 /// The tickets of a table of `cap` slots at `base` of `bytes` as encoding
-/// 2 laid it out (its slots are this layout's, its heap is not read).
+/// 2 laid it out (its slots are encoding 7's, its heap is not read).
 pub fn tickets_v2(bytes: &[u8], base: usize, cap: usize) -> Vec<(TicketId, Ticket)> {
     (0..cap)
-        .filter_map(|i| slot_at(bytes, base + i * SLOT))
+        .filter_map(|i| slot_at(bytes, base + i * SLOT_V7))
         // Bytes 36..40 held the slot's place in the heap, not a caller.
         .map(|s| {
             let mut ticket = s.ticket;
@@ -223,8 +269,9 @@ pub fn tickets_v2(bytes: &[u8], base: usize, cap: usize) -> Vec<(TicketId, Ticke
         .collect()
 }
 
-/// A heap entry: `(lease end, id)`, ordered as the engine orders leases.
-type Entry = (Millis, u128);
+/// A heap entry: `(lease end, grant number, id)`, ordered as the engine
+/// orders leases (T2).
+type Entry = (Millis, u64, u128);
 
 /// A table of live tickets in place in `B` (see the module documentation).
 #[derive(Debug)]
@@ -317,6 +364,8 @@ impl<B: Bytes> Table<B> {
     /// value grows to hold it (what followed the old table is the caller's
     /// to write again), and the whole section is written.
     pub fn lay_out(&mut self, cap: usize, tickets: &[(TicketId, Ticket)]) {
+        // Grant numbers keep growing through a new layout (T2).
+        let next = self.next();
         let cap = cap.max(cap_for(tickets.len()));
         let end = self.base + section_len(cap);
         self.bytes.grow_to(end);
@@ -331,6 +380,7 @@ impl<B: Bytes> Table<B> {
         for &(id, ticket) in tickets {
             self.insert(id, ticket);
         }
+        self.raise_next_seq(next);
     }
 
     fn slot_at(&self, i: usize) -> usize {
@@ -353,7 +403,7 @@ impl<B: Bytes> Table<B> {
     }
 
     fn read(&self, i: usize) -> Option<Slot> {
-        slot_at(self.bytes.bytes(), self.slot_at(i))
+        slot_with_seq(self.bytes.bytes(), self.slot_at(i))
     }
 
     fn put(&mut self, i: usize, s: &Slot) {
@@ -371,7 +421,13 @@ impl<B: Bytes> Table<B> {
             | if s.ticket.probe { PROBE } else { 0 }
             | if s.ticket.holds { HOLDS } else { 0 }
             | if s.ticket.settles { SETTLES } else { 0 }
-            | if s.ticket.shadow { SHADOW } else { 0 };
+            | if s.ticket.shadow { SHADOW } else { 0 }
+            | if s.ticket.slow_counted {
+                SLOW_COUNTED
+            } else {
+                0
+            };
+        raw[48..56].copy_from_slice(&s.ticket.seq.to_le_bytes());
         write(self.bytes.bytes_mut(), at, &raw);
         self.dirty.mark(at, SLOT);
     }
@@ -405,16 +461,17 @@ impl<B: Bytes> Table<B> {
     /// The heap entry at `pos`.
     fn entry(&self, pos: usize) -> Entry {
         let (b, at) = (self.bytes.bytes(), self.heap_at(pos));
-        let id = (u128::from(u64_at(b, at + 8)) << 64) | u128::from(u64_at(b, at + 16));
-        (u64_at(b, at), id)
+        let id = (u128::from(u64_at(b, at + 16)) << 64) | u128::from(u64_at(b, at + 24));
+        (u64_at(b, at), u64_at(b, at + 8), id)
     }
 
-    fn set_entry(&mut self, pos: usize, (lease_end, id): Entry) {
+    fn set_entry(&mut self, pos: usize, (lease_end, seq, id): Entry) {
         let at = self.heap_at(pos);
         let mut raw = [0u8; HEAP_ENTRY];
         raw[0..8].copy_from_slice(&lease_end.to_le_bytes());
-        raw[8..16].copy_from_slice(&((id >> 64) as u64).to_le_bytes());
-        raw[16..24].copy_from_slice(&(id as u64).to_le_bytes());
+        raw[8..16].copy_from_slice(&seq.to_le_bytes());
+        raw[16..24].copy_from_slice(&((id >> 64) as u64).to_le_bytes());
+        raw[24..32].copy_from_slice(&(id as u64).to_le_bytes());
         write(self.bytes.bytes_mut(), at, &raw);
         self.dirty.mark(at, HEAP_ENTRY);
     }
@@ -426,8 +483,22 @@ impl<B: Bytes> Table<B> {
         self.dirty.mark(at, 4);
     }
 
+    /// The next grant number, kept after the heap's length.
+    fn next(&self) -> u64 {
+        if self.cap == 0 {
+            return 0;
+        }
+        u64_at(self.bytes.bytes(), self.heap_head() + 8)
+    }
+
+    fn set_next(&mut self, next: u64) {
+        let at = self.heap_head() + 8;
+        write(self.bytes.bytes_mut(), at, &next.to_le_bytes());
+        self.dirty.mark(at, 8);
+    }
+
     /// True when `entry` is a live ticket's lease.
-    fn live(&self, (lease_end, id): Entry) -> bool {
+    fn live(&self, (lease_end, _, id): Entry) -> bool {
         self.find(TicketId(id))
             .and_then(|i| self.read(i))
             .is_some_and(|s| s.ticket.lease_end == lease_end)
@@ -501,7 +572,7 @@ impl<B: Bytes> Table<B> {
     /// sorted array is a heap).
     fn rebuild_heap(&mut self) {
         let mut entries: Vec<Entry> = Vec::with_capacity(self.len);
-        self.for_each(&mut |id, t| entries.push((t.lease_end, id.0)));
+        self.for_each(&mut |id, t| entries.push((t.lease_end, t.seq, id.0)));
         entries.sort_unstable();
         entries.truncate(self.cap);
         for (pos, &entry) in entries.iter().enumerate() {
@@ -604,7 +675,10 @@ impl<B: Bytes> Table<B> {
         }
         self.put(i, &Slot { id: id.0, ticket });
         self.len += 1;
-        self.push((ticket.lease_end, id.0));
+        if ticket.seq >= self.next() {
+            self.set_next(ticket.seq.saturating_add(1));
+        }
+        self.push((ticket.lease_end, ticket.seq, id.0));
         if ticket.probe {
             self.probe = Some(id);
         }
@@ -615,27 +689,44 @@ impl<B: Bytes> Table<B> {
         let Some((i, s)) = self.find(id).and_then(|i| Some((i, self.read(i)?))) else {
             // Only a damaged heap names a ticket that is not live: its top
             // is dropped, so that expiring the first lease goes on.
-            if self.heap_len > 0 && self.entry(0).1 == id.0 {
+            if self.heap_len > 0 && self.entry(0).2 == id.0 {
                 self.pop();
             }
             return None;
         };
         self.vacate(i);
         self.len = self.len.saturating_sub(1);
-        self.settle_top((s.ticket.lease_end, id.0));
+        if self.len == 0 {
+            // As the engine's table: numbers start again once none is live.
+            self.set_next(0);
+        }
+        self.settle_top((s.ticket.lease_end, s.ticket.seq, id.0));
         if self.probe == Some(id) {
             self.probe = None;
         }
         Some(s.ticket)
     }
 
-    /// The smallest `(lease end, id)`.
+    /// The smallest `(lease end, grant number, id)`.
     pub fn first_lease(&self) -> Option<(Millis, TicketId)> {
         if self.len == 0 || self.heap_len == 0 {
             return None;
         }
-        let (end, id) = self.entry(0);
+        let (end, _, id) = self.entry(0);
         Some((end, TicketId(id)))
+    }
+
+    /// The grant number the next ticket takes (T2).
+    pub fn next_seq(&self) -> u64 {
+        self.next()
+    }
+
+    /// Raises the next grant number to `next` (a table laid out anew from
+    /// another's tickets keeps that one's numbering).
+    pub fn raise_next_seq(&mut self, next: u64) {
+        if self.cap > 0 && next > self.next() {
+            self.set_next(next);
+        }
     }
 
     /// Moves a live ticket's lease end.
@@ -649,8 +740,18 @@ impl<B: Bytes> Table<B> {
         }
         s.ticket.lease_end = lease_end;
         self.put(i, &s);
-        self.push((lease_end, id.0));
-        self.settle_top((old, id.0));
+        self.push((lease_end, s.ticket.seq, id.0));
+        self.settle_top((old, s.ticket.seq, id.0));
+    }
+
+    /// Notes that a live ticket was counted as slow.
+    pub fn mark_slow_counted(&mut self, id: TicketId) {
+        if let Some((i, mut s)) = self.find(id).and_then(|i| Some((i, self.read(i)?))) {
+            if !s.ticket.slow_counted {
+                s.ticket.slow_counted = true;
+                self.put(i, &s);
+            }
+        }
     }
 
     /// Marks every ticket's permits as neither to be returned nor settled.
@@ -681,6 +782,9 @@ impl<B: Bytes + Default> TicketTable for Table<B> {
     fn insert(&mut self, id: TicketId, ticket: Ticket) {
         Table::insert(self, id, ticket);
     }
+    fn next_seq(&self) -> u64 {
+        Table::next_seq(self)
+    }
     fn remove(&mut self, id: TicketId) -> Option<Ticket> {
         Table::remove(self, id)
     }
@@ -689,6 +793,9 @@ impl<B: Bytes + Default> TicketTable for Table<B> {
     }
     fn set_lease_end(&mut self, id: TicketId, lease_end: Millis) {
         Table::set_lease_end(self, id, lease_end);
+    }
+    fn mark_slow_counted(&mut self, id: TicketId) {
+        Table::mark_slow_counted(self, id);
     }
     fn forget_holds(&mut self) {
         Table::forget_holds(self);
@@ -736,6 +843,9 @@ mod tests {
 
     fn ticket(n: u16, lease_end: Millis, probe: bool) -> Ticket {
         Ticket {
+            // Grant numbers against id order; the model tests give their own.
+            seq: u64::from(1000 - n),
+            slow_counted: n.is_multiple_of(7),
             caller: Default::default(),
             epoch: u64::from(n) * 3,
             permits: u32::from(n % 7),
@@ -771,8 +881,10 @@ mod tests {
                             continue;
                         }
                         ids.insert(id, n);
-                        model.insert(id, ticket(n, end, probe));
-                        table.insert(id, ticket(n, end, probe));
+                        prop_assert_eq!(table.next_seq(), model.next_seq());
+                        let ticket = Ticket { seq: model.next_seq(), ..ticket(n, end, probe) };
+                        model.insert(id, ticket);
+                        table.insert(id, ticket);
                     }
                     Op::Remove(n) => {
                         prop_assert_eq!(table.remove(ticket_id(n)), model.remove(ticket_id(n)));

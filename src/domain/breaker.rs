@@ -344,6 +344,27 @@ impl Breaker {
         change
     }
 
+    /// `ticket`'s lease was moved to end at `lease_end` (Renew): a probe
+    /// holds its slot no longer than its ticket's own lease (B1, H1), so
+    /// its slot ends then if that is earlier. `current_probe`: under a
+    /// single slot, the ticket is the current probe. A later lease end
+    /// does not lengthen the slot ("Renew extends the ticket, not the
+    /// slot").
+    pub fn lease_moved(&mut self, ticket: TicketId, current_probe: bool, lease_end: Millis) {
+        if self.phase != Phase::HalfOpen {
+            return;
+        }
+        match self.probing.as_deref_mut().filter(|p| p.shared) {
+            Some(p) => {
+                if let Some(slot) = p.slots.iter_mut().find(|s| s.0 == ticket) {
+                    slot.1 = slot.1.min(lease_end);
+                }
+            }
+            None if current_probe && self.deadline > lease_end => self.deadline = lease_end,
+            None => {}
+        }
+    }
+
     /// Takes `ticket`'s slot out of a period of several slots; `Some(held)`
     /// when it had one, `held` telling whether it still held it at `now`. A
     /// lease end (`at_lease_end`) is settled before a slot ending at the

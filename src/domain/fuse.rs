@@ -52,6 +52,13 @@ pub struct Ticket {
     /// would have blocked or denied. It holds no permits, is never a probe,
     /// and its outcome changes nothing. Fixed at its grant.
     pub shadow: bool,
+    /// Its grant number on the key: tickets granted later (a waiter's when
+    /// it was served) have higher numbers, so that lease ends at one
+    /// instant are settled in grant order (T2).
+    pub seq: u64,
+    /// Counted in the statistics' `slow` already (S2: each once), so that
+    /// it is not counted again when `slow` is removed and added back.
+    pub slow_counted: bool,
 }
 
 impl Ticket {
@@ -864,6 +871,7 @@ impl<T: TicketTable> Fuse<T> {
             joined = true;
             if !p.counted {
                 became += 1;
+                live.tickets.mark_slow_counted(p.ticket);
             }
         }
         // S3: evaluated once at every instant when tickets become live slow,
@@ -918,7 +926,7 @@ impl<T: TicketTable> Fuse<T> {
         live.tickets.for_each(&mut |id, t| {
             // A shadow ticket (D2) is never live slow.
             if t.epoch == epoch && !t.probe && !t.shadow {
-                let counted = waiting.get(&id).copied().unwrap_or(had_slow);
+                let counted = waiting.get(&id).copied().unwrap_or(had_slow) || t.slow_counted;
                 pending.push((t.granted_at, id, counted, t.caller));
             }
         });
@@ -1028,7 +1036,9 @@ impl<T: TicketTable> Fuse<T> {
         }
         let lease_end = now.saturating_add(self.policy.lease.grant(ask.lease));
         let epoch = self.breaker.epoch();
-        self.live_mut().tickets.insert(
+        let tickets = &mut self.live_mut().tickets;
+        let seq = tickets.next_seq();
+        tickets.insert(
             id,
             Ticket {
                 epoch,
@@ -1040,6 +1050,8 @@ impl<T: TicketTable> Fuse<T> {
                 settles: false,
                 shadow: true,
                 caller: ask.caller,
+                seq,
+                slow_counted: false,
             },
         );
         Ok(Decision::Shadow {
@@ -1232,6 +1244,7 @@ impl<T: TicketTable> Fuse<T> {
         }
         // B2: a superseded probe stays live (its outcome will be stale) but
         // is no longer the probe: inserting a probe moves the flag.
+        let seq = live.tickets.next_seq();
         live.tickets.insert(
             id,
             Ticket {
@@ -1244,6 +1257,8 @@ impl<T: TicketTable> Fuse<T> {
                 settles,
                 caller,
                 shadow: false,
+                seq,
+                slow_counted: false,
             },
         );
         Grant {
@@ -1457,6 +1472,10 @@ impl<T: TicketTable> Fuse<T> {
         let lease_end = now.saturating_add(granted);
         if let Some(live) = self.live.as_deref_mut() {
             live.tickets.set_lease_end(id, lease_end);
+            if let Some(t) = live.tickets.get(id) {
+                let current = t.probe && t.epoch == self.breaker.epoch();
+                self.breaker.lease_moved(id, current, lease_end);
+            }
         }
         self.tidy();
         Ok(granted)

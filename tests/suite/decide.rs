@@ -422,6 +422,24 @@ impl Target for DecideTarget {
     async fn set_policy(&mut self, policy: &fusebox::domain::PolicySpec) {
         self.unary.set_default(policy).await;
     }
+
+    async fn renew(&mut self, label: &str, lease: Option<u64>) -> Result<u64, String> {
+        self.quiesce().await;
+        let ticket = self.waiting.token(label);
+        let id = self.id();
+        let frame = pb::DecideFrame {
+            id,
+            request: Some(Frame::Renew(pb::RenewRequest {
+                ticket,
+                lease: lease.map(crate::harness::ms),
+            })),
+        };
+        match self.stream.ask(frame).await.result {
+            Some(Res::Renew(r)) => Ok(crate::harness::millis(r.lease).unwrap_or(0)),
+            Some(Res::Error(e)) => Err(code_name(Code::from(e.code))),
+            other => Err(format!("not a renew answer: {other:?}")),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,7 @@ mod command;
 mod compose;
 mod dashboard;
 mod decide;
+mod determinism;
 mod durable;
 mod failover;
 mod fleet;

@@ -99,6 +99,9 @@ pub struct Expect {
     /// The key's statistics: requests blocked by the breaker, shadow
     /// grants that would have been blocked among them (extensions only).
     pub blocked: Option<u64>,
+    /// A `renew`'s answer: the time left on the ticket, in ms (L2;
+    /// extensions only).
+    pub lease: Option<u64>,
 }
 
 /// A decision as the vectors write it.
@@ -172,6 +175,9 @@ pub trait Target {
     /// Puts `policy` in force for the vector's key (its default rule), from
     /// the key's next operation on (Y4).
     async fn set_policy(&mut self, policy: &PolicySpec);
+    /// Renews the ticket remembered as `label` (L2): `Ok(time left)` in ms
+    /// or `Err(code)`.
+    async fn renew(&mut self, label: &str, lease: Option<u64>) -> Result<u64, String>;
 }
 
 /// Every vector in `tests/vectors/`, then every one in
@@ -322,6 +328,16 @@ pub async fn replay<T: Target>(vector: &Vector, target: &mut T) -> Vec<String> {
                     .set_policy(step.policy.as_ref().expect("set_policy names a policy"))
                     .await
             }
+            "renew" => {
+                let label = step.ticket.as_deref().expect("renew names a ticket");
+                match target.renew(label, step.lease).await {
+                    Ok(left) => {
+                        c.check("error", e.error.clone(), "none".to_owned());
+                        c.check("lease", e.lease, left);
+                    }
+                    Err(code) => c.check("error", Some(e.error.clone().unwrap_or_default()), code),
+                }
+            }
             other => c.failures.push(format!("step {i}: unknown op {other:?}")),
         }
     }
@@ -468,6 +484,12 @@ impl Target for CoreTarget {
         let policy = policy.validate().expect("the step's policy is valid");
         self.fuse.set_policy(policy, self.now).expect("set_policy");
         self.collect();
+    }
+
+    async fn renew(&mut self, label: &str, lease: Option<u64>) -> Result<u64, String> {
+        let r = self.fuse.renew(self.labels[label], lease, self.now);
+        self.collect();
+        r.map_err(|_| "NOT_FOUND".to_owned())
     }
 
     async fn isolate(&mut self, _key: &str) {
@@ -805,6 +827,15 @@ impl Target for EngineTarget {
         }
     }
 
+    async fn renew(&mut self, label: &str, lease: Option<u64>) -> Result<u64, String> {
+        self.quiesce().await;
+        match self.engine.renew(&self.waiting.token(label), lease) {
+            Ok(left) => Ok(left),
+            Err(EngineError::TicketNotFound) => Err("NOT_FOUND".to_owned()),
+            Err(e) => Err(format!("{e:?}")),
+        }
+    }
+
     async fn settle(&mut self, label: &str) -> Answer {
         self.quiesce().await;
         self.waiting.answer(label)
@@ -1112,6 +1143,20 @@ impl Target for GrpcTarget {
             })
             .await
             .map(|r| r.into_inner().stale)
+            .map_err(|status| code_name(status.code()))
+    }
+
+    async fn renew(&mut self, label: &str, lease: Option<u64>) -> Result<u64, String> {
+        self.quiesce().await;
+        let ticket = self.waiting.token(label);
+        self.next()
+            .fusebox
+            .renew(pb::RenewRequest {
+                ticket,
+                lease: lease.map(ms),
+            })
+            .await
+            .map(|r| millis(r.into_inner().lease).unwrap_or(0))
             .map_err(|status| code_name(status.code()))
     }
 

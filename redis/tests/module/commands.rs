@@ -376,7 +376,7 @@ fn a_bad_argument_is_refused_naming_it_and_changes_nothing() {
     let Reply::Bulk(Some(bytes)) = &before else {
         panic!("{before:?}");
     };
-    assert!(bytes.starts_with(b"FBX\x07"), "{before:?}");
+    assert!(bytes.starts_with(b"FBX\x08"), "{before:?}");
 
     let long_ticket = "f".repeat(33);
     let long_caller = "c".repeat(129);

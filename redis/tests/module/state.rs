@@ -59,7 +59,7 @@ fn a_value_of_the_first_encoding_is_read_and_written_back_in_the_current_one() {
     let done = c.cmd(&["FB.COMPLETE", "old", "130", &hex(2), "success"]);
     assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
     let now = bytes(c.cmd(&["GET", "old"]));
-    assert!(now.starts_with(b"FBX\x07"), "written in version 7");
+    assert!(now.starts_with(b"FBX\x08"), "written in version 8");
     let after = view(&mut c, "old", 130);
     assert_eq!(after["live_tickets"], 1);
     assert_eq!(after["consecutive_failures"], 0);
@@ -96,7 +96,7 @@ fn a_value_of_the_second_encoding_is_read_and_written_back_in_the_current_one() 
     let done = c.cmd(&["FB.COMPLETE", "old", "140", &hex(6), "success"]);
     assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
     let now = bytes(c.cmd(&["GET", "old"]));
-    assert!(now.starts_with(b"FBX\x07"), "written in version 7");
+    assert!(now.starts_with(b"FBX\x08"), "written in version 8");
     let after = view(&mut c, "old", 140);
     assert_eq!(after["live_tickets"], 4);
     assert_eq!(after["next_deadline"], 60100, "the other four end at 60100");
@@ -136,7 +136,7 @@ fn a_value_of_the_third_encoding_is_read_and_its_tickets_settle_no_cost() {
 
     let done = c.cmd(&["FB.COMPLETE", "old", "400", &hex(1), "success", "COST", "0"]);
     assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
-    assert!(bytes(c.cmd(&["GET", "old"])).starts_with(b"FBX\x07"));
+    assert!(bytes(c.cmd(&["GET", "old"])).starts_with(b"FBX\x08"));
     assert_eq!(free(&mut c, 400), Some(1), "an old ticket settles no cost");
     assert_eq!(
         free(&mut c, 1000),
@@ -396,46 +396,73 @@ fn fb_list_never_answers_more_than_count_and_goes_on_inside_a_bucket() {
 /// A value of encoding 6 kept an adaptive limiter's state as an earlier
 /// algorithm learned it: its four words are read as zeros, so the limiter
 /// learns its baseline again from its next ten calls (CX26); its limit and
-/// held permits stay, and the next step writes encoding 7.
+/// held permits stay. The value is encoding 7's (written by the module of
+/// that release: ten calls of 1 ms, then one held) with its version byte
+/// set to 6, the two layouts being the same; encoding 7 keeps its
+/// baseline. The next step writes encoding 8.
 #[test]
 fn an_adaptive_limiter_of_the_sixth_encoding_learns_its_baseline_again() {
     let Some((_redis, mut c)) = Standalone::connected("an_adaptive_limiter_of_the_sixth") else {
         return;
     };
-    let policy = r#"{"limiter":{"kind":"adaptive","min":2,"max":50,"initial":8}}"#;
     let limit = |c: &mut Conn, key: &str, now: u64| view(c, key, now)["adaptive_limit"].as_u64();
-    for i in 0..10u128 {
-        let now = (10 * i).to_string();
-        let got = c.cmd(&["FB.ACQUIRE", "ad", &now, &hex(i + 1), policy]);
-        assert_eq!(
-            got.items()[0],
-            Reply::Bulk(Some(b"granted".to_vec())),
-            "{got:?}"
-        );
-        let done = c.cmd(&["FB.COMPLETE", "ad", &now, &hex(i + 1), "success"]);
-        assert_eq!(done.items()[1], Reply::Int(0), "{done:?}");
-    }
-    assert_eq!(limit(&mut c, "ad", 100), Some(8), "a baseline of 1 ms");
-    let held = c.cmd(&["FB.ACQUIRE", "ad", "100", &hex(99), policy]);
-    assert_eq!(held.items()[0], Reply::Bulk(Some(b"granted".to_vec())));
-
-    let mut value = bytes(c.cmd(&["GET", "ad"]));
+    let mut value = fixture(include_str!("fixtures/v7-adaptive-held.hex"));
     assert!(value.starts_with(b"FBX\x07"));
     assert!(c.cmd(&[&b"SET"[..], b"kept", &value]).is_ok());
+    assert_eq!(limit(&mut c, "kept", 100), Some(8), "a baseline of 1 ms");
     value[3] = 6;
     assert!(c.cmd(&[&b"SET"[..], b"ad", &value]).is_ok());
-    assert_eq!(
-        view(&mut c, "ad", 100)["free"],
-        7,
-        "the held permit stays held"
-    );
+    for key in ["kept", "ad"] {
+        assert_eq!(
+            view(&mut c, key, 100)["free"],
+            7,
+            "the held permit stays held"
+        );
+    }
     // A call of 200 ms ends a round against the kept baseline (the limit
     // shrinks to 7) but is a first sample of the one read as zeros.
     for key in ["kept", "ad"] {
         let done = c.cmd(&["FB.COMPLETE", key, "300", &hex(99), "success"]);
         assert_eq!(done.items()[1], Reply::Int(0), "{key}: {done:?}");
+        assert!(bytes(c.cmd(&["GET", key])).starts_with(b"FBX\x08"));
     }
     assert_eq!(limit(&mut c, "kept", 300), Some(7));
     assert_eq!(limit(&mut c, "ad", 300), Some(8));
-    assert!(bytes(c.cmd(&["GET", "ad"])).starts_with(b"FBX\x07"));
+}
+
+/// A value of encoding 7 (written by the module of that release: a quorum
+/// breaker, `failures` 2, and five tickets granted at 0 whose leases end
+/// at 100 as `FAILURE`, four of caller a with ids 5 to 2, then one of
+/// caller b with id 1) has no grant numbers: its tickets read as granted
+/// together and are settled by id, as that release did (T2 holds for
+/// tickets granted since). Ticket 1 (b) and ticket 2 (a) make the quorum:
+/// open at 100, a run of 2, the others stale.
+#[test]
+fn tickets_of_the_seventh_encoding_read_as_granted_together() {
+    let Some((_redis, mut c)) = Standalone::connected("tickets_of_the_seventh_encoding") else {
+        return;
+    };
+    let old = fixture(include_str!("fixtures/v7-five-tickets-one-instant.hex"));
+    assert!(old.starts_with(b"FBX\x07"));
+    assert!(c.cmd(&[&b"SET"[..], b"ties", &old]).is_ok());
+    let before = view(&mut c, "ties", 50);
+    assert_eq!(before["live_tickets"], 5);
+    assert_eq!(bytes(c.cmd(&["GET", "ties"])), old, "a read writes nothing");
+    // A step (the lease of ticket 5 renewed to end where it did) writes
+    // the value in encoding 8.
+    let renewed = c.cmd(&["FB.RENEW", "ties", "50", &hex(5), "LEASE", "50"]);
+    assert!(!matches!(renewed, Reply::Error(_)), "{renewed:?}");
+    assert!(bytes(c.cmd(&["GET", "ties"])).starts_with(b"FBX\x08"));
+    let after = view(&mut c, "ties", 100);
+    assert_eq!(after["phase"], "open", "{after}");
+    assert_eq!(after["consecutive_failures"], 2, "{after}");
+    assert_eq!(after["live_tickets"], 0, "{after}");
+}
+
+fn fixture(text: &str) -> Vec<u8> {
+    let text = text.trim();
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex"))
+        .collect()
 }

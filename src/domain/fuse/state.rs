@@ -48,7 +48,10 @@ use crate::{Millis, Phase, Reason};
 /// breaker's `probing` (H1-H4); version 2 added
 /// tickets' `granted_at` and `settles` and a token bucket's negative tokens
 /// (U1); version 1 is read with neither (its tickets settle no cost).
-pub const STATE_VERSION: u32 = 5;
+/// Version 6 added tickets' `seq`, their grant order (T2); older tickets
+/// read as granted together (`seq` 0), settled among themselves by id; and
+/// `slow_counted` (S2's "each once" across a policy change).
+pub const STATE_VERSION: u32 = 6;
 
 /// The largest time, count or epoch a state may hold: 2^53, far beyond
 /// anything a key reaches (285,000 years of milliseconds, or 2^53 events),
@@ -73,6 +76,10 @@ pub struct FuseState {
     pub limiter: Option<LimiterState>,
     /// Live tickets, sorted by id.
     pub tickets: Vec<TicketState>,
+    /// The grant number the next ticket takes (T2); 0 when absent (before
+    /// version 6, or no ticket live).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub next_seq: u64,
     /// Waiters in queue order, oldest first.
     pub waiters: Vec<WaiterState>,
     /// Statistics.
@@ -263,6 +270,14 @@ pub struct TicketState {
     /// True for a shadow ticket (D2). Absent (before version 4) = false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub shadow: bool,
+    /// Its grant number on the key (T2: lease ends at one instant settle
+    /// in grant order). Absent (before version 6) = 0.
+    #[serde(default)]
+    pub seq: u64,
+    /// Counted in the statistics' `slow` already (S2). Absent (before
+    /// version 6) = false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub slow_counted: bool,
 }
 
 fn no_caller() -> CallerId {
@@ -905,6 +920,8 @@ impl<T: TicketTable> Fuse<T> {
                 settles: t.settles,
                 caller: t.caller,
                 shadow: t.shadow,
+                seq: t.seq,
+                slow_counted: t.slow_counted,
             })
             .collect();
         let FuseHead {
@@ -923,6 +940,7 @@ impl<T: TicketTable> Fuse<T> {
             breaker,
             limiter,
             tickets,
+            next_seq: live.map_or(0, |l| l.tickets.next_seq()),
             waiters,
             counters,
             notices: live.map_or_else(Vec::new, |l| l.notices.clone()),
@@ -970,9 +988,12 @@ impl Fuse {
             budget: s.budget,
             slow: s.slow,
         };
-        let tickets = s.tickets;
+        let (tickets, next_seq) = (s.tickets, s.next_seq);
+        at_most("next_seq", next_seq, LIMIT)?;
         let mut fuse = assemble(policy, head, |breaker, kind| {
-            checked_tickets(&tickets, breaker, kind)
+            let (mut table, held) = checked_tickets(&tickets, breaker, kind)?;
+            table.raise_next_seq(next_seq);
+            Ok((table, held))
         })?;
         fuse.live_mut().notices = s.notices;
         fuse.tidy();
@@ -1091,6 +1112,7 @@ fn checked_tickets(
         }
         at_most("tickets.lease_end", t.lease_end, LIMIT)?;
         at_most("tickets.granted_at", t.granted_at, LIMIT)?;
+        at_most("tickets.seq", t.seq, LIMIT)?;
         if t.settles && !kind.is_some_and(LimiterKind::is_rate) {
             return Err(StateError::SettlesWithoutRate(t.id));
         }
@@ -1116,6 +1138,8 @@ fn checked_tickets(
                 settles: t.settles,
                 caller: t.caller,
                 shadow: t.shadow,
+                seq: t.seq,
+                slow_counted: t.slow_counted,
             },
         );
     }

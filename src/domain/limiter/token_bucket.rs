@@ -104,14 +104,13 @@ impl Algorithm for TokenBucket {
         a.period == b.period
     }
 
-    /// Keeps the tokens there are at `now`; a new period's ticks count from
-    /// `now`. With the same period nothing changes: a lower capacity caps
-    /// the tokens as they are read.
+    /// Keeps the tokens there are at `now` under the old settings: the
+    /// refills earned before the change count under the old capacity and
+    /// refill (P1, Y4), and the new ones count from `now`'s tick. A lower
+    /// capacity caps the tokens as they are read.
     fn rebase(&mut self, old: &TokenBucketSettings, new: &TokenBucketSettings, now: Millis) {
-        if old.period != new.period {
-            self.tokens = self.tokens_at(old, now);
-            self.tick = now / new.period.get();
-        }
+        self.tokens = self.tokens_at(old, now);
+        self.tick = now / new.period.get();
     }
 }
 
@@ -132,6 +131,32 @@ mod tests {
         assert_eq!(t.available(&s, 100), 2);
         assert_eq!(t.available(&s, 250), 4);
         assert_eq!(t.ready_at(&s, 3, 60), Some(200));
+    }
+
+    /// Y4: the refills earned before a change count under the old
+    /// capacity and refill; the new ones from the change on.
+    #[test]
+    fn refills_before_a_change_count_under_the_old_settings() {
+        let bucket = |capacity, refill| TokenBucketSettings {
+            capacity: NonZeroU32::new(capacity).expect("non-zero"),
+            refill: NonZeroU32::new(refill).expect("non-zero"),
+            period: NonZeroU64::new(100).expect("non-zero"),
+        };
+        let (old, raised) = (bucket(2, 2), bucket(4, 2));
+        let mut t = TokenBucket::full(&old, 0);
+        t.take(&old, 2, 0);
+        t.rebase(&old, &raised, 1000);
+        assert_eq!(t.available(&raised, 1000), 2, "full under the old capacity");
+        assert_eq!(t.ready_at(&raised, 3, 1000), Some(1100));
+        assert_eq!(t.available(&raised, 1100), 4);
+        let mut t = TokenBucket::full(&old, 0);
+        t.take(&old, 2, 0);
+        t.rebase(&old, &bucket(2, 1), 50);
+        assert_eq!(
+            t.available(&bucket(2, 1), 100),
+            1,
+            "the new refill from the change"
+        );
     }
 
     #[test]

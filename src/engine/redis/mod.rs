@@ -65,9 +65,11 @@ use reply::{census_of, decision_of, reading_of, Census};
 pub use sign::NoticeKey;
 
 /// The state encoding of the module this server is built with: a module
-/// that writes an older one does not know `REPLY packed` (decisions 89)
-/// or `FB.COMPLETE ... COST` (U1) either, and is refused at start.
-const MODULE_ENCODING: u64 = 4;
+/// that writes an older one does not know what this server sends
+/// (`FB.ACQUIRE ... CALLER` since encoding 6, Q1) or does not settle lease
+/// ends at one instant in grant order (encoding 8, T2), and is refused at
+/// start, naming the node and both encodings.
+const MODULE_ENCODING: u64 = 8;
 
 /// The most keys a `--manual-clock` server remembers to settle when its
 /// clock moves (tests only; the module's timer settles on Redis's clock).

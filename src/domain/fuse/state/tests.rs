@@ -497,11 +497,11 @@ fn a_fresh_key_at_rest_reads_back_owning_nothing() {
 
 #[test]
 fn an_unknown_version_is_refused() {
-    assert_eq!(refused(|s| s.version = 6), StateError::UnknownVersion(6));
+    assert_eq!(refused(|s| s.version = 7), StateError::UnknownVersion(7));
     assert_eq!(refused(|s| s.version = 0), StateError::UnknownVersion(0));
     assert_eq!(
-        StateError::UnknownVersion(6).to_string(),
-        "version: 6 is not a state version this build reads (it reads 1 to 5)"
+        StateError::UnknownVersion(7).to_string(),
+        "version: 7 is not a state version this build reads (it reads 1 to 6)"
     );
 }
 
