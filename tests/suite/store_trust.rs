@@ -980,3 +980,57 @@ async fn a_probe_wait_out_of_range_is_refused_naming_the_flag() {
         assert!(err.contains(says), "{wait}: {err}");
     }
 }
+
+/// A Redis whose fusebox module is of an older encoding than this server
+/// needs: a stand-in that answers `FB.VERSION` as the module of encoding 7
+/// did (and every other command `+OK`). The server refuses to start and
+/// says which node runs which encoding and what to do (a rolling upgrade
+/// that reaches the servers first stops there, instead of failing every
+/// Acquire the old module cannot parse).
+#[tokio::test]
+async fn a_module_of_an_older_encoding_is_refused_at_start_naming_the_node() {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = listener.local_addr().expect("its address").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut out = stream.try_clone().expect("a writer");
+                let mut lines = BufReader::new(stream);
+                let mut line = String::new();
+                // RESP arrays of bulk strings: `*N`, then `$len` and the
+                // text, N times; the first text names the command.
+                while lines.read_line(&mut line).is_ok_and(|n| n > 0) {
+                    let n: usize = line.trim()[1..].parse().unwrap_or(0);
+                    let mut words = Vec::new();
+                    for _ in 0..n * 2 {
+                        line.clear();
+                        lines.read_line(&mut line).expect("a line");
+                        words.push(line.trim().to_owned());
+                    }
+                    let answer: &[u8] = if words
+                        .get(1)
+                        .is_some_and(|c| c.eq_ignore_ascii_case("FB.VERSION"))
+                    {
+                        b"*6\r\n+module\r\n+0.1.0\r\n+encoding\r\n:7\r\n+signing\r\n+off\r\n"
+                    } else {
+                        b"+OK\r\n"
+                    };
+                    if out.write_all(answer).is_err() {
+                        return;
+                    }
+                    line.clear();
+                }
+            });
+        }
+    });
+    let store = format!("redis://127.0.0.1:{port}");
+    let message = crate::harness::refused_start(&["--store", &store], None).await;
+    assert!(
+        message.contains(&format!("127.0.0.1:{port}"))
+            && message.contains("encoding 7")
+            && message.contains("needs 8")
+            && message.contains("libfusebox_redis.so"),
+        "{message}"
+    );
+}
