@@ -102,6 +102,10 @@ impl Scope {
 pub struct Grant {
     /// Who: the token's or the certificate's name.
     pub name: String,
+    /// Whose share it holds (decisions 140): the entry's `tenant`, else
+    /// the keys its `prefixes` name (credentials of one namespace share
+    /// one share), else its name.
+    pub tenant: String,
     /// The role.
     pub role: Role,
     /// The keys.
@@ -372,7 +376,7 @@ impl Access {
         Tenants {
             entries: self
                 .grants()
-                .map(|g| (g.name.clone(), g.allowance))
+                .map(|g| (g.tenant.clone(), g.allowance))
                 .collect(),
             fraction: self.share,
         }

@@ -288,7 +288,7 @@ impl Node {
 
     /// The share of `grant`'s credential (`None` without `[auth]`).
     pub fn share_of(&self, grant: Option<&Grant>) -> Option<Arc<Share>> {
-        grant.and_then(|g| self.store.core().shares().of(&g.name))
+        grant.and_then(|g| self.store.core().shares().of(&g.tenant))
     }
 
     /// Every cap of `[server]`.

@@ -23,6 +23,10 @@ pub struct TokenSpec {
     pub role: Role,
     /// The keys it may touch; omitted means every key.
     pub prefixes: Option<Vec<String>>,
+    /// Whose share it holds: entries of one tenant share one (decisions
+    /// 140); omitted, the entries with the same `prefixes` are one tenant,
+    /// and an entry over every key is its own.
+    pub tenant: Option<String>,
     /// The token's SHA-256, as 64 hex digits (`fusebox token` prints it).
     pub sha256: Option<String>,
     /// Or: the environment variable that holds the token itself, read once
@@ -44,9 +48,43 @@ pub struct ClientSpec {
     pub role: Role,
     /// The keys it may touch; omitted means every key.
     pub prefixes: Option<Vec<String>>,
+    /// Whose share it holds (as a token's `tenant`).
+    pub tenant: Option<String>,
     /// What it may hold at once, past the default share (decisions 99).
     #[serde(default)]
     pub limits: Allowance,
+}
+
+/// The tenant whose share an entry holds, before [`name_tenants`]: its
+/// `tenant`, else its `prefixes` (sorted, marked so that no name is the
+/// same), else its name.
+fn tenant_of(name: &str, tenant: &Option<String>, prefixes: &Option<Vec<String>>) -> String {
+    match (tenant, prefixes) {
+        (Some(tenant), _) => tenant.clone(),
+        (None, Some(prefixes)) => {
+            let mut sorted = prefixes.clone();
+            sorted.sort();
+            sorted.dedup();
+            format!("\0{}", sorted.join("\0"))
+        }
+        (None, None) => name.to_owned(),
+    }
+}
+
+/// Names the tenants of entries that share their `prefixes` without a
+/// `tenant` (decisions 140) after the first such entry, in the config's
+/// order: its share reads as that credential's.
+fn name_tenants(grants: &mut [&mut Arc<Grant>]) {
+    let mut first: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    for grant in grants.iter_mut() {
+        if grant.tenant.starts_with('\0') {
+            let name = first
+                .entry(grant.tenant.clone())
+                .or_insert_with(|| grant.name.clone())
+                .clone();
+            Arc::make_mut(grant).tenant = name;
+        }
+    }
 }
 
 /// `[auth]` as written.
@@ -186,6 +224,7 @@ impl AuthSpec {
                 spec.name.clone(),
                 Arc::new(Grant {
                     name: spec.name.clone(),
+                    tenant: tenant_of(&spec.name, &spec.tenant, &spec.prefixes),
                     role: spec.role,
                     scope: scope_of(&spec.prefixes, &entry)?,
                     allowance: spec.limits,
@@ -215,8 +254,23 @@ impl AuthSpec {
             "client_ambiguous",
             ("refuse", "first"),
         )?;
+        {
+            let mut all: Vec<&mut Arc<Grant>> = tokens
+                .iter_mut()
+                .map(|(_, g)| g)
+                .chain(clients.iter_mut().map(|(_, g)| g))
+                .collect();
+            name_tenants(&mut all);
+        }
+        // By default each tenant may hold an equal part of each cap, and
+        // never more than half: every other tenant keeps its room.
+        let tenants: std::collections::HashSet<&str> = tokens
+            .iter()
+            .map(|(_, g)| g.tenant.as_str())
+            .chain(clients.iter().map(|(_, g)| g.tenant.as_str()))
+            .collect();
         let share = match self.share {
-            None => DEFAULT_SHARE,
+            None => DEFAULT_SHARE.min(1.0 / tenants.len().max(1) as f64),
             Some(share) if share > 0.0 && share <= 1.0 => share,
             Some(other) => {
                 return Err(AuthError {
@@ -286,6 +340,7 @@ fn token_of(spec: &TokenSpec, entry: &str) -> Result<([u8; 32], Arc<Grant>), Aut
         hash,
         Arc::new(Grant {
             name: spec.name.clone(),
+            tenant: tenant_of(&spec.name, &spec.tenant, &spec.prefixes),
             role: spec.role,
             scope: scope_of(&spec.prefixes, entry)?,
             allowance: spec.limits,

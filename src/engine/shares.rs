@@ -425,7 +425,7 @@ impl Shares {
         };
         let mut named = std::collections::HashSet::new();
         for (name, allowance) in &tenants.entries {
-            // Entries with one name share one share; the first sets it.
+            // Entries of one tenant share one share; the first sets it.
             if !named.insert(name.as_str()) {
                 continue;
             }
@@ -443,6 +443,25 @@ impl Shares {
         }
         by_name
             .retain(|name, s| named.contains(&**name) || Kind::ALL.iter().any(|k| s.held(*k) > 0));
+        // Shares that add up past a cap let some tenants take others' room.
+        for kind in Kind::ALL {
+            let cap = kind.cap(limits);
+            let total: u64 = named
+                .iter()
+                .filter_map(|name| by_name.get(*name))
+                .map(|s| s.limits[kind as usize].load(Ordering::Relaxed))
+                .fold(0u64, u64::saturating_add);
+            if cap > 0 && total > cap {
+                tracing::warn!(
+                    cap = kind.field(),
+                    limit = cap,
+                    shares = total,
+                    tenants = named.len(),
+                    "the tenants' shares of [server].{} add up to {total}, more than the cap of {cap}: some tenants can take the room of others; lower their limits or raise the cap",
+                    kind.field()
+                );
+            }
+        }
     }
 
     /// The share of the credential named `name`.

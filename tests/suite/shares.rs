@@ -682,3 +682,53 @@ fn no_calls_by_one_credential_make_anothers_first_fail(mode: Mode<'_>, flush: &(
         })
     });
 }
+
+/// Two credentials of one namespace (the same `prefixes`, no `tenant`)
+/// hold one share between them (decisions 140): with `max_tickets = 40`
+/// and two tenants, `a` and `a2` together take 20 tickets, and `b` still
+/// gets its own. Before, each token had half the cap and the two took all
+/// 40.
+#[tokio::test]
+async fn two_credentials_of_one_namespace_hold_one_share() {
+    const A2: &str = "tenant-a2-share-token-0123456789";
+    let config = format!(
+        "[server]\nmax_tickets = 40\n[auth]\n{}{}{}",
+        entry("a", A, "a/*", ""),
+        entry("a2", A2, "a/*", ""),
+        entry("b", B, "b/*", "")
+    );
+    let server = Server::start(Options {
+        config: Some(&config),
+        ..Options::default()
+    })
+    .await;
+    let mut client = server.fusebox().await;
+    let mut granted = 0;
+    let mut refused = None;
+    for n in 0..40 {
+        let token = if n % 2 == 0 { A } else { A2 };
+        match client
+            .acquire(bearer(token, acquire(&format!("a/k{n}"), None)))
+            .await
+        {
+            Ok(_) => granted += 1,
+            Err(status) => {
+                refused = Some(status);
+                break;
+            }
+        }
+    }
+    assert_eq!(granted, 20, "a and a2 share half of 40 tickets");
+    let refused = refused.expect("refused past the share");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("\"a\""),
+        "the share is a's: {refused:?}"
+    );
+    for n in 0..20 {
+        client
+            .acquire(bearer(B, acquire(&format!("b/k{n}"), None)))
+            .await
+            .unwrap_or_else(|e| panic!("b's ticket {n}: {e:?}"));
+    }
+}

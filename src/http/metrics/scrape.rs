@@ -45,7 +45,7 @@ impl Shown {
     fn shows_share(&self, name: &str) -> bool {
         match self {
             Shown::Every => true,
-            Shown::Of(grant) => grant.scope.is_all() || grant.name == name,
+            Shown::Of(grant) => grant.scope.is_all() || grant.tenant == name,
             Shown::None => false,
         }
     }
@@ -171,7 +171,7 @@ fn shares_of(node: &Node, whose: &Shown) -> Vec<(Arc<Share>, u64)> {
             share.sweep_keys(now, key_idle);
             let held = access
                 .as_deref()
-                .and_then(|a| a.grants().find(|g| g.name == share.name()))
+                .and_then(|a| a.grants().find(|g| g.tenant == share.name()))
                 .map_or(0, |g| {
                     crate::engine::shares::rules_held(&rules, |p| g.scope.covers_pattern(p))
                 });
