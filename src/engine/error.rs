@@ -54,6 +54,9 @@ pub enum EngineError {
     /// `UNAVAILABLE`.
     #[error("the state store is unavailable: {0}; the call changed nothing that was reported, retry with backoff")]
     StoreUnavailable(String),
+    /// The Redis store is full (`maxmemory`, `OOM`): `RESOURCE_EXHAUSTED`.
+    #[error("the state store is full: {0}; nothing was changed; raise its maxmemory, give it more memory, or let keys go")]
+    StoreFull(String),
     /// The server is shutting down: `UNAVAILABLE`.
     #[error("fusebox is shutting down; retry against another instance")]
     ShuttingDown,

@@ -65,9 +65,9 @@ impl From<EngineError> for ApiError {
             EngineError::TicketNotFound | EngineError::RuleNotFound { .. } => {
                 (StatusCode::NOT_FOUND, None)
             }
-            EngineError::Exhausted { .. } | EngineError::ShareExhausted { .. } => {
-                (StatusCode::TOO_MANY_REQUESTS, None)
-            }
+            EngineError::Exhausted { .. }
+            | EngineError::ShareExhausted { .. }
+            | EngineError::StoreFull(_) => (StatusCode::TOO_MANY_REQUESTS, None),
             EngineError::ShuttingDown | EngineError::StoreUnavailable(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, None)
             }

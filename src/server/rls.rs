@@ -366,7 +366,9 @@ impl Api {
 fn is_no_room(e: &EngineError) -> bool {
     matches!(
         e,
-        EngineError::Exhausted { .. } | EngineError::ShareExhausted { .. }
+        EngineError::Exhausted { .. }
+            | EngineError::ShareExhausted { .. }
+            | EngineError::StoreFull(_)
     )
 }
 

@@ -14,9 +14,9 @@ pub fn status_of(e: EngineError) -> Status {
         EngineError::TicketNotFound | EngineError::RuleNotFound { .. } => {
             Status::not_found(message)
         }
-        EngineError::Exhausted { .. } | EngineError::ShareExhausted { .. } => {
-            Status::resource_exhausted(message)
-        }
+        EngineError::Exhausted { .. }
+        | EngineError::ShareExhausted { .. }
+        | EngineError::StoreFull(_) => Status::resource_exhausted(message),
         EngineError::ShuttingDown | EngineError::StoreUnavailable(_) => {
             Status::unavailable(message)
         }

@@ -549,3 +549,46 @@ async fn a_list_keys_page_is_one_bounded_step_per_primary() {
         "{pages} pages took {steps:?} FB.LIST steps on the primaries: at most one per primary a page reaches"
     );
 }
+
+/// A Redis at its `maxmemory` refuses writes with `OOM`: callers get
+/// `RESOURCE_EXHAUSTED` with words that say the store is full and what to
+/// do, never `INTERNAL`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_store_answers_resource_exhausted_in_words() {
+    let Some(redis) = crate::harness::standalone("a_full_store_answers_resource_exhausted").await
+    else {
+        return;
+    };
+    let port = redis.server.port;
+    let store = format!("redis://127.0.0.1:{port}");
+    let mut servers = servers_on(&store, "", false, 1).await;
+    let server = servers.remove(0);
+    let mut client = server.fusebox().await;
+    let mut conn = crate::resp::Conn::connect(port).expect("connect to redis");
+    // Below what Redis already uses: every write is refused.
+    assert!(conn.cmd(&["CONFIG", "SET", "maxmemory", "1"]).is_ok());
+    let refused = client
+        .acquire(pb::AcquireRequest {
+            key: "full/one".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("Redis is full");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("maxmemory"),
+        "the answer says the store is full and what to do: {refused:?}"
+    );
+    assert!(conn.cmd(&["CONFIG", "SET", "maxmemory", "0"]).is_ok());
+    client
+        .acquire(pb::AcquireRequest {
+            key: "full/one".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("room again");
+}

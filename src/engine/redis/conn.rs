@@ -750,6 +750,11 @@ impl Conn {
             ErrorKind::Server(ServerErrorKind::ReadOnly) => unavailable(format!(
                 "a node of {url} that is now a replica answered ({said}); the cluster is failing over"
             )),
+            ErrorKind::Server(_) | ErrorKind::Extension if e.code() == Some("OOM") => {
+                EngineError::StoreFull(format!(
+                    "Redis at {url} is at its maxmemory and refuses writes ({said})"
+                ))
+            }
             ErrorKind::Server(_) | ErrorKind::Extension => self.refusal_of(e),
             _ if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
                 unavailable(format!("cannot reach Redis at {url}: {said}"))
