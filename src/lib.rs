@@ -39,6 +39,7 @@ pub use fusebox_domain as domain;
 pub mod engine;
 pub use fusebox_guard as guard;
 pub mod http;
+pub mod memory;
 pub mod node;
 pub mod outbox;
 pub use fusebox_proto as proto;

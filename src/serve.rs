@@ -110,6 +110,26 @@ pub async fn bind(options: Options) -> anyhow::Result<Bound> {
         rls,
         telemetry,
     } = config;
+    // The caps fit in the memory the server may use (crate::memory).
+    let limits = match crate::memory::budget(limits.memory_limit) {
+        Some((budget, source)) => match crate::memory::fit(&limits, budget, &source) {
+            Ok(None) => limits,
+            Ok(Some(lowered)) => {
+                tracing::warn!(
+                    memory_limit_mib = budget >> 20,
+                    source = %source,
+                    max_keys = lowered.max_keys,
+                    max_tickets = lowered.max_tickets,
+                    max_waiters = lowered.max_waiters,
+                    max_unread_bytes = lowered.max_unread_bytes,
+                    "the default caps would need more memory than the server may use: lowered to fit (set [server] caps, or give it more memory)"
+                );
+                lowered
+            }
+            Err(why) => anyhow::bail!("the server did not start: {why}"),
+        },
+        None => limits,
+    };
     let tls = crate::config::tls::resolve(tls, tls_files.cert, tls_files.key, tls_files.client_ca)
         .context("the server did not start")?;
     let tls = match &tls {

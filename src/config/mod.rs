@@ -104,6 +104,10 @@ pub struct ServerSpec {
     pub data_dir: Option<std::path::PathBuf>,
     /// How long breaker changes may wait to be written together.
     pub commit_window: Option<DurationSpec>,
+    /// The memory the server may use, in bytes or with a unit (`512Mi`,
+    /// `2Gi`, `500M`); absent: the container's limit (cgroup
+    /// `memory.max`), if any. The caps must fit in it ([`crate::memory`]).
+    pub memory_limit: Option<toml::Value>,
 }
 
 /// One `[[rule]]` as written.
@@ -169,6 +173,12 @@ pub struct Limits {
     /// How long breaker changes may wait before they are written to the
     /// data dir, together (operator actions and policies never wait).
     pub commit_window: Millis,
+    /// `[server] memory_limit` in bytes, when set.
+    pub memory_limit: Option<u64>,
+    /// True when the config sets a cap that memory bounds (`max_keys`,
+    /// `max_tickets`, `max_waiters`, `max_unread_bytes`): such caps are
+    /// never lowered, and a server whose caps do not fit does not start.
+    pub memory_caps_set: bool,
 }
 
 /// The longest `[server] stuck_stream_timeout`.
@@ -206,6 +216,8 @@ impl Default for Limits {
             max_unread_bytes_per_stream: unread.max_unread_bytes_per_stream,
             stuck_stream_timeout: unread.stuck_stream_timeout,
             max_event_streams: MAX_EVENT_STREAMS,
+            memory_limit: None,
+            memory_caps_set: false,
         }
     }
 }
@@ -685,6 +697,11 @@ impl ConfigFile {
                     defaults.max_strangers_per_peer,
                 )?,
                 commit_window,
+                memory_limit: memory_limit(self.server.memory_limit.as_ref())?,
+                memory_caps_set: self.server.max_keys.is_some()
+                    || self.server.max_tickets.is_some()
+                    || self.server.max_waiters.is_some()
+                    || self.server.max_unread_bytes.is_some(),
             },
         })
     }
@@ -693,6 +710,34 @@ impl ConfigFile {
 /// Parses a duration flag such as `--wait 2s`.
 pub fn parse_duration_flag(text: &str) -> Result<Millis, String> {
     parse_duration(text)
+}
+
+/// `[server] memory_limit`: a whole number of bytes, or a string with a
+/// unit as Kubernetes writes them (`512Mi`, `2Gi`, `500M`, `1G`, `64Ki`).
+fn memory_limit(value: Option<&toml::Value>) -> Result<Option<u64>, ConfigError> {
+    let bad = |what: String| {
+        ConfigError::server(
+            "memory_limit",
+            format!("{what}: write bytes (536870912) or a size such as \"512Mi\" or \"2Gi\""),
+        )
+    };
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let bytes = match value {
+        toml::Value::Integer(n) if *n > 0 => *n as u64,
+        toml::Value::String(text) => {
+            crate::memory::parse_size(text).ok_or_else(|| bad(format!("{text:?} is not a size")))?
+        }
+        other => return Err(bad(format!("{other} is not a size"))),
+    };
+    if bytes < crate::memory::BASE_BYTES {
+        return Err(bad(format!(
+            "{bytes} bytes is less than the server itself needs ({} MiB)",
+            crate::memory::BASE_BYTES >> 20
+        )));
+    }
+    Ok(Some(bytes))
 }
 
 #[cfg(test)]

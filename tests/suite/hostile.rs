@@ -630,3 +630,81 @@ async fn a_closed_log_pipe_neither_stops_the_server_nor_keeps_it_running() {
         .expect("an exit status");
     assert_eq!(exited.code(), Some(0), "{exited:?}");
 }
+
+/// The resident memory of a process, in bytes (Linux: `VmRSS`).
+fn rss_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .expect("VmRSS")
+}
+
+/// A small pod (decisions 141): with `memory_limit = "96Mi"` the default
+/// caps are lowered to fit, and a caller filling all it may hold with
+/// keys of 256-byte names, each with a live ticket, is refused
+/// (RESOURCE_EXHAUSTED) before the server's resident memory passes the
+/// limit. With the defaults (a million keys and tickets) the same caller
+/// would have taken the process past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_filling_the_caps_with_long_keys_stays_under_the_memory_limit() {
+    let limit: u64 = 96 << 20;
+    let server = Server::start(Options {
+        config: Some("[server]\nmemory_limit = \"96Mi\"\n"),
+        ..Options::default()
+    })
+    .await;
+    let mut client = server.fusebox().await;
+    let pid = server.child.id().expect("the server's pid");
+    let name = |n: u64| format!("{n:08}/{}", "k".repeat(247));
+    let (mut granted, mut refused) = (0u64, None);
+    // Batches of 200 (a request is at most 64 KiB).
+    'fill: for batch in 0..500u64 {
+        let items = (0..200)
+            .map(|i| pb::AcquireRequest {
+                key: name(batch * 200 + i),
+                lease: Some(ms(600_000)),
+                ..Default::default()
+            })
+            .collect();
+        let results = client
+            .acquire_batch(pb::AcquireBatchRequest { items })
+            .await
+            .expect("AcquireBatch answers")
+            .into_inner()
+            .results;
+        for r in results {
+            match r.result {
+                Some(pb::acquire_result::Result::Response(_)) => granted += 1,
+                Some(pb::acquire_result::Result::Error(e)) => {
+                    refused = Some(e);
+                    break 'fill;
+                }
+                None => panic!("an empty result"),
+            }
+        }
+    }
+    let refused = refused.expect("the caps stop the caller");
+    assert_eq!(
+        tonic::Code::from(refused.code),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    let rss = rss_of(pid);
+    eprintln!(
+        "granted {granted}, resident {} MiB, then {refused:?}",
+        rss >> 20
+    );
+    assert!(
+        rss < limit,
+        "{granted} keys and tickets of 256-byte names took the server to {} MiB, past its limit of {} MiB",
+        rss >> 20,
+        limit >> 20
+    );
+    assert!(
+        granted >= 1000,
+        "the lowered caps still hold keys: {granted}"
+    );
+}
