@@ -13,9 +13,10 @@
 //! Layout: `keys` (names in Redis: keys, tokens, policy ids), `link`,
 //! `batch` and `conn` (the connection: links, batches, errors), `reply`
 //! (the module's replies read as the wire's types), `sign` (the fleet's
-//! secret), `listen` (the subscription), [`policies`] (the shared rules),
-//! and this file, the [`RedisStore`] that the server holds as its
-//! [`SharedStore`].
+//! secret), `listen` (the subscription), `replays` (the last event taken
+//! per key, to refuse one published again), [`policies`] (the shared
+//! rules, versioned), and this file, the [`RedisStore`] that the server
+//! holds as its [`SharedStore`].
 //!
 //! Time is the primary Redis server's clock (`now_ms` = `*`), except on a
 //! `--manual-clock` server, which sends its own clock's time: every server
