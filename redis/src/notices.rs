@@ -8,7 +8,10 @@
 //!   "phase", "now_ms"}`;
 //! - `Notice::Phase` (the breaker changed phase) goes to
 //!   [`Channel::Events`] as a [`PhaseNotice`]: `{"key", "from", "to",
-//!   "cause", "at_ms", "who", "why", "view"}`;
+//!   "cause", "at_ms", "who", "why", "view", "order"}`, `order` being
+//!   `{"now_ms", "seq"}` ([`NoticeOrder`]): the step's time and the
+//!   breaker's epoch, so that a watcher can refuse a notice published
+//!   again (nothing is kept for it: both are in the key's state already);
 //! - `Notice::Expired` is not published (the key's stats count it).
 //!
 //! Only a primary that is not replaying publishes: a replica, and a
@@ -16,7 +19,9 @@
 //! every message twice. Plain `PUBLISH`, which Redis Cluster broadcasts to
 //! every node, so a server subscribed to any node hears every key.
 
-use fusebox_domain::wire::{Answer, AnswerFields, AnswerNotice, Channel, KeyView, PhaseNotice};
+use fusebox_domain::wire::{
+    Answer, AnswerFields, AnswerNotice, Channel, KeyView, NoticeOrder, PhaseNotice,
+};
 use fusebox_domain::{Fuse, Millis, Notice, TicketTable};
 use redis_module::{Context, ContextFlags};
 
@@ -70,6 +75,11 @@ pub fn payloads<T: TicketTable>(
 ) -> Vec<(Channel, String)> {
     let phase = fuse.phase();
     let mut view = None;
+    let told = notices
+        .iter()
+        .filter(|n| matches!(n, Notice::Phase { .. }))
+        .count();
+    let mut order = NoticeOrder::of_step(now, fuse.breaker().epoch(), told);
     notices
         .iter()
         .filter_map(|notice| {
@@ -104,6 +114,7 @@ pub fn payloads<T: TicketTable>(
                         why: note.why.clone(),
                         view,
                         shadow: !fuse.policy().enforce,
+                        order: order.next(),
                     };
                     (Channel::Events, serde_json::to_string(&message))
                 }

@@ -765,6 +765,40 @@ pub struct PhaseNotice {
     /// prefixed `shadow: `. Absent (older modules) = false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shadow: bool,
+    /// Where the notice stands among its key's notices ([`NoticeOrder`]),
+    /// signed with the rest, so that a watcher refuses one it has seen
+    /// (or an older one) published again. Absent from older modules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<NoticeOrder>,
+}
+
+/// A phase notice's place in its key's sequence: the time of the step that
+/// published it (the store's clock, `now_ms`), then `seq`, the breaker's
+/// epoch after that step less the transitions the same step told after
+/// this one. A key never sees time go back, and every transition starts an
+/// epoch, so a key's notices are strictly ordered by `(now_ms, seq)`; a
+/// key forgotten at rest and made again starts its epochs afresh, but at a
+/// later time, so its notices still come after the old ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct NoticeOrder {
+    /// The time of the step that published the notice (ms, the store's
+    /// clock): also how old the notice is.
+    pub now_ms: Millis,
+    /// The notice's place among the key's notices of that instant.
+    pub seq: u64,
+}
+
+impl NoticeOrder {
+    /// The order of each of `count` phase notices told by one step at
+    /// `now` that left the breaker at `epoch`, in the order they were
+    /// told.
+    pub fn of_step(now: Millis, epoch: u64, count: usize) -> impl Iterator<Item = NoticeOrder> {
+        let count = count as u64;
+        (0..count).map(move |i| NoticeOrder {
+            now_ms: now,
+            seq: epoch.saturating_sub(count - 1 - i),
+        })
+    }
 }
 
 /// The bytes of a MAC: HMAC-SHA256.

@@ -229,9 +229,23 @@ pub struct StoreFigures {
     /// Reads of the shared policies (the `fusebox:policies` key) whose
     /// content could not be verified; the running rules stayed.
     pub policies_unverified: AtomicU64,
+    /// Signed messages refused as old, by channel ([`NOTICE_CHANNELS`]):
+    /// an event not newer than the last one of its key, or too old, and a
+    /// policy change naming a version older than the one in force.
+    pub notices_replayed: [AtomicU64; 3],
+    /// Reads of the shared policies that verified but held a version older
+    /// than one this server has seen; the running rules stayed.
+    pub policies_rolled_back: AtomicU64,
+    /// Keys whose last event is remembered, to refuse older ones.
+    pub event_orders: AtomicU64,
+    /// Keys forgotten from that memory, past its cap, while their events
+    /// were young enough to be taken again.
+    pub event_orders_evicted: AtomicU64,
     /// When a dropped notice was last logged, and how many were dropped
     /// since.
     drops_logged: std::sync::Mutex<(Option<Instant>, u64)>,
+    /// The same for messages refused as old.
+    replays_logged: std::sync::Mutex<(Option<Instant>, u64)>,
 }
 
 /// The channels whose messages are verified, as `notices_dropped` counts
@@ -273,6 +287,38 @@ impl StoreFigures {
         tracing::warn!(
             dropped = count,
             "dropped {count} message(s) from the store that could not be trusted (the last on {place}: {why}); someone who can reach Redis may be forging them, or a node or server has another secret; see fusebox_store_notices_dropped_total"
+        );
+    }
+}
+
+impl StoreFigures {
+    /// Counts a signed message refused as old on `channel` (or a read of
+    /// the policies key when `channel` is `None`) and logs it, at most
+    /// once every few seconds, with `why`.
+    pub(crate) fn replayed(&self, channel: Option<Channel>, why: &str) {
+        match channel {
+            Some(channel) => {
+                self.notices_replayed[channel.index()].fetch_add(1, Ordering::Relaxed);
+            }
+            None => {
+                self.policies_rolled_back.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let mut logged = self.replays_logged.lock().expect("replays logged");
+        logged.1 += 1;
+        if logged.0.is_some_and(|at| at.elapsed() < DROPS_LOGGED_EVERY) {
+            return;
+        }
+        let count = std::mem::take(&mut logged.1);
+        logged.0 = Some(Instant::now());
+        drop(logged);
+        let place = channel.map_or_else(
+            || "the policies key fusebox:policies".to_owned(),
+            |c| format!("channel {}", c.as_str()),
+        );
+        tracing::warn!(
+            refused = count,
+            "refused {count} signed message(s) from the store as old (the last on {place}: {why}); someone who can reach Redis may be publishing captured messages again; see fusebox_store_notices_replayed_total"
         );
     }
 }

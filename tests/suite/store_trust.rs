@@ -1033,4 +1033,226 @@ async fn a_module_of_an_older_encoding_is_refused_at_start_naming_the_node() {
             && message.contains("libfusebox_redis.so"),
         "{message}"
     );
+/// A Redis with the module signing with a fresh secret, and servers that
+/// verify with it: the secret, the store's address, and the Redis.
+async fn signed_store(tools: &Tools, dir: &Path) -> (String, PathBuf, Redis) {
+    let secret = random_hex(32);
+    let secret_file = write(dir, "notices.key", &format!("{secret}\n"));
+    let redis = {
+        let (tools, d, file) = (tools.clone(), dir.to_owned(), secret_file.clone());
+        tokio::task::spawn_blocking(move || {
+            Redis::start_with(
+                &tools,
+                &d,
+                &["secret-file", text(&file)],
+                &["--save", "", "--appendonly", "no"],
+                false,
+                None,
+            )
+        })
+        .await
+        .expect("redis starts")
+    };
+    let store = format!("redis://127.0.0.1:{}", redis.port);
+    (store, secret_file, redis)
+}
+
+/// A server on `store` verifying with `secret_file`.
+async fn verifying(store: &str, secret_file: &Path) -> Server {
+    Server::start(Options {
+        config: Some(CONFIG),
+        args: vec!["--store", store, "--store-secret-file", text(secret_file)],
+        ..Options::default()
+    })
+    .await
+}
+
+/// A connection subscribed to `channel`, as any client of Redis may make.
+fn eavesdrop(redis: &Redis, channel: &str) -> crate::resp::Conn {
+    let mut conn = redis.conn();
+    let said = conn.cmd(&["SUBSCRIBE", channel]);
+    assert_eq!(said.items()[0].text(), "subscribe", "{said:?}");
+    conn
+}
+
+/// The next message a subscribed connection hears, as its exact bytes.
+fn overheard(conn: &mut crate::resp::Conn) -> String {
+    let m = conn.read().expect("a message within the read timeout");
+    let items = m.items();
+    assert_eq!(items[0].text(), "message", "{m:?}");
+    items[2].text()
+}
+
+fn replayed(channel: &str) -> String {
+    format!("fusebox_store_notices_replayed_total{{channel=\"{channel}\"}}")
+}
+
+/// A hostile client of Redis captures a real, signed isolate event, waits
+/// for the key to be closed, and publishes the captured bytes again: the
+/// watcher does not see a fresh isolate (the next transition it sees is a
+/// real one, of another key), and the refusal is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_captured_event_published_again_is_refused_and_counted() {
+    const TEST: &str = "a_captured_event_published_again_is_refused_and_counted";
+    let Some(tools) = Tools::find(TEST) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (store, secret_file, redis) = signed_store(&tools, dir.path()).await;
+    let a = verifying(&store, &secret_file).await;
+    let mut watching = watch(&a, "r/").await;
+    let mut events = eavesdrop(&redis, "fusebox:events");
+    let mut admin = a.admin().await;
+
+    crate::harness::steer(&mut admin, true, Some("ops"), "r/db", "maintenance")
+        .await
+        .expect("Isolate answers");
+    let captured = overheard(&mut events);
+    assert!(
+        captured.contains(r#""to":"isolated""#) && captured.contains("fusebox:k:r/db"),
+        "{captured}"
+    );
+    let t = next_transition(&mut watching).await;
+    assert_eq!(
+        (t.key.as_str(), t.kind, t.to),
+        (
+            "r/db",
+            pb::TransitionKind::Isolate as i32,
+            pb::Phase::Isolated as i32
+        ),
+        "{t:?}"
+    );
+    crate::harness::steer(&mut admin, false, Some("ops"), "r/db", "done")
+        .await
+        .expect("Close answers");
+    let t = next_transition(&mut watching).await;
+    assert_eq!(t.kind, pb::TransitionKind::Close as i32, "{t:?}");
+    assert!(overheard(&mut events).contains(r#""to":"closed""#));
+
+    // The captured bytes again, exactly as the module signed them.
+    let said = redis
+        .conn()
+        .cmd(&["PUBLISH", "fusebox:events", captured.as_str()]);
+    assert!(
+        matches!(said, crate::resp::Reply::Int(2)),
+        "the server (and the eavesdropper) hear it: {said:?}"
+    );
+    trip(&mut a.fusebox().await, "r/after").await;
+    let t = next_transition(&mut watching).await;
+    assert_eq!(
+        (t.key.as_str(), t.to),
+        ("r/after", pb::Phase::Open as i32),
+        "the replayed isolate reached the watcher as news: {t:?}"
+    );
+    counted(&a, &replayed("fusebox:events"), 1.0).await;
+    assert_eq!(a.get("r/db").await.phase, pb::Phase::Closed as i32);
+}
+
+/// The rules each server has in force, by their patterns.
+async fn patterns(server: &Server) -> Vec<String> {
+    let listed = crate::admin::policies(&mut server.admin().await).await;
+    listed.rules.into_iter().map(|r| r.r#match).collect()
+}
+
+/// A hostile client of Redis GETs the signed policies value and captures
+/// the "changed" message of a change, lets a later change through
+/// (SetPolicy), then SETs the old value back and publishes the old
+/// "changed" (and the latest one, to make every server read the key): both
+/// servers keep the new rules, each says so in /metrics, and a change made
+/// on purpose afterwards still reaches them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_signed_policies_set_back_do_not_roll_the_fleet_back() {
+    const TEST: &str = "old_signed_policies_set_back_do_not_roll_the_fleet_back";
+    let Some(tools) = Tools::find(TEST) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (store, secret_file, redis) = signed_store(&tools, dir.path()).await;
+    let a = verifying(&store, &secret_file).await;
+    let b = verifying(&store, &secret_file).await;
+    let mut changes = eavesdrop(&redis, "fusebox:policies");
+    let mut conn = redis.conn();
+    let set = |pattern: &'static str| {
+        let server = &a;
+        async move {
+            crate::admin::set_policy(
+                &mut server.admin().await,
+                crate::admin::rule(pattern, None, Some(crate::admin::concurrency(3))),
+            )
+            .await
+            .expect("SetPolicy answers");
+        }
+    };
+    set("one/*").await;
+    let old_changed = overheard(&mut changes);
+    let old_value = conn.cmd(&["GET", "fusebox:policies"]).text();
+    assert!(old_value.contains("one/*"), "{old_value}");
+    set("two/*").await;
+    let new_changed = overheard(&mut changes);
+    for server in [&a, &b] {
+        eventually("every server to take two/*", PATIENCE, || async {
+            patterns(server)
+                .await
+                .contains(&"two/*".to_owned())
+                .then_some(())
+        })
+        .await;
+    }
+
+    // The old value set back, with its own change message, then the
+    // latest change message, which makes every server read the key.
+    assert!(conn.cmd(&["SET", "fusebox:policies", &old_value]).is_ok());
+    for message in [&old_changed, &new_changed] {
+        let said = conn.cmd(&["PUBLISH", "fusebox:policies", message.as_str()]);
+        assert!(matches!(said, crate::resp::Reply::Int(3)), "{said:?}");
+    }
+    let rolled_back = "fusebox_store_policies_rolled_back_total";
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        for server in [&a, &b] {
+            let rules = patterns(server).await;
+            assert!(
+                rules.contains(&"two/*".to_owned()),
+                "a server was rolled back to the old policies: {rules:?}"
+            );
+        }
+        let (text_a, text_b) = (metrics(&a).await, metrics(&b).await);
+        if sample(&text_a, rolled_back) == Some(1.0) && sample(&text_b, rolled_back) == Some(1.0) {
+            // B never wrote the old version: its change message is a
+            // replay there. A wrote it, and knows it for its own past.
+            assert_eq!(
+                sample(&text_b, &replayed("fusebox:policies")),
+                Some(1.0),
+                "{text_b}"
+            );
+            assert_eq!(sample(&text_a, &replayed("fusebox:policies")), Some(0.0));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no server counted the old policies as refused:\n{text_a}\n{text_b}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    a.until_logged("older than version").await;
+
+    // Rolling back on purpose is a change like any other, through B this
+    // time: a new version, which every server takes.
+    crate::admin::set_policy(
+        &mut b.admin().await,
+        crate::admin::rule("three/*", None, Some(crate::admin::concurrency(2))),
+    )
+    .await
+    .expect("SetPolicy answers");
+    for server in [&a, &b] {
+        eventually("every server to take three/*", PATIENCE, || async {
+            patterns(server)
+                .await
+                .contains(&"three/*".to_owned())
+                .then_some(())
+        })
+        .await;
+    }
+    let value = conn.cmd(&["GET", "fusebox:policies"]).text();
+    assert!(value.contains(r#""version":4"#), "{value}");
 }

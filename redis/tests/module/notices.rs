@@ -390,3 +390,54 @@ fn in_a_cluster_each_notice_is_published_once_and_the_timers_step_replicates() {
     );
     assert_eq!(r.cmd(&["GET", timed]), p.cmd(&["GET", timed]));
 }
+
+/// `(now_ms, seq)` of an event.
+fn order(event: &serde_json::Value) -> (u64, u64) {
+    let order = &event["order"];
+    let field = |name: &str| {
+        order[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("order.{name} in {event}"))
+    };
+    (field("now_ms"), field("seq"))
+}
+
+/// Every event carries its place in its key's sequence: the step's time
+/// and the breaker's epoch. They grow with every transition, at one
+/// instant too, and a key forgotten and made again comes after its old
+/// events by its time.
+#[test]
+fn a_keys_events_are_in_a_strict_order_that_a_new_key_keeps() {
+    let Some(redis) = Standalone::start("a_keys_events_are_in_a_strict_order_that_a_new_key_keeps")
+    else {
+        return;
+    };
+    let mut s = subscriber(&redis.server);
+    let mut c = redis.server.conn();
+    c.cmd(&["FB.ACQUIRE", "k", "10", "1", ONE]);
+    c.cmd(&["FB.COMPLETE", "k", "10", "1", "failure"]);
+    c.cmd(&["FB.ISOLATE", "k", "10"]);
+    c.cmd(&["FB.CLOSE", "k", "10"]);
+    c.cmd(&["FB.ISOLATE", "k", "11"]);
+    c.cmd(&["FB.CLOSE", "k", "12"]);
+    let mut seen = Vec::new();
+    for to in ["open", "isolated", "closed", "isolated", "closed"] {
+        let (channel, event) = message(&mut s);
+        assert_eq!(
+            (channel.as_str(), &event["to"]),
+            ("fusebox:events", &to.into())
+        );
+        assert_eq!(order(&event).1, event["view"]["epoch"].as_u64().unwrap());
+        seen.push(order(&event));
+    }
+    assert_eq!(seen[0].0, 10);
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    // The key made afresh: its epochs start again, its time does not.
+    assert_eq!(c.cmd(&["DEL", "k"]), int(1));
+    c.cmd(&["FB.ACQUIRE", "k", "13", "1", ONE]);
+    c.cmd(&["FB.COMPLETE", "k", "13", "1", "failure"]);
+    let (_, event) = message(&mut s);
+    let afresh = order(&event);
+    assert!(afresh.1 < seen[4].1, "{afresh:?} {seen:?}");
+    assert!(afresh > seen[4], "{afresh:?} {seen:?}");
+}

@@ -297,6 +297,7 @@ fn every_event_round_trips() {
                     ..KeyView::of(&f, 30)
                 },
                 shadow: false,
+                order: Some(NoticeOrder { now_ms: 30, seq: 7 }),
             };
             let json = serde_json::to_string(&notice).unwrap();
             assert!(
@@ -307,6 +308,20 @@ fn every_event_round_trips() {
             assert_eq!(back, notice);
         }
     }
+}
+
+#[test]
+fn a_keys_notices_are_ordered_by_time_then_epoch() {
+    // Two transitions in one step at 50 that left the epoch at 9, then one
+    // at the same instant (epoch 10), then a key made afresh later.
+    let first: Vec<_> = NoticeOrder::of_step(50, 9, 2).collect();
+    let next: Vec<_> = NoticeOrder::of_step(50, 10, 1).collect();
+    let afresh: Vec<_> = NoticeOrder::of_step(51, 1, 1).collect();
+    let all: Vec<_> = [first, next, afresh].concat();
+    assert_eq!(all.len(), 4);
+    assert!(all.windows(2).all(|w| w[0] < w[1]), "{all:?}");
+    assert_eq!(all[0], NoticeOrder { now_ms: 50, seq: 8 });
+    assert_eq!(NoticeOrder::of_step(1, 0, 0).count(), 0);
 }
 
 #[test]

@@ -12,7 +12,14 @@
 //! as the wire's types ([`crate::domain::wire`]) and handed to the store
 //! as [`Heard`]: this file knows nothing of what the store does with it.
 //!
+//! An event that verifies is also refused when it is not newer than the
+//! last one of its key, or too old ([`super::replays`]); a policy change
+//! names the version it wrote, which the shared rules compare with theirs
+//! ([`super::policies`]). Those are counted and logged as replays
+//! ([`StoreFigures::replayed`]).
+//!
 //! [`StoreFigures::dropped`]: super::super::store::StoreFigures::dropped
+//! [`StoreFigures::replayed`]: super::super::store::StoreFigures::replayed
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -25,9 +32,10 @@ use tokio_stream::StreamExt;
 use super::super::events::{event_of, Event};
 use super::conn::Conn;
 use super::keys::KEY_PREFIX;
+use super::replays::{LastSeen, Refusal};
 use super::sign::NoticeKey;
-use crate::domain::wire::{Answer, AnswerNotice, Channel, PhaseNotice};
-use crate::domain::{Notice, TicketId};
+use crate::domain::wire::{Answer, AnswerNotice, Channel, NoticeOrder, PhaseNotice};
+use crate::domain::{Millis, Notice, TicketId};
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const LAST_BACKOFF: Duration = Duration::from_secs(5);
@@ -45,11 +53,24 @@ pub(super) enum Heard {
         answer: Answer,
     },
     /// A breaker's phase change, as a watcher's event.
-    Event(Box<Event>),
-    /// The shared policies changed, or may have: a message about them, or
-    /// a subscription made again after a loss (messages may have been
-    /// missed meanwhile).
-    Policies,
+    Event(Box<Ordered>),
+    /// The shared policies changed, or may have: a message about them,
+    /// with the version it names (none from a server older than this
+    /// one), or a subscription made again after a loss (messages may
+    /// have been missed meanwhile).
+    Policies(Option<u64>),
+}
+
+/// A watcher's event with what tells whether it is news: the Redis key it
+/// happened at and its place in that key's sequence.
+#[derive(Debug)]
+pub(super) struct Ordered {
+    /// The event.
+    pub event: Event,
+    /// The Redis key.
+    pub store_key: String,
+    /// Its order, signed with it (none from an older module).
+    pub order: Option<NoticeOrder>,
 }
 
 /// Where and how to subscribe.
@@ -60,6 +81,8 @@ pub(super) struct Subscriber {
     pub nodes: Vec<String>,
     /// The fleet's secret, if it has one.
     pub notices: Option<NoticeKey>,
+    /// This server's clock (ms), to tell how old an event is.
+    pub clock: Arc<dyn Fn() -> Millis + Send + Sync>,
 }
 
 /// Listens until `stopping` ends, resubscribing whenever the connection
@@ -75,6 +98,7 @@ pub(super) async fn listen<F, Fut>(
     Fut: Future<Output = ()>,
 {
     let mut ready = Some(ready);
+    let mut seen = LastSeen::default();
     let mut backoff = FIRST_BACKOFF;
     tokio::pin!(stopping);
     let mut at = 0;
@@ -83,7 +107,7 @@ pub(super) async fn listen<F, Fut>(
         at += 1;
         let result = tokio::select! {
             () = &mut stopping => return,
-            result = subscribe(&sub, node, &mut ready, &mut heard) => result,
+            result = subscribe(&sub, node, &mut ready, &mut seen, &mut heard) => result,
         };
         match result {
             Ok(()) => {
@@ -111,6 +135,7 @@ async fn subscribe<F, Fut>(
     sub: &Subscriber,
     node: &str,
     ready: &mut Option<oneshot::Sender<()>>,
+    seen: &mut LastSeen,
     heard: &mut F,
 ) -> redis::RedisResult<()>
 where
@@ -132,7 +157,7 @@ where
     } else {
         // Messages may have been missed while away: the policies are read
         // again; waiters ask the store when their wait ends.
-        heard(Heard::Policies).await;
+        heard(Heard::Policies(None)).await;
     }
     let mut messages = pubsub.into_on_message();
     while let Some(message) = messages.next().await {
@@ -143,6 +168,11 @@ where
             continue;
         };
         if let Some(h) = read(channel, payload) {
+            if let Heard::Event(e) = &h {
+                if !fresh(sub, seen, e) {
+                    continue;
+                }
+            }
             heard(h).await;
         }
     }
@@ -165,6 +195,37 @@ fn trusted<'a>(sub: &Subscriber, channel: Channel, message: &'a [u8]) -> Option<
     }
 }
 
+/// True when the event `e` is newer than the last one of its key and
+/// young enough ([`LastSeen::take`]); otherwise it is counted and logged.
+/// Without a secret an event without its order is taken: anyone could
+/// forge one anyway.
+fn fresh(sub: &Subscriber, seen: &mut LastSeen, e: &Ordered) -> bool {
+    let figures = sub.conn.figures();
+    let taken = match (e.order, &sub.notices) {
+        (Some(order), _) => seen.take(&e.store_key, order, (sub.clock)()),
+        (None, Some(_)) => Err(Refusal::Unordered),
+        (None, None) => return true,
+    };
+    match taken {
+        Ok(kept) => {
+            figures
+                .event_orders
+                .store(kept.keys as u64, Ordering::Relaxed);
+            figures
+                .event_orders_evicted
+                .fetch_add(kept.evicted as u64, Ordering::Relaxed);
+            true
+        }
+        Err(refusal) => {
+            figures.replayed(
+                Some(Channel::Events),
+                &format!("{} at {}", refusal, e.event.key),
+            );
+            false
+        }
+    }
+}
+
 /// A verified message, read; `None` for one this server does not read.
 fn read(channel: Channel, payload: &[u8]) -> Option<Heard> {
     match channel {
@@ -177,13 +238,23 @@ fn read(channel: Channel, payload: &[u8]) -> Option<Heard> {
             })
         }
         Channel::Events => event(payload).map(|e| Heard::Event(Box::new(e))),
-        Channel::Policies => Some(Heard::Policies),
+        Channel::Policies => Some(Heard::Policies(changed(payload))),
     }
+}
+
+/// The version a policy change names: `changed <version>`; none in a
+/// server's message older than this one (`changed`).
+fn changed(payload: &[u8]) -> Option<u64> {
+    std::str::from_utf8(payload)
+        .ok()?
+        .strip_prefix("changed ")?
+        .parse()
+        .ok()
 }
 
 /// A published phase change as a watcher's event: who and why only for
 /// an operator's isolate and close, as the embedded engine tells them.
-fn event(payload: &[u8]) -> Option<Event> {
+fn event(payload: &[u8]) -> Option<Ordered> {
     let notice: PhaseNotice = serde_json::from_slice(payload).ok()?;
     let key: Arc<str> = Arc::from(notice.key.strip_prefix(KEY_PREFIX)?);
     let change = Notice::Phase {
@@ -194,13 +265,18 @@ fn event(payload: &[u8]) -> Option<Event> {
     };
     let who = notice.who.as_deref().unwrap_or_default();
     let why = notice.why.as_deref().unwrap_or_default();
-    event_of(
+    let event = event_of(
         &key,
         &change,
         &notice.view.view(),
         Some((who, why)),
         notice.shadow,
-    )
+    )?;
+    Some(Ordered {
+        event,
+        order: notice.order,
+        store_key: notice.key,
+    })
 }
 
 #[cfg(test)]
@@ -224,6 +300,8 @@ mod tests {
         else {
             panic!("not an event")
         };
+        assert_eq!((e.store_key.as_str(), e.order), ("fusebox:k:w", None));
+        let e = e.event;
         assert_eq!(&*e.key, "w");
         assert_eq!(
             (e.kind, e.from, e.to, e.at),
@@ -238,6 +316,7 @@ mod tests {
         else {
             panic!("not an event")
         };
+        let e = e.event;
         assert_eq!(
             (e.kind, e.who.as_str(), e.reason.as_str()),
             (EventKind::PhaseChange, "", "")
@@ -249,7 +328,11 @@ mod tests {
         assert!(read(Channel::Answers, b"{}").is_none());
         assert!(matches!(
             read(Channel::Policies, b"changed"),
-            Some(Heard::Policies)
+            Some(Heard::Policies(None))
+        ));
+        assert!(matches!(
+            read(Channel::Policies, b"changed 12"),
+            Some(Heard::Policies(Some(12)))
         ));
     }
 

@@ -13,9 +13,10 @@
 //! Layout: `keys` (names in Redis: keys, tokens, policy ids), `link`,
 //! `batch` and `conn` (the connection: links, batches, errors), `reply`
 //! (the module's replies read as the wire's types), `sign` (the fleet's
-//! secret), `listen` (the subscription), [`policies`] (the shared rules),
-//! and this file, the [`RedisStore`] that the server holds as its
-//! [`SharedStore`].
+//! secret), `listen` (the subscription), `replays` (the last event taken
+//! per key, to refuse one published again), [`policies`] (the shared
+//! rules, versioned), and this file, the [`RedisStore`] that the server
+//! holds as its [`SharedStore`].
 //!
 //! Time is the primary Redis server's clock (`now_ms` = `*`), except on a
 //! `--manual-clock` server, which sends its own clock's time: every server
@@ -28,6 +29,7 @@ mod keys;
 mod link;
 mod listen;
 pub mod policies;
+mod replays;
 mod reply;
 mod sign;
 
@@ -239,6 +241,10 @@ impl RedisStore {
             conn: store.conn.clone(),
             nodes: store.url.nodes.clone(),
             notices: store.notices.clone(),
+            clock: {
+                let core = store.core.clone();
+                Arc::new(move || time_of(&core))
+            },
         };
         let hearer = store.clone();
         tokio::spawn(listen::listen(
@@ -271,12 +277,13 @@ impl RedisStore {
                 waiter,
                 answer,
             } => self.deliver(&key, waiter, answer),
-            Heard::Event(event) => {
+            Heard::Event(ordered) => {
+                let event = ordered.event;
                 tracing::info!(key = %event.key, from = %event.from, to = %event.to, at_ms = event.at, "breaker {} -> {}: {}", event.from, event.to, event.cause);
                 self.counted.transitions.fetch_add(1, Ordering::Relaxed);
-                self.core.publish(|| vec![*event]);
+                self.core.publish(|| vec![event]);
             }
-            Heard::Policies => self.shared_rules.load().await,
+            Heard::Policies(named) => self.shared_rules.heard(named).await,
         }
     }
 
@@ -587,10 +594,7 @@ impl RedisStore {
     /// The time of a read that found nothing: the store's clock, or the
     /// manual one.
     fn read_time(&self) -> Millis {
-        match self.core.manual() {
-            Some(clock) => super::Clock::now(clock.as_ref()),
-            None => unix_now(),
-        }
+        time_of(&self.core)
     }
 
     /// Reads a key (B6); a key never used reads as a fresh one would (K2).
@@ -931,6 +935,15 @@ fn truncate(text: &str, max: usize) -> &str {
         end -= 1;
     }
     &text[..end]
+}
+
+/// This server's time as the store's commands take it: the manual clock's,
+/// or the wall clock's.
+fn time_of(core: &Core) -> Millis {
+    match core.manual() {
+        Some(clock) => super::Clock::now(clock.as_ref()),
+        None => unix_now(),
+    }
 }
 
 /// The wall clock in unix milliseconds: the time of a key read when Redis

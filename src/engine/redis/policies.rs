@@ -8,9 +8,23 @@
 //!
 //! With a secret (`--store-secret-file`), what a server writes to the key
 //! is signed as the module signs its messages, for the key's name (`<MAC>
-//! <JSON>`), and so is what it publishes (`<MAC> changed`); a server reads
-//! only content it can verify, and acts only on messages it can verify.
+//! <JSON>`), and so is what it publishes (`<MAC> changed <version>`); a
+//! server reads only content it can verify, and acts only on messages it
+//! can verify.
+//!
+//! A signature says who wrote the rules, not when: an old signed copy set
+//! back at the key would roll the fleet back. So the rules carry a
+//! version, signed with them, one more than the highest the writing server
+//! has seen; a server keeps the highest it has seen (learnt from Redis at
+//! start), and refuses rules of a lower version (counted in
+//! [`StoreFigures::policies_rolled_back`], logged once per version, the
+//! running rules stay), and a change message that names one (counted as a
+//! replay, and the key is not read). Rolling back on purpose is a change
+//! like any other: the old rules, set again, are written as a new version.
+//!
+//! [`StoreFigures::policies_rolled_back`]: super::super::store::StoreFigures::policies_rolled_back
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -27,6 +41,10 @@ pub const POLICIES_KEY: &str = "fusebox:policies";
 
 #[derive(Debug, Serialize, Deserialize)]
 struct RulesJson {
+    /// The rules' version: one more than the highest their writer had
+    /// seen. Absent (0) in rules written by a server older than this one.
+    #[serde(default)]
+    version: u64,
     rules: Vec<SharedRule>,
     default: PolicySpec,
 }
@@ -38,9 +56,10 @@ struct SharedRule {
     policy: PolicySpec,
 }
 
-/// The rules as JSON.
-pub fn to_json(rules: &Rules) -> String {
+/// The rules as JSON, at `version`.
+pub fn to_json(rules: &Rules, version: u64) -> String {
     let shared = RulesJson {
+        version,
         rules: rules
             .rules
             .iter()
@@ -54,8 +73,8 @@ pub fn to_json(rules: &Rules) -> String {
     serde_json::to_string(&shared).expect("rules serialize")
 }
 
-/// Rules from their JSON, every policy validated.
-pub fn from_json(text: &[u8]) -> Result<Rules, String> {
+/// Rules from their JSON, every policy validated, and their version.
+pub fn from_json(text: &[u8]) -> Result<(Rules, u64), String> {
     let shared: RulesJson = serde_json::from_slice(text).map_err(|e| e.to_string())?;
     let rules = shared
         .rules
@@ -67,10 +86,37 @@ pub fn from_json(text: &[u8]) -> Result<Rules, String> {
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
-    Ok(Rules {
+    let rules = Rules {
         rules,
         default: shared.default.validate().map_err(|e| e.to_string())?,
-    })
+    };
+    Ok((rules, shared.version))
+}
+
+/// What a server knows of the versions of the shared rules.
+#[derive(Debug, Default)]
+struct Versions {
+    /// The highest version this server has seen: read, or written.
+    highest: u64,
+    /// This server's last writes, oldest first: a change message of an
+    /// earlier one of them, heard after a later one was made, is no
+    /// replay (decisions 100).
+    sent: std::collections::VecDeque<u64>,
+    /// Writes made here and not yet in Redis: until they are, Redis may
+    /// hold an older version without anyone having set it back.
+    writing: usize,
+    /// The last version whose refusal was logged.
+    refused: Option<u64>,
+}
+
+impl Versions {
+    /// True when the key may hold rules older than the highest seen for a
+    /// reason of this server's own: one of its writes is on its way. (Once
+    /// they are all in Redis, an older version there was set back, even
+    /// one this server wrote itself.)
+    fn writing(&self) -> bool {
+        self.writing > 0
+    }
 }
 
 /// The rules as this server shares them through Redis: what it writes,
@@ -80,10 +126,8 @@ pub struct SharedRules {
     conn: Conn,
     /// The fleet's secret, if it has one.
     notices: Option<NoticeKey>,
-    /// Hashes of this server's last writes, oldest first: reading back an
-    /// earlier one of them, already replaced here, does not undo the later
-    /// (decisions 100).
-    sent: std::sync::Mutex<std::collections::VecDeque<u64>>,
+    /// The versions seen and written.
+    versions: Arc<std::sync::Mutex<Versions>>,
     /// The writes, sent by one task in the order they were made (two
     /// changes in a row reach Redis in that order).
     writer: tokio::sync::mpsc::UnboundedSender<(String, String)>,
@@ -95,6 +139,8 @@ impl SharedRules {
     pub(super) fn new(core: Arc<Core>, conn: &Conn, notices: Option<NoticeKey>) -> SharedRules {
         let (writer, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
         let link = conn.clone();
+        let versions = Arc::new(std::sync::Mutex::new(Versions::default()));
+        let written_to = versions.clone();
         tokio::spawn(async move {
             while let Some((json, changed)) = rx.recv().await {
                 let mut set = redis::cmd("SET");
@@ -108,13 +154,15 @@ impl SharedRules {
                 if let Err(e) = written {
                     tracing::error!("a policy change is in force on this server but could not be shared through the store: {e}; other servers keep the old policies until the next change");
                 }
+                let mut versions = written_to.lock().expect("policy versions");
+                versions.writing = versions.writing.saturating_sub(1);
             }
         });
         SharedRules {
             core,
             conn: conn.clone(),
             notices,
-            sent: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            versions,
             writer,
         }
     }
@@ -135,7 +183,7 @@ impl SharedRules {
         if let redis::Value::Nil = self.conn.query(&get).await? {
             let mut set = redis::cmd("SET");
             set.arg(POLICIES_KEY)
-                .arg(self.sealed(POLICIES_KEY, &to_json(&self.core.rules())))
+                .arg(self.sealed(POLICIES_KEY, &to_json(&self.core.rules(), 1)))
                 .arg("NX");
             self.conn.query(&set).await?;
             tracing::info!("the store held no policies: this server's config is now the fleet's");
@@ -145,8 +193,31 @@ impl SharedRules {
         Ok(())
     }
 
+    /// A change message was heard naming `version` (or none, from an older
+    /// server, or after a subscription was lost): reads the shared rules
+    /// again, unless the version named is older than the highest seen.
+    pub async fn heard(&self, version: Option<u64>) {
+        if let Some(version) = version {
+            let versions = self.versions.lock().expect("policy versions");
+            if version < versions.highest {
+                let highest = versions.highest;
+                let own = versions.sent.contains(&version);
+                drop(versions);
+                if !own {
+                    self.conn.figures().replayed(
+                        Some(Channel::Policies),
+                        &format!("a policy change naming version {version}, older than version {highest} in force here; the store was not read"),
+                    );
+                }
+                return;
+            }
+        }
+        self.load().await;
+    }
+
     /// Reads the shared rules and puts them in force (logged when they
-    /// fail to read: the running rules stay).
+    /// fail to read, or are older than the highest version seen: the
+    /// running rules stay).
     pub async fn load(&self) {
         let mut get = redis::cmd("GET");
         get.arg(POLICIES_KEY);
@@ -154,10 +225,10 @@ impl SharedRules {
             Ok(redis::Value::BulkString(bytes)) => match self.content(&bytes) {
                 None => {}
                 Some(json) => match from_json(json) {
-                    Ok(rules) => {
+                    Ok((rules, version)) => {
                         let count = rules.rules.len();
-                        if self.adopt(json, rules) {
-                            tracing::info!(rules = count, "the fleet's policies changed in the store: keys adopt them at their next operation");
+                        if self.adopt(version, rules) {
+                            tracing::info!(rules = count, version, "the fleet's policies changed in the store: keys adopt them at their next operation");
                         }
                     }
                     Err(e) => tracing::error!(
@@ -201,29 +272,51 @@ impl SharedRules {
         // One lock for reading, changing, noting, sending and putting in
         // force, and for reading back (adopt): two changes cannot lose one
         // another, and a read of an earlier write cannot come in between.
-        let mut sent = self.sent.lock().expect("policy writes");
+        let mut versions = self.versions.lock().expect("policy versions");
         let mut rules = (*self.core.rules()).clone();
         let out = change(&mut rules)?;
-        let text = to_json(&rules);
+        let version = versions.highest + 1;
+        let text = to_json(&rules, version);
         let json = self.sealed(POLICIES_KEY, &text);
-        let changed = self.sealed(Channel::Policies.as_str(), "changed");
-        if sent.len() == REMEMBERED_WRITES {
-            sent.pop_front();
+        let changed = self.sealed(Channel::Policies.as_str(), &format!("changed {version}"));
+        if versions.sent.len() == REMEMBERED_WRITES {
+            versions.sent.pop_front();
         }
-        sent.push_back(hash(text.as_bytes()));
+        versions.sent.push_back(version);
+        versions.highest = version;
+        versions.writing += 1;
         let _ = self.writer.send((json, changed));
         self.core.replace_rules(rules);
         Ok(out)
     }
 
-    /// Puts `rules`, read back from Redis as `json`, in force unless they
-    /// are one of this server's writes that a later one replaced, or
-    /// what is in force already; true when they were put in force.
-    fn adopt(&self, json: &[u8], rules: Rules) -> bool {
-        let h = hash(json);
-        let sent = self.sent.lock().expect("policy writes");
-        let superseded = sent.back() != Some(&h) && sent.contains(&h);
-        if superseded || *self.core.rules() == rules {
+    /// Puts `rules`, read back from Redis at `version`, in force unless
+    /// that version is older than the highest seen (an earlier write of
+    /// this server's, replaced here, or rules set back: refused), or they
+    /// are what is in force already; true when they were put in force.
+    fn adopt(&self, version: u64, rules: Rules) -> bool {
+        let mut versions = self.versions.lock().expect("policy versions");
+        if version < versions.highest {
+            if versions.writing() {
+                return false;
+            }
+            self.conn
+                .figures()
+                .policies_rolled_back
+                .fetch_add(1, Ordering::Relaxed);
+            if versions.refused != Some(version) {
+                versions.refused = Some(version);
+                tracing::error!(
+                    version,
+                    in_force = versions.highest,
+                    "the fleet's policies in the store ({POLICIES_KEY}) are version {version}, older than version {} in force on this server: an old copy was set back (a restore, or someone replaying it); this server keeps its policies. To roll back on purpose, set the old policies with SetPolicy, DeletePolicy or a config reload: they are written as a new version, which every server takes",
+                    versions.highest
+                );
+            }
+            return false;
+        }
+        versions.highest = version;
+        if *self.core.rules() == rules {
             return false;
         }
         self.core.replace_rules(rules);
@@ -233,10 +326,3 @@ impl SharedRules {
 
 /// Writes remembered.
 const REMEMBERED_WRITES: usize = 64;
-
-fn hash(text: &[u8]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    text.hash(&mut h);
-    h.finish()
-}

@@ -1275,6 +1275,52 @@ pub const FAMILIES: &[Family] = &[
         read: |s, x| x.one(store_figure(s.node.store(), |f| &f.policies_unverified)),
     },
     Family {
+        name: "fusebox_store_notices_replayed_total",
+        kind: Type::Counter,
+        help: "Signed messages from the store refused as old: an event not newer than the last one of its key or older than 60 s, or a policy change naming a version older than the one in force. Someone who can reach Redis may be publishing captured messages again.",
+        store_help: None,
+        labels: &["channel"],
+        when: When::Store,
+        read: |s, x| {
+            if let Some(f) = s.node.store().store_figures() {
+                for (channel, replayed) in crate::engine::redis::NOTICE_CHANNELS
+                    .iter()
+                    .zip(&f.notices_replayed)
+                {
+                    x.put(&[("channel", channel)], load(replayed))?;
+                }
+            }
+            Ok(())
+        },
+    },
+    Family {
+        name: "fusebox_store_policies_rolled_back_total",
+        kind: Type::Counter,
+        help: "Reads of the shared policies (the fusebox:policies key) that were signed but older than the version in force on this server (an old copy set back); the running policies stayed.",
+        store_help: None,
+        labels: &[],
+        when: When::Store,
+        read: |s, x| x.one(store_figure(s.node.store(), |f| &f.policies_rolled_back)),
+    },
+    Family {
+        name: "fusebox_store_event_orders",
+        kind: Type::Gauge,
+        help: "Keys whose last event this server remembers, to refuse an older one published again (at most 100,000).",
+        store_help: None,
+        labels: &[],
+        when: When::Store,
+        read: |s, x| x.one(store_figure(s.node.store(), |f| &f.event_orders)),
+    },
+    Family {
+        name: "fusebox_store_event_orders_evicted_total",
+        kind: Type::Counter,
+        help: "Keys forgotten from that memory, past its cap, while their last event was under 60 s old: until it is, an older event of theirs published again is not refused.",
+        store_help: None,
+        labels: &[],
+        when: When::Store,
+        read: |s, x| x.one(store_figure(s.node.store(), |f| &f.event_orders_evicted)),
+    },
+    Family {
         name: "fusebox_watch_streams",
         kind: Type::Gauge,
         help: "Admin.Watch streams open now.",
