@@ -1033,6 +1033,8 @@ async fn a_module_of_an_older_encoding_is_refused_at_start_naming_the_node() {
             && message.contains("libfusebox_redis.so"),
         "{message}"
     );
+}
+
 /// A Redis with the module signing with a fresh secret, and servers that
 /// verify with it: the secret, the store's address, and the Redis.
 async fn signed_store(tools: &Tools, dir: &Path) -> (String, PathBuf, Redis) {
