@@ -622,6 +622,15 @@ pub const FAMILIES: &[Family] = &[
         read: |s, x| x.one(s.node.telemetry().map_or(0, |t| load(&t.figures().failed))),
     },
     Family {
+        name: "fusebox_trace_spans_dropped_total",
+        kind: Type::Counter,
+        help: "Spans dropped because [telemetry] max_queued_spans were waiting for export (the receiver slow or down).",
+        store_help: None,
+        labels: &[],
+        when: When::Telemetry,
+        read: |s, x| x.one(s.node.telemetry().map_or(0, |t| load(&t.figures().dropped))),
+    },
+    Family {
         name: "fusebox_tls_reloads_total",
         kind: Type::Counter,
         help: "Certificate (or client CA) reloads taken since start.",
