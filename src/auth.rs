@@ -26,6 +26,9 @@ use crate::engine::Pattern;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// `GET /metrics` only (with `[auth] metrics = "token"`), for a
+    /// scraper: no call, no API, no dashboard action.
+    Metrics,
     /// The Fusebox service: Acquire, Complete, Renew.
     Caller,
     /// Also Admin reads (GetKey, ListKeys, ListPolicies), Watch, Isolate,
@@ -39,6 +42,7 @@ impl Role {
     /// The role's name as written in the config.
     pub fn as_str(self) -> &'static str {
         match self {
+            Role::Metrics => "metrics",
             Role::Caller => "caller",
             Role::Operator => "operator",
             Role::Admin => "admin",

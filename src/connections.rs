@@ -82,7 +82,6 @@ macro_rules! write_through {
         }
     };
 }
-pub(crate) use write_through;
 
 /// A response body that holds `G` (a call in flight, a busy connection)
 /// until the body is sent or dropped.
@@ -139,6 +138,9 @@ pub struct Limits {
     pub handshake_timeout: u64,
     /// Cap on open HTTP connections.
     pub max_http_connections: u64,
+    /// How long an HTTP connection's answer may wait for its peer to read
+    /// any of it before the connection is closed, in ms.
+    pub http_write_timeout: u64,
     /// Cap on the HTTP/2 streams of one connection (both ports).
     pub max_streams_per_connection: u64,
     /// Cap on gRPC connections that have shown no credential yet (with
@@ -155,6 +157,7 @@ impl Default for Limits {
             max_handshakes: 1_024,
             handshake_timeout: 5_000,
             max_http_connections: 256,
+            http_write_timeout: 10_000,
             max_streams_per_connection: 256,
             max_strangers: 5_000,
             max_strangers_per_peer: 256,

@@ -31,8 +31,8 @@ enum Command {
         /// Who will hold it (shown in logs and in isolate records).
         #[arg(long)]
         name: String,
-        /// caller, operator or admin.
-        #[arg(long, default_value = "caller", value_parser = ["caller", "operator", "admin"])]
+        /// metrics, caller, operator or admin.
+        #[arg(long, default_value = "caller", value_parser = ["metrics", "caller", "operator", "admin"])]
         role: String,
         /// A key pattern it may touch, e.g. "checkout/*" (repeat the flag);
         /// none means every key.

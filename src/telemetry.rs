@@ -49,6 +49,11 @@ pub struct Figures {
     pub exported: AtomicU64,
     /// Spans dropped because an export failed.
     pub failed: AtomicU64,
+    /// Spans dropped because `max_queued_spans` were waiting for export.
+    pub dropped: AtomicU64,
+    /// Spans waiting for export now (handed to the batch, not yet to an
+    /// export).
+    queued: AtomicU64,
     /// Whether the last export failed (the log said so once).
     failing: AtomicBool,
 }
@@ -90,11 +95,29 @@ impl Telemetry {
             endpoint: config.otlp_endpoint.clone(),
             figures: figures.clone(),
         };
-        let sampler =
-            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(config.sample_ratio)));
-        let provider = SdkTracerProvider::builder()
-            .with_span_processor(BatchSpanProcessor::builder(exporter).build())
-            .with_sampler(sampler)
+        let queue = config.max_queued_spans.max(1);
+        let batch = BatchSpanProcessor::builder(exporter)
+            .with_batch_config(
+                opentelemetry_sdk::trace::BatchConfigBuilder::default()
+                    .with_max_queue_size(queue)
+                    .with_max_export_batch_size(queue.min(512))
+                    .build(),
+            )
+            .build();
+        let processor = Bounded {
+            inner: batch,
+            figures: figures.clone(),
+            cap: queue as u64,
+        };
+        let builder = SdkTracerProvider::builder().with_span_processor(processor);
+        let builder = if config.follow_caller_sampling {
+            builder.with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+                config.sample_ratio,
+            ))))
+        } else {
+            builder.with_sampler(OwnRatio(config.sample_ratio))
+        };
+        let provider = builder
             .with_resource(
                 opentelemetry_sdk::Resource::builder()
                     .with_service_name(config.service_name.clone())
@@ -149,7 +172,10 @@ impl Telemetry {
                 KeyValue::new("rpc.method", method),
             ])
             .start_with_context(&self.tracer, parent);
-        Trace(Some(Box::new(span)))
+        Trace(Some(Box::new(Recorded {
+            span,
+            pending: Vec::new(),
+        })))
     }
 
     /// Sends the spans not yet sent (at most [`SHUTDOWN_TIMEOUT`]) and stops.
@@ -187,7 +213,16 @@ impl Extractor for Headers<'_> {
 /// records nothing and every method returns at once.
 #[derive(Debug)]
 #[must_use]
-pub struct Trace(Option<Box<opentelemetry_sdk::trace::Span>>);
+pub struct Trace(Option<Box<Recorded>>);
+
+/// A recorded span and what is known of its call, put on the span only
+/// once the call is past authorization ([`Trace::ended`]): a refused
+/// call's span carries nothing its caller chose.
+#[derive(Debug)]
+struct Recorded {
+    span: opentelemetry_sdk::trace::Span,
+    pending: Vec<KeyValue>,
+}
 
 impl Trace {
     /// No span: telemetry is off.
@@ -195,13 +230,14 @@ impl Trace {
 
     /// Whether a span is being recorded.
     pub fn is_on(&self) -> bool {
-        self.0.as_ref().is_some_and(|s| s.is_recording())
+        self.0.as_ref().is_some_and(|r| r.span.is_recording())
     }
 
-    /// Sets the attribute `make` builds, only when a span is recorded.
+    /// Keeps the attribute `make` builds, only when a span is recorded;
+    /// it is set when the call ends past authorization ([`Trace::ended`]).
     pub fn attribute(&mut self, make: impl FnOnce() -> KeyValue) {
-        if let Some(span) = self.0.as_mut().filter(|s| s.is_recording()) {
-            span.set_attribute(make());
+        if let Some(recorded) = self.0.as_mut().filter(|r| r.span.is_recording()) {
+            recorded.pending.push(make());
         }
     }
 
@@ -211,16 +247,36 @@ impl Trace {
     }
 
     /// The gRPC status of the call (`rpc.grpc.status_code`), and the span's
-    /// error status when it failed.
+    /// error status when it failed. The attributes kept so far are set
+    /// only when the call was not refused for its credential
+    /// (UNAUTHENTICATED, PERMISSION_DENIED): such a span carries the
+    /// method and the code, and no word its caller chose (not even the
+    /// refusal's message, which names the key).
     pub fn ended<T>(&mut self, result: &Result<T, tonic::Status>) {
-        let Some(span) = self.0.as_mut().filter(|s| s.is_recording()) else {
+        let Some(recorded) = self.0.as_mut().filter(|r| r.span.is_recording()) else {
             return;
         };
+        let refused = matches!(
+            result,
+            Err(s) if matches!(s.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied)
+        );
+        let pending = std::mem::take(&mut recorded.pending);
+        let span = &mut recorded.span;
+        if !refused {
+            for attribute in pending {
+                span.set_attribute(attribute);
+            }
+        }
         match result {
             Ok(_) => span.set_attribute(KeyValue::new("rpc.grpc.status_code", 0_i64)),
             Err(status) => {
                 span.set_attribute(KeyValue::new("rpc.grpc.status_code", status.code() as i64));
-                span.set_status(SpanStatus::error(status.message().to_owned()));
+                let message = if refused {
+                    format!("{:?}", status.code())
+                } else {
+                    status.message().to_owned()
+                };
+                span.set_status(SpanStatus::error(message));
             }
         }
     }
@@ -270,9 +326,91 @@ impl Trace {
 
 impl Drop for Trace {
     fn drop(&mut self) {
-        if let Some(span) = self.0.as_mut() {
-            span.end();
+        // Attributes never settled by `ended` are not set.
+        if let Some(recorded) = self.0.as_mut() {
+            recorded.span.end();
         }
+    }
+}
+
+/// The sampler with `[telemetry] follow_caller_sampling = false`: the
+/// share `sample_ratio` of calls, drawn at random, whatever the caller's
+/// `traceparent` says (its sampled flag and its trace id, both its own
+/// choice). The caller's trace is still continued when kept.
+#[derive(Clone, Debug)]
+struct OwnRatio(f64);
+
+impl opentelemetry_sdk::trace::ShouldSample for OwnRatio {
+    fn should_sample(
+        &self,
+        parent: Option<&Context>,
+        _trace_id: opentelemetry::trace::TraceId,
+        _name: &str,
+        _kind: &SpanKind,
+        _attributes: &[KeyValue],
+        _links: &[opentelemetry::trace::Link],
+    ) -> opentelemetry_sdk::trace::SamplingResult {
+        use opentelemetry::trace::TraceContextExt as _;
+        let keep = self.0 >= 1.0 || rand::random::<f64>() < self.0;
+        opentelemetry_sdk::trace::SamplingResult {
+            decision: if keep {
+                opentelemetry_sdk::trace::SamplingDecision::RecordAndSample
+            } else {
+                opentelemetry_sdk::trace::SamplingDecision::Drop
+            },
+            attributes: Vec::new(),
+            trace_state: parent
+                .map(|cx| cx.span().span_context().trace_state().clone())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// The batch processor, with its queue bounded here so that what does
+/// not fit is counted (`fusebox_trace_spans_dropped_total`): at most `cap`
+/// spans wait for export; past it a new span is dropped.
+#[derive(Debug)]
+struct Bounded<P> {
+    inner: P,
+    figures: Arc<Figures>,
+    cap: u64,
+}
+
+impl<P: opentelemetry_sdk::trace::SpanProcessor> opentelemetry_sdk::trace::SpanProcessor
+    for Bounded<P>
+{
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        let room = self
+            .figures
+            .queued
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.cap).then_some(n + 1)
+            });
+        if room.is_ok() {
+            self.inner.on_end(span);
+        } else if let Some(n) = crate::connections::seldom(&self.figures.dropped, 1) {
+            tracing::warn!(
+                dropped = n,
+                "dropping a span: [telemetry] max_queued_spans ({}) wait for the receiver already; it is slow or down, or spans come faster than it takes them",
+                self.cap
+            );
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
     }
 }
 
@@ -296,6 +434,13 @@ struct OnRuntime<E> {
 impl<E: SpanExporter + 'static> SpanExporter for OnRuntime<E> {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let count = batch.len() as u64;
+        // Out of the queue ([`Bounded`]), whatever the export's fate.
+        let _ = self
+            .figures
+            .queued
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(count))
+            });
         let inner = self.inner.clone();
         let sent = self
             .runtime

@@ -9,8 +9,10 @@ the real server, whose /readyz answers on the probe's scheme."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+import shutil
 import ssl
 import subprocess
 import tomllib
@@ -30,8 +32,26 @@ NAMESPACE = "limits"
 CLUSTER = ["redis-0.redis:6379", "redis-1.redis:6379", "redis-2.redis:6379"]
 
 
-def render(helm: Path, values: dict, *, ok: bool = True) -> list[dict] | str:
-    """The chart's objects with `values` (or, with ok=False, helm's error)."""
+ADMIN_TOKEN = "admin-" + "a" * 58
+METRICS_TOKEN = "metrics-" + "m" * 56
+
+
+def with_tokens(values: dict) -> dict:
+    """`values` with the tokens the chart requires (auth is on by default),
+    unless they name their own Secret or tokens."""
+    auth = dict(values.get("auth", {}))
+    if auth.get("enabled", True) and not auth.get("existingSecret"):
+        auth.setdefault("token", ADMIN_TOKEN)
+        if auth.get("metrics") == "token":
+            auth.setdefault("metricsToken", METRICS_TOKEN)
+    return {**values, "auth": auth}
+
+
+def render(helm: Path, values: dict, *, ok: bool = True, tokens: bool = True) -> list[dict] | str:
+    """The chart's objects with `values` (or, with ok=False, helm's error);
+    with `tokens`, the required tokens are filled in."""
+    if tokens:
+        values = with_tokens(values)
     out = subprocess.run(
         [str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", "-"],
         input=json.dumps(values),
@@ -97,7 +117,7 @@ def test_helm_lint(helm: Path):
     for values in ({}, case(True, True, True)):
         out = subprocess.run(
             [str(helm), "lint", "--strict", str(CHART), "--values", "-"],
-            input=json.dumps(values),
+            input=json.dumps(with_tokens(values)),
             capture_output=True,
             text=True,
         )
@@ -108,7 +128,7 @@ def test_helm_lint(helm: Path):
 def test_renders_valid_and_consistent(helm: Path, store: bool, tls: bool, auth: bool):
     objects = render(helm, case(store, tls, auth))
     kinds = sorted(o["kind"] for o in objects)
-    expected = ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "ServiceMonitor"]
+    expected = ["ConfigMap", "Deployment", "NetworkPolicy", "PodDisruptionBudget", "Service", "ServiceMonitor"]
     assert kinds == sorted(expected + (["Secret"] if auth else []))
 
     # The Kubernetes schemas, strictly (no unknown fields). The
@@ -240,10 +260,14 @@ def test_existing_secret_and_metrics_token(helm: Path):
     (container,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
     ref = {e["name"]: e for e in container["env"]}["FUSEBOX_TOKEN"]["valueFrom"]["secretKeyRef"]
     assert ref == {"name": "ops-tokens", "key": "admin"}
+    metrics = {e["name"]: e for e in container["env"]}["FUSEBOX_METRICS_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert metrics == {"name": "ops-tokens", "key": "metrics-token"}
     (endpoint,) = one(objects, "ServiceMonitor")["spec"]["endpoints"]
-    assert endpoint["authorization"]["credentials"] == {"name": "ops-tokens", "key": "admin"}
+    # Prometheus shows the scrapers' token, never the admin's.
+    assert endpoint["authorization"]["credentials"] == {"name": "ops-tokens", "key": "metrics-token"}
     config = tomllib.loads(one(objects, "ConfigMap")["data"]["fusebox.toml"])
     assert config["auth"]["metrics"] == "token"
+    assert {"name": "metrics", "role": "metrics", "env": "FUSEBOX_METRICS_TOKEN"} in config["auth"]["token"]
 
 
 def test_extra_tokens_and_single_redis(helm: Path):
@@ -298,6 +322,15 @@ def test_persistence_mounts_the_data_dir(helm: Path):
             "persistence.enabled is for embedded mode",
         ),
         ({"auth": {"tokens": [{"name": "x", "role": "caller"}]}}, "auth.tokens[].sha256 is required"),
+        ({"auth": {"token": "short"}}, "auth.token must be at least 32 characters"),
+        (
+            {"auth": {"metrics": "token", "metricsToken": "admin-" + "a" * 58}},
+            "auth.metricsToken must differ from auth.token",
+        ),
+        (
+            {"store": {"enabled": True, "redisUrl": "redis://fusebox:s3cret@redis:6379"}},
+            "store.redisUrl must not hold a user or password",
+        ),
     ],
 )
 def test_refuses_bad_values_naming_the_field(helm: Path, values: dict, says: str):
@@ -407,3 +440,94 @@ def test_rendered_store_args_start_the_server_on_redis(helm: Path, tmp_path: Pat
     finally:
         redis.proc.terminate()
         redis.proc.wait()
+
+
+def test_the_token_is_required_and_the_same_at_every_render(helm: Path):
+    """No lookup and no random token: without one the chart says what to
+    set; with one, every `helm template` renders the same Secret."""
+    says = render(helm, {}, ok=False, tokens=False)
+    assert "auth.token is required" in says
+    says = render(helm, {"auth": {"token": ADMIN_TOKEN, "metrics": "token"}}, ok=False, tokens=False)
+    assert "auth.metricsToken is required" in says
+    first, second = (one(render(helm, {}), "Secret") for _ in range(2))
+    assert first == second
+    assert first["data"]["token"] == base64.b64encode(ADMIN_TOKEN.encode()).decode()
+    template = (CHART / "templates" / "secret.yaml").read_text()
+    assert "lookup" not in template.replace("No lookup", "") and "randAlpha" not in template
+
+
+def test_metrics_token_is_the_scrapers_own(helm: Path):
+    objects = render(helm, {"auth": {"metrics": "token"}, "serviceMonitor": {"enabled": True}})
+    secret = one(objects, "Secret")
+    name = secret["metadata"]["name"]
+    assert base64.b64decode(secret["data"]["metrics-token"]).decode() == METRICS_TOKEN
+    (endpoint,) = one(objects, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["authorization"]["credentials"] == {"name": name, "key": "metrics-token"}
+    (container,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
+    assert env["FUSEBOX_METRICS_TOKEN"] == {"name": name, "key": "metrics-token"}
+    assert env["FUSEBOX_TOKEN"] == {"name": name, "key": "token"}
+    config = tomllib.loads(one(objects, "ConfigMap")["data"]["fusebox.toml"])
+    roles = {t["name"]: t["role"] for t in config["auth"]["token"]}
+    assert roles == {"admin": "admin", "metrics": "metrics"}
+    # With /metrics open, no metrics token is asked for or made.
+    objects = render(helm, {})
+    assert "metrics-token" not in one(objects, "Secret")["data"]
+
+
+def rendered_notes(helm: Path, values: dict, tmp_path: Path) -> str:
+    """NOTES.txt as `helm install` would print it, rendered without a
+    cluster: a copy of the chart whose extra ConfigMap holds the notes."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    shutil.copy(chart / "templates" / "NOTES.txt", chart / "notes.txt")
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\n"
+        'data:\n  notes: {{ tpl (.Files.Get "notes.txt") . | quote }}\n'
+    )
+    out = subprocess.run(
+        [str(helm), "template", RELEASE, str(chart), "--namespace", NAMESPACE, "--values", "-"],
+        input=json.dumps(values),
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    (notes,) = [d for d in yaml.safe_load_all(out.stdout) if d and d["metadata"]["name"] == "notes"]
+    return notes["data"]["notes"]
+
+
+def test_no_secret_in_arguments_or_notes(helm: Path, tmp_path: Path):
+    """The tokens reach the pod from the Secret (env); neither they nor
+    their base64 appear in the container's arguments, its plain env values
+    or NOTES.txt."""
+    values = with_tokens({**case(True, True, True), "auth": {"metrics": "token"}})
+    notes = rendered_notes(helm, values, tmp_path)
+    assert "kubectl get secret" in notes
+    objects = render(helm, values)
+    (container,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    plain = json.dumps(container.get("args", [])) + json.dumps([e for e in container["env"] if "value" in e]) + notes
+    for token in (ADMIN_TOKEN, METRICS_TOKEN):
+        assert token not in plain
+        assert base64.b64encode(token.encode()).decode() not in plain
+        assert token not in json.dumps([o for o in objects if o["kind"] != "Secret"])
+
+
+def test_network_policy_lets_in_the_namespace_to_the_two_ports(helm: Path):
+    values = {"networkPolicy": {"from": [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]}}
+    objects = render(helm, values)
+    policy = one(objects, "NetworkPolicy")
+    kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+    spec = policy["spec"]
+    pods = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert spec["podSelector"]["matchLabels"].items() <= pods.items()
+    assert spec["policyTypes"] == ["Ingress"]
+    (rule,) = spec["ingress"]
+    (container,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    named = {p["name"] for p in container["ports"]}
+    assert {p["port"] for p in rule["ports"]} == {"grpc", "http"} <= named | {"grpc", "http"}
+    assert {"grpc", "http"} <= named
+    assert {"podSelector": {}} in rule["from"]
+    assert {"namespaceSelector": {"matchLabels": {"team": "monitoring"}}} in rule["from"]
+    # Opt out.
+    objects = render(helm, {"networkPolicy": {"enabled": False}})
+    assert not [o for o in objects if o["kind"] == "NetworkPolicy"]

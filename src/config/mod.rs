@@ -91,6 +91,9 @@ pub struct ServerSpec {
     pub max_handshakes: Option<u64>,
     /// Cap on open HTTP connections.
     pub max_http_connections: Option<u64>,
+    /// How long an HTTP answer may wait for its peer to read any of it
+    /// before the connection is closed.
+    pub http_write_timeout: Option<DurationSpec>,
     /// Cap on the HTTP/2 streams one connection may have open at once,
     /// announced in its SETTINGS (SETTINGS_MAX_CONCURRENT_STREAMS).
     pub max_streams_per_connection: Option<u64>,
@@ -161,6 +164,8 @@ pub struct Limits {
     pub max_handshakes: u64,
     /// Cap on open HTTP connections.
     pub max_http_connections: u64,
+    /// How long an HTTP answer may wait for its peer to read any of it.
+    pub http_write_timeout: Millis,
     /// Cap on the HTTP/2 streams of one connection (both ports).
     pub max_streams_per_connection: u64,
     /// Cap on the rules in force.
@@ -187,6 +192,9 @@ pub const MAX_STUCK_STREAM_TIMEOUT: Millis = 600_000;
 /// The longest `[server] handshake_timeout`.
 pub const MAX_HANDSHAKE_TIMEOUT: Millis = 60_000;
 
+/// The longest `[server] http_write_timeout`.
+pub const MAX_HTTP_WRITE_TIMEOUT: Millis = 600_000;
+
 /// The longest `[server] commit_window`: changes older than this are on
 /// disk, so a crash loses at most this much of breaker history.
 pub const MAX_COMMIT_WINDOW: Millis = 1_000;
@@ -209,6 +217,7 @@ impl Default for Limits {
             max_handshakes: connections.max_handshakes,
             handshake_timeout: connections.handshake_timeout,
             max_http_connections: connections.max_http_connections,
+            http_write_timeout: connections.http_write_timeout,
             max_streams_per_connection: connections.max_streams_per_connection,
             max_strangers: connections.max_strangers,
             max_strangers_per_peer: connections.max_strangers_per_peer,
@@ -256,6 +265,7 @@ impl Limits {
             max_handshakes: self.max_handshakes,
             handshake_timeout: self.handshake_timeout,
             max_http_connections: self.max_http_connections,
+            http_write_timeout: self.http_write_timeout,
             max_streams_per_connection: self.max_streams_per_connection,
             max_strangers: self.max_strangers,
             max_strangers_per_peer: self.max_strangers_per_peer,
@@ -547,6 +557,19 @@ impl ConfigFile {
             Some(d) => d.0,
             None => defaults.handshake_timeout,
         };
+        let http_write_timeout = match self.server.http_write_timeout {
+            Some(DurationSpec(ms)) if !(100..=MAX_HTTP_WRITE_TIMEOUT).contains(&ms) => {
+                return Err(ConfigError::server(
+                    "http_write_timeout",
+                    format!(
+                        "must be from 100ms to {} s, not {ms}ms: it is how long an HTTP answer may wait for its peer to read any of it",
+                        MAX_HTTP_WRITE_TIMEOUT / 1000
+                    ),
+                ))
+            }
+            Some(DurationSpec(ms)) => ms,
+            None => defaults.http_write_timeout,
+        };
         let commit_window = match self.server.commit_window {
             Some(DurationSpec(ms)) if !(1..=MAX_COMMIT_WINDOW).contains(&ms) => {
                 return Err(ConfigError::server(
@@ -683,6 +706,7 @@ impl ConfigFile {
                     "max_http_connections",
                     defaults.max_http_connections,
                 )?,
+                http_write_timeout,
                 max_streams_per_connection: cap(
                     self.server.max_streams_per_connection,
                     "max_streams_per_connection",

@@ -28,6 +28,13 @@ pub struct TelemetrySpec {
     /// gRPC metadata sent with every export (for a receiver's
     /// authentication), lower-case names.
     pub headers: Option<BTreeMap<String, String>>,
+    /// Whether a caller's sampled flag (`traceparent`) decides if its
+    /// trace is kept (true by default); false: only `sample_ratio` does,
+    /// drawn at random, whatever the caller sent.
+    pub follow_caller_sampling: Option<bool>,
+    /// Spans kept for export at most; past it new spans are dropped and
+    /// counted (2048 by default).
+    pub max_queued_spans: Option<u64>,
 }
 
 /// `[telemetry]`, validated.
@@ -41,6 +48,27 @@ pub struct TelemetryConfig {
     pub sample_ratio: f64,
     /// Metadata sent with every export.
     pub headers: Vec<(String, String)>,
+    /// Whether a caller's sampled flag decides if its trace is kept.
+    pub follow_caller_sampling: bool,
+    /// Spans kept for export at most.
+    pub max_queued_spans: usize,
+}
+
+/// The most spans `[telemetry] max_queued_spans` may keep.
+pub const MAX_QUEUED_SPANS: u64 = 65_536;
+
+/// Spans kept for export by default.
+pub const DEFAULT_QUEUED_SPANS: u64 = 2_048;
+
+/// Whether a header `name` carries a credential: sent in the clear to a
+/// plain `http://` receiver, anyone on the path could read it.
+fn is_credential(name: &str) -> bool {
+    matches!(name, "authorization" | "proxy-authorization" | "cookie")
+        || [
+            "token", "secret", "password", "api-key", "apikey", "api_key", "auth",
+        ]
+        .iter()
+        .any(|w| name.contains(w))
 }
 
 fn invalid(field: &str, problem: impl Into<String>) -> ConfigError {
@@ -111,12 +139,31 @@ impl TelemetrySpec {
                     "must be printable ASCII text",
                 ));
             }
+            // Every endpoint is plain http:// today (TLS is refused above).
+            if is_credential(name) {
+                return Err(invalid(
+                    &format!("headers.{name}"),
+                    format!("is a credential, and otlp_endpoint {otlp_endpoint:?} is plain http://: anyone on the path could read it; run a collector beside the server that adds it on a TLS link, or remove the header"),
+                ));
+            }
         }
+        let max_queued_spans = match self.max_queued_spans {
+            None => DEFAULT_QUEUED_SPANS,
+            Some(n) if (1..=MAX_QUEUED_SPANS).contains(&n) => n,
+            Some(n) => {
+                return Err(invalid(
+                    "max_queued_spans",
+                    format!("is {n}: must be from 1 to {MAX_QUEUED_SPANS}"),
+                ))
+            }
+        };
         Ok(TelemetryConfig {
             otlp_endpoint,
             service_name,
             sample_ratio,
             headers,
+            follow_caller_sampling: self.follow_caller_sampling.unwrap_or(true),
+            max_queued_spans: max_queued_spans as usize,
         })
     }
 }
@@ -220,5 +267,37 @@ mod tests {
             ..at("http://127.0.0.1:4317")
         };
         assert_eq!(field_of(value), "headers.authorization");
+        let queue = TelemetrySpec {
+            max_queued_spans: Some(0),
+            ..at("http://127.0.0.1:4317")
+        };
+        assert_eq!(field_of(queue), "max_queued_spans");
+    }
+
+    /// A credential header would cross the network in the clear to a
+    /// plain http:// receiver: refused at load, naming the field; other
+    /// headers are taken.
+    #[test]
+    fn credential_headers_on_a_plain_endpoint_are_refused() {
+        for name in [
+            "authorization",
+            "x-api-key",
+            "x-auth-token",
+            "proxy-authorization",
+        ] {
+            let spec = TelemetrySpec {
+                headers: Some([(name.to_owned(), "Bearer s3cret".to_owned())].into()),
+                ..at("http://collector.internal:4317")
+            };
+            assert_eq!(field_of(spec), format!("headers.{name}"));
+        }
+        let tenant = TelemetrySpec {
+            headers: Some([("x-scope-orgid".to_owned(), "team-a".to_owned())].into()),
+            ..at("http://collector.internal:4317")
+        };
+        let config = tenant.validate().expect("not a credential");
+        assert_eq!(config.headers.len(), 1);
+        assert!(config.follow_caller_sampling, "the default");
+        assert_eq!(config.max_queued_spans, 2048);
     }
 }

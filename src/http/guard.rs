@@ -101,7 +101,7 @@ fn check_names(headers: &HeaderMap, configured: &[String]) -> Result<(), ApiErro
 /// The role a path needs, or `None` when it is open.
 fn role_for(path: &str, metrics_open: bool) -> Option<Role> {
     match path {
-        "/metrics" if !metrics_open => Some(Role::Operator),
+        "/metrics" if !metrics_open => Some(Role::Metrics),
         p if p.starts_with("/api/") => Some(Role::Operator),
         _ => None,
     }

@@ -51,7 +51,8 @@ pub async fn serve_with(
 /// Each connection takes one of `[server] max_http_connections` slots at
 /// accept (past the cap it is closed at once, counted); its upgrade and
 /// then each request's headers must arrive within `[server]
-/// handshake_timeout`, else it is closed.
+/// handshake_timeout`, else it is closed. An answer whose peer reads none
+/// of it for `[server] http_write_timeout` closes its connection.
 pub async fn serve_upgraded<U: Upgrade>(
     listener: tokio::net::TcpListener,
     node: Arc<Node>,
@@ -62,6 +63,7 @@ pub async fn serve_upgraded<U: Upgrade>(
     let limits = node.limits().connections();
     let caps = node.ports().caps();
     let timeout = Duration::from_millis(limits.handshake_timeout);
+    let write_timeout = Duration::from_millis(limits.http_write_timeout);
     let state = AppState::new(node, options);
     let slots = state.slots.clone();
     let backoffs = state.node.ports().clone();
@@ -77,16 +79,28 @@ pub async fn serve_upgraded<U: Upgrade>(
             accepted = connections::accept(&listener, "HTTP", &backoffs.figures().accept_backoffs) => accepted,
             () = &mut stop => break,
         };
-        let Some(slot) = slots::HttpSlot::take(&slots, caps.max_http_connections) else {
+        let Some(mut slot) = slots::HttpSlot::take(&slots, caps.max_http_connections) else {
             continue;
         };
+        // Past the cap, the idle connection closed for this one's room
+        // goes first (it closes both ways at once), before any other is
+        // accepted: so a flood never holds more sockets than the cap.
+        tokio::select! {
+            _ = tokio::time::timeout(timeout, slot.room()) => {}
+            () = &mut stop => break,
+        }
         let _ = tcp.set_nodelay(true);
         let router = router.clone();
         let upgrade = upgrade.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let slot = Arc::new(slot);
-            let stream = match tokio::time::timeout(timeout, upgrade.upgrade(tcp)).await {
+            let upgraded = tokio::select! {
+                upgraded = tokio::time::timeout(timeout, upgrade.upgrade(tcp)) => upgraded,
+                // Closed for room during its handshake.
+                () = slot.closing() => return,
+            };
+            let stream = match upgraded {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(e)) => {
                     tracing::debug!(%peer, "closing an HTTP connection whose handshake failed: {e}");
@@ -98,7 +112,8 @@ pub async fn serve_upgraded<U: Upgrade>(
             // with mutual TLS, the client certificate's names.
             let identity = U::identity(&stream);
             // Each request keeps the connection busy until its answer is
-            // sent, so that only idle connections are closed for room.
+            // written to the socket, so that only idle connections are
+            // closed for room.
             let tracked = slot.clone();
             let service =
                 tower::service_fn(move |mut request: axum::http::Request<Incoming>| {
@@ -119,7 +134,10 @@ pub async fn serve_upgraded<U: Upgrade>(
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(timeout)
-                .serve_connection(hyper_util::rt::TokioIo::new(slot.wrap(stream)), service);
+                .serve_connection(
+                    hyper_util::rt::TokioIo::new(slot.wrap(stream, write_timeout)),
+                    service,
+                );
             if let Err(e) = watcher.watch(connection).await {
                 tracing::debug!(%peer, "an HTTP connection ended: {e}");
             }

@@ -111,6 +111,9 @@ pub struct HttpFigures {
     pub connections_refused: u64,
     /// Idle HTTP connections closed to make room for a new one.
     pub idle_closed: u64,
+    /// HTTP connections closed because their peer read nothing of an
+    /// answer for `http_write_timeout`.
+    pub write_timed_out: u64,
 }
 
 /// What every handler shares: one server's HTTP side.
@@ -156,6 +159,7 @@ impl AppState {
             connections: slots.connections,
             connections_refused: slots.refused,
             idle_closed: slots.idle_closed,
+            write_timed_out: slots.write_timed_out,
         }
     }
 }

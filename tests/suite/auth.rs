@@ -16,7 +16,7 @@ use crate::command::{client, fusebox};
 use crate::harness::{eventually, ms, Options, Server};
 
 /// The credentials of the table, in column order.
-const CREDENTIALS: [(&str, Option<&str>); 7] = [
+const CREDENTIALS: [(&str, Option<&str>); 8] = [
     ("none", None),
     ("unknown", Some("not-a-token-this-server-knows")),
     ("caller-a", Some("caller-a-token-0123456789")),
@@ -24,6 +24,7 @@ const CREDENTIALS: [(&str, Option<&str>); 7] = [
     ("operator-a", Some("operator-a-token-0123456789")),
     ("admin-a", Some("admin-a-token-0123456789")),
     ("admin", Some("admin-token-0123456789abcdef")),
+    ("metrics", Some("metrics-token-0123456789")),
 ];
 
 fn config() -> String {
@@ -45,6 +46,7 @@ fn config() -> String {
         entry("operator-a", "operator", "prefixes = [\"a/*\"]\n"),
         entry("admin-a", "admin", "prefixes = [\"a/*\"]\n"),
         entry("admin", "admin", ""),
+        entry("metrics", "metrics", ""),
     ]
     .concat()
 }
@@ -239,30 +241,30 @@ async fn rpc(server: &Server, call: &str, token: Option<&str>) -> char {
 }
 
 /// The gRPC table. Columns: none, unknown, caller-a, caller-b, operator-a,
-/// admin-a, admin.
+/// admin-a, admin, metrics (a scraper's token: `/metrics` only).
 const RPC_TABLE: &[(&str, &str)] = &[
-    ("Acquire a/k", "UU+D+++"),
-    ("Acquire b/k", "UUD+DD+"),
-    ("Complete a/ ticket", "UU+D+++"),
-    ("Complete b/ ticket", "UUD+DD+"),
-    ("Renew a/ ticket", "UU+D+++"),
-    ("Renew b/ ticket", "UUD+DD+"),
-    ("GetKey a/k", "UUDD+++"),
-    ("GetKey b/k", "UUDDDD+"),
-    ("Isolate a/k", "UUDD+++"),
-    ("Close a/k", "UUDD+++"),
-    ("Isolate b/k", "UUDDDD+"),
-    ("ListKeys a/", "UUDD+++"),
-    ("ListKeys (all)", "UUDDDD+"),
-    ("Watch a/", "UUDD+++"),
-    ("Watch (all)", "UUDDDD+"),
-    ("ListPolicies", "UUDD+++"),
-    ("SetPolicy a/*", "UUDDD++"),
-    ("SetPolicy b/*", "UUDDDD+"),
-    ("SetPolicy default", "UUDDDD+"),
-    ("DeletePolicy a/x", "UUDDD++"),
-    ("Advance", "UUDDDD+"),
-    ("Health", "+++++++"),
+    ("Acquire a/k", "UU+D+++D"),
+    ("Acquire b/k", "UUD+DD+D"),
+    ("Complete a/ ticket", "UU+D+++D"),
+    ("Complete b/ ticket", "UUD+DD+D"),
+    ("Renew a/ ticket", "UU+D+++D"),
+    ("Renew b/ ticket", "UUD+DD+D"),
+    ("GetKey a/k", "UUDD+++D"),
+    ("GetKey b/k", "UUDDDD+D"),
+    ("Isolate a/k", "UUDD+++D"),
+    ("Close a/k", "UUDD+++D"),
+    ("Isolate b/k", "UUDDDD+D"),
+    ("ListKeys a/", "UUDD+++D"),
+    ("ListKeys (all)", "UUDDDD+D"),
+    ("Watch a/", "UUDD+++D"),
+    ("Watch (all)", "UUDDDD+D"),
+    ("ListPolicies", "UUDD+++D"),
+    ("SetPolicy a/*", "UUDDD++D"),
+    ("SetPolicy b/*", "UUDDDD+D"),
+    ("SetPolicy default", "UUDDDD+D"),
+    ("DeletePolicy a/x", "UUDDD++D"),
+    ("Advance", "UUDDDD+D"),
+    ("Health", "++++++++"),
 ];
 
 #[tokio::test]
@@ -281,7 +283,7 @@ async fn every_rpc_answers_each_role_and_namespace_as_the_table_says() {
     }
     assert!(
         wrong.is_empty(),
-        "columns: none, unknown, caller-a, caller-b, operator-a, admin-a, admin\n{}",
+        "columns: none, unknown, caller-a, caller-b, operator-a, admin-a, admin, metrics\n{}",
         wrong.join("\n")
     );
 }
@@ -379,19 +381,19 @@ async fn http(addr: &str, method: &str, path: &str, headers: &[(&str, String)]) 
 
 /// The HTTP table: `+` 2xx, `U` 401, `D` 403. Columns as for gRPC.
 const HTTP_TABLE: &[(&str, &str, &str)] = &[
-    ("GET", "/", "+++++++"),
-    ("GET", "/app.js", "+++++++"),
-    ("GET", "/style.css", "+++++++"),
-    ("GET", "/healthz", "+++++++"),
-    ("GET", "/readyz", "+++++++"),
-    ("GET", "/metrics", "UUDDDD+"),
-    ("GET", "/api/overview", "UUDDDD+"),
-    ("GET", "/api/keys?prefix=a/", "UUDDDD+"),
-    ("GET", "/api/transitions", "UUDDDD+"),
-    ("GET", "/api/events", "UUDDDD+"),
-    ("POST", "/api/keys/a%2Fk/isolate", "UUDD+++"),
-    ("POST", "/api/keys/a%2Fk/close", "UUDD+++"),
-    ("POST", "/api/keys/b%2Fk/isolate", "UUDDDD+"),
+    ("GET", "/", "++++++++"),
+    ("GET", "/app.js", "++++++++"),
+    ("GET", "/style.css", "++++++++"),
+    ("GET", "/healthz", "++++++++"),
+    ("GET", "/readyz", "++++++++"),
+    ("GET", "/metrics", "UUDDDD++"),
+    ("GET", "/api/overview", "UUDDDD+D"),
+    ("GET", "/api/keys?prefix=a/", "UUDDDD+D"),
+    ("GET", "/api/transitions", "UUDDDD+D"),
+    ("GET", "/api/events", "UUDDDD+D"),
+    ("POST", "/api/keys/a%2Fk/isolate", "UUDD+++D"),
+    ("POST", "/api/keys/a%2Fk/close", "UUDD+++D"),
+    ("POST", "/api/keys/b%2Fk/isolate", "UUDDDD+D"),
 ];
 
 #[tokio::test]

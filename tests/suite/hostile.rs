@@ -167,6 +167,14 @@ fn handshake_settings_are_validated() {
             "[server]\nmax_http_connections = 0\n",
             "max_http_connections",
         ),
+        (
+            "[server]\nhttp_write_timeout = \"50ms\"\n",
+            "http_write_timeout",
+        ),
+        (
+            "[server]\nhttp_write_timeout = \"11m\"\n",
+            "http_write_timeout",
+        ),
     ] {
         let e = Config::parse(text, "test").expect_err(text).to_string();
         assert!(e.contains(field), "{text}: {e}");
@@ -178,6 +186,18 @@ fn handshake_settings_are_validated() {
     assert!(
         format!("{limits:?}").contains("handshake_timeout: 2000"),
         "{limits:?}"
+    );
+    let limits = Config::parse("[server]\nhttp_write_timeout = \"3s\"\n", "test")
+        .expect("valid")
+        .limits;
+    assert_eq!(limits.http_write_timeout, 3000);
+    assert_eq!(
+        Config::parse("", "test")
+            .expect("valid")
+            .limits
+            .http_write_timeout,
+        10_000,
+        "the default"
     );
 }
 
@@ -258,6 +278,147 @@ async fn idle_http_sockets_cannot_starve_grpc() {
     );
     let cap = metric(&text, "fusebox_max_http_connections");
     assert!((1.0..600.0).contains(&cap), "lowered to fit: {cap}");
+}
+
+/// The sockets the process `pid` holds open (Linux: its `/proc/<pid>/fd`).
+#[cfg(target_os = "linux")]
+fn sockets_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the server's descriptors")
+        .filter_map(Result::ok)
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+        })
+        .count()
+}
+
+/// Connections waiting to be accepted on the listener of `port` (Linux:
+/// the receive queue of a LISTEN socket in `/proc/net/tcp` is its accept
+/// queue).
+#[cfg(target_os = "linux")]
+fn accept_queue(port: u16) -> u64 {
+    let tcp = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    let local = format!(":{port:04X}");
+    tcp.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            let listening = fields.get(1)?.ends_with(&local) && *fields.get(3)? == "0A";
+            let queue = fields.get(4)?.split(':').nth(1)?;
+            listening.then(|| u64::from_str_radix(queue, 16).ok())?
+        })
+        .sum()
+}
+
+/// `GET path` on a new connection, as a well-behaved client: `None`
+/// unless a whole 200 answer comes within a second.
+async fn served(http: &str, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(http).await.ok()?;
+    let head = format!("GET {path} HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.ok()?;
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(1), stream.read_to_end(&mut raw))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    text.starts_with("HTTP/1.1 200").then_some(text)
+}
+
+/// 80 tokenless connections that pipeline `GET /app.js` and never read
+/// their answers hold no more than `max_http_connections = 32` sockets of
+/// the server (counted in its `/proc/<pid>/fd`): a connection whose answer
+/// is not written out is busy, so the ones past the cap are refused at
+/// once, and the stalled ones are closed after `http_write_timeout`; then a
+/// well-behaved client is served.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn http_clients_that_never_read_hold_no_more_than_the_cap() {
+    const CAP: usize = 32;
+    const FLOOD: usize = 80;
+    // Answers enough to fill both sockets' buffers many times over.
+    const PIPELINED: usize = 400;
+    let server = Server::start(Options {
+        config: Some("[server]\nmax_http_connections = 32\nhttp_write_timeout = \"2s\"\n"),
+        ..Options::default()
+    })
+    .await;
+    let http = server.http_addr.clone().expect("HTTP");
+    let port: u16 = http
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("a port");
+    let pid = server.child.id().expect("the server runs");
+    let before = sockets_of(pid);
+    let requests = format!("GET /app.js HTTP/1.1\r\nHost: {http}\r\n\r\n").repeat(PIPELINED);
+    let most = std::sync::atomic::AtomicUsize::new(0);
+    let seen = || {
+        let now = sockets_of(pid).saturating_sub(before);
+        most.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+    };
+    let mut flood = Vec::with_capacity(FLOOD);
+    for _ in 0..FLOOD {
+        // A small receive buffer: what the server sends stays unread in
+        // its own buffers rather than in this process's.
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        let mut socket = socket
+            .connect(http.parse().expect("an address"))
+            .await
+            .expect("connects");
+        // A refused connection is closed already: its write may fail.
+        let _ = socket.write_all(requests.as_bytes()).await;
+        flood.push(socket);
+        seen();
+    }
+    // Once every connection of the flood is accepted, a well-behaved
+    // client is served (when the stalled ones have been closed).
+    let text = eventually("a well-behaved client is served", LIMIT, || async {
+        seen();
+        if accept_queue(port) > 0 {
+            return None;
+        }
+        let text = served(&http, "/metrics").await;
+        seen();
+        text
+    })
+    .await;
+    let most = most.load(std::sync::atomic::Ordering::Relaxed);
+    // The scrape's own connection, and one refused as it is closed.
+    assert!(
+        most <= CAP + 2,
+        "the server held {most} sockets of {FLOOD} that never read (cap {CAP})"
+    );
+    assert!(
+        metric(&text, "fusebox_http_connections") <= (CAP + 1) as f64,
+        "{text}"
+    );
+    // Each one past the cap was refused, or closed an idle one (between
+    // two answers) for its room.
+    assert!(
+        metric(&text, "fusebox_http_connections_refused_total")
+            + metric(&text, "fusebox_http_idle_closed_total")
+            >= (FLOOD - CAP) as f64,
+        "{text}"
+    );
+    // The stalled ones are closed, their sockets freed.
+    let text = eventually("the stalled connections are closed", LIMIT, || async {
+        let text = served(&http, "/metrics").await?;
+        let stalled = metric(&text, "fusebox_http_connections") > 1.0
+            || sockets_of(pid).saturating_sub(before) > 1;
+        (!stalled).then_some(text)
+    })
+    .await;
+    assert!(
+        metric(&text, "fusebox_http_write_timed_out_total") >= 1.0,
+        "{text}"
+    );
+    // Served again and again, not once by luck.
+    for _ in 0..3 {
+        assert!(served(&http, "/app.js").await.is_some());
+    }
+    drop(flood);
 }
 
 // ---------------------------------------------------------------------------

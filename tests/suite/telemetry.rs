@@ -446,3 +446,146 @@ async fn a_receiver_that_is_down_fails_no_call_and_is_logged_once() {
         "the lost spans are not mentioned: {logs}"
     );
 }
+
+/// `request` with the caller's trace context and `token`.
+fn traced_as<T>(message: T, token: &str) -> Request<T> {
+    let mut request = traced(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("ASCII"),
+    );
+    request
+}
+
+/// With `[auth]`, a call refused for its credential has a span with its
+/// method and code and nothing its caller chose: no `fusebox.key`, no
+/// refusal message (which names the key); an allowed call's span has them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_calls_span_carries_nothing_the_caller_chose() {
+    let (endpoint, mut rx) = receiver().await;
+    let config = format!(
+        "[telemetry]\notlp_endpoint = \"{endpoint}\"\n\n[auth]\n\n[[auth.token]]\nname = \"a\"\nrole = \"caller\"\nprefixes = [\"a/*\"]\nsha256 = \"{}\"\n",
+        fusebox::auth::hash_hex("caller-a-token-0123456789")
+    );
+    let server = Server::start(Options {
+        config: Some(&config),
+        ..Options::default()
+    })
+    .await;
+    let mut client = server.fusebox().await;
+    let evil = "b/attacker-chosen-value";
+    let refused = client
+        .acquire(traced_as(
+            crate::admin::one_permit(evil),
+            "caller-a-token-0123456789",
+        ))
+        .await
+        .expect_err("b/ is not a's");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    client
+        .acquire(traced_as(
+            crate::admin::one_permit("a/k"),
+            "caller-a-token-0123456789",
+        ))
+        .await
+        .expect("a/ is a's");
+    server.terminate();
+    let received = spans(&mut rx, 2).await;
+    let keys: Vec<Option<String>> = received
+        .iter()
+        .map(|r| text_of(&r.span.attributes, "fusebox.key"))
+        .collect();
+    assert!(keys.contains(&Some("a/k".to_owned())), "{received:#?}");
+    let denied = received
+        .iter()
+        .find(|r| {
+            matches!(
+                value_of(&r.span.attributes, "rpc.grpc.status_code"),
+                Some(Value::IntValue(7))
+            )
+        })
+        .unwrap_or_else(|| panic!("the refused call's span: {received:#?}"));
+    assert!(
+        !format!("{:?}", denied.span).contains("attacker-chosen"),
+        "{denied:#?}"
+    );
+    assert_eq!(
+        text_of(&denied.span.attributes, "rpc.method").as_deref(),
+        Some("Acquire")
+    );
+}
+
+/// With `follow_caller_sampling = false` and `sample_ratio = 0`, a
+/// caller's sampled flag keeps no trace: nothing reaches the receiver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_sampled_flag_can_be_ignored() {
+    let (endpoint, mut rx) = receiver().await;
+    let config = format!(
+        "[telemetry]\notlp_endpoint = \"{endpoint}\"\nsample_ratio = 0.0\nfollow_caller_sampling = false\n"
+    );
+    let mut server = Server::start(Options {
+        config: Some(&config),
+        ..Options::default()
+    })
+    .await;
+    let mut client = server.fusebox().await;
+    for i in 0..20 {
+        client
+            .acquire(traced(crate::admin::one_permit(&format!("k{i}"))))
+            .await
+            .expect("granted");
+    }
+    server.terminate();
+    // Once it has exited, whatever it would have sent is sent.
+    let logs = server.all_logs().await;
+    assert!(logs.contains("traces are sent over OTLP/gRPC"), "{logs}");
+    assert!(
+        rx.try_recv().is_err(),
+        "a span kept on the caller's word alone"
+    );
+}
+
+/// A receiver that never answers (a socket that accepts and stays
+/// silent): with `max_queued_spans = 4`, the spans that do not fit are
+/// dropped and counted on `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_past_a_full_queue_are_counted_as_dropped() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let endpoint = format!("http://{}", silent.local_addr().expect("an address"));
+    let held = tokio::spawn(async move {
+        let mut sockets = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            sockets.push(socket);
+        }
+    });
+    let config = format!("[telemetry]\notlp_endpoint = \"{endpoint}\"\nmax_queued_spans = 4\n");
+    let server = Server::start(Options {
+        config: Some(&config),
+        ..Options::default()
+    })
+    .await;
+    let mut client = server.fusebox().await;
+    const CALLS: usize = 50;
+    for i in 0..CALLS {
+        client
+            .acquire(traced(crate::admin::one_permit(&format!("k{i}"))))
+            .await
+            .expect("a call is served whatever the receiver does");
+    }
+    let metrics = crate::http::metrics_text(&server).await;
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name}:\n{metrics}"))
+    };
+    // At most 4 wait, and 4 more are in the one export that hangs.
+    let dropped = value("fusebox_trace_spans_dropped_total");
+    assert!(
+        dropped >= (CALLS - 8) as f64 && dropped <= CALLS as f64,
+        "{dropped} of {CALLS} dropped:\n{metrics}"
+    );
+    held.abort();
+}

@@ -383,6 +383,15 @@ pub const FAMILIES: &[Family] = &[
         read: |s, x| x.one(s.http.idle_closed),
     },
     Family {
+        name: "fusebox_http_write_timed_out_total",
+        kind: Type::Counter,
+        help: "HTTP connections closed because their peer read nothing of an answer for http_write_timeout.",
+        store_help: None,
+        labels: &[],
+        when: When::Always,
+        read: |s, x| x.one(s.http.write_timed_out),
+    },
+    Family {
         name: "fusebox_accept_backoffs_total",
         kind: Type::Counter,
         help: "Times accepting paused because the process was out of file descriptors.",
@@ -629,6 +638,15 @@ pub const FAMILIES: &[Family] = &[
         labels: &[],
         when: When::Telemetry,
         read: |s, x| x.one(s.node.telemetry().map_or(0, |t| load(&t.figures().failed))),
+    },
+    Family {
+        name: "fusebox_trace_spans_dropped_total",
+        kind: Type::Counter,
+        help: "Spans dropped because [telemetry] max_queued_spans were waiting for export (the receiver slow or down).",
+        store_help: None,
+        labels: &[],
+        when: When::Telemetry,
+        read: |s, x| x.one(s.node.telemetry().map_or(0, |t| load(&t.figures().dropped))),
     },
     Family {
         name: "fusebox_tls_reloads_total",

@@ -33,7 +33,7 @@ impl Shown {
         match self {
             Shown::Every => true,
             Shown::Of(grant) => grant
-                .on_key(crate::auth::Role::Operator, "GET /metrics", key)
+                .on_key(crate::auth::Role::Metrics, "GET /metrics", key)
                 .is_ok(),
             Shown::None => false,
         }

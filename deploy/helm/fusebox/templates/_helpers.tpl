@@ -30,6 +30,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if .Values.auth.existingSecret -}}{{ .Values.auth.existingSecretKey }}{{- else -}}token{{- end -}}
 {{- end -}}
 
+{{/* The key of the scrapers' token (role metrics) in the token Secret. */}}
+{{- define "fusebox.metricsTokenKey" -}}
+{{- if .Values.auth.existingSecret -}}{{ .Values.auth.existingSecretMetricsKey }}{{- else -}}metrics-token{{- end -}}
+{{- end -}}
+
+{{/* Whether scrapers show a token of their own (role metrics). */}}
+{{- define "fusebox.metricsToken" -}}
+{{- if and .Values.auth.enabled (eq .Values.auth.metrics "token") -}}true{{- end -}}
+{{- end -}}
+
 {{/* Where the pod finds its files. */}}
 {{- define "fusebox.configDir" -}}/etc/fusebox/config{{- end -}}
 {{- define "fusebox.tlsDir" -}}/etc/fusebox/tls{{- end -}}
@@ -46,6 +56,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if $s.clusterNodes -}}
 {{- printf "%s://%s" (ternary "rediss-cluster" "redis-cluster" $s.tls) (join "," $s.clusterNodes) -}}
 {{- else -}}
+{{- if regexMatch "^[a-z-]+://[^/]*@" $s.redisUrl -}}
+{{- fail "store.redisUrl must not hold a user or password: it would be in the pod's arguments; use store.user and store.passwordSecret" -}}
+{{- end -}}
 {{- $s.redisUrl -}}
 {{- end -}}
 {{- end -}}
