@@ -57,6 +57,14 @@ pub enum EngineError {
     /// The Redis store is full (`maxmemory`, `OOM`): `RESOURCE_EXHAUSTED`.
     #[error("the state store is full: {0}; nothing was changed; raise its maxmemory, give it more memory, or let keys go")]
     StoreFull(String),
+    /// The call's deadline passed before it was decided (it waited in
+    /// this server, or for the store): `DEADLINE_EXCEEDED`, nothing
+    /// charged (F1).
+    #[error("the call's deadline passed {late_ms} ms before it could be decided (it waited in fusebox or for the store); it was not decided and nothing was charged: retry with a longer deadline if the caller still wants the answer")]
+    DeadlineExceeded {
+        /// How long ago the deadline passed.
+        late_ms: u64,
+    },
     /// The server is shutting down: `UNAVAILABLE`.
     #[error("fusebox is shutting down; retry against another instance")]
     ShuttingDown,

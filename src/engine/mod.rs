@@ -26,6 +26,7 @@ mod api;
 mod charges;
 pub mod clock;
 pub mod core;
+pub mod deadline;
 mod durable;
 mod embedded;
 pub mod error;

@@ -226,6 +226,13 @@ pub struct StoreFigures {
     /// answers channel, named another key or ticket than their waiter's),
     /// by channel, in the order of [`NOTICE_CHANNELS`].
     pub notices_dropped: [AtomicU64; 3],
+    /// 1 while the breaker on the link to the store is open (the store
+    /// unreachable: calls answer UNAVAILABLE at once), else 0 (F7).
+    pub link_down: AtomicU64,
+    /// Times the breaker on the link opened.
+    pub link_breaks: AtomicU64,
+    /// Calls answered UNAVAILABLE at once because the breaker was open.
+    pub fast_failed: AtomicU64,
     /// Reads of the shared policies (the `fusebox:policies` key) whose
     /// content could not be verified; the running rules stayed.
     pub policies_unverified: AtomicU64,
@@ -359,6 +366,8 @@ impl Store {
         items: &[super::ChargeItem],
         share: Option<&Arc<Share>>,
     ) -> Result<super::ChargeReply, EngineError> {
+        // F1: a call whose deadline passed while it waited is not decided.
+        super::deadline::check()?;
         if let (Store::Redis(_), Some(share)) = (self, share) {
             let now = self.core().now();
             let idle_after = shares::key_idle_after(&self.core().limits());
@@ -374,6 +383,8 @@ impl Store {
 
     /// Answers an acquire (B1, P1–P6, C1–C4), waiting while queued.
     pub async fn acquire(&self, args: AcquireArgs) -> Result<AcquireReply, EngineError> {
+        // F1: a call whose deadline passed while it waited is not decided.
+        super::deadline::check()?;
         match self {
             Store::Embedded(e) => e.acquire(args).await,
             Store::Redis(r) => r.acquire(args).await,
@@ -393,6 +404,7 @@ impl Store {
         let Some(share) = share.filter(|_| args.permits > 0) else {
             return self.acquire(args).await;
         };
+        super::deadline::check()?;
         let _waiting = match args.max_wait {
             0 => None,
             _ => Some(share.take(Kind::Waiters)?),

@@ -71,6 +71,7 @@ impl From<EngineError> for ApiError {
             EngineError::ShuttingDown | EngineError::StoreUnavailable(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, None)
             }
+            EngineError::DeadlineExceeded { .. } => (StatusCode::GATEWAY_TIMEOUT, None),
             EngineError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, None),
         };
         ApiError {

@@ -1,12 +1,16 @@
 //! A layer around every gRPC call: counts the calls in flight (so that
-//! shutdown can stop as soon as none is left) and answers an oversized
-//! request RESOURCE_EXHAUSTED with the limit, where tonic says OUT_OF_RANGE.
+//! shutdown can stop as soon as none is left), answers an oversized
+//! request RESOURCE_EXHAUSTED with the limit, where tonic says OUT_OF_RANGE,
+//! and runs each call within its deadline (`grpc-timeout`, counted from
+//! when its headers were read): a call still undecided then is not decided
+//! (F1, [`crate::engine::deadline`]).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use http::{Request, Response};
 use tokio::sync::Notify;
@@ -110,13 +114,41 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let call = Call::start(&self.calls);
+        let deadline = request
+            .headers()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(timeout_of)
+            .and_then(|timeout| Instant::now().checked_add(timeout));
         let future = self.inner.call(request);
         Box::pin(async move {
-            let mut response = future.await?;
+            let mut response = crate::engine::deadline::within(deadline, future).await?;
             oversize_as_exhausted(response.headers_mut());
             Ok(response.map(|body| Body::new(crate::connections::Holding::new(body, call))))
         })
     }
+}
+
+/// A `grpc-timeout` header's duration (gRPC over HTTP/2: at most 8 digits
+/// and a unit, `H`, `M`, `S`, `m`, `u` or `n`); `None` when it is not one.
+pub fn timeout_of(text: &str) -> Option<Duration> {
+    if text.len() < 2 || text.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = text.split_at(text.len() - 1);
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// Rewrites tonic's OUT_OF_RANGE for a request past the decoding limit
@@ -158,6 +190,19 @@ pub fn oversize_message(tonic: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grpc_timeouts_are_read_in_every_unit_and_nothing_else_is() {
+        assert_eq!(timeout_of("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(timeout_of("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(timeout_of("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(timeout_of("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(timeout_of("5u"), Some(Duration::from_micros(5)));
+        assert_eq!(timeout_of("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "m", "10", "10x", "-1m", "123456789m", "1.5S"] {
+            assert_eq!(timeout_of(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn tonics_size_refusal_becomes_one_that_says_the_limit() {

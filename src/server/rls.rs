@@ -433,11 +433,12 @@ fn status_of_quote(quote: &Quote, limit: &Limit) -> DescriptorStatus {
 }
 
 /// Every engine error is Envoy's "cannot decide": a cap, a store that is
-/// down. Only bad input keeps its own code; nothing is UNKNOWN.
+/// down. Only bad input and a deadline that passed before the decision
+/// (F1: nothing was charged) keep their own codes; nothing is UNKNOWN.
 fn unavailable_or(e: crate::engine::EngineError) -> Status {
     let status = status_of(e);
     match status.code() {
-        tonic::Code::InvalidArgument => status,
+        tonic::Code::InvalidArgument | tonic::Code::DeadlineExceeded => status,
         _ => Status::unavailable(status.message().to_owned()),
     }
 }

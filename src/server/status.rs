@@ -20,6 +20,7 @@ pub fn status_of(e: EngineError) -> Status {
         EngineError::ShuttingDown | EngineError::StoreUnavailable(_) => {
             Status::unavailable(message)
         }
+        EngineError::DeadlineExceeded { .. } => Status::deadline_exceeded(message),
         EngineError::Internal(_) => Status::internal(message),
     }
 }

@@ -43,6 +43,7 @@ mod service;
 mod shadow;
 mod shares;
 mod store;
+mod store_down;
 mod store_trust;
 mod telemetry;
 mod tenants;

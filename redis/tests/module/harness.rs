@@ -271,6 +271,11 @@ impl Server {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// The process's id (to stop and continue it with signals).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kills the process with SIGKILL (no shutdown, no AOF flush) and reaps
     /// it.
     pub fn kill(&mut self) {

@@ -8,12 +8,20 @@
 //! each node's together and follows redirects per command. Commands keep
 //! their order: one batch is out at a time, and within it they are handed
 //! on in the order they came.
+//!
+//! A command that charges (`FB.ACQUIRE`, `FB.CHARGE`) is looked at once
+//! more as its batch is made: one whose caller went away (the call was
+//! cancelled) or whose call's deadline passed while it waited is not sent
+//! (F1, F2): nothing is charged for a call nobody waits for. Every other
+//! command goes regardless: a Complete gives permits back even when its
+//! caller stopped waiting for the answer.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use redis::{Cmd, RedisError, Value};
 
+use super::super::deadline;
 use super::link::Link;
 use tokio::sync::{mpsc, oneshot};
 
@@ -23,8 +31,22 @@ const MAX_BATCH: usize = 512;
 /// With a cluster, the longest the next batch waits for the one out.
 const CLUSTER_HOLD: Duration = Duration::from_millis(1);
 
-/// A command and where its answer goes.
-type Queued = (Cmd, oneshot::Sender<Result<Value, RedisError>>);
+/// Why a command got no answer from the store.
+pub(super) enum Unsent {
+    /// The store failed it, or could not be reached.
+    Failed(RedisError),
+    /// Its call's deadline passed while it waited for its batch: it was
+    /// not sent.
+    Expired(super::super::EngineError),
+}
+
+/// A command; when it charges, its call's deadline (if it has one); and
+/// where its answer goes.
+type Queued = (
+    Cmd,
+    Option<Option<Instant>>,
+    oneshot::Sender<Result<Value, Unsent>>,
+);
 
 /// The sending side of a connection's batches.
 #[derive(Clone)]
@@ -43,18 +65,49 @@ impl Batcher {
 
     /// Sends `cmd` with the next batch and waits for its answer; a server
     /// error is the answer's `Value::ServerError`, as on the connection.
-    pub(super) async fn query(&self, cmd: Cmd) -> Result<Value, RedisError> {
+    /// A command of a call past its deadline when its batch is made is
+    /// not sent: [`Unsent::Expired`].
+    pub(super) async fn query(&self, cmd: Cmd) -> Result<Value, Unsent> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send((cmd, tx)).map_err(|_| gone())?;
+        let by = charges(&cmd).then(deadline::current);
+        self.tx.send((cmd, by, tx)).map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
     }
 }
 
-fn gone() -> RedisError {
-    RedisError::from((
+fn gone() -> Unsent {
+    Unsent::Failed(RedisError::from((
         redis::ErrorKind::Io,
         "the server is shutting down its link to the store",
-    ))
+    )))
+}
+
+/// True for a command that charges: one the module decides on.
+fn charges(cmd: &Cmd) -> bool {
+    matches!(
+        cmd.args_iter().next(),
+        Some(redis::Arg::Simple(name))
+            if name.eq_ignore_ascii_case(b"FB.ACQUIRE") || name.eq_ignore_ascii_case(b"FB.CHARGE")
+    )
+}
+
+/// Adds `queued` to `batch`, unless it charges and nobody waits for its
+/// answer any more or its call's deadline passed (then it is answered so,
+/// and not sent).
+fn take(batch: &mut Vec<Queued>, queued: Queued) {
+    let (_, by, tx) = &queued;
+    let Some(by) = by else {
+        batch.push(queued);
+        return;
+    };
+    if tx.is_closed() {
+        return;
+    }
+    if let Some(Err(e)) = by.map(|by| deadline::check_at(by, Instant::now())) {
+        let _ = queued.2.send(Err(Unsent::Expired(e)));
+        return;
+    }
+    batch.push(queued);
 }
 
 async fn drive(conn: Link, mut rx: mpsc::UnboundedReceiver<Queued>) {
@@ -69,21 +122,24 @@ async fn drive(conn: Link, mut rx: mpsc::UnboundedReceiver<Queued>) {
             let _ = tokio::time::timeout_at((*sent + CLUSTER_HOLD).into(), handle).await;
             out = None;
         }
-        batch.push(first);
+        take(&mut batch, first);
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
-                Ok(next) => batch.push(next),
+                Ok(next) => take(&mut batch, next),
                 Err(_) => break,
             }
+        }
+        if batch.is_empty() {
+            continue;
         }
         match &conn {
             Link::Single(c) => pipeline(&mut c.clone(), &mut batch).await,
             Link::Cluster(c) => {
                 let mut all = Box::pin(futures_util::future::join_all(batch.drain(..).map(
-                    |(cmd, tx)| {
+                    |(cmd, _, tx)| {
                         let mut c = c.clone();
                         async move {
-                            let _ = tx.send(cmd.query_async(&mut c).await);
+                            let _ = tx.send(cmd.query_async(&mut c).await.map_err(Unsent::Failed));
                         }
                     },
                 )));
@@ -105,14 +161,14 @@ async fn drive(conn: Link, mut rx: mpsc::UnboundedReceiver<Queued>) {
 /// Sends `batch` (emptied) to one Redis server as one pipeline.
 async fn pipeline(conn: &mut redis::aio::ConnectionManager, batch: &mut Vec<Queued>) {
     if batch.len() == 1 {
-        let (cmd, tx) = batch.pop().expect("one command");
-        let _ = tx.send(cmd.query_async(conn).await);
+        let (cmd, _, tx) = batch.pop().expect("one command");
+        let _ = tx.send(cmd.query_async(conn).await.map_err(Unsent::Failed));
         return;
     }
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     let mut answers = Vec::with_capacity(batch.len());
-    for (cmd, tx) in batch.drain(..) {
+    for (cmd, _, tx) in batch.drain(..) {
         pipe.add_command(cmd);
         answers.push(tx);
     }
@@ -129,13 +185,26 @@ async fn pipeline(conn: &mut redis::aio::ConnectionManager, batch: &mut Vec<Queu
                 format!("{} commands, {} replies", answers.len(), values.len()),
             ));
             for tx in answers {
-                let _ = tx.send(Err(e.clone()));
+                let _ = tx.send(Err(Unsent::Failed(e.clone())));
             }
         }
         Err(e) => {
             for tx in answers {
-                let _ = tx.send(Err(e.clone()));
+                let _ = tx.send(Err(Unsent::Failed(e.clone())));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_commands_that_charge_are_withdrawn() {
+        assert!(charges(&redis::cmd("FB.ACQUIRE")));
+        assert!(charges(&redis::cmd("fb.charge")));
+        assert!(!charges(&redis::cmd("FB.COMPLETE")));
+        assert!(!charges(&redis::cmd("FB.GET")));
     }
 }

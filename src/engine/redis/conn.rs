@@ -22,14 +22,25 @@ use redis::{Cmd, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind, Val
 use super::super::error::invalid;
 use super::super::store::StoreFigures;
 use super::super::EngineError;
-use super::batch::Batcher;
-use super::link::Link;
+use super::batch::{Batcher, Unsent};
+use super::link::{Health, Link, Next};
 
 /// How long one command may take before the call answers UNAVAILABLE.
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(1000);
 
 /// How long connecting to a node may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// While the link is down, the first wait between two probes; each wait
+/// doubles up to [`PROBE_EVERY_MOST`].
+const PROBE_EVERY_FIRST: Duration = Duration::from_millis(50);
+
+/// While the link is down, the longest wait between two probes: a store
+/// back is used again within about this long.
+const PROBE_EVERY_MOST: Duration = Duration::from_secs(1);
+
+/// How long one probe (a `PING`) may take.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// How long an operator action waits for a replica to confirm it.
 const WAIT_FOR_REPLICA: Duration = Duration::from_millis(1000);
@@ -573,6 +584,8 @@ pub(super) struct Conn {
     reach: Arc<Reach>,
     /// The shared link's commands, in batches.
     batcher: Batcher,
+    /// The breaker on the link (F4-F6).
+    health: Arc<Health>,
 }
 
 impl Conn {
@@ -609,10 +622,12 @@ impl Conn {
         };
         let conn = client.link().await.map_err(unreachable)?;
         let batcher = Batcher::new(conn.clone());
+        let health = Arc::new(Health::new(url.to_string(), figures.clone()));
         Ok(Conn {
             conn,
             client,
             batcher,
+            health,
             confirmers: Arc::new(std::sync::Mutex::new(Vec::new())),
             topology: Arc::new(tokio::sync::Mutex::new(None)),
             figures,
@@ -625,8 +640,21 @@ impl Conn {
         &self.reach
     }
 
-    async fn raw(&self, cmd: &Cmd) -> Result<Value, RedisError> {
+    async fn raw(&self, cmd: &Cmd) -> Result<Value, Unsent> {
         self.batcher.query(cmd.clone()).await
+    }
+
+    /// The link failed with `why` (refused, reset, timed out): the breaker
+    /// opens (one Redis server) or the cluster's nodes are checked, and a
+    /// probe starts if none runs.
+    fn link_failed(&self, why: &str) {
+        if let Next::Probe = self.health.failed(why, self.reach.url.cluster) {
+            tokio::spawn(probe(
+                self.conn.clone(),
+                self.reach.clone(),
+                self.health.clone(),
+            ));
+        }
     }
 
     /// What the connection did.
@@ -648,10 +676,26 @@ impl Conn {
         &self,
         cmd: &Cmd,
     ) -> Result<Option<Value>, EngineError> {
+        self.health.refuse()?;
+        self.sent(cmd).await
+    }
+
+    /// [`Conn::query`] even while the breaker on the link is open: for
+    /// what repairs (an unconfirmed probe given back), which must not
+    /// wait for the probe to close the breaker.
+    pub(super) async fn query_past_the_breaker(&self, cmd: &Cmd) -> Result<Value, EngineError> {
+        self.sent(cmd).await?.ok_or_else(|| {
+            EngineError::Internal("the store does not know a policy it was sent as JSON".into())
+        })
+    }
+
+    async fn sent(&self, cmd: &Cmd) -> Result<Option<Value>, EngineError> {
         self.figures.commands.fetch_add(1, Ordering::Relaxed);
         let result = match self.raw(cmd).await {
             Ok(Value::ServerError(e)) => Err(RedisError::from(e)),
-            other => other,
+            Ok(value) => Ok(value),
+            Err(Unsent::Failed(e)) => Err(e),
+            Err(Unsent::Expired(e)) => return Err(e),
         };
         match result {
             Ok(value) => Ok(Some(value)),
@@ -663,6 +707,7 @@ impl Conn {
     /// Runs `cmd` on the node at `node` (`HOST:PORT`, a primary), over the
     /// server's connections.
     pub(super) async fn on_node(&self, node: &str, cmd: &Cmd) -> Result<Value, EngineError> {
+        self.health.refuse()?;
         self.figures.commands.fetch_add(1, Ordering::Relaxed);
         let result = match &self.conn {
             Link::Single(c) => cmd.query_async(&mut c.clone()).await,
@@ -757,6 +802,7 @@ impl Conn {
             }
             ErrorKind::Server(_) | ErrorKind::Extension => self.refusal_of(e),
             _ if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
+                self.link_failed(&said);
                 unavailable(format!("cannot reach Redis at {url}: {said}"))
             }
             _ => unavailable(format!("Redis at {url} failed: {said}")),
@@ -826,6 +872,7 @@ impl Conn {
         wanted: usize,
         timeout: Duration,
     ) -> Result<usize, EngineError> {
+        self.health.refuse()?;
         let taken = self.confirmers.lock().expect("confirmers").pop();
         let mut link = match taken {
             Some(link) => link,
@@ -927,6 +974,65 @@ impl Conn {
             return Ok(self.reach.url().nodes.clone());
         }
         Ok(self.topology().await?.into_iter().map(|p| p.addr).collect())
+    }
+}
+
+/// Asks the store until it answers, waiting longer each time (up to
+/// [`PROBE_EVERY_MOST`]), then closes the breaker; a probe that finds no
+/// answer opens it. Ends, too, once nothing but the probe holds the
+/// breaker (the server let go of its store).
+async fn probe(link: Link, reach: Arc<Reach>, health: Arc<Health>) {
+    let mut wait = PROBE_EVERY_FIRST;
+    loop {
+        match answers(&link, &reach).await {
+            Ok(()) => return health.answered(),
+            Err(why) => health.unanswered(&why),
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(PROBE_EVERY_MOST);
+        if Arc::strong_count(&health) == 1 {
+            return health.given_up();
+        }
+    }
+}
+
+/// Whether the store answers a `PING`: the one server over the shared
+/// link (whose connection manager reconnects), or any seed node of a
+/// cluster over a link of its own (the cluster is reachable while one
+/// answers; a node down fails its own slots, as before).
+async fn answers(link: &Link, reach: &Reach) -> Result<(), String> {
+    let ping = redis::cmd("PING");
+    match link {
+        Link::Single(c) => {
+            match tokio::time::timeout(PROBE_TIMEOUT, ping.query_async::<Value>(&mut c.clone()))
+                .await
+            {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(reach.scrub(e)),
+                Err(_) => Err(format!("PING unanswered after {PROBE_TIMEOUT:?}")),
+            }
+        }
+        Link::Cluster(_) => {
+            let config = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(PROBE_TIMEOUT))
+                .set_response_timeout(Some(PROBE_TIMEOUT));
+            let mut last = String::new();
+            for node in &reach.url().nodes {
+                let answer = async {
+                    let client = reach.client(node)?;
+                    let mut c = client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await?;
+                    ping.query_async::<Value>(&mut c).await
+                };
+                match tokio::time::timeout(PROBE_TIMEOUT * 2, answer).await {
+                    Ok(Ok(_)) => return Ok(()),
+                    Ok(Err(e)) => last = format!("{node}: {}", reach.scrub(e)),
+                    Err(_) => last = format!("{node}: PING unanswered"),
+                }
+            }
+            Err(format!("no node answers (the last, {last})"))
+        }
     }
 }
 

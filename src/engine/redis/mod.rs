@@ -520,7 +520,10 @@ impl RedisStore {
             .arg(self.now_arg())
             .arg(hex_id(ticket))
             .arg("ignored");
-        if let Err(e) = self.conn.query(&give_back).await {
+        // Past the breaker: a failure of the confirmation link may have
+        // opened it a moment ago, and a probe not given back holds its
+        // slot until its lease ends.
+        if let Err(e) = self.conn.query_past_the_breaker(&give_back).await {
             tracing::warn!(key = rk, "an unconfirmed probe could not be given back: {e}; its slot ends with its probe lease");
         }
         self.conn
