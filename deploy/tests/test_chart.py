@@ -185,6 +185,7 @@ def test_renders_valid_and_consistent(helm: Path, store: bool, tls: bool, auth: 
             f"{service_name}.{NAMESPACE}.svc",
             f"{service_name}.{NAMESPACE}.svc.cluster.local",
         ],
+        "memory_limit": "512Mi",
     }
     assert type(config["server"]["max_connections"]) is int
 
@@ -282,6 +283,19 @@ def test_extra_tokens_and_single_redis(helm: Path):
     assert {"name": "checkout", "role": "caller", "prefixes": ["checkout/*"], "sha256": sha} in config["auth"]["token"]
     (container,) = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert arg(container["args"], "--store") == "redis://redis:6379"
+
+
+def test_the_caps_fit_the_pods_memory_limit(helm: Path):
+    """The pod's memory limit is the server's memory_limit, so that it
+    lowers its default caps to fit; a value in server wins."""
+    for values, want in [
+        ({}, "512Mi"),
+        ({"resources": {"limits": {"memory": "1Gi"}}}, "1Gi"),
+        ({"server": {"memory_limit": "300Mi"}}, "300Mi"),
+    ]:
+        objects = render(helm, values)
+        config = tomllib.loads(one(objects, "ConfigMap")["data"]["fusebox.toml"])
+        assert config["server"]["memory_limit"] == want, values
 
 
 def test_persistence_mounts_the_data_dir(helm: Path):
