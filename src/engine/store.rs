@@ -271,63 +271,56 @@ impl StoreFigures {
     /// `channel` is `None`) and logs it, at most once every few seconds,
     /// with `why`.
     pub(crate) fn dropped(&self, channel: Option<Channel>, why: &str) {
-        match channel {
-            Some(channel) => {
-                self.notices_dropped[channel.index()].fetch_add(1, Ordering::Relaxed);
-            }
-            None => {
-                self.policies_unverified.fetch_add(1, Ordering::Relaxed);
-            }
+        let counter = match channel {
+            Some(channel) => &self.notices_dropped[channel.index()],
+            None => &self.policies_unverified,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if let Some((count, place)) = due(&self.drops_logged, channel) {
+            tracing::warn!(
+                dropped = count,
+                "dropped {count} message(s) from the store that could not be trusted (the last on {place}: {why}); someone who can reach Redis may be forging them, or a node or server has another secret; see fusebox_store_notices_dropped_total"
+            );
         }
-        let mut logged = self.drops_logged.lock().expect("drops logged");
-        logged.1 += 1;
-        if logged.0.is_some_and(|at| at.elapsed() < DROPS_LOGGED_EVERY) {
-            return;
-        }
-        let count = std::mem::take(&mut logged.1);
-        logged.0 = Some(Instant::now());
-        drop(logged);
-        let place = channel.map_or_else(
-            || "the policies key fusebox:policies".to_owned(),
-            |c| format!("channel {}", c.as_str()),
-        );
-        tracing::warn!(
-            dropped = count,
-            "dropped {count} message(s) from the store that could not be trusted (the last on {place}: {why}); someone who can reach Redis may be forging them, or a node or server has another secret; see fusebox_store_notices_dropped_total"
-        );
     }
-}
 
-impl StoreFigures {
     /// Counts a signed message refused as old on `channel` (or a read of
     /// the policies key when `channel` is `None`) and logs it, at most
     /// once every few seconds, with `why`.
     pub(crate) fn replayed(&self, channel: Option<Channel>, why: &str) {
-        match channel {
-            Some(channel) => {
-                self.notices_replayed[channel.index()].fetch_add(1, Ordering::Relaxed);
-            }
-            None => {
-                self.policies_rolled_back.fetch_add(1, Ordering::Relaxed);
-            }
+        let counter = match channel {
+            Some(channel) => &self.notices_replayed[channel.index()],
+            None => &self.policies_rolled_back,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if let Some((count, place)) = due(&self.replays_logged, channel) {
+            tracing::warn!(
+                refused = count,
+                "refused {count} signed message(s) from the store as old (the last on {place}: {why}); someone who can reach Redis may be publishing captured messages again; see fusebox_store_notices_replayed_total"
+            );
         }
-        let mut logged = self.replays_logged.lock().expect("replays logged");
-        logged.1 += 1;
-        if logged.0.is_some_and(|at| at.elapsed() < DROPS_LOGGED_EVERY) {
-            return;
-        }
-        let count = std::mem::take(&mut logged.1);
-        logged.0 = Some(Instant::now());
-        drop(logged);
-        let place = channel.map_or_else(
-            || "the policies key fusebox:policies".to_owned(),
-            |c| format!("channel {}", c.as_str()),
-        );
-        tracing::warn!(
-            refused = count,
-            "refused {count} signed message(s) from the store as old (the last on {place}: {why}); someone who can reach Redis may be publishing captured messages again; see fusebox_store_notices_replayed_total"
-        );
     }
+}
+
+/// Counts one more message for `logged`; `Some((messages since the last
+/// line, where the last came from))` when a line is due (at most one every
+/// [`DROPS_LOGGED_EVERY`]).
+fn due(
+    logged: &std::sync::Mutex<(Option<Instant>, u64)>,
+    channel: Option<Channel>,
+) -> Option<(u64, String)> {
+    let mut logged = logged.lock().expect("messages logged");
+    logged.1 += 1;
+    if logged.0.is_some_and(|at| at.elapsed() < DROPS_LOGGED_EVERY) {
+        return None;
+    }
+    let count = std::mem::take(&mut logged.1);
+    logged.0 = Some(Instant::now());
+    let place = channel.map_or_else(
+        || "the policies key fusebox:policies".to_owned(),
+        |c| format!("channel {}", c.as_str()),
+    );
+    Some((count, place))
 }
 
 /// Where the keys live.
