@@ -113,36 +113,13 @@ pub fn budget(configured: Option<u64>) -> Option<(u64, String)> {
     None
 }
 
-/// A size as Kubernetes writes it: a whole number with an optional unit,
-/// `Ki`/`Mi`/`Gi`/`Ti` (powers of 1024) or `k`/`K`/`M`/`G`/`T` (of 1000).
-pub fn parse_size(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let n: u64 = digits.parse().ok()?;
-    let factor: u64 = match unit {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "k" | "K" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        _ => return None,
-    };
-    n.checked_mul(factor).filter(|&b| b > 0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn sizes_read_as_kubernetes_writes_them() {
+        use crate::config::parse_size;
         assert_eq!(parse_size("512Mi"), Some(512 << 20));
         assert_eq!(parse_size("2Gi"), Some(2 << 30));
         assert_eq!(parse_size("500M"), Some(500_000_000));

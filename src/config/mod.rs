@@ -751,17 +751,35 @@ fn memory_limit(value: Option<&toml::Value>) -> Result<Option<u64>, ConfigError>
     let bytes = match value {
         toml::Value::Integer(n) if *n > 0 => *n as u64,
         toml::Value::String(text) => {
-            crate::memory::parse_size(text).ok_or_else(|| bad(format!("{text:?} is not a size")))?
+            parse_size(text).ok_or_else(|| bad(format!("{text:?} is not a size")))?
         }
         other => return Err(bad(format!("{other} is not a size"))),
     };
-    if bytes < crate::memory::BASE_BYTES {
-        return Err(bad(format!(
-            "{bytes} bytes is less than the server itself needs ({} MiB)",
-            crate::memory::BASE_BYTES >> 20
-        )));
-    }
     Ok(Some(bytes))
+}
+
+/// A size as Kubernetes writes it (`[server] memory_limit`): a whole number with an optional unit,
+/// `Ki`/`Mi`/`Gi`/`Ti` (powers of 1024) or `k`/`K`/`M`/`G`/`T` (of 1000).
+pub fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let factor: u64 = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "k" | "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        _ => return None,
+    };
+    n.checked_mul(factor).filter(|&b| b > 0)
 }
 
 #[cfg(test)]
