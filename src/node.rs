@@ -67,6 +67,8 @@ pub struct Counters {
     pub rls_trouble: [AtomicU64; RlsTrouble::ALL.len()],
     /// When each kind of trouble was last logged, and how many since.
     pub rls_logged: [LogGate; RlsTrouble::ALL.len()],
+    /// The same for shadow descriptors over their limit.
+    pub rls_shadow_logged: LogGate,
 }
 
 /// What went otherwise than a plain answer for a ShouldRateLimit check
@@ -182,6 +184,7 @@ impl Default for Counters {
             rls_unmatched: AtomicU64::new(0),
             rls_trouble: Default::default(),
             rls_logged: Default::default(),
+            rls_shadow_logged: LogGate::default(),
         }
     }
 }

@@ -242,7 +242,9 @@ impl Api {
                 {
                     Ok(reply) => reply,
                     Err(e) => {
-                        tracing::warn!(key = %key, error = %e, "a shadow_mode descriptor could not be counted; answered OK without figures");
+                        if let Some(held) = self.node.counters().rls_shadow_logged.pass() {
+                            tracing::warn!(key = %key, error = %e, similar_held_back = held, "a shadow_mode descriptor could not be counted; answered OK without figures");
+                        }
                         statuses.push(DescriptorStatus {
                             code: Code::Ok as i32,
                             ..DescriptorStatus::default()
@@ -250,15 +252,17 @@ impl Api {
                         continue;
                     }
                 };
-                // What Envoy acts on never changes (RL9): the status is OK
+                // What Envoy acts on never changes (RL7): the status is OK
                 // without figures, as if the descriptor were not there; the
                 // would-be answer is counted, logged and on the key's Watch.
                 if !reply.quotes[0].fits {
-                    self.node
-                        .counters()
+                    let counters = self.node.counters();
+                    counters
                         .rls_shadow_over_limit
                         .fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(key = %key, "a shadow_mode descriptor is over its limit; answered OK (shadow_mode never refuses)");
+                    if let Some(held) = counters.rls_shadow_logged.pass() {
+                        tracing::info!(key = %key, similar_held_back = held, "a shadow_mode descriptor is over its limit; answered OK (shadow_mode never refuses)");
+                    }
                 }
                 statuses.push(DescriptorStatus {
                     code: Code::Ok as i32,
