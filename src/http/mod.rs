@@ -23,7 +23,7 @@
 //! need be to fit the open-file limit); one that does not send a request's
 //! headers within `[server] handshake_timeout` is closed, and so is one
 //! whose peer reads nothing of an answer for `[server] http_write_timeout`
-//! (a connection is busy until its answer is written: [`slots`]); a body past
+//! (a connection is busy until its answer is written: `slots`); a body past
 //! [`api::MAX_BODY_BYTES`] is refused (413) before it is read.
 //!
 //! A key in a path is percent-encoded (`payments%2Fcharge`). API errors are
