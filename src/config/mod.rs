@@ -181,8 +181,9 @@ pub struct Limits {
     /// `[server] memory_limit` in bytes, when set.
     pub memory_limit: Option<u64>,
     /// True when the config sets a cap that memory bounds (`max_keys`,
-    /// `max_tickets`, `max_waiters`, `max_unread_bytes`): such caps are
-    /// never lowered, and a server whose caps do not fit does not start.
+    /// `max_tickets`, `max_waiters`, `max_unread_bytes`) to another value
+    /// than its default: such caps are never lowered, and a server whose
+    /// caps do not fit does not start.
     pub memory_caps_set: bool,
 }
 
@@ -722,10 +723,20 @@ impl ConfigFile {
                 )?,
                 commit_window,
                 memory_limit: memory_limit(self.server.memory_limit.as_ref())?,
-                memory_caps_set: self.server.max_keys.is_some()
-                    || self.server.max_tickets.is_some()
-                    || self.server.max_waiters.is_some()
-                    || self.server.max_unread_bytes.is_some(),
+                // A cap written at its default value is the default.
+                memory_caps_set: self.server.max_keys.is_some_and(|n| n != defaults.max_keys)
+                    || self
+                        .server
+                        .max_tickets
+                        .is_some_and(|n| n != defaults.max_tickets)
+                    || self
+                        .server
+                        .max_waiters
+                        .is_some_and(|n| n != defaults.max_waiters)
+                    || self
+                        .server
+                        .max_unread_bytes
+                        .is_some_and(|n| n != defaults.max_unread_bytes),
             },
         })
     }
