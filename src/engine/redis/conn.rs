@@ -644,11 +644,12 @@ impl Conn {
         self.batcher.query(cmd.clone()).await
     }
 
-    /// The link failed with `why` (refused, reset, timed out): the breaker
-    /// opens (one Redis server) or the cluster's nodes are checked, and a
-    /// probe starts if none runs.
+    /// A command failed with `why` (refused, reset, timed out): the store
+    /// is checked by a probe (if none runs), which opens the breaker only
+    /// when the store does not answer it.
     fn link_failed(&self, why: &str) {
-        if let Next::Probe = self.health.failed(why, self.reach.url.cluster) {
+        if let Next::Probe = self.health.failed() {
+            tracing::debug!(store = %self.reach.url(), "a store command failed ({why}); checking the link");
             tokio::spawn(probe(
                 self.conn.clone(),
                 self.reach.clone(),
@@ -1004,12 +1005,13 @@ async fn answers(link: &Link, reach: &Reach) -> Result<(), String> {
     let ping = redis::cmd("PING");
     match link {
         Link::Single(c) => {
-            match tokio::time::timeout(PROBE_TIMEOUT, ping.query_async::<Value>(&mut c.clone()))
-                .await
-            {
+            // On the link the calls share, so a busy store is given time:
+            // a refused or reset connection fails at once.
+            let wait = PROBE_TIMEOUT * 4;
+            match tokio::time::timeout(wait, ping.query_async::<Value>(&mut c.clone())).await {
                 Ok(Ok(_)) => Ok(()),
                 Ok(Err(e)) => Err(reach.scrub(e)),
-                Err(_) => Err(format!("PING unanswered after {PROBE_TIMEOUT:?}")),
+                Err(_) => Err(format!("PING unanswered after {wait:?}")),
             }
         }
         Link::Cluster(_) => {

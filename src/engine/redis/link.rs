@@ -62,8 +62,9 @@ pub(super) enum Next {
     Probe,
 }
 
-/// How often a cluster's nodes are checked after failures at most, while
-/// the breaker is closed (one node down fails its slots, not the link).
+/// How often the store is checked after failures at most, while the
+/// breaker is closed (one slow command, or one cluster node down, is not a
+/// dead link).
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 
 impl Health {
@@ -96,25 +97,19 @@ impl Health {
         )))
     }
 
-    /// The link failed with `why`. One Redis server: the breaker opens
-    /// (and the probe starts). A cluster: its seed nodes are checked (at
-    /// most every [`CHECK_EVERY`]); the breaker opens only when none
-    /// answers, see [`Health::unanswered`].
-    pub(super) fn failed(&self, why: &str, cluster: bool) -> Next {
+    /// A command on the link failed (refused, reset, timed out): the
+    /// store is checked (a `PING` to the server, or to a cluster's seed
+    /// nodes), at most every [`CHECK_EVERY`]; the breaker opens only when
+    /// it does not answer ([`Health::unanswered`]). One slow command on a
+    /// busy store is not a dead link; a refused connection fails its
+    /// `PING` at once.
+    pub(super) fn failed(&self) -> Next {
         let mut state = self.state.lock().expect("link state");
-        if cluster {
-            let recent = state.checked.is_some_and(|at| at.elapsed() < CHECK_EVERY);
-            if state.probing || recent {
-                return Next::Nothing;
-            }
-            state.checked = Some(Instant::now());
-            state.probing = true;
-            return Next::Probe;
-        }
-        self.open(&mut state, why);
-        if state.probing {
+        let recent = state.checked.is_some_and(|at| at.elapsed() < CHECK_EVERY);
+        if state.probing || recent {
             return Next::Nothing;
         }
+        state.checked = Some(Instant::now());
         state.probing = true;
         Next::Probe
     }
