@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use fusebox::proto::v1 as pb;
+use fusebox::proto::wire::duration_of;
 use serde_json::{json, Value};
 
 use crate::channel::{self, Channel};
@@ -45,6 +46,47 @@ pub(crate) struct Filled {
 /// number as soon as its pair is done, so the server gets them as fast as
 /// it takes them.
 pub(crate) async fn fill(load: &Load, prefix: &'static str, from: u64, count: u64) -> Filled {
+    fill_shaped(load, Shape::of(prefix), from, count).await
+}
+
+/// How a fill names its keys and what it leaves on them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shape {
+    /// Keys are `<prefix><n>`.
+    pub(crate) prefix: &'static str,
+    /// Pads each name with `.` to this many bytes (the longest a key may
+    /// be is 256), when set.
+    pub(crate) key_bytes: Option<usize>,
+    /// Leaves a live ticket on each key (Acquire only, with this lease in
+    /// milliseconds) instead of Acquire + Complete FAILURE.
+    pub(crate) hold: Option<u64>,
+}
+
+impl Shape {
+    /// Short names, no ticket left.
+    pub(crate) fn of(prefix: &'static str) -> Shape {
+        Shape {
+            prefix,
+            key_bytes: None,
+            hold: None,
+        }
+    }
+
+    /// The name of key `n`.
+    pub(crate) fn name(&self, n: u64, into: &mut String) {
+        into.clear();
+        into.push_str(self.prefix);
+        into.push_str(&n.to_string());
+        if let Some(len) = self.key_bytes {
+            while into.len() < len {
+                into.push('.');
+            }
+        }
+    }
+}
+
+/// [`fill`] with keys named and left as `shape` says.
+pub(crate) async fn fill_shaped(load: &Load, shape: Shape, from: u64, count: u64) -> Filled {
     let next = Arc::new(AtomicU64::new(from));
     let last = from + count;
     let started = Instant::now();
@@ -55,19 +97,18 @@ pub(crate) async fn fill(load: &Load, prefix: &'static str, from: u64, count: u6
             let mut client = pb::fusebox_client::FuseboxClient::new(channel.clone());
             tasks.spawn(async move {
                 let mut done = Filled::default();
-                let mut key = String::with_capacity(24);
+                let mut key = String::with_capacity(shape.key_bytes.unwrap_or(24));
                 loop {
                     let n = next.fetch_add(1, Ordering::Relaxed);
                     if n >= last {
                         return done;
                     }
-                    key.clear();
-                    key.push_str(prefix);
-                    key.push_str(&n.to_string());
+                    shape.name(n, &mut key);
                     let result = async {
                         let ticket = client
                             .acquire(pb::AcquireRequest {
                                 key: key.clone(),
+                                lease: shape.hold.map(duration_of),
                                 ..Default::default()
                             })
                             .await?
@@ -79,6 +120,9 @@ pub(crate) async fn fill(load: &Load, prefix: &'static str, from: u64, count: u6
                                  breaker that is not closed?)"
                             )));
                         }
+                        if shape.hold.is_some() {
+                            return Ok(());
+                        }
                         client
                             .complete(pb::CompleteRequest {
                                 ticket,
@@ -86,6 +130,7 @@ pub(crate) async fn fill(load: &Load, prefix: &'static str, from: u64, count: u6
                                 cost: None,
                             })
                             .await
+                            .map(drop)
                     }
                     .await;
                     match result {
@@ -263,14 +308,23 @@ pub(crate) async fn fill_mode(
     o: &Options,
     target: &mut Target,
     keys: u64,
-    prefix: &'static str,
+    shape: Shape,
     listing: Option<Option<u64>>,
     warnings: &mut Vec<String>,
 ) -> anyhow::Result<Report> {
     let load = o.load_on(target).await?;
     let before = target.memory().await;
     eprintln!("bench: filling {keys} keys");
-    let filled = fill(&load, prefix, 0, keys).await;
+    let filled = fill_shaped(
+        &load,
+        Shape {
+            hold: None,
+            ..shape
+        },
+        0,
+        keys,
+    )
+    .await;
     target.check_alive()?;
     let after = target.memory().await;
     let mut text = fill_text(&filled, &before, &after);
@@ -281,6 +335,30 @@ pub(crate) async fn fill_mode(
         ));
     }
     let mut figures = json!({ "fill": fill_json(&filled, &before, &after) });
+    if shape.hold.is_some() {
+        // One live ticket on each key just made: what the growth now
+        // costs is the tickets' alone.
+        eprintln!("bench: taking a ticket on each of the {keys} keys");
+        let held = fill_shaped(&load, shape, 0, keys).await;
+        target.check_alive()?;
+        let with_tickets = target.memory().await;
+        if let Some(e) = &held.first_error {
+            warnings.push(format!(
+                "tickets: {} calls failed, the first with {e}",
+                held.errors
+            ));
+        }
+        let mut tickets = fill_json(&held, &after, &with_tickets);
+        if let Some(per) = tickets.get("bytes_per_key").cloned() {
+            tickets["bytes_per_ticket"] = per;
+        }
+        text.push_str(&format!(
+            "tickets: {} live tickets left on them: {}",
+            thousands(held.created as f64),
+            fill_text(&held, &after, &with_tickets).replace("per key", "per ticket")
+        ));
+        figures["tickets"] = tickets;
+    }
     if let Some(prefix_digits) = listing {
         let (probe_text, probe) =
             listing_probes(o, target, &load, keys, prefix_digits, warnings).await?;

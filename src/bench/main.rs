@@ -112,6 +112,14 @@ enum Mode {
         /// the decimal prefix closest to 1/27 of the keys).
         #[arg(long, value_name = "DIGITS")]
         prefix_digits: Option<u64>,
+        /// Pad each key's name with `.` to this many bytes (at most 256,
+        /// the longest a key may be): what long names cost.
+        #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u16).range(1..=256))]
+        key_bytes: Option<u16>,
+        /// After the fill, take one ticket on each key and leave it live
+        /// with this lease (e.g. 10m): the memory per ticket.
+        #[arg(long, value_name = "LEASE", value_parser = fusebox::domain::policy::parse_duration)]
+        hold_tickets: Option<u64>,
     },
     /// A server on a store (`fusebox serve --store URL`) beside an embedded
     /// one, both started by the tool: every arm on every spread on each,
@@ -591,6 +599,8 @@ async fn run(
             no_listing,
             as_1m_spread,
             prefix_digits,
+            key_bytes,
+            hold_tickets,
         }) => {
             let listing = (!no_listing).then_some(prefix_digits);
             let prefix = if as_1m_spread {
@@ -598,7 +608,12 @@ async fn run(
             } else {
                 FILL_PREFIX
             };
-            fill::fill_mode(o, &mut target, keys, prefix, listing, &mut warnings).await
+            let shape = fill::Shape {
+                key_bytes: key_bytes.map(usize::from),
+                hold: hold_tickets,
+                ..fill::Shape::of(prefix)
+            };
+            fill::fill_mode(o, &mut target, keys, shape, listing, &mut warnings).await
         }
         Some(Mode::Growth { keys }) => {
             growth::growth_mode(o, &mut target, keys, &mut warnings).await
