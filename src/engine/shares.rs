@@ -4,8 +4,10 @@
 //!
 //! Each credential has a [`Share`]: a limit per [`Kind`] (its entry's
 //! `limits`, else `[auth] share` of the server's cap) and what it holds.
-//! The server-wide caps still hold on top. Shares belong to this server:
-//! with `--store`, several servers each keep their own.
+//! The server-wide caps still hold on top. With `--store`, a share holds
+//! fleet-wide (decisions 147): each server counts what the credential
+//! holds through it and learns, a few times a second through Redis, what
+//! it holds through the others ([`Share::elsewhere`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -147,13 +149,34 @@ pub struct Share {
     /// half of the server's, so that another credential's frames and
     /// calls always find room on the link.
     store_frames: tokio::sync::Semaphore,
-    /// With a store, the keys it asked for lately, each with when it last
-    /// did (decisions 104), and when they were last swept.
-    keys: Mutex<(HashMap<Arc<str>, Millis>, Millis)>,
+    /// With a store, the keys it asked for lately (decisions 104).
+    keys: Mutex<Asked>,
+    /// With a store, what it holds through the fleet's other servers, as
+    /// last read from Redis (decisions 147); zeros embedded.
+    elsewhere: [AtomicU64; KINDS],
+    /// With a store nearly full (decisions 147): why this credential's new
+    /// keys are refused, while it holds more than its part of the store.
+    no_new_keys: Mutex<Option<Arc<str>>>,
     /// Its single calls in flight with a store, which other credentials'
     /// Decide parts yield to.
     calls_in_flight: AtomicU64,
 }
+
+/// The keys a credential asked for lately through this server.
+#[derive(Debug, Default)]
+struct Asked {
+    /// Each key with when it was last asked for.
+    last: HashMap<Arc<str>, Millis>,
+    /// When they were last swept.
+    swept: Millis,
+    /// Keys not yet counted fleet-wide in the current period
+    /// ([`KEYS_PERIOD`]); at most the share's limit of them.
+    unpublished: Vec<Arc<str>>,
+}
+
+/// With a store, a key counts fleet-wide once per period of this length
+/// in which it is asked for (decisions 147).
+pub const KEYS_PERIOD: Millis = 60_000;
 
 /// The most Decide frames of one credential in flight to the store.
 pub const STORE_FRAMES_PER_CREDENTIAL: usize = 256;
@@ -216,7 +239,9 @@ impl Share {
             refused: Default::default(),
             tickets: Mutex::new(HashMap::new()),
             store_frames: tokio::sync::Semaphore::new(STORE_FRAMES_PER_CREDENTIAL),
-            keys: Mutex::new((HashMap::new(), 0)),
+            keys: Mutex::new(Asked::default()),
+            elsewhere: Default::default(),
+            no_new_keys: Mutex::new(None),
             calls_in_flight: AtomicU64::new(0),
         }
     }
@@ -224,25 +249,38 @@ impl Share {
     /// With a store (decisions 104): counts `key` as one of its keys while
     /// it asked for it within `idle_after` (a key Redis forgets that long
     /// after its last use); refused when that makes more than its limit.
+    /// Counting what the other servers hold (decisions 147), a key new
+    /// here fits only under its limit less the keys asked for through the
+    /// others alone. While the store is nearly full and this credential
+    /// holds more than its part of it, a key new here is refused with
+    /// [`EngineError::StoreFull`]: the caller goes on when the store
+    /// already holds the key ([`Share::keep_key`]).
     pub fn use_key(&self, key: &str, now: Millis, idle_after: Millis) -> Result<(), EngineError> {
-        let mut guard = self.keys.lock().expect("share keys");
-        let (keys, swept) = &mut *guard;
-        if let Some(last) = keys.get_mut(key) {
+        let mut asked = self.keys.lock().expect("share keys");
+        let limit = self.limit(Kind::Keys);
+        if let Some(last) = asked.last.get_mut(key) {
+            let new_period = *last / KEYS_PERIOD != now / KEYS_PERIOD;
             *last = now;
+            if new_period {
+                asked.unpublish(key, limit);
+            }
             return Ok(());
         }
-        let limit = self.limit(Kind::Keys);
+        if let Some(why) = self.no_new_keys.lock().expect("no new keys").clone() {
+            self.count_refusal(Kind::Keys);
+            return Err(EngineError::StoreFull(why.to_string()));
+        }
+        let limit_here = limit.saturating_sub(self.elsewhere(Kind::Keys));
         // A full share lets go of the keys it has not used within
         // `idle_after`, looking at most once a second.
-        if keys.len() as u64 >= limit && now >= swept.saturating_add(1_000) {
-            keys.retain(|_, last| last.saturating_add(idle_after) > now);
-            *swept = now;
+        if asked.last.len() as u64 >= limit_here && now >= asked.swept.saturating_add(1_000) {
+            asked.sweep(now, idle_after);
         }
-        let fits = (keys.len() as u64) < limit;
+        let fits = (asked.last.len() as u64) < limit_here;
         if fits {
-            keys.insert(Arc::from(key), now);
+            asked.keep(key, now, limit);
         }
-        self.held[Kind::Keys as usize].store(keys.len() as u64, Ordering::Relaxed);
+        self.held[Kind::Keys as usize].store(asked.last.len() as u64, Ordering::Relaxed);
         if fits {
             Ok(())
         } else {
@@ -251,16 +289,45 @@ impl Share {
         }
     }
 
+    /// Counts `key`, which the store already holds, as one of its keys
+    /// even past [`Share::use_key`]'s refusal while the store is nearly
+    /// full: a key that exists is still decided.
+    pub fn keep_key(&self, key: &str, now: Millis) {
+        let mut asked = self.keys.lock().expect("share keys");
+        asked.keep(key, now, self.limit(Kind::Keys));
+        self.held[Kind::Keys as usize].store(asked.last.len() as u64, Ordering::Relaxed);
+    }
+
     /// Lets go of the keys (with a store) it has not used within `idle_after`.
     pub fn sweep_keys(&self, now: Millis, idle_after: Millis) {
-        let mut guard = self.keys.lock().expect("share keys");
-        let (keys, swept) = &mut *guard;
-        if keys.is_empty() {
+        let mut asked = self.keys.lock().expect("share keys");
+        if asked.last.is_empty() {
             return;
         }
-        keys.retain(|_, last| last.saturating_add(idle_after) > now);
-        *swept = now;
-        self.held[Kind::Keys as usize].store(keys.len() as u64, Ordering::Relaxed);
+        asked.sweep(now, idle_after);
+        self.held[Kind::Keys as usize].store(asked.last.len() as u64, Ordering::Relaxed);
+    }
+
+    /// The keys asked for here not yet counted fleet-wide this period.
+    pub fn take_unpublished(&self) -> Vec<Arc<str>> {
+        std::mem::take(&mut self.keys.lock().expect("share keys").unpublished)
+    }
+
+    /// What it holds of `kind` through the fleet's other servers, as last
+    /// read (decisions 147); 0 embedded.
+    pub fn elsewhere(&self, kind: Kind) -> u64 {
+        self.elsewhere[kind as usize].load(Ordering::Relaxed)
+    }
+
+    /// Sets what it holds of `kind` through the other servers.
+    pub fn set_elsewhere(&self, kind: Kind, n: u64) {
+        self.elsewhere[kind as usize].store(n, Ordering::Relaxed);
+    }
+
+    /// Refuses its new keys while the store is nearly full, saying `why`;
+    /// `None` lets them be made again.
+    pub fn refuse_new_keys(&self, why: Option<Arc<str>>) {
+        *self.no_new_keys.lock().expect("no new keys") = why;
     }
 
     /// Its single calls in flight with a store.
@@ -297,7 +364,8 @@ impl Share {
     /// One more of `kind` if it fits under the limit; counts the refusal
     /// when it does not.
     pub fn try_take(&self, kind: Kind) -> bool {
-        let limit = self.limit(kind);
+        // With a store, what the other servers hold counts (decisions 147).
+        let limit = self.limit(kind).saturating_sub(self.elsewhere(kind));
         let held = &self.held[kind as usize];
         let taken = held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -390,6 +458,34 @@ impl Share {
     /// Counts a refusal at its limit for `kind` made outside [`Share::try_take`].
     pub fn count_refusal(&self, kind: Kind) {
         self.refused[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Asked {
+    /// Counts `key` as asked for at `now`; new here, it is counted
+    /// fleet-wide at the next exchange.
+    fn keep(&mut self, key: &str, now: Millis, limit: u64) {
+        let key: Arc<str> = Arc::from(key);
+        if self.last.insert(key.clone(), now).is_none() {
+            self.unpublish_arc(key, limit);
+        }
+    }
+
+    fn unpublish(&mut self, key: &str, limit: u64) {
+        self.unpublish_arc(Arc::from(key), limit);
+    }
+
+    /// Bounded: keys past the limit wait for the next period.
+    fn unpublish_arc(&mut self, key: Arc<str>, limit: u64) {
+        if (self.unpublished.len() as u64) < limit {
+            self.unpublished.push(key);
+        }
+    }
+
+    fn sweep(&mut self, now: Millis, idle_after: Millis) {
+        self.last
+            .retain(|_, last| last.saturating_add(idle_after) > now);
+        self.swept = now;
     }
 }
 

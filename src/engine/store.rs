@@ -363,9 +363,8 @@ impl Store {
         super::deadline::check()?;
         if let (Store::Redis(_), Some(share)) = (self, share) {
             let now = self.core().now();
-            let idle_after = shares::key_idle_after(&self.core().limits());
             for item in items {
-                share.use_key(&item.key, now, idle_after)?;
+                self.use_key(share, &item.key, now).await?;
             }
         }
         match self {
@@ -405,11 +404,7 @@ impl Store {
         let now = self.core().now();
         let ticket = share.take_ticket(now)?;
         if let Store::Redis(_) = self {
-            share.use_key(
-                &args.key,
-                now,
-                shares::key_idle_after(&self.core().limits()),
-            )?;
+            self.use_key(share, &args.key, now).await?;
         }
         let reply = match self {
             Store::Embedded(e) => e.acquire_for(args, Some(share)).await,
@@ -421,6 +416,26 @@ impl Store {
             }
         }
         Ok(reply)
+    }
+
+    /// With a store, counts `key` among `share`'s keys (decisions 104,
+    /// 147). A key new here that the share refuses for what the other
+    /// servers hold, or while the store is nearly full, goes on when the
+    /// store already holds it: a key that exists makes nothing grow.
+    async fn use_key(&self, share: &Share, key: &str, now: Millis) -> Result<(), EngineError> {
+        let idle_after = shares::key_idle_after(&self.core().limits());
+        let refused = match share.use_key(key, now, idle_after) {
+            Err(e @ EngineError::StoreFull(_)) => e,
+            Err(e @ EngineError::ShareExhausted { .. }) if share.elsewhere(Kind::Keys) > 0 => e,
+            other => return other,
+        };
+        match self.read(key).await {
+            Ok((_, true)) => {
+                share.keep_key(key, now);
+                Ok(())
+            }
+            _ => Err(refused),
+        }
     }
 
     /// The id in a ticket's token (a Redis store's token also names its key).

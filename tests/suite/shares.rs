@@ -732,3 +732,176 @@ async fn two_credentials_of_one_namespace_hold_one_share() {
             .unwrap_or_else(|e| panic!("b's ticket {n}: {e:?}"));
     }
 }
+
+/// The sample of `family` for credential `a` and `kind` on `server`'s
+/// `/metrics`, as `a` reads it.
+async fn share_figure(server: &Server, family: &str, kind: &str) -> Option<u64> {
+    let addr = server.http_addr.clone().expect("an HTTP address");
+    let bearer = format!("Bearer {A}");
+    let reply = request(&addr, "GET", "/metrics", &[("authorization", &bearer)], b"").await;
+    let text = reply.body;
+    let head = format!("{family}{{credential=\"a\",kind=\"{kind}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(head.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// With `--store`, a share holds fleet-wide (decisions 147): tenant `a`
+/// takes its 4 tickets and 6 keys through one server, and the other
+/// server on the same Redis, once the exchange told it, refuses `a` a 5th
+/// ticket and a 7th key, while `a`'s keys still answer there and `b`
+/// keeps its own share. Before, each server kept its own share, and one
+/// credential held one share per server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_on_one_store_hold_one_share() {
+    let Some(redis) = crate::harness::standalone("two_servers_on_one_store_hold_one_share").await
+    else {
+        return;
+    };
+    let url = format!("redis://127.0.0.1:{}", redis.server.port);
+    let limits = ("max_tickets = 4, max_keys = 6", "");
+    let one = tenants(Mode::Store(&url), "", "", limits).await;
+    let two = tenants(Mode::Store(&url), "", "", limits).await;
+    let mut taker = Taker {
+        server: &one,
+        held: Vec::new(),
+    };
+    for n in 0..6 {
+        taker
+            .take("keys", A, "a/", n)
+            .await
+            .expect("a key in a's share");
+    }
+    let mut tickets = Vec::new();
+    for n in 0..4 {
+        let granted = acquire_as(&one, A, &format!("a/key{n}"))
+            .await
+            .expect("a ticket in a's share");
+        tickets.push(granted.ticket);
+    }
+    let learnt = |kind: &'static str, held: u64| {
+        let two = &two;
+        async move {
+            eventually(
+                &format!("the other server learns that a holds {held} {kind}"),
+                Duration::from_secs(10),
+                || async {
+                    (share_figure(two, "fusebox_share_held_elsewhere", kind).await == Some(held))
+                        .then_some(())
+                },
+            )
+            .await;
+        }
+    };
+    learnt("tickets", 4).await;
+    learnt("keys", 6).await;
+    let refused = acquire_as(&two, A, "a/key0")
+        .await
+        .expect_err("a 5th ticket through the other server");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("max_tickets"), "{refused:?}");
+    // Its tickets given back, a new key is still past its share there,
+    // and a key it holds still answers.
+    let mut client = one.fusebox().await;
+    for ticket in tickets {
+        let done = pb::CompleteRequest {
+            ticket,
+            outcome: pb::Outcome::Success as i32,
+            cost: None,
+        };
+        client.complete(bearer(A, done)).await.expect("complete");
+    }
+    learnt("tickets", 0).await;
+    let refused = acquire_as(&two, A, "a/new")
+        .await
+        .expect_err("a 7th key through the other server");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("max_keys"), "{refused:?}");
+    acquire_as(&two, A, "a/key5")
+        .await
+        .expect("a key a holds answers through either server");
+    acquire_as(&two, B, "b/new")
+        .await
+        .expect("b's share is its own");
+}
+
+/// `used_memory` of the Redis on `conn`.
+fn used_memory(conn: &mut crate::resp::Conn) -> u64 {
+    let info = conn.cmd(&["INFO", "memory"]).text();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no used_memory in {info}"))
+}
+
+/// With `--store`, a credential's new keys are refused before Redis
+/// reaches `maxmemory` (decisions 147): past 90% of it, tenant `a`, which
+/// made nearly every key, is refused new keys in words that say so, while
+/// its keys still answer and `b`, below its part, still makes new ones.
+/// Before, `a` went on until Redis refused every tenant's writes (OOM).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nearly_full_store_refuses_the_greedy_credentials_new_keys() {
+    let Some(redis) = crate::harness::standalone("a_nearly_full_store_refuses_greedy_keys").await
+    else {
+        return;
+    };
+    let port = redis.server.port;
+    let url = format!("redis://127.0.0.1:{port}");
+    let server = tenants(Mode::Store(&url), "", "", ("", "")).await;
+    let mut conn = crate::resp::Conn::connect(port).expect("connect to redis");
+    let room: u64 = 8 << 20;
+    let max = used_memory(&mut conn) + room;
+    let max_arg = max.to_string();
+    assert!(conn.cmd(&["CONFIG", "SET", "maxmemory", &max_arg]).is_ok());
+    // Most of the room taken by something that is no credential's key.
+    let junk = (room * 70 / 100).to_string();
+    assert!(!matches!(
+        conn.cmd(&["SETRANGE", "other:junk", &junk, "x"]),
+        crate::resp::Reply::Error(_)
+    ));
+    let mut taker = Taker {
+        server: &server,
+        held: Vec::new(),
+    };
+    taker.take("keys", B, "b/", 0).await.expect("b's first key");
+    let long = "k".repeat(200);
+    // a fills past 90% of maxmemory (or until the server refuses it).
+    let mut n = 0;
+    let mut refused = None;
+    while refused.is_none() && (n == 0 || (used_memory(&mut conn) as f64) < 0.905 * max as f64) {
+        for _ in 0..20 {
+            match taker.take("keys", A, &format!("a/{long}/"), n).await {
+                Ok(()) => n += 1,
+                Err(e) if n > 0 && e.message().contains("nearly full") => {
+                    refused = Some(e);
+                    break;
+                }
+                Err(e) => panic!("a's key {n} below 90% of maxmemory: {e:?}"),
+            }
+        }
+    }
+    let refused = match refused {
+        Some(refused) => refused,
+        None => {
+            eventually("a's new keys refused", Duration::from_secs(10), || {
+                let key = format!("a/new{n}");
+                n += 1;
+                let server = &server;
+                async move { acquire_as(server, A, &key).await.err() }
+            })
+            .await
+        }
+    };
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("nearly full") && refused.message().contains("\"a\""),
+        "the words say the store is nearly full and whose keys are refused: {refused:?}"
+    );
+    acquire_as(&server, A, &format!("a/{long}/key0"))
+        .await
+        .expect("a's keys still answer");
+    acquire_as(&server, B, "b/new")
+        .await
+        .expect("b, below its part, still makes new keys");
+    assert!(conn.cmd(&["CONFIG", "SET", "maxmemory", "0"]).is_ok());
+}

@@ -13,7 +13,8 @@
 //! Layout: `keys` (names in Redis: keys, tokens, policy ids), `link`,
 //! `batch` and `conn` (the connection: links, batches, errors), `reply`
 //! (the module's replies read as the wire's types), `sign` (the fleet's
-//! secret), `listen` (the subscription), `replays` (the last event taken
+//! secret), `listen` (the subscription), `fleet` (the shares held
+//! fleet-wide, the store's room), `replays` (the last event taken
 //! per key, to refuse one published again), [`policies`] (the shared
 //! rules, versioned), and this file, the [`RedisStore`] that the server
 //! holds as its [`SharedStore`].
@@ -25,6 +26,7 @@
 mod batch;
 mod charges;
 mod conn;
+mod fleet;
 mod keys;
 mod link;
 mod listen;
@@ -186,6 +188,8 @@ pub struct RedisStore {
     /// The last census of the primaries, and when it was read.
     census: tokio::sync::Mutex<Option<(Instant, Census)>>,
     advancing: tokio::sync::Mutex<()>,
+    /// Its part in the fleet's shares (decisions 147).
+    fleet: fleet::Fleet,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -234,6 +238,7 @@ impl RedisStore {
             hash: std::collections::hash_map::RandomState::new(),
             census: tokio::sync::Mutex::new(None),
             advancing: tokio::sync::Mutex::new(()),
+            fleet: fleet::Fleet::new(),
         });
         store.check_module().await?;
         let (ready, subscribed) = oneshot::channel();
@@ -818,17 +823,21 @@ impl RedisStore {
     }
 
     /// Until the server stops: halves the busiest-keys counts now and then,
-    /// so that busiest means busiest lately (the module settles keys on
-    /// Redis's clock, so nothing else here runs on time).
+    /// so that busiest means busiest lately, and exchanges the shares'
+    /// holdings with the fleet (the module settles keys on Redis's clock,
+    /// so nothing else here runs on time).
     pub async fn run_timer(&self) {
         let stopped = self.core.stopped();
         tokio::pin!(stopped);
         let mut every = tokio::time::interval(BUSIEST_DECAY);
         every.tick().await;
+        let mut exchange = tokio::time::interval(fleet::EXCHANGE_EVERY);
+        exchange.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = &mut stopped => return,
                 _ = every.tick() => self.hitters.lock().expect("hitters").decay(),
+                _ = exchange.tick() => self.exchange_shares().await,
             }
         }
     }

@@ -788,6 +788,15 @@ pub const FAMILIES: &[Family] = &[
         },
     },
     Family {
+        name: "fusebox_share_held_elsewhere",
+        kind: Type::Gauge,
+        help: "What each credential holds through the fleet's other servers on the store, by kind, as last read from Redis (keys: the distinct keys it asked for fleet-wide less this server's); counted in its share. 0 without a store.",
+        store_help: None,
+        labels: &["credential", "kind"],
+        when: When::Always,
+        read: |s, x| per_share(s, x, "kind", |share, _, kind| share.elsewhere(kind)),
+    },
+    Family {
         name: "fusebox_share_limit",
         kind: Type::Gauge,
         help: "What each credential may hold at once, by kind (its entry's limits, else [auth] share of the [server] cap).",
