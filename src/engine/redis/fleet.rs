@@ -1,22 +1,25 @@
 //! Fair shares fleet-wide (decisions 147): what each credential holds
 //! through every server on the store, and the store's room.
 //!
-//! A few times a second each server writes, per credential, what it holds
-//! through it (tickets, waiting requests) into the hash
-//! `fusebox:share:{NAME}` under its own id, and reads the others' back:
-//! their sum is what the credential holds elsewhere. Keys are counted as
-//! distinct keys: each server adds the keys it saw asked for to a
-//! HyperLogLog of the current period, `fusebox:share:{NAME}:keys:N`, and
-//! the count over the periods of the idle time, less this server's own,
-//! is what the others asked for. One share then holds across the fleet,
-//! give or take what the servers take between two exchanges.
+//! A few times a second each server writes, for each credential it
+//! serves, what the credential holds through it (tickets, waiting
+//! requests) and how many distinct keys it asked for fleet-wide, as one
+//! field per server and credential of the hash [`SHARES_KEY`], and reads
+//! every field back: the other servers' sums are what the credential holds
+//! elsewhere. Keys are counted as distinct keys: each server adds the keys
+//! it saw asked for to a HyperLogLog of the current period,
+//! `fusebox:share:{NAME}:keys:N`, and counts them over the periods of the
+//! idle time; the credential's keys elsewhere are that count less this
+//! server's own. One share then holds across the fleet, give or take what
+//! the servers take between two exchanges.
 //!
 //! Once a second it reads each primary's `INFO memory`: past
-//! [`NEARLY_FULL`] of `maxmemory`, a credential that holds more than its
+//! [`NEARLY_FULL`] of `maxmemory`, a credential that holds at least its
 //! part of the store's counted keys has its new keys refused, so that a
 //! greedy credential stops before Redis refuses everyone.
 
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
@@ -26,13 +29,17 @@ use crate::domain::Millis;
 use crate::engine::shares::{self, Kind, Share, KEYS_PERIOD};
 use crate::engine::EngineError;
 
+/// The hash of every server's holdings of every share: field
+/// `SERVER\nCREDENTIAL`, value `TICKETS WAITERS KEYS AT_MS`.
+pub const SHARES_KEY: &str = "fusebox:shares";
+
 /// How often each server exchanges its shares' holdings.
 pub(super) const EXCHANGE_EVERY: Duration = Duration::from_millis(250);
 
 /// A server not heard from for this long holds nothing of any share.
 const GONE_AFTER: Millis = 3_000;
 
-/// How long a server's holdings outlive its last exchange in Redis.
+/// A field not written for this long is deleted by the next reader.
 const KEPT_FOR: Millis = 60_000;
 
 /// How often the primaries' memory is read.
@@ -45,11 +52,13 @@ pub const NEARLY_FULL: f64 = 0.9;
 /// This server's part in the exchange.
 #[derive(Debug)]
 pub(super) struct Fleet {
-    /// This server's name in the shares' hashes: random per start.
+    /// This server's name in the shares' hash: random per start.
     me: String,
     /// When the primaries' memory was last read, and why the store is
     /// nearly full (`None`: it is not).
     room: tokio::sync::Mutex<(Option<Instant>, Option<Arc<str>>)>,
+    /// The credentials whose holdings here were last written non-zero.
+    written: Mutex<HashSet<String>>,
 }
 
 impl Fleet {
@@ -57,6 +66,21 @@ impl Fleet {
         Fleet {
             me: format!("{:016x}", rand::random::<u64>()),
             room: tokio::sync::Mutex::new((None, None)),
+            written: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Whether this server writes `share`'s holdings: it holds something
+    /// here, or they were last written non-zero (and are written once
+    /// more, as zeros).
+    fn writes(&self, share: &Share) -> bool {
+        let here = Kind::ALL.iter().any(|&k| share.held(k) > 0);
+        let mut written = self.written.lock().expect("written shares");
+        if here {
+            written.insert(share.name().to_owned());
+            true
+        } else {
+            written.remove(share.name())
         }
     }
 }
@@ -69,36 +93,69 @@ fn wall() -> Millis {
         .map_or(0, |d| d.as_millis() as Millis)
 }
 
-/// The hash of a credential's holdings, and the prefix of its keys' counts:
-/// one hash slot per credential.
-fn names(credential: &str) -> (String, String) {
-    let base = format!("fusebox:share:{{{credential}}}");
-    let keys = format!("{base}:keys:");
-    (base, keys)
+/// What the other servers hold of one share, as read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Heard {
+    tickets: u64,
+    waiters: u64,
+    /// The most distinct keys any of them counted fleet-wide.
+    keys: u64,
 }
 
 impl RedisStore {
-    /// One exchange: every share's holdings out, the others' in, and the
+    /// One exchange: this server's holdings out, the others' in, and the
     /// store's room. Errors are logged: the shares keep their last figures.
     pub(super) async fn exchange_shares(&self) {
         let shares = self.core.shares().all();
         if shares.is_empty() {
             return;
         }
+        if let Err(e) = self.exchange(&shares).await {
+            tracing::debug!("the fleet's shares could not be exchanged through the store: {e}");
+        }
+    }
+
+    async fn exchange(&self, shares: &[Arc<Share>]) -> Result<(), EngineError> {
         let full = self.nearly_full().await;
         let idle_after = shares::key_idle_after(&self.core.limits());
+        let now = wall();
+        let mut set = redis::cmd("HSET");
+        set.arg(SHARES_KEY);
+        let mut counted_here = HashMap::new();
+        for share in shares.iter().filter(|s| self.fleet.writes(s)) {
+            let keys = self.count_keys(share, now, idle_after).await?;
+            counted_here.insert(share.name().to_owned(), keys);
+            set.arg(format!("{}\n{}", self.fleet.me, share.name()))
+                .arg(format!(
+                    "{} {} {keys} {now}",
+                    share.held(Kind::Tickets),
+                    share.held(Kind::Waiters)
+                ));
+        }
+        if !counted_here.is_empty() {
+            self.conn.query(&set).await?;
+            let mut keep = redis::cmd("PEXPIRE");
+            keep.arg(SHARES_KEY).arg(KEPT_FOR);
+            self.conn.query(&keep).await?;
+        }
+        let mut get = redis::cmd("HGETALL");
+        get.arg(SHARES_KEY);
+        let (heard, stale) = heard(&self.conn.query(&get).await?, &self.fleet.me, now);
+        if !stale.is_empty() {
+            let mut forget = redis::cmd("HDEL");
+            forget.arg(SHARES_KEY).arg(stale);
+            self.conn.query(&forget).await?;
+        }
         let mut counted = Vec::with_capacity(shares.len());
-        for share in &shares {
-            match self.exchange_one(share, idle_after).await {
-                Ok(keys) => counted.push(keys),
-                Err(e) => {
-                    tracing::debug!(
-                        credential = share.name(),
-                        "the fleet's shares could not be exchanged through the store: {e}"
-                    );
-                    return;
-                }
-            }
+        for share in shares {
+            let theirs = heard.get(share.name()).copied().unwrap_or_default();
+            let keys = theirs
+                .keys
+                .max(counted_here.get(share.name()).copied().unwrap_or(0));
+            share.set_elsewhere(Kind::Tickets, theirs.tickets);
+            share.set_elsewhere(Kind::Waiters, theirs.waiters);
+            share.set_elsewhere(Kind::Keys, keys.saturating_sub(share.held(Kind::Keys)));
+            counted.push(keys);
         }
         // A credential's part of the store: the counted keys shared evenly.
         let total: u64 = counted.iter().sum();
@@ -112,35 +169,24 @@ impl RedisStore {
             });
             share.refuse_new_keys(refused);
         }
+        Ok(())
     }
 
-    /// Writes `share`'s holdings here, reads the others', and returns the
-    /// distinct keys it asked for fleet-wide within `idle_after`.
-    async fn exchange_one(&self, share: &Share, idle_after: Millis) -> Result<u64, EngineError> {
-        let now = wall();
-        let (hash, keys) = names(share.name());
-        let mine = format!(
-            "{} {} {now}",
-            share.held(Kind::Tickets),
-            share.held(Kind::Waiters)
-        );
-        let mut set = redis::cmd("HSET");
-        set.arg(&hash).arg(&self.fleet.me).arg(mine);
-        self.conn.query(&set).await?;
-        let mut keep = redis::cmd("PEXPIRE");
-        keep.arg(&hash).arg(KEPT_FOR);
-        self.conn.query(&keep).await?;
-        let mut get = redis::cmd("HGETALL");
-        get.arg(&hash);
-        let (tickets, waiters) = others(&self.conn.query(&get).await?, &self.fleet.me, now);
-        share.set_elsewhere(Kind::Tickets, tickets);
-        share.set_elsewhere(Kind::Waiters, waiters);
-
+    /// Adds the keys `share` was asked for here to the current period's
+    /// count and returns the distinct keys it asked for fleet-wide within
+    /// `idle_after`.
+    async fn count_keys(
+        &self,
+        share: &Share,
+        now: Millis,
+        idle_after: Millis,
+    ) -> Result<u64, EngineError> {
+        let prefix = format!("fusebox:share:{{{}}}:keys:", share.name());
         let period = now / KEYS_PERIOD;
         let asked = share.take_unpublished();
         for chunk in asked.chunks(1_000) {
             let mut add = redis::cmd("PFADD");
-            add.arg(format!("{keys}{period}"));
+            add.arg(format!("{prefix}{period}"));
             for key in chunk {
                 add.arg(key.as_bytes());
             }
@@ -148,21 +194,19 @@ impl RedisStore {
         }
         if !asked.is_empty() {
             let mut keep = redis::cmd("PEXPIRE");
-            keep.arg(format!("{keys}{period}"))
+            keep.arg(format!("{prefix}{period}"))
                 .arg(idle_after.saturating_add(2 * KEYS_PERIOD));
             self.conn.query(&keep).await?;
         }
         let first = now.saturating_sub(idle_after) / KEYS_PERIOD;
         let mut count = redis::cmd("PFCOUNT");
         for p in first..=period {
-            count.arg(format!("{keys}{p}"));
+            count.arg(format!("{prefix}{p}"));
         }
-        let fleet = match self.conn.query(&count).await? {
-            Value::Int(n) => n.max(0) as u64,
-            other => return Err(EngineError::Internal(format!("PFCOUNT answered {other:?}"))),
-        };
-        share.set_elsewhere(Kind::Keys, fleet.saturating_sub(share.held(Kind::Keys)));
-        Ok(fleet)
+        match self.conn.query(&count).await? {
+            Value::Int(n) => Ok(n.max(0) as u64),
+            other => Err(EngineError::Internal(format!("PFCOUNT answered {other:?}"))),
+        }
     }
 
     /// Why the store is nearly full, read from the primaries at most once
@@ -213,9 +257,10 @@ impl RedisStore {
     }
 }
 
-/// What the other servers hold (tickets, waiting requests), from a
-/// share's hash; servers not heard from within [`GONE_AFTER`] hold nothing.
-fn others(value: &Value, me: &str, now: Millis) -> (u64, u64) {
+/// What the other servers hold of each credential, from the shares'
+/// hash, and the fields no server wrote for [`KEPT_FOR`]; servers not
+/// heard from within [`GONE_AFTER`] hold nothing.
+fn heard(value: &Value, me: &str, now: Millis) -> (HashMap<String, Heard>, Vec<String>) {
     let pairs: Vec<(String, String)> = match value {
         Value::Map(pairs) => pairs
             .iter()
@@ -227,23 +272,31 @@ fn others(value: &Value, me: &str, now: Millis) -> (u64, u64) {
             .collect(),
         _ => Vec::new(),
     };
-    let mut sum = (0u64, 0u64);
-    for (server, held) in pairs {
-        if server == me {
-            continue;
-        }
-        let mut words = held.split(' ').map(|w| w.parse::<u64>().ok());
-        let (Some(Some(tickets)), Some(Some(waiters)), Some(Some(at))) =
-            (words.next(), words.next(), words.next())
-        else {
+    let mut sums: HashMap<String, Heard> = HashMap::new();
+    let mut stale = Vec::new();
+    for (field, held) in pairs {
+        let Some((server, credential)) = field.split_once('\n') else {
+            stale.push(field);
             continue;
         };
-        if at.saturating_add(GONE_AFTER) >= now {
-            sum.0 = sum.0.saturating_add(tickets);
-            sum.1 = sum.1.saturating_add(waiters);
+        let numbers: Vec<u64> = held.split(' ').filter_map(|w| w.parse().ok()).collect();
+        let [tickets, waiters, keys, at] = numbers[..] else {
+            stale.push(field);
+            continue;
+        };
+        if at.saturating_add(KEPT_FOR) < now {
+            stale.push(field);
+            continue;
         }
+        if server == me || at.saturating_add(GONE_AFTER) < now {
+            continue;
+        }
+        let sum = sums.entry(credential.to_owned()).or_default();
+        sum.tickets = sum.tickets.saturating_add(tickets);
+        sum.waiters = sum.waiters.saturating_add(waiters);
+        sum.keys = sum.keys.max(keys);
     }
-    sum
+    (sums, stale)
 }
 
 fn text(value: &Value) -> Option<String> {
@@ -273,18 +326,31 @@ mod tests {
     #[test]
     fn the_others_holdings_are_summed_and_the_gone_left_out() {
         let hash = Value::Array(vec![
-            bulk("me"),
-            bulk("9 9 1000"),
-            bulk("a"),
-            bulk("3 1 1000"),
-            bulk("b"),
-            bulk("2 0 1500"),
-            bulk("gone"),
-            bulk("50 50 10"),
+            bulk("me\nt"),
+            bulk("9 9 9 100000"),
+            bulk("a\nt"),
+            bulk("3 1 7 100000"),
+            bulk("b\nt"),
+            bulk("2 0 5 99000"),
+            bulk("b\nu"),
+            bulk("1 1 1 99000"),
+            bulk("quiet\nt"),
+            bulk("50 50 50 90000"),
+            bulk("dead\nt"),
+            bulk("50 50 50 10"),
             bulk("garbled"),
             bulk("x"),
         ]);
-        assert_eq!(others(&hash, "me", 4_000), (5, 1));
+        let (sums, mut stale) = heard(&hash, "me", 100_000);
+        let t = Heard {
+            tickets: 5,
+            waiters: 1,
+            keys: 7,
+        };
+        assert_eq!(sums.get("t"), Some(&t));
+        assert_eq!(sums.get("u").map(|h| h.tickets), Some(1));
+        stale.sort();
+        assert_eq!(stale, ["dead\nt", "garbled"]);
     }
 
     #[test]
