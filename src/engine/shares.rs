@@ -153,6 +153,9 @@ pub struct Share {
     /// Its single calls in flight with a store, which other credentials'
     /// Decide parts yield to.
     calls_in_flight: AtomicU64,
+    /// Until when (engine time) a search for its keys at rest to forget
+    /// is not tried again, after one found none (embedded).
+    barren_until: AtomicU64,
 }
 
 /// The most Decide frames of one credential in flight to the store.
@@ -218,7 +221,18 @@ impl Share {
             store_frames: tokio::sync::Semaphore::new(STORE_FRAMES_PER_CREDENTIAL),
             keys: Mutex::new((HashMap::new(), 0)),
             calls_in_flight: AtomicU64::new(0),
+            barren_until: AtomicU64::new(0),
         }
+    }
+
+    /// Until when a search for its keys at rest is not tried again.
+    pub(super) fn barren_until(&self) -> &AtomicU64 {
+        &self.barren_until
+    }
+
+    /// True when it holds all its limit of `kind`.
+    pub fn is_full(&self, kind: Kind) -> bool {
+        self.held(kind) >= self.limit(kind)
     }
 
     /// With a store (decisions 104): counts `key` as one of its keys while
@@ -297,17 +311,23 @@ impl Share {
     /// One more of `kind` if it fits under the limit; counts the refusal
     /// when it does not.
     pub fn try_take(&self, kind: Kind) -> bool {
+        let taken = self.take_quietly(kind);
+        if !taken {
+            self.count_refusal(kind);
+        }
+        taken
+    }
+
+    /// One more of `kind` if it fits under the limit, counting no refusal
+    /// (the caller counts it once it is final: a key may find room after
+    /// keys at rest are forgotten).
+    pub fn take_quietly(&self, kind: Kind) -> bool {
         let limit = self.limit(kind);
-        let held = &self.held[kind as usize];
-        let taken = held
+        self.held[kind as usize]
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < limit).then_some(n + 1)
             })
-            .is_ok();
-        if !taken {
-            self.refused[kind as usize].fetch_add(1, Ordering::Relaxed);
-        }
-        taken
+            .is_ok()
     }
 
     /// Gives back one of `kind`.
