@@ -416,8 +416,10 @@ async fn rls_keys_count_in_the_share(mode: Mode<'_>) {
         rate_limit_descriptor::Entry, RateLimitDescriptor,
     };
     use fusebox::proto::envoy::service::ratelimit::v3 as rls;
+    // The node's own budget (RL20) is above the share, so that the share
+    // is what refuses.
     let rules = "[[rls.domain]]\nname = \"edge\"\n[[rls.domain.descriptor]]\nkey = \"user\"\n\
-                 rate_limit = { unit = \"hour\", requests_per_unit = 100 }\n";
+                 max_keys = 10\nrate_limit = { unit = \"hour\", requests_per_unit = 100 }\n";
     let config = format!(
         "[server]\nmax_keys = 6\n{rules}\n[auth]\n{}",
         entry("a", A, "rls/*", "")
