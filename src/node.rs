@@ -89,17 +89,21 @@ pub enum RlsTrouble {
     NoRoom,
     /// A descriptor's values were digested into a bounded key (RL17).
     Digested,
+    /// A descriptor's new key was past its node's budget of keys:
+    /// answered as `[rls] no_room` says (RL20).
+    OverBudget,
 }
 
 impl RlsTrouble {
     /// Every kind, in their order in the counters.
-    pub const ALL: [RlsTrouble; 6] = [
+    pub const ALL: [RlsTrouble; 7] = [
         RlsTrouble::InvalidArgument,
         RlsTrouble::Unauthenticated,
         RlsTrouble::PermissionDenied,
         RlsTrouble::Unavailable,
         RlsTrouble::NoRoom,
         RlsTrouble::Digested,
+        RlsTrouble::OverBudget,
     ];
 
     /// Its label on `/metrics`.
@@ -111,6 +115,7 @@ impl RlsTrouble {
             RlsTrouble::Unavailable => "unavailable",
             RlsTrouble::NoRoom => "no_room",
             RlsTrouble::Digested => "digested",
+            RlsTrouble::OverBudget => "over_budget",
         }
     }
 }

@@ -84,6 +84,9 @@ pub struct DescriptorSpec {
     pub shadow_mode: bool,
     /// Refused with the reason (the protocol has no Complete).
     pub breaker: Option<toml::Value>,
+    /// The most keys a limited node that takes any value on its path may
+    /// count for one credential (RL20); absent: a part of its key share.
+    pub max_keys: Option<u64>,
     /// Deeper nodes.
     #[serde(default)]
     pub descriptor: Vec<DescriptorSpec>,
@@ -125,6 +128,27 @@ pub struct Limit {
     pub algorithm: String,
     /// Token bucket: the most tokens, when set.
     pub burst: Option<u32>,
+}
+
+impl Limit {
+    /// How long after a charge its key is back at rest at most (its
+    /// limiter full again, K2): a fixed window's unit, a sliding window's
+    /// two, a token bucket's units to refill its burst, and one more.
+    pub fn rests_within(&self) -> Millis {
+        let unit = OVERRIDE_UNITS
+            .iter()
+            .find(|u| u.2 == self.unit)
+            .map_or(1_000, |u| u.1);
+        match self.algorithm.as_str() {
+            "fixed_window" => unit,
+            "sliding_window" => unit.saturating_mul(2),
+            _ => {
+                let n = self.requests_per_unit.max(1);
+                let burst = self.burst.unwrap_or(n).max(n);
+                unit.saturating_mul(Millis::from(burst.div_ceil(n)) + 1)
+            }
+        }
+    }
 }
 
 /// The units a descriptor's `limit` override may name: Envoy's
@@ -222,6 +246,17 @@ fn policy_of(
     .map_err(|e| format!("{}: {}", e.field, e.problem))
 }
 
+/// The budget of keys of a limited node that takes any value on its
+/// path, so makes a key per value (RL20).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// The node, named by its keys' pattern (`rls/{DOMAIN}/.../=*`), the
+    /// same across reloads while the node stays.
+    pub node: std::sync::Arc<str>,
+    /// Its `max_keys`; absent: [`Rls::budget_part`] of the key share.
+    pub max_keys: Option<u64>,
+}
+
 /// What a matched node does.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -231,6 +266,8 @@ pub enum Action {
         limit: Limit,
         /// Report, but never refuse.
         shadow: bool,
+        /// Its budget of keys, when it makes a key per value (RL20).
+        budget: Option<Budget>,
     },
     /// OK, nothing charged.
     Unlimited,
@@ -265,6 +302,8 @@ pub struct Rls {
     pub max_value_bytes: u32,
     /// What a descriptor whose key cannot be made answers (RL18).
     pub no_room: NoRoom,
+    /// Limited nodes that take any value on their path (RL20).
+    pub any_value_nodes: u32,
 }
 
 /// What a descriptor whose key cannot be made (the key cap, the
@@ -287,6 +326,7 @@ impl Default for Rls {
             max_entries: MAX_ENTRIES,
             max_value_bytes: MAX_VALUE_BYTES,
             no_room: NoRoom::OverLimit,
+            any_value_nodes: 0,
         }
     }
 }
@@ -405,6 +445,14 @@ impl Rls {
         self.domains.is_empty()
     }
 
+    /// The part of a credential's key share (of `max_keys` without
+    /// credentials) that a node without `max_keys` may count (RL20):
+    /// one over the limited nodes that take any value, at most a half, as
+    /// the tenants' default share (decisions 140).
+    pub fn budget_part(&self) -> f64 {
+        (1.0 / f64::from(self.any_value_nodes.max(1))).min(0.5)
+    }
+
     /// The node that `entries` lead to in `domain`, with the key to charge:
     /// `None` for an unknown domain, a path the config does not have, or a
     /// node with neither a limit nor `unlimited` (RL4).
@@ -472,8 +520,10 @@ impl RlsSpec {
                     ))
                 }
             },
+            any_value_nodes: 0,
         };
         let max_nodes = cap(self.max_nodes, "max_nodes", MAX_NODES)?;
+        let mut any_value_nodes = 0u32;
         let mut rules = Vec::new();
         let mut nodes = 0u32;
         for (i, d) in self.domain.iter().enumerate() {
@@ -503,6 +553,7 @@ impl RlsSpec {
                 rules: &mut rules,
                 nodes: &mut nodes,
                 max_nodes,
+                any_value_nodes: &mut any_value_nodes,
             };
             for (j, spec) in d.descriptor.iter().enumerate() {
                 walk.add(
@@ -519,6 +570,7 @@ impl RlsSpec {
             let text = r.pattern.text();
             (text.ends_with('*'), std::cmp::Reverse(text.len()))
         });
+        rls.any_value_nodes = any_value_nodes;
         Ok((rls, rules))
     }
 }
@@ -530,6 +582,7 @@ struct Walk<'a> {
     rules: &'a mut Vec<Rule>,
     nodes: &'a mut u32,
     max_nodes: u32,
+    any_value_nodes: &'a mut u32,
 }
 
 impl Walk<'_> {
@@ -588,6 +641,21 @@ impl Walk<'_> {
             ));
         }
         path.push((spec.key.clone(), spec.value.clone()));
+        let takes_any = path.iter().any(|(_, v)| v.is_none());
+        if let Some(n) = spec.max_keys {
+            if n == 0 {
+                return Err(bad(
+                    "max_keys",
+                    "must be at least 1 (for no key at all, leave the descriptor out)".into(),
+                ));
+            }
+            if spec.rate_limit.is_none() || !takes_any {
+                return Err(bad(
+                    "max_keys",
+                    "is for a node with a rate_limit that takes any value on its path (a node without value, or below one): only such a node makes a key per value".into(),
+                ));
+            }
+        }
         let action = match (&spec.rate_limit, spec.unlimited) {
             (_, true) => Some(Action::Unlimited),
             (Some(rl), false) => {
@@ -618,9 +686,16 @@ impl Walk<'_> {
                     )
                 })?;
                 self.rules.push(Rule { pattern, policy });
+                if takes_any {
+                    *self.any_value_nodes += 1;
+                }
                 Some(Action::Limit {
                     limit,
                     shadow: spec.shadow_mode,
+                    budget: takes_any.then(|| Budget {
+                        node: std::sync::Arc::from(text.as_str()),
+                        max_keys: spec.max_keys,
+                    }),
                 })
             }
             (None, false) => None,
@@ -834,6 +909,56 @@ mod tests {
         );
     }
 
+    /// RL20: each limited node that takes any value on its path has a
+    /// budget: its `max_keys`, else a part of the key share.
+    #[test]
+    fn nodes_that_take_any_value_have_a_budget_of_keys() {
+        let (rls, _) = rls(r#"
+            [[domain]]
+            name = "edge"
+            [[domain.descriptor]]
+            key = "remote_address"
+            rate_limit = { unit = "minute", requests_per_unit = 3 }
+            [[domain.descriptor]]
+            key = "path"
+            value = "/api"
+            rate_limit = { unit = "hour", requests_per_unit = 5 }
+              [[domain.descriptor.descriptor]]
+              key = "user"
+              max_keys = 50
+              rate_limit = { unit = "second", requests_per_unit = 3, algorithm = "token_bucket", burst = 7 }
+        "#);
+        assert_eq!(rls.any_value_nodes, 2);
+        assert_eq!(rls.budget_part(), 0.5);
+        let budget = |entries: &[(&str, &str)]| match rls.lookup("edge", entries) {
+            Some(Matched {
+                action: Action::Limit { budget, .. },
+                ..
+            }) => budget,
+            other => panic!("{other:?}"),
+        };
+        let address = budget(&[("remote_address", "a")]).expect("a budget");
+        assert_eq!(
+            (&*address.node, address.max_keys),
+            ("rls/{edge}/remote_address/=*", None)
+        );
+        assert_eq!(budget(&[("path", "/api")]), None, "one key, no budget");
+        let user = budget(&[("path", "/api"), ("user", "u")]).expect("a budget");
+        assert_eq!(user.max_keys, Some(50));
+        let rests = |entries: &[(&str, &str)]| match rls.lookup("edge", entries) {
+            Some(Matched {
+                action: Action::Limit { limit, .. },
+                ..
+            }) => limit.rests_within(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(rests(&[("remote_address", "a")]), 60_000);
+        // A burst of 7 at 3 a second refills in 3 seconds, and one more.
+        assert_eq!(rests(&[("path", "/api"), ("user", "u")]), 4_000);
+        let (many, _) = super::tests::rls("[[domain]]\nname = \"e\"\n[[domain.descriptor]]\nkey = \"a\"\nrate_limit = { unit = \"second\", requests_per_unit = 1 }\n[[domain.descriptor]]\nkey = \"b\"\nrate_limit = { unit = \"second\", requests_per_unit = 1 }\n[[domain.descriptor]]\nkey = \"c\"\nrate_limit = { unit = \"second\", requests_per_unit = 1 }\n");
+        assert_eq!(many.budget_part(), 1.0 / 3.0);
+    }
+
     #[test]
     fn a_descriptor_that_needs_a_complete_is_refused_with_the_reason() {
         for (text, field, words) in [
@@ -851,6 +976,16 @@ mod tests {
                 "[[domain]]\nname = \"e\"\n[[domain.descriptor]]\nkey = \"k\"\nrate_limit = { unit = \"week\", requests_per_unit = 1 }\n",
                 "descriptor[0].rate_limit.unit",
                 "not a unit",
+            ),
+            (
+                "[[domain]]\nname = \"e\"\n[[domain.descriptor]]\nkey = \"k\"\nvalue = \"v\"\nmax_keys = 5\nrate_limit = { unit = \"second\", requests_per_unit = 1 }\n",
+                "descriptor[0].max_keys",
+                "any value",
+            ),
+            (
+                "[[domain]]\nname = \"e\"\n[[domain.descriptor]]\nkey = \"k\"\nmax_keys = 0\nrate_limit = { unit = \"second\", requests_per_unit = 1 }\n",
+                "descriptor[0].max_keys",
+                "at least 1",
             ),
             (
                 "max_descriptors = 65\n",

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::embedded::{Effects, Reach};
+use super::embedded::{count_no_room, is_no_room_for_key, Effects, Reach};
 use super::error::{check_key, fuse_error};
 use super::shards::Shards;
 use super::shares::Share;
@@ -74,7 +74,38 @@ impl Engine {
         shards.sort_unstable();
         shards.dedup();
         let mut effects: Vec<Effects> = Vec::new();
-        let result = {
+        // A new key that finds no room first has keys at rest that
+        // charges made forgotten for it (K2, RL19), then the charge is
+        // tried once more.
+        let mut searched = false;
+        let result = loop {
+            let attempt = self.charge_once(&keys, &shards, items, owner, searched, &mut effects);
+            match attempt {
+                Err(e) if !searched && is_no_room_for_key(&e) => {
+                    searched = true;
+                    self.make_room(owner);
+                }
+                other => break other,
+            }
+        };
+        for e in effects {
+            self.after(e);
+        }
+        result
+    }
+
+    /// One try of [`Engine::charge_all`] under the keys' shard locks;
+    /// `last_try` counts a key's refusal for room.
+    fn charge_once(
+        &self,
+        keys: &BTreeMap<&str, Planned<'_>>,
+        shards: &[usize],
+        items: &[ChargeItem],
+        owner: Option<&Arc<Share>>,
+        last_try: bool,
+        effects: &mut Vec<Effects>,
+    ) -> Result<ChargeReply, EngineError> {
+        {
             // Ascending shard order: the one order every multi-key charge takes.
             let mut guards: Vec<_> = shards.iter().map(|&s| (s, self.shards.write(s))).collect();
             let now = self.core.now();
@@ -85,7 +116,7 @@ impl Engine {
             };
             let mut quotes: BTreeMap<&str, Quote> = BTreeMap::new();
             let mut outcome = Ok(());
-            for (&key, &(hash, shard, permits, policy)) in &keys {
+            for (&key, &(hash, shard, permits, policy)) in keys {
                 let state = &mut *guards[guard_of(shard)].1;
                 let at = At {
                     policy,
@@ -95,8 +126,9 @@ impl Engine {
                     shard,
                     now,
                     request: true,
+                    last_try,
                 };
-                let quoted = self.on_slot(state, at, &mut effects, |fuse| fuse.quote(permits, now));
+                let quoted = self.on_slot(state, at, effects, |fuse| fuse.quote(permits, now));
                 match quoted {
                     Ok(q) => {
                         quotes.insert(key, q);
@@ -110,7 +142,7 @@ impl Engine {
             outcome.and_then(|()| {
                 let charged = quotes.values().all(|q| q.fits);
                 if charged {
-                    for (&key, &(hash, shard, permits, policy)) in &keys {
+                    for (&key, &(hash, shard, permits, policy)) in keys {
                         let state = &mut *guards[guard_of(shard)].1;
                         // Counted once, as a request, when it was quoted.
                         let at = At {
@@ -121,11 +153,12 @@ impl Engine {
                             shard,
                             now,
                             request: false,
+                            last_try,
                         };
                         // Quoted under the same locks, so it fits: a
                         // failure here is a bug, reported as such.
-                        let q = self
-                            .on_slot(state, at, &mut effects, |fuse| fuse.charge(permits, now))?;
+                        let q =
+                            self.on_slot(state, at, effects, |fuse| fuse.charge(permits, now))?;
                         quotes.insert(key, q);
                     }
                 }
@@ -138,11 +171,7 @@ impl Engine {
                     now,
                 })
             })
-        };
-        for e in effects {
-            self.after(e);
         }
-        result
     }
 
     /// Runs `op` on `key`'s fuse in the locked shard `state`, making the
@@ -162,6 +191,7 @@ impl Engine {
             request,
             policy: given,
             owner,
+            last_try,
         } = at;
         let rest = &mut state.rest;
         let (slot, created) =
@@ -171,7 +201,12 @@ impl Engine {
             {
                 hashbrown::hash_table::Entry::Occupied(o) => (o.into_mut(), false),
                 hashbrown::hash_table::Entry::Vacant(v) => {
-                    let slot = self.new_slot(rest, key, shard, now, owner, given)?;
+                    let mut slot = match self.new_slot(rest, key, shard, now, owner, given) {
+                        Ok(slot) => slot,
+                        Err(e) if last_try => return Err(count_no_room(e, rest, owner)),
+                        Err(e) => return Err(e),
+                    };
+                    slot.by_charge = true;
                     (v.insert(slot).into_mut(), true)
                 }
             };
@@ -226,4 +261,6 @@ struct At<'a> {
     shard: usize,
     now: Millis,
     request: bool,
+    /// A key's refusal for room is final (counted).
+    last_try: bool,
 }

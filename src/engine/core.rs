@@ -1,6 +1,7 @@
 //! What a server keeps whichever store holds its keys ([`super::Store`]):
 //! the clock, the rules in force, the caps, the events watchers hear, what
-//! each credential's share holds, and whether it is shutting down. The
+//! each credential's share holds, the rate-limit service's budgets of
+//! keys, and whether it is shutting down. The
 //! embedded engine and the Redis store each hold one, shared with the
 //! services around them.
 
@@ -8,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
+use super::budgets::Budgets;
 use super::clock::{Clock, ManualClock};
 use super::events::{Event, Publisher};
 use super::limits::Limits;
@@ -31,6 +33,8 @@ pub struct Core {
     unix_times: AtomicBool,
     /// What each credential may hold and holds (decisions 99).
     shares: Shares,
+    /// The rate-limit service's budgets of keys per node (RL20).
+    budgets: Budgets,
     /// Rules refused at `max_rules`.
     rules_refused: AtomicU64,
 }
@@ -61,6 +65,7 @@ impl Core {
             origin,
             unix_times: AtomicBool::new(false),
             shares: Shares::default(),
+            budgets: Budgets::default(),
             rules_refused: AtomicU64::new(0),
         }
     }
@@ -78,6 +83,11 @@ impl Core {
     /// What each credential may hold and holds.
     pub fn shares(&self) -> &Shares {
         &self.shares
+    }
+
+    /// The rate-limit service's budgets of keys per node (RL20).
+    pub fn budgets(&self) -> &Budgets {
+        &self.budgets
     }
 
     /// The caps in force.

@@ -25,7 +25,7 @@ use super::shards::{Rest, Shards, Slot, SHARDS, UNSCHEDULED};
 use super::shares::{self, Share};
 use super::signal::TimerSignal;
 use super::storage::{Actor, Storage};
-use super::sweep::SweepCounters;
+use super::sweep::{RoomSearch, SweepCounters};
 use super::tickets::{random_ticket, ticket_of, token_of};
 use crate::domain::{
     Ask, Decision, Fuse, FuseError, Grant, Millis, Notice, OperatorAction, Outcome, Phase, Policy,
@@ -125,6 +125,8 @@ pub struct Engine {
     pub(super) timer: TimerSignal,
     pub(super) advancing: tokio::sync::Mutex<()>,
     pub(super) sweeps: SweepCounters,
+    /// The search for keys at rest to forget when a new key finds no room.
+    pub(super) room: RoomSearch,
     /// The data dir, when state is kept across restarts.
     pub(super) storage: std::sync::OnceLock<Storage>,
 }
@@ -167,6 +169,7 @@ impl Engine {
             timer: TimerSignal::default(),
             advancing: tokio::sync::Mutex::new(()),
             sweeps: SweepCounters::default(),
+            room: RoomSearch::default(),
             storage: std::sync::OnceLock::new(),
             core,
         }
@@ -257,8 +260,12 @@ impl Engine {
                     hashbrown::hash_table::Entry::Occupied(o) => (o.into_mut(), false),
                     hashbrown::hash_table::Entry::Vacant(_) if !access.create => return Ok(None),
                     hashbrown::hash_table::Entry::Vacant(v) => {
-                        let slot = self.new_slot(rest, key, shard, now, access.owner, None)?;
-                        (v.insert(slot).into_mut(), true)
+                        match self.new_slot(rest, key, shard, now, access.owner, None) {
+                            Ok(slot) => (v.insert(slot).into_mut(), true),
+                            // K3: past the cap an acquire fails; only the
+                            // rate-limit service's charges make room (RL19).
+                            Err(e) => return Err(count_no_room(e, rest, access.owner)),
+                        }
                     }
                 };
             if access.request {
@@ -272,7 +279,9 @@ impl Engine {
 
     /// Makes the slot of a new key in the locked shard's `rest`, within the
     /// key cap and `owner`'s share (decisions 99), under `policy` or the
-    /// one the rules give.
+    /// one the rules give. A refusal is not counted here: the caller
+    /// counts it with [`count_no_room`] once it is final (keys at rest
+    /// may be forgotten to make room, and the key tried again).
     pub(super) fn new_slot(
         &self,
         rest: &mut Rest,
@@ -283,7 +292,7 @@ impl Engine {
         policy: Option<&Arc<Policy>>,
     ) -> Result<Box<Slot>, EngineError> {
         if let Some(owner) = owner {
-            if !owner.try_take(shares::Kind::Keys) {
+            if !owner.take_quietly(shares::Kind::Keys) {
                 return Err(owner.refusal(shares::Kind::Keys));
             }
         }
@@ -291,7 +300,6 @@ impl Engine {
             if let Some(owner) = owner {
                 owner.give(shares::Kind::Keys);
             }
-            rest.tally.cap_refusals[Capped::Keys as usize] += 1;
             return Err(EngineError::Exhausted {
                 what: "keys",
                 cap: "max_keys",
@@ -309,6 +317,7 @@ impl Engine {
             fuse: Fuse::new(policy, now),
             generation: rest.rules.generation,
             owner: owner.cloned(),
+            by_charge: false,
         }))
     }
 
@@ -758,6 +767,35 @@ impl Engine {
             None => self.get(key),
         }
     }
+}
+
+/// True when `e` says a new key found no room: the key cap (K3) or the
+/// credential's key share (decisions 99).
+pub(super) fn is_no_room_for_key(e: &EngineError) -> bool {
+    match e {
+        EngineError::Exhausted { cap, .. } => *cap == "max_keys",
+        EngineError::ShareExhausted { field, .. } => *field == shares::Kind::Keys.field(),
+        _ => false,
+    }
+}
+
+/// Counts a new key's final refusal for room (in the share's refusals or
+/// the shard's cap refusals) and gives it back.
+pub(super) fn count_no_room(
+    e: EngineError,
+    rest: &mut Rest,
+    owner: Option<&Arc<Share>>,
+) -> EngineError {
+    match &e {
+        EngineError::ShareExhausted { .. } => {
+            if let Some(owner) = owner {
+                owner.count_refusal(shares::Kind::Keys);
+            }
+        }
+        EngineError::Exhausted { .. } => rest.tally.cap_refusals[Capped::Keys as usize] += 1,
+        _ => {}
+    }
+    e
 }
 
 /// Checks an operator's `action` on `key` and logs it; returns the reason

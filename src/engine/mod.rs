@@ -13,16 +13,19 @@
 //! [`error`] (refusals and argument checks), `tickets` (ids and tokens),
 //! `limits`, `rules` (patterns and the rules in force), `settings`, `api`
 //! (what the engine is asked and answers), `events` (what watchers are
-//! told), [`shares`] (what each credential may hold), `quota` (caps without
+//! told), [`shares`] (what each credential may hold), [`budgets`] (keys
+//! per rate-limit descriptor node), `quota` (caps without
 //! a shared counter), `sweep`, `signal`, `storage` (the data dir's file),
 //! `shards` (the sharded map), [`core`] (what every store shares),
 //! `embedded` (the [`Engine`] and its operations), then the engine's other
 //! parts: `observe` (reads, listing, totals, busiest keys), `timer`
-//! (settlement, forgetting, the manual clock), `durable` (the data dir),
+//! (settlement, forgetting, the manual clock), `room` (keys at rest
+//! forgotten for a new key), `durable` (the data dir),
 //! `policies` (rule changes); [`store`] picks the embedded engine or
 //! [`redis`] (the Redis store). This file only names them.
 
 mod api;
+pub mod budgets;
 mod charges;
 pub mod clock;
 pub mod core;
@@ -36,6 +39,7 @@ mod observe;
 mod policies;
 mod quota;
 pub mod redis;
+mod room;
 mod rules;
 mod settings;
 mod shards;

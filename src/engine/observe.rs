@@ -231,6 +231,11 @@ impl Engine {
         Shards::shard_of(self.shards.hash(key))
     }
 
+    /// Keys at rest forgotten to make room for a new key, since start.
+    pub fn keys_evicted(&self) -> u64 {
+        self.room.evicted.load(Ordering::Relaxed)
+    }
+
     /// Idle sweep batches run since start, and the largest batch.
     pub fn sweep_figures(&self) -> (u64, u64) {
         (

@@ -45,6 +45,9 @@ pub(super) struct Slot {
     pub generation: u32,
     /// The credential whose share the key counts against (decisions 99).
     pub owner: Option<Arc<super::shares::Share>>,
+    /// Made by a charge of the rate-limit service: forgotten at rest when
+    /// another charge's new key needs room (RL19).
+    pub by_charge: bool,
 }
 
 /// Where [`Totals::decisions`] counts grants and denials.

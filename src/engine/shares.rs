@@ -5,7 +5,7 @@
 //! Each credential has a [`Share`]: a limit per [`Kind`] (its entry's
 //! `limits`, else `[auth] share` of the server's cap) and what it holds.
 //! The server-wide caps still hold on top. With `--store`, a share holds
-//! fleet-wide (decisions 147): each server counts what the credential
+//! fleet-wide (decisions 148): each server counts what the credential
 //! holds through it and learns, a few times a second through Redis, what
 //! it holds through the others ([`Share::elsewhere`]).
 
@@ -152,14 +152,17 @@ pub struct Share {
     /// With a store, the keys it asked for lately (decisions 104).
     keys: Mutex<Asked>,
     /// With a store, what it holds through the fleet's other servers, as
-    /// last read from Redis (decisions 147); zeros embedded.
+    /// last read from Redis (decisions 148); zeros embedded.
     elsewhere: [AtomicU64; KINDS],
-    /// With a store nearly full (decisions 147): why this credential's new
+    /// With a store nearly full (decisions 148): why this credential's new
     /// keys are refused, while it holds more than its part of the store.
     no_new_keys: Mutex<Option<Arc<str>>>,
     /// Its single calls in flight with a store, which other credentials'
     /// Decide parts yield to.
     calls_in_flight: AtomicU64,
+    /// Until when (engine time) a search for its keys at rest to forget
+    /// is not tried again, after one found none (embedded).
+    barren_until: AtomicU64,
 }
 
 /// The keys a credential asked for lately through this server.
@@ -175,7 +178,7 @@ struct Asked {
 }
 
 /// With a store, a key counts fleet-wide once per period of this length
-/// in which it is asked for (decisions 147).
+/// in which it is asked for (decisions 148).
 pub const KEYS_PERIOD: Millis = 60_000;
 
 /// The most Decide frames of one credential in flight to the store.
@@ -243,13 +246,24 @@ impl Share {
             elsewhere: Default::default(),
             no_new_keys: Mutex::new(None),
             calls_in_flight: AtomicU64::new(0),
+            barren_until: AtomicU64::new(0),
         }
+    }
+
+    /// Until when a search for its keys at rest is not tried again.
+    pub(super) fn barren_until(&self) -> &AtomicU64 {
+        &self.barren_until
+    }
+
+    /// True when it holds all its limit of `kind`.
+    pub fn is_full(&self, kind: Kind) -> bool {
+        self.held(kind) >= self.limit(kind)
     }
 
     /// With a store (decisions 104): counts `key` as one of its keys while
     /// it asked for it within `idle_after` (a key Redis forgets that long
     /// after its last use); refused when that makes more than its limit.
-    /// Counting what the other servers hold (decisions 147), a key new
+    /// Counting what the other servers hold (decisions 148), a key new
     /// here fits only under its limit less the keys asked for through the
     /// others alone. While the store is nearly full and this credential
     /// holds more than its part of it, a key new here is refused with
@@ -314,7 +328,7 @@ impl Share {
     }
 
     /// What it holds of `kind` through the fleet's other servers, as last
-    /// read (decisions 147); 0 embedded.
+    /// read (decisions 148); 0 embedded.
     pub fn elsewhere(&self, kind: Kind) -> u64 {
         self.elsewhere[kind as usize].load(Ordering::Relaxed)
     }
@@ -364,18 +378,24 @@ impl Share {
     /// One more of `kind` if it fits under the limit; counts the refusal
     /// when it does not.
     pub fn try_take(&self, kind: Kind) -> bool {
-        // With a store, what the other servers hold counts (decisions 147).
+        let taken = self.take_quietly(kind);
+        if !taken {
+            self.count_refusal(kind);
+        }
+        taken
+    }
+
+    /// One more of `kind` if it fits under the limit, counting no refusal
+    /// (the caller counts it once it is final: a key may find room after
+    /// keys at rest are forgotten). With a store, what the other servers
+    /// hold counts (decisions 148).
+    pub fn take_quietly(&self, kind: Kind) -> bool {
         let limit = self.limit(kind).saturating_sub(self.elsewhere(kind));
-        let held = &self.held[kind as usize];
-        let taken = held
+        self.held[kind as usize]
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < limit).then_some(n + 1)
             })
-            .is_ok();
-        if !taken {
-            self.refused[kind as usize].fetch_add(1, Ordering::Relaxed);
-        }
-        taken
+            .is_ok()
     }
 
     /// Gives back one of `kind`.

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 
+use super::budgets::NodeUse;
 use super::rules::{Pattern, Rule, Rules};
 use super::shares::{self, Kind, Share};
 use super::tickets::ticket_of;
@@ -373,6 +374,44 @@ impl Store {
         }
     }
 
+    /// Counts a key charged through a rate-limit node that takes any
+    /// value in that node's budget for `share`'s credential (RL20): its
+    /// `max_keys`, else its part of the credential's key share (of
+    /// `[server] max_keys` without a credential), rounded up. Embedded, a
+    /// key counts until it would be back at rest (then it may be
+    /// forgotten to make room); with a store, for as long as the share
+    /// counts it too (decisions 104), so that a node never holds more of
+    /// the share than its budget. Err: the budget, when the key is new
+    /// and the node counts that many keys.
+    pub fn use_node_key(&self, share: Option<&Arc<Share>>, node: NodeUse<'_>) -> Result<(), u64> {
+        let limits = self.core().limits();
+        let base = share.map_or(limits.max_keys, |s| s.limit(Kind::Keys));
+        let limit = node
+            .max_keys
+            .unwrap_or_else(|| shares::default_limit(base, node.part));
+        let now = self.core().now();
+        let held_for = match self {
+            Store::Embedded(_) => node.rests_within,
+            Store::Redis(_) => node
+                .rests_within
+                .saturating_add(shares::key_idle_after(&limits)),
+        };
+        let tenant = share.map_or("", |s| s.name());
+        let taken = self.core().budgets().use_key(
+            node.node,
+            tenant,
+            node.key,
+            now,
+            now.saturating_add(held_for),
+            limit,
+        );
+        if taken {
+            Ok(())
+        } else {
+            Err(limit)
+        }
+    }
+
     /// Answers an acquire (B1, P1–P6, C1–C4), waiting while queued.
     pub async fn acquire(&self, args: AcquireArgs) -> Result<AcquireReply, EngineError> {
         // F1: a call whose deadline passed while it waited is not decided.
@@ -419,7 +458,7 @@ impl Store {
     }
 
     /// With a store, counts `key` among `share`'s keys (decisions 104,
-    /// 147). A key new here that the share refuses for what the other
+    /// 148). A key new here that the share refuses for what the other
     /// servers hold, or while the store is nearly full, goes on when the
     /// store already holds it: a key that exists makes nothing grow.
     async fn use_key(&self, share: &Share, key: &str, now: Millis) -> Result<(), EngineError> {
@@ -628,6 +667,15 @@ impl Store {
                 }
             }
             Store::Redis(r) => r.figures().await,
+        }
+    }
+
+    /// Keys at rest forgotten to make room for a new key, since start
+    /// (the embedded engine's; Redis forgets keys itself).
+    pub fn keys_evicted(&self) -> Option<u64> {
+        match self {
+            Store::Embedded(e) => Some(e.keys_evicted()),
+            Store::Redis(_) => None,
         }
     }
 

@@ -42,3 +42,17 @@ impl SweepCounters {
             .fetch_max(report.examined as u64, Ordering::Relaxed);
     }
 }
+
+/// The search for keys at rest to forget when a new key finds no room
+/// (see `Engine::make_room`): one search at a time, and, after a search
+/// of the whole server found none, no other before `barren_until` (engine
+/// time), so that a flood of new keys at a full cap does not walk every
+/// key for each of them.
+#[derive(Debug, Default)]
+pub(super) struct RoomSearch {
+    /// Held while a search runs; the time before which a search of every
+    /// key (for the key cap) is not tried again.
+    pub(super) barren_until: std::sync::Mutex<crate::domain::Millis>,
+    /// Keys forgotten at rest to make room, since start.
+    pub(super) evicted: AtomicU64,
+}

@@ -13,11 +13,12 @@ use super::api::Api;
 use super::status::{status_of, status_of_refusal};
 use crate::auth::Role;
 use crate::domain::{Policy, Quote};
+use crate::engine::budgets::NodeUse;
 use crate::engine::shares::Share;
 use crate::engine::{ChargeItem, EngineError};
 use crate::node::RlsTrouble;
 use crate::proto::envoy::service::ratelimit::v3 as rls;
-use crate::rls::{Action, Limit, NoRoom};
+use crate::rls::{Action, Budget, Limit, NoRoom};
 use crate::telemetry::KeyValue;
 use rls::rate_limit_response::{Code, DescriptorStatus, RateLimit};
 
@@ -32,7 +33,11 @@ enum Plan {
         limit: Limit,
         shadow: bool,
         policy: Option<Arc<Policy>>,
+        budget: Option<Budget>,
     },
+    /// A new key past its node's budget (RL20): answered as `[rls]
+    /// no_room` says, nothing made.
+    OverBudget { limit: Limit, shadow: bool },
 }
 
 #[tonic::async_trait]
@@ -133,12 +138,16 @@ impl Api {
                         )
                     });
             }
-            let (limit, shadow) = match matched.action {
+            let (limit, shadow, budget) = match matched.action {
                 Action::Unlimited => {
                     plans.push(Plan::Free);
                     continue;
                 }
-                Action::Limit { limit, shadow } => (limit, shadow),
+                Action::Limit {
+                    limit,
+                    shadow,
+                    budget,
+                } => (limit, shadow, budget),
             };
             let hits = d.hits_addend.unwrap_or(u64::from(default_hits));
             let permits = u32::try_from(hits).map_err(|_| {
@@ -179,8 +188,18 @@ impl Api {
                 limit,
                 shadow,
                 policy,
+                budget,
             });
         }
+        // Every descriptor is checked (RL2) before a node's budget counts
+        // a key (RL20).
+        self.count_in_budgets(&mut plans, share.as_ref(), &req.domain, &config);
+        // A descriptor past its budget makes the request over limit under
+        // `no_room = "over_limit"`: the others are read, not charged (RL18).
+        let refused = config.no_room == NoRoom::OverLimit
+            && plans
+                .iter()
+                .any(|p| matches!(p, Plan::OverBudget { shadow: false, .. }));
         // The enforced descriptors are charged together, all or nothing;
         // each shadow one alone, so that it never holds the others back.
         let enforced: Vec<ChargeItem> = plans
@@ -194,7 +213,7 @@ impl Api {
                     ..
                 } => Some(ChargeItem {
                     key: key.clone(),
-                    permits: *permits,
+                    permits: if refused { 0 } else { *permits },
                     policy: policy.clone(),
                 }),
                 _ => None,
@@ -210,19 +229,33 @@ impl Api {
         let mut statuses = Vec::with_capacity(plans.len());
         let mut over = false;
         for plan in plans {
-            let Plan::Charge {
-                key,
-                permits,
-                limit,
-                shadow,
-                policy,
-            } = plan
-            else {
-                statuses.push(DescriptorStatus {
-                    code: Code::Ok as i32,
-                    ..DescriptorStatus::default()
-                });
-                continue;
+            let (key, permits, limit, shadow, policy) = match plan {
+                Plan::Charge {
+                    key,
+                    permits,
+                    limit,
+                    shadow,
+                    policy,
+                    ..
+                } => (key, permits, limit, shadow, policy),
+                // Past its node's budget (RL20): as RL18 says, and a
+                // shadow one as if it were not there (RL7).
+                Plan::OverBudget {
+                    limit,
+                    shadow: false,
+                } => {
+                    let (status, refused) = status_of_no_room(&limit, config.no_room);
+                    over |= refused;
+                    statuses.push(status);
+                    continue;
+                }
+                Plan::Free | Plan::OverBudget { .. } => {
+                    statuses.push(DescriptorStatus {
+                        code: Code::Ok as i32,
+                        ..DescriptorStatus::default()
+                    });
+                    continue;
+                }
             };
             let quote = if shadow {
                 // A shadow descriptor never changes the answer: when its
@@ -303,6 +336,57 @@ impl Api {
 }
 
 impl Api {
+    /// Counts each planned key of a node that takes any value in that
+    /// node's budget (RL20); a new key past it becomes
+    /// [`Plan::OverBudget`], counted and logged.
+    fn count_in_budgets(
+        &self,
+        plans: &mut [Plan],
+        share: Option<&Arc<Share>>,
+        domain: &str,
+        config: &crate::rls::Rls,
+    ) {
+        for (i, plan) in plans.iter_mut().enumerate() {
+            let Plan::Charge {
+                key,
+                limit,
+                shadow,
+                budget: Some(budget),
+                ..
+            } = plan
+            else {
+                continue;
+            };
+            let used = NodeUse {
+                node: &budget.node,
+                key,
+                max_keys: budget.max_keys,
+                part: config.budget_part(),
+                rests_within: limit.rests_within(),
+            };
+            let Err(most) = self.store.use_node_key(share, used) else {
+                continue;
+            };
+            self.node.counters().rls_trouble(RlsTrouble::OverBudget, || {
+                format!(
+                    "descriptors[{i}] of domain {domain:?}: a new key, {key}, is past the budget of its node {} ({most} keys{}{}); answered {} as [rls] no_room says",
+                    budget.node,
+                    if budget.max_keys.is_some() { ", its max_keys" } else { ", its part of the key share" },
+                    share.map(|s| format!(" for {:?}", s.name())).unwrap_or_default(),
+                    match (*shadow, config.no_room) {
+                        (true, _) => "OK without figures (shadow_mode)",
+                        (false, NoRoom::OverLimit) => "OVER_LIMIT",
+                        (false, NoRoom::Ok) => "OK, uncharged",
+                    }
+                )
+            });
+            *plan = Plan::OverBudget {
+                limit: limit.clone(),
+                shadow: *shadow,
+            };
+        }
+    }
+
     /// Charges the enforced descriptors all or nothing (RL6). A key that
     /// cannot be made (the key cap, the credential's share) does not fail
     /// the check (RL18): its descriptor's quote is `None`, the keys that

@@ -320,10 +320,12 @@ def test_a_header_value_cannot_switch_the_address_limit_off(h: Harness, user: by
     )
 
 
-def test_a_full_key_share_cannot_switch_the_address_limit_off(h: Harness) -> None:
-    """Envoy's credential may hold 100 keys; 260 distinct users fill that.
-    Requests with yet other users, all from one address, must still meet
-    the address limit: at most 3 of 30 pass."""
+def test_a_flood_of_users_cannot_switch_the_address_limit_off(h: Harness) -> None:
+    """Envoy's credential may hold 100 keys; the user and the address
+    nodes take any value, so each may count half of them (RL20). 260
+    distinct users fill the user node's 50, not the share: requests from
+    the one address, a key not made yet, then meet the address limit,
+    3 of 30 passing with a known user, none with new ones."""
     config = ADDRESS_AND_USER + (
         "\n[auth]\n[[auth.token]]\n"
         'name = "envoy"\nrole = "caller"\nenv = "FUSEBOX_ENVOY_TOKEN"\n'
@@ -338,19 +340,22 @@ def test_a_full_key_share_cannot_switch_the_address_limit_off(h: Harness) -> Non
     client = envoy.client()
     fill = [client.get("/fill", {"x-user": f"fill-{i}"}) for i in range(260)]
     filled = envoy.ratelimit_stats()
-    # Past its share of keys a new user's key cannot be made: that
+    # Past its node's budget a new user's key is not made: that
     # descriptor is OVER_LIMIT ([rls] no_room, RL18), never an error that
     # Envoy's failure mode would pass.
-    assert statuses(fill).count(200) == 100, f"{sorted(set(statuses(fill)))}: {filled}"
+    assert statuses(fill).count(200) == 50, f"{sorted(set(statuses(fill)))}: {filled}"
     assert filled.get("error", 0) == 0, f"checks failed whole: {filled}"
-    assert fb.metric("fusebox_rls_trouble_total", reason="no_room") == 160
-    got = [client.get("/api", {"x-user": f"new-{i}"}) for i in range(30)]
-    passed = statuses(got).count(200)
-    assert passed <= 3, (
-        f"{passed} of 30 passed from one address limited to 3 a minute, once the "
-        f"key share was full; Envoy's rate-limit filter counted {envoy.ratelimit_stats()} "
-        f"(after the fill: {filled})"
+    assert fb.metric("fusebox_rls_trouble_total", reason="over_budget") == 210
+    known = [client.get("/api", {"x-user": "fill-0"}) for _ in range(30)]
+    passed = statuses(known).count(200)
+    # 3, or up to 6 if a minute of the wall clock begins between them.
+    assert 3 <= passed <= 6, (
+        f"{passed} of 30 passed from one new address limited to 3 a minute, after "
+        f"a flood of users; Envoy's rate-limit filter counted "
+        f"{envoy.ratelimit_stats()} (after the fill: {filled})"
     )
+    got = [client.get("/api", {"x-user": f"new-{i}"}) for i in range(30)]
+    assert statuses(got).count(200) == 0, f"{envoy.ratelimit_stats()}"
 
 
 # --- 9. windows at wall-clock boundaries ----------------------------------------------

@@ -507,7 +507,15 @@ async fn watch_sees_rls_keys() {
 #[tokio::test]
 async fn at_the_key_cap_a_new_key_is_answered_as_no_room_says() {
     for (no_room, new_code) in [("", OVER), ("no_room = \"ok\"\n", OK)] {
-        let config = format!("[server]\nmax_keys = 1\n[rls]\n{no_room}{CONFIG}");
+        // The address node's own budget (RL20) is above the cap, so that
+        // the cap is what refuses.
+        let config = format!(
+            "[server]\nmax_keys = 1\n[rls]\n{no_room}{}",
+            CONFIG.replace(
+                "key = \"remote_address\"\n",
+                "key = \"remote_address\"\nmax_keys = 10\n"
+            )
+        );
         let server = Server::manual(Some(&config)).await;
         let mut rls = client(&server).await;
         let ip = |v: &str| descriptor(&[("remote_address", v)], None);
@@ -538,5 +546,205 @@ async fn at_the_key_cap_a_new_key_is_answered_as_no_room_says() {
             metrics.contains("fusebox_rls_trouble_total{reason=\"no_room\"} 1"),
             "{metrics}"
         );
+    }
+}
+
+/// Two nodes that take any value: an end user's header (`user`) and the
+/// client's address (`remote_address`, 3 a minute).
+const ADDRESS_AND_USER: &str = r#"
+[[rls.domain]]
+name = "edge"
+[[rls.domain.descriptor]]
+key = "remote_address"
+rate_limit = { unit = "minute", requests_per_unit = 3 }
+[[rls.domain.descriptor]]
+key = "user"
+rate_limit = { unit = "hour", requests_per_unit = 100 }
+"#;
+
+const EDGE: &str = "edge-proxy-rls-token-0123456789";
+const OPS: &str = "operators-rls-token-0123456789";
+
+/// `[auth]` with Envoy's credential (keys under `rls/*`) and the
+/// operators' (every key, to read `/metrics`): two tenants, so each holds
+/// half of `max_keys` (decisions 140).
+fn edge_and_ops() -> String {
+    let entry = |name: &str, token: &str, prefixes: &str| {
+        format!(
+            "[[auth.token]]\nname = \"{name}\"\nrole = \"admin\"\n{prefixes}sha256 = \"{}\"\n",
+            fusebox::auth::hash_hex(token)
+        )
+    };
+    format!(
+        "[auth]\n{}{}",
+        entry("edge", EDGE, "prefixes = [\"rls/*\"]\n"),
+        entry("ops", OPS, "")
+    )
+}
+
+async fn ask_as(
+    rls: &mut RateLimitServiceClient<Channel>,
+    token: &str,
+    descriptors: Vec<RateLimitDescriptor>,
+) -> RateLimitResponse {
+    rls.should_rate_limit(crate::tenants::bearer(
+        token,
+        RateLimitRequest {
+            domain: "edge".into(),
+            descriptors,
+            hits_addend: 0,
+        },
+    ))
+    .await
+    .expect("answered, never refused whole")
+    .into_inner()
+}
+
+/// RL20: 260 distinct `user` values fill the user node's budget (half of
+/// Envoy's key share of 200, with two nodes that take any value), not the
+/// share: a request from a new client address still has its per-address
+/// descriptor decided, charged and OVER_LIMIT past 3. Users past the
+/// budget are answered as `[rls] no_room` says; users within it keep
+/// being decided, and a request with one new user past the budget
+/// charges nothing (RL18).
+async fn a_flood_of_users_leaves_room_for_a_new_address(server: &Server, mode: &str) {
+    let mut rls = client(server).await;
+    let user = |v: &str| descriptor(&[("user", v)], None);
+    let address = |v: &str| descriptor(&[("remote_address", v)], None);
+    let mut flood = Vec::new();
+    for i in 0..260 {
+        let r = ask_as(&mut rls, EDGE, vec![user(&format!("u{i}"))]).await;
+        flood.push(r.statuses[0].code);
+    }
+    for remaining in [2, 1, 0] {
+        let r = ask_as(&mut rls, EDGE, vec![address("203.0.113.7")]).await;
+        assert_eq!(
+            (codes(&r), r.statuses[0].limit_remaining),
+            (vec![OK], remaining),
+            "{mode}: a new address after a flood of users: {r:?}"
+        );
+    }
+    let r = ask_as(&mut rls, EDGE, vec![address("203.0.113.7")]).await;
+    assert_eq!(codes(&r), [OVER], "{mode}: the address limit holds: {r:?}");
+    let ok = flood.iter().filter(|c| **c == OK).count();
+    assert_eq!(ok, 100, "{mode}: the user node's budget is 100 keys");
+    assert!(flood[..100].iter().all(|c| *c == OK), "{mode}: {flood:?}");
+    // A user within the budget keeps being decided.
+    let r = ask_as(&mut rls, EDGE, vec![user("u0")]).await;
+    assert_eq!(
+        (codes(&r), r.statuses[0].limit_remaining),
+        (vec![OK], 98),
+        "{mode}: {r:?}"
+    );
+    // A new user past the budget with a new address: OVER_LIMIT, and the
+    // address is read, not charged.
+    let r = ask_as(&mut rls, EDGE, vec![address("203.0.113.8"), user("u-new")]).await;
+    assert_eq!(codes(&r), [OK, OVER], "{mode}: {r:?}");
+    assert_eq!(r.overall_code, OVER, "{mode}: {r:?}");
+    let r = ask_as(&mut rls, EDGE, vec![address("203.0.113.8")]).await;
+    assert_eq!(r.statuses[0].limit_remaining, 2, "{mode}: {r:?}");
+    let http = server.http_addr.as_deref().expect("an HTTP port");
+    let auth = format!("Bearer {OPS}");
+    let metrics = crate::http::request(http, "GET", "/metrics", &[("Authorization", &auth)], b"")
+        .await
+        .body;
+    assert!(
+        metrics.contains("fusebox_rls_trouble_total{reason=\"over_budget\"} 161"),
+        "{mode}: {metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_flood_of_users_leaves_room_for_a_new_address_embedded() {
+    let config = format!(
+        "[server]\nmax_keys = 400\n{ADDRESS_AND_USER}\n{}",
+        edge_and_ops()
+    );
+    let server = Server::manual(Some(&config)).await;
+    a_flood_of_users_leaves_room_for_a_new_address(&server, "embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_users_leaves_room_for_a_new_address_with_a_store() {
+    let Some(redis) = crate::harness::standalone("rls_flood_of_users_with_a_store").await else {
+        return;
+    };
+    let store = format!("redis://127.0.0.1:{}", redis.server.port);
+    let config = format!(
+        "[server]\nmax_keys = 400\n{ADDRESS_AND_USER}\n{}",
+        edge_and_ops()
+    );
+    let servers = crate::harness::servers_on(&store, &config, true, 1).await;
+    a_flood_of_users_leaves_room_for_a_new_address(&servers[0], "with a store").await;
+}
+
+/// RL19: at the key cap, a charge's new key has keys at rest forgotten
+/// for it, the longest idle first; a key that is not at rest (its window
+/// still counts) is never forgotten, and when every key is in use the new
+/// one is answered as `[rls] no_room` says.
+#[tokio::test]
+async fn keys_at_rest_make_room_for_a_new_key_the_longest_idle_first() {
+    let config = r#"
+[server]
+max_keys = 3
+[[rls.domain]]
+name = "edge"
+[[rls.domain.descriptor]]
+key = "hourly"
+rate_limit = { unit = "hour", requests_per_unit = 100 }
+[[rls.domain.descriptor]]
+key = "secondly"
+rate_limit = { unit = "second", requests_per_unit = 100 }
+"#;
+    let server = Server::manual(Some(config)).await;
+    let mut rls = client(&server).await;
+    let mut admin = server.admin().await;
+    let hourly = |v: &str| descriptor(&[("hourly", v)], None);
+    let secondly = |v: &str| descriptor(&[("secondly", v)], None);
+    let key = |node: &str, v: &str| format!("rls/{{edge}}/{node}/={v}");
+    let fits = |r: &RateLimitResponse| (codes(r), r.statuses[0].limit_remaining);
+    let r = ask(&mut rls, "edge", vec![hourly("a")], 0).await.unwrap();
+    assert_eq!(fits(&r), (vec![OK], 99));
+    ask(&mut rls, "edge", vec![secondly("b")], 0).await.unwrap();
+    advance(&server, 100).await;
+    ask(&mut rls, "edge", vec![secondly("c")], 0).await.unwrap();
+    // The cap is full; b and c are at rest once their second is over,
+    // b the longest idle. a's hour still counts.
+    advance(&server, 2_000).await;
+    let r = ask(&mut rls, "edge", vec![secondly("d")], 0).await.unwrap();
+    assert_eq!(fits(&r), (vec![OK], 99), "d made room: {r:?}");
+    let listed = crate::admin::list_all(&mut admin, "rls/", &[], 10).await;
+    assert_eq!(
+        listed,
+        [
+            key("hourly", "a"),
+            key("secondly", "c"),
+            key("secondly", "d")
+        ],
+        "b, the longest idle at rest, was forgotten"
+    );
+    let r = ask(&mut rls, "edge", vec![secondly("e")], 0).await.unwrap();
+    assert_eq!(fits(&r), (vec![OK], 99), "e made room: {r:?}");
+    let listed = crate::admin::list_all(&mut admin, "rls/", &[], 10).await;
+    assert_eq!(
+        listed,
+        [
+            key("hourly", "a"),
+            key("secondly", "d"),
+            key("secondly", "e")
+        ]
+    );
+    // Nothing at rest: a new key is answered as no_room says (RL18).
+    let r = ask(&mut rls, "edge", vec![hourly("f")], 0).await.unwrap();
+    assert_eq!(codes(&r), [OVER], "{r:?}");
+    // a, never at rest, kept its count.
+    let r = ask(&mut rls, "edge", vec![hourly("a")], 0).await.unwrap();
+    assert_eq!(fits(&r), (vec![OK], 98));
+    let (_, metrics) = crate::reload::http_get(&server, "/metrics").await;
+    for line in [
+        "fusebox_keys_evicted_total 2",
+        "fusebox_rls_trouble_total{reason=\"no_room\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line}: {metrics}");
     }
 }

@@ -416,8 +416,10 @@ async fn rls_keys_count_in_the_share(mode: Mode<'_>) {
         rate_limit_descriptor::Entry, RateLimitDescriptor,
     };
     use fusebox::proto::envoy::service::ratelimit::v3 as rls;
+    // The node's own budget (RL20) is above the share, so that the share
+    // is what refuses.
     let rules = "[[rls.domain]]\nname = \"edge\"\n[[rls.domain.descriptor]]\nkey = \"user\"\n\
-                 rate_limit = { unit = \"hour\", requests_per_unit = 100 }\n";
+                 max_keys = 10\nrate_limit = { unit = \"hour\", requests_per_unit = 100 }\n";
     let config = format!(
         "[server]\nmax_keys = 6\n{rules}\n[auth]\n{}",
         entry("a", A, "rls/*", "")
@@ -746,7 +748,7 @@ async fn share_figure(server: &Server, family: &str, kind: &str) -> Option<u64> 
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// With `--store`, a share holds fleet-wide (decisions 147): tenant `a`
+/// With `--store`, a share holds fleet-wide (decisions 148): tenant `a`
 /// takes its 4 tickets and 6 keys through one server, and the other
 /// server on the same Redis, once the exchange told it, refuses `a` a 5th
 /// ticket and a 7th key, while `a`'s keys still answer there and `b`
@@ -835,7 +837,7 @@ fn used_memory(conn: &mut crate::resp::Conn) -> u64 {
 }
 
 /// With `--store`, a credential's new keys are refused before Redis
-/// reaches `maxmemory` (decisions 147): past 90% of it, tenant `a`, which
+/// reaches `maxmemory` (decisions 148): past 90% of it, tenant `a`, which
 /// made nearly every key, is refused new keys in words that say so, while
 /// its keys still answer and `b`, below its part, still makes new ones.
 /// Before, `a` went on until Redis refused every tenant's writes (OOM).

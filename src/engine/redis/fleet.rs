@@ -1,4 +1,4 @@
-//! Fair shares fleet-wide (decisions 147): what each credential holds
+//! Fair shares fleet-wide (decisions 148): what each credential holds
 //! through every server on the store, and the store's room.
 //!
 //! A few times a second each server writes, for each credential it

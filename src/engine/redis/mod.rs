@@ -188,7 +188,7 @@ pub struct RedisStore {
     /// The last census of the primaries, and when it was read.
     census: tokio::sync::Mutex<Option<(Instant, Census)>>,
     advancing: tokio::sync::Mutex<()>,
-    /// Its part in the fleet's shares (decisions 147).
+    /// Its part in the fleet's shares (decisions 148).
     fleet: fleet::Fleet,
 }
 

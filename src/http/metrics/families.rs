@@ -266,6 +266,15 @@ pub const FAMILIES: &[Family] = &[
         read: |s, x| x.one(s.figures.forgotten.unwrap_or(0)),
     },
     Family {
+        name: "fusebox_keys_evicted_total",
+        kind: Type::Counter,
+        help: "Keys at rest that the rate-limit service made, forgotten before their idle time, the longest idle first, to make room for a charge's new key at the key cap or a credential's key share (RL19; also counted in fusebox_keys_forgotten_total).",
+        store_help: None,
+        labels: &[],
+        when: When::Embedded,
+        read: |s, x| x.one(s.node.store().keys_evicted().unwrap_or(0)),
+    },
+    Family {
         name: "fusebox_max_keys",
         kind: Type::Gauge,
         help: "Cap on live keys ([server] max_keys).",
