@@ -19,6 +19,7 @@
 //! greedy credential stops before Redis refuses everyone.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -59,6 +60,8 @@ pub(super) struct Fleet {
     room: tokio::sync::Mutex<(Option<Instant>, Option<Arc<str>>)>,
     /// The credentials whose holdings here were last written non-zero.
     written: Mutex<HashSet<String>>,
+    /// Whether the last exchange failed.
+    failing: AtomicBool,
 }
 
 impl Fleet {
@@ -67,6 +70,7 @@ impl Fleet {
             me: format!("{:016x}", rand::random::<u64>()),
             room: tokio::sync::Mutex::new((None, None)),
             written: Mutex::new(HashSet::new()),
+            failing: AtomicBool::new(false),
         }
     }
 
@@ -110,8 +114,14 @@ impl RedisStore {
         if shares.is_empty() {
             return;
         }
-        if let Err(e) = self.exchange(&shares).await {
-            tracing::debug!("the fleet's shares could not be exchanged through the store: {e}");
+        let result = self.exchange(&shares).await;
+        // Said once when it starts failing and once when it works again.
+        let failing = result.is_err();
+        if self.fleet.failing.swap(failing, Ordering::Relaxed) != failing {
+            match result {
+                Err(e) => tracing::warn!("the fleet's shares cannot be exchanged through the store, so each server counts only what it serves until they can: {e} (with a least-privilege Redis user, grant the commands the README lists)"),
+                Ok(()) => tracing::info!("the fleet's shares are exchanged through the store again"),
+            }
         }
     }
 
