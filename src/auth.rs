@@ -514,6 +514,20 @@ mod tests {
     }
 
     #[test]
+    fn an_unread_part_of_zero_is_refused_naming_the_field() {
+        let entry = |limit: u64| {
+            format!(
+                "[[token]]\nname = \"a\"\nrole = \"caller\"\nsha256 = \"{}\"\nlimits = {{ max_unread_bytes = {limit} }}\n",
+                hash_hex("secret-a-token-0123")
+            )
+        };
+        let e = access(&entry(0)).expect_err("refused");
+        assert_eq!(e.field, "limits.max_unread_bytes", "{e:?}");
+        let access = access(&entry(4096)).expect("valid");
+        assert_eq!(access.tenants().entries[0].1.max_unread_bytes, Some(4096));
+    }
+
+    #[test]
     fn listing_needs_a_prefix_inside_the_scope() {
         let scope = Scope(vec![
             Pattern::Prefix("a/".into()),

@@ -23,7 +23,8 @@
 //! - [`telemetry`]: traces over OTLP (`[telemetry]`), off by default.
 //! - [`serve`]: start-up, from the config to both ports.
 //! - [`outbox`]: what a stream answered and its client has not read,
-//!   bounded per stream and per server.
+//!   bounded per stream, per credential and per server; [`log_gate`]:
+//!   log lines at most once a second.
 //! - [`guard`]: a client library for services that call through fusebox
 //!   (guard a call: acquire, run, complete; renewal, local short-circuit,
 //!   fail open or closed). It uses only [`proto`].
@@ -39,6 +40,7 @@ pub use fusebox_domain as domain;
 pub mod engine;
 pub use fusebox_guard as guard;
 pub mod http;
+pub mod log_gate;
 pub mod memory;
 pub mod node;
 pub mod outbox;

@@ -17,6 +17,7 @@ use crate::config::Limits;
 use crate::connections::Ports;
 use crate::engine::shares::Share;
 use crate::engine::Store;
+pub use crate::log_gate::LogGate;
 use crate::outbox::Budget;
 use crate::telemetry::Telemetry;
 use crate::tls::Tls;
@@ -117,37 +118,6 @@ impl RlsTrouble {
             RlsTrouble::Digested => "digested",
             RlsTrouble::OverBudget => "over_budget",
         }
-    }
-}
-
-/// Lets a log line through at most once a second, counting the ones held
-/// back meanwhile.
-#[derive(Debug, Default)]
-pub struct LogGate {
-    /// Milliseconds since the Unix epoch of the last line let through.
-    last: AtomicU64,
-    /// Lines held back since.
-    held: AtomicU64,
-}
-
-impl LogGate {
-    /// `Some(lines held back before this one)` when a line may be logged
-    /// now, else `None` (and this one is counted as held back).
-    pub fn pass(&self) -> Option<u64> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let last = self.last.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= 1000
-            && self
-                .last
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            return Some(self.held.swap(0, Ordering::Relaxed));
-        }
-        self.held.fetch_add(1, Ordering::Relaxed);
-        None
     }
 }
 
@@ -286,11 +256,13 @@ impl Node {
         self.access.subscribe()
     }
 
-    /// Replaces who may do what; each credential's share follows.
+    /// Replaces who may do what; each credential's share, and its part of
+    /// the unread stream answers, follow.
     pub fn set_access(&self, access: Option<Arc<Access>>) {
         let tenants = access.as_deref().map(Access::tenants);
         let core = self.store.core();
         core.shares().adopt(tenants.as_ref(), &core.limits());
+        self.unread.adopt(tenants.as_ref());
         self.access.send_replace(access);
     }
 

@@ -169,6 +169,19 @@ fn checked_name(name: &str, entry: &str) -> Result<(), AuthError> {
     Ok(())
 }
 
+/// An entry's `limits` that no stream could live with: a credential whose
+/// part of the unread stream answers is 0 could answer nothing.
+fn checked_limits(limits: &Allowance, entry: &str) -> Result<(), AuthError> {
+    if limits.max_unread_bytes == Some(0) {
+        return Err(AuthError {
+            entry: entry.to_owned(),
+            field: "limits.max_unread_bytes".into(),
+            problem: "is 0, so the credential's streams could answer nothing: it is the most bytes of its stream answers its clients may leave unread, at least 1 (leave it out for its part of [server] max_unread_bytes)".into(),
+        });
+    }
+    Ok(())
+}
+
 /// A setting of `[auth]` that is one of two words (`words`, the default
 /// first): whether it is the second.
 fn either(value: Option<&str>, field: &str, words: (&str, &str)) -> Result<bool, AuthError> {
@@ -220,6 +233,7 @@ impl AuthSpec {
         for (i, spec) in self.client.iter().enumerate() {
             let entry = format!("auth.client {} ({:?})", i + 1, spec.name);
             checked_name(&spec.name, &entry)?;
+            checked_limits(&spec.limits, &entry)?;
             clients.push((
                 spec.name.clone(),
                 Arc::new(Grant {
@@ -296,6 +310,7 @@ impl AuthSpec {
 
 fn token_of(spec: &TokenSpec, entry: &str) -> Result<([u8; 32], Arc<Grant>), AuthError> {
     checked_name(&spec.name, entry)?;
+    checked_limits(&spec.limits, entry)?;
     let err = |field: &str, problem: String| AuthError {
         entry: entry.to_owned(),
         field: field.into(),

@@ -106,6 +106,10 @@ pub struct Allowance {
     pub max_watch_streams: Option<u64>,
     /// Rules in force inside its prefixes.
     pub max_rules: Option<u64>,
+    /// Bytes of its stream answers made and not yet read by its clients
+    /// (a part of `[server] max_unread_bytes`, kept by the server's
+    /// outbox budget, not by the engine).
+    pub max_unread_bytes: Option<u64>,
 }
 
 impl Allowance {

@@ -60,6 +60,7 @@ pub async fn events(
     };
     let (tx, rx) = crate::outbox::outbox(
         state.node.unread(),
+        caller.0.as_deref().map(|g| g.tenant.as_str()),
         crate::outbox::Kind::Events,
         STREAM_BUFFER,
         |_| 0,

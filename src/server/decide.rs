@@ -182,6 +182,7 @@ pub fn open(api: &Api, request: Request<Streaming<pb::DecideRequest>>) -> Result
     let frames = request.into_inner();
     let (tx, rx) = crate::outbox::outbox(
         api.node.unread(),
+        grant.as_deref().map(|g| g.tenant.as_str()),
         crate::outbox::Kind::Decide,
         OUTBOX,
         size_of,

@@ -113,6 +113,7 @@ pub fn stream(
     let store = node.store().clone();
     let (tx, rx) = crate::outbox::outbox(
         node.unread(),
+        grant.as_deref().map(|g| g.tenant.as_str()),
         crate::outbox::Kind::Watch,
         STREAM_BUFFER,
         size_of,

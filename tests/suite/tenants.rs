@@ -864,3 +864,199 @@ async fn decide_answers_never_read_are_bounded_and_the_stream_ends_in(args: &[&s
         feeder.abort();
     }
 }
+
+/// The probe: one credential's 36 Decide streams that never read took the
+/// whole `max_unread_bytes`, and another tenant's stream, reading well,
+/// then got none of its answers (0 of 56 in 12 s): it waited for room the
+/// server no longer had. Now a credential holds at most its part of the
+/// unread bytes (half with two tenants), so another tenant's stream always
+/// finds room and is answered throughout; and two tokens of one tenant
+/// hold one part between them (decisions 140, 149).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_unread_streams_leave_room_for_another_tenant() {
+    unread_streams_leave_room_in(&["a"], &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tokens_of_one_tenant_hold_one_part_of_the_unread_bytes() {
+    unread_streams_leave_room_in(&["a1", "a2"], &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_unread_streams_leave_room_for_another_tenant_with_a_store() {
+    with_a_store(
+        "one_tenants_unread_streams_leave_room_for_another_tenant_with_a_store",
+        |url| async move {
+            unread_streams_leave_room_in(&["a"], &["--store", &url]).await;
+        },
+    )
+    .await;
+}
+
+/// The value of `name{credential="..."}` in a `/metrics` text, if there.
+fn series(text: &str, name: &str, credential: &str) -> Option<f64> {
+    let prefix = format!("{name}{{credential=\"{credential}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str())?.parse().ok())
+}
+
+/// `/metrics` as `token` sees it: with its own credential's figures.
+async fn metrics_as(server: &Server, token: &str) -> String {
+    let http = server.http_addr.as_deref().expect("an HTTP port");
+    let reply = crate::http::request(
+        http,
+        "GET",
+        "/metrics",
+        &[("authorization", &format!("Bearer {token}"))],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    reply.body
+}
+
+/// A token of its own for each name.
+fn token_of(name: &str) -> String {
+    format!("{name}-token-0123456789abcdef")
+}
+
+/// Tenant A (the tokens `greedy`, all over `a/*`: one tenant) opens 36
+/// Decide streams, sends status checks on each and reads nothing; tenant
+/// B (`b/*`) then sends 56 messages on one stream, reading each answer.
+async fn unread_streams_leave_room_in(greedy: &[&str], args: &[&str]) {
+    use fusebox::proto::v1 as pb;
+    use tokio_stream::wrappers::ReceiverStream;
+    const SERVER: f64 = 4_194_304.0;
+    const STREAMS: usize = 36;
+    const CONNECTIONS: usize = 3;
+    const ROUNDS: usize = 56;
+    let mut entries = String::new();
+    for name in greedy.iter().chain(&["b"]) {
+        let prefix = if *name == "b" { "b/*" } else { "a/*" };
+        entries.push_str(&format!(
+            "\n[[auth.token]]\nname = \"{name}\"\nrole = \"caller\"\nprefixes = [\"{prefix}\"]\nsha256 = \"{}\"\n",
+            fusebox::auth::hash_hex(&token_of(name))
+        ));
+    }
+    // The greedy streams are never ended while the test runs: B is
+    // answered because room is left for it, not because A's streams went.
+    let config = format!(
+        "[server]\nmax_unread_bytes = 4194304\nmax_unread_bytes_per_stream = 262144\nstuck_stream_timeout = \"10m\"\n[auth]\n{entries}"
+    );
+    let server = Server::start(Options {
+        config: Some(&config),
+        args: args.to_vec(),
+        ..Options::default()
+    })
+    .await;
+    let checks = |key: &str| pb::DecideRequest {
+        frames: (0..100)
+            .map(|id| pb::DecideFrame {
+                id,
+                request: Some(pb::decide_frame::Request::Acquire(
+                    crate::admin::status_check(&format!("{key}{}", id % 7)),
+                )),
+            })
+            .collect(),
+    };
+    let mut never_read = Vec::new();
+    let mut feeders = Vec::new();
+    for c in 0..CONNECTIONS {
+        // Small windows: the client takes little before answers wait on
+        // the server.
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+            .expect("an address")
+            .initial_stream_window_size(65_535)
+            .initial_connection_window_size(65_535)
+            .connect()
+            .await
+            .expect("connects");
+        let client = pb::fusebox_client::FuseboxClient::new(channel);
+        for s in 0..STREAMS / CONNECTIONS {
+            let token = token_of(greedy[(c * STREAMS / CONNECTIONS + s) % greedy.len()]);
+            let (tx, rx) = tokio::sync::mpsc::channel(2);
+            let answers = client
+                .clone()
+                .decide(bearer(&token, ReceiverStream::new(rx)))
+                .await
+                .expect("the stream opens")
+                .into_inner();
+            let message = checks("a/k");
+            feeders.push(tokio::spawn(async move {
+                // Frames are sent for as long as the server reads them.
+                while tx.send(message.clone()).await.is_ok() {}
+            }));
+            never_read.push(answers);
+        }
+    }
+    // A holds all it may: its part, or where the server gives it none,
+    // the whole budget (a message of about 17 KiB short of either).
+    let a = greedy[0];
+    crate::harness::eventually(
+        "the greedy tenant's unread answers to fill all it may hold",
+        Duration::from_secs(240),
+        || async {
+            let text = metrics_as(&server, &token_of(a)).await;
+            let unread = metric(&text, "fusebox_unread_bytes");
+            let part = series(&text, "fusebox_share_max_unread_bytes", a);
+            let held = series(&text, "fusebox_share_unread_bytes", a);
+            let full = match (part, held) {
+                (Some(part), Some(held)) => held >= part - 65_536.0,
+                _ => unread >= SERVER - 65_536.0,
+            };
+            full.then_some(())
+        },
+    )
+    .await;
+    // B reads every answer, each as it comes.
+    let client = server.fusebox().await;
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let mut answers = client
+        .clone()
+        .decide(bearer(&token_of("b"), ReceiverStream::new(rx)))
+        .await
+        .expect("B's stream opens")
+        .into_inner();
+    let started = std::time::Instant::now();
+    for round in 0..ROUNDS {
+        tx.send(checks("b/k")).await.expect("B sends");
+        match next_of(&mut answers, Duration::from_secs(10)).await {
+            Some(Ok(Some(answer))) => assert_eq!(answer.results.len(), 100),
+            other => panic!(
+                "tenant B got {round} of {ROUNDS} answers in {:?}; then {other:?}",
+                started.elapsed()
+            ),
+        }
+    }
+    // B's stream is not ended: once B closes its side, it ends OK.
+    drop(tx);
+    match next_of(&mut answers, Duration::from_secs(10)).await {
+        Some(Ok(None)) => {}
+        other => panic!("B's stream ends OK when B closes it, not {other:?}"),
+    }
+    // A's own figures are shown to A.
+    let text = metrics_as(&server, &token_of(a)).await;
+    let series = |name: &str, credential: &str| {
+        series(&text, name, credential).unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+    };
+    // The tenant's part is half the server's, held by its tokens together
+    // (named after its first entry), and it was full.
+    assert_eq!(series("fusebox_share_max_unread_bytes", a), SERVER / 2.0);
+    assert!(
+        series("fusebox_share_unread_bytes", a) <= SERVER / 2.0,
+        "{text}"
+    );
+    assert!(
+        series("fusebox_share_unread_waits_total", a) >= 1.0,
+        "{text}"
+    );
+    assert!(metric(&text, "fusebox_unread_bytes") <= SERVER, "{text}");
+    assert!(
+        text.contains("fusebox_streams_stuck_total{stream=\"decide\"} 0"),
+        "no stream was ended: {text}"
+    );
+    for feeder in feeders {
+        feeder.abort();
+    }
+    drop(never_read);
+}

@@ -222,6 +222,20 @@ fn per_share(
     Ok(())
 }
 
+/// One sample per share shown: `value` of its credential's part of the
+/// unread stream answers.
+fn per_unread_part(
+    s: &Scrape,
+    x: &mut Sink<'_>,
+    value: impl Fn(&crate::outbox::Part) -> u64,
+) -> fmt::Result {
+    for (share, _) in &s.shares {
+        let part = s.node.unread().part(Some(share.name()));
+        x.put(&[("credential", share.name())], value(&part))?;
+    }
+    Ok(())
+}
+
 /// Seconds of a duration in ms.
 fn seconds(ms: u64) -> f64 {
     ms as f64 / 1000.0
@@ -602,6 +616,33 @@ pub const FAMILIES: &[Family] = &[
             }
             Ok(())
         },
+    },
+    Family {
+        name: "fusebox_share_unread_bytes",
+        kind: Type::Gauge,
+        help: "Bytes of each credential's stream answers made and not yet read by its clients (its part: fusebox_share_max_unread_bytes).",
+        store_help: None,
+        labels: &["credential"],
+        when: When::Always,
+        read: |s, x| per_unread_part(s, x, |part| part.held()),
+    },
+    Family {
+        name: "fusebox_share_max_unread_bytes",
+        kind: Type::Gauge,
+        help: "The most bytes of each credential's stream answers its clients may leave unread (its entry's limits.max_unread_bytes, else [auth] share of [server] max_unread_bytes).",
+        store_help: None,
+        labels: &["credential"],
+        when: When::Always,
+        read: |s, x| per_unread_part(s, x, |part| part.limit()),
+    },
+    Family {
+        name: "fusebox_share_unread_waits_total",
+        kind: Type::Counter,
+        help: "Stream answers that waited before they were made because their credential's clients left all its part of the unread bytes unread, by credential.",
+        store_help: None,
+        labels: &["credential"],
+        when: When::Always,
+        read: |s, x| per_unread_part(s, x, |part| part.waits()),
     },
     Family {
         name: "fusebox_max_decide_streams",
