@@ -25,6 +25,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
 
+use super::reply::text;
 use super::RedisStore;
 use crate::domain::Millis;
 use crate::engine::shares::{self, Kind, Share, KEYS_PERIOD};
@@ -240,7 +241,7 @@ impl RedisStore {
                     continue;
                 };
                 read = true;
-                let (used, max) = (field(&text, "used_memory"), field(&text, "maxmemory"));
+                let (used, max) = (field(text, "used_memory"), field(text, "maxmemory"));
                 if let (Some(used), Some(max)) = (used, max) {
                     if max > 0 && used as f64 >= NEARLY_FULL * max as f64 {
                         why = Some(Arc::from(format!(
@@ -274,11 +275,11 @@ fn heard(value: &Value, me: &str, now: Millis) -> (HashMap<String, Heard>, Vec<S
     let pairs: Vec<(String, String)> = match value {
         Value::Map(pairs) => pairs
             .iter()
-            .filter_map(|(k, v)| Some((text(k)?, text(v)?)))
+            .filter_map(|(k, v)| Some((text(k)?.to_owned(), text(v)?.to_owned())))
             .collect(),
         Value::Array(items) => items
             .chunks(2)
-            .filter_map(|kv| Some((text(kv.first()?)?, text(kv.get(1)?)?)))
+            .filter_map(|kv| Some((text(kv.first()?)?.to_owned(), text(kv.get(1)?)?.to_owned())))
             .collect(),
         _ => Vec::new(),
     };
@@ -307,15 +308,6 @@ fn heard(value: &Value, me: &str, now: Millis) -> (HashMap<String, Heard>, Vec<S
         sum.keys = sum.keys.max(keys);
     }
     (sums, stale)
-}
-
-fn text(value: &Value) -> Option<String> {
-    match value {
-        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
-        Value::VerbatimString { text, .. } => Some(text.clone()),
-        _ => None,
-    }
 }
 
 /// A `name:value` line's number in an `INFO` text.

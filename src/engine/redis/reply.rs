@@ -32,12 +32,14 @@ fn bytes(value: &Value) -> Option<&[u8]> {
     match value {
         Value::BulkString(b) => Some(b),
         Value::SimpleString(s) => Some(s.as_bytes()),
+        Value::VerbatimString { text, .. } => Some(text.as_bytes()),
         Value::Okay => Some(b"OK"),
         _ => None,
     }
 }
 
-fn text(value: &Value) -> Option<&str> {
+/// The text of a string reply, if it is UTF-8.
+pub(super) fn text(value: &Value) -> Option<&str> {
     std::str::from_utf8(bytes(value)?).ok()
 }
 
