@@ -218,7 +218,7 @@ pub(crate) async fn conformance_mode(fusebox: &str, ratelimit: &str) -> anyhow::
     let crossed = hour_now() != hour;
     text.push_str(&format!(
         "\n{differing} of {} answers differ (each explained in docs/decisions.md); resets are \
-         compared by presence only (fusebox's windows align on its engine's clock, K4).\n",
+         compared by presence only (a second boundary between two answers moves them).\n",
         results.len()
     ));
     if crossed {

@@ -355,7 +355,12 @@ pub(crate) async fn fill_mode(
         text.push_str(&format!(
             "tickets: {} live tickets left on them: {}",
             thousands(held.created as f64),
-            fill_text(&held, &after, &with_tickets).replace("per key", "per ticket")
+            fill_text(&held, &after, &with_tickets)
+                .replace(
+                    "(Acquire + Complete FAILURE)",
+                    "(Acquire, the ticket left live)"
+                )
+                .replace("per key", "per ticket")
         ));
         figures["tickets"] = tickets;
     }
