@@ -25,11 +25,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
 
+use super::conn::Conn;
 use super::reply::text;
-use super::RedisStore;
 use crate::domain::Millis;
 use crate::engine::shares::{self, Kind, Share, KEYS_PERIOD};
-use crate::engine::EngineError;
+use crate::engine::{Core, EngineError};
 
 /// The hash of every server's holdings of every share: field
 /// `SERVER\nCREDENTIAL`, value `TICKETS WAITERS KEYS AT_MS`.
@@ -107,18 +107,18 @@ struct Heard {
     keys: u64,
 }
 
-impl RedisStore {
+impl Fleet {
     /// One exchange: this server's holdings out, the others' in, and the
     /// store's room. Errors are logged: the shares keep their last figures.
-    pub(super) async fn exchange_shares(&self) {
-        let shares = self.core.shares().all();
+    pub(super) async fn exchange_shares(&self, conn: &Conn, core: &Core) {
+        let shares = core.shares().all();
         if shares.is_empty() {
             return;
         }
-        let result = self.exchange(&shares).await;
+        let result = self.exchange(conn, core, &shares).await;
         // Said once when it starts failing and once when it works again.
         let failing = result.is_err();
-        if self.fleet.failing.swap(failing, Ordering::Relaxed) != failing {
+        if self.failing.swap(failing, Ordering::Relaxed) != failing {
             match result {
                 Err(e) => tracing::warn!("the fleet's shares cannot be exchanged through the store, so each server counts only what it serves until they can: {e} (with a least-privilege Redis user, grant the commands the README lists)"),
                 Ok(()) => tracing::info!("the fleet's shares are exchanged through the store again"),
@@ -126,17 +126,22 @@ impl RedisStore {
         }
     }
 
-    async fn exchange(&self, shares: &[Arc<Share>]) -> Result<(), EngineError> {
-        let full = self.nearly_full().await;
-        let idle_after = shares::key_idle_after(&self.core.limits());
+    async fn exchange(
+        &self,
+        conn: &Conn,
+        core: &Core,
+        shares: &[Arc<Share>],
+    ) -> Result<(), EngineError> {
+        let full = self.nearly_full(conn).await;
+        let idle_after = shares::key_idle_after(&core.limits());
         let now = wall();
         let mut set = redis::cmd("HSET");
         set.arg(SHARES_KEY);
         let mut counted_here = HashMap::new();
-        for share in shares.iter().filter(|s| self.fleet.writes(s)) {
-            let keys = self.count_keys(share, now, idle_after).await?;
+        for share in shares.iter().filter(|s| self.writes(s)) {
+            let keys = count_keys(conn, share, now, idle_after).await?;
             counted_here.insert(share.name().to_owned(), keys);
-            set.arg(format!("{}\n{}", self.fleet.me, share.name()))
+            set.arg(format!("{}\n{}", self.me, share.name()))
                 .arg(format!(
                     "{} {} {keys} {now}",
                     share.held(Kind::Tickets),
@@ -144,18 +149,18 @@ impl RedisStore {
                 ));
         }
         if !counted_here.is_empty() {
-            self.conn.query(&set).await?;
+            conn.query(&set).await?;
             let mut keep = redis::cmd("PEXPIRE");
             keep.arg(SHARES_KEY).arg(KEPT_FOR);
-            self.conn.query(&keep).await?;
+            conn.query(&keep).await?;
         }
         let mut get = redis::cmd("HGETALL");
         get.arg(SHARES_KEY);
-        let (heard, stale) = heard(&self.conn.query(&get).await?, &self.fleet.me, now);
+        let (heard, stale) = heard(&conn.query(&get).await?, &self.me, now);
         if !stale.is_empty() {
             let mut forget = redis::cmd("HDEL");
             forget.arg(SHARES_KEY).arg(stale);
-            self.conn.query(&forget).await?;
+            conn.query(&forget).await?;
         }
         let mut counted = Vec::with_capacity(shares.len());
         for share in shares {
@@ -183,58 +188,21 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Adds the keys `share` was asked for here to the current period's
-    /// count and returns the distinct keys it asked for fleet-wide within
-    /// `idle_after`.
-    async fn count_keys(
-        &self,
-        share: &Share,
-        now: Millis,
-        idle_after: Millis,
-    ) -> Result<u64, EngineError> {
-        let prefix = format!("fusebox:share:{{{}}}:keys:", share.name());
-        let period = now / KEYS_PERIOD;
-        let asked = share.take_unpublished();
-        for chunk in asked.chunks(1_000) {
-            let mut add = redis::cmd("PFADD");
-            add.arg(format!("{prefix}{period}"));
-            for key in chunk {
-                add.arg(key.as_bytes());
-            }
-            self.conn.query(&add).await?;
-        }
-        if !asked.is_empty() {
-            let mut keep = redis::cmd("PEXPIRE");
-            keep.arg(format!("{prefix}{period}"))
-                .arg(idle_after.saturating_add(2 * KEYS_PERIOD));
-            self.conn.query(&keep).await?;
-        }
-        let first = now.saturating_sub(idle_after) / KEYS_PERIOD;
-        let mut count = redis::cmd("PFCOUNT");
-        for p in first..=period {
-            count.arg(format!("{prefix}{p}"));
-        }
-        match self.conn.query(&count).await? {
-            Value::Int(n) => Ok(n.max(0) as u64),
-            other => Err(EngineError::Internal(format!("PFCOUNT answered {other:?}"))),
-        }
-    }
-
     /// Why the store is nearly full, read from the primaries at most once
     /// a second; `None` while every primary has room (or has no
     /// `maxmemory`).
-    async fn nearly_full(&self) -> Option<Arc<str>> {
-        let mut room = self.fleet.room.lock().await;
+    async fn nearly_full(&self, conn: &Conn) -> Option<Arc<str>> {
+        let mut room = self.room.lock().await;
         if room.0.is_some_and(|at| at.elapsed() < MEMORY_EVERY) {
             return room.1.clone();
         }
         let mut why = None;
         let mut read = false;
-        if let Ok(primaries) = self.conn.primaries().await {
+        if let Ok(primaries) = conn.primaries().await {
             for node in primaries {
                 let mut info = redis::cmd("INFO");
                 info.arg("memory");
-                let Ok(value) = self.conn.on_node(&node, &info).await else {
+                let Ok(value) = conn.on_node(&node, &info).await else {
                     continue;
                 };
                 let Some(text) = text(&value) else {
@@ -265,6 +233,43 @@ impl RedisStore {
         }
         *room = (Some(Instant::now()), why.clone());
         why
+    }
+}
+
+/// Adds the keys `share` was asked for here to the current period's
+/// count and returns the distinct keys it asked for fleet-wide within
+/// `idle_after`.
+async fn count_keys(
+    conn: &Conn,
+    share: &Share,
+    now: Millis,
+    idle_after: Millis,
+) -> Result<u64, EngineError> {
+    let prefix = format!("fusebox:share:{{{}}}:keys:", share.name());
+    let period = now / KEYS_PERIOD;
+    let asked = share.take_unpublished();
+    for chunk in asked.chunks(1_000) {
+        let mut add = redis::cmd("PFADD");
+        add.arg(format!("{prefix}{period}"));
+        for key in chunk {
+            add.arg(key.as_bytes());
+        }
+        conn.query(&add).await?;
+    }
+    if !asked.is_empty() {
+        let mut keep = redis::cmd("PEXPIRE");
+        keep.arg(format!("{prefix}{period}"))
+            .arg(idle_after.saturating_add(2 * KEYS_PERIOD));
+        conn.query(&keep).await?;
+    }
+    let first = now.saturating_sub(idle_after) / KEYS_PERIOD;
+    let mut count = redis::cmd("PFCOUNT");
+    for p in first..=period {
+        count.arg(format!("{prefix}{p}"));
+    }
+    match conn.query(&count).await? {
+        Value::Int(n) => Ok(n.max(0) as u64),
+        other => Err(EngineError::Internal(format!("PFCOUNT answered {other:?}"))),
     }
 }
 

@@ -837,7 +837,7 @@ impl RedisStore {
             tokio::select! {
                 () = &mut stopped => return,
                 _ = every.tick() => self.hitters.lock().expect("hitters").decay(),
-                _ = exchange.tick() => self.exchange_shares().await,
+                _ = exchange.tick() => self.fleet.exchange_shares(&self.conn, &self.core).await,
             }
         }
     }
