@@ -558,8 +558,32 @@ impl Cluster {
                 (up == 3).then_some(())
             },
         );
+        cluster.steps.push(("replicas linked", started.elapsed()));
+        // PUBLISH reaches another node over the cluster bus, and a message
+        // sent while a node's link is still being made is lost there: wait
+        // until every node's link to every other node is connected.
+        wait_for(
+            "every node's cluster-bus link to every other node connected",
+            Duration::from_secs(30),
+            || {
+                cluster
+                    .nodes
+                    .iter()
+                    .all(|n| {
+                        let nodes = n.conn().cmd(&["CLUSTER", "NODES"]).text();
+                        let lines: Vec<&str> = nodes.lines().filter(|l| !l.is_empty()).collect();
+                        lines.len() == 6
+                            && lines
+                                .iter()
+                                .all(|l| l.split(' ').nth(7) == Some("connected"))
+                    })
+                    .then_some(())
+            },
+        );
         cluster.start_time = started.elapsed();
-        cluster.steps.push(("replicas linked", cluster.start_time));
+        cluster
+            .steps
+            .push(("cluster-bus links connected", cluster.start_time));
         Some(cluster)
     }
 
