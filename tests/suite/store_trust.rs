@@ -632,26 +632,11 @@ async fn forged_notices_are_dropped_counted_and_change_nothing() {
         return;
     };
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let secret = random_hex(32);
-    let secret_file = write(dir.path(), "notices.key", &format!("{secret}\n"));
+    let (store, secret_file, redis) = signed_store(&tools, dir.path()).await;
+    let secret = std::fs::read_to_string(&secret_file).expect("the secret file");
+    let secret = secret.trim();
     let wrong = random_hex(32);
-    let redis = {
-        let (tools, d, file) = (tools.clone(), dir.path().to_owned(), secret_file.clone());
-        tokio::task::spawn_blocking(move || {
-            Redis::start_with(
-                &tools,
-                &d,
-                &["secret-file", text(&file)],
-                &["--save", "", "--appendonly", "no"],
-                false,
-                None,
-            )
-        })
-        .await
-        .expect("redis starts")
-    };
     let port = redis.port;
-    let store = format!("redis://127.0.0.1:{port}");
     let start = || {
         Server::start(Options {
             config: Some(CONFIG),

@@ -527,20 +527,10 @@ impl Cluster {
             steps,
             _dir: dir,
         };
-        wait_for(
-            "cluster_state:ok on all six nodes",
-            Duration::from_secs(30),
-            || {
-                cluster
-                    .nodes
-                    .iter()
-                    .all(|n| {
-                        let info = n.conn().cmd(&["CLUSTER", "INFO"]);
-                        info_field(&info, "cluster_state").as_deref() == Some("ok")
-                    })
-                    .then_some(())
-            },
-        );
+        cluster.wait_for_every_node("cluster_state:ok on all six nodes", |n| {
+            let info = n.conn().cmd(&["CLUSTER", "INFO"]);
+            info_field(&info, "cluster_state").as_deref() == Some("ok")
+        });
         cluster.steps.push(("cluster_state:ok", started.elapsed()));
         wait_for(
             "three replicas with master_link_status:up",
@@ -562,22 +552,15 @@ impl Cluster {
         // PUBLISH reaches another node over the cluster bus, and a message
         // sent while a node's link is still being made is lost there: wait
         // until every node's link to every other node is connected.
-        wait_for(
+        cluster.wait_for_every_node(
             "every node's cluster-bus link to every other node connected",
-            Duration::from_secs(30),
-            || {
-                cluster
-                    .nodes
-                    .iter()
-                    .all(|n| {
-                        let nodes = n.conn().cmd(&["CLUSTER", "NODES"]).text();
-                        let lines: Vec<&str> = nodes.lines().filter(|l| !l.is_empty()).collect();
-                        lines.len() == 6
-                            && lines
-                                .iter()
-                                .all(|l| l.split(' ').nth(7) == Some("connected"))
-                    })
-                    .then_some(())
+            |n| {
+                let nodes = n.conn().cmd(&["CLUSTER", "NODES"]).text();
+                let lines: Vec<&str> = nodes.lines().filter(|l| !l.is_empty()).collect();
+                lines.len() == 6
+                    && lines
+                        .iter()
+                        .all(|l| l.split(' ').nth(7) == Some("connected"))
             },
         );
         cluster.start_time = started.elapsed();
@@ -585,6 +568,13 @@ impl Cluster {
             .steps
             .push(("cluster-bus links connected", cluster.start_time));
         Some(cluster)
+    }
+
+    /// Waits up to 30 s until `check` holds on every node.
+    fn wait_for_every_node(&self, what: &str, check: impl Fn(&Server) -> bool) {
+        wait_for(what, Duration::from_secs(30), || {
+            self.nodes.iter().all(&check).then_some(())
+        });
     }
 
     /// The primaries.
