@@ -276,12 +276,12 @@ impl Share {
     pub fn use_key(&self, key: &str, now: Millis, idle_after: Millis) -> Result<(), EngineError> {
         let mut asked = self.keys.lock().expect("share keys");
         let limit = self.limit(Kind::Keys);
-        if let Some(last) = asked.last.get_mut(key) {
-            let new_period = *last / KEYS_PERIOD != now / KEYS_PERIOD;
-            *last = now;
-            if new_period {
-                asked.unpublish(key, limit);
+        if let Some((name, &last)) = asked.last.get_key_value(key) {
+            let name = name.clone();
+            if last / KEYS_PERIOD != now / KEYS_PERIOD {
+                asked.unpublish(name.clone(), limit);
             }
+            asked.last.insert(name, now);
             return Ok(());
         }
         if let Some(why) = self.no_new_keys.lock().expect("no new keys").clone() {
@@ -491,16 +491,13 @@ impl Asked {
     fn keep(&mut self, key: &str, now: Millis, limit: u64) {
         let key: Arc<str> = Arc::from(key);
         if self.last.insert(key.clone(), now).is_none() {
-            self.unpublish_arc(key, limit);
+            self.unpublish(key, limit);
         }
     }
 
-    fn unpublish(&mut self, key: &str, limit: u64) {
-        self.unpublish_arc(Arc::from(key), limit);
-    }
-
-    /// Bounded: keys past the limit wait for the next period.
-    fn unpublish_arc(&mut self, key: Arc<str>, limit: u64) {
+    /// Counts `key` fleet-wide at the next exchange; bounded: keys past
+    /// the limit wait for the next period.
+    fn unpublish(&mut self, key: Arc<str>, limit: u64) {
         if (self.unpublished.len() as u64) < limit {
             self.unpublished.push(key);
         }
