@@ -382,11 +382,14 @@ def test_a_per_second_window_resets_at_the_wall_clocks_whole_second(h: Harness) 
     assert first.status == 200, first
     for s in range(second, second + 3):
         seen = []
-        while True:
+        # A request answered after the whole second may have been counted
+        # in the next second, and then it took that second's one request.
+        straddler = None
+        while time.time() < s + 0.85:
             sent = time.time()
             r = client.get("/")
-            got = time.time()
-            if got >= s + 0.95:
+            if time.time() >= s + 1:
+                straddler = r
                 break
             seen.append((round(sent - s, 3), r.status))
             time.sleep(0.05)
@@ -395,6 +398,8 @@ def test_a_per_second_window_resets_at_the_wall_clocks_whole_second(h: Harness) 
             f"within wall second {s}, after its one admitted request, requests at "
             f"+{wrong} s were admitted: the window did not start at the whole second"
         )
+        if straddler is not None and straddler.status == 200:
+            continue
         sleep_until_wall(s + 1.05)
         r = client.get("/")
         assert r.status == 200, f"refused at +1.05 s after wall second {s}: {r.headers}"

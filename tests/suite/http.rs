@@ -765,6 +765,13 @@ async fn healthz_and_readyz_answer_and_readyz_turns_503_while_draining() {
         .get_key(pb::GetKeyRequest { key: "k".into() })
         .await
         .expect("GetKey answers");
+    // Each call is its own task on the server, run in no set order: the
+    // held call counts as in flight once its task has run.
+    eventually("the held call to be in flight", LIMIT, || async {
+        let text = metrics_text(&server).await;
+        (plain_value(&text, "fusebox_calls_in_flight") >= 1.0).then_some(())
+    })
+    .await;
 
     server.terminate();
     eventually("/readyz to answer 503", LIMIT, || {
