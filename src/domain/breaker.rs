@@ -160,11 +160,19 @@ pub struct Breaker {
     pub(crate) openings: u32,
     pub(crate) phase: Phase,
     pub(crate) window: HealthWindow,
+    /// What the breaker keeps only while it needs it; one word inline for
+    /// the many keys that need none of it.
+    pub(crate) extra: Option<Box<Extra>>,
+}
+
+/// A breaker's rarer parts, boxed together.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Extra {
     /// The half-open period's successes and slots, when it needs them.
-    pub(crate) probing: Option<Box<Probing>>,
+    probing: Option<Probing>,
     /// Under a quorum (Q2), the callers of the run's and the window's
     /// failures; made at the first failure recorded under a quorum.
-    pub(crate) callers: Option<Box<Callers>>,
+    callers: Option<Callers>,
 }
 
 impl Breaker {
@@ -179,8 +187,7 @@ impl Breaker {
             deadline: 0,
             window: HealthWindow::default(),
             changed_at: now,
-            probing: None,
-            callers: None,
+            extra: None,
         }
     }
 
@@ -206,7 +213,7 @@ impl Breaker {
 
     /// Current probe successes counted in this half-open period (H2).
     pub fn half_open_successes(&self) -> u32 {
-        self.probing.as_ref().map_or(0, |p| p.successes)
+        self.probing().map_or(0, |p| p.successes)
     }
 
     /// Probe slots held at `now` (H1).
@@ -214,7 +221,7 @@ impl Breaker {
         if self.phase != Phase::HalfOpen {
             return 0;
         }
-        match self.probing.as_deref() {
+        match self.probing() {
             Some(p) if p.shared => p.held(now).count() as u32,
             _ => u32::from(self.deadline > now),
         }
@@ -222,12 +229,72 @@ impl Breaker {
 
     /// True while the half-open period follows the rule of several slots.
     pub fn shares_probe_epoch(&self) -> bool {
-        self.phase == Phase::HalfOpen && self.probing.as_ref().is_some_and(|p| p.shared)
+        self.phase == Phase::HalfOpen && self.probing().is_some_and(|p| p.shared)
     }
 
     /// What the half-open period keeps beyond the single slot, if anything.
     pub fn probing(&self) -> Option<&Probing> {
-        self.probing.as_deref()
+        self.extra.as_ref()?.probing.as_ref()
+    }
+
+    fn probing_mut(&mut self) -> Option<&mut Probing> {
+        self.extra.as_mut()?.probing.as_mut()
+    }
+
+    fn probing_or_default(&mut self) -> &mut Probing {
+        self.extra
+            .get_or_insert_with(Box::default)
+            .probing
+            .get_or_insert_with(Probing::default)
+    }
+
+    /// Sets the half-open period's probing part; the box goes with its
+    /// last part.
+    pub(crate) fn set_probing(&mut self, probing: Option<Probing>) {
+        match probing {
+            Some(p) => *self.probing_or_default() = p,
+            None => {
+                if let Some(extra) = &mut self.extra {
+                    extra.probing = None;
+                }
+            }
+        }
+        self.drop_empty_extra();
+    }
+
+    fn callers_mut(&mut self) -> Option<&mut Callers> {
+        self.extra.as_mut()?.callers.as_mut()
+    }
+
+    fn callers_or_default(&mut self) -> &mut Callers {
+        self.extra
+            .get_or_insert_with(Box::default)
+            .callers
+            .get_or_insert_with(Callers::default)
+    }
+
+    /// Sets the callers recorded under a quorum; the box goes with its
+    /// last part.
+    pub(crate) fn set_callers(&mut self, callers: Option<Callers>) {
+        match callers {
+            Some(c) => *self.callers_or_default() = c,
+            None => {
+                if let Some(extra) = &mut self.extra {
+                    extra.callers = None;
+                }
+            }
+        }
+        self.drop_empty_extra();
+    }
+
+    fn drop_empty_extra(&mut self) {
+        if self
+            .extra
+            .as_ref()
+            .is_some_and(|e| e.probing.is_none() && e.callers.is_none())
+        {
+            self.extra = None;
+        }
     }
 
     /// The end of the break, when open.
@@ -276,7 +343,7 @@ impl Breaker {
     /// follows the rule of several). Changes nothing.
     pub fn admission(&self, policy: Option<&BreakerPolicy>, now: Millis) -> Admission {
         let limit = policy.map_or(1, |b| b.half_open.probes.get());
-        if let Some(p) = self.probing.as_deref().filter(|p| p.shared) {
+        if let Some(p) = self.probing().filter(|p| p.shared) {
             if self.phase == Phase::HalfOpen {
                 return match p.held(now).min() {
                     Some(first) if p.held(now).count() as u64 >= u64::from(limit) => {
@@ -323,7 +390,7 @@ impl Breaker {
         let change = (self.phase != Phase::HalfOpen).then(|| {
             let change = self.enter(Phase::HalfOpen, now);
             if policy.is_some_and(|b| b.half_open.probes.get() > 1) {
-                self.probing = Some(Box::new(Probing {
+                self.set_probing(Some(Probing {
                     shared: true,
                     ..Probing::default()
                 }));
@@ -331,7 +398,7 @@ impl Breaker {
             change
         });
         self.attempts = self.attempts.saturating_add(1);
-        match self.probing.as_deref_mut().filter(|p| p.shared) {
+        match self.probing_mut().filter(|p| p.shared) {
             Some(p) => {
                 p.slots.retain(|s| s.1 > now);
                 p.slots.push((ticket, slot_until));
@@ -354,14 +421,12 @@ impl Breaker {
         if self.phase != Phase::HalfOpen {
             return;
         }
-        match self.probing.as_deref_mut().filter(|p| p.shared) {
-            Some(p) => {
-                if let Some(slot) = p.slots.iter_mut().find(|s| s.0 == ticket) {
-                    slot.1 = slot.1.min(lease_end);
-                }
+        if let Some(p) = self.probing_mut().filter(|p| p.shared) {
+            if let Some(slot) = p.slots.iter_mut().find(|s| s.0 == ticket) {
+                slot.1 = slot.1.min(lease_end);
             }
-            None if current_probe && self.deadline > lease_end => self.deadline = lease_end,
-            None => {}
+        } else if current_probe && self.deadline > lease_end {
+            self.deadline = lease_end;
         }
     }
 
@@ -373,7 +438,7 @@ impl Breaker {
         if self.phase != Phase::HalfOpen {
             return None;
         }
-        let p = self.probing.as_deref_mut().filter(|p| p.shared)?;
+        let p = self.probing_mut().filter(|p| p.shared)?;
         let i = p.slots.iter().position(|s| s.0 == ticket)?;
         let (_, end) = p.slots.remove(i);
         Some(end > now || (at_lease_end && end == now))
@@ -482,7 +547,7 @@ impl Breaker {
             return (false, false);
         };
         self.window.prune(now, sampling_window);
-        if let Some(c) = self.callers.as_deref_mut() {
+        if let Some(c) = self.callers_mut() {
             c.prune(now, sampling_window);
         }
         let (n, f) = self.window.totals(now, sampling_window);
@@ -546,7 +611,7 @@ impl Breaker {
                 if successes >= needed {
                     Some(self.close(now))
                 } else {
-                    self.probing.get_or_insert_with(Box::default).successes = successes;
+                    self.probing_or_default().successes = successes;
                     self.deadline = 0;
                     None
                 }
@@ -605,12 +670,9 @@ impl Breaker {
             Trip::Ratio {
                 sampling_window, ..
             } => {
-                self.window.record(now, sampling_window, failed);
-                if slow {
-                    self.window.record_slow(now, sampling_window);
-                }
+                self.window.record(now, sampling_window, failed, slow);
                 if policy.quorum.is_some() {
-                    let callers = self.callers.get_or_insert_with(Box::default);
+                    let callers = self.callers_or_default();
                     callers.prune(now, sampling_window);
                     let bucket = HealthWindow::bucket_of(now, sampling_window);
                     if failed {
@@ -635,17 +697,15 @@ impl Breaker {
     /// its caller, a success clears them with the run.
     fn note_run(&mut self, failed: bool, caller: CallerId) {
         if failed {
-            self.callers
-                .get_or_insert_with(Box::default)
-                .fail_in_run(caller);
-        } else if let Some(c) = self.callers.as_deref_mut() {
+            self.callers_or_default().fail_in_run(caller);
+        } else if let Some(c) = self.callers_mut() {
             c.run.clear();
         }
     }
 
     fn drop_empty_callers(&mut self) {
-        if self.callers.as_ref().is_some_and(|c| c.is_empty()) {
-            self.callers = None;
+        if self.callers().is_some_and(|c| c.is_empty()) {
+            self.set_callers(None);
         }
     }
 
@@ -677,7 +737,7 @@ impl Breaker {
         else {
             return true;
         };
-        let recorded = self.callers.as_deref().map_or(&[][..], |c| &c.slow[..]);
+        let recorded = self.callers().map_or(&[][..], |c| &c.slow[..]);
         let mut callers: Vec<CallerId> = recorded
             .iter()
             .filter(|&&(_, start)| start + sampling_window > now)
@@ -692,7 +752,7 @@ impl Breaker {
     /// Distinct callers of the failures that count toward a trip at `now`
     /// (Q2): the run's in consecutive mode, the window's in ratio mode.
     pub fn distinct_callers(&self, policy: Option<&BreakerPolicy>, now: Millis) -> u32 {
-        let Some(c) = self.callers.as_deref() else {
+        let Some(c) = self.callers() else {
             return 0;
         };
         match policy.map(|p| p.trip) {
@@ -705,14 +765,14 @@ impl Breaker {
 
     /// The callers recorded under a quorum, if any.
     pub fn callers(&self) -> Option<&Callers> {
-        self.callers.as_deref()
+        self.extra.as_ref()?.callers.as_ref()
     }
 
     /// Opens the breaker at `now` for the next break of the backoff rule.
     fn open(&mut self, policy: &BreakerPolicy, now: Millis) -> (Phase, Phase) {
         self.openings = self.openings.saturating_add(1);
         self.window.clear();
-        if let Some(c) = self.callers.as_deref_mut() {
+        if let Some(c) = self.callers_mut() {
             c.window.clear();
             c.slow.clear();
         }
@@ -728,7 +788,7 @@ impl Breaker {
         self.attempts = 0;
         self.openings = 0;
         self.window.clear();
-        self.callers = None;
+        self.set_callers(None);
         self.enter(Phase::Closed, now)
     }
 
@@ -737,7 +797,7 @@ impl Breaker {
         self.phase = phase;
         self.epoch += 1;
         self.deadline = 0;
-        self.probing = None;
+        self.set_probing(None);
         if from != phase {
             self.changed_at = now;
         }
@@ -766,7 +826,7 @@ impl Breaker {
         // Callers are recorded under a quorum only; a changed quorum counts
         // those already recorded (section 10, "Policy changes").
         if policy.is_none_or(|p| p.quorum.is_none()) {
-            self.callers = None;
+            self.set_callers(None);
         }
         match (policy, self.phase) {
             (None, Phase::Open | Phase::HalfOpen) => Some(self.close(now)),
@@ -838,8 +898,7 @@ impl Breaker {
             attempts: kept.attempts,
             openings: kept.openings,
             window: HealthWindow::default(),
-            probing: None,
-            callers: None,
+            extra: None,
         }
     }
 
@@ -848,7 +907,7 @@ impl Breaker {
     /// tickets did not survive), under the rule `policy` gives a new period.
     pub fn restart_probing(&mut self, policy: Option<&BreakerPolicy>) {
         if self.phase == Phase::HalfOpen && policy.is_some_and(|b| b.half_open.probes.get() > 1) {
-            self.probing = Some(Box::new(Probing {
+            self.set_probing(Some(Probing {
                 shared: true,
                 ..Probing::default()
             }));

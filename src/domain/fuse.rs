@@ -301,6 +301,9 @@ struct Counters {
     granted: u32,
     successes: u32,
     failures: u32,
+    /// Not a count: the 32 bits [`Fuse::tag`] gives its owner, kept here
+    /// where the counts leave them free.
+    tag: u32,
     more: Option<Box<MoreCounters>>,
 }
 
@@ -631,6 +634,18 @@ impl<T: TicketTable> Fuse<T> {
     /// The last time this fuse saw.
     pub fn last_now(&self) -> Millis {
         self.last_now
+    }
+
+    /// 32 bits the fuse keeps for its owner and never reads (0 when
+    /// made): what the engine keeps of a key beside its fuse, without a
+    /// word of its own.
+    pub fn tag(&self) -> u32 {
+        self.counters.tag
+    }
+
+    /// Sets [`Fuse::tag`].
+    pub fn set_tag(&mut self, tag: u32) {
+        self.counters.tag = tag;
     }
 
     /// Statistics.

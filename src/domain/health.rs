@@ -18,23 +18,27 @@ use super::Millis;
 /// ratio mode, and a ratio-mode key at rest has nothing in its window.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HealthWindow {
-    /// `(bucket start, successes, failures)`, oldest first; at most 21
-    /// entries for one window length. `None` when empty, never `Some` of an
-    /// empty queue.
+    /// The buckets, oldest first; at most 21 for one window length. `None`
+    /// when empty, never `Some` of an empty queue.
     #[allow(
         clippy::box_collection,
         reason = "one word inline instead of four for every key; the second \
                   allocation is paid only by ratio-mode keys with outcomes in the window"
     )]
-    pub(crate) buckets: Option<Box<VecDeque<(Millis, u32, u32)>>>,
-    /// `(bucket start, slow outcomes)` of the buckets that hold a slow
-    /// outcome (S1), oldest first; `None` when there is none. Kept apart
-    /// from `buckets` so that a window without slow calls pays nothing.
-    #[allow(
-        clippy::box_collection,
-        reason = "one word inline; only keys with slow outcomes in the window pay more"
-    )]
-    pub(crate) slow: Option<Box<VecDeque<(Millis, u32)>>>,
+    buckets: Option<Box<VecDeque<Bucket>>>,
+}
+
+/// One bucket of the window: what was recorded from its start on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bucket {
+    /// When the bucket starts.
+    pub start: Millis,
+    /// Successes recorded in it.
+    pub successes: u32,
+    /// Failures recorded in it.
+    pub failures: u32,
+    /// Of those outcomes, the slow ones (S1).
+    pub slow: u32,
 }
 
 fn width(window: Millis) -> Millis {
@@ -42,72 +46,69 @@ fn width(window: Millis) -> Millis {
 }
 
 impl HealthWindow {
+    /// A window holding `buckets`, oldest first (each with an outcome).
+    pub fn of(buckets: impl IntoIterator<Item = Bucket>) -> Self {
+        let buckets: VecDeque<Bucket> = buckets.into_iter().collect();
+        HealthWindow {
+            buckets: (!buckets.is_empty()).then(|| Box::new(buckets)),
+        }
+    }
+
+    /// The buckets, oldest first.
+    pub fn buckets(&self) -> impl Iterator<Item = &Bucket> {
+        self.buckets.iter().flat_map(|b| b.iter())
+    }
+
     /// The start of the bucket `now` falls in.
     pub fn bucket_of(now: Millis, window: Millis) -> Millis {
         let w = width(window);
         now / w * w
     }
 
-    /// Records one outcome at `now`.
-    pub fn record(&mut self, now: Millis, window: Millis, failed: bool) {
+    /// Records one outcome at `now`, slow (S1) or not.
+    pub fn record(&mut self, now: Millis, window: Millis, failed: bool, slow: bool) {
         self.prune(now, window);
         let start = Self::bucket_of(now, window);
         let buckets = self.buckets.get_or_insert_with(Default::default);
-        match buckets.back_mut() {
-            Some((i, s, f)) if *i == start => {
-                if failed {
-                    *f = f.saturating_add(1);
-                } else {
-                    *s = s.saturating_add(1);
-                }
+        let bucket = match buckets.back_mut() {
+            Some(b) if b.start == start => b,
+            _ => {
+                buckets.push_back(Bucket {
+                    start,
+                    successes: 0,
+                    failures: 0,
+                    slow: 0,
+                });
+                buckets.back_mut().expect("just pushed")
             }
-            _ => buckets.push_back((start, u32::from(!failed), u32::from(failed))),
+        };
+        if failed {
+            bucket.failures = bucket.failures.saturating_add(1);
+        } else {
+            bucket.successes = bucket.successes.saturating_add(1);
+        }
+        if slow {
+            bucket.slow = bucket.slow.saturating_add(1);
         }
     }
 
-    /// Marks the outcome just recorded at `now` as slow too (S1).
-    pub fn record_slow(&mut self, now: Millis, window: Millis) {
-        let w = width(window);
-        let start = now / w * w;
-        let slow = self.slow.get_or_insert_with(Default::default);
-        match slow.back_mut() {
-            Some((i, n)) if *i == start => *n = n.saturating_add(1),
-            _ => slow.push_back((start, 1)),
-        }
+    /// The buckets that count at `now`.
+    fn counting(&self, now: Millis, window: Millis) -> impl Iterator<Item = &Bucket> {
+        self.buckets().filter(move |b| b.start + window > now)
     }
 
     /// Slow outcomes that count at `now`.
     pub fn slow_total(&self, now: Millis, window: Millis) -> u64 {
-        self.slow
-            .iter()
-            .flat_map(|b| b.iter())
-            .filter(|(start, _)| start + window > now)
-            .map(|&(_, n)| u64::from(n))
-            .sum()
+        self.counting(now, window).map(|b| u64::from(b.slow)).sum()
     }
 
     /// Drops buckets that no longer count at `now`.
     pub fn prune(&mut self, now: Millis, window: Millis) {
-        if let Some(slow) = self.slow.as_mut() {
-            while slow
-                .front()
-                .is_some_and(|&(start, _)| start + window <= now)
-            {
-                slow.pop_front();
-            }
-            if slow.is_empty() {
-                self.slow = None;
-            }
-        }
         let Some(buckets) = self.buckets.as_mut() else {
             return;
         };
-        while let Some(&(start, _, _)) = buckets.front() {
-            if start + window <= now {
-                buckets.pop_front();
-            } else {
-                break;
-            }
+        while buckets.front().is_some_and(|b| b.start + window <= now) {
+            buckets.pop_front();
         }
         if buckets.is_empty() {
             self.buckets = None;
@@ -116,24 +117,22 @@ impl HealthWindow {
 
     /// `(outcomes, failures)` that count at `now`.
     pub fn totals(&self, now: Millis, window: Millis) -> (u64, u64) {
-        self.buckets
-            .iter()
-            .flat_map(|b| b.iter())
-            .filter(|(start, _, _)| start + window > now)
-            .fold((0, 0), |(n, f), &(_, s, fl)| {
-                (n + u64::from(s) + u64::from(fl), f + u64::from(fl))
-            })
+        self.counting(now, window).fold((0, 0), |(n, f), b| {
+            (
+                n + u64::from(b.successes) + u64::from(b.failures),
+                f + u64::from(b.failures),
+            )
+        })
     }
 
     /// Forgets every outcome.
     pub fn clear(&mut self) {
         self.buckets = None;
-        self.slow = None;
     }
 
     /// True when the window holds an allocation (it has buckets).
     pub fn is_allocated(&self) -> bool {
-        self.buckets.is_some() || self.slow.is_some()
+        self.buckets.is_some()
     }
 
     /// True when no outcome counts at `now`.
@@ -151,7 +150,7 @@ mod tests {
         for window in [10, 15, 19, 100, 1000, 1234] {
             for at in 0..(3 * window) {
                 let mut h = HealthWindow::default();
-                h.record(at, window, true);
+                h.record(at, window, true, false);
                 let mut last_counted = at;
                 while h.totals(last_counted + 1, window).0 == 1 {
                     last_counted += 1;
@@ -168,9 +167,9 @@ mod tests {
     #[test]
     fn totals_add_successes_and_failures_and_prune_forgets_old_buckets() {
         let mut h = HealthWindow::default();
-        h.record(0, 1000, false);
-        h.record(0, 1000, true);
-        h.record(150, 1000, true);
+        h.record(0, 1000, false, false);
+        h.record(0, 1000, true, false);
+        h.record(150, 1000, true, false);
         assert_eq!(h.totals(150, 1000), (3, 2));
         assert_eq!(h.totals(1000, 1000), (1, 1));
         h.prune(1100, 1000);
@@ -181,12 +180,11 @@ mod tests {
     #[test]
     fn slow_outcomes_age_out_with_their_bucket() {
         let mut h = HealthWindow::default();
-        h.record(0, 1000, false);
-        h.record_slow(0, 1000);
-        h.record(150, 1000, true);
-        h.record_slow(150, 1000);
-        h.record_slow(150, 1000);
+        h.record(0, 1000, false, true);
+        h.record(150, 1000, true, true);
+        h.record(150, 1000, false, true);
         assert_eq!(h.slow_total(150, 1000), 3);
+        assert_eq!(h.totals(150, 1000), (3, 1));
         assert_eq!(h.slow_total(1000, 1000), 2);
         h.prune(1100, 1000);
         assert_eq!(h.slow_total(1100, 1000), 0);

@@ -206,7 +206,7 @@ impl Engine {
                         Err(e) if last_try => return Err(count_no_room(e, rest, owner)),
                         Err(e) => return Err(e),
                     };
-                    slot.by_charge = true;
+                    slot.mark_by_charge();
                     (v.insert(slot).into_mut(), true)
                 }
             };
@@ -216,7 +216,7 @@ impl Engine {
         // A key with a policy of its own (RL15) never takes the rules'
         // when they change: it is up to date with them whatever they say.
         if given.is_some() {
-            slot.generation = rest.rules.generation;
+            slot.set_generation(rest.rules.generation);
         }
         let mut effect = Effects {
             shard,

@@ -145,7 +145,10 @@ impl Engine {
                 owner: None,
             };
             match self.with_fuse(&key, access, |fuse, ctx| {
+                // The tag is the engine's, not the kept state's.
+                let tag = fuse.tag();
                 *fuse = Fuse::restore(policy, &kept, ctx.now);
+                fuse.set_tag(tag);
                 fuse.breaker().phase()
             }) {
                 Ok(Some(phase)) => {

@@ -312,13 +312,12 @@ impl Engine {
         rest.tally.keys += 1;
         rest.tally.by_phase[Phase::Closed.index()] += 1;
         let policy = policy.unwrap_or_else(|| rest.rules.policy_for(key)).clone();
-        Ok(Box::new(Slot {
+        Ok(Box::new(Slot::new(
             name,
-            fuse: Fuse::new(policy, now),
-            generation: rest.rules.generation,
-            owner: owner.cloned(),
-            by_charge: false,
-        }))
+            Fuse::new(policy, now),
+            rest.rules.generation,
+            owner.cloned(),
+        )))
     }
 
     /// Runs `op` on a live slot under its shard's lock and records what it
@@ -347,12 +346,12 @@ impl Engine {
         let tickets_before = slot.fuse.live_tickets();
         let waiters_before = slot.fuse.waiters();
         let kept_before = self.storage.get().map(|_| slot.fuse.durable());
-        if slot.generation != rest.rules.generation {
+        if !slot.is_current(rest.rules.generation) {
             let policy = rest.rules.policy_for(&slot.name).clone();
             slot.fuse
                 .set_policy(policy, now)
                 .map_err(|err| EngineError::Internal(err.to_string()))?;
-            slot.generation = rest.rules.generation;
+            slot.set_generation(rest.rules.generation);
         }
         let (result, reserved) = {
             let mut ctx = Ctx {

@@ -73,7 +73,7 @@ impl Engine {
             let state = self.shards.read(Shards::shard_of(hash));
             let now = self.core.now();
             let slot = state.find(hash, key)?;
-            let current = slot.generation == state.rest.rules.generation;
+            let current = slot.is_current(state.rest.rules.generation);
             if current && slot.fuse.next_deadline().is_none_or(|d| d > now) {
                 return Some(KeyReading {
                     key: key.to_owned(),

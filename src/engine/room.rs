@@ -56,7 +56,7 @@ impl Engine {
         for shard in 0..SHARDS {
             let state = self.shards.read(shard);
             for slot in state.table.iter() {
-                if !slot.by_charge {
+                if !slot.by_charge() {
                     continue;
                 }
                 if mine.is_some_and(|m| !slot.owner.as_ref().is_some_and(|o| Arc::ptr_eq(o, m))) {

@@ -39,15 +39,60 @@ pub(super) const UNSCHEDULED: Millis = Millis::MAX;
 pub(super) struct Slot {
     /// The key's name, shared with its tickets, its events and the indexes.
     pub name: Arc<str>,
-    /// Its breaker, permit book and tickets.
+    /// Its breaker, permit book and tickets; its tag holds the rest (see
+    /// [`Slot::generation`] and [`Slot::by_charge`]), so that a slot takes
+    /// 128 bytes.
     pub fuse: Fuse,
-    /// The rules generation the fuse's policy came from (Y4).
-    pub generation: u32,
     /// The credential whose share the key counts against (decisions 99).
     pub owner: Option<Arc<super::shares::Share>>,
+}
+
+/// The tag's bit that says [`Slot::by_charge`]; the others hold the
+/// generation.
+const BY_CHARGE: u32 = 1 << 31;
+
+impl Slot {
+    /// A new key's slot.
+    pub fn new(
+        name: Arc<str>,
+        fuse: Fuse,
+        generation: u32,
+        owner: Option<Arc<super::shares::Share>>,
+    ) -> Slot {
+        let mut slot = Slot { name, fuse, owner };
+        slot.set_generation(generation);
+        slot
+    }
+
+    /// The rules generation the fuse's policy came from (Y4), in 31 bits:
+    /// compared for equality only, so its wrapping is harmless.
+    pub fn generation(&self) -> u32 {
+        self.fuse.tag() & !BY_CHARGE
+    }
+
+    /// True when the fuse's policy came from `generation`.
+    pub fn is_current(&self, generation: u32) -> bool {
+        self.generation() == generation & !BY_CHARGE
+    }
+
+    /// Records that the fuse's policy came from `generation`.
+    pub fn set_generation(&mut self, generation: u32) {
+        let tag = self.fuse.tag();
+        self.fuse
+            .set_tag((tag & BY_CHARGE) | (generation & !BY_CHARGE));
+    }
+
     /// Made by a charge of the rate-limit service: forgotten at rest when
     /// another charge's new key needs room (RL19).
-    pub by_charge: bool,
+    pub fn by_charge(&self) -> bool {
+        self.fuse.tag() & BY_CHARGE != 0
+    }
+
+    /// Marks the key as made by a charge.
+    pub fn mark_by_charge(&mut self) {
+        let tag = self.fuse.tag();
+        self.fuse.set_tag(tag | BY_CHARGE);
+    }
 }
 
 /// Where [`Totals::decisions`] counts grants and denials.
@@ -349,5 +394,26 @@ impl Rest {
         if forgotten {
             self.tally.forgotten += 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_takes_128_bytes_and_its_tag_keeps_both_parts() {
+        // The allocator's size class of 128 bytes, not 160: a short key's
+        // bytes in BENCHMARKS.md ("Memory") count on it.
+        assert_eq!(std::mem::size_of::<Slot>(), 128);
+        let policy = Arc::new(crate::domain::Policy::default());
+        let mut slot = Slot::new("k".into(), Fuse::new(policy, 0), u32::MAX, None);
+        assert!(!slot.by_charge());
+        assert!(slot.is_current(u32::MAX));
+        slot.mark_by_charge();
+        assert!(slot.by_charge() && slot.is_current(u32::MAX));
+        slot.set_generation(7);
+        assert!(slot.by_charge() && slot.is_current(7) && !slot.is_current(8));
+        assert_eq!(slot.generation(), 7);
     }
 }

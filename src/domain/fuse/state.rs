@@ -20,7 +20,6 @@
 //! a float of 17 significant digits may come back one unit in the last
 //! place away).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -658,6 +657,7 @@ impl Counters {
             granted,
             successes,
             failures,
+            tag: 0,
             more: (more != MoreCounters::default()).then(|| Box::new(more)),
         })
     }
@@ -675,23 +675,15 @@ impl Breaker {
             openings: self.openings,
             window: self
                 .window
-                .buckets
-                .iter()
-                .flat_map(|b| b.iter())
-                .map(|&(start, successes, failures)| WindowBucket {
-                    start,
-                    successes,
-                    failures,
-                    slow: self
-                        .window
-                        .slow
-                        .iter()
-                        .flat_map(|b| b.iter())
-                        .find(|s| s.0 == start)
-                        .map_or(0, |s| s.1),
+                .buckets()
+                .map(|b| WindowBucket {
+                    start: b.start,
+                    successes: b.successes,
+                    failures: b.failures,
+                    slow: b.slow,
                 })
                 .collect(),
-            probing: self.probing.as_deref().map(|p| ProbingState {
+            probing: self.probing().map(|p| ProbingState {
                 successes: p.successes,
                 shared: p.shared,
                 slots: p
@@ -700,7 +692,7 @@ impl Breaker {
                     .map(|&(ticket, until)| SlotState { ticket, until })
                     .collect(),
             }),
-            callers: self.callers.as_deref().map(|c| CallersState {
+            callers: self.callers().map(|c| CallersState {
                 run: c.run.clone(),
                 window: c.window.clone(),
                 slow: c.slow.clone(),
@@ -728,17 +720,6 @@ impl Breaker {
                 return Err(StateError::Window);
             }
         }
-        let buckets: VecDeque<_> = s
-            .window
-            .iter()
-            .map(|b| (b.start, b.successes, b.failures))
-            .collect();
-        let slow: VecDeque<_> = s
-            .window
-            .iter()
-            .filter(|b| b.slow > 0)
-            .map(|b| (b.start, b.slow))
-            .collect();
         let probing = match &s.probing {
             None => None,
             Some(_) if s.phase != Phase::HalfOpen => return Err(StateError::Probing),
@@ -750,14 +731,33 @@ impl Breaker {
                 for slot in &p.slots {
                     at_most("breaker.probing.slots.until", slot.until, LIMIT)?;
                 }
-                Some(Box::new(Probing {
+                Some(Probing {
                     successes: p.successes,
                     shared: p.shared,
                     slots: p.slots.iter().map(|s| (s.ticket, s.until)).collect(),
-                }))
+                })
             }
         };
-        Ok(Breaker {
+        let callers = match &s.callers {
+            None => None,
+            Some(c)
+                if c.run.len() > MAX_QUORUM as usize || c.window.len() > MAX_QUORUM as usize =>
+            {
+                return Err(StateError::Callers)
+            }
+            Some(c) => {
+                for &(_, start) in c.window.iter().chain(&c.slow) {
+                    at_most("breaker.callers.window", start, last_now)?;
+                }
+                let callers = Callers {
+                    run: c.run.clone(),
+                    window: c.window.clone(),
+                    slow: c.slow.clone(),
+                };
+                (!callers.is_empty()).then_some(callers)
+            }
+        };
+        let mut breaker = Breaker {
             epoch: s.epoch,
             deadline: s.deadline,
             changed_at: s.changed_at,
@@ -765,32 +765,17 @@ impl Breaker {
             attempts: s.attempts,
             openings: s.openings,
             phase: s.phase,
-            window: HealthWindow {
-                buckets: (!buckets.is_empty()).then(|| Box::new(buckets)),
-                slow: (!slow.is_empty()).then(|| Box::new(slow)),
-            },
-            probing,
-            callers: match &s.callers {
-                None => None,
-                Some(c)
-                    if c.run.len() > MAX_QUORUM as usize
-                        || c.window.len() > MAX_QUORUM as usize =>
-                {
-                    return Err(StateError::Callers)
-                }
-                Some(c) => {
-                    for &(_, start) in c.window.iter().chain(&c.slow) {
-                        at_most("breaker.callers.window", start, last_now)?;
-                    }
-                    let callers = Callers {
-                        run: c.run.clone(),
-                        window: c.window.clone(),
-                        slow: c.slow.clone(),
-                    };
-                    (!callers.is_empty()).then(|| Box::new(callers))
-                }
-            },
-        })
+            window: HealthWindow::of(s.window.iter().map(|b| crate::health::Bucket {
+                start: b.start,
+                successes: b.successes,
+                failures: b.failures,
+                slow: b.slow,
+            })),
+            extra: None,
+        };
+        breaker.set_probing(probing);
+        breaker.set_callers(callers);
+        Ok(breaker)
     }
 }
 
