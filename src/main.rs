@@ -13,6 +13,11 @@ use fusebox_cli::connect::DEFAULT_ADDR;
 use fusebox_cli::{ClientOptions, PhaseArg};
 use tokio::io::AsyncWriteExt;
 
+/// Small allocations take their size class and no more (BENCHMARKS.md,
+/// "Memory": bytes per key).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// fusebox: shared circuit breakers and permits for a whole fleet.
 #[derive(Parser, Debug)]
 #[command(name = "fusebox", version, about)]
