@@ -42,8 +42,19 @@ enum Mode<'a> {
 /// A server under `server` (its `[server]` lines) and `rules`, with
 /// tenants `a` (`a/*`) and `b` (`b/*`) and their `limits`.
 async fn tenants(mode: Mode<'_>, server: &str, rules: &str, limits: (&str, &str)) -> Server {
+    tenants_and(mode, server, rules, limits, "").await
+}
+
+/// [`tenants`], with `more` entries after theirs.
+async fn tenants_and(
+    mode: Mode<'_>,
+    server: &str,
+    rules: &str,
+    limits: (&str, &str),
+    more: &str,
+) -> Server {
     let config = format!(
-        "[server]\n{server}\n{rules}\n[auth]\n{}{}",
+        "[server]\n{server}\n{rules}\n[auth]\n{}{}{more}",
         entry("a", A, "a/*", limits.0),
         entry("b", B, "b/*", limits.1)
     );
@@ -756,14 +767,32 @@ async fn share_figure(server: &Server, family: &str, kind: &str) -> Option<u64> 
 /// credential held one share per server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_on_one_store_hold_one_share() {
-    let Some(redis) = crate::harness::standalone("two_servers_on_one_store_hold_one_share").await
-    else {
+    one_share_through_two_servers("two_servers_on_one_store_hold_one_share", A).await;
+}
+
+/// The same with a second token of tenant `a` (the same prefixes, so one
+/// tenant: decisions 140) on the other server: what `a`'s first token
+/// holds through one server counts against its second token's share
+/// through the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tokens_of_one_tenant_on_two_servers_hold_one_share() {
+    one_share_through_two_servers("two_tokens_of_one_tenant_on_two_servers", A2).await;
+}
+
+/// A second token of tenant `a`.
+const A2: &str = "tenant-a-second-share-token-0123";
+
+/// Tenant `a` fills its share through one server with its token `A`, then
+/// asks through another server on the same Redis with `then_as`.
+async fn one_share_through_two_servers(name: &'static str, then_as: &str) {
+    let Some(redis) = crate::harness::standalone(name).await else {
         return;
     };
     let url = format!("redis://127.0.0.1:{}", redis.server.port);
     let limits = ("max_tickets = 4, max_keys = 6", "");
-    let one = tenants(Mode::Store(&url), "", "", limits).await;
-    let two = tenants(Mode::Store(&url), "", "", limits).await;
+    let second = entry("a2", A2, "a/*", limits.0);
+    let one = tenants_and(Mode::Store(&url), "", "", limits, &second).await;
+    let two = tenants_and(Mode::Store(&url), "", "", limits, &second).await;
     let mut taker = Taker {
         server: &one,
         held: Vec::new(),
@@ -797,7 +826,7 @@ async fn two_servers_on_one_store_hold_one_share() {
     };
     learnt("tickets", 4).await;
     learnt("keys", 6).await;
-    let refused = acquire_as(&two, A, "a/key0")
+    let refused = acquire_as(&two, then_as, "a/key0")
         .await
         .expect_err("a 5th ticket through the other server");
     assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
@@ -814,12 +843,12 @@ async fn two_servers_on_one_store_hold_one_share() {
         client.complete(bearer(A, done)).await.expect("complete");
     }
     learnt("tickets", 0).await;
-    let refused = acquire_as(&two, A, "a/new")
+    let refused = acquire_as(&two, then_as, "a/new")
         .await
         .expect_err("a 7th key through the other server");
     assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
     assert!(refused.message().contains("max_keys"), "{refused:?}");
-    acquire_as(&two, A, "a/key5")
+    acquire_as(&two, then_as, "a/key5")
         .await
         .expect("a key a holds answers through either server");
     acquire_as(&two, B, "b/new")
