@@ -1097,7 +1097,9 @@ fn checked_tickets(
         }
         at_most("tickets.lease_end", t.lease_end, LIMIT)?;
         at_most("tickets.granted_at", t.granted_at, LIMIT)?;
-        at_most("tickets.seq", t.seq, LIMIT)?;
+        // Below the limit, so that the next number (one more) stays in
+        // range when the state is written again.
+        at_most("tickets.seq", t.seq, LIMIT - 1)?;
         if t.settles && !kind.is_some_and(LimiterKind::is_rate) {
             return Err(StateError::SettlesWithoutRate(t.id));
         }
