@@ -498,10 +498,12 @@ impl<B: Bytes> Table<B> {
     }
 
     /// True when `entry` is a live ticket's lease.
-    fn live(&self, (lease_end, _, id): Entry) -> bool {
+    fn live(&self, (lease_end, seq, id): Entry) -> bool {
+        // The grant number too: a ticket removed and an id given again
+        // with the same lease end is another grant, in another place.
         self.find(TicketId(id))
             .and_then(|i| self.read(i))
-            .is_some_and(|s| s.ticket.lease_end == lease_end)
+            .is_some_and(|s| (s.ticket.lease_end, s.ticket.seq) == (lease_end, seq))
     }
 
     /// Adds `entry` to the heap: sifted up from the end, each parent it
