@@ -251,15 +251,10 @@ impl Breaker {
     /// Sets the half-open period's probing part; the box goes with its
     /// last part.
     pub(crate) fn set_probing(&mut self, probing: Option<Probing>) {
-        match probing {
-            Some(p) => *self.probing_or_default() = p,
-            None => {
-                if let Some(extra) = &mut self.extra {
-                    extra.probing = None;
-                }
-            }
+        if probing.is_some() || self.extra.is_some() {
+            self.extra.get_or_insert_with(Box::default).probing = probing;
+            self.drop_empty_extra();
         }
-        self.drop_empty_extra();
     }
 
     fn callers_mut(&mut self) -> Option<&mut Callers> {
@@ -276,15 +271,10 @@ impl Breaker {
     /// Sets the callers recorded under a quorum; the box goes with its
     /// last part.
     pub(crate) fn set_callers(&mut self, callers: Option<Callers>) {
-        match callers {
-            Some(c) => *self.callers_or_default() = c,
-            None => {
-                if let Some(extra) = &mut self.extra {
-                    extra.callers = None;
-                }
-            }
+        if callers.is_some() || self.extra.is_some() {
+            self.extra.get_or_insert_with(Box::default).callers = callers;
+            self.drop_empty_extra();
         }
-        self.drop_empty_extra();
     }
 
     fn drop_empty_extra(&mut self) {

@@ -276,12 +276,16 @@ impl Share {
     pub fn use_key(&self, key: &str, now: Millis, idle_after: Millis) -> Result<(), EngineError> {
         let mut asked = self.keys.lock().expect("share keys");
         let limit = self.limit(Kind::Keys);
-        if let Some((name, &last)) = asked.last.get_key_value(key) {
-            let name = name.clone();
-            if last / KEYS_PERIOD != now / KEYS_PERIOD {
-                asked.unpublish(name.clone(), limit);
+        if let Some(last) = asked.last.get_mut(key) {
+            let new_period = *last / KEYS_PERIOD != now / KEYS_PERIOD;
+            *last = now;
+            if new_period {
+                // Once a period: the name kept, not a new copy of it.
+                if let Some((name, _)) = asked.last.get_key_value(key) {
+                    let name = name.clone();
+                    asked.unpublish(name, limit);
+                }
             }
-            asked.last.insert(name, now);
             return Ok(());
         }
         if let Some(why) = self.no_new_keys.lock().expect("no new keys").clone() {
